@@ -1,0 +1,318 @@
+//! Always-on, lock-free memory and copy statistics.
+//!
+//! Counters are plain atomics updated with `Relaxed` ordering: cheap enough to stay on in
+//! production. A [`Snapshot`] (from [`crate::stats`]) reads them all and prints readably.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Live counters for one memory space (host, or one device, or one device's pinned memory).
+#[derive(Debug, Default)]
+pub struct MemCounters {
+    in_use: AtomicU64,
+    peak: AtomicU64,
+    allocs: AtomicU64,
+    frees: AtomicU64,
+}
+
+impl MemCounters {
+    /// New zeroed counters.
+    pub const fn new() -> Self {
+        Self {
+            in_use: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+            allocs: AtomicU64::new(0),
+            frees: AtomicU64::new(0),
+        }
+    }
+
+    /// Records an allocation of `bytes`.
+    pub fn on_alloc(&self, bytes: usize) {
+        let bytes = bytes as u64;
+        let now = self.in_use.fetch_add(bytes, Relaxed) + bytes;
+        self.peak.fetch_max(now, Relaxed);
+        self.allocs.fetch_add(1, Relaxed);
+    }
+
+    /// Records a free of `bytes`.
+    pub fn on_free(&self, bytes: usize) {
+        self.in_use.fetch_sub(bytes as u64, Relaxed);
+        self.frees.fetch_add(1, Relaxed);
+    }
+
+    /// Resets the peak to the current use.
+    pub fn reset_peak(&self) {
+        self.peak.store(self.in_use.load(Relaxed), Relaxed);
+    }
+
+    /// Reads the counters.
+    pub fn snapshot(&self, label: impl Into<String>) -> MemStats {
+        MemStats {
+            label: label.into(),
+            in_use: self.in_use.load(Relaxed),
+            peak: self.peak.load(Relaxed),
+            allocs: self.allocs.load(Relaxed),
+            frees: self.frees.load(Relaxed),
+        }
+    }
+}
+
+/// A reading of [`MemCounters`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemStats {
+    /// Memory space (`host`, `opencl:0`, `opencl:0 pinned`, ...).
+    pub label: String,
+    /// Bytes allocated now.
+    pub in_use: u64,
+    /// Highest `in_use` seen (since the last reset).
+    pub peak: u64,
+    /// Number of allocations.
+    pub allocs: u64,
+    /// Number of frees.
+    pub frees: u64,
+}
+
+/// Direction of a copy between host and device memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// Host memory to device memory.
+    HostToDevice,
+    /// Device memory to host memory.
+    DeviceToHost,
+    /// Device memory to device memory.
+    DeviceToDevice,
+}
+
+impl Direction {
+    /// `host_to_device`, `device_to_host` or `device_to_device`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::HostToDevice => "host_to_device",
+            Direction::DeviceToHost => "device_to_host",
+            Direction::DeviceToDevice => "device_to_device",
+        }
+    }
+}
+
+impl fmt::Display for Direction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Live copy counters by direction.
+#[derive(Debug, Default)]
+pub struct CopyCounters {
+    counts: [AtomicU64; 3],
+    bytes: [AtomicU64; 3],
+}
+
+impl CopyCounters {
+    /// New zeroed counters.
+    pub const fn new() -> Self {
+        Self {
+            counts: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
+            bytes: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
+        }
+    }
+
+    fn index(d: Direction) -> usize {
+        match d {
+            Direction::HostToDevice => 0,
+            Direction::DeviceToHost => 1,
+            Direction::DeviceToDevice => 2,
+        }
+    }
+
+    /// Records one copy of `bytes` in direction `d`.
+    pub fn record(&self, d: Direction, bytes: usize) {
+        let i = Self::index(d);
+        self.counts[i].fetch_add(1, Relaxed);
+        self.bytes[i].fetch_add(bytes as u64, Relaxed);
+    }
+
+    /// Reads the counters.
+    pub fn snapshot(&self) -> CopyStats {
+        let r = |d| {
+            let i = Self::index(d);
+            CopyDir {
+                count: self.counts[i].load(Relaxed),
+                bytes: self.bytes[i].load(Relaxed),
+            }
+        };
+        CopyStats {
+            host_to_device: r(Direction::HostToDevice),
+            device_to_host: r(Direction::DeviceToHost),
+            device_to_device: r(Direction::DeviceToDevice),
+        }
+    }
+}
+
+/// Count and bytes of copies in one direction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CopyDir {
+    /// Number of copies.
+    pub count: u64,
+    /// Bytes copied.
+    pub bytes: u64,
+}
+
+/// A reading of [`CopyCounters`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CopyStats {
+    /// Host to device.
+    pub host_to_device: CopyDir,
+    /// Device to host.
+    pub device_to_host: CopyDir,
+    /// Device to device.
+    pub device_to_device: CopyDir,
+}
+
+impl CopyStats {
+    /// The counts for one direction.
+    pub fn get(&self, d: Direction) -> CopyDir {
+        match d {
+            Direction::HostToDevice => self.host_to_device,
+            Direction::DeviceToHost => self.device_to_host,
+            Direction::DeviceToDevice => self.device_to_device,
+        }
+    }
+
+    /// Total number of copies in all directions.
+    pub fn total_count(&self) -> u64 {
+        self.host_to_device.count + self.device_to_host.count + self.device_to_device.count
+    }
+
+    /// Difference `self - earlier`, per direction (saturating).
+    pub fn since(&self, earlier: &CopyStats) -> CopyStats {
+        let d = |a: CopyDir, b: CopyDir| CopyDir {
+            count: a.count.saturating_sub(b.count),
+            bytes: a.bytes.saturating_sub(b.bytes),
+        };
+        CopyStats {
+            host_to_device: d(self.host_to_device, earlier.host_to_device),
+            device_to_host: d(self.device_to_host, earlier.device_to_host),
+            device_to_device: d(self.device_to_device, earlier.device_to_device),
+        }
+    }
+}
+
+impl fmt::Display for CopyStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (name, c) in [
+            ("host_to_device", self.host_to_device),
+            ("device_to_host", self.device_to_host),
+            ("device_to_device", self.device_to_device),
+        ] {
+            writeln!(
+                f,
+                "  {name:<17} {:>8} copies {:>14}",
+                c.count,
+                human_bytes(c.bytes)
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Counters for host memory made by [`crate::alloc::HostBlock`].
+pub(crate) static HOST: MemCounters = MemCounters::new();
+/// Every copy made through a [`crate::Stream`].
+pub(crate) static COPIES: CopyCounters = CopyCounters::new();
+
+/// A reading of every counter in the process: see [`crate::stats`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Host memory (aligned host allocator).
+    pub host: MemStats,
+    /// One entry per device memory space opened so far (device memory, then pinned host memory).
+    pub devices: Vec<MemStats>,
+    /// All copies made through syncmem streams.
+    pub copies: CopyStats,
+}
+
+impl fmt::Display for Snapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{:<22} {:>12} {:>12} {:>9} {:>9}",
+            "memory", "in use", "peak", "allocs", "frees"
+        )?;
+        for m in std::iter::once(&self.host).chain(self.devices.iter()) {
+            writeln!(
+                f,
+                "{:<22} {:>12} {:>12} {:>9} {:>9}",
+                m.label,
+                human_bytes(m.in_use),
+                human_bytes(m.peak),
+                m.allocs,
+                m.frees
+            )?;
+        }
+        writeln!(f, "copies")?;
+        write!(f, "{}", self.copies)
+    }
+}
+
+/// Formats a byte count with a binary unit (`1.5 MiB`).
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_track_peak_and_counts() {
+        let c = MemCounters::new();
+        c.on_alloc(100);
+        c.on_alloc(50);
+        c.on_free(100);
+        let s = c.snapshot("x");
+        assert_eq!((s.in_use, s.peak, s.allocs, s.frees), (50, 150, 2, 1));
+        c.reset_peak();
+        assert_eq!(c.snapshot("x").peak, 50);
+    }
+
+    #[test]
+    fn copy_counters_by_direction() {
+        let c = CopyCounters::new();
+        c.record(Direction::HostToDevice, 10);
+        c.record(Direction::HostToDevice, 5);
+        c.record(Direction::DeviceToHost, 7);
+        let s = c.snapshot();
+        assert_eq!(
+            s.host_to_device,
+            CopyDir {
+                count: 2,
+                bytes: 15
+            }
+        );
+        assert_eq!(s.device_to_host, CopyDir { count: 1, bytes: 7 });
+        assert_eq!(s.total_count(), 3);
+        let later = CopyStats {
+            device_to_device: CopyDir { count: 1, bytes: 1 },
+            ..s
+        };
+        assert_eq!(later.since(&s).total_count(), 1);
+    }
+
+    #[test]
+    fn human_bytes_units() {
+        assert_eq!(human_bytes(12), "12 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(64 << 20), "64.0 MiB");
+    }
+}

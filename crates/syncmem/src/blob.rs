@@ -1,0 +1,1 @@
+//! The type-erased blob (not yet implemented).

@@ -1,0 +1,375 @@
+//! Devices, device memory, streams and events.
+//!
+//! A [`Device`] is a cheap handle (`Clone`, `Send + Sync`) to one device of one backend:
+//!
+//! | string      | backend | needs                                   |
+//! |-------------|---------|-----------------------------------------|
+//! | `cpu`       | host    | nothing                                 |
+//! | `opencl:N`  | OpenCL  | feature `opencl`, an OpenCL ICD (PoCL)  |
+//! | `cuda:N`    | CUDA    | feature `cuda`, the CUDA driver         |
+//!
+//! Discovery runs once per process and backend, behind a lock (some OpenCL platforms break when
+//! several threads enumerate devices at once); every later [`Device::open`] returns a handle to
+//! the same device object, with the same statistics counters.
+//!
+//! The `cpu` device is a real backend whose "device memory" is separate host memory: it runs
+//! every device-side code path (allocation, copies, events) without an accelerator.
+
+mod backend;
+pub(crate) mod cpu;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
+#[cfg(feature = "opencl")]
+pub(crate) mod opencl;
+mod registry;
+mod types;
+
+pub(crate) use registry::discovered as registry_discovered;
+pub use registry::{probe, BackendReport};
+pub use types::{DeviceBuffer, Event, PinnedBuffer, Stream};
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, OnceLock};
+
+use crate::alloc::stats::{MemCounters, MemStats};
+use crate::error::{BackendKind, Error, Result};
+use backend::BackendDevice;
+
+/// Facts about one device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The backend.
+    pub backend: BackendKind,
+    /// Index among the devices of that backend.
+    pub ordinal: usize,
+    /// Device name as the runtime reports it.
+    pub name: String,
+    /// Vendor or platform name.
+    pub vendor: String,
+    /// Total device memory in bytes.
+    pub total_memory: u64,
+    /// Largest single allocation the device accepts, in bytes.
+    pub max_alloc: u64,
+    /// True when device memory is host memory (integrated GPUs, CPU OpenCL drivers).
+    pub host_unified: bool,
+}
+
+impl DeviceInfo {
+    /// The device string: `cpu`, `opencl:0`, `cuda:1`.
+    pub fn label(&self) -> String {
+        match self.backend {
+            BackendKind::Cpu => "cpu".to_string(),
+            b => format!("{b}:{}", self.ordinal),
+        }
+    }
+}
+
+/// A parsed device string (`cpu`, `opencl:N`, `cuda:N`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeviceSpec {
+    /// The backend.
+    pub backend: BackendKind,
+    /// Device index (0 for `cpu`).
+    pub ordinal: usize,
+}
+
+impl FromStr for DeviceSpec {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = |reason: &str| Error::InvalidDeviceSpec {
+            spec: s.to_string(),
+            reason: reason.to_string(),
+        };
+        let t = s.trim().to_ascii_lowercase();
+        let (name, ord) = match t.split_once(':') {
+            Some((n, o)) => (n, Some(o)),
+            None => (t.as_str(), None),
+        };
+        let backend = match name {
+            "cpu" | "host" => BackendKind::Cpu,
+            "opencl" | "ocl" | "cl" => BackendKind::OpenCl,
+            "cuda" | "gpu" => BackendKind::Cuda,
+            "" => return Err(bad("empty")),
+            _ => return Err(bad("expected cpu, opencl:N or cuda:N")),
+        };
+        let ordinal = match ord {
+            None => 0,
+            Some(o) => o
+                .parse::<usize>()
+                .map_err(|_| bad("the device index must be a non-negative integer"))?,
+        };
+        if backend == BackendKind::Cpu && ordinal != 0 {
+            return Err(bad("there is one cpu device, cpu:0"));
+        }
+        Ok(Self { backend, ordinal })
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.backend {
+            BackendKind::Cpu => f.write_str("cpu"),
+            b => write!(f, "{b}:{}", self.ordinal),
+        }
+    }
+}
+
+/// The backend implementation behind a device.
+pub(crate) enum RawDevice {
+    Cpu(cpu::CpuDevice),
+    #[cfg(feature = "opencl")]
+    OpenCl(opencl::ClDevice),
+    #[cfg(feature = "cuda")]
+    Cuda(cuda::CuDevice),
+}
+
+/// Runs `$body` with `$d` bound to the backend device inside a [`RawDevice`].
+macro_rules! with_raw_device {
+    ($raw:expr, $d:ident => $body:expr) => {
+        match $raw {
+            $crate::device::RawDevice::Cpu($d) => $body,
+            #[cfg(feature = "opencl")]
+            $crate::device::RawDevice::OpenCl($d) => $body,
+            #[cfg(feature = "cuda")]
+            $crate::device::RawDevice::Cuda($d) => $body,
+        }
+    };
+}
+pub(crate) use with_raw_device;
+
+pub(crate) struct DeviceShared {
+    pub(crate) info: DeviceInfo,
+    pub(crate) label: String,
+    pub(crate) raw: RawDevice,
+    pub(crate) mem: MemCounters,
+    pub(crate) pinned: MemCounters,
+    default_stream: OnceLock<std::result::Result<Stream, String>>,
+}
+
+/// A handle to one device. Cheap to clone; all clones share the device's state and counters.
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) shared: Arc<DeviceShared>,
+}
+
+impl Device {
+    pub(crate) fn from_raw(raw: RawDevice) -> Device {
+        let info = with_raw_device!(&raw, d => d.info().clone());
+        Device {
+            shared: Arc::new(DeviceShared {
+                label: info.label(),
+                info,
+                raw,
+                mem: MemCounters::new(),
+                pinned: MemCounters::new(),
+                default_stream: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// Opens a device from a string: `"cpu"`, `"opencl:0"`, `"cuda:0"`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidDeviceSpec`] for a malformed string, [`Error::BackendNotCompiled`] when
+    /// the backend's feature is off, [`Error::RuntimeUnavailable`] when its runtime cannot be
+    /// loaded, [`Error::NoSuchDevice`] when the index is too large.
+    pub fn open(spec: &str) -> Result<Device> {
+        Self::open_spec(spec.parse()?)
+    }
+
+    /// Opens a device from a parsed [`DeviceSpec`].
+    ///
+    /// # Errors
+    /// As [`Device::open`].
+    pub fn open_spec(spec: DeviceSpec) -> Result<Device> {
+        let list = registry::devices(spec.backend)?;
+        list.get(spec.ordinal).cloned().ok_or(Error::NoSuchDevice {
+            backend: spec.backend,
+            ordinal: spec.ordinal,
+            available: list.len(),
+        })
+    }
+
+    /// The host device (always present).
+    pub fn cpu() -> Device {
+        registry::cpu()
+    }
+
+    /// All devices of one backend.
+    ///
+    /// # Errors
+    /// As [`Device::open`], except that an empty list is not an error.
+    pub fn all(backend: BackendKind) -> Result<Vec<Device>> {
+        registry::devices(backend)
+    }
+
+    /// The preferred accelerator: the first OpenCL device, else the first CUDA device, else
+    /// `None`.
+    pub fn first_accelerator() -> Option<Device> {
+        [BackendKind::OpenCl, BackendKind::Cuda]
+            .into_iter()
+            .find_map(|b| registry::devices(b).ok()?.into_iter().next())
+    }
+
+    /// Facts about the device.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.shared.info
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> BackendKind {
+        self.shared.info.backend
+    }
+
+    /// The device string (`cpu`, `opencl:0`).
+    pub fn label(&self) -> &str {
+        &self.shared.label
+    }
+
+    /// True when both handles name the same device.
+    pub fn same(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
+    /// Allocates `bytes` of device memory. The contents are unspecified (no zero fill);
+    /// `bytes == 0` allocates nothing.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when the device cannot supply the memory (including requests above
+    /// [`DeviceInfo::max_alloc`]), or a backend error.
+    pub fn alloc(&self, bytes: usize) -> Result<DeviceBuffer> {
+        DeviceBuffer::new(self, bytes)
+    }
+
+    /// Allocates `bytes` of zero-filled page-locked host memory that this device copies to and
+    /// from at full speed (CUDA page-locked memory; OpenCL `CL_MEM_ALLOC_HOST_PTR`, mapped;
+    /// on the `cpu` device, ordinary aligned host memory).
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] or a backend error.
+    pub fn alloc_pinned(&self, bytes: usize) -> Result<PinnedBuffer> {
+        PinnedBuffer::new(self, bytes)
+    }
+
+    /// The device's default stream, created on first use and shared by every handle.
+    ///
+    /// # Errors
+    /// A backend error when the stream cannot be created.
+    pub fn default_stream(&self) -> Result<Stream> {
+        let s = self
+            .shared
+            .default_stream
+            .get_or_init(|| self.new_stream().map_err(|e| e.to_string()));
+        s.clone().map_err(|reason| Error::Backend {
+            backend: self.backend(),
+            device: self.label().to_string(),
+            op: "create default stream",
+            code: -1,
+            message: reason,
+        })
+    }
+
+    /// Creates a new stream (an in-order queue).
+    ///
+    /// # Errors
+    /// A backend error.
+    pub fn new_stream(&self) -> Result<Stream> {
+        Stream::new(self)
+    }
+
+    /// Blocks until all work queued on the default stream is done (Caffe2's
+    /// `FinishDeviceComputation`).
+    ///
+    /// # Errors
+    /// A backend error.
+    pub fn synchronize(&self) -> Result<()> {
+        self.default_stream()?.synchronize()
+    }
+
+    /// Device-memory counters of this device.
+    pub fn memory_stats(&self) -> MemStats {
+        self.shared.mem.snapshot(self.label())
+    }
+
+    /// Pinned-host-memory counters of this device.
+    pub fn pinned_stats(&self) -> MemStats {
+        self.shared
+            .pinned
+            .snapshot(format!("{} pinned", self.label()))
+    }
+
+    /// Resets the peak counters of this device to the current use.
+    pub fn reset_peak_stats(&self) {
+        self.shared.mem.reset_peak();
+        self.shared.pinned.reset_peak();
+    }
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Device")
+            .field("label", &self.label())
+            .field("name", &self.info().name)
+            .finish()
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Self) -> bool {
+        self.same(other)
+    }
+}
+impl Eq for Device {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_device_strings() {
+        let p = |s: &str| s.parse::<DeviceSpec>();
+        assert_eq!(
+            p("cpu").unwrap(),
+            DeviceSpec {
+                backend: BackendKind::Cpu,
+                ordinal: 0
+            }
+        );
+        assert_eq!(p("opencl:2").unwrap().ordinal, 2);
+        assert_eq!(p("OpenCL:1").unwrap().backend, BackendKind::OpenCl);
+        assert_eq!(p("cuda").unwrap().ordinal, 0);
+        assert_eq!(p("cuda:3").unwrap().to_string(), "cuda:3");
+        for bad in ["", "tpu:0", "opencl:-1", "opencl:x", "cpu:1"] {
+            let e = p(bad).unwrap_err();
+            assert!(matches!(e, Error::InvalidDeviceSpec { .. }), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn cpu_device_is_a_singleton() {
+        let a = Device::cpu();
+        let b = Device::open("cpu").unwrap();
+        assert!(a.same(&b));
+        assert_eq!(a.label(), "cpu");
+        assert!(a.info().host_unified);
+    }
+
+    #[test]
+    fn missing_index_is_an_error() {
+        let e = Device::open("cpu").and_then(|_| {
+            Device::open_spec(DeviceSpec {
+                backend: BackendKind::Cpu,
+                ordinal: 5,
+            })
+        });
+        assert!(matches!(e, Err(Error::NoSuchDevice { available: 1, .. })));
+    }
+}

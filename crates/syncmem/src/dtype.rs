@@ -1,0 +1,1 @@
+//! Element types (not yet implemented).

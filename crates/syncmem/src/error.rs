@@ -1,0 +1,209 @@
+//! Typed errors. Every failure names what failed: the buffer, the sizes, the device.
+
+use std::fmt;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Which compute API a device belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum BackendKind {
+    /// The host itself (always present).
+    Cpu,
+    /// OpenCL, loaded at run time (feature `opencl`).
+    OpenCl,
+    /// CUDA driver API, loaded at run time (feature `cuda`).
+    Cuda,
+}
+
+impl BackendKind {
+    /// The lower-case name used in device strings (`cpu`, `opencl`, `cuda`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::OpenCl => "opencl",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Every error syncmem returns.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A device string such as `"opencl:0"` could not be parsed.
+    #[error("invalid device string {spec:?}: {reason}")]
+    InvalidDeviceSpec {
+        /// The string given.
+        spec: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+
+    /// The backend was not compiled into this build (cargo feature off).
+    #[error(
+        "backend {backend} is not compiled into this build (enable the cargo feature `{backend}`)"
+    )]
+    BackendNotCompiled {
+        /// The backend asked for.
+        backend: BackendKind,
+    },
+
+    /// The backend's runtime library or driver could not be loaded or has no platform.
+    #[error("{backend} runtime unavailable: {reason}")]
+    RuntimeUnavailable {
+        /// The backend whose runtime is missing.
+        backend: BackendKind,
+        /// What was found missing.
+        reason: String,
+    },
+
+    /// A device index beyond what the backend reports.
+    #[error("no device {backend}:{ordinal} ({available} {backend} device(s) present)")]
+    NoSuchDevice {
+        /// Backend asked for.
+        backend: BackendKind,
+        /// Index asked for.
+        ordinal: usize,
+        /// How many devices of that backend exist.
+        available: usize,
+    },
+
+    /// An allocation failed for lack of memory.
+    #[error("out of memory on {device}: requested {requested} bytes{detail}")]
+    OutOfMemory {
+        /// Device label (`host`, `opencl:0`, ...).
+        device: String,
+        /// Bytes requested.
+        requested: usize,
+        /// Extra context (already formatted, may be empty).
+        detail: String,
+    },
+
+    /// A call into a backend API failed.
+    #[error("{backend} call {op} failed on {device}: {message} (code {code})")]
+    Backend {
+        /// The backend.
+        backend: BackendKind,
+        /// Device label.
+        device: String,
+        /// The API operation, e.g. `clEnqueueWriteBuffer`.
+        op: &'static str,
+        /// The backend's status code.
+        code: i64,
+        /// Readable message for the code.
+        message: String,
+    },
+
+    /// A size computation overflowed.
+    #[error("size overflow: {what}")]
+    SizeOverflow {
+        /// What was being computed (with its operands).
+        what: String,
+    },
+
+    /// A range that falls outside a buffer.
+    #[error("out of bounds on {what}: offset {offset} + length {len} exceeds size {size}")]
+    OutOfBounds {
+        /// The buffer.
+        what: String,
+        /// Start of the range.
+        offset: usize,
+        /// Length of the range.
+        len: usize,
+        /// Size of the buffer.
+        size: usize,
+    },
+
+    /// Two buffers or slices whose lengths must match do not.
+    #[error("size mismatch on {what}: expected {expected} bytes, got {actual}")]
+    SizeMismatch {
+        /// What was being matched.
+        what: String,
+        /// Expected bytes.
+        expected: usize,
+        /// Actual bytes.
+        actual: usize,
+    },
+
+    /// A device-side access on a buffer that has no device.
+    #[error("buffer {buffer} has no device mirror (it was created host-only)")]
+    NoDevice {
+        /// The buffer label.
+        buffer: String,
+    },
+
+    /// Two objects that must live on the same device do not.
+    #[error("device mismatch in {op}: {expected} vs {actual}")]
+    DeviceMismatch {
+        /// The operation.
+        op: &'static str,
+        /// Device expected.
+        expected: String,
+        /// Device found.
+        actual: String,
+    },
+
+    /// A `try_*` access found the buffer held by a conflicting guard.
+    #[error("buffer {buffer} is busy: {reason}")]
+    Busy {
+        /// The buffer label.
+        buffer: String,
+        /// What holds it.
+        reason: &'static str,
+    },
+
+    /// An operation that is not valid in the buffer's current state.
+    #[error("invalid state for {op} on {buffer}: {reason}")]
+    InvalidState {
+        /// The operation.
+        op: &'static str,
+        /// The buffer label.
+        buffer: String,
+        /// Why.
+        reason: String,
+    },
+
+    /// An operation this backend or device does not support.
+    #[error("unsupported on {device}: {what}")]
+    Unsupported {
+        /// Device label.
+        device: String,
+        /// The operation.
+        what: String,
+    },
+}
+
+impl Error {
+    /// True for [`Error::OutOfMemory`].
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, Error::OutOfMemory { .. })
+    }
+}
+
+/// `a * b` for sizes, as an error that says what overflowed.
+pub(crate) fn checked_mul(a: usize, b: usize, what: &str) -> Result<usize> {
+    a.checked_mul(b).ok_or_else(|| Error::SizeOverflow {
+        what: format!("{what}: {a} * {b}"),
+    })
+}
+
+/// Checks that `offset..offset+len` lies within `size`.
+pub(crate) fn check_range(what: &str, offset: usize, len: usize, size: usize) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(Error::OutOfBounds {
+            what: what.to_string(),
+            offset,
+            len,
+            size,
+        }),
+    }
+}

@@ -1,0 +1,1 @@
+//! Device kernels (not yet implemented).

@@ -1,0 +1,79 @@
+//! syncmem: tensor memory that lives on the host and on compute devices at the same time.
+//!
+//! ```
+//! use syncmem::{Device, Head, SyncedMemory};
+//!
+//! # fn main() -> syncmem::Result<()> {
+//! // "opencl:0" or "cuda:0" when present; "cpu" runs the same code paths everywhere.
+//! let dev = Device::open("cpu")?;
+//! let buf = SyncedMemory::new(1024, &dev);          // nothing is allocated yet
+//! assert_eq!(buf.head(), Head::Uninitialized);
+//!
+//! buf.host_mut()?.fill(7);                          // host mirror allocated, head = host
+//! let on_device = buf.device()?;                    // copied host -> device once, head = synced
+//! drop(on_device);
+//! assert_eq!(buf.head(), Head::Synced);
+//! assert_eq!(buf.host()?[0], 7);                    // no copy: both sides are current
+//! assert_eq!(buf.copy_stats().host_to_device.count, 1);
+//! println!("{}", syncmem::stats());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Layers
+//!
+//! | module | role |
+//! |---|---|
+//! | [`device`] | devices of each backend, device and pinned memory, streams, events |
+//! | [`alloc`] | the aligned host allocator and always-on statistics |
+//! | [`synced`] | [`SyncedMemory`]: one buffer mirrored on host and device, lazily |
+//! | [`context`] | Caffe2-style contexts: a device, a stream and a seeded random generator |
+//!
+//! # Backends
+//!
+//! `cpu` is always present. `opencl` (feature `opencl`, via `opencl3`) and `cuda`
+//! (feature `cuda`, via `cudarc`) load their runtime at run time, so the crate builds and runs
+//! everywhere; a missing runtime is an [`Error::RuntimeUnavailable`], never a panic.
+
+#![warn(missing_docs)]
+
+pub mod alloc;
+pub mod blob;
+pub mod context;
+
+pub mod device;
+pub mod dtype;
+mod error;
+pub mod kernels;
+pub mod param;
+pub mod synced;
+pub mod tensor;
+
+#[doc(hidden)]
+pub mod testing;
+
+pub use alloc::stats::{CopyStats, Direction, MemStats, Snapshot};
+
+pub use context::Context;
+pub use device::{Device, DeviceBuffer, DeviceInfo, DeviceSpec, Event, PinnedBuffer, Stream};
+pub use error::{BackendKind, Error, Result};
+pub use synced::{Head, SyncedMemory};
+
+/// Reads every memory and copy counter in the process: host memory, each device opened so far
+/// (device memory and pinned host memory), and copies by direction.
+pub fn stats() -> Snapshot {
+    let mut devices = Vec::new();
+    for d in device::registry_discovered() {
+        if d.backend() != BackendKind::Cpu {
+            devices.push(d.memory_stats());
+            devices.push(d.pinned_stats());
+        } else {
+            devices.push(d.memory_stats());
+        }
+    }
+    Snapshot {
+        host: alloc::stats::HOST.snapshot("host"),
+        devices,
+        copies: alloc::stats::COPIES.snapshot(),
+    }
+}

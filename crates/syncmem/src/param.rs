@@ -1,0 +1,1 @@
+//! Caffe-style parameter blobs (not yet implemented).

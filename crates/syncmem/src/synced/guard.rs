@@ -1,0 +1,286 @@
+//! Access guards of a [`SyncedMemory`]. They borrow the buffer, hold its access lock, and are
+//! the only way to reach its memory.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
+
+use super::SyncedMemory;
+use crate::device::{DeviceBuffer, Stream};
+use crate::error::Result;
+
+/// Shared read access to the host mirror. Derefs to `&[u8]`.
+///
+/// While it lives, the host mirror cannot become stale: writers wait.
+pub struct HostRead<'a> {
+    _lock: RwLockReadGuard<'a, ()>,
+    ptr: *const u8,
+    len: usize,
+}
+
+impl<'a> HostRead<'a> {
+    pub(super) fn new(lock: RwLockReadGuard<'a, ()>, ptr: *mut u8, len: usize) -> Self {
+        Self {
+            _lock: lock,
+            ptr,
+            len,
+        }
+    }
+}
+
+/// Views bytes as elements, with an error naming the problem (length or alignment).
+fn cast<T: bytemuck::Pod>(bytes: &[u8]) -> Result<&[T]> {
+    bytemuck::try_cast_slice(bytes).map_err(|e| cast_error::<T>(bytes, e))
+}
+
+fn cast_mut<T: bytemuck::Pod>(bytes: &mut [u8]) -> Result<&mut [T]> {
+    let (len, addr) = (bytes.len(), bytes.as_ptr() as usize);
+    bytemuck::try_cast_slice_mut(bytes).map_err(|e| cast_error_parts::<T>(len, addr, e))
+}
+
+fn cast_error<T>(bytes: &[u8], e: bytemuck::PodCastError) -> crate::Error {
+    cast_error_parts::<T>(bytes.len(), bytes.as_ptr() as usize, e)
+}
+
+fn cast_error_parts<T>(len: usize, addr: usize, e: bytemuck::PodCastError) -> crate::Error {
+    crate::Error::InvalidState {
+        op: "typed host view",
+        buffer: format!("{len} bytes at {addr:#x}"),
+        reason: format!(
+            "cannot view as {} (size {}, align {}): {e:?}",
+            std::any::type_name::<T>(),
+            std::mem::size_of::<T>(),
+            std::mem::align_of::<T>()
+        ),
+    }
+}
+
+impl HostRead<'_> {
+    /// The bytes viewed as elements of `T`.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidState`] when the length is not a multiple of `T`'s size or the
+    /// memory is not aligned for `T` (possible only for adopted external memory).
+    pub fn as_slice_of<T: bytemuck::Pod>(&self) -> Result<&[T]> {
+        cast(self)
+    }
+}
+
+impl HostWrite<'_> {
+    /// The bytes viewed as elements of `T`.
+    ///
+    /// # Errors
+    /// As [`HostRead::as_slice_of`].
+    pub fn as_slice_of<T: bytemuck::Pod>(&self) -> Result<&[T]> {
+        cast(self)
+    }
+
+    /// The bytes viewed mutably as elements of `T`.
+    ///
+    /// # Errors
+    /// As [`HostRead::as_slice_of`].
+    pub fn as_mut_slice_of<T: bytemuck::Pod>(&mut self) -> Result<&mut [T]> {
+        cast_mut(self)
+    }
+}
+
+impl Deref for HostRead<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr` is the current host mirror, non-null and valid for `len` initialised
+        // bytes. The shared access lock held by this guard excludes every writer and every
+        // replacement of the mirror; a pending copy into the host was waited for when the guard
+        // was made (host reads conflict with `ToHost`).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// Exclusive write access to the host mirror. Derefs to `&mut [u8]`. Taking it made the host
+/// the only current mirror.
+pub struct HostWrite<'a> {
+    _lock: RwLockWriteGuard<'a, ()>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl<'a> HostWrite<'a> {
+    pub(super) fn new(lock: RwLockWriteGuard<'a, ()>, ptr: *mut u8, len: usize) -> Self {
+        Self {
+            _lock: lock,
+            ptr,
+            len,
+        }
+    }
+}
+
+impl Deref for HostWrite<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: as for HostRead; this guard holds the lock exclusively.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl DerefMut for HostWrite<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is the host mirror, valid for `len` initialised bytes; the exclusive
+        // access lock held by this guard means no other guard or transfer touches it, and
+        // `&mut self` makes this the only live slice from this guard.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// Shared read access to the device mirror: pass [`DeviceRead::buffer`] to kernels that read it.
+pub struct DeviceRead<'a> {
+    _lock: RwLockReadGuard<'a, ()>,
+    buf: Arc<DeviceBuffer>,
+    stream: Stream,
+}
+
+impl<'a> DeviceRead<'a> {
+    pub(super) fn new(
+        lock: RwLockReadGuard<'a, ()>,
+        buf: Arc<DeviceBuffer>,
+        stream: Stream,
+    ) -> Self {
+        Self {
+            _lock: lock,
+            buf,
+            stream,
+        }
+    }
+
+    /// The device memory.
+    pub fn buffer(&self) -> &DeviceBuffer {
+        &self.buf
+    }
+
+    /// The buffer's stream: work queued there is ordered with the buffer's own copies.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// Copies the device bytes into `dst` (blocking), bypassing the host mirror. For checks.
+    ///
+    /// # Errors
+    /// [`crate::Error::OutOfBounds`] when `dst` is longer than the buffer, or a backend error.
+    pub fn read_into(&self, dst: &mut [u8]) -> Result<()> {
+        self.stream.read(&self.buf, 0, dst)
+    }
+}
+
+/// Exclusive write access to the device mirror. Taking it made the device the only current
+/// mirror.
+///
+/// Work queued on the buffer's [`stream`](DeviceWrite::stream) is ordered before the buffer's
+/// later copies. Work queued on another stream must be announced with
+/// [`DeviceWrite::queued_on`], so that the next access waits for it.
+pub struct DeviceWrite<'a> {
+    _lock: RwLockWriteGuard<'a, ()>,
+    buf: Arc<DeviceBuffer>,
+    stream: Stream,
+    owner: &'a SyncedMemory,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl<'a> DeviceWrite<'a> {
+    pub(super) fn new(
+        lock: RwLockWriteGuard<'a, ()>,
+        buf: Arc<DeviceBuffer>,
+        stream: Stream,
+        owner: &'a SyncedMemory,
+    ) -> Self {
+        Self {
+            _lock: lock,
+            buf,
+            stream,
+            owner,
+            _not_send: PhantomData,
+        }
+    }
+
+    /// The device memory.
+    pub fn buffer(&self) -> &DeviceBuffer {
+        &self.buf
+    }
+
+    /// The buffer's stream.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// Sets every byte to `value` on the device (Caffe's `caffe_gpu_memset`).
+    ///
+    /// # Errors
+    /// A backend error.
+    pub fn fill(&mut self, value: u8) -> Result<()> {
+        self.stream.fill_raw(&self.buf, 0, self.buf.len(), value)
+    }
+
+    /// Copies `src` into the device memory at `offset` (blocking).
+    ///
+    /// # Errors
+    /// [`crate::Error::OutOfBounds`], or a backend error.
+    pub fn write_from(&mut self, offset: usize, src: &[u8]) -> Result<()> {
+        // SAFETY: blocking copy from a borrowed slice.
+        unsafe {
+            self.stream
+                .write_raw(&self.buf, offset, src.as_ptr(), src.len(), true)
+        }
+    }
+
+    /// Copies the device bytes into `dst` (blocking). For checks.
+    ///
+    /// # Errors
+    /// As [`DeviceRead::read_into`].
+    pub fn read_into(&self, dst: &mut [u8]) -> Result<()> {
+        self.stream.read(&self.buf, 0, dst)
+    }
+
+    /// The memory of a `cpu`-device buffer (`None` for other backends).
+    pub fn cpu_slice_mut(&mut self) -> Option<&mut [u8]> {
+        let ptr = self.buf.cpu_ptr()?;
+        // SAFETY: a `cpu`-device buffer is host memory valid for `len` initialised bytes; the
+        // exclusive access lock held by this guard and `&mut self` make this the only view.
+        Some(unsafe { std::slice::from_raw_parts_mut(ptr, self.buf.len()) })
+    }
+
+    /// Announces work on the device memory queued on `stream` (not the buffer's own): an event
+    /// is recorded there, and the next access to the buffer waits for it.
+    ///
+    /// # Errors
+    /// A backend error while recording.
+    pub fn queued_on(&self, stream: &Stream) -> Result<()> {
+        let ev = stream.record()?;
+        self.owner.set_pending_work(ev);
+        Ok(())
+    }
+}
+
+impl fmt::Debug for HostRead<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostRead").field("len", &self.len).finish()
+    }
+}
+impl fmt::Debug for HostWrite<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostWrite").field("len", &self.len).finish()
+    }
+}
+impl fmt::Debug for DeviceRead<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceRead")
+            .field("buffer", &self.buf)
+            .finish()
+    }
+}
+impl fmt::Debug for DeviceWrite<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceWrite")
+            .field("buffer", &self.buf)
+            .finish()
+    }
+}

@@ -1,0 +1,1 @@
+//! Caffe2-style tensors (not yet implemented).
