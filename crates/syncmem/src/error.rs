@@ -171,6 +171,28 @@ pub enum Error {
         reason: String,
     },
 
+    /// A typed access whose type differs from the stored one.
+    #[error("type mismatch on {what}: it holds {stored}, the caller asked for {requested}")]
+    TypeMismatch {
+        /// The blob or tensor.
+        what: String,
+        /// Type stored.
+        stored: String,
+        /// Type requested.
+        requested: String,
+    },
+
+    /// A shape, axis or index that is not valid for the object.
+    #[error("invalid shape on {what} (shape {shape}): {reason}")]
+    InvalidShape {
+        /// The blob or tensor.
+        what: String,
+        /// Its current shape, formatted.
+        shape: String,
+        /// Why the request was rejected.
+        reason: String,
+    },
+
     /// An operation this backend or device does not support.
     #[error("unsupported on {device}: {what}")]
     Unsupported {

@@ -54,9 +54,11 @@ pub mod testing;
 
 pub use alloc::stats::{CopyStats, Direction, MemStats, Snapshot};
 
+pub use blob::Blob;
 pub use context::Context;
 pub use device::{Device, DeviceBuffer, DeviceInfo, DeviceSpec, Event, PinnedBuffer, Stream};
 pub use error::{BackendKind, Error, Result};
+pub use param::ParamBlob;
 pub use synced::{Head, SyncedMemory};
 
 /// Reads every memory and copy counter in the process: host memory, each device opened so far

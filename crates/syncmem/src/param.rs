@@ -1,1 +1,0 @@
-//! Caffe-style parameter blobs (not yet implemented).
