@@ -193,6 +193,28 @@ pub enum Error {
         reason: String,
     },
 
+    /// A named object (blob, net, tensor in a file) that does not exist.
+    #[error("{kind} {name:?} not found{detail}")]
+    NotFound {
+        /// What was looked for (`blob`, `net`, ...).
+        kind: &'static str,
+        /// Its name.
+        name: String,
+        /// Extra context (already formatted, may be empty).
+        detail: String,
+    },
+
+    /// A named object that already exists where a new one was to be made.
+    #[error("{kind} {name:?} already exists{detail}")]
+    AlreadyExists {
+        /// What (`blob`, `net`, ...).
+        kind: &'static str,
+        /// Its name.
+        name: String,
+        /// Extra context (already formatted, may be empty).
+        detail: String,
+    },
+
     /// An operation this backend or device does not support.
     #[error("unsupported on {device}: {what}")]
     Unsupported {

@@ -51,6 +51,7 @@ pub mod tensor;
 
 #[doc(hidden)]
 pub mod testing;
+pub mod workspace;
 
 pub use alloc::stats::{CopyStats, Direction, MemStats, Snapshot};
 

@@ -1,0 +1,316 @@
+//! [`Workspace`]: named blobs, with parent and forwarded lookups (Caffe2's `Workspace`).
+//!
+//! ```
+//! use syncmem::workspace::Workspace;
+//! use std::sync::Arc;
+//!
+//! # fn main() -> syncmem::Result<()> {
+//! let parent = Arc::new(Workspace::new());
+//! parent.create_blob("a")?.write().reset(1_i32);
+//!
+//! let child = Workspace::with_parent(parent.clone());
+//! assert!(child.has_blob("a"));                       // visible through the parent
+//! child.create_local_blob("a")?.write().reset(2_i32); // hides the parent's "a"
+//! assert_eq!(*child.get_blob("a")?.read().get::<i32>()?, 2);
+//! assert_eq!(*parent.get_blob("a")?.read().get::<i32>()?, 1);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Concurrency
+//!
+//! A workspace is `Send + Sync`. Its name maps sit behind reader-writer locks, and each blob is
+//! a [`BlobRef`] (`Arc<RwLock<Blob>>`): distinct blobs are used from different threads at once,
+//! the same blob is protected by its own lock. (Caffe2's workspace has no locking at all.)
+//!
+//! # Departures from Caffe2, on purpose
+//!
+//! - Lookups that miss return [`Error::NotFound`] naming the blob (Caffe2: a warning and a null
+//!   pointer); [`Workspace::try_get_blob`] gives an `Option`.
+//! - [`Workspace::create_blob`] on a forwarded name whose parent blob was removed is an error
+//!   (Caffe2 returns null).
+//! - [`Workspace::blobs`] lists every visible name once (Caffe2 can repeat a name that a local
+//!   blob hides).
+//! - Parents are held by `Arc`, so they cannot be dropped while a child uses them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::blob::Blob;
+use crate::error::{Error, Result};
+
+/// A blob shared between a workspace and its users.
+pub type BlobRef = Arc<RwLock<Blob>>;
+
+/// Named blobs, an optional parent, and forwarded names (Caffe2's `Workspace`).
+#[derive(Default)]
+pub struct Workspace {
+    blobs: RwLock<BTreeMap<String, BlobRef>>,
+    /// Local name -> (parent workspace, name in the parent).
+    forwarded: RwLock<BTreeMap<String, (Arc<Workspace>, String)>>,
+    /// Full fallback for lookups.
+    shared: Option<Arc<Workspace>>,
+}
+
+impl Workspace {
+    /// An empty workspace with no parent.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A workspace that sees every blob of `parent` it does not define itself.
+    pub fn with_parent(parent: Arc<Workspace>) -> Self {
+        Self {
+            shared: Some(parent),
+            ..Self::default()
+        }
+    }
+
+    /// A workspace that sees only the listed blobs of `parent`, under local names
+    /// (`local name -> parent name`).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when `parent` lacks one of the targets.
+    pub fn with_forwarded<'a>(
+        parent: Arc<Workspace>,
+        mapping: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Self> {
+        let ws = Self::new();
+        ws.add_blob_mapping(&parent, mapping, false)?;
+        Ok(ws)
+    }
+
+    /// The fallback workspace, if any.
+    pub fn parent(&self) -> Option<&Arc<Workspace>> {
+        self.shared.as_ref()
+    }
+
+    /// True when `name` is visible: local, forwarded (and the target exists), or in the parent.
+    pub fn has_blob(&self, name: &str) -> bool {
+        self.try_get_blob(name).is_some()
+    }
+
+    /// The blob visible as `name` (local first, then forwarded, then the parent's).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] naming the blob.
+    pub fn get_blob(&self, name: &str) -> Result<BlobRef> {
+        self.try_get_blob(name).ok_or_else(|| Error::NotFound {
+            kind: "blob",
+            name: name.to_string(),
+            detail: " in the workspace".into(),
+        })
+    }
+
+    /// The blob visible as `name`, or `None`.
+    pub fn try_get_blob(&self, name: &str) -> Option<BlobRef> {
+        if let Some(b) = self.blobs.read().get(name) {
+            return Some(b.clone());
+        }
+        if let Some((parent, target)) = self.forwarded.read().get(name) {
+            return parent.try_get_blob(target);
+        }
+        self.shared.as_ref()?.try_get_blob(name)
+    }
+
+    /// Returns the blob visible as `name`, creating an empty local one when none is visible
+    /// (Caffe2's `CreateBlob`: a blob of the parent is returned, not hidden).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when `name` is forwarded to a parent blob that no longer exists.
+    pub fn create_blob(&self, name: &str) -> Result<BlobRef> {
+        if let Some(b) = self.try_get_blob(name) {
+            return Ok(b);
+        }
+        if let Some((_, target)) = self.forwarded.read().get(name) {
+            return Err(Error::NotFound {
+                kind: "blob",
+                name: target.clone(),
+                detail: format!(" in the parent workspace (forwarded as {name:?})"),
+            });
+        }
+        Ok(self.insert_local(name))
+    }
+
+    /// Creates `name` in this workspace unless a local blob of that name exists, hiding any
+    /// blob of the parent with that name (Caffe2's `CreateLocalBlob`).
+    ///
+    /// # Errors
+    /// None today; the `Result` leaves room for name validation.
+    pub fn create_local_blob(&self, name: &str) -> Result<BlobRef> {
+        Ok(self.insert_local(name))
+    }
+
+    fn insert_local(&self, name: &str) -> BlobRef {
+        self.blobs
+            .write()
+            .entry(name.to_string())
+            .or_insert_with(|| Arc::new(RwLock::new(Blob::new())))
+            .clone()
+    }
+
+    /// Removes the local blob `name`; returns whether there was one. Parents and forwarded
+    /// names are never touched. Holders of the [`BlobRef`] keep it alive.
+    pub fn remove_blob(&self, name: &str) -> bool {
+        self.blobs.write().remove(name).is_some()
+    }
+
+    /// Renames the local blob `old` to `new`, keeping the same blob object.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when `old` is not local, [`Error::AlreadyExists`] when `new` is
+    /// visible anywhere.
+    pub fn rename_blob(&self, old: &str, new: &str) -> Result<BlobRef> {
+        if old == new && self.blobs.read().contains_key(old) {
+            return self.get_blob(old);
+        }
+        if self.has_blob(new) {
+            return Err(Error::AlreadyExists {
+                kind: "blob",
+                name: new.to_string(),
+                detail: format!(" (cannot rename {old:?} to it)"),
+            });
+        }
+        let mut map = self.blobs.write();
+        let blob = map.remove(old).ok_or_else(|| Error::NotFound {
+            kind: "blob",
+            name: old.to_string(),
+            detail: " in the local blob list".into(),
+        })?;
+        map.insert(new.to_string(), blob.clone());
+        Ok(blob)
+    }
+
+    /// Forwards local names to blobs of `parent` (Caffe2's `AddBlobMapping`). A name already
+    /// forwarded must point at the same parent blob. With `skip_defined`, names already visible
+    /// are skipped; without it they are an error.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a target `parent` lacks, [`Error::AlreadyExists`] for a
+    /// redefinition. On error no mapping of the call is added.
+    pub fn add_blob_mapping<'a>(
+        &self,
+        parent: &Arc<Workspace>,
+        mapping: impl IntoIterator<Item = (&'a str, &'a str)>,
+        skip_defined: bool,
+    ) -> Result<()> {
+        let mapping: Vec<(&str, &str)> = mapping.into_iter().collect();
+        let mut to_add = Vec::new();
+        {
+            let fwd = self.forwarded.read();
+            for &(local, target) in &mapping {
+                if !parent.has_blob(target) {
+                    return Err(Error::NotFound {
+                        kind: "blob",
+                        name: target.to_string(),
+                        detail: format!(" in the parent workspace (to forward as {local:?})"),
+                    });
+                }
+                if let Some((p, t)) = fwd.get(local) {
+                    if Arc::ptr_eq(p, parent) && t == target {
+                        continue;
+                    }
+                    return Err(redefinition(local, target));
+                }
+                if self.has_blob(local) {
+                    if skip_defined {
+                        continue;
+                    }
+                    return Err(redefinition(local, target));
+                }
+                to_add.push((local.to_string(), target.to_string()));
+            }
+        }
+        let mut fwd = self.forwarded.write();
+        for (local, target) in to_add {
+            fwd.insert(local, (parent.clone(), target));
+        }
+        Ok(())
+    }
+
+    /// Replaces forwarded names by local deep copies of the parent's objects (Caffe2's
+    /// `CopyForwardedTensors`, for any held type `T`; `copy` makes the copy, e.g. a tensor copy
+    /// onto another device). Names that are not forwarded are ignored.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when a forwarded target no longer exists, [`Error::TypeMismatch`]
+    /// when it does not hold a `T`, or the error of `copy`. Names handled before the failing
+    /// one stay copied; the failing one stays forwarded.
+    pub fn copy_forwarded<T, F>(&self, names: &[&str], copy: F) -> Result<()>
+    where
+        T: std::any::Any + Send + Sync,
+        F: Fn(&T) -> Result<T>,
+    {
+        for &name in names {
+            let Some((parent, target)) = self.forwarded.read().get(name).cloned() else {
+                continue;
+            };
+            let src = parent
+                .try_get_blob(&target)
+                .ok_or_else(|| Error::NotFound {
+                    kind: "blob",
+                    name: target.clone(),
+                    detail: format!(" in the parent workspace (forwarded as {name:?})"),
+                })?;
+            let copied = copy(src.read().get::<T>()?)?;
+            self.forwarded.write().remove(name);
+            self.insert_local(name).write().reset(copied);
+        }
+        Ok(())
+    }
+
+    /// True when `name` is currently forwarded to a parent.
+    pub fn is_forwarded(&self, name: &str) -> bool {
+        self.forwarded.read().contains_key(name)
+    }
+
+    /// Names of the local blobs, sorted.
+    pub fn local_blobs(&self) -> Vec<String> {
+        self.blobs.read().keys().cloned().collect()
+    }
+
+    /// Every visible name, sorted, each once: local, forwarded (when the target exists), and
+    /// the parent's.
+    pub fn blobs(&self) -> Vec<String> {
+        let mut all: BTreeSet<String> = self.blobs.read().keys().cloned().collect();
+        for (local, (parent, target)) in self.forwarded.read().iter() {
+            if parent.has_blob(target) {
+                all.insert(local.clone());
+            }
+        }
+        if let Some(p) = &self.shared {
+            all.extend(p.blobs());
+        }
+        all.into_iter().collect()
+    }
+}
+
+fn redefinition(local: &str, target: &str) -> Error {
+    Error::AlreadyExists {
+        kind: "blob",
+        name: local.to_string(),
+        detail: format!(" (redefinition: cannot forward it to parent blob {target:?})"),
+    }
+}
+
+impl fmt::Debug for Workspace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Workspace")
+            .field("local", &self.local_blobs())
+            .field(
+                "forwarded",
+                &self.forwarded.read().keys().collect::<Vec<_>>(),
+            )
+            .field("has_parent", &self.shared.is_some())
+            .finish()
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Workspace>();
+}
