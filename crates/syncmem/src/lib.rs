@@ -27,6 +27,9 @@
 //! | [`device`] | devices of each backend, device and pinned memory, streams, events |
 //! | [`alloc`] | the aligned host allocator and always-on statistics |
 //! | [`synced`] | [`SyncedMemory`]: one buffer mirrored on host and device, lazily |
+//! | [`dtype`], [`tensor`] | element types; Caffe2-style [`Tensor`]s on top of `SyncedMemory` |
+//! | [`param`], [`kernels`] | Caffe's data+diff [`ParamBlob`] and the math it runs where the head is |
+//! | [`blob`], [`workspace`] | the type-erased [`Blob`] and the [`Workspace`] of named blobs |
 //! | [`context`] | Caffe2-style contexts: a device, a stream and a seeded random generator |
 //!
 //! # Backends
@@ -58,9 +61,12 @@ pub use alloc::stats::{CopyStats, Direction, MemStats, Snapshot};
 pub use blob::Blob;
 pub use context::Context;
 pub use device::{Device, DeviceBuffer, DeviceInfo, DeviceSpec, Event, PinnedBuffer, Stream};
+pub use dtype::{DType, Element, PodElement};
 pub use error::{BackendKind, Error, Result};
 pub use param::ParamBlob;
 pub use synced::{Head, SyncedMemory};
+pub use tensor::{ShrinkPolicy, Tensor};
+pub use workspace::Workspace;
 
 /// Reads every memory and copy counter in the process: host memory, each device opened so far
 /// (device memory and pinned host memory), and copies by direction.
