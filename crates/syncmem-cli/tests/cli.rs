@@ -1,0 +1,211 @@
+//! Runs the built `syncmem` binary.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn syncmem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_syncmem"))
+        .args(args)
+        .output()
+        .expect("run the syncmem binary")
+}
+
+/// Runs `syncmem args`, requires success, returns stdout.
+fn ok(args: &[&str]) -> String {
+    let out = syncmem(args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "syncmem {args:?} failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    stdout
+}
+
+/// Runs `syncmem args`, requires a non-zero exit, returns stderr.
+fn fails(args: &[&str]) -> String {
+    let out = syncmem(args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "syncmem {args:?} should fail:\nstdout:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        out.status.code().is_some_and(|c| c != 0),
+        "exit status {}",
+        out.status
+    );
+    stderr
+}
+
+fn json(args: &[&str]) -> Value {
+    let stdout = ok(args);
+    serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("syncmem {args:?}: stdout is not JSON ({e}):\n{stdout}"))
+}
+
+/// Caffe's table: (call, copy, head after) for steps 1-9.
+const EXPECTED: [(&str, &str, &str); 9] = [
+    ("gpu_data", "host_to_device", "synced"),
+    ("cpu_data", "none", "synced"),
+    ("mutable_gpu_data", "none", "device"),
+    ("mutable_gpu_data", "none", "device"),
+    ("cpu_data", "device_to_host", "synced"),
+    ("gpu_data", "none", "synced"),
+    ("mutable_cpu_data", "none", "host"),
+    ("mutable_gpu_data", "host_to_device", "device"),
+    ("mutable_cpu_data", "device_to_host", "host"),
+];
+
+/// Runs `demo --json` on `device` with a buffer of `bytes` and checks Caffe's table.
+fn check_demo(device: &str, bytes: u64) {
+    let n = bytes.to_string();
+    let v = json(&["demo", "--device", device, "--json", "--bytes", &n]);
+    let steps = v.as_array().expect("a JSON array");
+    assert_eq!(steps.len(), 9, "{v:#}");
+    for (i, (s, (call, copy, head))) in steps.iter().zip(EXPECTED).enumerate() {
+        let obj = s.as_object().expect("an object per step");
+        let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            ["bytes", "call", "copy", "head", "step"],
+            "step {}",
+            i + 1
+        );
+        assert_eq!(s["step"], i as u64 + 1, "{s}");
+        assert_eq!(s["call"], call, "{device} step {}: {s}", i + 1);
+        assert_eq!(s["copy"], copy, "{device} step {}: {s}", i + 1);
+        assert_eq!(s["head"], head, "{device} step {}: {s}", i + 1);
+        let want = if copy == "none" { 0 } else { bytes };
+        assert_eq!(s["bytes"], want, "{device} step {}: {s}", i + 1);
+    }
+}
+
+#[test]
+fn devices_json_lists_the_cpu() {
+    let v = json(&["devices", "--json"]);
+    let list = v.as_array().expect("a JSON array");
+    let cpu = list
+        .iter()
+        .find(|e| e["label"] == "cpu")
+        .unwrap_or_else(|| panic!("no cpu entry: {v:#}"));
+    assert_eq!(cpu["backend"], "cpu");
+    assert_eq!(cpu["host_unified"], true);
+    assert!(cpu["total_memory"].as_u64().is_some_and(|m| m > 0), "{cpu}");
+    assert!(cpu["max_alloc"].is_u64(), "{cpu}");
+    for e in list {
+        let backend = e["backend"]
+            .as_str()
+            .expect("every entry names its backend");
+        assert!(["cpu", "opencl", "cuda"].contains(&backend), "{e}");
+        if e.get("error").is_some() {
+            assert!(e["error"].is_string() && e["compiled"].is_boolean(), "{e}");
+            assert!(e.get("label").is_none(), "{e}");
+        } else {
+            for key in ["label", "name", "vendor"] {
+                assert!(e[key].is_string(), "{key} in {e}");
+            }
+        }
+    }
+    // Every backend appears, with devices or with an error.
+    for b in ["cpu", "opencl", "cuda"] {
+        assert!(list.iter().any(|e| e["backend"] == b), "{b} missing: {v:#}");
+    }
+    if syncmem::testing::opencl_or_skip("devices_json_lists_opencl").is_some() {
+        assert!(
+            list.iter().any(|e| e["label"] == "opencl:0"),
+            "opencl:0 missing: {v:#}"
+        );
+    }
+}
+
+#[test]
+fn devices_table_names_every_backend() {
+    let out = ok(&["devices"]);
+    assert!(out.starts_with("BACKEND"), "{out}");
+    for b in ["cpu", "opencl", "cuda"] {
+        assert!(out.lines().any(|l| l.starts_with(b)), "{b} missing:\n{out}");
+    }
+}
+
+#[test]
+fn demo_on_cpu_follows_caffes_table() {
+    check_demo("cpu", 12_345);
+    check_demo("cpu", 1);
+}
+
+#[test]
+fn demo_on_opencl_follows_caffes_table() {
+    if syncmem::testing::opencl_or_skip("demo_on_opencl_follows_caffes_table").is_none() {
+        return;
+    }
+    check_demo("opencl:0", 100_003);
+}
+
+#[test]
+fn demo_on_cuda_follows_caffes_table() {
+    if syncmem::testing::cuda_or_skip("demo_on_cuda_follows_caffes_table").is_none() {
+        return;
+    }
+    check_demo("cuda:0", 100_003);
+}
+
+#[test]
+fn demo_human_output() {
+    let out = ok(&["demo", "--device", "cpu", "--bytes", "4096"]);
+    assert!(out.starts_with("syncmem demo on cpu"), "{out}");
+    for want in ["mutable_gpu_data", "device_to_host", "synced", "copies"] {
+        assert!(out.contains(want), "{want} missing:\n{out}");
+    }
+}
+
+#[test]
+fn demo_default_device_is_an_accelerator_or_a_clear_error() {
+    let accel = syncmem::Device::first_accelerator();
+    if syncmem::testing::opencl_or_skip("demo_default_device").is_some() {
+        assert!(accel.is_some());
+    }
+    match accel {
+        Some(d) => {
+            let out = ok(&["demo", "--bytes", "4096"]);
+            let first = out.lines().next().unwrap_or_default();
+            assert!(first.contains(d.label()), "{out}");
+        }
+        None => {
+            let err = fails(&["demo"]);
+            assert!(
+                err.contains("only the CPU") && err.contains("--device cpu"),
+                "{err}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_device_string_is_a_readable_error() {
+    let err = fails(&["demo", "--device", "tpu:0"]);
+    assert!(err.contains("tpu:0") && err.contains("opencl:N"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let err = fails(&["demo", "--device", "cpu:7"]);
+    assert!(err.contains("cpu:7"), "{err}");
+}
+
+#[test]
+fn zero_bytes_is_refused() {
+    let err = fails(&["demo", "--device", "cpu", "--bytes", "0"]);
+    assert!(err.contains("--bytes"), "{err}");
+}
+
+#[test]
+fn help_texts_exist() {
+    for args in [&["--help"][..], &["devices", "--help"], &["demo", "--help"]] {
+        let out = ok(args);
+        assert!(out.contains("Usage"), "{args:?}:\n{out}");
+    }
+    assert!(ok(&["devices", "--help"]).contains("\"error\""));
+    assert!(ok(&["demo", "--help"]).contains("\"head\""));
+}
