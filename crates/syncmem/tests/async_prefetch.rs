@@ -1,0 +1,277 @@
+//! Copies in flight, on OpenCL: an access that conflicts with a prefetch waits for it, and an
+//! access that does not conflict does not wait.
+//!
+//! The buffer's stream is blocked with an OpenCL user event (a barrier waiting on it is queued
+//! first), so a prefetch queued after it cannot start until the test opens the gate. A
+//! non-conflicting access must return while the gate is still closed (if it waited, only the
+//! watchdog could open the gate, and the test sees that); a conflicting access must return
+//! only after another thread opened the gate (the gate is marked open before its event is
+//! completed, so a return before that proves the access did not wait).
+//!
+//! The gate is opened on every path (by the test, by the watchdog, or by its `Drop` during
+//! unwinding), so no queue is left blocked.
+
+#![cfg(feature = "opencl")]
+
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::Duration;
+
+use opencl3::event::{create_user_event, release_event, set_user_event_status, CL_COMPLETE};
+use opencl3::types::cl_event;
+use syncmem::synced::PendingKind;
+use syncmem::{Device, Head, Stream, SyncedMemory};
+
+const N: usize = 1 << 16;
+
+/// An OpenCL user event with a barrier waiting on it queued on a stream.
+struct Gate {
+    event: cl_event,
+    open: AtomicBool,
+}
+
+// SAFETY: an OpenCL event handle may be used from any thread (all OpenCL calls used here are
+// thread-safe); it is released once, in Drop.
+unsafe impl Send for Gate {}
+// SAFETY: as above; `&Gate` only sets the event status once (guarded by `open`).
+unsafe impl Sync for Gate {}
+
+impl Gate {
+    /// Blocks `stream`: work queued on it from now on waits until [`Gate::open`].
+    fn block(stream: &Stream) -> Gate {
+        let queue = stream.as_opencl().expect("an OpenCL stream");
+        let ctx = queue
+            .context()
+            .expect("clGetCommandQueueInfo(CL_QUEUE_CONTEXT)");
+        let event = create_user_event(ctx).expect("clCreateUserEvent");
+        let gate = Gate {
+            event,
+            open: AtomicBool::new(false),
+        };
+        // SAFETY: the wait list holds one live event, kept alive by `gate` until Drop.
+        let barrier = unsafe { queue.enqueue_barrier_with_wait_list(&[gate.event]) }
+            .expect("clEnqueueBarrierWithWaitList");
+        drop(barrier);
+        queue.flush().expect("clFlush");
+        gate
+    }
+
+    /// Lets the stream run. Marks the gate open before completing the event, so whoever sees
+    /// the stream's work done also sees `is_open()`. Idempotent.
+    fn open(&self) {
+        if !self.open.swap(true, SeqCst) {
+            set_user_event_status(self.event, CL_COMPLETE).expect("clSetUserEventStatus");
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        self.open.load(SeqCst)
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.open();
+        // SAFETY: the one reference clCreateUserEvent gave is released once, here.
+        let _ = unsafe { release_event(self.event) };
+    }
+}
+
+/// Runs `body` with a watchdog that opens the gate if the test hangs (a wrongly waiting access
+/// would otherwise wait forever), and a `release_later` function that opens the gate from
+/// another thread after a pause.
+fn guarded(gate: &Gate, body: impl FnOnce(&dyn Fn())) {
+    std::thread::scope(|s| {
+        let (done, done_rx) = mpsc::channel::<()>();
+        s.spawn(move || {
+            if let Err(RecvTimeoutError::Timeout) = done_rx.recv_timeout(Duration::from_secs(30)) {
+                eprintln!("watchdog: an access blocked on the closed gate; opening it");
+                gate.open();
+            }
+        });
+        let release_later = || {
+            s.spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                gate.open();
+            });
+        };
+        body(&release_later);
+        drop(done);
+    });
+}
+
+/// A buffer on its own stream of the OpenCL device, or `None` (skip).
+fn rig(test: &str) -> Option<(Device, Stream, SyncedMemory)> {
+    let dev = syncmem::testing::opencl_or_skip(test)?;
+    let stream = dev.new_stream().unwrap();
+    let m = SyncedMemory::new(N, &dev)
+        .with_stream(&stream)
+        .unwrap()
+        .with_label(test);
+    Some((dev, stream, m))
+}
+
+fn pattern(seed: u8) -> Vec<u8> {
+    (0..N).map(|i| (i as u8).wrapping_mul(13) ^ seed).collect()
+}
+
+/// Reads the device mirror on a stream other than the (blocked) buffer's stream.
+fn device_bytes_elsewhere(dev: &Device, m: &SyncedMemory) -> Vec<u8> {
+    let g = m.device().unwrap();
+    let mut out = vec![0u8; N];
+    dev.new_stream()
+        .unwrap()
+        .read(g.buffer(), 0, &mut out)
+        .unwrap();
+    out
+}
+
+#[test]
+fn to_device_host_read_does_not_wait_device_read_does() {
+    let Some((_dev, stream, m)) = rig("to_device_host_read_does_not_wait_device_read_does") else {
+        return;
+    };
+    let data = pattern(1);
+    m.host_mut().unwrap().copy_from_slice(&data);
+    let gate = Gate::block(&stream);
+    let ev = m
+        .prefetch_to_device(None)
+        .unwrap()
+        .expect("a copy was queued");
+    guarded(&gate, |release_later| {
+        assert!(
+            !ev.is_complete().unwrap(),
+            "the copy is queued behind the closed gate"
+        );
+        assert_eq!(m.head(), Head::Synced, "a copy in flight counts as done");
+        assert_eq!(m.pending().unwrap(), Some(PendingKind::ToDevice));
+        // Non-conflicting: a host read, and a prefetch to the (current) host.
+        assert_eq!(&*m.host().unwrap(), &data[..]);
+        assert!(m.prefetch_to_host(None).unwrap().is_none());
+        assert!(
+            !gate.is_open(),
+            "a host read waited for the host-to-device copy"
+        );
+        assert_eq!(m.pending().unwrap(), Some(PendingKind::ToDevice));
+        // Conflicting: a device read waits for the copy.
+        release_later();
+        let g = m.device().unwrap();
+        assert!(
+            gate.is_open(),
+            "a device read did not wait for the copy in flight"
+        );
+        let mut out = vec![0u8; N];
+        g.read_into(&mut out).unwrap();
+        assert_eq!(out, data);
+    });
+    assert!(ev.is_complete().unwrap());
+    assert_eq!(m.pending().unwrap(), None);
+    let s = m.copy_stats();
+    assert_eq!((s.host_to_device.count, s.device_to_host.count), (1, 0));
+}
+
+#[test]
+fn to_device_host_write_waits() {
+    let Some((dev, stream, m)) = rig("to_device_host_write_waits") else {
+        return;
+    };
+    let data = pattern(2);
+    m.host_mut().unwrap().copy_from_slice(&data);
+    let gate = Gate::block(&stream);
+    m.prefetch_to_device(None)
+        .unwrap()
+        .expect("a copy was queued");
+    guarded(&gate, |release_later| {
+        assert_eq!(&*m.host().unwrap(), &data[..]);
+        assert!(
+            !gate.is_open(),
+            "a host read waited for the host-to-device copy"
+        );
+        // The copy reads the host mirror: a host write must wait until it is done.
+        release_later();
+        let mut h = m.host_mut().unwrap();
+        assert!(
+            gate.is_open(),
+            "a host write did not wait for the copy reading the host"
+        );
+        h.fill(0xEE);
+    });
+    assert_eq!(m.head(), Head::AtHost);
+    assert_eq!(m.pending().unwrap(), None);
+    assert_eq!(device_bytes_elsewhere(&dev, &m), vec![0xEE; N]);
+    assert_eq!(m.copy_stats().host_to_device.count, 2);
+}
+
+#[test]
+fn to_host_device_read_does_not_wait_host_read_does() {
+    let Some((dev, stream, m)) = rig("to_host_device_read_does_not_wait_host_read_does") else {
+        return;
+    };
+    let data = pattern(3);
+    m.device_overwrite().unwrap().write_from(0, &data).unwrap();
+    let gate = Gate::block(&stream);
+    let ev = m
+        .prefetch_to_host(None)
+        .unwrap()
+        .expect("a copy was queued");
+    guarded(&gate, |release_later| {
+        assert!(
+            !ev.is_complete().unwrap(),
+            "the copy is queued behind the closed gate"
+        );
+        assert_eq!(m.head(), Head::Synced);
+        assert_eq!(m.pending().unwrap(), Some(PendingKind::ToHost));
+        // Non-conflicting: a device read (checked on another stream), a prefetch to the device.
+        assert_eq!(device_bytes_elsewhere(&dev, &m), data);
+        assert!(m.prefetch_to_device(None).unwrap().is_none());
+        assert!(
+            !gate.is_open(),
+            "a device read waited for the device-to-host copy"
+        );
+        assert_eq!(m.pending().unwrap(), Some(PendingKind::ToHost));
+        // Conflicting: a host read waits for the copy into the host.
+        release_later();
+        let h = m.host().unwrap();
+        assert!(
+            gate.is_open(),
+            "a host read did not wait for the copy into the host"
+        );
+        assert_eq!(&*h, &data[..]);
+    });
+    assert!(ev.is_complete().unwrap());
+    assert_eq!(m.pending().unwrap(), None);
+    let s = m.copy_stats();
+    assert_eq!((s.host_to_device.count, s.device_to_host.count), (0, 1));
+}
+
+#[test]
+fn to_host_device_write_waits() {
+    let Some((dev, stream, m)) = rig("to_host_device_write_waits") else {
+        return;
+    };
+    let data = pattern(4);
+    m.device_overwrite().unwrap().write_from(0, &data).unwrap();
+    let gate = Gate::block(&stream);
+    m.prefetch_to_host(None)
+        .unwrap()
+        .expect("a copy was queued");
+    guarded(&gate, |release_later| {
+        assert_eq!(device_bytes_elsewhere(&dev, &m), data);
+        assert!(
+            !gate.is_open(),
+            "a device read waited for the device-to-host copy"
+        );
+        // The copy reads the device mirror: a device write must wait until it is done.
+        release_later();
+        let mut g = m.device_mut().unwrap();
+        assert!(
+            gate.is_open(),
+            "a device write did not wait for the copy reading the device"
+        );
+        g.fill(0x5A).unwrap();
+    });
+    assert_eq!(m.head(), Head::AtDevice);
+    assert_eq!(&*m.host().unwrap(), &[0x5Au8; N][..]);
+    let s = m.copy_stats();
+    assert_eq!((s.host_to_device.count, s.device_to_host.count), (0, 2));
+}
