@@ -48,6 +48,8 @@ pub mod device;
 pub mod dtype;
 mod error;
 pub mod kernels;
+pub mod net;
+pub mod ops;
 pub mod param;
 pub mod synced;
 pub mod tensor;

@@ -1,0 +1,1 @@
+//! Nets: lists of operators run in order in a workspace (not yet implemented).

@@ -1,0 +1,283 @@
+//! The operators' `cpu` versions: loops over slices of `cpu`-device memory, and
+//! `matrixmultiply` for GEMM. Sums over rows are accumulated in `f64`.
+
+use crate::error::{Error, Result};
+
+/// A label that is not a class index: (row, label).
+pub(crate) type BadLabel = (usize, i32);
+
+/// `C[m,n] = op(A)·op(B) + beta·C`, with `op(A)[i,l] = ta ? A[l*m + i] : A[i*k + l]` and
+/// `op(B)[l,j] = tb ? B[j*k + l] : B[l*n + j]` (row-major storage). `beta == 0` does not read
+/// `C`.
+///
+/// # Errors
+/// [`Error::SizeMismatch`] when a slice does not hold exactly its matrix;
+/// [`Error::SizeOverflow`].
+pub(crate) fn gemm(
+    (ta, tb): (bool, bool),
+    (m, n, k): (usize, usize, usize),
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: &mut [f32],
+) -> Result<()> {
+    let size = |r: usize, s: usize, what: &str| {
+        r.checked_mul(s).ok_or_else(|| Error::SizeOverflow {
+            what: format!("GEMM {what}: {r} * {s}"),
+        })
+    };
+    let check = |have: usize, want: usize, what: &str| {
+        if have == want {
+            return Ok(());
+        }
+        Err(Error::SizeMismatch {
+            what: format!("cpu GEMM operand {what} (m={m}, n={n}, k={k}, in f32)"),
+            expected: want.saturating_mul(4),
+            actual: have.saturating_mul(4),
+        })
+    };
+    check(a.len(), size(m, k, "A")?, "A")?;
+    check(b.len(), size(k, n, "B")?, "B")?;
+    check(c.len(), size(m, n, "C")?, "C")?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        if beta == 0.0 {
+            c.fill(0.0);
+        } else {
+            c.iter_mut().for_each(|v| *v *= beta);
+        }
+        return Ok(());
+    }
+    // Strides in elements. Every slice above is at most isize::MAX bytes, so its dimensions fit.
+    let (m_i, n_i, k_i) = (m as isize, n as isize, k as isize);
+    let (rsa, csa) = if ta { (1, m_i) } else { (k_i, 1) };
+    let (rsb, csb) = if tb { (1, k_i) } else { (n_i, 1) };
+    // SAFETY: `a` holds exactly m*k elements and is read at i*rsa + l*csa for i < m, l < k,
+    // which is below m*k for both layouts; likewise `b` (k*n elements, l < k, j < n) and `c`
+    // (m*n elements, written at i*n + j). `c` is a `&mut` borrow, so it aliases neither `a`
+    // nor `b`. matrixmultiply does not keep the pointers after returning.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.as_ptr(),
+            rsa,
+            csa,
+            b.as_ptr(),
+            rsb,
+            csb,
+            beta,
+            c.as_mut_ptr(),
+            n_i,
+            1,
+        );
+    }
+    Ok(())
+}
+
+/// `out[j] = sum_i x[i*cols + j]`.
+pub(crate) fn col_sum(rows: usize, cols: usize, x: &[f32], out: &mut [f32]) {
+    let mut acc = vec![0.0f64; cols];
+    for row in x.chunks_exact(cols.max(1)).take(rows) {
+        for (a, &v) in acc.iter_mut().zip(row) {
+            *a += f64::from(v);
+        }
+    }
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = a as f32;
+    }
+}
+
+/// `y = max(x, 0)`.
+pub(crate) fn relu(x: &[f32], y: &mut [f32]) {
+    for (yi, &xi) in y.iter_mut().zip(x) {
+        *yi = if xi > 0.0 { xi } else { 0.0 };
+    }
+}
+
+/// `y = max(y, 0)` in place.
+pub(crate) fn relu_in_place(y: &mut [f32]) {
+    for v in y {
+        // NaN -> 0, as in `relu` and the OpenCL kernel.
+        *v = if *v > 0.0 { *v } else { 0.0 };
+    }
+}
+
+/// `dx = y > 0 ? dy : 0`.
+pub(crate) fn relu_grad(y: &[f32], dy: &[f32], dx: &mut [f32]) {
+    for ((d, &yi), &g) in dx.iter_mut().zip(y).zip(dy) {
+        *d = if yi > 0.0 { g } else { 0.0 };
+    }
+}
+
+/// `dx = y > 0 ? dx : 0` in place (dx holds dY).
+pub(crate) fn relu_grad_in_place(y: &[f32], dx: &mut [f32]) {
+    for (d, &yi) in dx.iter_mut().zip(y) {
+        *d = if yi > 0.0 { *d } else { 0.0 };
+    }
+}
+
+/// Checks that every label is a class index below `classes`.
+pub(crate) fn check_labels(labels: &[i32], classes: usize) -> std::result::Result<(), BadLabel> {
+    match labels
+        .iter()
+        .enumerate()
+        .find(|(_, &l)| usize::try_from(l).map_or(true, |l| l >= classes))
+    {
+        Some((i, &l)) => Err((i, l)),
+        None => Ok(()),
+    }
+}
+
+/// Row-wise softmax of `x` (`rows × cols`) into `p`; returns the mean cross-entropy against
+/// `labels` (0 for no rows). The row maximum is subtracted first and the loss of a row is
+/// `log(sum exp(x - max)) - (x[label] - max)`, which never takes `log(0)`.
+pub(crate) fn softmax_loss(
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    labels: &[i32],
+    p: &mut [f32],
+) -> std::result::Result<f32, BadLabel> {
+    check_labels(&labels[..rows.min(labels.len())], cols)?;
+    if rows == 0 {
+        return Ok(0.0);
+    }
+    let mut total = 0.0f64;
+    for ((xr, pr), &l) in x
+        .chunks_exact(cols)
+        .zip(p.chunks_exact_mut(cols))
+        .zip(labels)
+    {
+        let m = xr.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut s = 0.0f32;
+        for (pj, &xj) in pr.iter_mut().zip(xr) {
+            let e = (xj - m).exp();
+            *pj = e;
+            s += e;
+        }
+        let inv = 1.0 / s;
+        pr.iter_mut().for_each(|v| *v *= inv);
+        let l = l as usize; // checked above
+        total += f64::from(s.ln() - (xr[l] - m));
+    }
+    Ok((total / rows as f64) as f32)
+}
+
+/// `dx = (p - onehot(labels)) * dloss / rows`.
+pub(crate) fn softmax_loss_grad(
+    rows: usize,
+    cols: usize,
+    p: &[f32],
+    labels: &[i32],
+    dloss: f32,
+    dx: &mut [f32],
+) -> std::result::Result<(), BadLabel> {
+    check_labels(&labels[..rows.min(labels.len())], cols)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let scale = dloss / rows as f32;
+    for ((pr, dr), &l) in p
+        .chunks_exact(cols)
+        .zip(dx.chunks_exact_mut(cols))
+        .zip(labels)
+    {
+        for (d, &v) in dr.iter_mut().zip(pr) {
+            *d = v * scale;
+        }
+        dr[l as usize] = (pr[l as usize] - 1.0) * scale;
+    }
+    Ok(())
+}
+
+/// Fraction of rows in which fewer than `top_k` scores are strictly greater than the label's
+/// (Caffe2's rule); 0 for no rows.
+pub(crate) fn accuracy(
+    rows: usize,
+    cols: usize,
+    top_k: usize,
+    x: &[f32],
+    labels: &[i32],
+) -> std::result::Result<f32, BadLabel> {
+    check_labels(&labels[..rows.min(labels.len())], cols)?;
+    if rows == 0 {
+        return Ok(0.0);
+    }
+    let correct = x
+        .chunks_exact(cols)
+        .zip(labels)
+        .filter(|(xr, &l)| {
+            let v = xr[l as usize];
+            xr.iter().filter(|&&s| s > v).take(top_k).count() < top_k
+        })
+        .count();
+    Ok((correct as f64 / rows as f64) as f32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Naive reference: C = op(A) op(B).
+    fn naive(ta: bool, tb: bool, m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
+        let mut c = vec![0.0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let mut s = 0.0;
+                for l in 0..k {
+                    let av = if ta { a[l * m + i] } else { a[i * k + l] };
+                    let bv = if tb { b[j * k + l] } else { b[l * n + j] };
+                    s += av * bv;
+                }
+                c[i * n + j] = s;
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn gemm_matches_naive_for_every_transpose() {
+        let (m, n, k) = (5, 7, 3);
+        let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
+        for ta in [false, true] {
+            for tb in [false, true] {
+                let mut c = vec![f32::NAN; m * n];
+                gemm((ta, tb), (m, n, k), &a, &b, 0.0, &mut c).unwrap();
+                let r = naive(ta, tb, m, n, k, &a, &b);
+                for (x, y) in c.iter().zip(&r) {
+                    assert!((x - y).abs() < 1e-5, "{ta} {tb}: {x} vs {y}");
+                }
+            }
+        }
+        let mut c = vec![0.0; 4];
+        assert!(gemm((false, false), (2, 2, 2), &a[..3], &b[..4], 0.0, &mut c).is_err());
+        let mut c = vec![2.0; 4];
+        gemm((false, false), (2, 2, 0), &[], &[], 0.5, &mut c).unwrap();
+        assert_eq!(c, [1.0; 4]);
+    }
+
+    #[test]
+    fn softmax_accuracy_and_labels() {
+        let x = [1.0f32, 2.0, 3.0, 1000.0, 0.0, -1000.0];
+        let mut p = [0.0f32; 6];
+        let loss = softmax_loss(2, 3, &x, &[2, 0], &mut p).unwrap();
+        assert!(loss.is_finite() && loss > 0.0);
+        assert!((p[..3].iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert_eq!(p[3], 1.0);
+        assert_eq!(softmax_loss(2, 3, &x, &[2, 3], &mut p), Err((1, 3)));
+        assert_eq!(accuracy(2, 3, 1, &x, &[2, 1]).unwrap(), 0.5);
+        assert_eq!(accuracy(2, 3, 2, &x, &[1, 1]).unwrap(), 1.0);
+        assert_eq!(
+            accuracy(1, 3, 1, &[1.0, 1.0, 0.0], &[1]).unwrap(),
+            1.0,
+            "ties count"
+        );
+        assert_eq!(check_labels(&[-1], 3), Err((0, -1)));
+    }
+}

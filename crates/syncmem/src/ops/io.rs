@@ -1,0 +1,348 @@
+//! Blob lookup and locking for one run of an operator.
+//!
+//! [`Blobs::resolve`] looks up the inputs (they must exist) and creates the outputs, then
+//! removes duplicates by identity (two names can reach the same blob through a parent or a
+//! forwarded name). [`Blobs::lock`] takes one lock per distinct blob, in the order of the blobs'
+//! addresses: a read lock for a blob that is only read, a write lock for a blob that is written
+//! (also when it is read too, in place). [`Locked::io`] then hands out `&Tensor` for inputs and
+//! `&mut Tensor` for outputs, with the checks every operator needs (a tensor, on the operator's
+//! device, initialised).
+
+use std::sync::Arc;
+
+use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
+
+use super::OperatorDef;
+use crate::blob::Blob;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use crate::workspace::{BlobRef, Workspace};
+
+/// The distinct blobs of one run, and which inputs and outputs map to which.
+pub(crate) struct Blobs<'d> {
+    def: &'d OperatorDef,
+    refs: Vec<BlobRef>,
+    writable: Vec<bool>,
+    ins: Vec<usize>,
+    outs: Vec<usize>,
+    /// For each input, the output it shares its blob with (an allowed in-place pair).
+    in_place: Vec<Option<usize>>,
+}
+
+impl<'d> Blobs<'d> {
+    /// Looks up the inputs and creates the outputs of `def`. `in_place_ok` lists the
+    /// (input, output) pairs that may name the same blob.
+    pub(crate) fn resolve(
+        ws: &Workspace,
+        def: &'d OperatorDef,
+        in_place_ok: &[(usize, usize)],
+    ) -> Result<Self> {
+        let mut refs: Vec<BlobRef> = Vec::new();
+        let index_of = |r: BlobRef, refs: &mut Vec<BlobRef>| -> usize {
+            match refs.iter().position(|x| Arc::ptr_eq(x, &r)) {
+                Some(i) => i,
+                None => {
+                    refs.push(r);
+                    refs.len() - 1
+                }
+            }
+        };
+        let mut ins = Vec::with_capacity(def.inputs.len());
+        for (i, name) in def.inputs.iter().enumerate() {
+            let r = ws.try_get_blob(name).ok_or_else(|| Error::NotFound {
+                kind: "blob",
+                name: name.clone(),
+                detail: format!(" in the workspace (input {i} of operator {})", def.label()),
+            })?;
+            ins.push(index_of(r, &mut refs));
+        }
+        let mut outs = Vec::with_capacity(def.outputs.len());
+        for name in &def.outputs {
+            outs.push(index_of(ws.create_blob(name)?, &mut refs));
+        }
+        let mut writable = vec![false; refs.len()];
+        for (j, &b) in outs.iter().enumerate() {
+            if writable[b] {
+                return Err(Error::InvalidState {
+                    op: "Operator::run",
+                    buffer: format!("blob {:?}", def.outputs[j]),
+                    reason: format!(
+                        "operator {} writes the blob through two of its outputs",
+                        def.label()
+                    ),
+                });
+            }
+            writable[b] = true;
+        }
+        let mut in_place = vec![None; ins.len()];
+        for (i, &b) in ins.iter().enumerate() {
+            if !writable[b] {
+                continue;
+            }
+            let j = outs.iter().position(|&o| o == b).unwrap_or(usize::MAX);
+            if !in_place_ok.contains(&(i, j)) {
+                let allowed = if in_place_ok.is_empty() {
+                    "it computes nothing in place".to_string()
+                } else {
+                    let pairs: Vec<String> = in_place_ok
+                        .iter()
+                        .map(|(i, j)| format!("input {i} -> output {j}"))
+                        .collect();
+                    format!("it allows only {}", pairs.join(", "))
+                };
+                return Err(Error::InvalidState {
+                    op: "Operator::run",
+                    buffer: format!("blob {:?}", def.inputs[i]),
+                    reason: format!(
+                        "input {i} of operator {} is also its output {j} ({:?}), but {allowed}",
+                        def.label(),
+                        def.outputs.get(j).map_or("", String::as_str)
+                    ),
+                });
+            }
+            in_place[i] = Some(j);
+        }
+        Ok(Self {
+            def,
+            refs,
+            writable,
+            ins,
+            outs,
+            in_place,
+        })
+    }
+
+    /// Locks every distinct blob once, in address order.
+    pub(crate) fn lock(&self) -> Locked<'_, 'd> {
+        let mut order: Vec<usize> = (0..self.refs.len()).collect();
+        order.sort_by_key(|&i| Arc::as_ptr(&self.refs[i]) as usize);
+        let mut slots: Vec<Option<Guard<'_>>> = (0..self.refs.len()).map(|_| None).collect();
+        for i in order {
+            slots[i] = Some(if self.writable[i] {
+                Guard::W(self.refs[i].write())
+            } else {
+                Guard::R(self.refs[i].read())
+            });
+        }
+        Locked {
+            blobs: self,
+            guards: slots.into_iter().flatten().collect(),
+        }
+    }
+}
+
+enum Guard<'r> {
+    R(RwLockReadGuard<'r, Blob>),
+    W(RwLockWriteGuard<'r, Blob>),
+}
+
+/// The locks of one run.
+pub(crate) struct Locked<'r, 'd> {
+    blobs: &'r Blobs<'d>,
+    guards: Vec<Guard<'r>>,
+}
+
+enum Slot<'g> {
+    R(&'g Blob),
+    W(&'g mut Blob),
+}
+
+impl<'r, 'd> Locked<'r, 'd> {
+    /// The tensors of the run, checked to live on `dev`.
+    pub(crate) fn io<'g>(&'g mut self, dev: &'g Device) -> Result<Io<'g>> {
+        let b = self.blobs;
+        let def = b.def;
+        let mut slots: Vec<Option<Slot<'g>>> = self
+            .guards
+            .iter_mut()
+            .map(|g| {
+                Some(match g {
+                    Guard::R(g) => Slot::R(g),
+                    Guard::W(g) => Slot::W(g),
+                })
+            })
+            .collect();
+        let mut ins = Vec::with_capacity(b.ins.len());
+        for (i, &s) in b.ins.iter().enumerate() {
+            if b.in_place[i].is_some() {
+                ins.push(None);
+                continue;
+            }
+            let blob = match &slots[s] {
+                Some(Slot::R(blob)) => *blob,
+                _ => return Err(internal(def, "an input blob is not read-locked")),
+            };
+            let what = || in_what(def, i);
+            let t = blob.get::<Tensor>().map_err(|_| not_tensor(blob, what()))?;
+            check_tensor(t, dev, what)?;
+            ins.push(Some(t));
+        }
+        let mut outs = Vec::with_capacity(b.outs.len());
+        for (j, &s) in b.outs.iter().enumerate() {
+            let Some(Slot::W(blob)) = slots[s].take() else {
+                return Err(internal(def, "an output blob is not write-locked"));
+            };
+            let name = &def.outputs[j];
+            let what = || out_what(def, j);
+            let t = if b.in_place.contains(&Some(j)) {
+                if !blob.is_type::<Tensor>() {
+                    return Err(not_tensor(blob, what()));
+                }
+                let t = blob.get_mut::<Tensor>()?;
+                check_tensor(t, dev, what)?;
+                t
+            } else {
+                let (t, _) = blob
+                    .get_or_insert_with(|| Tensor::new(dev).with_label(name.clone()))
+                    .map_err(|e| Error::InvalidState {
+                        op: "Operator::run",
+                        buffer: format!("blob {name:?}"),
+                        reason: format!("{} cannot be written: {e}", what()),
+                    })?;
+                if !t.target().is_some_and(|d| d.same(dev)) {
+                    // Caffe2's GetMutable<Tensor<Context>>: a tensor of another device is
+                    // replaced (an output is overwritten anyway).
+                    *t = Tensor::new(dev).with_label(name.clone());
+                }
+                t
+            };
+            outs.push(Some(t));
+        }
+        check_storage_aliasing(def, &ins, &outs)?;
+        Ok(Io {
+            def,
+            ins,
+            in_place: b.in_place.clone(),
+            outs,
+        })
+    }
+}
+
+/// The tensors of one run: shared inputs, exclusive outputs.
+pub(crate) struct Io<'g> {
+    def: &'g OperatorDef,
+    ins: Vec<Option<&'g Tensor>>,
+    in_place: Vec<Option<usize>>,
+    outs: Vec<Option<&'g mut Tensor>>,
+}
+
+impl<'g> Io<'g> {
+    /// Input `i`. For an input computed in place, use the output it shares its blob with.
+    pub(crate) fn input(&self, i: usize) -> Result<&'g Tensor> {
+        self.ins.get(i).copied().flatten().ok_or_else(|| {
+            internal(
+                self.def,
+                &format!("input {i} is absent or in place (read it through its output)"),
+            )
+        })
+    }
+
+    /// The output that input `i` shares its blob with (in place), if any.
+    pub(crate) fn in_place(&self, i: usize) -> Option<usize> {
+        self.in_place.get(i).copied().flatten()
+    }
+
+    /// Output `j`; each output can be taken once.
+    pub(crate) fn output(&mut self, j: usize) -> Result<&'g mut Tensor> {
+        self.outs
+            .get_mut(j)
+            .and_then(Option::take)
+            .ok_or_else(|| internal(self.def, &format!("output {j} is absent or taken")))
+    }
+
+    /// The def being run.
+    pub(crate) fn def(&self) -> &'g OperatorDef {
+        self.def
+    }
+}
+
+/// `input 1 ("W") of operator FC "fc1"`.
+pub(crate) fn in_what(def: &OperatorDef, i: usize) -> String {
+    let name = def.inputs.get(i).map_or("", String::as_str);
+    format!("input {i} ({name:?}) of operator {}", def.label())
+}
+
+/// `output 0 ("Y") of operator FC "fc1"`.
+pub(crate) fn out_what(def: &OperatorDef, j: usize) -> String {
+    let name = def.outputs.get(j).map_or("", String::as_str);
+    format!("output {j} ({name:?}) of operator {}", def.label())
+}
+
+/// Two views of one storage in a run would wait on each other (a read guard and a write
+/// guard, or two write guards, of the same SyncedMemory): refuse tensors that share storage.
+fn check_storage_aliasing(
+    def: &OperatorDef,
+    ins: &[Option<&Tensor>],
+    outs: &[Option<&mut Tensor>],
+) -> Result<()> {
+    for (j, o) in outs.iter().enumerate() {
+        let Some(o) = o.as_deref() else { continue };
+        let clash = ins
+            .iter()
+            .enumerate()
+            .find_map(|(i, t)| {
+                t.filter(|t| t.shares_storage_with(o))
+                    .map(|_| in_what(def, i))
+            })
+            .or_else(|| {
+                outs.iter().enumerate().skip(j + 1).find_map(|(k, t)| {
+                    t.as_deref()
+                        .filter(|t| t.shares_storage_with(o))
+                        .map(|_| out_what(def, k))
+                })
+            });
+        if let Some(other) = clash {
+            return Err(Error::InvalidState {
+                op: "Operator::run",
+                buffer: out_what(def, j),
+                reason: format!("its tensor shares its memory with {other} (share_data)"),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn check_tensor(t: &Tensor, dev: &Device, what: impl Fn() -> String) -> Result<()> {
+    match t.target() {
+        Some(d) if d.same(dev) => {}
+        other => {
+            return Err(Error::DeviceMismatch {
+                op: "Operator::run",
+                expected: format!("{} (the operator's device)", dev.label()),
+                actual: format!(
+                    "{} for {}",
+                    other.map_or("host only", Device::label),
+                    what()
+                ),
+            })
+        }
+    }
+    if !t.is_initialized() {
+        return Err(Error::InvalidState {
+            op: "Operator::run",
+            buffer: what(),
+            reason: "the tensor is uninitialised (no shape)".into(),
+        });
+    }
+    Ok(())
+}
+
+fn not_tensor(blob: &Blob, what: String) -> Error {
+    Error::TypeMismatch {
+        what,
+        stored: blob
+            .type_name()
+            .unwrap_or("nothing (the blob is empty)")
+            .to_string(),
+        requested: std::any::type_name::<Tensor>().to_string(),
+    }
+}
+
+fn internal(def: &OperatorDef, reason: &str) -> Error {
+    Error::InvalidState {
+        op: "Operator::run",
+        buffer: format!("operator {}", def.label()),
+        reason: reason.to_string(),
+    }
+}

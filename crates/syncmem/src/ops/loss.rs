@@ -1,0 +1,252 @@
+//! `SoftmaxWithLoss`, `SoftmaxWithLossGradient` and `Accuracy`.
+//!
+//! Labels are `i32` class indices, one per row (dims `[N]` or `[N, 1]`). The loss and the
+//! accuracy are 0-dimensional `f32` tensors written on the device, so a training loop reads
+//! back only those scalars.
+//!
+//! An out-of-range label is an error naming the row on the `cpu` device, and on OpenCL whenever
+//! the labels' host copy is current (checked there without any copy). When the labels live only
+//! on the device, checking would need a read-back: the kernels then make the loss, the gradient
+//! rows and the accuracy NaN instead.
+
+use super::access::{expect_dtype, shape_error, Backend, In, Out};
+use super::args::{invalid, Args};
+use super::cpu::{self, BadLabel};
+use super::fc::split;
+use super::io::{in_what, out_what, Blobs};
+use super::{Operator, OperatorDef};
+use crate::context::Context;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::synced::Head;
+use crate::tensor::Tensor;
+use crate::workspace::Workspace;
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Forward,
+    Gradient,
+    Accuracy { top_k: usize },
+}
+
+struct LossOp {
+    def: OperatorDef,
+    device: Device,
+    axis: i64,
+    kind: Kind,
+}
+
+pub(crate) fn build_softmax_with_loss(
+    def: &OperatorDef,
+    device: &Device,
+) -> Result<Box<dyn Operator>> {
+    let args = Args::check(def, (2, 2), (2, 2), &["axis"])?;
+    op(def, device, args.i64_or("axis", 1)?, Kind::Forward)
+}
+
+pub(crate) fn build_softmax_with_loss_gradient(
+    def: &OperatorDef,
+    device: &Device,
+) -> Result<Box<dyn Operator>> {
+    let args = Args::check(def, (2, 4), (1, 1), &["axis"])?;
+    op(def, device, args.i64_or("axis", 1)?, Kind::Gradient)
+}
+
+pub(crate) fn build_accuracy(def: &OperatorDef, device: &Device) -> Result<Box<dyn Operator>> {
+    let args = Args::check(def, (2, 2), (1, 1), &["top_k"])?;
+    let top_k = args.i64_or("top_k", 1)?;
+    let top_k = usize::try_from(top_k)
+        .ok()
+        .filter(|&k| k >= 1)
+        .ok_or_else(|| invalid(def, format!("top_k must be at least 1, got {top_k}")))?;
+    op(def, device, 1, Kind::Accuracy { top_k })
+}
+
+fn op(def: &OperatorDef, device: &Device, axis: i64, kind: Kind) -> Result<Box<dyn Operator>> {
+    Ok(Box::new(LossOp {
+        def: def.clone(),
+        device: device.clone(),
+        axis,
+        kind,
+    }))
+}
+
+/// Checks the labels' type and count (`rows`), and their values when the host copy is current
+/// (no copy is made for that).
+fn check_labels(
+    def: &OperatorDef,
+    i: usize,
+    labels: &Tensor,
+    rows: usize,
+    classes: usize,
+) -> Result<()> {
+    let what = || in_what(def, i);
+    expect_dtype::<i32>(labels, &what)?;
+    let dims = labels.dims();
+    if labels.numel() != Some(rows) || !(dims.len() == 1 || dims.get(1..) == Some(&[1][..])) {
+        return Err(shape_error(
+            what(),
+            dims,
+            format!("labels must have dims [{rows}] or [{rows}, 1] (one per row)"),
+        ));
+    }
+    if matches!(labels.head(), Some(Head::AtHost | Head::Synced)) {
+        let host = labels.host::<i32>()?;
+        cpu::check_labels(&host, classes).map_err(|b| bad_label(def, i, classes, b))?;
+    }
+    Ok(())
+}
+
+fn bad_label(def: &OperatorDef, i: usize, classes: usize, (row, label): BadLabel) -> Error {
+    Error::InvalidState {
+        op: "Operator::run",
+        buffer: in_what(def, i),
+        reason: format!("label {label} of row {row} is not a class index in 0..{classes}"),
+    }
+}
+
+impl Operator for LossOp {
+    fn def(&self) -> &OperatorDef {
+        &self.def
+    }
+
+    fn run(&self, ws: &Workspace, ctx: &Context) -> Result<()> {
+        let backend = Backend::for_run(&self.def, &self.device, ctx)?;
+        let blobs = Blobs::resolve(ws, &self.def, &[])?;
+        let mut locked = blobs.lock();
+        let mut io = locked.io(ctx.device())?;
+        match self.kind {
+            Kind::Forward => self.forward(&backend, ctx, &mut io),
+            Kind::Gradient => self.gradient(&backend, ctx, &mut io),
+            Kind::Accuracy { top_k } => self.accuracy(&backend, ctx, &mut io, top_k),
+        }
+    }
+}
+
+impl LossOp {
+    #[cfg_attr(not(feature = "opencl"), allow(unused_variables))]
+    fn forward(&self, backend: &Backend, ctx: &Context, io: &mut super::io::Io<'_>) -> Result<()> {
+        let def = io.def();
+        let (x, labels) = (io.input(0)?, io.input(1)?);
+        let (_, n, c) = split(x, self.axis, "axis", in_what(def, 0))?;
+        check_labels(def, 1, labels, n, c)?;
+        let xi = In::<f32>::open(x, in_what(def, 0))?;
+        let li = In::<i32>::open(labels, in_what(def, 1))?;
+        let mut p = Out::<f32>::overwrite(io.output(0)?, x.dims(), out_what(def, 0))?;
+        let mut loss = Out::<f32>::overwrite(io.output(1)?, &[], out_what(def, 1))?;
+        match backend {
+            Backend::Cpu => {
+                let v = cpu::softmax_loss(n, c, xi.cpu()?, li.cpu()?, p.cpu()?)
+                    .map_err(|b| bad_label(def, 1, c, b))?;
+                loss.cpu()?[0] = v;
+                Ok(())
+            }
+            #[cfg(feature = "opencl")]
+            Backend::OpenCl(k) => k.softmax_loss(
+                super::opencl::queue(ctx)?,
+                n,
+                c,
+                xi.mem()?,
+                li.mem()?,
+                p.mem()?,
+                loss.mem()?,
+            ),
+        }
+    }
+
+    #[cfg_attr(not(feature = "opencl"), allow(unused_variables))]
+    fn gradient(&self, backend: &Backend, ctx: &Context, io: &mut super::io::Io<'_>) -> Result<()> {
+        let def = io.def();
+        // [P, labels], [P, labels, dLoss], or Caffe2's [X, labels, P, dLoss].
+        let (pi_idx, dl_idx) = match def.inputs.len() {
+            2 => (0, None),
+            3 => (0, Some(2)),
+            _ => (2, Some(3)),
+        };
+        let (p, labels) = (io.input(pi_idx)?, io.input(1)?);
+        if pi_idx == 2 {
+            let x = io.input(0)?;
+            if x.dims() != p.dims() {
+                return Err(shape_error(
+                    in_what(def, 0),
+                    x.dims(),
+                    format!("X must have the dims of P {:?}", p.dims()),
+                ));
+            }
+        }
+        let (_, n, c) = split(p, self.axis, "axis", in_what(def, pi_idx))?;
+        check_labels(def, 1, labels, n, c)?;
+        let dl = match dl_idx {
+            Some(i) => {
+                let t = io.input(i)?;
+                if t.numel() != Some(1) {
+                    return Err(shape_error(
+                        in_what(def, i),
+                        t.dims(),
+                        "dLoss must be a scalar".into(),
+                    ));
+                }
+                Some(In::<f32>::open(t, in_what(def, i))?)
+            }
+            None => None,
+        };
+        let pi = In::<f32>::open(p, in_what(def, pi_idx))?;
+        let li = In::<i32>::open(labels, in_what(def, 1))?;
+        let mut dx = Out::<f32>::overwrite(io.output(0)?, p.dims(), out_what(def, 0))?;
+        match backend {
+            Backend::Cpu => {
+                let scale = match &dl {
+                    Some(d) => d.cpu()?[0],
+                    None => 1.0,
+                };
+                cpu::softmax_loss_grad(n, c, pi.cpu()?, li.cpu()?, scale, dx.cpu()?)
+                    .map_err(|b| bad_label(def, 1, c, b))
+            }
+            #[cfg(feature = "opencl")]
+            Backend::OpenCl(k) => k.softmax_loss_grad(
+                super::opencl::queue(ctx)?,
+                n,
+                c,
+                pi.mem()?,
+                li.mem()?,
+                dl.as_ref().map(In::mem).transpose()?,
+                dx.mem()?,
+            ),
+        }
+    }
+
+    #[cfg_attr(not(feature = "opencl"), allow(unused_variables))]
+    fn accuracy(
+        &self,
+        backend: &Backend,
+        ctx: &Context,
+        io: &mut super::io::Io<'_>,
+        top_k: usize,
+    ) -> Result<()> {
+        let def = io.def();
+        let (x, labels) = (io.input(0)?, io.input(1)?);
+        let (_, n, c) = split(x, self.axis, "axis", in_what(def, 0))?;
+        check_labels(def, 1, labels, n, c)?;
+        let xi = In::<f32>::open(x, in_what(def, 0))?;
+        let li = In::<i32>::open(labels, in_what(def, 1))?;
+        let mut out = Out::<f32>::overwrite(io.output(0)?, &[], out_what(def, 0))?;
+        match backend {
+            Backend::Cpu => {
+                let v = cpu::accuracy(n, c, top_k, xi.cpu()?, li.cpu()?)
+                    .map_err(|b| bad_label(def, 1, c, b))?;
+                out.cpu()?[0] = v;
+                Ok(())
+            }
+            #[cfg(feature = "opencl")]
+            Backend::OpenCl(k) => k.accuracy(
+                super::opencl::queue(ctx)?,
+                n,
+                c,
+                top_k,
+                xi.mem()?,
+                li.mem()?,
+                out.mem()?,
+            ),
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! OpenCL C source of the operator kernels (`f32`, labels `int`). The GEMM tile sizes `TSM`,
+//! `TSN`, `TSK` are defined by the build options (`-D TSM=64 -D TSN=64 -D TSK=32`).
+
+/// The program; see [`super::opencl`] for how each kernel is launched.
+pub(super) const SOURCE: &str = r#"
+/* Tile sizes, set by the build options: TSM x TSN elements of C per work-group, TSK along K.
+ * Each work-item computes a WPTM x WPTN block of C (WPTN as one float8), so a work-group is
+ * (TSN / WPTN) x (TSM / WPTM) work-items. TSM must be a multiple of 4, TSN of 8. */
+#ifndef TSM
+#define TSM 64
+#endif
+#ifndef TSN
+#define TSN 64
+#endif
+#ifndef TSK
+#define TSK 32
+#endif
+#define WPTM 4
+#define WPTN 8
+#define RTSM (TSM / WPTM)
+#define RTSN (TSN / WPTN)
+#define WG_SIZE (RTSM * RTSN)
+
+/* C[M,N] = op(A)[M,K] * op(B)[K,N] (+ bias[n] when has_bias).
+ *   op(A)[m,k] = ta ? A[k*M + m] : A[m*K + k]
+ *   op(B)[k,n] = tb ? B[n*K + k] : B[k*N + n]
+ * The K axis is walked in steps of TSK. At each step the work-group copies a TSM x TSK tile of
+ * op(A) and a TSK x TSN tile of op(B) into local memory (k-major; zeros outside the matrices,
+ * so no size needs to be a multiple of a tile; consecutive work-items read consecutive global
+ * addresses in either layout), then every work-item accumulates its 4 x 8 block from local
+ * memory: one float4 of A and one float8 of B per k, four float8 FMAs. Work-items outside C
+ * compute on zeros and write nothing. */
+__kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
+void sm_gemm(const uint M, const uint N, const uint K, const uint ta, const uint tb,
+             __global const float* A, __global const float* B, __global float* C,
+             __global const float* bias, const uint has_bias) {
+    __local float As[TSK * TSM];
+    __local float Bs[TSK * TSN];
+    const uint lc = get_local_id(0);
+    const uint lr = get_local_id(1);
+    const uint tid = lr * RTSN + lc;
+    const uint m0 = get_group_id(1) * TSM;
+    const uint n0 = get_group_id(0) * TSN;
+    float8 acc0 = 0.0f, acc1 = 0.0f, acc2 = 0.0f, acc3 = 0.0f;
+    for (uint t = 0; t < K; t += TSK) {
+        for (uint e = tid; e < TSM * TSK; e += WG_SIZE) {
+            uint mm, kk;
+            if (ta) {
+                kk = e / TSM;
+                mm = e % TSM;
+            } else {
+                mm = e / TSK;
+                kk = e % TSK;
+            }
+            const uint gm = m0 + mm, gk = t + kk;
+            float v = 0.0f;
+            if (gm < M && gk < K) {
+                v = ta ? A[(size_t)gk * M + gm] : A[(size_t)gm * K + gk];
+            }
+            As[kk * TSM + mm] = v;
+        }
+        for (uint e = tid; e < TSN * TSK; e += WG_SIZE) {
+            uint nn, kk;
+            if (tb) {
+                nn = e / TSK;
+                kk = e % TSK;
+            } else {
+                kk = e / TSN;
+                nn = e % TSN;
+            }
+            const uint gn = n0 + nn, gk = t + kk;
+            float v = 0.0f;
+            if (gn < N && gk < K) {
+                v = tb ? B[(size_t)gn * K + gk] : B[(size_t)gk * N + gn];
+            }
+            Bs[kk * TSN + nn] = v;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (uint k = 0; k < TSK; ++k) {
+            const float4 a = vload4(0, As + k * TSM + lr * WPTM);
+            const float8 b = vload8(0, Bs + k * TSN + lc * WPTN);
+            acc0 = fma((float8)(a.s0), b, acc0);
+            acc1 = fma((float8)(a.s1), b, acc1);
+            acc2 = fma((float8)(a.s2), b, acc2);
+            acc3 = fma((float8)(a.s3), b, acc3);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    float acc[WPTM][WPTN];
+    vstore8(acc0, 0, acc[0]);
+    vstore8(acc1, 0, acc[1]);
+    vstore8(acc2, 0, acc[2]);
+    vstore8(acc3, 0, acc[3]);
+    for (uint i = 0; i < WPTM; ++i) {
+        const uint gm = m0 + lr * WPTM + i;
+        for (uint j = 0; j < WPTN; ++j) {
+            const uint gn = n0 + lc * WPTN + j;
+            if (gm < M && gn < N) {
+                C[(size_t)gm * N + gn] = has_bias ? acc[i][j] + bias[gn] : acc[i][j];
+            }
+        }
+    }
+}
+
+/* out[j] = sum_i X[i*cols + j]: one work-item per column. */
+__kernel void sm_col_sum(const uint rows, const uint cols, __global const float* X,
+                         __global float* out) {
+    const uint j = get_global_id(0);
+    if (j >= cols) {
+        return;
+    }
+    float acc = 0.0f;
+    for (uint i = 0; i < rows; ++i) {
+        acc += X[(size_t)i * cols + j];
+    }
+    out[j] = acc;
+}
+
+/* y = max(x, 0); x and y may be the same buffer. */
+__kernel void sm_relu(const ulong n, __global const float* x, __global float* y) {
+    for (ulong i = get_global_id(0); i < n; i += get_global_size(0)) {
+        const float v = x[i];
+        y[i] = v > 0.0f ? v : 0.0f;
+    }
+}
+
+/* dx = y > 0 ? dy : 0; dy and dx may be the same buffer. */
+__kernel void sm_relu_grad(const ulong n, __global const float* y, __global const float* dy,
+                           __global float* dx) {
+    for (ulong i = get_global_id(0); i < n; i += get_global_size(0)) {
+        dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    }
+}
+
+/* y = value. */
+__kernel void sm_fill(const ulong n, const float value, __global float* y) {
+    for (ulong i = get_global_id(0); i < n; i += get_global_size(0)) {
+        y[i] = value;
+    }
+}
+
+/* Sums `acc` over the work-group (local size a power of two); work-item 0 gets the total. */
+float sm_group_sum(float acc, __local float* scratch) {
+    const uint lid = get_local_id(0);
+    scratch[lid] = acc;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint s = get_local_size(0) / 2; s > 0; s >>= 1) {
+        if (lid < s) {
+            scratch[lid] += scratch[lid + s];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    return scratch[0];
+}
+
+/* One work-group. Row i: P = softmax(X) with the row maximum subtracted first; its loss is
+ * log(sum exp(x - max)) - (x[label] - max) = -log P[label], without ever taking log(0).
+ * An out-of-range label makes the loss NaN (checking would need a read-back).
+ * loss[0] = mean over the rows (0 when N == 0). */
+__kernel void sm_softmax_loss(const uint N, const uint C, __global const float* X,
+                              __global const int* labels, __global float* P,
+                              __global float* loss, __local float* scratch) {
+    float acc = 0.0f;
+    for (uint i = get_local_id(0); i < N; i += get_local_size(0)) {
+        __global const float* x = X + (size_t)i * C;
+        __global float* p = P + (size_t)i * C;
+        float m = -INFINITY;
+        for (uint j = 0; j < C; ++j) {
+            m = fmax(m, x[j]);
+        }
+        float s = 0.0f;
+        for (uint j = 0; j < C; ++j) {
+            const float e = exp(x[j] - m);
+            p[j] = e;
+            s += e;
+        }
+        const float inv = 1.0f / s;
+        for (uint j = 0; j < C; ++j) {
+            p[j] *= inv;
+        }
+        const int l = labels[i];
+        acc += (l >= 0 && (uint)l < C) ? log(s) - (x[l] - m) : NAN;
+    }
+    const float total = sm_group_sum(acc, scratch);
+    if (get_local_id(0) == 0) {
+        loss[0] = N > 0 ? total / (float)N : 0.0f;
+    }
+}
+
+/* dX = (P - onehot(label)) * dloss / N, dloss = dloss_buf[0] when has_dloss, else 1. */
+__kernel void sm_softmax_loss_grad(const uint N, const uint C, __global const float* P,
+                                   __global const int* labels, __global const float* dloss_buf,
+                                   const uint has_dloss, __global float* dX) {
+    const float scale = (has_dloss ? dloss_buf[0] : 1.0f) / (float)N;
+    const ulong n = (ulong)N * C;
+    for (ulong idx = get_global_id(0); idx < n; idx += get_global_size(0)) {
+        const uint i = (uint)(idx / C);
+        const uint j = (uint)(idx % C);
+        const int l = labels[i];
+        float g = P[idx];
+        if (l < 0 || (uint)l >= C) {
+            g = NAN;
+        } else if ((uint)l == j) {
+            g -= 1.0f;
+        }
+        dX[idx] = g * scale;
+    }
+}
+
+/* One work-group. Row i is correct when fewer than top_k scores are strictly greater than the
+ * label's score (Caffe2's rule: ties count as correct). out[0] = fraction correct (0 when
+ * N == 0); an out-of-range label makes it NaN. */
+__kernel void sm_accuracy(const uint N, const uint C, const uint top_k, __global const float* X,
+                          __global const int* labels, __global float* out,
+                          __local float* scratch) {
+    float acc = 0.0f;
+    for (uint i = get_local_id(0); i < N; i += get_local_size(0)) {
+        __global const float* x = X + (size_t)i * C;
+        const int l = labels[i];
+        if (l < 0 || (uint)l >= C) {
+            acc += NAN;
+            continue;
+        }
+        const float v = x[l];
+        uint greater = 0;
+        for (uint j = 0; j < C && greater < top_k; ++j) {
+            greater += x[j] > v ? 1 : 0;
+        }
+        acc += greater < top_k ? 1.0f : 0.0f;
+    }
+    const float total = sm_group_sum(acc, scratch);
+    if (get_local_id(0) == 0) {
+        out[0] = N > 0 ? total / (float)N : 0.0f;
+    }
+}
+"#;
