@@ -20,6 +20,8 @@ enum Command {
     Devices(commands::devices::Args),
     /// Replay Caffe's nine-step SyncedMemory sequence on a device and show each copy.
     Demo(commands::demo::Args),
+    /// List the tensors of a safetensors file: name, element type, shape, bytes, and a total.
+    Inspect(commands::inspect::Args),
 }
 
 fn main() -> ExitCode {
@@ -27,6 +29,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Devices(args) => commands::devices::run(&args),
         Command::Demo(args) => commands::demo::run(&args),
+        Command::Inspect(args) => commands::inspect::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -215,6 +215,54 @@ pub enum Error {
         detail: String,
     },
 
+    /// A pool configuration (from code or from an environment variable) that is not valid.
+    #[error("invalid memory pool configuration {what}: {reason}")]
+    InvalidConfig {
+        /// The option or variable.
+        what: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+
+    /// An operator of a net failed to build or to run; `source` is the operator's own error.
+    #[error("net {net:?}: {stage} of operator #{index} {op} failed: {source}")]
+    OperatorFailed {
+        /// The net's name.
+        net: String,
+        /// `"build"` or `"run"`.
+        stage: &'static str,
+        /// Position of the operator in the net (0-based).
+        index: usize,
+        /// The operator's type and name, formatted (`Relu "relu1"`).
+        op: String,
+        /// The operator's error.
+        source: Box<Error>,
+    },
+
+    /// Reading or writing a file failed. The message includes the operating system's reason;
+    /// `error` is kept for matching on its kind (it is not also returned as the error's source,
+    /// so that chained reports do not print it twice).
+    #[error("cannot {op} {}: {error}", path.display())]
+    Io {
+        /// What was being done: `read`, `write`, `open`, ...
+        op: &'static str,
+        /// The file.
+        path: std::path::PathBuf,
+        /// The operating system's error.
+        error: std::io::Error,
+    },
+
+    /// A file whose contents are not valid for its format (corrupt, truncated, inconsistent).
+    #[error("invalid {format} file {}: {reason}", path.display())]
+    Format {
+        /// The format, e.g. `safetensors`.
+        format: &'static str,
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+
     /// An operation this backend or device does not support.
     #[error("unsupported on {device}: {what}")]
     Unsupported {

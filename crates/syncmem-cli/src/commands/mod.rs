@@ -2,6 +2,7 @@
 
 pub mod demo;
 pub mod devices;
+pub mod inspect;
 
 use std::io::Write;
 

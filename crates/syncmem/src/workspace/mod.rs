@@ -17,6 +17,35 @@
 //! # }
 //! ```
 //!
+//! # Tensors, saving and loading
+//!
+//! Tensor blobs have conveniences ([`Workspace::create_tensor`], [`Workspace::tensor`],
+//! [`Workspace::with_tensor`], [`Workspace::copy_forwarded_tensors`]), and the workspace saves
+//! and loads them as safetensors files ([`Workspace::save`], [`Workspace::load`]; see [`io`]).
+//!
+//! ```
+//! use syncmem::{dtype::DType, workspace::Workspace, Device};
+//!
+//! # fn main() -> syncmem::Result<()> {
+//! let ws = Workspace::new();
+//! ws.create_tensor("x", &[2, 3], DType::F32, Some(&Device::cpu()))?;
+//! ws.tensor("x")?.write()?.host_mut::<f32>()?.copy_from_slice(&[0., 1., 2., 3., 4., 5.]);
+//!
+//! let path = std::env::temp_dir().join(format!("syncmem-doc-{}.safetensors", std::process::id()));
+//! ws.save(&path, None)?;                                   // every tensor blob
+//!
+//! let fresh = Workspace::new();
+//! assert_eq!(fresh.load(&path, Some(&Device::cpu()), None)?, ["x"]);
+//! fresh.with_tensor("x", |x| {
+//!     assert_eq!((x.dims(), x.dtype()), (&[2, 3][..], Some(DType::F32)));
+//!     assert_eq!(x.host::<f32>()?.to_vec(), [0., 1., 2., 3., 4., 5.]);
+//!     Ok(())
+//! })?;
+//! # std::fs::remove_file(&path).ok();
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Concurrency
 //!
 //! A workspace is `Send + Sync`. Its name maps sit behind reader-writer locks, and each blob is
@@ -41,6 +70,11 @@ use parking_lot::RwLock;
 
 use crate::blob::Blob;
 use crate::error::{Error, Result};
+
+pub mod io;
+mod tensors;
+
+pub use tensors::{TensorReadGuard, TensorRef, TensorWriteGuard};
 
 /// A blob shared between a workspace and its users.
 pub type BlobRef = Arc<RwLock<Blob>>;
