@@ -22,6 +22,8 @@ enum Command {
     Demo(commands::demo::Args),
     /// List the tensors of a safetensors file: name, element type, shape, bytes, and a total.
     Inspect(commands::inspect::Args),
+    /// Train a small MLP with nets of operators on a device; report memory and transfers.
+    Train(commands::train::Args),
 }
 
 fn main() -> ExitCode {
@@ -30,6 +32,7 @@ fn main() -> ExitCode {
         Command::Devices(args) => commands::devices::run(&args),
         Command::Demo(args) => commands::demo::run(&args),
         Command::Inspect(args) => commands::inspect::run(&args),
+        Command::Train(args) => commands::train::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

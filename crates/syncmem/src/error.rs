@@ -224,8 +224,10 @@ pub enum Error {
         reason: String,
     },
 
-    /// An operator of a net failed to build or to run; `source` is the operator's own error.
-    #[error("net {net:?}: {stage} of operator #{index} {op} failed: {source}")]
+    /// An operator of a net failed to build or to run. The message includes the operator's own
+    /// error; `error` keeps it for matching (it is not also returned as the error's source, so
+    /// that chained reports do not print it twice).
+    #[error("net {net:?}: {stage} of operator #{index} {op} failed: {error}")]
     OperatorFailed {
         /// The net's name.
         net: String,
@@ -236,7 +238,7 @@ pub enum Error {
         /// The operator's type and name, formatted (`Relu "relu1"`).
         op: String,
         /// The operator's error.
-        source: Box<Error>,
+        error: Box<Error>,
     },
 
     /// Reading or writing a file failed. The message includes the operating system's reason;

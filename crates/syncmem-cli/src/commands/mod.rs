@@ -3,6 +3,7 @@
 pub mod demo;
 pub mod devices;
 pub mod inspect;
+pub mod train;
 
 use std::io::Write;
 

@@ -1,1 +1,340 @@
-//! Nets: lists of operators run in order in a workspace (not yet implemented).
+//! Nets: operators run in order in a workspace (Caffe2's `NetBase` / `SimpleNet`), their
+//! management in a [`Workspace`], memory planning, and a small training loop built on them.
+//!
+//! ```
+//! use syncmem::net::{NetDef, NetOptions};
+//! use syncmem::ops::OperatorDef;
+//! use syncmem::{Device, Workspace};
+//!
+//! # fn main() -> syncmem::Result<()> {
+//! let dev = Device::cpu();
+//! let ws = Workspace::new();
+//! let def = NetDef::new("init")
+//!     .op(OperatorDef::new("ConstantFill", &[], &["x"]).arg("shape", vec![2, 3]).arg("value", 1.5));
+//! # if syncmem::ops::registered_types().contains(&"ConstantFill") {
+//! ws.create_net(&def, &dev, &NetOptions::new())?;    // builds every operator, or fails whole
+//! ws.run_net("init")?;                                // errors name the net and the operator
+//! assert_eq!(ws.nets(), vec!["init".to_string()]);
+//! # }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Modules
+//!
+//! | module | role |
+//! |---|---|
+//! | [`NetDef`] | the serialisable description (JSON), with external inputs and outputs |
+//! | [`Net`] | a net built for a device: its operators and a [`Context`] |
+//! | `Workspace` net methods | `create_net`, `get_net`, `run_net`, `delete_net`, `nets`, `run_net_once` |
+//! | [`plan`] | memory planning: intermediate blobs whose lifetimes do not overlap share buffers |
+//! | [`memory`] | where each blob lives, bytes per side, peaks measured while a net runs |
+//! | [`mlp`], [`train`] | a multilayer perceptron as nets of operators, datasets, a training loop |
+//!
+//! # Departures from Caffe2, on purpose
+//!
+//! | Caffe2 | here |
+//! |---|---|
+//! | `CreateNet(overwrite)` erases the old net before building the new one | the old net is replaced only once the new one has built |
+//! | a build failure logs and returns null | [`Error::OperatorFailed`] naming the net, the operator's position, type and name |
+//! | `RunNet` of a missing net logs and returns `false` | [`Error::NotFound`] naming the net |
+//! | a failing operator makes `Run` return `false` | [`Error::OperatorFailed`] wrapping the operator's error |
+//! | workspace and nets are not thread-safe | `Send + Sync`; one run of a given net at a time |
+//! | memonger is a separate Python pass | [`NetOptions::plan_memory`] at creation |
+
+mod def;
+pub mod memory;
+pub mod mlp;
+pub mod plan;
+pub mod train;
+mod workspace_nets;
+
+pub use def::NetDef;
+pub use plan::{plan_memory, MemoryPlan, PlanOptions};
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::context::{random_seed, Context};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::ops::{create_operator, Operator, OperatorDef};
+use crate::workspace::Workspace;
+
+/// The nets of a workspace, by name.
+pub(crate) type NetMap = RwLock<BTreeMap<String, Arc<Net>>>;
+
+/// A source of operators tried before the built-in ones ([`create_operator`]): returns
+/// `Ok(None)` for a type it does not know. Lets users (and tests) add operator types.
+pub type OperatorFactory =
+    Arc<dyn Fn(&OperatorDef, &Device) -> Result<Option<Box<dyn Operator>>> + Send + Sync>;
+
+/// How a net is created.
+#[derive(Clone, Default)]
+pub struct NetOptions {
+    /// Replace a net of the same name (only once the new one has built).
+    pub overwrite: bool,
+    /// Let intermediate blobs whose lifetimes do not overlap share buffers (see [`plan`]).
+    pub plan_memory: bool,
+    /// Options of the planner (names to keep, size hints).
+    pub plan: PlanOptions,
+    /// Seed of the net's context (random fills); `None` draws one.
+    pub seed: Option<u64>,
+    /// Operators tried before the built-in ones.
+    pub operators: Option<OperatorFactory>,
+}
+
+impl NetOptions {
+    /// The defaults: no overwrite, no planning, a random seed, built-in operators.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets [`NetOptions::overwrite`].
+    pub fn overwrite(mut self, yes: bool) -> Self {
+        self.overwrite = yes;
+        self
+    }
+
+    /// Sets [`NetOptions::plan_memory`].
+    pub fn plan_memory(mut self, yes: bool) -> Self {
+        self.plan_memory = yes;
+        self
+    }
+
+    /// Sets the planner's options (and turns planning on).
+    pub fn with_plan(mut self, plan: PlanOptions) -> Self {
+        self.plan_memory = true;
+        self.plan = plan;
+        self
+    }
+
+    /// Sets [`NetOptions::seed`].
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Sets [`NetOptions::operators`].
+    pub fn operators(mut self, factory: OperatorFactory) -> Self {
+        self.operators = Some(factory);
+        self
+    }
+}
+
+impl fmt::Debug for NetOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NetOptions")
+            .field("overwrite", &self.overwrite)
+            .field("plan_memory", &self.plan_memory)
+            .field("plan", &self.plan)
+            .field("seed", &self.seed)
+            .field("operators", &self.operators.is_some())
+            .finish()
+    }
+}
+
+/// A net built for one device: every operator of its [`NetDef`], and a [`Context`] (the
+/// device's default stream and a seeded generator) it runs them with.
+///
+/// `Net` is `Send + Sync`. Runs of one net are serialised (Caffe2 reports "Detected concurrent
+/// runs"); different nets run concurrently, each blob being protected by its own lock.
+pub struct Net {
+    def: NetDef,
+    plan: Option<MemoryPlan>,
+    device: Device,
+    ctx: Context,
+    ops: Vec<Box<dyn Operator>>,
+    running: Mutex<()>,
+}
+
+impl Net {
+    /// Builds every operator of `def` for `device` (after planning memory when
+    /// `opts.plan_memory`). The workspace is not touched; on error nothing is left behind.
+    ///
+    /// # Errors
+    /// [`Error::OperatorFailed`] (stage `"build"`) naming the net and the operator whose
+    /// construction failed (unknown type, bad arguments); an error of the planner; a backend
+    /// error creating the context.
+    pub fn build(def: &NetDef, device: &Device, opts: &NetOptions) -> Result<Net> {
+        let plan = if opts.plan_memory {
+            Some(plan_memory(def, &opts.plan)?)
+        } else {
+            None
+        };
+        let run_def = plan.as_ref().map_or(def, |p| &p.def);
+        let mut ops = Vec::with_capacity(run_def.ops.len());
+        for (index, op_def) in run_def.ops.iter().enumerate() {
+            let built = match &opts.operators {
+                Some(f) => match f(op_def, device) {
+                    Ok(Some(op)) => Ok(op),
+                    Ok(None) => create_operator(op_def, device),
+                    Err(e) => Err(e),
+                },
+                None => create_operator(op_def, device),
+            };
+            ops.push(built.map_err(|e| op_failed(def, plan.as_ref(), "build", index, e))?);
+        }
+        let ctx = Context::with_seed(device, opts.seed.unwrap_or_else(random_seed))?;
+        Ok(Net {
+            def: def.clone(),
+            plan,
+            device: device.clone(),
+            ctx,
+            ops,
+            running: Mutex::new(()),
+        })
+    }
+
+    /// The net's name.
+    pub fn name(&self) -> &str {
+        &self.def.name
+    }
+
+    /// The definition the net was created from.
+    pub fn def(&self) -> &NetDef {
+        &self.def
+    }
+
+    /// The definition that runs: the planned one when memory was planned, else [`Net::def`].
+    pub fn run_def(&self) -> &NetDef {
+        self.plan.as_ref().map_or(&self.def, |p| &p.def)
+    }
+
+    /// The memory plan, when the net was created with one.
+    pub fn plan(&self) -> Option<&MemoryPlan> {
+        self.plan.as_ref()
+    }
+
+    /// The workspace name under which blob `name` of [`Net::def`] lives while the net runs: a
+    /// shared buffer's name when planning mapped it, else `name` itself.
+    pub fn blob_name<'a>(&'a self, name: &'a str) -> &'a str {
+        self.plan
+            .as_ref()
+            .and_then(|p| p.mapping.get(name))
+            .map_or(name, String::as_str)
+    }
+
+    /// The device the operators were built for.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The net's context.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// Number of operators.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// True for a net without operators.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Runs every operator in order with the net's context.
+    ///
+    /// # Errors
+    /// [`Error::OperatorFailed`] (stage `"run"`) naming the net and the first operator that
+    /// failed, with the operator's error inside. Later operators do not run.
+    pub fn run(&self, ws: &Workspace) -> Result<()> {
+        self.run_with(ws, &self.ctx)
+    }
+
+    /// Runs every operator in order with another context (on the same device).
+    ///
+    /// # Errors
+    /// [`Error::DeviceMismatch`] when `ctx` is on another device; as [`Net::run`].
+    pub fn run_with(&self, ws: &Workspace, ctx: &Context) -> Result<()> {
+        self.run_observed(ws, ctx, |_, _| Ok(()))
+    }
+
+    /// As [`Net::run_with`], calling `after(index, op)` after each operator succeeded (for
+    /// measurements; an error from it stops the run and is returned as is).
+    ///
+    /// # Errors
+    /// As [`Net::run_with`], or the error of `after`.
+    pub fn run_observed(
+        &self,
+        ws: &Workspace,
+        ctx: &Context,
+        mut after: impl FnMut(usize, &OperatorDef) -> Result<()>,
+    ) -> Result<()> {
+        if !ctx.device().same(&self.device) {
+            return Err(Error::DeviceMismatch {
+                op: "Net::run",
+                expected: format!("{} (net {:?})", self.device.label(), self.def.name),
+                actual: ctx.device().label().to_string(),
+            });
+        }
+        let _one_run = self.running.lock();
+        for (index, op) in self.ops.iter().enumerate() {
+            op.run(ws, ctx)
+                .map_err(|e| op_failed(&self.def, self.plan.as_ref(), "run", index, e))?;
+            after(index, op.def())?;
+        }
+        Ok(())
+    }
+}
+
+/// The error for operator `index` of `def`. With a memory plan, the blob names the operator's
+/// own error uses are the planned ones: the message lists how its blobs were renamed.
+fn op_failed(
+    def: &NetDef,
+    plan: Option<&MemoryPlan>,
+    stage: &'static str,
+    index: usize,
+    e: Error,
+) -> Error {
+    let mut op = def
+        .ops
+        .get(index)
+        .map_or_else(String::new, OperatorDef::label);
+    if let (Some(p), Some(orig)) = (plan, def.ops.get(index)) {
+        let mut renamed: Vec<String> = Vec::new();
+        for n in orig.inputs.iter().chain(&orig.outputs) {
+            if let Some(slot) = p.mapping.get(n) {
+                let r = format!("{n} -> {slot}");
+                if !renamed.contains(&r) {
+                    renamed.push(r);
+                }
+            }
+        }
+        if !renamed.is_empty() {
+            op.push_str(&format!(" (memory plan: {})", renamed.join(", ")));
+        }
+    }
+    Error::OperatorFailed {
+        net: def.name.clone(),
+        stage,
+        index,
+        op,
+        error: Box::new(e),
+    }
+}
+
+impl fmt::Debug for Net {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Net")
+            .field("name", &self.def.name)
+            .field("device", &self.device.label())
+            .field("ops", &self.ops.len())
+            .field("planned", &self.plan.is_some())
+            .finish()
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Net>();
+    check::<NetDef>();
+    check::<NetOptions>();
+    check::<Workspace>();
+}

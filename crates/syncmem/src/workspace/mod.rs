@@ -87,6 +87,8 @@ pub struct Workspace {
     forwarded: RwLock<BTreeMap<String, (Arc<Workspace>, String)>>,
     /// Full fallback for lookups.
     shared: Option<Arc<Workspace>>,
+    /// Nets created in this workspace, by name (managed in [`crate::net`]).
+    pub(crate) nets: crate::net::NetMap,
 }
 
 impl Workspace {

@@ -1,0 +1,294 @@
+//! `syncmem train`: trains a small MLP classifier with nets of operators, keeping weights and
+//! activations on the device, and reports where memory lives and what was copied.
+
+mod report;
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, ensure, Context as _};
+use indicatif::{ProgressBar, ProgressStyle};
+use syncmem::net::mlp::Dataset;
+use syncmem::net::train::{compare_planning, TrainConfig, Trainer};
+use syncmem::{BackendKind, Device};
+
+/// Points per class of the built-in spirals.
+const POINTS_PER_CLASS: usize = 1000;
+/// Classes of the built-in spirals.
+const CLASSES: usize = 3;
+/// Angle noise of the built-in spirals.
+const NOISE: f32 = 0.2;
+
+/// Arguments of `syncmem train`.
+#[derive(clap::Args)]
+#[command(after_long_help = AFTER_HELP)]
+pub struct Args {
+    /// Device to train on: `cpu`, `opencl:N` or `cuda:N`. Default: the first OpenCL device,
+    /// else `cpu` (with a note).
+    #[arg(long, value_name = "D")]
+    pub device: Option<String>,
+
+    /// Passes over the data.
+    #[arg(long, value_name = "N", default_value_t = TrainConfig::default().epochs)]
+    pub epochs: usize,
+
+    /// A safetensors file with `x` (f32 [N, D]) and `y` (i32 or i64 [N], classes 0..C).
+    /// Default: 3 spiral arms of 1000 points each, drawn from the seed.
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
+
+    /// Seed of the data, the initial weights and the batch order.
+    #[arg(long, value_name = "S", default_value_t = TrainConfig::default().seed)]
+    pub seed: u64,
+
+    /// Samples per step.
+    #[arg(long, value_name = "B", default_value_t = TrainConfig::default().batch)]
+    pub batch: usize,
+
+    /// SGD learning rate.
+    #[arg(long, value_name = "LR", default_value_t = TrainConfig::default().lr)]
+    pub lr: f32,
+
+    /// Width of each of the two hidden layers.
+    #[arg(long, value_name = "H", default_value_t = TrainConfig::default().hidden[0])]
+    pub hidden: usize,
+
+    /// Plan memory: intermediate blobs whose lifetimes do not overlap share buffers (default).
+    #[arg(long, overrides_with = "no_plan")]
+    pub plan: bool,
+
+    /// Do not plan memory: every blob keeps its own buffer.
+    #[arg(long = "no-plan", overrides_with = "plan")]
+    pub no_plan: bool,
+
+    /// Print one JSON object instead of the text report (no progress bar; schema: `--help`).
+    #[arg(long)]
+    pub json: bool,
+}
+
+const AFTER_HELP: &str = "\
+The model is an MLP D -> H -> H -> C (ReLU) built from operators: FC, Relu, FC, Relu, FC,
+SoftmaxWithLoss, Accuracy; then SoftmaxWithLossGradient, FCGradient, ReluGradient; then SGD on
+each parameter. Data, weights and activations stay on the device: each step shares one uploaded
+batch (no copy) and reads back only the loss and accuracy scalars. Memory saved by planning is
+measured on one step with and without it, in fresh workspaces.
+
+Human output: one line per epoch (mean loss and accuracy of its steps, seconds), the final loss
+and accuracy over the whole dataset, a table of blobs (type, dims, bytes, capacity, head, copies
+made by each buffer), transfers, memory peaks per device and the memory saved by planning.
+
+JSON output (--json), one object:
+  {\"device\": string, \"note\": string | null,
+   \"data\": {\"source\": \"spirals\" | path, \"samples\", \"features\", \"classes\"},
+   \"model\": {\"widths\": [D, H, H, C], \"parameters\"},
+   \"settings\": {\"epochs\", \"batch\", \"lr\", \"seed\", \"plan\": bool},
+   \"epochs\": [{\"epoch\", \"loss\", \"accuracy\", \"steps\", \"seconds\"}],
+   \"final\": {\"loss\", \"accuracy\"}, \"seconds\": total,
+   \"transfers\": {\"steps\": count, \"setup\", \"training\", \"per_step\", \"max_step\", \"eval\",
+      \"process_training\", \"process\"},
+      each but steps a {\"host_to_device\": {\"count\", \"bytes\"}, \"device_to_host\": {...},
+      \"device_to_device\": {...}}: copies made by the run's buffers during setup, all steps, one
+      step on average, the worst step, the final evaluation; then every copy the process made
+      during the steps and during the whole run,
+   \"blobs\": [{\"name\", \"dtype\", \"dims\", \"bytes\", \"capacity\", \"head\": \"host\" | \"device\" |
+      \"synced\" | \"uninitialized\" | \"none\", \"host\": bool, \"device\": bool (mirror allocated),
+      \"host_to_device\", \"device_to_host\"}],
+   \"memory\": [{\"label\", \"in_use\", \"peak\"}]  (host, then each device; peaks since setup),
+   \"planning\": {\"enabled\", \"unplanned_peak\", \"planned_peak\", \"saved\" (tensor bytes on the
+      device at the peak of one step), \"device_peak_unplanned\", \"device_peak_planned\" (the
+      device allocator's peak), \"planned_blobs\", \"slots\",
+      \"shared\": {slot name: [blob names it holds, in order]}}}
+Accuracies are fractions (0-1); bytes are integers.";
+
+/// Runs `syncmem train`.
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    ensure!(args.epochs >= 1, "--epochs must be at least 1");
+    ensure!(args.batch >= 1, "--batch must be at least 1");
+    ensure!(args.hidden >= 1, "--hidden must be at least 1");
+    ensure!(
+        args.lr.is_finite() && args.lr > 0.0,
+        "--lr must be a positive number, got {}",
+        args.lr
+    );
+    let (dev, note) = pick_device(args.device.as_deref())?;
+    let (data, source) = match &args.data {
+        Some(path) => (load_safetensors(path)?, path.display().to_string()),
+        None => (
+            Dataset::spirals(POINTS_PER_CLASS, CLASSES, NOISE, args.seed),
+            "spirals".to_string(),
+        ),
+    };
+    let cfg = TrainConfig {
+        hidden: vec![args.hidden; 2],
+        epochs: args.epochs,
+        batch: args.batch,
+        lr: args.lr,
+        seed: args.seed,
+        plan: !args.no_plan,
+    };
+    if !args.json {
+        if let Some(n) = &note {
+            println!("note: {n}");
+        }
+        println!(
+            "training an MLP {} -> {h} -> {h} -> {} on {} ({} samples from {source}), {} epochs \
+             of batches of {}, lr {}, seed {}, memory planning {}",
+            data.features,
+            data.classes,
+            dev.label(),
+            data.len(),
+            cfg.epochs,
+            cfg.batch,
+            cfg.lr,
+            cfg.seed,
+            if cfg.plan { "on" } else { "off" },
+            h = args.hidden,
+        );
+    }
+
+    let planning = compare_planning(&dev, &data, &cfg).context("measuring memory planning")?;
+    let process_before = syncmem::stats().copies;
+    dev.reset_peak_stats();
+    let start = Instant::now();
+    let mut trainer = Trainer::new(&dev, &data, &cfg).context("setting up training")?;
+    let steps = (trainer.batch_count() * cfg.epochs) as u64;
+    let bar = progress_bar(args.json, steps);
+    let mut epochs = Vec::new();
+    for e in 0..cfg.epochs {
+        let stats = trainer
+            .run_epoch_with(|_, _| bar.inc(1))
+            .with_context(|| format!("epoch {}", e + 1))?;
+        bar.set_message(format!(
+            "loss {:.4} acc {:.1}%",
+            stats.loss,
+            stats.accuracy * 100.0
+        ));
+        if !args.json {
+            bar.suspend(|| {
+                println!(
+                    "epoch {:>3}/{}  loss {:.4}  accuracy {:>5.1}%  {:.3} s",
+                    stats.epoch,
+                    cfg.epochs,
+                    stats.loss,
+                    stats.accuracy * 100.0,
+                    stats.seconds
+                )
+            });
+        }
+        epochs.push(stats);
+    }
+    bar.finish_and_clear();
+    let (loss, accuracy) = trainer.evaluate().context("evaluating")?;
+    let seconds = start.elapsed().as_secs_f64();
+    let process = syncmem::stats().copies.since(&process_before);
+
+    let report = report::build(report::Run {
+        device: &dev,
+        note,
+        source,
+        data: &data,
+        cfg: &cfg,
+        trainer: &trainer,
+        epochs: &epochs,
+        final_loss: loss,
+        final_accuracy: accuracy,
+        seconds,
+        process,
+        planning: &planning,
+    });
+    if args.json {
+        super::print_json(&report)
+    } else {
+        report.print_human();
+        Ok(())
+    }
+}
+
+fn pick_device(spec: Option<&str>) -> anyhow::Result<(Device, Option<String>)> {
+    if let Some(s) = spec {
+        return Ok((
+            Device::open(s).with_context(|| format!("opening device {s:?}"))?,
+            None,
+        ));
+    }
+    match Device::all(BackendKind::OpenCl) {
+        Ok(list) if !list.is_empty() => Ok((list[0].clone(), None)),
+        Ok(_) => Ok((
+            Device::cpu(),
+            Some("no OpenCL device found; training on cpu".into()),
+        )),
+        Err(e) => Ok((
+            Device::cpu(),
+            Some(format!("OpenCL unavailable ({e}); training on cpu")),
+        )),
+    }
+}
+
+/// Reads `x` (f32 [N, D]) and `y` (i32 or i64 [N]) from a safetensors file.
+fn load_safetensors(path: &Path) -> anyhow::Result<Dataset> {
+    use safetensors::{Dtype, SafeTensors};
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| anyhow::anyhow!("{}: not a safetensors file: {e}", path.display()))?;
+    let get = |name: &str| {
+        st.tensor(name).map_err(|e| {
+            anyhow::anyhow!(
+                "{}: tensor {name:?} missing ({e}); the file has: {}",
+                path.display(),
+                st.names().join(", ")
+            )
+        })
+    };
+    let (x, y) = (get("x")?, get("y")?);
+    let (xs, ys) = (x.shape(), y.shape());
+    if x.dtype() != Dtype::F32 || xs.len() != 2 {
+        bail!(
+            "{}: x must be f32 [N, D], it is {:?} {xs:?}",
+            path.display(),
+            x.dtype()
+        );
+    }
+    if ys.len() != 1 || ys[0] != xs[0] {
+        bail!(
+            "{}: y must be [N] with N = {} (rows of x), it is {ys:?}",
+            path.display(),
+            xs[0]
+        );
+    }
+    let xv: Vec<f32> = x
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let yv: Vec<i32> = match y.dtype() {
+        Dtype::I32 => y
+            .data()
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Dtype::I64 => y
+            .data()
+            .chunks_exact(8)
+            .map(|c| {
+                let v = i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+                i32::try_from(v).map_err(|_| anyhow::anyhow!("label {v} does not fit in i32"))
+            })
+            .collect::<anyhow::Result<_>>()?,
+        other => bail!("{}: y must be i32 or i64, it is {other:?}", path.display()),
+    };
+    Dataset::new(xv, yv, xs[1]).with_context(|| format!("dataset in {}", path.display()))
+}
+
+fn progress_bar(json: bool, steps: u64) -> ProgressBar {
+    if json || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(steps);
+    if let Ok(style) =
+        ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {elapsed_precise}  {msg}")
+    {
+        bar.set_style(style);
+    }
+    bar
+}

@@ -1,0 +1,377 @@
+//! The report of `syncmem train`: JSON rows and the text form.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use syncmem::alloc::stats::{human_bytes, CopyDir};
+use syncmem::net::memory::{blob_report, BlobInfo};
+use syncmem::net::mlp::Dataset;
+use syncmem::net::train::{EpochStats, PlanningComparison, TrainConfig, Trainer, Transfers};
+use syncmem::{CopyStats, Device};
+
+/// Everything a report is made from.
+pub(super) struct Run<'a> {
+    pub device: &'a Device,
+    pub note: Option<String>,
+    pub source: String,
+    pub data: &'a Dataset,
+    pub cfg: &'a TrainConfig,
+    pub trainer: &'a Trainer,
+    pub epochs: &'a [EpochStats],
+    pub final_loss: f64,
+    pub final_accuracy: f64,
+    pub seconds: f64,
+    /// Every copy of the process during the run.
+    pub process: CopyStats,
+    pub planning: &'a PlanningComparison,
+}
+
+/// The report (the JSON schema is in `syncmem train --help`).
+#[derive(Serialize)]
+pub(super) struct Report {
+    device: String,
+    note: Option<String>,
+    data: DataInfo,
+    model: ModelInfo,
+    settings: Settings,
+    epochs: Vec<EpochRow>,
+    #[serde(rename = "final")]
+    final_: Final,
+    seconds: f64,
+    transfers: TransferReport,
+    blobs: Vec<BlobRow>,
+    memory: Vec<MemRow>,
+    planning: PlanningRow,
+}
+
+#[derive(Serialize)]
+struct DataInfo {
+    source: String,
+    samples: usize,
+    features: usize,
+    classes: usize,
+}
+
+#[derive(Serialize)]
+struct ModelInfo {
+    widths: Vec<usize>,
+    parameters: usize,
+}
+
+#[derive(Serialize)]
+struct Settings {
+    epochs: usize,
+    batch: usize,
+    lr: f32,
+    seed: u64,
+    plan: bool,
+}
+
+#[derive(Serialize)]
+struct EpochRow {
+    epoch: usize,
+    loss: f64,
+    accuracy: f64,
+    steps: usize,
+    seconds: f64,
+}
+
+#[derive(Serialize)]
+struct Final {
+    loss: f64,
+    accuracy: f64,
+}
+
+#[derive(Serialize, Clone, Copy)]
+struct Dir {
+    count: u64,
+    bytes: u64,
+}
+
+#[derive(Serialize, Clone, Copy)]
+struct Copies {
+    host_to_device: Dir,
+    device_to_host: Dir,
+    device_to_device: Dir,
+}
+
+#[derive(Serialize)]
+struct TransferReport {
+    steps: u64,
+    setup: Copies,
+    training: Copies,
+    per_step: Copies,
+    max_step: Copies,
+    eval: Copies,
+    process_training: Copies,
+    process: Copies,
+}
+
+#[derive(Serialize)]
+struct BlobRow {
+    name: String,
+    dtype: Option<&'static str>,
+    dims: Vec<usize>,
+    bytes: usize,
+    capacity: usize,
+    head: &'static str,
+    host: bool,
+    device: bool,
+    host_to_device: Dir,
+    device_to_host: Dir,
+}
+
+#[derive(Serialize)]
+struct MemRow {
+    label: String,
+    in_use: u64,
+    peak: u64,
+}
+
+#[derive(Serialize)]
+struct PlanningRow {
+    enabled: bool,
+    unplanned_peak: u64,
+    planned_peak: u64,
+    saved: u64,
+    device_peak_unplanned: u64,
+    device_peak_planned: u64,
+    planned_blobs: usize,
+    slots: usize,
+    /// Shared buffer -> the blobs of the train net it holds, in order.
+    shared: BTreeMap<String, Vec<String>>,
+}
+
+fn dir(d: CopyDir) -> Dir {
+    Dir {
+        count: d.count,
+        bytes: d.bytes,
+    }
+}
+
+fn copies(c: CopyStats) -> Copies {
+    Copies {
+        host_to_device: dir(c.host_to_device),
+        device_to_host: dir(c.device_to_host),
+        device_to_device: dir(c.device_to_device),
+    }
+}
+
+fn per_step(c: CopyStats, steps: u64) -> Copies {
+    let d = |x: CopyDir| Dir {
+        count: x.count / steps.max(1),
+        bytes: x.bytes / steps.max(1),
+    };
+    Copies {
+        host_to_device: d(c.host_to_device),
+        device_to_host: d(c.device_to_host),
+        device_to_device: d(c.device_to_device),
+    }
+}
+
+/// Builds the report of a finished run.
+pub(super) fn build(r: Run<'_>) -> Report {
+    Report {
+        device: r.device.label().to_string(),
+        note: r.note,
+        data: DataInfo {
+            source: r.source,
+            samples: r.data.len(),
+            features: r.data.features,
+            classes: r.data.classes,
+        },
+        model: ModelInfo {
+            widths: r.trainer.mlp().widths.clone(),
+            parameters: r.trainer.mlp().parameter_count(),
+        },
+        settings: Settings {
+            epochs: r.cfg.epochs,
+            batch: r.cfg.batch,
+            lr: r.cfg.lr,
+            seed: r.cfg.seed,
+            plan: r.cfg.plan,
+        },
+        epochs: r
+            .epochs
+            .iter()
+            .map(|e| EpochRow {
+                epoch: e.epoch,
+                loss: e.loss,
+                accuracy: e.accuracy,
+                steps: e.steps,
+                seconds: e.seconds,
+            })
+            .collect(),
+        final_: Final {
+            loss: r.final_loss,
+            accuracy: r.final_accuracy,
+        },
+        seconds: r.seconds,
+        transfers: transfer_report(r.trainer.transfers(), r.process),
+        blobs: blob_report(r.trainer.workspace())
+            .iter()
+            .map(blob_row)
+            .collect(),
+        memory: memory_rows(),
+        planning: planning_row(r.trainer, r.planning),
+    }
+}
+
+fn transfer_report(t: Transfers, process: CopyStats) -> TransferReport {
+    TransferReport {
+        steps: t.step_count,
+        setup: copies(t.setup),
+        training: copies(t.steps),
+        per_step: per_step(t.steps, t.step_count),
+        max_step: copies(t.max_step),
+        eval: copies(t.eval),
+        process_training: copies(t.process_steps),
+        process: copies(process),
+    }
+}
+
+fn blob_row(b: &BlobInfo) -> BlobRow {
+    BlobRow {
+        name: b.name.clone(),
+        dtype: b.dtype,
+        dims: b.dims.clone(),
+        bytes: b.bytes,
+        capacity: b.capacity,
+        head: b.head_str(),
+        host: b.host_allocated,
+        device: b.device_allocated,
+        host_to_device: dir(b.copies.host_to_device),
+        device_to_host: dir(b.copies.device_to_host),
+    }
+}
+
+fn memory_rows() -> Vec<MemRow> {
+    let s = syncmem::stats();
+    std::iter::once(&s.host)
+        .chain(s.devices.iter())
+        .map(|m| MemRow {
+            label: m.label.clone(),
+            in_use: m.in_use,
+            peak: m.peak,
+        })
+        .collect()
+}
+
+fn planning_row(trainer: &Trainer, p: &PlanningComparison) -> PlanningRow {
+    let plan = trainer.train_net().plan();
+    let mut shared: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    if let Some(plan) = plan {
+        // In the order the net first writes them.
+        for op in &trainer.nets().train.ops {
+            for o in &op.outputs {
+                if let Some(slot) = plan.mapping.get(o) {
+                    let v = shared.entry(slot.clone()).or_default();
+                    if !v.contains(o) {
+                        v.push(o.clone());
+                    }
+                }
+            }
+        }
+    }
+    PlanningRow {
+        enabled: plan.is_some(),
+        shared,
+        unplanned_peak: p.unplanned.tensor_peak.device,
+        planned_peak: p.planned.tensor_peak.device,
+        saved: p.saved_bytes(),
+        device_peak_unplanned: p.unplanned.device_peak,
+        device_peak_planned: p.planned.device_peak,
+        planned_blobs: p.planned_blobs,
+        slots: p.slots,
+    }
+}
+
+fn fmt_dir(d: Dir) -> String {
+    format!("{:>6} copies {:>11}", d.count, human_bytes(d.bytes))
+}
+
+impl Report {
+    /// Prints the text form.
+    pub(super) fn print_human(&self) {
+        let r = self;
+        let last = r.epochs.last().map_or(0.0, |e| e.seconds);
+        let mean = r.epochs.iter().map(|e| e.seconds).sum::<f64>() / r.epochs.len().max(1) as f64;
+        println!(
+            "\nfinal: accuracy {:.1}%, loss {:.4} over all {} samples; {:.2} s in total, \
+         {mean:.3} s per epoch (last {last:.3} s)",
+            r.final_.accuracy * 100.0,
+            r.final_.loss,
+            r.data.samples,
+            r.seconds
+        );
+
+        println!("\nblobs ({}): where each lives", r.device);
+        println!(
+            "  {:<18} {:<5} {:<10} {:>10} {:>10}  {:<7} {:>6} {:>6}",
+            "name", "type", "dims", "bytes", "capacity", "head", "h->d", "d->h"
+        );
+        for b in &r.blobs {
+            println!(
+                "  {:<18} {:<5} {:<10} {:>10} {:>10}  {:<7} {:>6} {:>6}",
+                b.name,
+                b.dtype.unwrap_or("-"),
+                format!("{:?}", b.dims),
+                b.bytes,
+                b.capacity,
+                b.head,
+                b.host_to_device.count,
+                b.device_to_host.count
+            );
+        }
+
+        let t = &r.transfers;
+        println!("\ntransfers (buffers of the run; {} steps)", t.steps);
+        for (what, c) in [
+            ("setup", t.setup),
+            ("training", t.training),
+            ("per step", t.per_step),
+            ("worst step", t.max_step),
+            ("evaluation", t.eval),
+            ("process, steps", t.process_training),
+            ("process, all", t.process),
+        ] {
+            println!(
+                "  {what:<15} host->device {}   device->host {}",
+                fmt_dir(c.host_to_device),
+                fmt_dir(c.device_to_host)
+            );
+        }
+
+        println!("\nmemory (peak since training started)");
+        for m in &r.memory {
+            println!(
+                "  {:<20} in use {:>11}   peak {:>11}",
+                m.label,
+                human_bytes(m.in_use),
+                human_bytes(m.peak)
+            );
+        }
+        let p = &r.planning;
+        let pct = if p.unplanned_peak > 0 {
+            100.0 * p.saved as f64 / p.unplanned_peak as f64
+        } else {
+            0.0
+        };
+        println!(
+            "\nmemory planning ({}): one step peaks at {} of tensors without planning, {} with \
+         ({} saved, {pct:.0}%): {} intermediate blobs share {} buffers; device allocator peak \
+         {} vs {}",
+            if p.enabled { "on" } else { "off" },
+            human_bytes(p.unplanned_peak),
+            human_bytes(p.planned_peak),
+            human_bytes(p.saved),
+            p.planned_blobs,
+            p.slots,
+            human_bytes(p.device_peak_unplanned),
+            human_bytes(p.device_peak_planned),
+        );
+        for (slot, blobs) in &p.shared {
+            println!("  {slot:<12} holds {}", blobs.join(", "));
+        }
+    }
+}

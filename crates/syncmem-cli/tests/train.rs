@@ -1,0 +1,215 @@
+//! Runs `syncmem train` and checks its JSON report.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn syncmem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_syncmem"))
+        .args(args)
+        .output()
+        .expect("run the syncmem binary")
+}
+
+fn train_json(args: &[&str]) -> Value {
+    let out = syncmem(args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "syncmem {args:?} failed ({}):\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("syncmem {args:?}: stdout is not JSON ({e}):\n{stdout}"))
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64()
+        .unwrap_or_else(|| panic!("not an unsigned integer: {v}"))
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// The checks every report must pass: shape of the JSON, copies per step, heads, planning.
+fn check_report(r: &Value, device: &str, epochs: usize) {
+    assert_eq!(r["device"], device);
+    assert_eq!(r["data"]["source"], "spirals");
+    assert_eq!(u(&r["data"]["samples"]), 3000);
+    assert_eq!(r["model"]["widths"], serde_json::json!([2, 64, 64, 3]));
+    let rows = r["epochs"].as_array().expect("epochs array");
+    assert_eq!(rows.len(), epochs);
+    for (k, e) in rows.iter().enumerate() {
+        assert_eq!(u(&e["epoch"]) as usize, k + 1);
+        assert!(f(&e["loss"]).is_finite() && f(&e["loss"]) > 0.0, "{e}");
+        assert!((0.0..=1.0).contains(&f(&e["accuracy"])), "{e}");
+        assert!(f(&e["seconds"]) >= 0.0);
+        assert_eq!(u(&e["steps"]), 47); // 3000 / 64, rounded up
+    }
+    assert!((0.0..=1.0).contains(&f(&r["final"]["accuracy"])));
+    assert!(
+        f(&rows[epochs - 1]["loss"]) < f(&rows[0]["loss"]),
+        "the loss goes down"
+    );
+
+    let t = &r["transfers"];
+    assert_eq!(u(&t["steps"]) as usize, 47 * epochs);
+    for key in ["training", "max_step"] {
+        assert_eq!(u(&t[key]["host_to_device"]["count"]), 0, "{key}: {t}");
+        assert_eq!(u(&t[key]["device_to_device"]["count"]), 0, "{key}: {t}");
+    }
+    assert_eq!(u(&t["per_step"]["device_to_host"]["count"]), 2, "{t}");
+    assert_eq!(u(&t["per_step"]["device_to_host"]["bytes"]), 8, "{t}");
+    assert_eq!(u(&t["max_step"]["device_to_host"]["count"]), 2, "{t}");
+    assert!(
+        u(&t["setup"]["host_to_device"]["count"]) > 0,
+        "batches uploaded once"
+    );
+    // Every copy of the process during the steps, operators included: only the two scalars.
+    let steps = u(&t["steps"]);
+    let pt = &t["process_training"];
+    assert_eq!(u(&pt["host_to_device"]["count"]), 0, "{t}");
+    assert_eq!(u(&pt["device_to_device"]["count"]), 0, "{t}");
+    assert_eq!(u(&pt["device_to_host"]["count"]), 2 * steps, "{t}");
+    assert_eq!(u(&pt["device_to_host"]["bytes"]), 8 * steps, "{t}");
+
+    let blobs = r["blobs"].as_array().expect("blobs array");
+    let blob = |name: &str| {
+        blobs
+            .iter()
+            .find(|b| b["name"] == name)
+            .unwrap_or_else(|| panic!("no blob {name} in {blobs:?}"))
+    };
+    for p in ["fc1_w", "fc1_b", "fc2_w", "fc2_b", "fc3_w", "fc3_b"] {
+        assert_eq!(blob(p)["head"], "device", "{p}");
+        assert_eq!(blob(p)["device"], true);
+    }
+    assert_eq!(blob("loss")["head"], "synced");
+    assert_eq!(blob("loss")["dims"], serde_json::json!([]));
+    // Planning on: the intermediates live in shared slots.
+    assert!(blobs.iter().any(|b| b["name"]
+        .as_str()
+        .is_some_and(|n| n.starts_with("__shared_"))));
+    assert!(!blobs.iter().any(|b| b["name"] == "fc1"));
+
+    let p = &r["planning"];
+    assert_eq!(p["enabled"], true);
+    assert!(u(&p["planned_peak"]) < u(&p["unplanned_peak"]), "{p}");
+    assert_eq!(
+        u(&p["saved"]),
+        u(&p["unplanned_peak"]) - u(&p["planned_peak"])
+    );
+    assert!(u(&p["slots"]) < u(&p["planned_blobs"]), "{p}");
+    let shared = p["shared"].as_object().expect("shared buffers");
+    assert_eq!(shared.len() as u64, u(&p["slots"]));
+    assert!(shared["__shared_0"]
+        .as_array()
+        .is_some_and(|v| v.len() > 1 && v[0] == "fc1"));
+    let mem = r["memory"].as_array().expect("memory array");
+    let dev_mem = mem
+        .iter()
+        .find(|m| m["label"] == device)
+        .expect("memory row of the device");
+    assert!(u(&dev_mem["peak"]) > 0);
+}
+
+#[test]
+fn train_on_cpu_reports_json() {
+    let r = train_json(&["train", "--device", "cpu", "--epochs", "2", "--json"]);
+    check_report(&r, "cpu", 2);
+    assert!(r["note"].is_null());
+    assert_eq!(r["settings"]["plan"], true);
+}
+
+#[cfg(feature = "opencl")]
+#[test]
+fn train_on_opencl_reports_json() {
+    let Some(dev) = syncmem::testing::opencl_or_skip("train_on_opencl_reports_json") else {
+        return;
+    };
+    let label = dev.label().to_string();
+    let r = train_json(&["train", "--device", &label, "--epochs", "2", "--json"]);
+    check_report(&r, &label, 2);
+}
+
+#[test]
+fn no_plan_keeps_every_blob() {
+    let r = train_json(&[
+        "train",
+        "--device",
+        "cpu",
+        "--epochs",
+        "1",
+        "--no-plan",
+        "--json",
+    ]);
+    assert_eq!(r["settings"]["plan"], false);
+    assert_eq!(r["planning"]["enabled"], false);
+    let blobs = r["blobs"].as_array().unwrap();
+    assert!(blobs.iter().any(|b| b["name"] == "fc1"));
+    assert!(!blobs.iter().any(|b| b["name"]
+        .as_str()
+        .is_some_and(|n| n.starts_with("__shared_"))));
+}
+
+#[test]
+fn trains_on_a_safetensors_file() {
+    use safetensors::{tensor::TensorView, Dtype};
+    // Two separable classes on a line: x < 0 is class 0, x > 0 class 1.
+    let n = 200usize;
+    let x: Vec<f32> = (0..n)
+        .flat_map(|i| {
+            let v = (i as f32 - n as f32 / 2.0 + 0.5) / n as f32;
+            [v, 0.5 * v]
+        })
+        .collect();
+    let y: Vec<i64> = (0..n).map(|i| i64::from(i >= n / 2)).collect();
+    let xb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let yb: Vec<u8> = y.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let bytes = safetensors::serialize(
+        [
+            ("x", TensorView::new(Dtype::F32, vec![n, 2], &xb).unwrap()),
+            ("y", TensorView::new(Dtype::I64, vec![n], &yb).unwrap()),
+        ],
+        None,
+    )
+    .unwrap();
+    let path =
+        std::env::temp_dir().join(format!("syncmem-train-{}.safetensors", std::process::id()));
+    std::fs::write(&path, bytes).unwrap();
+    let p = path.to_str().unwrap();
+    let r = train_json(&[
+        "train", "--device", "cpu", "--data", p, "--epochs", "3", "--batch", "50", "--json",
+    ]);
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(r["data"]["source"], p);
+    assert_eq!(u(&r["data"]["samples"]), n as u64);
+    assert_eq!(r["model"]["widths"], serde_json::json!([2, 64, 64, 2]));
+    assert_eq!(r["epochs"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn bad_input_fails_with_a_message() {
+    for (args, needle) in [
+        (
+            vec![
+                "train",
+                "--device",
+                "cpu",
+                "--data",
+                "/nonexistent.safetensors",
+            ],
+            "nonexistent",
+        ),
+        (vec!["train", "--device", "cpu", "--batch", "0"], "--batch"),
+        (vec!["train", "--device", "nope:0"], "nope"),
+        (vec!["train", "--device", "cpu", "--lr=0"], "--lr"),
+    ] {
+        let out = syncmem(&args);
+        assert!(!out.status.success(), "{args:?} should fail");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}

@@ -1,0 +1,467 @@
+//! A training loop for [`Mlp`] on one device: everything stays on the device, only the loss and
+//! accuracy scalars come back each step.
+//!
+//! [`Trainer::new`] shuffles the dataset once (from the seed), cuts it into batches, uploads
+//! every batch once, runs the init net, and creates the train and eval nets (memory-planned
+//! when [`TrainConfig::plan`]). A step makes the `data` and `label` blobs share the storage of
+//! one uploaded batch (no copy), runs the train net, and reads the two scalars: per step, zero
+//! host-to-device copies and two 4-byte device-to-host copies, which [`Trainer::transfers`]
+//! counts from the buffers' own copy counters.
+//!
+//! Equal seeds give equal data, equal initial weights (fills draw on the host), equal batch
+//! order, so the loss curve is the same on every device up to float rounding.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+
+use super::memory::{measure_run, RunMemory};
+use super::mlp::{Dataset, Mlp, MlpNets, ACCURACY, DATA, LABEL, LOSS};
+use super::{Net, NetOptions, PlanOptions};
+use crate::alloc::stats::{CopyDir, CopyStats, COPIES};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use crate::workspace::Workspace;
+
+/// Settings of a training run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainConfig {
+    /// Hidden layer widths.
+    pub hidden: Vec<usize>,
+    /// Passes over the data.
+    pub epochs: usize,
+    /// Samples per step (the last batch may be smaller).
+    pub batch: usize,
+    /// SGD learning rate.
+    pub lr: f32,
+    /// Seed of the data order and the initial weights.
+    pub seed: u64,
+    /// Plan memory (intermediate blobs share buffers).
+    pub plan: bool,
+}
+
+impl Default for TrainConfig {
+    /// Two hidden layers of 64, 30 epochs of batches of 64, learning rate 0.5, seed 0,
+    /// planning on.
+    fn default() -> Self {
+        Self {
+            hidden: vec![64, 64],
+            epochs: 30,
+            batch: 64,
+            lr: 0.5,
+            seed: 0,
+            plan: true,
+        }
+    }
+}
+
+/// Loss and accuracy of one epoch (means over its samples).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EpochStats {
+    /// Epoch number, from 1.
+    pub epoch: usize,
+    /// Mean training loss.
+    pub loss: f64,
+    /// Mean training accuracy (0 to 1).
+    pub accuracy: f64,
+    /// Steps run.
+    pub steps: usize,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+}
+
+/// Copies between host and device made by the trainer's buffers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Transfers {
+    /// During [`Trainer::new`]: batch uploads, initial weights.
+    pub setup: CopyStats,
+    /// During all training steps.
+    pub steps: CopyStats,
+    /// During the last training step.
+    pub last_step: CopyStats,
+    /// The most copies in one direction seen in any single step, per direction.
+    pub max_step: CopyStats,
+    /// Training steps run.
+    pub step_count: u64,
+    /// During evaluations.
+    pub eval: CopyStats,
+    /// Every copy the process made during training steps, whoever made it (operators too):
+    /// equal to `steps` when nothing else copies meanwhile (other threads count here).
+    pub process_steps: CopyStats,
+}
+
+struct Batch {
+    x: Tensor,
+    y: Tensor,
+}
+
+/// An [`Mlp`] being trained on one device (see the [module docs](self)).
+pub struct Trainer {
+    device: Device,
+    ws: Workspace,
+    mlp: Mlp,
+    nets: MlpNets,
+    train: Arc<Net>,
+    eval: Arc<Net>,
+    batches: Vec<Batch>,
+    samples: usize,
+    rng: StdRng,
+    epoch: usize,
+    transfers: Transfers,
+}
+
+impl Trainer {
+    /// Sets up training of an MLP `features -> hidden... -> classes` on `device`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidState`] for a batch size of 0, the errors of [`Mlp::new`], and device
+    /// or operator errors from uploading the data and running the init net.
+    pub fn new(device: &Device, data: &Dataset, cfg: &TrainConfig) -> Result<Self> {
+        if cfg.batch == 0 {
+            return Err(Error::InvalidState {
+                op: "Trainer::new",
+                buffer: "training configuration".into(),
+                reason: "the batch size must be at least 1".into(),
+            });
+        }
+        let mut widths = vec![data.features];
+        widths.extend(&cfg.hidden);
+        widths.push(data.classes.max(1));
+        let mlp = Mlp::new(&widths, cfg.lr)?;
+        let nets = mlp.nets("mlp");
+        let mut rng = StdRng::seed_from_u64(cfg.seed);
+        let mut order: Vec<usize> = (0..data.len()).collect();
+        order.shuffle(&mut rng);
+
+        let mut batches = Vec::new();
+        for (i, chunk) in order.chunks(cfg.batch).enumerate() {
+            let mut xs = Vec::with_capacity(chunk.len() * data.features);
+            for &s in chunk {
+                xs.extend_from_slice(&data.x[s * data.features..(s + 1) * data.features]);
+            }
+            let ys: Vec<i32> = chunk.iter().map(|&s| data.y[s]).collect();
+            let x = Tensor::from_slice(&[chunk.len(), data.features], &xs, Some(device))?
+                .with_label(format!("batch{i}/{DATA}"));
+            let y = Tensor::from_slice(&[chunk.len()], &ys, Some(device))?
+                .with_label(format!("batch{i}/{LABEL}"));
+            drop(x.device::<f32>()?); // upload once, now
+            drop(y.device::<i32>()?);
+            batches.push(Batch { x, y });
+        }
+
+        let ws = Workspace::new();
+        let base = NetOptions::new().seed(cfg.seed);
+        ws.run_net_once(&nets.init, device, &base)?;
+        let opts = if cfg.plan {
+            base.with_plan(PlanOptions {
+                keep: Vec::new(),
+                sizes: mlp.blob_bytes(cfg.batch),
+            })
+        } else {
+            base
+        };
+        let train = ws.create_net(&nets.train, device, &opts)?;
+        let eval = ws.create_net(&nets.eval, device, &opts)?;
+        let mut t = Trainer {
+            device: device.clone(),
+            ws,
+            mlp,
+            nets,
+            train,
+            eval,
+            batches,
+            samples: data.len(),
+            rng,
+            epoch: 0,
+            transfers: Transfers::default(),
+        };
+        t.feed(0)?;
+        t.transfers.setup = t.copy_totals();
+        Ok(t)
+    }
+
+    /// Makes `data` and `label` share the storage of batch `i` (no copy).
+    fn feed(&self, i: usize) -> Result<()> {
+        let b = &self.batches[i];
+        for (name, src) in [(DATA, &b.x), (LABEL, &b.y)] {
+            let mut t = Tensor::new(&self.device).with_label(name);
+            t.resize(src.dims())?;
+            t.share_data(src)?;
+            self.ws.create_blob(name)?.write().reset(t);
+        }
+        Ok(())
+    }
+
+    fn read_scalar(&self, name: &str) -> Result<f32> {
+        let blob = self.ws.get_blob(name)?;
+        let guard = blob.read();
+        let t = guard.get::<Tensor>()?;
+        let v = t.host::<f32>()?;
+        v.first().copied().ok_or_else(|| Error::InvalidShape {
+            what: format!("blob {name:?}"),
+            shape: format!("{:?}", t.dims()),
+            reason: "expected a scalar".into(),
+        })
+    }
+
+    /// Runs one training step on batch `i`; returns (loss, accuracy) of the batch before the
+    /// update.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] for a batch index past the end; the errors of [`Net::run`].
+    pub fn step(&mut self, i: usize) -> Result<(f32, f32)> {
+        if i >= self.batches.len() {
+            return Err(Error::OutOfBounds {
+                what: "training batches".into(),
+                offset: i,
+                len: 1,
+                size: self.batches.len(),
+            });
+        }
+        let before = self.copy_totals();
+        let process_before = COPIES.snapshot();
+        self.feed(i)?;
+        self.train.run(&self.ws)?;
+        let loss = self.read_scalar(LOSS)?;
+        let acc = self.read_scalar(ACCURACY)?;
+        let process = COPIES.snapshot().since(&process_before);
+        let d = self.copy_totals().since(&before);
+        let tr = &mut self.transfers;
+        tr.process_steps = add(tr.process_steps, process);
+        tr.steps = add(tr.steps, d);
+        tr.last_step = d;
+        tr.max_step = max(tr.max_step, d);
+        tr.step_count += 1;
+        Ok((loss, acc))
+    }
+
+    /// One pass over every batch, in an order drawn from the seed.
+    ///
+    /// # Errors
+    /// As [`Trainer::step`].
+    pub fn run_epoch(&mut self) -> Result<EpochStats> {
+        self.run_epoch_with(|_, _| {})
+    }
+
+    /// As [`Trainer::run_epoch`], calling `progress(step, steps)` after each step.
+    ///
+    /// # Errors
+    /// As [`Trainer::step`].
+    pub fn run_epoch_with(&mut self, mut progress: impl FnMut(usize, usize)) -> Result<EpochStats> {
+        let start = Instant::now();
+        let mut order: Vec<usize> = (0..self.batches.len()).collect();
+        order.shuffle(&mut self.rng);
+        let (mut loss, mut acc) = (0.0f64, 0.0f64);
+        for (k, &i) in order.iter().enumerate() {
+            let n = self.batches[i].y.numel().unwrap_or(0) as f64;
+            let (l, a) = self.step(i)?;
+            loss += f64::from(l) * n;
+            acc += f64::from(a) * n;
+            progress(k + 1, order.len());
+        }
+        self.epoch += 1;
+        let n = self.samples.max(1) as f64;
+        Ok(EpochStats {
+            epoch: self.epoch,
+            loss: loss / n,
+            accuracy: acc / n,
+            steps: order.len(),
+            seconds: start.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Loss and accuracy of the current weights over the whole dataset (the eval net on every
+    /// batch).
+    ///
+    /// # Errors
+    /// The errors of [`Net::run`].
+    pub fn evaluate(&mut self) -> Result<(f64, f64)> {
+        let before = self.copy_totals();
+        let (mut loss, mut acc) = (0.0f64, 0.0f64);
+        for i in 0..self.batches.len() {
+            let n = self.batches[i].y.numel().unwrap_or(0) as f64;
+            self.feed(i)?;
+            self.eval.run(&self.ws)?;
+            loss += f64::from(self.read_scalar(LOSS)?) * n;
+            acc += f64::from(self.read_scalar(ACCURACY)?) * n;
+        }
+        let d = self.copy_totals().since(&before);
+        self.transfers.eval = add(self.transfers.eval, d);
+        let n = self.samples.max(1) as f64;
+        Ok((loss / n, acc / n))
+    }
+
+    /// Copies made by the trainer's buffers so far, by phase.
+    pub fn transfers(&self) -> Transfers {
+        self.transfers
+    }
+
+    /// Host-device copies made so far by every buffer of the trainer (workspace blobs and
+    /// batches, each storage counted once).
+    pub fn copy_totals(&self) -> CopyStats {
+        let mut seen = BTreeSet::new();
+        let mut total = CopyStats::default();
+        let mut visit = |t: &Tensor| {
+            if let Some(m) = t.synced() {
+                if seen.insert(std::ptr::from_ref(m) as usize) {
+                    total = add(total, m.copy_stats());
+                }
+            }
+        };
+        for b in &self.batches {
+            visit(&b.x);
+            visit(&b.y);
+        }
+        for name in self.ws.local_blobs() {
+            if let Some(blob) = self.ws.try_get_blob(&name) {
+                if let Ok(t) = blob.read().get::<Tensor>() {
+                    visit(t);
+                }
+            }
+        }
+        total
+    }
+
+    /// The workspace (parameters, activations, `data`, `label`, `loss`, `accuracy`).
+    pub fn workspace(&self) -> &Workspace {
+        &self.ws
+    }
+
+    /// The model.
+    pub fn mlp(&self) -> &Mlp {
+        &self.mlp
+    }
+
+    /// The net definitions.
+    pub fn nets(&self) -> &MlpNets {
+        &self.nets
+    }
+
+    /// The train net (its [`Net::plan`] tells how memory was planned).
+    pub fn train_net(&self) -> &Arc<Net> {
+        &self.train
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Number of batches (steps per epoch).
+    pub fn batch_count(&self) -> usize {
+        self.batches.len()
+    }
+
+    /// Epochs run so far.
+    pub fn epochs_run(&self) -> usize {
+        self.epoch
+    }
+
+    /// Runs one training step on the first batch and measures its memory (see
+    /// [`measure_run`]); counts as a step.
+    ///
+    /// # Errors
+    /// The errors of [`Net::run`].
+    pub fn measure_step(&mut self) -> Result<RunMemory> {
+        let before = self.copy_totals();
+        self.feed(0)?;
+        let m = measure_run(&self.train, &self.ws)?;
+        let d = self.copy_totals().since(&before);
+        self.transfers.steps = add(self.transfers.steps, d);
+        self.transfers.step_count += 1;
+        Ok(m)
+    }
+}
+
+/// Peak memory of the first training step with and without planning, each in a fresh
+/// workspace on one batch of `data`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanningComparison {
+    /// Without planning.
+    pub unplanned: RunMemory,
+    /// With planning.
+    pub planned: RunMemory,
+    /// Shared slots of the planned train net.
+    pub slots: usize,
+    /// Intermediate blobs mapped to slots.
+    pub planned_blobs: usize,
+}
+
+impl PlanningComparison {
+    /// Device bytes saved by planning, from the tensor peaks (0 if planning saved nothing).
+    pub fn saved_bytes(&self) -> u64 {
+        self.unplanned
+            .tensor_peak
+            .device
+            .saturating_sub(self.planned.tensor_peak.device)
+    }
+}
+
+/// Measures [`PlanningComparison`] for `cfg` (its `plan` flag is ignored) on the first
+/// `cfg.batch` samples of `data`.
+///
+/// # Errors
+/// As [`Trainer::new`] and [`Trainer::measure_step`].
+pub fn compare_planning(
+    device: &Device,
+    data: &Dataset,
+    cfg: &TrainConfig,
+) -> Result<PlanningComparison> {
+    let n = cfg.batch.min(data.len());
+    let one = Dataset {
+        x: data.x[..n * data.features].to_vec(),
+        y: data.y[..n].to_vec(),
+        features: data.features,
+        classes: data.classes,
+    };
+    let run = |plan: bool| -> Result<(RunMemory, usize, usize)> {
+        let cfg = TrainConfig {
+            plan,
+            ..cfg.clone()
+        };
+        let mut t = Trainer::new(device, &one, &cfg)?;
+        let m = t.measure_step()?;
+        let (slots, blobs) = t
+            .train_net()
+            .plan()
+            .map_or((0, 0), |p| (p.slots, p.planned_blobs()));
+        Ok((m, slots, blobs))
+    };
+    let (unplanned, _, _) = run(false)?;
+    let (planned, slots, planned_blobs) = run(true)?;
+    Ok(PlanningComparison {
+        unplanned,
+        planned,
+        slots,
+        planned_blobs,
+    })
+}
+
+fn add(a: CopyStats, b: CopyStats) -> CopyStats {
+    let f = |x: CopyDir, y: CopyDir| CopyDir {
+        count: x.count + y.count,
+        bytes: x.bytes + y.bytes,
+    };
+    CopyStats {
+        host_to_device: f(a.host_to_device, b.host_to_device),
+        device_to_host: f(a.device_to_host, b.device_to_host),
+        device_to_device: f(a.device_to_device, b.device_to_device),
+    }
+}
+
+fn max(a: CopyStats, b: CopyStats) -> CopyStats {
+    let f = |x: CopyDir, y: CopyDir| CopyDir {
+        count: x.count.max(y.count),
+        bytes: x.bytes.max(y.bytes),
+    };
+    CopyStats {
+        host_to_device: f(a.host_to_device, b.host_to_device),
+        device_to_host: f(a.device_to_host, b.device_to_host),
+        device_to_device: f(a.device_to_device, b.device_to_device),
+    }
+}
