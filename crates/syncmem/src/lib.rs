@@ -25,7 +25,7 @@
 //! | module | role |
 //! |---|---|
 //! | [`device`] | devices of each backend, device and pinned memory, streams, events |
-//! | [`alloc`] | the aligned host allocator and always-on statistics |
+//! | [`alloc`] | the aligned host allocator, caching pools (host, pinned, device) and statistics |
 //! | [`synced`] | [`SyncedMemory`]: one buffer mirrored on host and device, lazily |
 //! | [`dtype`], [`tensor`] | element types; Caffe2-style [`Tensor`]s on top of `SyncedMemory` |
 //! | [`param`], [`kernels`] | Caffe's data+diff [`ParamBlob`] and the math it runs where the head is |
@@ -58,6 +58,7 @@ pub mod tensor;
 pub mod testing;
 pub mod workspace;
 
+pub use alloc::pool::{HostPool, LiveBuffer, MemoryCap, PoolConfig, PoolKind, PoolStats};
 pub use alloc::stats::{CopyStats, Direction, MemStats, Snapshot};
 
 pub use blob::Blob;
@@ -74,6 +75,10 @@ pub use workspace::Workspace;
 /// (device memory and pinned host memory), and copies by direction.
 pub fn stats() -> Snapshot {
     let mut devices = Vec::new();
+    let mut pools: Vec<PoolStats> = alloc::pool::HostPool::global_if_initialised()
+        .map(|p| p.stats())
+        .into_iter()
+        .collect();
     for d in device::registry_discovered() {
         if d.backend() != BackendKind::Cpu {
             devices.push(d.memory_stats());
@@ -81,10 +86,13 @@ pub fn stats() -> Snapshot {
         } else {
             devices.push(d.memory_stats());
         }
+        pools.extend(d.pool_stats());
+        pools.extend(d.pinned_pool_stats());
     }
     Snapshot {
         host: alloc::stats::HOST.snapshot("host"),
         devices,
         copies: alloc::stats::COPIES.snapshot(),
+        pools,
     }
 }

@@ -1,11 +1,16 @@
-//! Raw allocation and statistics.
+//! Raw allocation, caching pools and statistics.
 //!
 //! - [`HostBlock`]: aligned, zeroed host memory (the host allocator).
+//! - [`pool`]: caching pools (PyTorch-style best fit, CUB-style bins, or none) for host memory,
+//!   pinned host memory and device memory, with statistics, a memory cap and the
+//!   out-of-memory path.
 //! - Pinned host and device memory come from [`crate::Device::alloc_pinned`] and
-//!   [`crate::Device::alloc`]; each buffer is freed by the backend that made it.
-//! - [`stats`]: always-on counters, read with [`crate::stats`].
+//!   [`crate::Device::alloc`] (direct) or from the device's pools.
+//! - [`stats`]: always-on counters, read with [`crate::stats`]; [`json`] writes them as JSON.
 
 mod host;
+pub mod json;
+pub mod pool;
 pub mod stats;
 
 pub use host::{HostBlock, HOST_ALIGN};

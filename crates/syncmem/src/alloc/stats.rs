@@ -6,6 +6,8 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use super::pool::PoolStats;
+
 /// Live counters for one memory space (host, or one device, or one device's pinned memory).
 #[derive(Debug, Default)]
 pub struct MemCounters {
@@ -229,6 +231,9 @@ pub struct Snapshot {
     pub devices: Vec<MemStats>,
     /// All copies made through syncmem streams.
     pub copies: CopyStats,
+    /// Caching pools: the host pool, then each device's device pool and pinned host pool
+    /// (pools not used yet are left out).
+    pub pools: Vec<PoolStats>,
 }
 
 impl fmt::Display for Snapshot {
@@ -250,7 +255,49 @@ impl fmt::Display for Snapshot {
             )?;
         }
         writeln!(f, "copies")?;
-        write!(f, "{}", self.copies)
+        write!(f, "{}", self.copies)?;
+        if self.pools.is_empty() {
+            return Ok(());
+        }
+        writeln!(
+            f,
+            "{:<16} {:>7} {:>21} {:>21} {:>8} {:>8} {:>8} {:>11} {:>10} {:>5}",
+            "pool",
+            "kind",
+            "allocated (peak)",
+            "reserved (peak)",
+            "allocs",
+            "frees",
+            "hits",
+            "backend a/f",
+            "largest",
+            "frag"
+        )?;
+        for p in &self.pools {
+            writeln!(
+                f,
+                "{:<16} {:>7} {:>21} {:>21} {:>8} {:>8} {:>8} {:>11} {:>10} {:>5.2}",
+                p.label,
+                p.kind.as_str(),
+                format!(
+                    "{} ({})",
+                    human_bytes(p.allocated.current),
+                    human_bytes(p.allocated.peak)
+                ),
+                format!(
+                    "{} ({})",
+                    human_bytes(p.reserved.current),
+                    human_bytes(p.reserved.peak)
+                ),
+                p.allocations,
+                p.frees,
+                p.cache_hits,
+                format!("{}/{}", p.backend_allocs, p.backend_frees),
+                human_bytes(p.largest_free_block),
+                p.fragmentation()
+            )?;
+        }
+        Ok(())
     }
 }
 

@@ -11,8 +11,14 @@
 //! - Offsets and lengths passed in have already been checked against the buffer sizes by the
 //!   caller, and `len >= 1`.
 
+use std::any::Any;
+use std::sync::Arc;
+
 use super::DeviceInfo;
 use crate::error::Result;
+
+/// Keeps a pool segment alive for as long as a view into it exists.
+pub(crate) type KeepAlive = Arc<dyn Any + Send + Sync>;
 
 /// One physical device of a backend, created once at discovery.
 pub(crate) trait BackendDevice: Send + Sync + 'static {
@@ -33,6 +39,20 @@ pub(crate) trait BackendDevice: Send + Sync + 'static {
     fn alloc_pinned(&self, bytes: usize) -> Result<Self::Pinned>;
     /// Creates a new stream (in-order queue) on this device.
     fn new_stream(&self) -> Result<Self::Stream>;
+    /// Alignment in bytes that the offset of a sub-buffer ([`BackendDevice::sub_mem`]) must
+    /// respect (a power of two).
+    fn sub_align(&self) -> usize;
+    /// A view of `len >= 1` bytes of `parent` from `offset` (a multiple of
+    /// [`BackendDevice::sub_align`], `offset + len <= parent.len()`), usable wherever a `Mem`
+    /// is. Dropping the view never frees the parent's memory; `keep` (which owns the parent)
+    /// lives as long as the view.
+    fn sub_mem(
+        &self,
+        parent: &Self::Mem,
+        offset: usize,
+        len: usize,
+        keep: KeepAlive,
+    ) -> Result<Self::Mem>;
 }
 
 /// Device memory owned by this value.

@@ -4,11 +4,14 @@
 //! It gives the whole device-side code path (allocation, copies, head transitions, events) a
 //! backend that runs everywhere.
 
+use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::backend::{BackendDevice, BackendEvent, BackendMem, BackendPinned, BackendStream};
+use super::backend::{
+    BackendDevice, BackendEvent, BackendMem, BackendPinned, BackendStream, KeepAlive,
+};
 use super::DeviceInfo;
-use crate::alloc::HostBlock;
+use crate::alloc::{HostBlock, HOST_ALIGN};
 use crate::error::{BackendKind, Result};
 
 pub(crate) struct CpuDevice {
@@ -42,23 +45,56 @@ fn total_memory() -> u64 {
         .unwrap_or(0)
 }
 
-/// Device memory of the cpu backend. Interior writes go through raw pointers, never through a
-/// live `&[u8]`: the public wrapper hands out slices only under `&`/`&mut` of the buffer.
-pub(crate) struct CpuMem(HostBlock);
+/// Device memory of the cpu backend: a whole block, or a view into a pool segment. Interior
+/// writes go through raw pointers, never through a live `&[u8]`: the public wrapper hands out
+/// slices only under `&`/`&mut` of the buffer.
+pub(crate) struct CpuMem {
+    ptr: NonNull<u8>,
+    len: usize,
+    _owner: CpuOwner,
+}
+
+/// Held for its `Drop` only.
+#[allow(dead_code)]
+enum CpuOwner {
+    /// The memory is this block.
+    Block(HostBlock),
+    /// The memory is a range of a segment that this keeps alive.
+    View(KeepAlive),
+}
+
+// SAFETY: `CpuMem` owns (or, for a view, exclusively uses a range of) plain host memory with no
+// thread affinity; the pointer is only dereferenced under the rules of the wrapper (`&` reads,
+// `&mut` or a stream operation on checked ranges for writes). The owner is `Send + Sync`.
+unsafe impl Send for CpuMem {}
+// SAFETY: as above.
+unsafe impl Sync for CpuMem {}
 pub(crate) struct CpuPinned(HostBlock);
 pub(crate) struct CpuStream;
 #[derive(Clone)]
 pub(crate) struct CpuEvent(#[allow(dead_code)] Arc<()>);
 
 impl CpuMem {
+    fn block(b: HostBlock) -> Self {
+        Self {
+            // A zero-length block has an aligned dangling pointer, never null.
+            ptr: NonNull::new(b.as_ptr()).unwrap_or(NonNull::dangling()),
+            len: b.len(),
+            _owner: CpuOwner::Block(b),
+        }
+    }
     pub(crate) fn as_slice(&self) -> &[u8] {
-        self.0.as_slice()
+        // SAFETY: `ptr` is valid for `len` initialised bytes (zeroed at allocation, or written
+        // since) while `self` lives; `&self` excludes writers through the wrapper.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
     pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.0.as_mut_slice()
+        // SAFETY: as in `as_slice`; `&mut self` gives exclusive access, and no other `CpuMem`
+        // covers these bytes (pool blocks never overlap).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
     pub(crate) fn as_ptr(&self) -> *mut u8 {
-        self.0.as_ptr()
+        self.ptr.as_ptr()
     }
 }
 
@@ -72,7 +108,7 @@ impl BackendDevice for CpuDevice {
         &self.info
     }
     fn alloc(&self, bytes: usize) -> Result<CpuMem> {
-        HostBlock::zeroed_uncounted(bytes).map(CpuMem)
+        HostBlock::zeroed_uncounted(bytes).map(CpuMem::block)
     }
     fn alloc_pinned(&self, bytes: usize) -> Result<CpuPinned> {
         HostBlock::zeroed_uncounted(bytes).map(CpuPinned)
@@ -80,11 +116,25 @@ impl BackendDevice for CpuDevice {
     fn new_stream(&self) -> Result<CpuStream> {
         Ok(CpuStream)
     }
+    fn sub_align(&self) -> usize {
+        HOST_ALIGN
+    }
+    fn sub_mem(&self, parent: &CpuMem, off: usize, len: usize, keep: KeepAlive) -> Result<CpuMem> {
+        debug_assert!(off.checked_add(len).is_some_and(|e| e <= parent.len));
+        // SAFETY: the caller guarantees `off + len <= parent.len`, so the pointer stays inside
+        // the parent's allocation, which `keep` keeps alive as long as the view.
+        let ptr = unsafe { NonNull::new_unchecked(parent.ptr.as_ptr().add(off)) };
+        Ok(CpuMem {
+            ptr,
+            len,
+            _owner: CpuOwner::View(keep),
+        })
+    }
 }
 
 impl BackendMem for CpuMem {
     fn len(&self) -> usize {
-        self.0.len()
+        self.len
     }
 }
 
@@ -111,7 +161,7 @@ impl BackendStream for CpuStream {
     ) -> Result<()> {
         // SAFETY: the caller checked off+len <= dst.len() and that src is valid for len bytes;
         // host and device buffers are distinct allocations, so they do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src, dst.0.as_ptr().add(off), len) };
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_ptr().add(off), len) };
         Ok(())
     }
 
@@ -124,20 +174,20 @@ impl BackendStream for CpuStream {
         _: bool,
     ) -> Result<()> {
         // SAFETY: as in write, mirrored.
-        unsafe { std::ptr::copy_nonoverlapping(src.0.as_ptr().add(off), dst, len) };
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().add(off), dst, len) };
         Ok(())
     }
 
     fn copy(&self, src: &CpuMem, so: usize, dst: &CpuMem, doff: usize, len: usize) -> Result<()> {
         // SAFETY: both ranges were checked by the caller; `copy` handles overlap when src and
         // dst are the same buffer.
-        unsafe { std::ptr::copy(src.0.as_ptr().add(so), dst.0.as_ptr().add(doff), len) };
+        unsafe { std::ptr::copy(src.as_ptr().add(so), dst.as_ptr().add(doff), len) };
         Ok(())
     }
 
     fn fill(&self, dst: &CpuMem, off: usize, len: usize, value: u8) -> Result<()> {
         // SAFETY: range checked by the caller.
-        unsafe { std::ptr::write_bytes(dst.0.as_ptr().add(off), value, len) };
+        unsafe { std::ptr::write_bytes(dst.as_ptr().add(off), value, len) };
         Ok(())
     }
 

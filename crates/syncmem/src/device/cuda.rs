@@ -39,7 +39,9 @@ use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream};
 use parking_lot::Mutex;
 
-use super::backend::{BackendDevice, BackendEvent, BackendMem, BackendPinned, BackendStream};
+use super::backend::{
+    BackendDevice, BackendEvent, BackendMem, BackendPinned, BackendStream, KeepAlive,
+};
 use super::DeviceInfo;
 use crate::error::{BackendKind, Error, Result};
 
@@ -385,6 +387,17 @@ pub(crate) struct CuDevice {
     shared: Arc<CuShared>,
 }
 
+impl CuDevice {
+    /// A second backend device for the same CUDA device (same context), with its own counters
+    /// and pools once wrapped in a `Device` (see `Device::detached`).
+    pub(crate) fn duplicate(&self) -> CuDevice {
+        CuDevice {
+            info: self.info.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
 impl BackendDevice for CuDevice {
     type Mem = CuMem;
     type Pinned = CuPinned;
@@ -423,6 +436,39 @@ impl BackendDevice for CuDevice {
             len: bytes,
             shared: sh.clone(),
             foreign: Mutex::new(Vec::new()),
+            parent: None,
+        })
+    }
+
+    fn sub_align(&self) -> usize {
+        // cuMemAlloc returns 256-byte aligned memory; pool blocks keep that alignment.
+        256
+    }
+
+    fn sub_mem(&self, parent: &CuMem, off: usize, len: usize, keep: KeepAlive) -> Result<CuMem> {
+        let sh = &self.shared;
+        if sh.ctx.is_event_tracking() {
+            // As in `alloc`: `upgrade_device_ptr` would create events with `unwrap`.
+            return Err(Error::Unsupported {
+                device: sh.label.clone(),
+                what: "pooled allocation while cudarc event tracking is enabled on the context"
+                    .to_string(),
+            });
+        }
+        let ptr = parent.at(off);
+        // SAFETY: `ptr .. ptr + len` lies inside the parent's live cuMemAlloc allocation
+        // (caller's contract: `off + len <= parent.len`), which `keep` keeps alive as long as
+        // this view. Event tracking is disabled (checked above), so cudarc creates no events.
+        // The slice is never dropped as such: `CuMem::drop` takes it back with `leak` and, for
+        // a view, frees nothing.
+        let slice = unsafe { sh.home.upgrade_device_ptr::<u8>(ptr, len) };
+        Ok(CuMem {
+            slice: ManuallyDrop::new(slice),
+            ptr,
+            len,
+            shared: sh.clone(),
+            foreign: Mutex::new(Vec::new()),
+            parent: Some(keep),
         })
     }
 
@@ -481,6 +527,8 @@ pub(crate) struct CuMem {
     /// synchronized before the memory is freed, as this context's synchronize does not cover
     /// them.
     foreign: Mutex<Vec<Arc<CudaStream>>>,
+    /// For a view into a pool segment: the segment (kept alive; this value frees nothing).
+    parent: Option<KeepAlive>,
 }
 
 impl CuMem {
@@ -518,6 +566,22 @@ impl BackendMem for CuMem {
 
 impl Drop for CuMem {
     fn drop(&mut self) {
+        if self.parent.is_some() {
+            // A view: its memory goes back to the pool, which orders reuse on the allocation
+            // stream with events. Peer streams are not covered by those events: drain them.
+            for stream in self.foreign.get_mut().drain(..) {
+                drain_stream(&stream);
+                let other = stream.context().clone();
+                drop(stream);
+                let _ = other.check_err();
+            }
+            // SAFETY: `slice` is taken exactly once, here, and never used again.
+            let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
+            // `leak` hands back the pointer without freeing it (the segment owns the memory).
+            let _ = slice.leak();
+            let _ = self.shared.ctx.check_err();
+            return;
+        }
         let ctx = &self.shared.ctx;
         // Work queued on any stream of this context may still use the memory: wait for it
         // (cudaFree does the same in Caffe2). Errors are ignored: the contract says frees never

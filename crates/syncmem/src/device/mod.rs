@@ -14,6 +14,17 @@
 //!
 //! The `cpu` device is a real backend whose "device memory" is separate host memory: it runs
 //! every device-side code path (allocation, copies, events) without an accelerator.
+//!
+//! # Memory pools
+//!
+//! Each device has a caching device pool and a caching pinned host pool
+//! ([`crate::alloc::pool`]). [`crate::SyncedMemory`] takes its device mirrors from the device
+//! pool and, when asked for pinned host memory, its host mirrors from the pinned pool.
+//! [`Device::alloc`] stays a direct backend allocation (never cached: dropping it while
+//! asynchronous work still uses it is as safe as before), but it counts against the device's
+//! memory cap and goes through the same out-of-memory path; [`Device::alloc_pooled`] is the
+//! stream-ordered pooled allocation. Select the pool with [`Device::set_pool`] or with the
+//! `SYNCMEM_DEVICE_POOL` / `SYNCMEM_POOL_CONF` environment variables.
 
 mod backend;
 pub(crate) mod cpu;
@@ -21,17 +32,23 @@ pub(crate) mod cpu;
 pub(crate) mod cuda;
 #[cfg(feature = "opencl")]
 pub(crate) mod opencl;
+mod pinned;
 mod registry;
 mod types;
 
+pub use pinned::PinnedBuffer;
 pub(crate) use registry::discovered as registry_discovered;
 pub use registry::{probe, BackendReport};
-pub use types::{DeviceBuffer, Event, PinnedBuffer, Stream};
+pub use types::{DeviceBuffer, Event, Stream};
+pub(crate) use types::{RawMem, RawPinned, Release};
 
 use std::fmt;
 use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
 
+use crate::alloc::pool::device::DeviceMemory;
+use crate::alloc::pool::evict::OomReport;
+use crate::alloc::pool::{LiveBuffer, PoolConfig, PoolStats};
 use crate::alloc::stats::{MemCounters, MemStats};
 use crate::error::{BackendKind, Error, Result};
 use backend::BackendDevice;
@@ -145,6 +162,7 @@ pub(crate) struct DeviceShared {
     pub(crate) raw: RawDevice,
     pub(crate) mem: MemCounters,
     pub(crate) pinned: MemCounters,
+    pub(crate) memory: DeviceMemory,
     default_stream: OnceLock<std::result::Result<Stream, String>>,
 }
 
@@ -164,6 +182,7 @@ impl Device {
                 raw,
                 mem: MemCounters::new(),
                 pinned: MemCounters::new(),
+                memory: DeviceMemory::default(),
                 default_stream: OnceLock::new(),
             }),
         }
@@ -233,14 +252,148 @@ impl Device {
         Arc::ptr_eq(&self.shared, &other.shared)
     }
 
-    /// Allocates `bytes` of device memory. The contents are unspecified (no zero fill);
-    /// `bytes == 0` allocates nothing.
+    /// Allocates `bytes` of device memory directly from the backend (not cached; see the
+    /// [module docs](self)). The contents are unspecified (no zero fill); `bytes == 0`
+    /// allocates nothing. The allocation counts against the device's memory cap; when memory
+    /// is short, cached pool blocks and clean [`crate::SyncedMemory`] mirrors are freed first.
     ///
     /// # Errors
     /// [`Error::OutOfMemory`] when the device cannot supply the memory (including requests above
-    /// [`DeviceInfo::max_alloc`]), or a backend error.
+    /// [`DeviceInfo::max_alloc`] or the cap), [`Error::InvalidConfig`] when the pool
+    /// environment variables are invalid, or a backend error.
     pub fn alloc(&self, bytes: usize) -> Result<DeviceBuffer> {
         DeviceBuffer::new(self, bytes)
+    }
+
+    /// Allocates `bytes` of device memory from the device pool, for work on `stream`
+    /// (stream-ordered, as in PyTorch and RMM): the block may be reused at once by later work on
+    /// `stream`. When the buffer is dropped an event is recorded on `stream`, and other streams
+    /// reuse the block only once it has completed. Contents unspecified.
+    ///
+    /// The buffer is a sub-buffer (OpenCL) or an offset pointer (CUDA, `cpu`) of a larger
+    /// segment: [`DeviceBuffer::as_opencl`] gives a `cl_mem` whose offset 0 is the block.
+    ///
+    /// # Errors
+    /// As [`Device::alloc`]; [`Error::DeviceMismatch`] for a stream of another device.
+    pub fn alloc_pooled(&self, bytes: usize, stream: &Stream) -> Result<DeviceBuffer> {
+        DeviceBuffer::pooled(self, bytes, stream, Release::Record(stream.clone()))
+    }
+
+    /// Replaces the device pool by one built from `config` (kind, sizes, memory cap). Use it
+    /// before the first allocation, or when nothing allocated from the pool is alive; cached
+    /// memory of the old pool is released. A [`crate::alloc::pool::MemoryCap::Fraction`] is of
+    /// [`DeviceInfo::total_memory`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for an invalid configuration, [`Error::InvalidState`] while
+    /// blocks of the current pool are in use.
+    pub fn set_pool(&self, config: PoolConfig) -> Result<()> {
+        self.shared.memory.set_pool(self, config)
+    }
+
+    /// Statistics of the device pool (`None` before its first use).
+    pub fn pool_stats(&self) -> Option<PoolStats> {
+        self.shared.memory.stats()
+    }
+
+    /// Statistics of the pinned host pool (`None` before its first use).
+    pub fn pinned_pool_stats(&self) -> Option<PoolStats> {
+        self.shared.memory.current_pinned_pool().map(|p| p.stats())
+    }
+
+    /// Releases cached device and pinned memory whose pending work has completed (no waiting).
+    /// Returns the bytes released.
+    pub fn trim_pools(&self) -> u64 {
+        let m = &self.shared.memory;
+        m.current_pool().map_or(0, |p| p.trim()) + m.current_pinned_pool().map_or(0, |p| p.trim())
+    }
+
+    /// Waits for pending work on cached blocks, then releases all cached device and pinned
+    /// memory (`empty_cache`). Returns the bytes released.
+    pub fn empty_cache(&self) -> u64 {
+        let m = &self.shared.memory;
+        m.current_pool().map_or(0, |p| p.empty_cache())
+            + m.current_pinned_pool().map_or(0, |p| p.empty_cache())
+    }
+
+    /// The memory cap in bytes, if one is set (by [`Device::set_pool`] or `SYNCMEM_POOL_CONF`).
+    pub fn memory_cap(&self) -> Option<u64> {
+        self.shared.memory.cap()
+    }
+
+    /// The device mirrors of live [`crate::SyncedMemory`] buffers: label, size and head,
+    /// largest first.
+    pub fn live_buffers(&self) -> Vec<LiveBuffer> {
+        self.shared.memory.mirrors.live_buffers()
+    }
+
+    /// The report of the last allocation on this device that failed for lack of memory.
+    pub fn last_oom_report(&self) -> Option<OomReport> {
+        self.shared.memory.last_oom()
+    }
+
+    /// A handle to the same hardware with its own pools, cap, counters, mirror registry and
+    /// default stream; it is not listed by [`crate::stats`]. Lets tests (and subsystems that
+    /// want separate caps) work without interference.
+    #[doc(hidden)]
+    pub fn detached(&self) -> Device {
+        let raw = match &self.shared.raw {
+            RawDevice::Cpu(_) => RawDevice::Cpu(cpu::CpuDevice::new()),
+            #[cfg(feature = "opencl")]
+            RawDevice::OpenCl(d) => RawDevice::OpenCl(d.duplicate()),
+            #[cfg(feature = "cuda")]
+            RawDevice::Cuda(d) => RawDevice::Cuda(d.duplicate()),
+        };
+        Device::from_raw(raw)
+    }
+
+    /// A backend allocation of `len >= 1` bytes (no accounting).
+    pub(crate) fn raw_alloc(&self, len: usize) -> Result<RawMem> {
+        Ok(match &self.shared.raw {
+            RawDevice::Cpu(d) => RawMem::Cpu(d.alloc(len)?),
+            #[cfg(feature = "opencl")]
+            RawDevice::OpenCl(d) => RawMem::OpenCl(d.alloc(len)?),
+            #[cfg(feature = "cuda")]
+            RawDevice::Cuda(d) => RawMem::Cuda(d.alloc(len)?),
+        })
+    }
+
+    /// A backend pinned allocation of `len >= 1` bytes, zero-filled (no accounting).
+    pub(crate) fn raw_alloc_pinned(&self, len: usize) -> Result<RawPinned> {
+        Ok(match &self.shared.raw {
+            RawDevice::Cpu(d) => RawPinned::Cpu(d.alloc_pinned(len)?),
+            #[cfg(feature = "opencl")]
+            RawDevice::OpenCl(d) => RawPinned::OpenCl(d.alloc_pinned(len)?),
+            #[cfg(feature = "cuda")]
+            RawDevice::Cuda(d) => RawPinned::Cuda(d.alloc_pinned(len)?),
+        })
+    }
+
+    /// The alignment sub-buffer offsets need on this device.
+    pub(crate) fn sub_align(&self) -> usize {
+        with_raw_device!(&self.shared.raw, d => d.sub_align())
+    }
+
+    /// A view of `len` bytes at `offset` of pool segment `seg` (which it keeps alive).
+    pub(crate) fn sub_mem(&self, seg: &Arc<RawMem>, offset: usize, len: usize) -> Result<RawMem> {
+        let keep: backend::KeepAlive = seg.clone();
+        match (&self.shared.raw, &**seg) {
+            (RawDevice::Cpu(d), RawMem::Cpu(m)) => d.sub_mem(m, offset, len, keep).map(RawMem::Cpu),
+            #[cfg(feature = "opencl")]
+            (RawDevice::OpenCl(d), RawMem::OpenCl(m)) => {
+                d.sub_mem(m, offset, len, keep).map(RawMem::OpenCl)
+            }
+            #[cfg(feature = "cuda")]
+            (RawDevice::Cuda(d), RawMem::Cuda(m)) => {
+                d.sub_mem(m, offset, len, keep).map(RawMem::Cuda)
+            }
+            #[allow(unreachable_patterns)]
+            _ => Err(Error::DeviceMismatch {
+                op: "sub-buffer",
+                expected: self.label().to_string(),
+                actual: "a segment of another backend".to_string(),
+            }),
+        }
     }
 
     /// Allocates `bytes` of zero-filled page-locked host memory that this device copies to and
@@ -300,10 +453,16 @@ impl Device {
             .snapshot(format!("{} pinned", self.label()))
     }
 
-    /// Resets the peak counters of this device to the current use.
+    /// Resets the peak counters of this device (and of its pools) to the current use.
     pub fn reset_peak_stats(&self) {
         self.shared.mem.reset_peak();
         self.shared.pinned.reset_peak();
+        if let Some(p) = self.shared.memory.current_pool() {
+            p.reset_peak();
+        }
+        if let Some(p) = self.shared.memory.current_pinned_pool() {
+            p.reset_peak();
+        }
     }
 }
 

@@ -26,7 +26,9 @@ use opencl3::memory::{
 use opencl3::platform::{get_platforms, Platform};
 use opencl3::types::{cl_bool, cl_event, cl_int, cl_mem, CL_BLOCKING, CL_NON_BLOCKING};
 
-use super::backend::{BackendDevice, BackendEvent, BackendMem, BackendPinned, BackendStream};
+use super::backend::{
+    BackendDevice, BackendEvent, BackendMem, BackendPinned, BackendStream, KeepAlive,
+};
 use super::DeviceInfo;
 use crate::error::{BackendKind, Error, Result};
 
@@ -375,12 +377,18 @@ fn platform_devices(platform: Platform, first_ordinal: usize) -> Result<Vec<ClDe
                 max_alloc: device.max_mem_alloc_size().unwrap_or(global / 4),
                 host_unified: device.host_unified_memory().unwrap_or(false),
             };
+            // CL_DEVICE_MEM_BASE_ADDR_ALIGN is in bits (1024 on PoCL: 128 bytes).
+            let base_align = device
+                .mem_base_addr_align()
+                .map_or(128, |bits| (bits as usize / 8).max(1))
+                .next_power_of_two();
             ClDevice {
                 label: info.label().into(),
                 info,
                 device,
                 ctx: ctx.clone(),
                 map_queue: OnceLock::new(),
+                base_align,
             }
         })
         .collect())
@@ -398,6 +406,8 @@ pub(crate) struct ClDevice {
     ctx: Arc<ClContext>,
     /// Internal queue for mapping and unmapping pinned buffers, created on first use.
     map_queue: OnceLock<Arc<Queue>>,
+    /// Required alignment of sub-buffer origins, in bytes.
+    base_align: usize,
 }
 
 impl ClDevice {
@@ -422,16 +432,16 @@ impl ClDevice {
         Ok(self.map_queue.get_or_init(|| q).clone())
     }
 
-    /// A second backend device for the same OpenCL device, with its own counters once wrapped
-    /// in a `Device` (tests only: lets counter assertions ignore other tests).
-    #[cfg(test)]
-    fn duplicate(&self) -> ClDevice {
+    /// A second backend device for the same OpenCL device, with its own counters and pools
+    /// once wrapped in a `Device` (see `Device::detached`).
+    pub(crate) fn duplicate(&self) -> ClDevice {
         ClDevice {
             info: self.info.clone(),
             label: self.label.clone(),
             device: self.device,
             ctx: self.ctx.clone(),
             map_queue: OnceLock::new(),
+            base_align: self.base_align,
         }
     }
 }
@@ -451,6 +461,31 @@ impl BackendDevice for ClDevice {
             buf: OwnedBuffer::new(&self.ctx, CL_MEM_READ_WRITE, bytes, &self.label)?,
             len: bytes,
             ctx: self.ctx.clone(),
+            _parent: None,
+        })
+    }
+
+    fn sub_align(&self) -> usize {
+        self.base_align
+    }
+
+    fn sub_mem(&self, parent: &ClMem, off: usize, len: usize, keep: KeepAlive) -> Result<ClMem> {
+        // SAFETY: CL_MEM_READ_WRITE is compatible with the parent's flags (CL_MEM_READ_WRITE),
+        // and no host pointer flag is passed. The region lies inside the parent (caller's
+        // contract); its origin is aligned to CL_DEVICE_MEM_BASE_ADDR_ALIGN (`sub_align`).
+        let sub = unsafe {
+            parent
+                .buffer()
+                .create_sub_buffer(CL_MEM_READ_WRITE, off, len)
+        }
+        .map_err(|ClError(c)| alloc_error(&self.label, "clCreateSubBuffer", c, len))?;
+        Ok(ClMem {
+            buf: OwnedBuffer {
+                buf: ManuallyDrop::new(sub),
+            },
+            len,
+            ctx: self.ctx.clone(),
+            _parent: Some(keep),
         })
     }
 
@@ -508,11 +543,14 @@ impl BackendDevice for ClDevice {
 // Memory
 // ---------------------------------------------------------------------------------------------
 
-/// Device memory: a `CL_MEM_READ_WRITE` buffer of the platform's context.
+/// Device memory: a `CL_MEM_READ_WRITE` buffer of the platform's context, or a sub-buffer of a
+/// pool segment (so kernels see the block at offset 0 of their `cl_mem`).
 pub(crate) struct ClMem {
     buf: OwnedBuffer,
     len: usize,
     ctx: Arc<ClContext>,
+    /// For a sub-buffer: the pool segment it lies in (OpenCL also keeps the parent alive).
+    _parent: Option<KeepAlive>,
 }
 
 impl ClMem {

@@ -1,14 +1,16 @@
 //! Device memory, pinned host memory, streams and events: the public wrappers over the backends.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use super::backend::{BackendDevice, BackendEvent, BackendMem, BackendPinned, BackendStream};
 #[cfg(feature = "cuda")]
 use super::cuda;
 #[cfg(feature = "opencl")]
 use super::opencl;
-use super::{cpu, with_raw_device, Device, RawDevice};
+use super::{cpu, with_raw_device, Device};
+use crate::alloc::pool::{Fence, Lease};
 use crate::alloc::stats::{Direction, COPIES};
 use crate::error::{check_range, Error, Result};
 
@@ -45,7 +47,31 @@ pub(crate) enum RawEvent {
     Cuda(cuda::CuEvent),
 }
 
-/// Device memory. Freed, by the backend that made it, when dropped.
+/// What to do when a pooled buffer is freed.
+#[derive(Clone)]
+pub(crate) enum Release {
+    /// Nothing can be in flight on the memory: the block is free for every stream at once.
+    Idle,
+    /// Work may be in flight on this stream: the block is reusable at once there; other
+    /// streams reuse it once an event recorded there (lazily, see `StreamFence`) completes.
+    Record(Stream),
+}
+
+/// Where a buffer's memory comes from.
+enum Origin {
+    /// Nothing allocated (length 0).
+    Empty,
+    /// A backend allocation of its own, charged to the device's cap.
+    Direct,
+    /// A block of the device pool (the memory is a view: a sub-buffer / pointer into it).
+    Pooled {
+        lease: Lease<RawMem>,
+        release: Release,
+    },
+}
+
+/// Device memory. Freed when dropped: a direct allocation by the backend that made it, a
+/// pooled one back into its device's pool.
 ///
 /// Writing into a `DeviceBuffer` (through a [`Stream`]) takes `&mut`, reading takes `&`.
 pub struct DeviceBuffer {
@@ -53,17 +79,21 @@ pub struct DeviceBuffer {
     len: usize,
     /// `None` when `len == 0`: nothing is allocated.
     pub(crate) raw: Option<RawMem>,
+    origin: Origin,
 }
 
 impl DeviceBuffer {
-    pub(crate) fn new(device: &Device, len: usize) -> Result<Self> {
-        if len == 0 {
-            return Ok(Self {
-                device: device.clone(),
-                len,
-                raw: None,
-            });
+    fn empty(device: &Device) -> Self {
+        Self {
+            device: device.clone(),
+            len: 0,
+            raw: None,
+            origin: Origin::Empty,
         }
+    }
+
+    /// Rejects requests above the device's largest single allocation.
+    pub(crate) fn check_max(device: &Device, len: usize) -> Result<()> {
         let max = device.info().max_alloc;
         if (len as u64) > max {
             return Err(Error::OutOfMemory {
@@ -72,19 +102,80 @@ impl DeviceBuffer {
                 detail: format!(" (above the device's largest single allocation, {max} bytes)"),
             });
         }
-        let raw = match &device.shared.raw {
-            RawDevice::Cpu(d) => RawMem::Cpu(d.alloc(len)?),
-            #[cfg(feature = "opencl")]
-            RawDevice::OpenCl(d) => RawMem::OpenCl(d.alloc(len)?),
-            #[cfg(feature = "cuda")]
-            RawDevice::Cuda(d) => RawMem::Cuda(d.alloc(len)?),
-        };
+        Ok(())
+    }
+
+    /// A direct allocation (see [`Device::alloc`]).
+    pub(crate) fn new(device: &Device, len: usize) -> Result<Self> {
+        if len == 0 {
+            return Ok(Self::empty(device));
+        }
+        Self::check_max(device, len)?;
+        device.shared.memory.alloc_direct(device, len)
+    }
+
+    /// A pooled allocation (see [`Device::alloc_pooled`]).
+    pub(crate) fn pooled(
+        device: &Device,
+        len: usize,
+        stream: &Stream,
+        release: Release,
+    ) -> Result<Self> {
+        if !stream.device().same(device) {
+            return Err(Error::DeviceMismatch {
+                op: "pooled allocation",
+                expected: device.label().to_string(),
+                actual: stream.device().label().to_string(),
+            });
+        }
+        if len == 0 {
+            return Ok(Self::empty(device));
+        }
+        Self::check_max(device, len)?;
+        device
+            .shared
+            .memory
+            .alloc_pooled(device, len, stream, release)
+    }
+
+    /// Wraps a direct backend allocation (already charged to the cap).
+    pub(crate) fn from_direct(device: &Device, len: usize, raw: RawMem) -> Self {
         device.shared.mem.on_alloc(len);
-        Ok(Self {
+        Self {
             device: device.clone(),
             len,
             raw: Some(raw),
-        })
+            origin: Origin::Direct,
+        }
+    }
+
+    /// Wraps a pool block and the view of it.
+    pub(crate) fn from_pool(
+        device: &Device,
+        len: usize,
+        view: RawMem,
+        lease: Lease<RawMem>,
+        release: Release,
+    ) -> Self {
+        device.shared.mem.on_alloc(len);
+        Self {
+            device: device.clone(),
+            len,
+            raw: Some(view),
+            origin: Origin::Pooled { lease, release },
+        }
+    }
+
+    /// True when the memory is a block of the device's pool.
+    pub fn is_pooled(&self) -> bool {
+        matches!(self.origin, Origin::Pooled { .. })
+    }
+
+    /// Changes what freeing a pooled buffer does (no effect on direct allocations).
+    pub(crate) fn set_release(&mut self, r: Release) {
+        if let Origin::Pooled { release, .. } = &mut self.origin {
+            *release = r;
+        }
     }
 
     /// Size in bytes.
@@ -151,8 +242,25 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        if self.raw.take().is_some() {
-            self.device.shared.mem.on_free(self.len);
+        let Some(raw) = self.raw.take() else {
+            return;
+        };
+        self.device.shared.mem.on_free(self.len);
+        // The view (or the allocation) goes first; a pool block is given back after it.
+        drop(raw);
+        match std::mem::replace(&mut self.origin, Origin::Empty) {
+            Origin::Empty => {}
+            Origin::Direct => self.device.shared.memory.uncharge(self.len),
+            Origin::Pooled { mut lease, release } => {
+                // The cpu backend finishes every operation before returning: nothing is ever
+                // in flight there.
+                if let Release::Record(stream) = release {
+                    if !matches!(&*stream.raw, RawStream::Cpu(_)) {
+                        lease.add_pending(stream.id(), Arc::new(StreamFence::new(&stream)));
+                    }
+                }
+                drop(lease);
+            }
         }
     }
 }
@@ -166,95 +274,6 @@ impl fmt::Debug for DeviceBuffer {
     }
 }
 
-/// Page-locked host memory belonging to a device, zero-filled at allocation.
-pub struct PinnedBuffer {
-    device: Device,
-    len: usize,
-    raw: Option<RawPinned>,
-}
-
-impl PinnedBuffer {
-    pub(crate) fn new(device: &Device, len: usize) -> Result<Self> {
-        if len == 0 {
-            return Ok(Self {
-                device: device.clone(),
-                len,
-                raw: None,
-            });
-        }
-        let raw = match &device.shared.raw {
-            RawDevice::Cpu(d) => RawPinned::Cpu(d.alloc_pinned(len)?),
-            #[cfg(feature = "opencl")]
-            RawDevice::OpenCl(d) => RawPinned::OpenCl(d.alloc_pinned(len)?),
-            #[cfg(feature = "cuda")]
-            RawDevice::Cuda(d) => RawPinned::Cuda(d.alloc_pinned(len)?),
-        };
-        device.shared.pinned.on_alloc(len);
-        Ok(Self {
-            device: device.clone(),
-            len,
-            raw: Some(raw),
-        })
-    }
-
-    /// Start of the mapping (aligned dangling when empty).
-    pub(crate) fn ptr(&self) -> *mut u8 {
-        match &self.raw {
-            None => std::ptr::NonNull::<u64>::dangling().as_ptr().cast(),
-            Some(RawPinned::Cpu(p)) => p.as_ptr(),
-            #[cfg(feature = "opencl")]
-            Some(RawPinned::OpenCl(p)) => p.as_ptr(),
-            #[cfg(feature = "cuda")]
-            Some(RawPinned::Cuda(p)) => p.as_ptr(),
-        }
-    }
-
-    /// Size in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The device this memory is pinned for.
-    pub fn device(&self) -> &Device {
-        &self.device
-    }
-
-    /// The bytes.
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: the backend guarantees ptr is valid for len initialised (zero-filled) bytes
-        // until drop; `&self` excludes writers.
-        unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
-    }
-
-    /// The bytes, mutably.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as in as_slice; `&mut self` gives exclusive access.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) }
-    }
-}
-
-impl Drop for PinnedBuffer {
-    fn drop(&mut self) {
-        if self.raw.take().is_some() {
-            self.device.shared.pinned.on_free(self.len);
-        }
-    }
-}
-
-impl fmt::Debug for PinnedBuffer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PinnedBuffer")
-            .field("device", &self.device.label())
-            .field("len", &self.len)
-            .finish()
-    }
-}
-
 /// An in-order queue of work on one device (a CUDA stream, an OpenCL command queue).
 ///
 /// Cheap to clone: clones are the same queue.
@@ -262,7 +281,11 @@ impl fmt::Debug for PinnedBuffer {
 pub struct Stream {
     device: Device,
     raw: Arc<RawStream>,
+    id: u64,
 }
+
+/// Stream ids start at 1: 0 is the pools' host "stream".
+static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Dispatches on a (stream, mem) pair of the same backend.
 macro_rules! with_stream_mem {
@@ -286,7 +309,13 @@ impl Stream {
         Ok(Self {
             device: device.clone(),
             raw: Arc::new(raw),
+            id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
         })
+    }
+
+    /// A process-wide unique id (clones share it). Pools use it for stream-ordered reuse.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The device this stream runs on.
@@ -495,14 +524,7 @@ impl Stream {
     /// # Errors
     /// A backend error.
     pub fn record(&self) -> Result<Event> {
-        let raw = match &*self.raw {
-            RawStream::Cpu(s) => s.record().map(RawEvent::Cpu),
-            #[cfg(feature = "opencl")]
-            RawStream::OpenCl(s) => s.record().map(RawEvent::OpenCl),
-            #[cfg(feature = "cuda")]
-            RawStream::Cuda(s) => s.record().map(RawEvent::Cuda),
-        }?;
-        Ok(Event { raw })
+        record_raw(&self.raw)
     }
 
     /// Makes work queued later on this stream wait until `event` has completed.
@@ -526,13 +548,7 @@ impl Stream {
     /// # Errors
     /// A backend error (including errors of earlier asynchronous work).
     pub fn synchronize(&self) -> Result<()> {
-        match &*self.raw {
-            RawStream::Cpu(s) => s.synchronize(),
-            #[cfg(feature = "opencl")]
-            RawStream::OpenCl(s) => s.synchronize(),
-            #[cfg(feature = "cuda")]
-            RawStream::Cuda(s) => s.synchronize(),
-        }
+        synchronize_raw(&self.raw)
     }
 
     /// The OpenCL command queue behind this stream (`None` for other backends).
@@ -550,6 +566,80 @@ impl fmt::Debug for Stream {
         f.debug_struct("Stream")
             .field("device", &self.device.label())
             .finish()
+    }
+}
+
+fn record_raw(raw: &RawStream) -> Result<Event> {
+    let raw = match raw {
+        RawStream::Cpu(s) => s.record().map(RawEvent::Cpu),
+        #[cfg(feature = "opencl")]
+        RawStream::OpenCl(s) => s.record().map(RawEvent::OpenCl),
+        #[cfg(feature = "cuda")]
+        RawStream::Cuda(s) => s.record().map(RawEvent::Cuda),
+    }?;
+    Ok(Event { raw })
+}
+
+fn synchronize_raw(raw: &RawStream) -> Result<()> {
+    match raw {
+        RawStream::Cpu(s) => s.synchronize(),
+        #[cfg(feature = "opencl")]
+        RawStream::OpenCl(s) => s.synchronize(),
+        #[cfg(feature = "cuda")]
+        RawStream::Cuda(s) => s.synchronize(),
+    }
+}
+
+/// The work queued on a stream before a pooled buffer was freed. Its event is recorded lazily,
+/// when another stream first wants the block (or a trim asks): a free costs nothing (an eager
+/// marker + flush costs 1-25 us on PoCL) and same-stream reuse never needs the event. A later
+/// event on an in-order stream covers everything queued before it, so recording late is
+/// correct, only conservative. Holds the queue, not the [`Device`]: no reference cycle through
+/// the device's pool.
+pub(crate) struct StreamFence {
+    raw: Arc<RawStream>,
+    event: OnceLock<Option<Event>>,
+}
+
+impl StreamFence {
+    pub(crate) fn new(stream: &Stream) -> Self {
+        Self {
+            raw: stream.raw.clone(),
+            event: OnceLock::new(),
+        }
+    }
+
+    /// The event, recorded on first use (`None`: recording failed, so the stream was drained
+    /// instead).
+    fn event(&self) -> Option<&Event> {
+        self.event
+            .get_or_init(|| match record_raw(&self.raw) {
+                Ok(e) => Some(e),
+                Err(_) => {
+                    let _ = synchronize_raw(&self.raw);
+                    None
+                }
+            })
+            .as_ref()
+    }
+}
+
+impl Fence for StreamFence {
+    fn is_complete(&self) -> bool {
+        self.event()
+            .map_or(true, |e| e.is_complete().unwrap_or(true))
+    }
+    fn wait(&self) {
+        if let Some(e) = self.event() {
+            let _ = e.wait();
+        }
+    }
+    fn poll(&self) -> bool {
+        match self.event.get() {
+            None => false,
+            Some(None) => true,
+            Some(Some(e)) => e.is_complete().unwrap_or(true),
+        }
     }
 }
 
@@ -627,7 +717,7 @@ fn _assert_traits() {
     fn send_sync<T: Send + Sync>() {}
     send_sync::<Device>();
     send_sync::<DeviceBuffer>();
-    send_sync::<PinnedBuffer>();
+    send_sync::<super::PinnedBuffer>();
     send_sync::<Stream>();
     send_sync::<Event>();
     let _ = |m: &cpu::CpuMem| m.len();

@@ -39,8 +39,21 @@
 //! - The copy-in-flight state above (Caffe marks SYNCED before the copy ends).
 //! - Overwrite accessors ([`SyncedMemory::host_overwrite`], [`SyncedMemory::device_overwrite`])
 //!   skip the copy and the zero fill for callers that write every byte.
+//!
+//! # Memory
+//!
+//! Host mirrors come from the process-wide host pool ([`crate::HostPool`]), or from the
+//! device's pinned pool for buffers built [`SyncedMemory::with_pinned_host`]; device mirrors
+//! come from the device's pool ([`crate::Device::set_pool`]). Only the first host allocation
+//! out of [`Head::Uninitialized`] must read as zeros: a block reused from the cache is zeroed
+//! then, a fresh one is zero already; a mirror that a copy fills is not zeroed.
+//!
+//! When the device runs out of memory, clean device mirrors (head [`Head::Synced`]) of buffers
+//! not in use are dropped (head becomes [`Head::AtHost`]; the next device access uploads again).
+//! Dirty data (head [`Head::AtDevice`]) is never dropped.
 
 mod guard;
+mod memory;
 mod state;
 
 pub use guard::{DeviceRead, DeviceWrite, HostRead, HostWrite};
@@ -53,16 +66,16 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
+use crate::alloc::pool::HostAllocation;
 use crate::alloc::stats::{CopyCounters, CopyStats, Direction};
-use crate::alloc::HostBlock;
 use crate::device::{Device, DeviceBuffer, Event, PinnedBuffer, Stream};
 use crate::error::{checked_mul, Error, Result};
 use state::{Access, Pending, Place, Valid};
 
 /// The host mirror.
 enum HostMem {
-    /// Allocated by this buffer with the host allocator.
-    Owned(HostBlock),
+    /// Allocated by this buffer from the host pool.
+    Owned(HostAllocation),
     /// Allocated by this buffer as pinned memory of its device.
     Pinned(PinnedBuffer),
     /// Adopted, not allocated here (Caffe's `set_cpu_data`).
@@ -94,7 +107,41 @@ struct Core {
     host: Option<HostMem>,
     dev: Option<Arc<DeviceBuffer>>,
     dev_owned: bool,
+    /// A device guard was handed out since the mirror was allocated: work may be queued on it.
+    dev_exposed: bool,
+    /// Id in the device's registry of evictable mirrors.
+    dev_reg: Option<u64>,
     pending: Option<Pending>,
+}
+
+impl Core {
+    /// Caffe's head, counting a transfer in flight as done.
+    fn head(&self) -> Head {
+        let mut valid = self.valid;
+        if let Some(place) = self.pending.as_ref().and_then(|p| p.kind.lands_on()) {
+            valid = valid.with(place);
+        }
+        valid.head()
+    }
+
+    /// Waits for the work in flight and takes its result into the valid set.
+    fn finish_pending(&mut self) -> Result<()> {
+        if let Some(p) = self.pending.take() {
+            p.event.wait()?;
+            if let Some(place) = p.kind.lands_on() {
+                self.valid = self.valid.with(place);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The part of a buffer the device's out-of-memory path reaches through a weak reference.
+pub(crate) struct Shared {
+    access: RwLock<()>,
+    core: Mutex<Core>,
+    label: Mutex<String>,
+    device: Option<Device>,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
@@ -109,8 +156,7 @@ pub struct SyncedMemory {
     device: Option<Device>,
     stream: Option<Stream>,
     pinned_host: bool,
-    access: RwLock<()>,
-    core: Mutex<Core>,
+    shared: Arc<Shared>,
     copies: CopyCounters,
 }
 
@@ -140,20 +186,27 @@ impl SyncedMemory {
 
     fn build(size: usize, device: Option<Device>) -> Self {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let label = format!("synced#{id}");
         Self {
-            label: format!("synced#{id}"),
+            shared: Arc::new(Shared {
+                access: RwLock::new(()),
+                core: Mutex::new(Core {
+                    valid: Valid::NONE,
+                    host: None,
+                    dev: None,
+                    dev_owned: false,
+                    dev_exposed: false,
+                    dev_reg: None,
+                    pending: None,
+                }),
+                label: Mutex::new(label.clone()),
+                device: device.clone(),
+            }),
+            label,
             size,
             device,
             stream: None,
             pinned_host: false,
-            access: RwLock::new(()),
-            core: Mutex::new(Core {
-                valid: Valid::NONE,
-                host: None,
-                dev: None,
-                dev_owned: false,
-                pending: None,
-            }),
             copies: CopyCounters::new(),
         }
     }
@@ -161,6 +214,7 @@ impl SyncedMemory {
     /// Names the buffer in errors and reports (e.g. the blob name).
     pub fn with_label(mut self, label: impl Into<String>) -> Self {
         self.label = label.into();
+        self.shared.label.lock().clone_from(&self.label);
         self
     }
 
@@ -212,12 +266,7 @@ impl SyncedMemory {
     /// Which mirror holds the newest data. A transfer in flight counts as done (as in Caffe):
     /// an access that needs its data waits for it. See [`SyncedMemory::pending`].
     pub fn head(&self) -> Head {
-        let core = self.core.lock();
-        let mut valid = core.valid;
-        if let Some(place) = core.pending.as_ref().and_then(|p| p.kind.lands_on()) {
-            valid = valid.with(place);
-        }
-        valid.head()
+        self.shared.core.lock().head()
     }
 
     /// The transfer or device work in flight, if any (completed work is settled first).
@@ -225,7 +274,7 @@ impl SyncedMemory {
     /// # Errors
     /// A backend error while querying the event.
     pub fn pending(&self) -> Result<Option<PendingKind>> {
-        let mut core = self.core.lock();
+        let mut core = self.shared.core.lock();
         self.settle_if_complete(&mut core)?;
         Ok(core.pending.as_ref().map(|p| p.kind))
     }
@@ -235,7 +284,7 @@ impl SyncedMemory {
     /// # Errors
     /// A backend error from the work waited for.
     pub fn wait(&self) -> Result<()> {
-        let mut core = self.core.lock();
+        let mut core = self.shared.core.lock();
         self.finish_pending(&mut core)
     }
 
@@ -246,25 +295,25 @@ impl SyncedMemory {
 
     /// True once the host mirror exists.
     pub fn host_allocated(&self) -> bool {
-        self.core.lock().host.is_some()
+        self.shared.core.lock().host.is_some()
     }
 
     /// True once the device mirror exists.
     pub fn device_allocated(&self) -> bool {
-        self.core.lock().dev.is_some()
+        self.shared.core.lock().dev.is_some()
     }
 
     /// True when the host mirror is owned by this buffer (not adopted).
     pub fn owns_host(&self) -> bool {
         matches!(
-            self.core.lock().host,
+            self.shared.core.lock().host,
             Some(HostMem::Owned(_) | HostMem::Pinned(_))
         )
     }
 
     /// True when the device mirror is owned by this buffer (not adopted).
     pub fn owns_device(&self) -> bool {
-        let core = self.core.lock();
+        let core = self.shared.core.lock();
         core.dev.is_some() && core.dev_owned
     }
 
@@ -275,7 +324,7 @@ impl SyncedMemory {
     /// # Errors
     /// Out of memory, or a backend error during the copy. The state is unchanged on error.
     pub fn host(&self) -> Result<HostRead<'_>> {
-        let lock = self.access.read_recursive();
+        let lock = self.shared.access.read_recursive();
         let ptr = self.prepare_host(Access::HostRead, false)?;
         Ok(HostRead::new(lock, ptr, self.size))
     }
@@ -285,18 +334,19 @@ impl SyncedMemory {
     /// # Errors
     /// As [`SyncedMemory::host`].
     pub fn host_mut(&self) -> Result<HostWrite<'_>> {
-        let lock = self.access.write();
+        let lock = self.shared.access.write();
         let ptr = self.prepare_host(Access::HostWrite, false)?;
         Ok(HostWrite::new(lock, ptr, self.size))
     }
 
     /// Host write access for a caller that overwrites every byte: no copy from the device and
-    /// no zero fill. Head becomes [`Head::AtHost`]. The previous contents are unspecified.
+    /// no zero fill of an existing mirror. Head becomes [`Head::AtHost`]. The previous contents
+    /// are unspecified, except that a buffer's very first host allocation reads as zeros.
     ///
     /// # Errors
     /// Out of memory.
     pub fn host_overwrite(&self) -> Result<HostWrite<'_>> {
-        let lock = self.access.write();
+        let lock = self.shared.access.write();
         let ptr = self.prepare_host(Access::HostWrite, true)?;
         Ok(HostWrite::new(lock, ptr, self.size))
     }
@@ -306,7 +356,7 @@ impl SyncedMemory {
     /// # Errors
     /// [`Error::NoDevice`] for a host-only buffer, out of memory, or a backend error.
     pub fn device(&self) -> Result<DeviceRead<'_>> {
-        let lock = self.access.read_recursive();
+        let lock = self.shared.access.read_recursive();
         let (buf, stream) = self.prepare_device(Access::DeviceRead, false)?;
         Ok(DeviceRead::new(lock, buf, stream))
     }
@@ -316,7 +366,7 @@ impl SyncedMemory {
     /// # Errors
     /// As [`SyncedMemory::device`].
     pub fn device_mut(&self) -> Result<DeviceWrite<'_>> {
-        let lock = self.access.write();
+        let lock = self.shared.access.write();
         let (buf, stream) = self.prepare_device(Access::DeviceWrite, false)?;
         Ok(DeviceWrite::new(lock, buf, stream, self))
     }
@@ -327,7 +377,7 @@ impl SyncedMemory {
     /// # Errors
     /// As [`SyncedMemory::device`].
     pub fn device_overwrite(&self) -> Result<DeviceWrite<'_>> {
-        let lock = self.access.write();
+        let lock = self.shared.access.write();
         let (buf, stream) = self.prepare_device(Access::DeviceWrite, true)?;
         Ok(DeviceWrite::new(lock, buf, stream, self))
     }
@@ -338,6 +388,7 @@ impl SyncedMemory {
     /// [`Error::Busy`], or as [`SyncedMemory::host`].
     pub fn try_host(&self) -> Result<HostRead<'_>> {
         let lock = self
+            .shared
             .access
             .try_read_recursive()
             .ok_or_else(|| self.busy("a write guard is alive"))?;
@@ -351,6 +402,7 @@ impl SyncedMemory {
     /// [`Error::Busy`], or as [`SyncedMemory::host`].
     pub fn try_host_mut(&self) -> Result<HostWrite<'_>> {
         let lock = self
+            .shared
             .access
             .try_write()
             .ok_or_else(|| self.busy("another guard is alive"))?;
@@ -364,6 +416,7 @@ impl SyncedMemory {
     /// [`Error::Busy`], or as [`SyncedMemory::device`].
     pub fn try_device(&self) -> Result<DeviceRead<'_>> {
         let lock = self
+            .shared
             .access
             .try_read_recursive()
             .ok_or_else(|| self.busy("a write guard is alive"))?;
@@ -377,6 +430,7 @@ impl SyncedMemory {
     /// [`Error::Busy`], or as [`SyncedMemory::device`].
     pub fn try_device_mut(&self) -> Result<DeviceWrite<'_>> {
         let lock = self
+            .shared
             .access
             .try_write()
             .ok_or_else(|| self.busy("another guard is alive"))?;
@@ -446,9 +500,10 @@ impl SyncedMemory {
             });
         }
         self.check_len("set_device_data", buf.len())?;
-        let _lock = self.access.write();
-        let mut core = self.core.lock();
+        let _lock = self.shared.access.write();
+        let mut core = self.shared.core.lock();
         self.finish_pending(&mut core)?;
+        core.release_device(self.device.as_ref());
         core.dev = Some(Arc::new(buf));
         core.dev_owned = false;
         core.valid = Valid::only(Place::Device);
@@ -462,8 +517,8 @@ impl SyncedMemory {
     /// # Errors
     /// The error of a transfer in flight that had to be waited for.
     pub fn take_device_data(&self) -> Result<Option<DeviceBuffer>> {
-        let _lock = self.access.write();
-        let mut core = self.core.lock();
+        let _lock = self.shared.access.write();
+        let mut core = self.shared.core.lock();
         self.finish_pending(&mut core)?;
         if core.dev_owned || core.dev.is_none() {
             return Ok(None);
@@ -497,8 +552,8 @@ impl SyncedMemory {
     /// [`Error::InvalidState`] when the buffer is uninitialized (nothing to push, as in Caffe),
     /// [`Error::NoDevice`], out of memory, or a backend error.
     pub fn prefetch_to_device(&self, stream: Option<&Stream>) -> Result<Option<Event>> {
-        let _lock = self.access.read_recursive();
-        let mut core = self.core.lock();
+        let _lock = self.shared.access.read_recursive();
+        let mut core = self.shared.core.lock();
         self.settle(&mut core, Access::DeviceRead)?;
         if core.valid.has(Place::Device) {
             return Ok(None);
@@ -534,8 +589,8 @@ impl SyncedMemory {
     /// # Errors
     /// As [`SyncedMemory::prefetch_to_device`].
     pub fn prefetch_to_host(&self, stream: Option<&Stream>) -> Result<Option<Event>> {
-        let _lock = self.access.read_recursive();
-        let mut core = self.core.lock();
+        let _lock = self.shared.access.read_recursive();
+        let mut core = self.shared.core.lock();
         self.settle(&mut core, Access::HostRead)?;
         if core.valid.has(Place::Host) {
             return Ok(None);
@@ -544,7 +599,7 @@ impl SyncedMemory {
             return Err(self.uninit("prefetch_to_host"));
         }
         let stream = self.pick_stream(stream)?;
-        let dst = self.ensure_host_alloc(&mut core)?;
+        let dst = self.ensure_host_alloc(&mut core, false)?;
         let dev = core.dev.clone().ok_or_else(|| self.no_device())?;
         // SAFETY: `dst` is the host mirror, valid for `size` bytes; the host is not valid, so no
         // host guard reads it, and host accesses conflict with `ToHost` and wait for the event.
@@ -562,10 +617,14 @@ impl SyncedMemory {
     // ----- internals ----------------------------------------------------------------------------
 
     fn prepare_host(&self, access: Access, overwrite: bool) -> Result<*mut u8> {
-        let mut core = self.core.lock();
+        let mut core = self.shared.core.lock();
         self.settle(&mut core, access)?;
         let ptr = if overwrite {
-            self.ensure_host_alloc(&mut core)?
+            // The first host allocation of a buffer reads as zeros whatever the accessor (code
+            // built on `host_overwrite` relies on a fresh mirror's unwritten tail being zero).
+            // Free for fresh pool blocks; a memset only for a cached block.
+            let fresh = core.valid.is_empty() && core.host.is_none();
+            self.ensure_host_alloc(&mut core, fresh)?
         } else {
             self.ensure_host_valid(&mut core)?
         };
@@ -583,7 +642,7 @@ impl SyncedMemory {
         if self.device.is_none() {
             return Err(self.no_device());
         }
-        let mut core = self.core.lock();
+        let mut core = self.shared.core.lock();
         self.settle(&mut core, access)?;
         let buf = if overwrite {
             self.ensure_dev_alloc(&mut core)?
@@ -593,6 +652,7 @@ impl SyncedMemory {
         if access == Access::DeviceWrite {
             core.valid = Valid::only(Place::Device);
         }
+        core.dev_exposed = true;
         Ok((buf, self.pick_stream(None)?))
     }
 
@@ -606,7 +666,7 @@ impl SyncedMemory {
                 .ok_or_else(|| self.no_host());
         }
         let fresh = core.valid.is_empty();
-        let dst = self.ensure_host_alloc(core)?;
+        let dst = self.ensure_host_alloc(core, fresh)?;
         if fresh {
             // First allocation out of Uninitialized: host memory comes zero-filled.
             core.valid = Valid::only(Place::Host);
@@ -653,32 +713,6 @@ impl SyncedMemory {
         Ok(dev)
     }
 
-    fn ensure_host_alloc(&self, core: &mut Core) -> Result<*mut u8> {
-        if let Some(h) = &core.host {
-            return Ok(h.ptr());
-        }
-        let mem = match (&self.device, self.pinned_host) {
-            (Some(d), true) => {
-                HostMem::Pinned(d.alloc_pinned(self.size).map_err(|e| self.named(e))?)
-            }
-            _ => HostMem::Owned(HostBlock::zeroed(self.size).map_err(|e| self.named(e))?),
-        };
-        let ptr = mem.ptr();
-        core.host = Some(mem);
-        Ok(ptr)
-    }
-
-    fn ensure_dev_alloc(&self, core: &mut Core) -> Result<Arc<DeviceBuffer>> {
-        if let Some(d) = &core.dev {
-            return Ok(d.clone());
-        }
-        let device = self.device.as_ref().ok_or_else(|| self.no_device())?;
-        let buf = Arc::new(device.alloc(self.size).map_err(|e| self.named(e))?);
-        core.dev = Some(buf.clone());
-        core.dev_owned = true;
-        Ok(buf)
-    }
-
     /// Settles pending work: waits for it when `access` conflicts, else settles it only if done.
     fn settle(&self, core: &mut Core, access: Access) -> Result<()> {
         match &core.pending {
@@ -698,18 +732,12 @@ impl SyncedMemory {
     }
 
     fn finish_pending(&self, core: &mut Core) -> Result<()> {
-        if let Some(p) = core.pending.take() {
-            p.event.wait()?;
-            if let Some(place) = p.kind.lands_on() {
-                core.valid = core.valid.with(place);
-            }
-        }
-        Ok(())
+        core.finish_pending()
     }
 
     fn adopt_host(&self, mem: HostMem) -> Result<()> {
-        let _lock = self.access.write();
-        let mut core = self.core.lock();
+        let _lock = self.shared.access.write();
+        let mut core = self.shared.core.lock();
         self.finish_pending(&mut core)?;
         core.host = Some(mem);
         core.valid = Valid::only(Place::Host);
@@ -717,7 +745,7 @@ impl SyncedMemory {
     }
 
     pub(crate) fn set_pending_work(&self, event: Event) {
-        let mut core = self.core.lock();
+        let mut core = self.shared.core.lock();
         // A newer event on a stream covers what came before it on that stream only; keep the
         // older one waited for first.
         if let Some(old) = core.pending.take() {
@@ -806,10 +834,13 @@ impl SyncedMemory {
 
 impl Drop for SyncedMemory {
     fn drop(&mut self) {
+        let mut core = self.shared.core.lock();
         // A transfer in flight still uses the mirrors: wait before freeing them.
-        if let Some(p) = self.core.get_mut().pending.take() {
+        if let Some(p) = core.pending.take() {
             let _ = p.event.wait();
         }
+        core.release_device(self.device.as_ref());
+        core.host = None;
     }
 }
 

@@ -1,0 +1,502 @@
+//! Pool configuration: the pool kinds, their sizes and limits, and the environment variables
+//! that select them (in the spirit of `PYTORCH_CUDA_ALLOC_CONF`).
+//!
+//! | variable | applies to | value |
+//! |---|---|---|
+//! | `SYNCMEM_DEVICE_POOL` | every device pool | `none`, `binned` or `caching` (default) |
+//! | `SYNCMEM_POOL_CONF` | every device pool | `key=value` list, see [`PoolConfig::apply`] |
+//! | `SYNCMEM_HOST_POOL` / `SYNCMEM_HOST_POOL_CONF` | the host pool | as above |
+//! | `SYNCMEM_PINNED_POOL` / `SYNCMEM_PINNED_POOL_CONF` | every pinned host pool | as above |
+//!
+//! Example: `SYNCMEM_DEVICE_POOL=caching SYNCMEM_POOL_CONF="memory_cap=64MiB,max_split_size_mb=256"`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::{Error, Result};
+
+/// Selects the device pool kind (`none`, `binned`, `caching`).
+pub const DEVICE_POOL_ENV: &str = "SYNCMEM_DEVICE_POOL";
+/// Options of the device pools (`key=value,key=value`).
+pub const DEVICE_POOL_CONF_ENV: &str = "SYNCMEM_POOL_CONF";
+/// Selects the host pool kind.
+pub const HOST_POOL_ENV: &str = "SYNCMEM_HOST_POOL";
+/// Options of the host pool.
+pub const HOST_POOL_CONF_ENV: &str = "SYNCMEM_HOST_POOL_CONF";
+/// Selects the pinned host pool kind.
+pub const PINNED_POOL_ENV: &str = "SYNCMEM_PINNED_POOL";
+/// Options of the pinned host pools.
+pub const PINNED_POOL_CONF_ENV: &str = "SYNCMEM_PINNED_POOL_CONF";
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const TIB: u64 = 1 << 40;
+
+/// How a pool serves requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PoolKind {
+    /// No caching: every request is one backend allocation, freed when released.
+    None,
+    /// CUB's caching allocator: geometric bins, reuse within a bin, no splitting.
+    Binned,
+    /// PyTorch's caching allocator: best fit with block splitting and merging.
+    #[default]
+    Caching,
+}
+
+impl PoolKind {
+    /// `none`, `binned` or `caching`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolKind::None => "none",
+            PoolKind::Binned => "binned",
+            PoolKind::Caching => "caching",
+        }
+    }
+}
+
+impl fmt::Display for PoolKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for PoolKind {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "none" | "off" | "direct" => Ok(PoolKind::None),
+            "binned" | "cub" => Ok(PoolKind::Binned),
+            "caching" | "native" | "thc" | "" => Ok(PoolKind::Caching),
+            other => Err(invalid(
+                "pool kind",
+                format!("{other:?}: expected none, binned or caching"),
+            )),
+        }
+    }
+}
+
+/// A limit on the memory a device (or the host) may reserve.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MemoryCap {
+    /// At most this many bytes.
+    Bytes(u64),
+    /// At most this fraction (0, 1] of the memory the device reports.
+    Fraction(f64),
+}
+
+impl MemoryCap {
+    /// The cap in bytes for a device with `total` bytes of memory.
+    pub fn resolve(self, total: u64) -> u64 {
+        match self {
+            MemoryCap::Bytes(b) => b,
+            MemoryCap::Fraction(f) => (total as f64 * f) as u64,
+        }
+    }
+}
+
+/// Everything a pool can be told. Build with [`PoolConfig::new`] (or `default()`, a caching
+/// pool) and the `with_*` methods, or from a `key=value` list with [`PoolConfig::apply`].
+///
+/// The defaults are PyTorch's (caching) and those the issue asks of CUB's allocator (binned:
+/// growth 8, bins 8^3 B to 8^10 B, 10 GiB cached at most).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct PoolConfig {
+    /// The kind of pool.
+    pub kind: PoolKind,
+    /// Caching: every request is rounded up to a multiple of this (a power of two; devices raise
+    /// it to their sub-buffer alignment). Default 512 B.
+    pub round: usize,
+    /// Caching: requests up to this size use the small pool. Default 1 MiB.
+    pub small_size: usize,
+    /// Caching: segment size of the small pool. Default 2 MiB.
+    pub small_segment: usize,
+    /// Caching: segment size for large requests below [`PoolConfig::large_segment_limit`].
+    /// Default 20 MiB.
+    pub large_segment: usize,
+    /// Caching: large requests from this size get a segment of their own size rounded up to
+    /// [`PoolConfig::segment_round`]. Default 10 MiB.
+    pub large_segment_limit: usize,
+    /// Caching: rounding of segments for big requests. Default 2 MiB.
+    pub segment_round: usize,
+    /// Caching: blocks larger than this are never split (`None`: no limit, the default). Must
+    /// exceed [`PoolConfig::large_segment`].
+    pub max_split_size: Option<usize>,
+    /// Caching: with a split limit, a request above it may take an unsplittable block at most
+    /// this much larger than itself. Default 20 MiB.
+    pub max_non_split_rounding: usize,
+    /// Binned: ratio between consecutive bin sizes. Default 8.
+    pub bin_growth: u32,
+    /// Binned: smallest bin is `bin_growth^min_bin` bytes. Default 3 (512 B).
+    pub min_bin: u32,
+    /// Binned: largest bin is `bin_growth^max_bin` bytes; larger requests are not cached.
+    /// Default 10 (1 GiB).
+    pub max_bin: u32,
+    /// Most bytes kept in free cached blocks; above it, freed memory goes back to the backend.
+    /// `None`: the kind's default (binned 10 GiB, caching unlimited).
+    pub max_cached_bytes: Option<u64>,
+    /// Most bytes the pool (plus direct allocations of the same device) may reserve. `None`:
+    /// only the backend limits it.
+    pub memory_cap: Option<MemoryCap>,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self::new(PoolKind::Caching)
+    }
+}
+
+impl PoolConfig {
+    /// The defaults for a pool of `kind`.
+    pub fn new(kind: PoolKind) -> Self {
+        Self {
+            kind,
+            round: 512,
+            small_size: MIB as usize,
+            small_segment: 2 * MIB as usize,
+            large_segment: 20 * MIB as usize,
+            large_segment_limit: 10 * MIB as usize,
+            segment_round: 2 * MIB as usize,
+            max_split_size: None,
+            max_non_split_rounding: 20 * MIB as usize,
+            bin_growth: 8,
+            min_bin: 3,
+            max_bin: 10,
+            max_cached_bytes: None,
+            memory_cap: None,
+        }
+    }
+
+    /// Sets the memory cap.
+    pub fn with_memory_cap(mut self, cap: MemoryCap) -> Self {
+        self.memory_cap = Some(cap);
+        self
+    }
+
+    /// Sets the split limit of the caching pool.
+    pub fn with_max_split_size(mut self, bytes: usize) -> Self {
+        self.max_split_size = Some(bytes);
+        self
+    }
+
+    /// Sets the cap on cached free bytes.
+    pub fn with_max_cached_bytes(mut self, bytes: u64) -> Self {
+        self.max_cached_bytes = Some(bytes);
+        self
+    }
+
+    /// Sets the geometric bins of the binned pool.
+    pub fn with_bins(mut self, growth: u32, min_bin: u32, max_bin: u32) -> Self {
+        self.bin_growth = growth;
+        self.min_bin = min_bin;
+        self.max_bin = max_bin;
+        self
+    }
+
+    /// The cap on cached free bytes in effect (the kind's default when unset).
+    pub fn effective_max_cached_bytes(&self) -> u64 {
+        match (self.max_cached_bytes, self.kind) {
+            (Some(b), _) => b,
+            (None, PoolKind::Binned) => 10 * GIB,
+            (None, _) => u64::MAX,
+        }
+    }
+
+    /// Checks that the sizes fit together.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the offending option.
+    pub fn validate(&self) -> Result<()> {
+        let pow2 = |v: usize, what: &str| {
+            if v == 0 || !v.is_power_of_two() {
+                Err(invalid(what, format!("{v} is not a power of two")))
+            } else {
+                Ok(())
+            }
+        };
+        pow2(self.round, "round")?;
+        for (v, what) in [
+            (self.small_segment, "small_segment"),
+            (self.large_segment, "large_segment"),
+            (self.segment_round, "segment_round"),
+        ] {
+            if v == 0 || v % self.round != 0 {
+                return Err(invalid(
+                    what,
+                    format!("{v} is not a positive multiple of round ({})", self.round),
+                ));
+            }
+        }
+        if self.small_segment < self.small_size {
+            return Err(invalid("small_segment", "smaller than small_size".into()));
+        }
+        if self.large_segment < self.large_segment_limit {
+            return Err(invalid(
+                "large_segment",
+                "smaller than large_segment_limit".into(),
+            ));
+        }
+        if let Some(m) = self.max_split_size {
+            if m <= self.large_segment {
+                return Err(invalid(
+                    "max_split_size",
+                    format!("{m} must exceed large_segment ({})", self.large_segment),
+                ));
+            }
+        }
+        if self.bin_growth < 2 {
+            return Err(invalid("bin_growth", "must be at least 2".into()));
+        }
+        if self.min_bin > self.max_bin {
+            return Err(invalid("min_bin", "greater than max_bin".into()));
+        }
+        if u64::from(self.bin_growth)
+            .checked_pow(self.max_bin)
+            .map_or(true, |b| b > isize::MAX as u64)
+        {
+            return Err(invalid("max_bin", "bin_growth^max_bin overflows".into()));
+        }
+        if let Some(MemoryCap::Fraction(f)) = self.memory_cap {
+            if !(f > 0.0 && f <= 1.0) {
+                return Err(invalid("memory_cap", format!("fraction {f} not in (0, 1]")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies a `key=value` list (`,` or `;` between items, `=` or `:` between key and value;
+    /// keys ending in `_mb` take a number of MiB, as in PyTorch). Sizes take binary units
+    /// (`512`, `64k`, `64KiB`, `20MB`, `1G`). Keys: `kind`, `round`, `small_size`,
+    /// `small_segment`, `large_segment`, `large_segment_limit`, `segment_round`,
+    /// `max_split_size` (or `unlimited`), `max_non_split_rounding`, `bin_growth`, `min_bin`,
+    /// `max_bin`, `max_cached_bytes` (or `unlimited`), `memory_cap` (bytes, a fraction such as
+    /// `0.5`, a percentage such as `50%`, or `none`). The result is validated.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for an unknown key or a bad value.
+    pub fn apply(mut self, list: &str) -> Result<Self> {
+        for item in list
+            .split([',', ';'])
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+        {
+            let (key, value) = item
+                .split_once(['=', ':'])
+                .ok_or_else(|| invalid(item, "expected key=value".into()))?;
+            self.set(key.trim(), value.trim())?;
+        }
+        self.validate()?;
+        Ok(self)
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let key = key.to_ascii_lowercase();
+        let (name, mib) = match key.strip_suffix("_mb") {
+            Some(n) => (n, true),
+            None => (key.as_str(), false),
+        };
+        let size = || -> Result<usize> {
+            let v = if mib {
+                value
+                    .parse::<u64>()
+                    .ok()
+                    .and_then(|v| v.checked_mul(MIB))
+                    .ok_or_else(|| invalid(&key, format!("{value:?} is not a number of MiB")))?
+            } else {
+                parse_size(value).map_err(|r| invalid(&key, r))?
+            };
+            usize::try_from(v).map_err(|_| invalid(&key, "too large".into()))
+        };
+        let unlimited = matches!(
+            value.to_ascii_lowercase().as_str(),
+            "unlimited" | "none" | "off" | "max"
+        );
+        let small = |v: &str| -> Result<u32> {
+            v.parse()
+                .map_err(|_| invalid(&key, format!("{v:?} is not a small integer")))
+        };
+        match name {
+            "kind" | "backend" | "pool" => self.kind = value.parse()?,
+            "round" => self.round = size()?,
+            "small_size" => self.small_size = size()?,
+            "small_segment" => self.small_segment = size()?,
+            "large_segment" => self.large_segment = size()?,
+            "large_segment_limit" => self.large_segment_limit = size()?,
+            "segment_round" => self.segment_round = size()?,
+            "max_split_size" => self.max_split_size = (!unlimited).then(size).transpose()?,
+            "max_non_split_rounding" => self.max_non_split_rounding = size()?,
+            "bin_growth" => self.bin_growth = small(value)?,
+            "min_bin" => self.min_bin = small(value)?,
+            "max_bin" => self.max_bin = small(value)?,
+            "max_cached_bytes" => {
+                self.max_cached_bytes = (!unlimited).then(size).transpose()?.map(|v| v as u64)
+            }
+            "memory_cap" | "cap" => {
+                self.memory_cap = if unlimited {
+                    None
+                } else if mib {
+                    Some(MemoryCap::Bytes(size()? as u64))
+                } else {
+                    Some(parse_cap(value).map_err(|r| invalid(&key, r))?)
+                }
+            }
+            _ => return Err(invalid(&key, "unknown option".into())),
+        }
+        Ok(())
+    }
+
+    /// The configuration named by a kind variable and an option-list variable: the defaults of
+    /// the kind (caching when unset), then the options. Pure: see [`PoolConfig::from_env`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a bad kind or option.
+    pub fn from_vars(kind: Option<&str>, conf: Option<&str>) -> Result<Self> {
+        let kind = match kind {
+            Some(k) => k.parse()?,
+            None => PoolKind::Caching,
+        };
+        Self::new(kind).apply(conf.unwrap_or(""))
+    }
+
+    /// [`PoolConfig::from_vars`] with the values of the environment variables `kind_var` and
+    /// `conf_var` (e.g. [`DEVICE_POOL_ENV`] and [`DEVICE_POOL_CONF_ENV`]).
+    ///
+    /// # Errors
+    /// As [`PoolConfig::from_vars`]; the message names the variable.
+    pub fn from_env(kind_var: &str, conf_var: &str) -> Result<Self> {
+        let k = std::env::var(kind_var).ok();
+        let c = std::env::var(conf_var).ok();
+        Self::from_vars(k.as_deref(), c.as_deref()).map_err(|e| match e {
+            Error::InvalidConfig { what, reason } => Error::InvalidConfig {
+                what: format!("{what} (from {kind_var} / {conf_var})"),
+                reason,
+            },
+            e => e,
+        })
+    }
+}
+
+fn invalid(what: &str, reason: String) -> Error {
+    Error::InvalidConfig {
+        what: what.to_string(),
+        reason,
+    }
+}
+
+/// Parses `512`, `64k`, `64KiB`, `20MB`, `1.5G` (binary units) into bytes.
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => KIB,
+        "m" | "mb" | "mib" => MIB,
+        "g" | "gb" | "gib" => GIB,
+        "t" | "tb" | "tib" => TIB,
+        u => return Err(format!("{s:?}: unknown unit {u:?}")),
+    };
+    if let Ok(n) = num.parse::<u64>() {
+        return n
+            .checked_mul(mult)
+            .ok_or_else(|| format!("{s:?} overflows"));
+    }
+    match num.parse::<f64>() {
+        Ok(f) if f.is_finite() && f >= 0.0 && f * (mult as f64) < u64::MAX as f64 => {
+            Ok((f * mult as f64) as u64)
+        }
+        _ => Err(format!("{s:?} is not a size")),
+    }
+}
+
+fn parse_cap(s: &str) -> std::result::Result<MemoryCap, String> {
+    let t = s.trim();
+    if let Some(p) = t.strip_suffix('%') {
+        let f: f64 = p
+            .trim()
+            .parse()
+            .map_err(|_| format!("{s:?} is not a percentage"))?;
+        return Ok(MemoryCap::Fraction(f / 100.0));
+    }
+    if t.contains('.') && t.parse::<f64>().is_ok_and(|f| f <= 1.0) {
+        return Ok(MemoryCap::Fraction(t.parse().unwrap_or(1.0)));
+    }
+    parse_size(t).map(MemoryCap::Bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_pytorch_and_cub() {
+        let c = PoolConfig::default();
+        assert_eq!(c.kind, PoolKind::Caching);
+        assert_eq!((c.round, c.small_size), (512, 1 << 20));
+        assert_eq!((c.small_segment, c.large_segment), (2 << 20, 20 << 20));
+        assert_eq!(c.effective_max_cached_bytes(), u64::MAX);
+        let b = PoolConfig::new(PoolKind::Binned);
+        assert_eq!((b.bin_growth, b.min_bin, b.max_bin), (8, 3, 10));
+        assert_eq!(b.effective_max_cached_bytes(), 10 << 30);
+        c.validate().unwrap();
+        b.validate().unwrap();
+    }
+
+    #[test]
+    fn env_style_lists_parse() {
+        let c = PoolConfig::from_vars(
+            Some("binned"),
+            Some("bin_growth=4; min_bin:2, max_bin=12,max_cached_bytes=1GiB,memory_cap=64MiB"),
+        )
+        .unwrap();
+        assert_eq!(c.kind, PoolKind::Binned);
+        assert_eq!((c.bin_growth, c.min_bin, c.max_bin), (4, 2, 12));
+        assert_eq!(c.max_cached_bytes, Some(1 << 30));
+        assert_eq!(c.memory_cap, Some(MemoryCap::Bytes(64 << 20)));
+        let c = PoolConfig::from_vars(None, Some("max_split_size_mb:256,memory_cap=50%")).unwrap();
+        assert_eq!(c.kind, PoolKind::Caching);
+        assert_eq!(c.max_split_size, Some(256 << 20));
+        assert_eq!(c.memory_cap, Some(MemoryCap::Fraction(0.5)));
+        assert_eq!(c.memory_cap.unwrap().resolve(1000), 500);
+        let c = PoolConfig::from_vars(Some("NONE"), Some("cap=0.25")).unwrap();
+        assert_eq!(c.kind, PoolKind::None);
+        assert_eq!(c.memory_cap, Some(MemoryCap::Fraction(0.25)));
+        let c = PoolConfig::from_vars(None, Some("kind=binned,max_split_size=unlimited")).unwrap();
+        assert_eq!((c.kind, c.max_split_size), (PoolKind::Binned, None));
+    }
+
+    #[test]
+    fn bad_input_is_a_typed_error() {
+        for (k, c) in [
+            (Some("fancy"), None),
+            (None, Some("bogus=1")),
+            (None, Some("round=3")),
+            (None, Some("round")),
+            (None, Some("max_split_size=1MiB")),
+            (None, Some("memory_cap=150%")),
+            (None, Some("memory_cap=12 parsecs")),
+            (None, Some("bin_growth=1")),
+            (None, Some("max_bin=99")),
+            (None, Some("min_bin=5,max_bin=4")),
+            (None, Some("small_segment=512k")),
+        ] {
+            let e = PoolConfig::from_vars(k, c).unwrap_err();
+            assert!(matches!(e, Error::InvalidConfig { .. }), "{k:?} {c:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn sizes_with_units() {
+        assert_eq!(parse_size("512"), Ok(512));
+        assert_eq!(parse_size("64k"), Ok(64 << 10));
+        assert_eq!(parse_size("2 MiB"), Ok(2 << 20));
+        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
+        assert!(parse_size("x").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+}

@@ -1,0 +1,234 @@
+//! The host pool: cached host memory for [`crate::SyncedMemory`] host mirrors.
+//!
+//! Large host buffers come from `mmap` and go back to the kernel on every free (glibc above its
+//! mmap threshold), so reallocating a 64 MiB buffer pays ~16k page faults again (~45 ms on the
+//! project's machines, `reference/platform.md` section 3). The host pool keeps freed blocks: a
+//! reuse is a cache hit at the same address with the pages already faulted.
+//!
+//! Zeroing: segments come from `calloc` (fresh zero pages, nothing touched), so a block that
+//! was never handed out is known to be zero ([`HostAllocation::was_zeroed`]); a reused block
+//! holds the bytes of its previous user (always initialised memory). Callers that need zeros
+//! call [`HostAllocation::zero`], which writes only when the block is not known to be zero.
+//!
+//! The process-wide pool ([`HostPool::global`]) is configured by `SYNCMEM_HOST_POOL` and
+//! `SYNCMEM_HOST_POOL_CONF` (see [`super::config`]); [`HostPool::new`] makes private ones.
+
+use std::sync::{Arc, OnceLock};
+
+use super::config::{PoolConfig, HOST_POOL_CONF_ENV, HOST_POOL_ENV};
+use super::{Budget, Lease, Pool, PoolStats, HOST_STREAM};
+use crate::alloc::stats::HOST;
+use crate::alloc::{HostBlock, HOST_ALIGN};
+use crate::error::{Error, Result};
+
+/// A pool of host memory (64-byte aligned, initialised bytes).
+#[derive(Debug, Clone)]
+pub struct HostPool {
+    pool: Arc<Pool<HostBlock>>,
+    /// Whether allocations count in the process-wide host counters (`syncmem::stats().host`).
+    counted: bool,
+}
+
+static GLOBAL: OnceLock<std::result::Result<HostPool, (String, String)>> = OnceLock::new();
+
+impl HostPool {
+    /// The process-wide host pool, configured from the environment on first use.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] when `SYNCMEM_HOST_POOL` / `SYNCMEM_HOST_POOL_CONF` are invalid
+    /// (every call reports it).
+    pub fn global() -> Result<&'static HostPool> {
+        let r = GLOBAL.get_or_init(|| {
+            PoolConfig::from_env(HOST_POOL_ENV, HOST_POOL_CONF_ENV)
+                .and_then(|c| Self::build("host", c, true))
+                .map_err(|e| match e {
+                    Error::InvalidConfig { what, reason } => (what, reason),
+                    e => ("host pool".to_string(), e.to_string()),
+                })
+        });
+        r.as_ref().map_err(|(what, reason)| Error::InvalidConfig {
+            what: what.clone(),
+            reason: reason.clone(),
+        })
+    }
+
+    /// The global pool if it was created already (does not read the environment).
+    pub(crate) fn global_if_initialised() -> Option<&'static HostPool> {
+        GLOBAL.get().and_then(|r| r.as_ref().ok())
+    }
+
+    /// A private host pool (its own cache and statistics; not counted in the process-wide host
+    /// counters). A [`PoolConfig::memory_cap`] fraction is of the machine's memory.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] when the configuration does not validate.
+    pub fn new(label: impl Into<String>, config: PoolConfig) -> Result<Self> {
+        Self::build(label, config, false)
+    }
+
+    fn build(label: impl Into<String>, config: PoolConfig, counted: bool) -> Result<Self> {
+        let total = crate::Device::cpu().info().total_memory;
+        let cap = config.memory_cap.map(|c| c.resolve(total));
+        let budget = Arc::new(Budget::new(cap));
+        Ok(Self {
+            pool: Pool::new(label, config, budget, isize::MAX as usize)?,
+            counted,
+        })
+    }
+
+    /// Allocates `len` bytes. The contents are initialised but unspecified: zero when
+    /// [`HostAllocation::was_zeroed`], else the bytes of an earlier user. `len == 0` allocates
+    /// nothing.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] (the system allocator or the pool's cap refused),
+    /// [`Error::SizeOverflow`].
+    pub fn alloc(&self, len: usize) -> Result<HostAllocation> {
+        if len == 0 {
+            return Ok(HostAllocation {
+                lease: None,
+                len: 0,
+                counted: false,
+            });
+        }
+        let source = |bytes: usize| HostBlock::zeroed_uncounted(bytes);
+        // Out of memory: give the cache back to the system and try once more.
+        let lease = match self.pool.alloc(len, HOST_STREAM, &source) {
+            Err(e) if e.is_out_of_memory() && self.pool.empty_cache() > 0 => {
+                self.pool.note_retry();
+                self.pool.alloc(len, HOST_STREAM, &source)
+            }
+            r => r,
+        }
+        .map_err(|e| match e {
+            Error::OutOfMemory {
+                requested, detail, ..
+            } => Error::OutOfMemory {
+                device: "host".into(),
+                requested,
+                detail,
+            },
+            e => e,
+        })?;
+        if self.counted {
+            HOST.on_alloc(len);
+        }
+        Ok(HostAllocation {
+            lease: Some(lease),
+            len,
+            counted: self.counted,
+        })
+    }
+
+    /// Statistics of the pool.
+    pub fn stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// Releases cached free segments (see [`Pool::trim`]). Returns the bytes released.
+    pub fn trim(&self) -> u64 {
+        self.pool.trim()
+    }
+
+    /// Releases every cached free segment (see [`Pool::empty_cache`]).
+    pub fn empty_cache(&self) -> u64 {
+        self.pool.empty_cache()
+    }
+
+    /// Resets the peak statistics.
+    pub fn reset_peak(&self) {
+        self.pool.reset_peak()
+    }
+
+    /// The pool underneath (e.g. to attach an observer).
+    pub fn pool(&self) -> &Arc<Pool<HostBlock>> {
+        &self.pool
+    }
+}
+
+/// A block of host memory from a [`HostPool`]: 64-byte aligned, `len()` initialised bytes.
+/// Goes back to its pool when dropped.
+pub struct HostAllocation {
+    lease: Option<Lease<HostBlock>>,
+    len: usize,
+    counted: bool,
+}
+
+impl HostAllocation {
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Start of the memory (aligned dangling when empty).
+    pub fn as_ptr(&self) -> *mut u8 {
+        match &self.lease {
+            // SAFETY: the block lies inside its segment (offset + block size <= segment size),
+            // so the offset pointer stays within the segment's allocation.
+            Some(l) => unsafe { l.segment().as_ptr().add(l.offset()) },
+            None => HOST_ALIGN as *mut u8,
+        }
+    }
+
+    /// True when the bytes are known to be zero (a fresh segment's, never handed out before).
+    pub fn was_zeroed(&self) -> bool {
+        self.lease.as_ref().map_or(true, |l| l.zeroed())
+    }
+
+    /// Makes every byte zero, writing only when they are not known to be zero already.
+    /// Returns whether it wrote.
+    pub fn zero(&mut self) -> bool {
+        if self.was_zeroed() {
+            return false;
+        }
+        self.as_mut_slice().fill(0);
+        true
+    }
+
+    /// Bytes the block occupies in its pool (the request rounded up).
+    pub fn block_size(&self) -> usize {
+        self.lease.as_ref().map_or(0, |l| l.block_size())
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: the block is `len` bytes of a live segment (kept alive by the lease), its
+        // bytes are initialised (calloc'ed, or written by earlier users), no other lease covers
+        // them, and `&self` excludes writers through this value.
+        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len) }
+    }
+
+    /// The bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as in `as_slice`; `&mut self` gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for HostAllocation {
+    fn drop(&mut self) {
+        if self.lease.take().is_some() && self.counted {
+            HOST.on_free(self.len);
+        }
+    }
+}
+
+impl std::fmt::Debug for HostAllocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostAllocation")
+            .field("len", &self.len)
+            .field("block_size", &self.block_size())
+            .finish()
+    }
+}

@@ -1,0 +1,556 @@
+//! Caching memory pools over an abstract segment source.
+//!
+//! A [`Pool`] hands out blocks ([`Lease`]s) carved from *segments* that a [`SegmentSource`]
+//! makes (host memory, pinned host memory, device memory: the pool never touches the bytes).
+//! Three kinds ([`PoolKind`]):
+//!
+//! | kind | model | reuse |
+//! |---|---|---|
+//! | `caching` (default) | PyTorch's CUDA caching allocator | best fit, split, merge |
+//! | `binned` | CUB's `CachingDeviceAllocator` | same geometric bin only |
+//! | `none` | direct allocation | never |
+//!
+//! # Stream-ordered reuse
+//!
+//! Allocations name a stream ([`StreamId`]); a lease may record uses still in flight
+//! ([`Lease::add_pending`]: a stream and a [`Fence`], e.g. an [`crate::Event`] recorded when the
+//! block was freed). A freed block is reused at once by work on the stream of its pending uses
+//! (streams run in order), and by other streams only once the fences have completed.
+//!
+//! # Limits
+//!
+//! A [`Budget`] (the memory cap) is charged for every segment before the backend is asked, so a
+//! cap holds exactly even on backends that allocate lazily (PoCL). Cached free segments are
+//! given back by [`Pool::trim`] (no waiting) and [`Pool::empty_cache`] (waits for fences), and
+//! beyond [`PoolConfig::max_cached_bytes`] after each free.
+//!
+//! # Statistics and tracing
+//!
+//! Every pool keeps [`PoolStats`]; a [`PoolObserver`] sees every allocation, free, segment and
+//! out-of-memory event (the hook a trace recorder attaches to).
+
+mod arena;
+mod binned;
+pub mod config;
+pub(crate) mod device;
+pub(crate) mod evict;
+pub mod host;
+mod lease;
+pub mod stats;
+mod strategy;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+pub use config::{MemoryCap, PoolConfig, PoolKind};
+pub use evict::LiveBuffer;
+pub use host::{HostAllocation, HostPool};
+pub use lease::Lease;
+pub use stats::{Gauge, PoolStats};
+
+use crate::alloc::stats::human_bytes;
+use crate::error::{Error, Result};
+use stats::Counters;
+use strategy::Core;
+
+/// Identifies a stream for stream-ordered reuse; [`HOST_STREAM`] for host-side memory.
+pub type StreamId = u64;
+/// The stream of host allocations (no device work orders them).
+pub const HOST_STREAM: StreamId = 0;
+
+pub(crate) type BlockId = u64;
+pub(crate) type SegId = u64;
+
+/// Something that completes: work in flight on a block.
+pub trait Fence: Send + Sync {
+    /// True once the work has completed. Never blocks for the work (it may queue a marker). An
+    /// error of the work counts as completed (it no longer runs).
+    fn is_complete(&self) -> bool;
+    /// Blocks until the work has completed.
+    fn wait(&self);
+    /// A cheap check used to prune pending uses: may say `false` for work that is done when
+    /// finding out would cost something (a lazily recorded event not recorded yet).
+    fn poll(&self) -> bool {
+        self.is_complete()
+    }
+}
+
+impl Fence for crate::device::Event {
+    fn is_complete(&self) -> bool {
+        crate::device::Event::is_complete(self).unwrap_or(true)
+    }
+    fn wait(&self) {
+        let _ = crate::device::Event::wait(self);
+    }
+}
+
+/// A use of a block still in flight on a stream.
+#[derive(Clone)]
+pub(crate) struct PendingUse {
+    /// The stream the work was queued on.
+    pub(crate) stream: StreamId,
+    /// Completes when the work is done.
+    pub(crate) fence: Arc<dyn Fence>,
+    /// Order of creation: on one (in-order) stream a newer fence covers every older one.
+    pub(crate) seq: u64,
+}
+
+static NEXT_PENDING: AtomicU64 = AtomicU64::new(0);
+
+impl PendingUse {
+    pub(crate) fn new(stream: StreamId, fence: Arc<dyn Fence>) -> Self {
+        Self {
+            stream,
+            fence,
+            seq: NEXT_PENDING.fetch_add(1, Relaxed),
+        }
+    }
+}
+
+/// Adds `more` to `into`, keeping only the newest fence per stream and dropping completed ones
+/// (cheaply: see [`Fence::poll`]). Lists stay as short as the number of streams involved.
+pub(crate) fn merge_pending(into: &mut Vec<PendingUse>, more: Vec<PendingUse>) {
+    for p in more {
+        match into.iter_mut().find(|q| q.stream == p.stream) {
+            Some(q) if q.seq < p.seq => *q = p,
+            Some(_) => {}
+            None => into.push(p),
+        }
+    }
+    into.retain(|p| !p.fence.poll());
+}
+
+/// True when a block with these pending uses may be handed to work on `stream`.
+pub(crate) fn usable_by(pending: &[PendingUse], stream: StreamId) -> bool {
+    pending
+        .iter()
+        .all(|p| p.stream == stream || p.fence.is_complete())
+}
+
+/// Makes segments: the backend call behind a pool.
+pub trait SegmentSource<T> {
+    /// Allocates a segment of `bytes` bytes.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] (or any other error, passed through unchanged).
+    fn alloc_segment(&self, bytes: usize) -> Result<T>;
+}
+
+impl<T, F: Fn(usize) -> Result<T>> SegmentSource<T> for F {
+    fn alloc_segment(&self, bytes: usize) -> Result<T> {
+        self(bytes)
+    }
+}
+
+/// A byte budget shared by a pool's segments and direct allocations of the same memory.
+#[derive(Debug)]
+pub struct Budget {
+    cap: AtomicU64,
+    used: AtomicU64,
+}
+
+impl Budget {
+    /// A budget of `cap` bytes (`None`: unlimited).
+    pub fn new(cap: Option<u64>) -> Self {
+        Self {
+            cap: AtomicU64::new(cap.unwrap_or(u64::MAX)),
+            used: AtomicU64::new(0),
+        }
+    }
+
+    /// The cap, if any.
+    pub fn cap(&self) -> Option<u64> {
+        Some(self.cap.load(Relaxed)).filter(|&c| c != u64::MAX)
+    }
+
+    /// Changes the cap (bytes already charged stay charged).
+    pub fn set_cap(&self, cap: Option<u64>) {
+        self.cap.store(cap.unwrap_or(u64::MAX), Relaxed);
+    }
+
+    /// Bytes charged now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Relaxed)
+    }
+
+    /// Charges `n` bytes if they fit under the cap.
+    pub fn try_take(&self, n: u64) -> bool {
+        let cap = self.cap.load(Relaxed);
+        self.used
+            .fetch_update(Relaxed, Relaxed, |u| u.checked_add(n).filter(|&t| t <= cap))
+            .is_ok()
+    }
+
+    /// Gives back `n` charged bytes.
+    pub fn give(&self, n: u64) {
+        let _ = self
+            .used
+            .fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(n)));
+    }
+}
+
+/// What a pool tells its observer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PoolEvent {
+    /// A block was handed out.
+    Alloc {
+        /// Bytes asked for.
+        requested: usize,
+        /// Block size.
+        size: usize,
+        /// Served from cached memory.
+        cache_hit: bool,
+    },
+    /// A block was given back.
+    Free {
+        /// Block size.
+        size: usize,
+    },
+    /// A segment was made by the backend.
+    SegmentAlloc {
+        /// Its size.
+        bytes: usize,
+    },
+    /// A segment was given back to the backend.
+    SegmentFree {
+        /// Its size.
+        bytes: usize,
+    },
+    /// A clean device mirror was dropped to make room.
+    Evict {
+        /// The buffer's label.
+        label: String,
+        /// Bytes freed.
+        bytes: usize,
+    },
+    /// An allocation failed for good.
+    OutOfMemory {
+        /// Bytes asked for.
+        requested: usize,
+    },
+}
+
+/// Sees a pool's events (the trace hook). Called with the pool's lock held: it must not
+/// allocate from the same pool.
+pub trait PoolObserver: Send + Sync {
+    /// One event of the pool labelled `pool`.
+    fn on_event(&self, pool: &str, event: &PoolEvent);
+}
+
+struct Inner<T> {
+    core: Core,
+    segments: HashMap<SegId, (Arc<T>, usize)>,
+    next_seg: SegId,
+    c: Counters,
+    observer: Option<Arc<dyn PoolObserver>>,
+}
+
+impl<T> Inner<T> {
+    fn emit(&self, label: &str, ev: PoolEvent) {
+        if let Some(o) = &self.observer {
+            o.on_event(label, &ev);
+        }
+    }
+}
+
+/// A caching pool of blocks carved from segments of type `T`. Thread-safe; share it in an
+/// `Arc` (leases keep their pool alive).
+pub struct Pool<T: Send + Sync + 'static> {
+    label: String,
+    config: PoolConfig,
+    max_segment: usize,
+    budget: Arc<Budget>,
+    inner: Mutex<Inner<T>>,
+}
+
+impl<T: Send + Sync + 'static> Pool<T> {
+    /// A pool labelled `label` (used in statistics and errors), charging `budget` for its
+    /// segments, whose segments never exceed `max_segment` bytes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] when the configuration does not validate.
+    pub fn new(
+        label: impl Into<String>,
+        config: PoolConfig,
+        budget: Arc<Budget>,
+        max_segment: usize,
+    ) -> Result<Arc<Self>> {
+        config.validate()?;
+        Ok(Arc::new(Self {
+            label: label.into(),
+            max_segment,
+            budget,
+            inner: Mutex::new(Inner {
+                core: Core::new(&config),
+                segments: HashMap::new(),
+                next_seg: 1,
+                c: Counters::default(),
+                observer: None,
+            }),
+            config,
+        }))
+    }
+
+    /// The pool's label.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The configuration the pool was made with.
+    pub fn config(&self) -> &PoolConfig {
+        &self.config
+    }
+
+    /// The budget (memory cap) the pool charges.
+    pub fn budget(&self) -> &Arc<Budget> {
+        &self.budget
+    }
+
+    /// Attaches (or with `None` detaches) an observer of every event.
+    pub fn set_observer(&self, observer: Option<Arc<dyn PoolObserver>>) {
+        self.inner.lock().observer = observer;
+    }
+
+    /// Hands out a block of at least `bytes` bytes for work on `stream`: a cached block when
+    /// one fits, else a new segment from `source` (charged to the budget first).
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when the budget or the backend refuses, [`Error::SizeOverflow`]
+    /// when rounding overflows, or the source's error.
+    pub fn alloc(
+        self: &Arc<Self>,
+        bytes: usize,
+        stream: StreamId,
+        source: &dyn SegmentSource<T>,
+    ) -> Result<Lease<T>> {
+        let mut inner = self.inner.lock();
+        let (rounded, seg_size) = inner.core.sizes(bytes).ok_or_else(|| Error::SizeOverflow {
+            what: format!("{bytes} bytes rounded for pool {}", self.label),
+        })?;
+        let (grant, hit) = match inner.core.find(bytes, rounded, stream) {
+            Some(g) => (g, true),
+            None => {
+                let seg_size = if seg_size > self.max_segment && rounded <= self.max_segment {
+                    rounded
+                } else {
+                    seg_size
+                };
+                if seg_size > self.max_segment {
+                    return Err(self.oom(
+                        bytes,
+                        format!(
+                            "a {seg_size}-byte segment exceeds the largest allocation ({} bytes)",
+                            self.max_segment
+                        ),
+                    ));
+                }
+                // Near the cap, a tight segment (just the block) may fit where the standard
+                // one (e.g. 20 MiB for a 2 MiB request) does not.
+                let seg_size = if self.budget.try_take(seg_size as u64) {
+                    seg_size
+                } else if rounded < seg_size && self.budget.try_take(rounded as u64) {
+                    rounded
+                } else {
+                    let cap = self.budget.cap().unwrap_or(u64::MAX);
+                    return Err(self.oom(
+                        bytes,
+                        format!(
+                            "a {} segment would exceed the cap ({} of {} used)",
+                            human_bytes(rounded as u64),
+                            human_bytes(self.budget.used()),
+                            human_bytes(cap)
+                        ),
+                    ));
+                };
+                let seg = match source.alloc_segment(seg_size) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        self.budget.give(seg_size as u64);
+                        return Err(e);
+                    }
+                };
+                let sid = inner.next_seg;
+                inner.next_seg += 1;
+                inner.segments.insert(sid, (Arc::new(seg), seg_size));
+                inner.c.backend_allocs += 1;
+                inner.c.segments += 1;
+                inner.c.reserved.add(seg_size as u64);
+                inner.emit(&self.label, PoolEvent::SegmentAlloc { bytes: seg_size });
+                (inner.core.add_segment(sid, seg_size, bytes, rounded), false)
+            }
+        };
+        inner.c.allocations += 1;
+        inner.c.cache_hits += u64::from(hit);
+        inner.c.allocated.add(grant.size as u64);
+        inner.c.requested.add(bytes as u64);
+        inner.emit(
+            &self.label,
+            PoolEvent::Alloc {
+                requested: bytes,
+                size: grant.size,
+                cache_hit: hit,
+            },
+        );
+        let segment = inner.segments[&grant.seg].0.clone();
+        Ok(Lease {
+            pool: self.clone(),
+            segment: ManuallyDrop::new(segment),
+            block: grant.block,
+            offset: grant.offset,
+            size: grant.size,
+            requested: bytes,
+            zeroed: grant.zeroed,
+            pending: Vec::new(),
+        })
+    }
+
+    fn oom(&self, bytes: usize, why: String) -> Error {
+        Error::OutOfMemory {
+            device: self.label.clone(),
+            requested: bytes,
+            detail: format!(" ({why})"),
+        }
+    }
+
+    pub(super) fn release_block(&self, lease: &mut Lease<T>) {
+        let released = {
+            let mut inner = self.inner.lock();
+            inner.c.frees += 1;
+            inner.c.allocated.sub(lease.size as u64);
+            inner.c.requested.sub(lease.requested as u64);
+            inner.emit(&self.label, PoolEvent::Free { size: lease.size });
+            let segs = inner
+                .core
+                .free(lease.block, std::mem::take(&mut lease.pending));
+            self.take_segments(&mut inner, segs)
+        };
+        self.drop_segments(released);
+    }
+
+    fn take_segments(
+        &self,
+        inner: &mut Inner<T>,
+        segs: Vec<(SegId, usize)>,
+    ) -> Vec<(Arc<T>, usize)> {
+        let mut out = Vec::with_capacity(segs.len());
+        for (sid, size) in segs {
+            if let Some(s) = inner.segments.remove(&sid) {
+                inner.c.backend_frees += 1;
+                inner.c.segments -= 1;
+                inner.c.reserved.sub(size as u64);
+                inner.emit(&self.label, PoolEvent::SegmentFree { bytes: size });
+                out.push(s);
+            }
+        }
+        out
+    }
+
+    /// Frees segments outside the lock (a backend free may synchronize), then gives back the
+    /// budget.
+    fn drop_segments(&self, segs: Vec<(Arc<T>, usize)>) -> u64 {
+        let mut bytes = 0;
+        for (seg, size) in segs {
+            drop(seg);
+            self.budget.give(size as u64);
+            bytes += size as u64;
+        }
+        bytes
+    }
+
+    /// Gives every wholly free segment whose pending uses have completed back to the backend,
+    /// without waiting. Returns the bytes released.
+    pub fn trim(&self) -> u64 {
+        self.release(false)
+    }
+
+    /// Waits for the pending uses of free blocks, then gives every wholly free segment back to
+    /// the backend. Returns the bytes released.
+    pub fn empty_cache(&self) -> u64 {
+        self.release(true)
+    }
+
+    fn release(&self, wait: bool) -> u64 {
+        let segs = {
+            let mut inner = self.inner.lock();
+            let segs = inner.core.release(wait);
+            self.take_segments(&mut inner, segs)
+        };
+        self.drop_segments(segs)
+    }
+
+    /// A reading of the statistics.
+    pub fn stats(&self) -> PoolStats {
+        let inner = self.inner.lock();
+        let c = &inner.c;
+        PoolStats {
+            label: self.label.clone(),
+            kind: self.config.kind,
+            allocated: c.allocated,
+            requested: c.requested,
+            reserved: c.reserved,
+            segments: c.segments,
+            allocations: c.allocations,
+            frees: c.frees,
+            cache_hits: c.cache_hits,
+            backend_allocs: c.backend_allocs,
+            backend_frees: c.backend_frees,
+            free_bytes: inner.core.free_bytes(),
+            largest_free_block: inner.core.largest_free(),
+            alloc_retries: c.alloc_retries,
+            ooms: c.ooms,
+            evictions: c.evictions,
+            evicted_bytes: c.evicted_bytes,
+            cap: self.budget.cap(),
+            direct_bytes: 0,
+        }
+    }
+
+    /// Resets the peaks to the current values.
+    pub fn reset_peak(&self) {
+        self.inner.lock().c.reset_peaks();
+    }
+
+    /// True when no block is handed out.
+    pub fn is_idle(&self) -> bool {
+        self.inner.lock().c.allocated.current == 0
+    }
+
+    pub(crate) fn note_retry(&self) {
+        self.inner.lock().c.alloc_retries += 1;
+    }
+
+    pub(crate) fn note_oom(&self, requested: usize) {
+        let mut inner = self.inner.lock();
+        inner.c.ooms += 1;
+        inner.emit(&self.label, PoolEvent::OutOfMemory { requested });
+    }
+
+    pub(crate) fn note_eviction(&self, label: &str, bytes: usize) {
+        let mut inner = self.inner.lock();
+        inner.c.evictions += 1;
+        inner.c.evicted_bytes += bytes as u64;
+        inner.emit(
+            &self.label,
+            PoolEvent::Evict {
+                label: label.to_string(),
+                bytes,
+            },
+        );
+    }
+}
+
+impl<T: Send + Sync + 'static> std::fmt::Debug for Pool<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("label", &self.label)
+            .field("kind", &self.config.kind)
+            .finish()
+    }
+}

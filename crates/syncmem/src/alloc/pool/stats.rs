@@ -1,0 +1,226 @@
+//! Statistics of one pool: bytes (current and peak), counts, cache hits, backend calls, the
+//! largest free block and fragmentation.
+
+use std::fmt;
+
+use super::config::PoolKind;
+use crate::alloc::stats::human_bytes;
+
+/// A byte count with its high-water mark.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Gauge {
+    /// Bytes now.
+    pub current: u64,
+    /// Highest `current` since creation or the last peak reset.
+    pub peak: u64,
+}
+
+impl Gauge {
+    pub(crate) fn add(&mut self, n: u64) {
+        self.current = self.current.saturating_add(n);
+        self.peak = self.peak.max(self.current);
+    }
+
+    pub(crate) fn sub(&mut self, n: u64) {
+        self.current = self.current.saturating_sub(n);
+    }
+
+    pub(crate) fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+}
+
+/// Live counters of a pool, kept under the pool's lock.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) allocated: Gauge,
+    pub(crate) requested: Gauge,
+    pub(crate) reserved: Gauge,
+    pub(crate) segments: u64,
+    pub(crate) allocations: u64,
+    pub(crate) frees: u64,
+    pub(crate) cache_hits: u64,
+    pub(crate) backend_allocs: u64,
+    pub(crate) backend_frees: u64,
+    pub(crate) alloc_retries: u64,
+    pub(crate) ooms: u64,
+    pub(crate) evictions: u64,
+    pub(crate) evicted_bytes: u64,
+}
+
+impl Counters {
+    pub(crate) fn reset_peaks(&mut self) {
+        self.allocated.reset_peak();
+        self.requested.reset_peak();
+        self.reserved.reset_peak();
+    }
+}
+
+/// A reading of one pool (see [`crate::stats`], [`crate::Device::pool_stats`]).
+///
+/// `allocated` counts whole blocks handed out (requests rounded up: 512-B multiples, a bin,
+/// or a whole unsplit block); `requested` counts what callers asked for; `reserved` counts
+/// segments held from the backend, so `reserved - allocated` is cached free memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Memory space: `host`, `opencl:0`, `opencl:0 pinned`, ...
+    pub label: String,
+    /// Pool kind.
+    pub kind: PoolKind,
+    /// Bytes in blocks handed out.
+    pub allocated: Gauge,
+    /// Bytes callers asked for.
+    pub requested: Gauge,
+    /// Bytes in segments held from the backend.
+    pub reserved: Gauge,
+    /// Segments held now.
+    pub segments: u64,
+    /// Blocks handed out.
+    pub allocations: u64,
+    /// Blocks given back.
+    pub frees: u64,
+    /// Allocations served from cached memory (no backend call).
+    pub cache_hits: u64,
+    /// Backend allocations (segments made).
+    pub backend_allocs: u64,
+    /// Backend frees (segments released).
+    pub backend_frees: u64,
+    /// Free bytes inside reserved segments (cached).
+    pub free_bytes: u64,
+    /// Largest free block: the biggest request served without a backend call (a binned pool
+    /// only serves it to requests of the same bin).
+    pub largest_free_block: u64,
+    /// Allocations that failed once and were retried after freeing cache or mirrors.
+    pub alloc_retries: u64,
+    /// Allocations that failed for good (out of memory).
+    pub ooms: u64,
+    /// Clean device mirrors dropped to make room.
+    pub evictions: u64,
+    /// Bytes of the mirrors dropped.
+    pub evicted_bytes: u64,
+    /// Most bytes the pool plus direct allocations may reserve, if capped.
+    pub cap: Option<u64>,
+    /// Bytes of direct (unpooled) allocations counted against the same cap (devices only).
+    pub direct_bytes: u64,
+}
+
+impl PoolStats {
+    /// `1 - largest_free_block / free_bytes`: 0 when the free memory is one block (or nothing
+    /// is free), near 1 when it is scattered in small pieces.
+    pub fn fragmentation(&self) -> f64 {
+        if self.free_bytes == 0 {
+            0.0
+        } else {
+            1.0 - self.largest_free_block as f64 / self.free_bytes as f64
+        }
+    }
+
+    /// Share of allocations served from the cache (0 when none were made).
+    pub fn hit_rate(&self) -> f64 {
+        if self.allocations == 0 {
+            0.0
+        } else {
+            self.cache_hits as f64 / self.allocations as f64
+        }
+    }
+}
+
+impl fmt::Display for PoolStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let cap = self.cap.map_or_else(|| "none".to_string(), human_bytes);
+        writeln!(f, "pool {} ({}), cap {cap}", self.label, self.kind)?;
+        writeln!(
+            f,
+            "  allocated {} (peak {}), requested {} (peak {}), reserved {} (peak {}) in {} segment(s)",
+            human_bytes(self.allocated.current),
+            human_bytes(self.allocated.peak),
+            human_bytes(self.requested.current),
+            human_bytes(self.requested.peak),
+            human_bytes(self.reserved.current),
+            human_bytes(self.reserved.peak),
+            self.segments
+        )?;
+        writeln!(
+            f,
+            "  {} allocations, {} frees, {} cache hits ({:.0} %), backend {} allocs / {} frees",
+            self.allocations,
+            self.frees,
+            self.cache_hits,
+            self.hit_rate() * 100.0,
+            self.backend_allocs,
+            self.backend_frees
+        )?;
+        write!(
+            f,
+            "  free {}, largest free block {}, fragmentation {:.2}; {} retries, {} OOMs, \
+             {} evictions ({})",
+            human_bytes(self.free_bytes),
+            human_bytes(self.largest_free_block),
+            self.fragmentation(),
+            self.alloc_retries,
+            self.ooms,
+            self.evictions,
+            human_bytes(self.evicted_bytes)
+        )?;
+        if self.direct_bytes > 0 {
+            write!(f, "; direct {}", human_bytes(self.direct_bytes))?;
+        }
+        writeln!(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gauge_tracks_peak_and_resets() {
+        let mut g = Gauge::default();
+        g.add(10);
+        g.add(5);
+        g.sub(12);
+        assert_eq!((g.current, g.peak), (3, 15));
+        g.reset_peak();
+        assert_eq!(g.peak, 3);
+        g.sub(100);
+        assert_eq!(g.current, 0, "saturates");
+    }
+
+    #[test]
+    fn fragmentation_and_hit_rate() {
+        let mut s = PoolStats {
+            label: "x".into(),
+            kind: PoolKind::Caching,
+            allocated: Gauge::default(),
+            requested: Gauge::default(),
+            reserved: Gauge::default(),
+            segments: 0,
+            allocations: 0,
+            frees: 0,
+            cache_hits: 0,
+            backend_allocs: 0,
+            backend_frees: 0,
+            free_bytes: 0,
+            largest_free_block: 0,
+            alloc_retries: 0,
+            ooms: 0,
+            evictions: 0,
+            evicted_bytes: 0,
+            cap: None,
+            direct_bytes: 0,
+        };
+        assert_eq!(s.fragmentation(), 0.0);
+        assert_eq!(s.hit_rate(), 0.0);
+        s.free_bytes = 4096;
+        s.largest_free_block = 1024;
+        assert!((s.fragmentation() - 0.75).abs() < 1e-12);
+        s.largest_free_block = 4096;
+        assert_eq!(s.fragmentation(), 0.0);
+        s.allocations = 4;
+        s.cache_hits = 3;
+        assert!((s.hit_rate() - 0.75).abs() < 1e-12);
+        let text = s.to_string();
+        assert!(text.contains("pool x (caching)"), "{text}");
+        assert!(text.contains("75 %"), "{text}");
+    }
+}

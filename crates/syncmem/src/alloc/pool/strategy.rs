@@ -1,0 +1,119 @@
+//! Dispatch over the three pool strategies: caching (best fit), binned, none (direct).
+
+use std::collections::HashMap;
+
+use super::arena::Arena;
+use super::binned::Bins;
+use super::config::{PoolConfig, PoolKind};
+use super::{BlockId, PendingUse, SegId, StreamId};
+
+/// A block handed out by a core.
+pub(crate) struct Grant {
+    pub(crate) block: BlockId,
+    pub(crate) seg: SegId,
+    pub(crate) offset: usize,
+    pub(crate) size: usize,
+    pub(crate) zeroed: bool,
+}
+
+/// `none`: one segment per block.
+#[derive(Default)]
+pub(crate) struct Direct {
+    live: HashMap<BlockId, (SegId, usize)>,
+    next_id: BlockId,
+}
+
+pub(crate) enum Core {
+    Caching(Arena),
+    Binned(Bins),
+    Direct(Direct),
+}
+
+impl Core {
+    pub(crate) fn new(cfg: &PoolConfig) -> Self {
+        match cfg.kind {
+            PoolKind::Caching => Core::Caching(Arena::new(cfg)),
+            PoolKind::Binned => Core::Binned(Bins::new(cfg)),
+            PoolKind::None => Core::Direct(Direct::default()),
+        }
+    }
+
+    /// Block size of a request, and the segment size when nothing cached fits.
+    pub(crate) fn sizes(&self, bytes: usize) -> Option<(usize, usize)> {
+        match self {
+            Core::Caching(a) => {
+                let r = a.round(bytes)?;
+                Some((r, a.segment_size(r)?))
+            }
+            Core::Binned(b) => {
+                let (_, s) = b.bin_for(bytes);
+                Some((s, s))
+            }
+            Core::Direct(_) => Some((bytes.max(1), bytes.max(1))),
+        }
+    }
+
+    pub(crate) fn find(&mut self, bytes: usize, rounded: usize, stream: StreamId) -> Option<Grant> {
+        match self {
+            Core::Caching(a) => a.find(rounded, stream),
+            Core::Binned(b) => b.find(bytes, stream),
+            Core::Direct(_) => None,
+        }
+    }
+
+    pub(crate) fn add_segment(
+        &mut self,
+        seg: SegId,
+        size: usize,
+        bytes: usize,
+        rounded: usize,
+    ) -> Grant {
+        match self {
+            Core::Caching(a) => a.add_segment(seg, size, rounded),
+            Core::Binned(b) => b.add_segment(seg, size, bytes),
+            Core::Direct(d) => {
+                d.next_id += 1;
+                d.live.insert(d.next_id, (seg, size));
+                Grant {
+                    block: d.next_id,
+                    seg,
+                    offset: 0,
+                    size,
+                    zeroed: true,
+                }
+            }
+        }
+    }
+
+    pub(crate) fn free(&mut self, block: BlockId, pending: Vec<PendingUse>) -> Vec<(SegId, usize)> {
+        match self {
+            Core::Caching(a) => a.free(block, pending),
+            Core::Binned(b) => b.free(block, pending),
+            Core::Direct(d) => d.live.remove(&block).into_iter().collect(),
+        }
+    }
+
+    pub(crate) fn release(&mut self, wait: bool) -> Vec<(SegId, usize)> {
+        match self {
+            Core::Caching(a) => a.release_free_segments(wait, 0),
+            Core::Binned(b) => b.release_free_segments(wait, 0),
+            Core::Direct(_) => Vec::new(),
+        }
+    }
+
+    pub(crate) fn free_bytes(&self) -> u64 {
+        match self {
+            Core::Caching(a) => a.free_bytes(),
+            Core::Binned(b) => b.free_bytes(),
+            Core::Direct(_) => 0,
+        }
+    }
+
+    pub(crate) fn largest_free(&self) -> u64 {
+        match self {
+            Core::Caching(a) => a.largest_free(),
+            Core::Binned(b) => b.largest_free(),
+            Core::Direct(_) => 0,
+        }
+    }
+}

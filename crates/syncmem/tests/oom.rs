@@ -1,0 +1,249 @@
+//! Out of memory under a device memory cap, end to end (on `cpu` and on OpenCL/PoCL): cached
+//! blocks are freed first, then clean device mirrors are dropped, and only then does an
+//! allocation fail, with a report naming the biggest holders. No data is ever lost.
+//!
+//! PoCL creates buffers lazily and reports gigabytes, so a real out-of-memory would not be
+//! deterministic; the cap, enforced by the pool, is. Every test works on its own
+//! `Device::detached()` handle with its own pool and cap.
+
+mod common;
+
+use syncmem::{Device, Error, Head, MemoryCap, PoolConfig, SyncedMemory};
+
+const MIB: usize = 1 << 20;
+const BUF: usize = 16 * MIB;
+
+fn capped(dev: &Device, cap: usize) -> Device {
+    let d = dev.detached();
+    d.set_pool(PoolConfig::default().with_memory_cap(MemoryCap::Bytes(cap as u64)))
+        .unwrap();
+    assert_eq!(d.memory_cap(), Some(cap as u64));
+    d
+}
+
+fn device_bytes(m: &SyncedMemory) -> Vec<u8> {
+    let mut out = vec![0u8; m.len()];
+    m.device().unwrap().read_into(&mut out).unwrap();
+    out
+}
+
+/// Four 16 MiB buffers, host-written with `i + 1`, then synced to the device: head Synced.
+fn four_synced(d: &Device) -> Vec<SyncedMemory> {
+    (0..4)
+        .map(|i| {
+            let m = SyncedMemory::new(BUF, d).with_label(format!("synced{i}"));
+            m.host_mut().unwrap().fill(i as u8 + 1);
+            drop(m.device().unwrap());
+            assert_eq!(m.head(), Head::Synced);
+            m
+        })
+        .collect()
+}
+
+/// Four 16 MiB buffers written on the device only: head AtDevice (dirty).
+fn four_dirty(d: &Device) -> Vec<SyncedMemory> {
+    (0..4)
+        .map(|i| {
+            let m = SyncedMemory::new(BUF, d).with_label(format!("dirty{i}"));
+            m.device_mut().unwrap().fill(0x10 + i as u8).unwrap();
+            assert_eq!(m.head(), Head::AtDevice);
+            m
+        })
+        .collect()
+}
+
+fn clean_mirrors_are_dropped_to_make_room(dev: &Device) {
+    let d = capped(dev, 64 * MIB);
+    let bufs = four_synced(&d);
+    assert_eq!(d.pool_stats().unwrap().reserved.current, 64 * MIB as u64);
+    // A fifth buffer needs room: one clean mirror goes.
+    let e = SyncedMemory::new(BUF, &d).with_label("extra");
+    e.device_mut().unwrap().fill(0xEE).unwrap();
+    let s = d.pool_stats().unwrap();
+    assert_eq!((s.evictions, s.evicted_bytes), (1, BUF as u64), "{s}");
+    assert_eq!(s.alloc_retries, 1);
+    assert!(s.reserved.current <= 64 * MIB as u64);
+    let evicted: Vec<_> = bufs.iter().filter(|m| !m.device_allocated()).collect();
+    assert_eq!(evicted.len(), 1);
+    let victim = evicted[0];
+    assert_eq!(
+        victim.head(),
+        Head::AtHost,
+        "the host copy is now the only one"
+    );
+    // Every buffer still holds its data; the evicted one reads it from the host.
+    for (i, m) in bufs.iter().enumerate() {
+        assert!(
+            m.host().unwrap().iter().all(|&b| b == i as u8 + 1),
+            "{}",
+            m.label()
+        );
+    }
+    // The next device access re-uploads it (dropping another clean mirror: `extra` is dirty).
+    let i = bufs.iter().position(|m| std::ptr::eq(m, victim)).unwrap();
+    assert_eq!(device_bytes(victim), vec![i as u8 + 1; BUF]);
+    assert_eq!(victim.head(), Head::Synced);
+    assert_eq!(d.pool_stats().unwrap().evictions, 2);
+    assert_eq!(
+        device_bytes(&e),
+        vec![0xEE; BUF],
+        "dirty data was never dropped"
+    );
+    assert!(d.last_oom_report().is_none(), "no allocation failed");
+}
+
+fn dirty_buffers_fill_the_cap_and_the_error_names_them(dev: &Device) {
+    let d = capped(dev, 64 * MIB);
+    let bufs = four_dirty(&d);
+    let e = SyncedMemory::new(BUF, &d).with_label("one-too-many");
+    e.host_mut().unwrap().fill(1);
+    let err = e.device().unwrap_err();
+    assert!(err.is_out_of_memory(), "{err}");
+    let text = err.to_string();
+    for needle in [
+        "requested 16.0 MiB",
+        "allocated 64.0 MiB",
+        "reserved 64.0 MiB",
+        "largest free block 0 B",
+        "cap 64.0 MiB",
+        "biggest holders",
+        "dirty0 (16.0 MiB, device)",
+        "dirty3 (16.0 MiB, device)",
+        "one-too-many",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in: {text}");
+    }
+    assert_eq!(
+        e.head(),
+        Head::AtHost,
+        "a failed access leaves the state alone"
+    );
+    assert!(!e.device_allocated());
+    let report = d.last_oom_report().unwrap();
+    assert_eq!((report.requested, report.holders.len()), (BUF, 4));
+    assert!(report
+        .holders
+        .iter()
+        .all(|h| h.head == Some(Head::AtDevice)));
+    assert!(report.evicted.is_empty());
+    let s = d.pool_stats().unwrap();
+    assert_eq!((s.ooms, s.evictions), (1, 0));
+    // Nothing was lost.
+    for (i, m) in bufs.iter().enumerate() {
+        assert!(m.host().unwrap().iter().all(|&b| b == 0x10 + i as u8));
+    }
+    // Now every mirror is clean (Synced): the same request succeeds by dropping one.
+    assert_eq!(device_bytes(&e), vec![1u8; BUF]);
+    assert_eq!(d.pool_stats().unwrap().evictions, 1);
+}
+
+fn buffers_in_use_are_skipped(dev: &Device) {
+    let d = capped(dev, 64 * MIB);
+    let bufs = four_synced(&d);
+    // A guard makes a buffer busy: its mirror may not be dropped.
+    let guards: Vec<_> = bufs.iter().map(|m| m.host().unwrap()).collect();
+    let e = SyncedMemory::new(BUF, &d).with_label("waiting");
+    let err = e.device_mut().unwrap_err();
+    assert!(err.is_out_of_memory(), "{err}");
+    assert!(err.to_string().contains("(16.0 MiB, synced)"), "{err}");
+    assert_eq!(d.pool_stats().unwrap().evictions, 0);
+    drop(guards);
+    e.device_mut().unwrap().fill(2).unwrap();
+    assert_eq!(d.pool_stats().unwrap().evictions, 1);
+    // A thread holding a device guard blocks eviction of that buffer only.
+    let held = bufs.iter().find(|m| m.device_allocated()).unwrap();
+    let g = held.device().unwrap();
+    let f = SyncedMemory::new(BUF, &d);
+    f.device_mut().unwrap().fill(3).unwrap();
+    assert!(held.device_allocated(), "in use: kept");
+    drop(g);
+}
+
+fn cached_blocks_go_before_mirrors(dev: &Device) {
+    let d = capped(dev, 64 * MIB);
+    let keep = SyncedMemory::new(BUF, &d).with_label("keep");
+    keep.host_mut().unwrap().fill(7);
+    drop(keep.device().unwrap());
+    let mut v: Vec<_> = (0..3).map(|_| SyncedMemory::new(BUF, &d)).collect();
+    for m in &v {
+        m.device_mut().unwrap().fill(0).unwrap();
+    }
+    v.clear(); // three 16 MiB segments stay cached
+    assert_eq!(d.pool_stats().unwrap().reserved.current, 64 * MIB as u64);
+    // 32 MiB fits in no cached block: the cache is released, the clean mirror stays.
+    let big = SyncedMemory::new(2 * BUF, &d);
+    big.device_mut().unwrap().fill(1).unwrap();
+    let s = d.pool_stats().unwrap();
+    assert_eq!((s.evictions, s.alloc_retries), (0, 1), "{s}");
+    assert!(keep.device_allocated());
+    assert_eq!(device_bytes(&keep), vec![7u8; BUF]);
+}
+
+fn direct_allocations_share_the_cap(dev: &Device) {
+    let d = capped(dev, 64 * MIB);
+    let bufs = four_synced(&d);
+    let scratch = d.alloc(BUF).unwrap();
+    assert!(!scratch.is_pooled());
+    let s = d.pool_stats().unwrap();
+    assert_eq!((s.evictions, s.direct_bytes), (1, BUF as u64), "{s}");
+    assert_eq!(bufs.iter().filter(|m| m.device_allocated()).count(), 3);
+    // Above the cap: fails at once, without dropping anything.
+    let e = d.alloc(65 * MIB).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    assert_eq!(bufs.iter().filter(|m| m.device_allocated()).count(), 3);
+    assert_eq!(d.pool_stats().unwrap().evictions, 1);
+    drop(scratch);
+    assert_eq!(d.pool_stats().unwrap().direct_bytes, 0);
+}
+
+fn fraction_caps_resolve_against_total_memory(dev: &Device) {
+    let d = dev.detached();
+    d.set_pool(PoolConfig::default().with_memory_cap(MemoryCap::Fraction(0.5)))
+        .unwrap();
+    assert_eq!(d.memory_cap(), Some(d.info().total_memory / 2));
+    let e = d
+        .set_pool(PoolConfig::default().with_memory_cap(MemoryCap::Fraction(1.5)))
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig { .. }), "{e}");
+}
+
+fn threads_under_pressure_neither_deadlock_nor_lose_data(dev: &Device) {
+    let d = capped(dev, 24 * MIB);
+    std::thread::scope(|s| {
+        for t in 0..4u8 {
+            let d = d.clone();
+            s.spawn(move || {
+                let mut ok = 0;
+                for round in 0..12u8 {
+                    let v = t.wrapping_mul(31).wrapping_add(round);
+                    let m = SyncedMemory::new(2 * MIB + 1000 * t as usize, &d);
+                    m.host_mut().unwrap().fill(v);
+                    match m.device() {
+                        Ok(g) => {
+                            let mut back = vec![0u8; m.len()];
+                            g.read_into(&mut back).unwrap();
+                            assert!(back.iter().all(|&b| b == v));
+                            ok += 1;
+                        }
+                        Err(e) => assert!(e.is_out_of_memory(), "{e}"),
+                    }
+                    assert!(m.host().unwrap().iter().all(|&b| b == v), "data kept");
+                }
+                assert!(ok > 0, "thread {t} never got device memory");
+            });
+        }
+    });
+    let s = d.pool_stats().unwrap();
+    assert!(s.reserved.peak <= 24 * MIB as u64, "{s}");
+    assert_eq!(s.allocated.current, 0);
+}
+
+per_device!(
+    clean_mirrors_are_dropped_to_make_room,
+    dirty_buffers_fill_the_cap_and_the_error_names_them,
+    buffers_in_use_are_skipped,
+    cached_blocks_go_before_mirrors,
+    direct_allocations_share_the_cap,
+    fraction_caps_resolve_against_total_memory,
+    threads_under_pressure_neither_deadlock_nor_lose_data,
+);
