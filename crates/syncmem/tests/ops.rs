@@ -91,7 +91,7 @@ fn assert_close(what: &str, a: &[f32], b: &[f32], rel: f32, abs: f32) {
     }
 }
 
-/// On CUDA (no NVRTC), operators with kernels must say so; returns true when `dev` is CUDA.
+/// On CUDA (no operator kernels yet), operators with kernels must say so; returns true when `dev` is CUDA.
 fn cuda_unsupported(dev: &Device) -> bool {
     if dev.backend() != BackendKind::Cuda {
         return false;

@@ -6,7 +6,7 @@
 //! | host slices ([`host`]) | plain Rust loops |
 //! | `cpu` device | the same loops over the `cpu` device's memory |
 //! | `opencl:N` | OpenCL C kernels, built once per device and cached process-wide; `f64` needs `cl_khr_fp64` |
-//! | `cuda:N` | [`Error::Unsupported`]: device kernels would need NVRTC, which this build does not enable |
+//! | `cuda:N` | CUDA C kernels compiled at run time by NVRTC (`libnvrtc` loaded at run time; absent: [`Error::RuntimeUnavailable`]), loaded once per device and cached process-wide. **Compile-checked only: never run** (no GPU where it was written) |
 //!
 //! The device functions take the access guards of [`SyncedMemory`](crate::SyncedMemory), so the
 //! caller has already made the device mirror current (or taken it for writing), and they run
@@ -27,6 +27,8 @@
 //! [`Scalar`] lists the element types of [`ParamBlob`](crate::param::ParamBlob) (`f32`, `f64`,
 //! `i32`, `u32`, as in Caffe); [`Float`] is the subset with kernels (`f32`, `f64`).
 
+#[cfg(feature = "cuda")]
+mod cuda;
 pub mod host;
 #[cfg(feature = "opencl")]
 mod opencl;
@@ -166,8 +168,9 @@ impl Op {
 /// # Errors
 /// [`Error::OutOfBounds`] when either buffer holds fewer than `n` elements,
 /// [`Error::DeviceMismatch`] when `x` and `y` are on different devices,
-/// [`Error::Unsupported`] on CUDA or for `f64` on an OpenCL device without `cl_khr_fp64`,
-/// or a backend error (including a failed kernel build).
+/// [`Error::Unsupported`] for `f64` on an OpenCL device without `cl_khr_fp64` (or on a backend
+/// this build has no kernels for), [`Error::RuntimeUnavailable`] on CUDA when `libnvrtc` cannot
+/// be loaded, or a backend error (including a failed kernel build).
 pub fn axpy<F: Float>(n: usize, a: F, x: &DeviceRead<'_>, y: &mut DeviceWrite<'_>) -> Result<()> {
     check_len::<F>(Op::Axpy, "x", n, x.buffer().len())?;
     check_len::<F>(Op::Axpy, "y", n, y.buffer().len())?;
@@ -190,6 +193,9 @@ pub fn axpy<F: Float>(n: usize, a: F, x: &DeviceRead<'_>, y: &mut DeviceWrite<'_
         }
         #[cfg(feature = "opencl")]
         BackendKind::OpenCl => opencl::axpy(n, a, x, y),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => cuda::axpy(n, a, x, y),
+        #[allow(unreachable_patterns)]
         _ => Err(unsupported(yd, Op::Axpy)),
     }
 }
@@ -211,6 +217,9 @@ pub fn scale<F: Float>(n: usize, a: F, x: &mut DeviceWrite<'_>) -> Result<()> {
         }
         #[cfg(feature = "opencl")]
         BackendKind::OpenCl => opencl::scale(n, a, x),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => cuda::scale(n, a, x),
+        #[allow(unreachable_patterns)]
         _ => Err(unsupported(&dev, Op::Scale)),
     }
 }
@@ -247,6 +256,9 @@ fn reduce<F: Float>(op: Op, n: usize, x: &DeviceRead<'_>) -> Result<F> {
         }
         #[cfg(feature = "opencl")]
         BackendKind::OpenCl => opencl::reduce(op, n, x),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => cuda::reduce(op, n, x),
+        #[allow(unreachable_patterns)]
         _ => Err(unsupported(dev, op)),
     }
 }
@@ -261,18 +273,17 @@ pub fn prepare<F: Float>(device: &Device) -> Result<()> {
         BackendKind::Cpu => Ok(()),
         #[cfg(feature = "opencl")]
         BackendKind::OpenCl => opencl::prepare::<F>(device),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => cuda::prepare::<F>(device),
+        #[allow(unreachable_patterns)]
         _ => Err(unsupported(device, Op::Axpy)),
     }
 }
 
-/// The `Unsupported` error of a backend without kernels (CUDA: no NVRTC in this build).
+/// The `Unsupported` error of a backend without kernels in this build (its feature is off).
+#[allow(dead_code)]
 fn unsupported(dev: &Device, op: Op) -> Error {
-    let why = match dev.backend() {
-        BackendKind::Cuda => {
-            "CUDA kernels need run-time compilation (NVRTC), which this build does not enable"
-        }
-        _ => "this backend has no kernels in this build",
-    };
+    let why = "this backend has no kernels in this build";
     Error::Unsupported {
         device: dev.label().to_string(),
         what: format!("kernel {}: {why}", op.name()),

@@ -29,7 +29,7 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
-    /// Fails for a backend without operator kernels (CUDA: NVRTC is not enabled).
+    /// Fails for a backend without operator kernels (CUDA: operator kernels are not written yet).
     pub(crate) fn check_supported(device: &Device, def: &OperatorDef) -> Result<()> {
         match device.backend() {
             BackendKind::Cpu => Ok(()),
@@ -71,9 +71,7 @@ pub(crate) fn check_context(def: &OperatorDef, op_device: &Device, ctx: &Context
 
 fn unsupported(dev: &Device, def: &OperatorDef) -> Error {
     let why = match dev.backend() {
-        BackendKind::Cuda => {
-            "CUDA kernels need run-time compilation (NVRTC), which this build does not enable"
-        }
+        BackendKind::Cuda => "the operators have no CUDA kernels yet (only the fills run on CUDA)",
         _ => "this backend has no operator kernels in this build",
     };
     Error::Unsupported {

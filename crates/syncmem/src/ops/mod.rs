@@ -60,7 +60,7 @@
 //! |---|---|
 //! | `cpu` | loops and `matrixmultiply` over the `cpu` device's memory (the tensors' device mirror, so the same head transitions as on an accelerator) |
 //! | `opencl:N` | OpenCL C kernels built once per device and cached; GEMM is tiled in local memory (see below) |
-//! | `cuda:N` | the fills work (host generation and an upload); the other operators return [`Error::Unsupported`] (their kernels would need NVRTC, which this build does not enable), already from [`create_operator`] |
+//! | `cuda:N` | the fills work (host generation and an upload); the other operators return [`Error::Unsupported`] (their CUDA kernels are not written yet; the math kernels of [`crate::kernels`] do have a CUDA path), already from [`create_operator`] |
 //!
 //! Every operator has finished its device work when [`Operator::run`] returns.
 //!

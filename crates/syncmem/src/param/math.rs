@@ -27,7 +27,8 @@ impl<T: Scalar> ParamBlob<T> {
     /// # Errors
     /// [`Error::InvalidState`] when the data is uninitialized (Caffe: fatal "Syncedmem not
     /// initialized"), [`Error::Unsupported`] for integer blobs or a backend without kernels,
-    /// or an access or backend error.
+    /// [`Error::RuntimeUnavailable`] on CUDA when `libnvrtc` cannot be loaded (see
+    /// [`crate::kernels`]), or an access or backend error.
     pub fn update(&mut self) -> Result<()> {
         if self.count == 0 {
             return Ok(());
@@ -54,7 +55,8 @@ impl<T: Scalar> ParamBlob<T> {
     /// `sum |data[i]|` over the count (Caffe's `asum_data`); 0 when uninitialized.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] for integer blobs or a backend without kernels, or an access or
+    /// [`Error::Unsupported`] for integer blobs or a backend without kernels,
+    /// [`Error::RuntimeUnavailable`] on CUDA when `libnvrtc` cannot be loaded, or an access or
     /// backend error.
     pub fn asum_data(&self) -> Result<T> {
         self.reduce(Part::Data, Op::Asum)
