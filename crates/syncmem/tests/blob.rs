@@ -1,4 +1,4 @@
-//! The type-erased Blob against Caffe2's blob_test.cc (the BlobTest rows of caffe-spec 3.6),
+//! The type-erased Blob against Caffe2's blob_test.cc (its BlobTest rows),
 //! plus the Rust-specific behaviour: take, shared objects and get_mut, swap, mem::take.
 
 use std::sync::{Arc, Mutex};

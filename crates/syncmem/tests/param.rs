@@ -465,7 +465,7 @@ fn kernel_many_threads_share_the_cache(dev: &Device) {
     });
 }
 
-// ----- One test per fixed pitfall (caffe-spec section 4) ------------------------------------------
+// ----- One test per fixed pitfall ----------------------------------------------------------------
 
 fn pitfall_offset_rejects_one_past_the_end(dev: &Device) {
     let b = blob::<f32>("b", &[2, 3, 4, 5], dev);

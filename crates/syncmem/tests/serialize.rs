@@ -2,7 +2,7 @@
 //! `Workspace::load`, `workspace::io::inspect`): round trips of every element type on the `cpu`
 //! device and on OpenCL, across devices, the device-to-host copy a save makes, chosen blobs,
 //! corrupt and truncated files, the file written by Python's reference `safetensors`, and
-//! Caffe2's blob_test.cc serialisation tests (caffe-spec §3.6) checking the *loaded* blob.
+//! Caffe2's blob_test.cc serialisation tests checking the *loaded* blob.
 
 mod common;
 

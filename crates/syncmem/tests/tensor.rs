@@ -1,4 +1,4 @@
-//! Tensor against Caffe2's tensor tests (blob_test.cc / blob_gpu_test.cc, caffe-spec §3.5–3.6),
+//! Tensor against Caffe2's tensor tests (blob_test.cc / blob_gpu_test.cc),
 //! typed over several element types, on the `cpu` device and on OpenCL; then extend, reserve,
 //! shrink, copies across devices with their copy counts, and one test per fixed pitfall.
 
@@ -581,7 +581,7 @@ fn string_tensor_has_no_device_view(dev: &Device) {
     assert_eq!(&*t.host_mut::<f32>().unwrap(), &[0.0, 0.0]);
 }
 
-// ----- Pitfalls of the originals, fixed on purpose (caffe-spec §4) -----------------------------
+// ----- Pitfalls of the originals, fixed on purpose -----------------------------------------
 
 /// Caffe2's `ShareData` sets the meta before its checks: a failed call changed the type.
 fn pitfall_share_data_checks_before_changing_dtype(dev: &Device) {

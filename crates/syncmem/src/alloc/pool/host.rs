@@ -1,9 +1,9 @@
 //! The host pool: cached host memory for [`crate::SyncedMemory`] host mirrors.
 //!
 //! Large host buffers come from `mmap` and go back to the kernel on every free (glibc above its
-//! mmap threshold), so reallocating a 64 MiB buffer pays ~16k page faults again (~45 ms on the
-//! project's machines, `reference/platform.md` section 3). The host pool keeps freed blocks: a
-//! reuse is a cache hit at the same address with the pages already faulted.
+//! mmap threshold), so reallocating a 64 MiB buffer pays ~16k page faults again (~45 ms measured
+//! on a 2-core VM). The host pool keeps freed blocks: a reuse is a cache hit at the same address
+//! with the pages already faulted.
 //!
 //! Zeroing: segments come from `calloc` (fresh zero pages, nothing touched), so a block that
 //! was never handed out is known to be zero ([`HostAllocation::was_zeroed`]); a reused block
