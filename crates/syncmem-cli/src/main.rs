@@ -22,6 +22,8 @@ enum Command {
     Demo(commands::demo::Args),
     /// List the tensors of a safetensors file: name, element type, shape, bytes, and a total.
     Inspect(commands::inspect::Args),
+    /// Time the memory layer against plain equivalents and print the ratios.
+    Bench(commands::bench::Args),
     /// Train a small MLP with nets of operators on a device; report memory and transfers.
     Train(commands::train::Args),
 }
@@ -33,6 +35,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => commands::demo::run(&args),
         Command::Inspect(args) => commands::inspect::run(&args),
         Command::Train(args) => commands::train::run(&args),
+        Command::Bench(args) => commands::bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

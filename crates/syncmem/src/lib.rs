@@ -41,6 +41,8 @@
 #![warn(missing_docs)]
 
 pub mod alloc;
+#[doc(hidden)]
+pub mod bench;
 pub mod blob;
 pub mod context;
 

@@ -6,11 +6,14 @@
 //!   out-of-memory path.
 //! - Pinned host and device memory come from [`crate::Device::alloc_pinned`] and
 //!   [`crate::Device::alloc`] (direct) or from the device's pools.
+//! - [`trace`]: record pool traffic ([`Trace`]), save/load it as JSON lines, [`replay`] it.
 //! - [`stats`]: always-on counters, read with [`crate::stats`]; [`json`] writes them as JSON.
 
 mod host;
 pub mod json;
 pub mod pool;
 pub mod stats;
+pub mod trace;
 
 pub use host::{HostBlock, HOST_ALIGN};
+pub use trace::{replay, ReplayReport, Trace, TraceEvent};

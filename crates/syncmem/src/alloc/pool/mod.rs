@@ -207,11 +207,17 @@ pub enum PoolEvent {
         size: usize,
         /// Served from cached memory.
         cache_hit: bool,
+        /// The block's id in the pool (unique among live blocks; reused after a free).
+        block: u64,
+        /// The stream the block was allocated for.
+        stream: StreamId,
     },
     /// A block was given back.
     Free {
         /// Block size.
         size: usize,
+        /// The block's id in the pool (as in its [`PoolEvent::Alloc`]).
+        block: u64,
     },
     /// A segment was made by the backend.
     SegmentAlloc {
@@ -396,6 +402,8 @@ impl<T: Send + Sync + 'static> Pool<T> {
                 requested: bytes,
                 size: grant.size,
                 cache_hit: hit,
+                block: grant.block,
+                stream,
             },
         );
         let segment = inner.segments[&grant.seg].0.clone();
@@ -425,7 +433,13 @@ impl<T: Send + Sync + 'static> Pool<T> {
             inner.c.frees += 1;
             inner.c.allocated.sub(lease.size as u64);
             inner.c.requested.sub(lease.requested as u64);
-            inner.emit(&self.label, PoolEvent::Free { size: lease.size });
+            inner.emit(
+                &self.label,
+                PoolEvent::Free {
+                    size: lease.size,
+                    block: lease.block,
+                },
+            );
             let segs = inner
                 .core
                 .free(lease.block, std::mem::take(&mut lease.pending));

@@ -430,7 +430,23 @@ fn observer_sees_every_event() {
     drop(p.alloc(10, 1, &fake).unwrap());
     drop(p.alloc(10, 1, &fake).unwrap());
     p.empty_cache();
-    let ev = log.0.lock().unwrap().clone();
+    let mut ev = log.0.lock().unwrap().clone();
+    // Block ids are the pool's own; check them for consistency, then blank them.
+    let mut ids = Vec::new();
+    for e in &mut ev {
+        match e {
+            PoolEvent::Alloc { block, stream, .. } => {
+                assert_eq!(*stream, 1);
+                ids.push(*block);
+                *block = 0;
+            }
+            PoolEvent::Free { block, .. } => {
+                assert_eq!(Some(*block), ids.last().copied());
+                *block = 0;
+            }
+            _ => {}
+        }
+    }
     assert_eq!(
         ev,
         vec![
@@ -438,15 +454,25 @@ fn observer_sees_every_event() {
             PoolEvent::Alloc {
                 requested: 10,
                 size: 512,
-                cache_hit: false
+                cache_hit: false,
+                block: 0,
+                stream: 1,
             },
-            PoolEvent::Free { size: 512 },
+            PoolEvent::Free {
+                size: 512,
+                block: 0
+            },
             PoolEvent::Alloc {
                 requested: 10,
                 size: 512,
-                cache_hit: true
+                cache_hit: true,
+                block: 0,
+                stream: 1,
             },
-            PoolEvent::Free { size: 512 },
+            PoolEvent::Free {
+                size: 512,
+                block: 0
+            },
             PoolEvent::SegmentFree { bytes: 2 * MIB },
         ]
     );

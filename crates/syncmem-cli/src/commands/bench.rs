@@ -1,0 +1,56 @@
+//! `syncmem bench`: the hand-timed comparisons of `cargo bench -p syncmem`, as a table of
+//! ratios (ours vs the plain equivalent) or one JSON object.
+
+use std::io::IsTerminal;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use syncmem::bench::{self, BenchOptions};
+
+/// Options of `syncmem bench`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Device of the device-pool and round-trip rows (`opencl:0`, `cuda:0`, `cpu`); skipped
+    /// with a note when it cannot be opened.
+    #[arg(long, value_name = "D", default_value = "opencl:0")]
+    pub device: String,
+
+    /// Fewer runs per comparison (a few seconds).
+    #[arg(long)]
+    pub quick: bool,
+
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs the comparisons and prints the report.
+///
+/// # Errors
+/// When a host-side comparison fails (device failures only skip the device rows).
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    let opts = BenchOptions {
+        device: args.device.clone(),
+        quick: args.quick,
+    };
+    let bar = if args.json || !std::io::stderr().is_terminal() {
+        ProgressBar::hidden()
+    } else {
+        let bar = ProgressBar::new(bench::step_count() as u64);
+        if let Ok(style) = ProgressStyle::with_template("{bar:40} {pos}/{len}  {elapsed}  {msg}") {
+            bar.set_style(style);
+        }
+        bar
+    };
+    let report = bench::run(&opts, &mut |step, name| {
+        bar.set_position(step as u64);
+        bar.set_message(name.to_string());
+    });
+    bar.finish_and_clear();
+    let report = report?;
+    if args.json {
+        super::print_json(&report)
+    } else {
+        print!("{report}");
+        Ok(())
+    }
+}
