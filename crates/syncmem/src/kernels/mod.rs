@@ -31,7 +31,7 @@
 mod cuda;
 pub mod host;
 #[cfg(feature = "opencl")]
-mod opencl;
+pub(crate) mod opencl;
 
 use std::fmt;
 use std::ops::{Add, Mul, Neg, Sub};

@@ -79,8 +79,9 @@ const MAX_GROUPS_ELEMENTWISE: usize = 1024;
 /// Most work-groups (partial sums) launched for a reduction.
 const MAX_GROUPS_REDUCE: usize = 256;
 
-/// A program released quietly on drop.
-struct OwnedProgram(ManuallyDrop<Program>);
+/// A program released quietly on drop (opencl3's own drop panics if the release fails).
+/// Shared with the operators' OpenCL code.
+pub(crate) struct OwnedProgram(pub(crate) ManuallyDrop<Program>);
 
 impl Drop for OwnedProgram {
     fn drop(&mut self) {
@@ -90,8 +91,8 @@ impl Drop for OwnedProgram {
     }
 }
 
-/// A kernel released quietly on drop.
-struct OwnedKernel(ManuallyDrop<Kernel>);
+/// A kernel released quietly on drop. Shared with the operators' OpenCL code.
+pub(crate) struct OwnedKernel(pub(crate) ManuallyDrop<Kernel>);
 
 impl Drop for OwnedKernel {
     fn drop(&mut self) {

@@ -51,31 +51,12 @@ use crate::context::Context;
 use crate::device::opencl::backend_error;
 use crate::device::{Device, RawDevice};
 use crate::error::{Error, Result};
+use crate::kernels::opencl::{OwnedKernel, OwnedProgram};
 
 /// Largest work-group size used by the one-dimensional kernels.
 const MAX_LOCAL: usize = 256;
 /// Most work-groups launched for an element-wise kernel (a grid-stride loop covers the rest).
 const MAX_GROUPS: usize = 1024;
-
-struct OwnedProgram(ManuallyDrop<Program>);
-
-impl Drop for OwnedProgram {
-    fn drop(&mut self) {
-        // SAFETY: the `Program` is never dropped by opencl3 (ManuallyDrop), so its one
-        // reference is released exactly once, here; errors are ignored.
-        let _ = unsafe { opencl3::program::release_program(self.0.get()) };
-    }
-}
-
-struct OwnedKernel(ManuallyDrop<Kernel>);
-
-impl Drop for OwnedKernel {
-    fn drop(&mut self) {
-        // SAFETY: the `Kernel` is never dropped by opencl3 (ManuallyDrop), so its one
-        // reference is released exactly once, here; errors are ignored.
-        let _ = unsafe { opencl3::kernel::release_kernel(self.0.get()) };
-    }
-}
 
 struct OwnedEvent(cl_event);
 
