@@ -1,0 +1,119 @@
+//! Owned OpenCL handles whose `Drop` never panics.
+
+use std::mem::ManuallyDrop;
+use std::ptr;
+use std::sync::Arc;
+
+use opencl3::command_queue::{self as cq, CommandQueue};
+use opencl3::context::Context;
+use opencl3::device::Device as ClDeviceId;
+use opencl3::error_codes::ClError;
+use opencl3::memory::{Buffer, ClMem as _};
+use opencl3::types::{cl_event, cl_mem};
+
+use super::error::{alloc_error, backend_error};
+use crate::error::Result;
+
+/// Releases an event returned by an enqueue call that nobody waits on. Releasing an event does
+/// not cancel its command.
+pub(super) fn release_event_quietly(event: cl_event) {
+    if event.is_null() {
+        return;
+    }
+    // SAFETY: `event` was returned by a successful enqueue call; this function takes over the
+    // one reference that call gave us and nothing uses the handle afterwards.
+    let _ = unsafe { opencl3::event::release_event(event) };
+}
+
+/// The context of one platform, shared by its devices, buffers and queues.
+pub(super) struct ClContext {
+    pub(super) ctx: ManuallyDrop<Context>,
+}
+
+impl Drop for ClContext {
+    fn drop(&mut self) {
+        // SAFETY: `ctx` is never dropped by `opencl3` (ManuallyDrop), so its one reference is
+        // released exactly once, here; errors are ignored.
+        let _ = unsafe { opencl3::context::context::release_context(self.ctx.get()) };
+    }
+}
+
+/// A command queue released (without panicking) on drop.
+pub(super) struct Queue {
+    pub(super) queue: ManuallyDrop<CommandQueue>,
+}
+
+impl Queue {
+    /// An in-order queue without profiling on `device` of `ctx`.
+    pub(super) fn new(ctx: &ClContext, device: ClDeviceId, label: &str) -> Result<Self> {
+        // SAFETY: `device` is one of the devices `ctx` was created with (both come from the
+        // same platform in `discover`).
+        #[allow(deprecated)]
+        let queue = unsafe { CommandQueue::create(&ctx.ctx, device.id(), 0) }
+            .map_err(|ClError(c)| backend_error(label, "clCreateCommandQueue", c))?;
+        Ok(Self {
+            queue: ManuallyDrop::new(queue),
+        })
+    }
+
+    pub(super) fn raw(&self) -> opencl3::types::cl_command_queue {
+        self.queue.get()
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        // SAFETY: the `CommandQueue` is never dropped (ManuallyDrop), so its reference is
+        // released exactly once, here. OpenCL finishes already queued commands on its own.
+        let _ = unsafe { cq::release_command_queue(self.queue.get()) };
+    }
+}
+
+/// A buffer released (without panicking) on drop.
+pub(super) struct OwnedBuffer {
+    pub(super) buf: ManuallyDrop<Buffer<u8>>,
+}
+
+impl OwnedBuffer {
+    pub(super) fn new(ctx: &ClContext, flags: u64, bytes: usize, label: &str) -> Result<Self> {
+        // SAFETY: no host pointer is passed (flags never contain CL_MEM_USE_HOST_PTR or
+        // CL_MEM_COPY_HOST_PTR), so the runtime reads no host memory.
+        let buf = unsafe { Buffer::<u8>::create(&ctx.ctx, flags, bytes, ptr::null_mut()) }
+            .map_err(|ClError(c)| alloc_error(label, "clCreateBuffer", c, bytes))?;
+        Ok(Self {
+            buf: ManuallyDrop::new(buf),
+        })
+    }
+
+    pub(super) fn raw(&self) -> cl_mem {
+        self.buf.get()
+    }
+}
+
+impl Drop for OwnedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: the `Buffer` is never dropped (ManuallyDrop), so its reference is released
+        // exactly once, here. OpenCL frees the memory only once queued commands using it are
+        // done, so pending asynchronous copies stay valid.
+        let _ = unsafe { opencl3::memory::release_mem_object(self.buf.get()) };
+    }
+}
+
+/// An event we hold a reference to.
+pub(super) struct OwnedEvent {
+    pub(super) event: cl_event,
+    pub(super) label: Arc<str>,
+}
+
+// SAFETY: an OpenCL event handle may be used from any thread: every OpenCL API call except
+// clSetKernelArg is thread-safe (OpenCL 3.0 spec, "Multiple Host Threads"). The handle is
+// released once, in Drop.
+unsafe impl Send for OwnedEvent {}
+// SAFETY: as for Send; `&OwnedEvent` only allows clWaitForEvents / clGetEventInfo.
+unsafe impl Sync for OwnedEvent {}
+
+impl Drop for OwnedEvent {
+    fn drop(&mut self) {
+        release_event_quietly(self.event);
+    }
+}

@@ -1,0 +1,242 @@
+//! Streams (in-order command queues) and their marker events.
+
+use std::ffi::c_void;
+use std::ptr;
+use std::sync::Arc;
+
+use opencl3::command_queue::{self as cq, CommandQueue};
+use opencl3::memory::CL_MEM_READ_WRITE;
+use opencl3::types::{cl_bool, cl_int, cl_mem, CL_BLOCKING, CL_NON_BLOCKING};
+
+use super::error::{backend_error, enqueue_error};
+use super::handle::{release_event_quietly, ClContext, OwnedBuffer, OwnedEvent, Queue};
+use super::ClMem;
+use crate::device::backend::{BackendEvent, BackendStream};
+use crate::error::{Error, Result};
+
+fn cl_bool_of(blocking: bool) -> cl_bool {
+    if blocking {
+        CL_BLOCKING
+    } else {
+        CL_NON_BLOCKING
+    }
+}
+
+/// A stream: an in-order command queue, without profiling.
+pub(crate) struct ClStream {
+    pub(super) queue: Queue,
+    pub(super) ctx: Arc<ClContext>,
+    pub(super) label: Arc<str>,
+}
+
+impl ClStream {
+    /// The OpenCL command queue, e.g. to enqueue kernels.
+    pub(crate) fn queue(&self) -> &CommandQueue {
+        &self.queue.queue
+    }
+
+    /// Rejects buffers of another platform's context (OpenCL would fail with
+    /// `CL_INVALID_CONTEXT`).
+    fn check_context(&self, mem: &ClMem, op: &'static str) -> Result<()> {
+        if Arc::ptr_eq(&mem.ctx, &self.ctx) {
+            Ok(())
+        } else {
+            Err(Error::DeviceMismatch {
+                op,
+                expected: format!("a buffer of the OpenCL platform of {}", self.label),
+                actual: "a buffer of another OpenCL platform".to_string(),
+            })
+        }
+    }
+
+    fn enqueue_copy(
+        &self,
+        src: cl_mem,
+        src_off: usize,
+        dst: cl_mem,
+        dst_off: usize,
+        len: usize,
+        dst_len: usize,
+    ) -> Result<()> {
+        // SAFETY: both handles are live buffers of this queue's context and the caller checked
+        // both ranges; the regions do not overlap when src == dst (see `copy`).
+        let event = unsafe {
+            cq::enqueue_copy_buffer(
+                self.queue.raw(),
+                src,
+                dst,
+                src_off,
+                dst_off,
+                len,
+                0,
+                ptr::null(),
+            )
+        }
+        .map_err(|c| enqueue_error(&self.label, "clEnqueueCopyBuffer", c, dst_len))?;
+        release_event_quietly(event);
+        Ok(())
+    }
+}
+
+impl BackendStream for ClStream {
+    type Mem = ClMem;
+    type Event = ClEvent;
+
+    unsafe fn write(
+        &self,
+        dst: &ClMem,
+        dst_off: usize,
+        src: *const u8,
+        len: usize,
+        blocking: bool,
+    ) -> Result<()> {
+        self.check_context(dst, "write")?;
+        // SAFETY: the caller checked dst_off + len <= dst.len() and that `src` is valid for
+        // `len` reads (until the command completes when not blocking).
+        let event = unsafe {
+            cq::enqueue_write_buffer(
+                self.queue.raw(),
+                dst.buf.raw(),
+                cl_bool_of(blocking),
+                dst_off,
+                len,
+                src.cast::<c_void>(),
+                0,
+                ptr::null(),
+            )
+        }
+        .map_err(|c| enqueue_error(&self.label, "clEnqueueWriteBuffer", c, dst.len))?;
+        release_event_quietly(event);
+        Ok(())
+    }
+
+    unsafe fn read(
+        &self,
+        src: &ClMem,
+        src_off: usize,
+        dst: *mut u8,
+        len: usize,
+        blocking: bool,
+    ) -> Result<()> {
+        self.check_context(src, "read")?;
+        // SAFETY: the caller checked src_off + len <= src.len() and that `dst` is valid for
+        // `len` writes and untouched until the command completes.
+        let event = unsafe {
+            cq::enqueue_read_buffer(
+                self.queue.raw(),
+                src.buf.raw(),
+                cl_bool_of(blocking),
+                src_off,
+                len,
+                dst.cast::<c_void>(),
+                0,
+                ptr::null(),
+            )
+        }
+        .map_err(|c| enqueue_error(&self.label, "clEnqueueReadBuffer", c, src.len))?;
+        release_event_quietly(event);
+        Ok(())
+    }
+
+    fn copy(
+        &self,
+        src: &ClMem,
+        src_off: usize,
+        dst: &ClMem,
+        dst_off: usize,
+        len: usize,
+    ) -> Result<()> {
+        self.check_context(src, "copy")?;
+        self.check_context(dst, "copy")?;
+        let same = src.buf.raw() == dst.buf.raw();
+        let overlap =
+            src_off < dst_off.saturating_add(len) && dst_off < src_off.saturating_add(len);
+        if same && overlap {
+            if src_off == dst_off {
+                return Ok(());
+            }
+            // clEnqueueCopyBuffer rejects overlapping regions (CL_MEM_COPY_OVERLAP): stage
+            // through a temporary buffer. Releasing it right away is fine: OpenCL keeps it
+            // until the queued copies are done.
+            let tmp = OwnedBuffer::new(&self.ctx, CL_MEM_READ_WRITE, len, &self.label)?;
+            self.enqueue_copy(src.buf.raw(), src_off, tmp.raw(), 0, len, len)?;
+            return self.enqueue_copy(tmp.raw(), 0, dst.buf.raw(), dst_off, len, dst.len);
+        }
+        self.enqueue_copy(src.buf.raw(), src_off, dst.buf.raw(), dst_off, len, dst.len)
+    }
+
+    fn fill(&self, dst: &ClMem, off: usize, len: usize, value: u8) -> Result<()> {
+        self.check_context(dst, "fill")?;
+        let pattern = [value];
+        // SAFETY: range checked by the caller; OpenCL copies the 1-byte pattern before
+        // clEnqueueFillBuffer returns, so the local may go out of scope.
+        let event = unsafe {
+            cq::enqueue_fill_buffer(
+                self.queue.raw(),
+                dst.buf.raw(),
+                pattern.as_ptr().cast::<c_void>(),
+                pattern.len(),
+                off,
+                len,
+                0,
+                ptr::null(),
+            )
+        }
+        .map_err(|c| enqueue_error(&self.label, "clEnqueueFillBuffer", c, dst.len))?;
+        release_event_quietly(event);
+        Ok(())
+    }
+
+    fn record(&self) -> Result<ClEvent> {
+        // SAFETY: a marker with an empty wait list on a live queue reads no host memory.
+        let event = unsafe { cq::enqueue_marker_with_wait_list(self.queue.raw(), 0, ptr::null()) }
+            .map_err(|c| backend_error(&self.label, "clEnqueueMarkerWithWaitList", c))?;
+        let event = ClEvent(Arc::new(OwnedEvent {
+            event,
+            label: self.label.clone(),
+        }));
+        // Submit the work now: polling an event (is_complete) or waiting for it from another
+        // queue does not flush this one, and could otherwise wait forever.
+        cq::flush(self.queue.raw()).map_err(|c| backend_error(&self.label, "clFlush", c))?;
+        Ok(event)
+    }
+
+    fn wait_for(&self, event: &ClEvent) -> Result<()> {
+        let list = [event.0.event];
+        // SAFETY: `list` holds one live event (kept alive by `event`) for the duration of the
+        // call; OpenCL retains it as long as the barrier needs it.
+        let barrier =
+            unsafe { cq::enqueue_barrier_with_wait_list(self.queue.raw(), 1, list.as_ptr()) }
+                .map_err(|c| backend_error(&self.label, "clEnqueueBarrierWithWaitList", c))?;
+        release_event_quietly(barrier);
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        cq::finish(self.queue.raw()).map_err(|c| backend_error(&self.label, "clFinish", c))
+    }
+}
+
+/// A marker event of a stream. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct ClEvent(Arc<OwnedEvent>);
+
+impl BackendEvent for ClEvent {
+    fn wait(&self) -> Result<()> {
+        opencl3::event::wait_for_events(&[self.0.event])
+            .map_err(|c| backend_error(&self.0.label, "clWaitForEvents", c))
+    }
+
+    fn is_complete(&self) -> Result<bool> {
+        let status: cl_int = opencl3::event::get_event_info(
+            self.0.event,
+            opencl3::event::CL_EVENT_COMMAND_EXECUTION_STATUS,
+        )
+        .map_err(|c| backend_error(&self.0.label, "clGetEventInfo", c))?
+        .into();
+        if status < 0 {
+            return Err(backend_error(&self.0.label, "clGetEventInfo", status));
+        }
+        Ok(status == opencl3::event::CL_COMPLETE)
+    }
+}
