@@ -1,0 +1,114 @@
+//! Adopting external host and device buffers (Caffe's `set_cpu_data`, `set_gpu_data`).
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use super::state::{Place, Valid};
+use super::{HostMem, SyncedMemory};
+use crate::device::DeviceBuffer;
+use crate::error::{Error, Result};
+
+#[cfg(doc)]
+use super::Head;
+
+impl SyncedMemory {
+    /// Adopts host memory owned by `owner` as the host mirror, without copying (Caffe's
+    /// `set_cpu_data`, with the lifetime handled by ownership: the owner is dropped when the
+    /// buffer is dropped or the mirror replaced). Head becomes [`Head::AtHost`]; the device
+    /// mirror is kept but stale.
+    ///
+    /// `owner.as_mut()` is called once; it must keep returning the same memory while owned.
+    ///
+    /// # Errors
+    /// [`Error::SizeMismatch`] when the memory's length differs from the buffer's size. Waits
+    /// for a transfer in flight first, and returns its error if it failed.
+    pub fn set_host_data<O>(&self, mut owner: O) -> Result<()>
+    where
+        O: AsMut<[u8]> + Send + Sync + 'static,
+    {
+        let slice = owner.as_mut();
+        self.check_len("set_host_data", slice.len())?;
+        let ptr = NonNull::new(slice.as_mut_ptr()).unwrap_or(NonNull::dangling());
+        self.adopt_host(HostMem::External {
+            ptr,
+            _owner: Some(Box::new(owner)),
+        })
+    }
+
+    /// Adopts raw host memory as the host mirror, without copying or taking ownership (Caffe's
+    /// `set_cpu_data`). Head becomes [`Head::AtHost`].
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `len` bytes, initialised, and used by nothing
+    /// else from this call until the buffer is dropped or its host mirror replaced.
+    ///
+    /// # Errors
+    /// [`Error::SizeMismatch`] when `len` differs from the buffer's size;
+    /// [`Error::InvalidState`] for a null pointer.
+    pub unsafe fn set_host_ptr(&self, ptr: *mut u8, len: usize) -> Result<()> {
+        self.check_len("set_host_ptr", len)?;
+        let ptr = NonNull::new(ptr).ok_or_else(|| Error::InvalidState {
+            op: "set_host_ptr",
+            buffer: self.label.clone(),
+            reason: "null pointer".into(),
+        })?;
+        self.adopt_host(HostMem::External { ptr, _owner: None })
+    }
+
+    /// Adopts a device buffer as the device mirror, without copying (Caffe's `set_gpu_data`).
+    /// Head becomes [`Head::AtDevice`]; the host mirror is kept but stale. Get it back with
+    /// [`SyncedMemory::take_device_data`].
+    ///
+    /// # Errors
+    /// [`Error::NoDevice`], [`Error::DeviceMismatch`] when `buf` is on another device,
+    /// [`Error::SizeMismatch`] when its length differs.
+    pub fn set_device_data(&self, buf: DeviceBuffer) -> Result<()> {
+        let dev = self.device.as_ref().ok_or_else(|| self.no_device())?;
+        if !buf.device().same(dev) {
+            return Err(Error::DeviceMismatch {
+                op: "set_device_data",
+                expected: dev.label().to_string(),
+                actual: buf.device().label().to_string(),
+            });
+        }
+        self.check_len("set_device_data", buf.len())?;
+        let _lock = self.shared.access.write();
+        let mut core = self.shared.core.lock();
+        self.finish_pending(&mut core)?;
+        core.release_device(self.device.as_ref());
+        core.dev = Some(Arc::new(buf));
+        core.dev_owned = false;
+        core.valid = Valid::only(Place::Device);
+        Ok(())
+    }
+
+    /// Detaches an adopted device buffer and gives it back. The data it held goes with it:
+    /// if the device mirror was the only current copy, the buffer becomes uninitialized.
+    /// Returns `None` when the device mirror is not an adopted one.
+    ///
+    /// # Errors
+    /// The error of a transfer in flight that had to be waited for.
+    pub fn take_device_data(&self) -> Result<Option<DeviceBuffer>> {
+        let _lock = self.shared.access.write();
+        let mut core = self.shared.core.lock();
+        self.finish_pending(&mut core)?;
+        if core.dev_owned || core.dev.is_none() {
+            return Ok(None);
+        }
+        let Some(arc) = core.dev.take() else {
+            return Ok(None);
+        };
+        // The access lock is held exclusively and no guard exists, so this is the only Arc.
+        let buf = Arc::try_unwrap(arc).map_err(|_| Error::InvalidState {
+            op: "take_device_data",
+            buffer: self.label.clone(),
+            reason: "device mirror still referenced".into(),
+        })?;
+        core.valid = if core.valid.has(Place::Host) {
+            Valid::only(Place::Host)
+        } else {
+            Valid::NONE
+        };
+        Ok(Some(buf))
+    }
+}

@@ -1,0 +1,87 @@
+//! Asynchronous transfers: copies queued on a stream, waited for by the accesses they conflict
+//! with.
+
+use super::state::{Access, Pending, Place};
+use super::{HostMem, PendingKind, SyncedMemory};
+use crate::alloc::stats::Direction;
+use crate::device::{Event, Stream};
+use crate::error::Result;
+
+#[cfg(doc)]
+use super::Head;
+#[cfg(doc)]
+use crate::error::Error;
+
+impl SyncedMemory {
+    /// Queues the host-to-device copy on `stream` (the buffer's stream when `None`) and returns
+    /// without waiting (Caffe's `async_gpu_push`). Head reads [`Head::Synced`] at once; the first
+    /// access that needs the device data, or a host write, waits for the copy. Host reads do not.
+    ///
+    /// Returns the copy's event, or `None` when the device was already current.
+    ///
+    /// # Errors
+    /// [`Error::InvalidState`] when the buffer is uninitialized (nothing to push, as in Caffe),
+    /// [`Error::NoDevice`], out of memory, or a backend error.
+    pub fn prefetch_to_device(&self, stream: Option<&Stream>) -> Result<Option<Event>> {
+        let _lock = self.shared.access.read_recursive();
+        let mut core = self.shared.core.lock();
+        self.settle(&mut core, Access::DeviceRead)?;
+        if core.valid.has(Place::Device) {
+            return Ok(None);
+        }
+        if core.valid.is_empty() {
+            return Err(self.uninit("prefetch_to_device"));
+        }
+        let stream = self.pick_stream(stream)?;
+        let dev = self.ensure_dev_alloc(&mut core)?;
+        let src = core
+            .host
+            .as_ref()
+            .map(HostMem::ptr)
+            .ok_or_else(|| self.no_host())?;
+        // SAFETY: `src` is the host mirror, valid for `size` bytes. It stays alive and
+        // unmodified until the event completes: it is freed or replaced only under the exclusive
+        // lock after `finish_pending`, and host writes conflict with `ToDevice` and wait.
+        unsafe { stream.write_raw(&dev, 0, src, self.size, false)? };
+        let event = stream.record()?;
+        self.count(Direction::HostToDevice);
+        core.pending = Some(Pending {
+            kind: PendingKind::ToDevice,
+            event: event.clone(),
+        });
+        Ok(Some(event))
+    }
+
+    /// Queues the device-to-host copy on `stream` and returns without waiting. Host accesses and
+    /// device writes wait for it; device reads do not.
+    ///
+    /// Returns the copy's event, or `None` when the host was already current.
+    ///
+    /// # Errors
+    /// As [`SyncedMemory::prefetch_to_device`].
+    pub fn prefetch_to_host(&self, stream: Option<&Stream>) -> Result<Option<Event>> {
+        let _lock = self.shared.access.read_recursive();
+        let mut core = self.shared.core.lock();
+        self.settle(&mut core, Access::HostRead)?;
+        if core.valid.has(Place::Host) {
+            return Ok(None);
+        }
+        if core.valid.is_empty() {
+            return Err(self.uninit("prefetch_to_host"));
+        }
+        let stream = self.pick_stream(stream)?;
+        let dst = self.ensure_host_alloc(&mut core, false)?;
+        let dev = core.dev.clone().ok_or_else(|| self.no_device())?;
+        // SAFETY: `dst` is the host mirror, valid for `size` bytes; the host is not valid, so no
+        // host guard reads it, and host accesses conflict with `ToHost` and wait for the event.
+        // The mirror is freed or replaced only after `finish_pending`.
+        unsafe { stream.read_raw(&dev, 0, dst, self.size, false)? };
+        let event = stream.record()?;
+        self.count(Direction::DeviceToHost);
+        core.pending = Some(Pending {
+            kind: PendingKind::ToHost,
+            event: event.clone(),
+        });
+        Ok(Some(event))
+    }
+}

@@ -1,0 +1,227 @@
+//! The transitions behind the accessors (Caffe's `to_cpu`, `to_gpu`), the settling of work in
+//! flight, and the errors that name the buffer.
+
+use std::sync::Arc;
+
+use super::state::{Access, Pending, Place, Valid};
+use super::{Core, HostMem, PendingKind, SyncedMemory};
+use crate::alloc::stats::Direction;
+use crate::device::{DeviceBuffer, Event, Stream};
+use crate::error::{Error, Result};
+
+impl SyncedMemory {
+    pub(super) fn prepare_host(&self, access: Access, overwrite: bool) -> Result<*mut u8> {
+        let mut core = self.shared.core.lock();
+        self.settle(&mut core, access)?;
+        let ptr = if overwrite {
+            // The first host allocation of a buffer reads as zeros whatever the accessor (code
+            // built on `host_overwrite` relies on a fresh mirror's unwritten tail being zero).
+            // Free for fresh pool blocks; a memset only for a cached block.
+            let fresh = core.valid.is_empty() && core.host.is_none();
+            self.ensure_host_alloc(&mut core, fresh)?
+        } else {
+            self.ensure_host_valid(&mut core)?
+        };
+        if access == Access::HostWrite {
+            core.valid = Valid::only(Place::Host);
+        }
+        Ok(ptr)
+    }
+
+    pub(super) fn prepare_device(
+        &self,
+        access: Access,
+        overwrite: bool,
+    ) -> Result<(Arc<DeviceBuffer>, Stream)> {
+        if self.device.is_none() {
+            return Err(self.no_device());
+        }
+        let mut core = self.shared.core.lock();
+        self.settle(&mut core, access)?;
+        let buf = if overwrite {
+            self.ensure_dev_alloc(&mut core)?
+        } else {
+            self.ensure_dev_valid(&mut core)?
+        };
+        if access == Access::DeviceWrite {
+            core.valid = Valid::only(Place::Device);
+        }
+        core.dev_exposed = true;
+        Ok((buf, self.pick_stream(None)?))
+    }
+
+    /// Makes the host mirror current (Caffe's `to_cpu`), returning its start.
+    fn ensure_host_valid(&self, core: &mut Core) -> Result<*mut u8> {
+        if core.valid.has(Place::Host) {
+            return core
+                .host
+                .as_ref()
+                .map(HostMem::ptr)
+                .ok_or_else(|| self.no_host());
+        }
+        let fresh = core.valid.is_empty();
+        let dst = self.ensure_host_alloc(core, fresh)?;
+        if fresh {
+            // First allocation out of Uninitialized: host memory comes zero-filled.
+            core.valid = Valid::only(Place::Host);
+            return Ok(dst);
+        }
+        let dev = core.dev.clone().ok_or_else(|| self.no_device())?;
+        let stream = self.pick_stream(None)?;
+        // SAFETY: `dst` is the host mirror (valid for `size` bytes). The host is not valid, so
+        // no host guard exists; the copy is blocking.
+        unsafe { stream.read_raw(&dev, 0, dst, self.size, true)? };
+        self.count(Direction::DeviceToHost);
+        core.valid = core.valid.with(Place::Host);
+        Ok(dst)
+    }
+
+    /// Makes the device mirror current (Caffe's `to_gpu`).
+    fn ensure_dev_valid(&self, core: &mut Core) -> Result<Arc<DeviceBuffer>> {
+        if core.valid.has(Place::Device) {
+            return core.dev.clone().ok_or_else(|| self.no_device());
+        }
+        let fresh = core.valid.is_empty();
+        let had = core.dev.is_some();
+        let dev = self.ensure_dev_alloc(core)?;
+        let stream = self.pick_stream(None)?;
+        if fresh {
+            // First allocation out of Uninitialized: zero fill (device memory comes dirty).
+            if !had {
+                stream.fill_raw(&dev, 0, self.size, 0)?;
+                stream.synchronize()?;
+            }
+            core.valid = Valid::only(Place::Device);
+            return Ok(dev);
+        }
+        let src = core
+            .host
+            .as_ref()
+            .map(HostMem::ptr)
+            .ok_or_else(|| self.no_host())?;
+        // SAFETY: `src` is the current host mirror, valid for `size` bytes; readers only read it
+        // and writers are excluded by the access lock; the copy is blocking.
+        unsafe { stream.write_raw(&dev, 0, src, self.size, true)? };
+        self.count(Direction::HostToDevice);
+        core.valid = core.valid.with(Place::Device);
+        Ok(dev)
+    }
+
+    /// Settles pending work: waits for it when `access` conflicts, else settles it only if done.
+    pub(super) fn settle(&self, core: &mut Core, access: Access) -> Result<()> {
+        match &core.pending {
+            Some(p) if p.kind.conflicts_with(access) => self.finish_pending(core),
+            Some(_) => self.settle_if_complete(core),
+            None => Ok(()),
+        }
+    }
+
+    pub(super) fn settle_if_complete(&self, core: &mut Core) -> Result<()> {
+        if let Some(p) = &core.pending {
+            if p.event.is_complete()? {
+                self.finish_pending(core)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn finish_pending(&self, core: &mut Core) -> Result<()> {
+        core.finish_pending()
+    }
+
+    pub(super) fn adopt_host(&self, mem: HostMem) -> Result<()> {
+        let _lock = self.shared.access.write();
+        let mut core = self.shared.core.lock();
+        self.finish_pending(&mut core)?;
+        core.host = Some(mem);
+        core.valid = Valid::only(Place::Host);
+        Ok(())
+    }
+
+    pub(crate) fn set_pending_work(&self, event: Event) {
+        let mut core = self.shared.core.lock();
+        // A newer event on a stream covers what came before it on that stream only; keep the
+        // older one waited for first.
+        if let Some(old) = core.pending.take() {
+            let _ = old.event.wait();
+            if let Some(place) = old.kind.lands_on() {
+                core.valid = core.valid.with(place);
+            }
+        }
+        core.pending = Some(Pending {
+            kind: PendingKind::DeviceWork,
+            event,
+        });
+    }
+
+    pub(super) fn pick_stream(&self, given: Option<&Stream>) -> Result<Stream> {
+        if let Some(s) = given.or(self.stream.as_ref()) {
+            return Ok(s.clone());
+        }
+        self.device
+            .as_ref()
+            .ok_or_else(|| self.no_device())?
+            .default_stream()
+    }
+
+    pub(super) fn count(&self, d: Direction) {
+        if self.size > 0 {
+            self.copies.record(d, self.size);
+        }
+    }
+
+    pub(super) fn check_len(&self, op: &str, len: usize) -> Result<()> {
+        if len != self.size {
+            return Err(Error::SizeMismatch {
+                what: format!("{op} on {}", self.label),
+                expected: self.size,
+                actual: len,
+            });
+        }
+        Ok(())
+    }
+
+    pub(super) fn named(&self, e: Error) -> Error {
+        match e {
+            Error::OutOfMemory {
+                device,
+                requested,
+                detail,
+            } => Error::OutOfMemory {
+                device,
+                requested,
+                detail: format!("{detail} for buffer {}", self.label),
+            },
+            e => e,
+        }
+    }
+
+    pub(super) fn busy(&self, reason: &'static str) -> Error {
+        Error::Busy {
+            buffer: self.label.clone(),
+            reason,
+        }
+    }
+
+    pub(super) fn no_device(&self) -> Error {
+        Error::NoDevice {
+            buffer: self.label.clone(),
+        }
+    }
+
+    pub(super) fn no_host(&self) -> Error {
+        Error::InvalidState {
+            op: "host access",
+            buffer: self.label.clone(),
+            reason: "host mirror missing while marked current".into(),
+        }
+    }
+
+    pub(super) fn uninit(&self, op: &'static str) -> Error {
+        Error::InvalidState {
+            op,
+            buffer: self.label.clone(),
+            reason: "the buffer is uninitialized: there is no data to transfer".into(),
+        }
+    }
+}
