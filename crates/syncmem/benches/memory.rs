@@ -128,7 +128,7 @@ fn trace_replay(bencher: divan::Bencher, kind: PoolKind) {
 /// Cost of the trace hook on a 64-byte host-to-device copy on a `cpu` device: with no trace
 /// attached (one relaxed atomic load), with a trace attached to another device only (the list
 /// of attachments is read), and with a trace recording this device (an event is pushed).
-#[divan::bench(args = ["off", "other device", "this device"], sample_count = 100)]
+#[divan::bench(args = ["off", "other device", "this device"], sample_count = 100, sample_size = 1000)]
 fn copy_64b_traced(bencher: divan::Bencher, mode: &str) {
     let dev = Device::cpu().detached();
     let other = Device::cpu().detached();
