@@ -4,7 +4,9 @@ mod commands;
 
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use syncmem::alloc::trace::{EnvTrace, TRACE_ENV};
 
 /// Tensor memory mirrored on the host and on compute devices (Caffe's SyncedMemory, in Rust).
 #[derive(Parser)]
@@ -26,22 +28,48 @@ enum Command {
     Bench(commands::bench::Args),
     /// Train a small MLP with nets of operators on a device; report memory and transfers.
     Train(commands::train::Args),
+    /// Record memory traffic (allocations, frees, copies, evictions) and replay it against
+    /// pool configurations.
+    Trace(commands::trace::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
+    let result = with_env_trace(|| match cli.command {
         Command::Devices(args) => commands::devices::run(&args),
         Command::Demo(args) => commands::demo::run(&args),
         Command::Inspect(args) => commands::inspect::run(&args),
         Command::Train(args) => commands::train::run(&args),
         Command::Bench(args) => commands::bench::run(&args),
-    };
+        Command::Trace(args) => commands::trace::run(&args),
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("syncmem: error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Runs `command`, recording the whole process into the file named by `SYNCMEM_TRACE` when it
+/// is set (the trace is saved even when the command fails).
+fn with_env_trace(command: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
+    let recording = EnvTrace::from_env().context(TRACE_ENV)?;
+    let result = command();
+    let Some(rec) = recording else {
+        return result;
+    };
+    let path = rec.path().display().to_string();
+    match rec.finish() {
+        Ok(events) => {
+            eprintln!("syncmem: {TRACE_ENV}: {events} events written to {path}");
+            result
+        }
+        Err(e) if result.is_err() => {
+            eprintln!("syncmem: {TRACE_ENV}: the trace was not saved: {e}");
+            result
+        }
+        Err(e) => Err(e).context(format!("{TRACE_ENV}: saving the trace")),
     }
 }

@@ -5,7 +5,7 @@
 //! default `opencl:0`, skipped with a note when absent; `SYNCMEM_BENCH_QUICK=1` for fewer runs).
 
 use std::hint::black_box;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use syncmem::alloc::pool::HostPool;
 use syncmem::alloc::trace::{replay, Trace};
@@ -123,4 +123,28 @@ fn trace_replay(bencher: divan::Bencher, kind: PoolKind) {
     let trace = Trace::synthetic(16);
     let cfg = PoolConfig::new(kind);
     bencher.bench_local(|| black_box(replay(&trace, &cfg).unwrap()));
+}
+
+/// Cost of the trace hook on a 64-byte host-to-device copy on a `cpu` device: with no trace
+/// attached (one relaxed atomic load), with a trace attached to another device only (the list
+/// of attachments is read), and with a trace recording this device (an event is pushed).
+#[divan::bench(args = ["off", "other device", "this device"], sample_count = 100, sample_size = 1000)]
+fn copy_64b_traced(bencher: divan::Bencher, mode: &str) {
+    let dev = Device::cpu().detached();
+    let other = Device::cpu().detached();
+    let stream = dev.new_stream().unwrap();
+    let mut d = dev.alloc(64).unwrap();
+    let host = [1u8; 64];
+    let trace = Arc::new(Trace::new());
+    let _guard = match mode {
+        "other device" => Some(trace.attach_device_only(&other)),
+        "this device" => Some(trace.attach_device_only(&dev)),
+        _ => None,
+    };
+    // Warm up (the first benchmark of a run otherwise pays for cold caches).
+    for _ in 0..10_000 {
+        stream.write(&mut d, 0, &host).unwrap();
+    }
+    trace.clear();
+    bencher.bench_local(|| stream.write(&mut d, 0, black_box(&host)).unwrap());
 }

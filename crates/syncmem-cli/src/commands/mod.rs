@@ -4,6 +4,7 @@ pub mod bench;
 pub mod demo;
 pub mod devices;
 pub mod inspect;
+pub mod trace;
 pub mod train;
 
 use std::io::Write;

@@ -103,6 +103,24 @@ Accuracies are fractions (0-1); bytes are integers.";
 
 /// Runs `syncmem train`.
 pub fn run(args: &Args) -> anyhow::Result<()> {
+    let report = execute(args, !args.json)?;
+    if args.json {
+        super::print_json(&report)
+    } else {
+        report.print_human();
+        Ok(())
+    }
+}
+
+/// Trains as `syncmem train` does, printing nothing; returns the label of the device trained
+/// on (`syncmem trace record` records this run).
+pub fn train_quietly(args: &Args) -> anyhow::Result<String> {
+    execute(args, false).map(|r| r.device().to_string())
+}
+
+/// Trains and builds the report; `human` prints the header, a progress bar on a terminal and a
+/// line per epoch.
+fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
     ensure!(args.epochs >= 1, "--epochs must be at least 1");
     ensure!(args.batch >= 1, "--batch must be at least 1");
     ensure!(args.hidden >= 1, "--hidden must be at least 1");
@@ -127,7 +145,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         seed: args.seed,
         plan: !args.no_plan,
     };
-    if !args.json {
+    if human {
         if let Some(n) = &note {
             println!("note: {n}");
         }
@@ -153,7 +171,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let start = Instant::now();
     let mut trainer = Trainer::new(&dev, &data, &cfg).context("setting up training")?;
     let steps = (trainer.batch_count() * cfg.epochs) as u64;
-    let bar = progress_bar(args.json, steps);
+    let bar = progress_bar(!human, steps);
     let mut epochs = Vec::new();
     for e in 0..cfg.epochs {
         let stats = trainer
@@ -164,7 +182,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             stats.loss,
             stats.accuracy * 100.0
         ));
-        if !args.json {
+        if human {
             bar.suspend(|| {
                 println!(
                     "epoch {:>3}/{}  loss {:.4}  accuracy {:>5.1}%  {:.3} s",
@@ -183,7 +201,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let seconds = start.elapsed().as_secs_f64();
     let process = syncmem::stats().copies.since(&process_before);
 
-    let report = report::build(report::Run {
+    Ok(report::build(report::Run {
         device: &dev,
         note,
         source,
@@ -196,13 +214,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         seconds,
         process,
         planning: &planning,
-    });
-    if args.json {
-        super::print_json(&report)
-    } else {
-        report.print_human();
-        Ok(())
-    }
+    }))
 }
 
 fn pick_device(spec: Option<&str>) -> anyhow::Result<(Device, Option<String>)> {
@@ -280,8 +292,8 @@ fn load_safetensors(path: &Path) -> anyhow::Result<Dataset> {
     Dataset::new(xv, yv, xs[1]).with_context(|| format!("dataset in {}", path.display()))
 }
 
-fn progress_bar(json: bool, steps: u64) -> ProgressBar {
-    if json || !std::io::stderr().is_terminal() {
+fn progress_bar(quiet: bool, steps: u64) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(steps);

@@ -6,7 +6,9 @@
 //!   out-of-memory path.
 //! - Pinned host and device memory come from [`crate::Device::alloc_pinned`] and
 //!   [`crate::Device::alloc`] (direct) or from the device's pools.
-//! - [`trace`]: record pool traffic ([`Trace`]), save/load it as JSON lines, [`replay`] it.
+//! - [`trace`]: record allocations, frees, copies and evictions per device ([`Trace`],
+//!   [`Trace::attach`]), save/load them as JSON lines, replay them against any pool
+//!   configuration ([`trace::replay_with`]).
 //! - [`stats`]: always-on counters, read with [`crate::stats`]; [`json`] writes them as JSON.
 
 mod host;
@@ -16,4 +18,4 @@ pub mod stats;
 pub mod trace;
 
 pub use host::{HostBlock, HOST_ALIGN};
-pub use trace::{replay, ReplayReport, Trace, TraceEvent};
+pub use trace::{replay, ReplayReport, Trace, TraceEvent, TraceGuard};

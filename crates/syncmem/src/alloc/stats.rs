@@ -6,6 +6,8 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use serde::{Deserialize, Serialize};
+
 use super::pool::PoolStats;
 
 /// Live counters for one memory space (host, or one device, or one device's pinned memory).
@@ -75,7 +77,8 @@ pub struct MemStats {
 }
 
 /// Direction of a copy between host and device memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Direction {
     /// Host memory to device memory.
     HostToDevice,
@@ -151,7 +154,7 @@ impl CopyCounters {
 }
 
 /// Count and bytes of copies in one direction.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CopyDir {
     /// Number of copies.
     pub count: u64,
@@ -160,7 +163,7 @@ pub struct CopyDir {
 }
 
 /// A reading of [`CopyCounters`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CopyStats {
     /// Host to device.
     pub host_to_device: CopyDir,

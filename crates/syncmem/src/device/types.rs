@@ -12,6 +12,7 @@ use super::opencl;
 use super::{cpu, with_raw_device, Device};
 use crate::alloc::pool::{Fence, Lease};
 use crate::alloc::stats::{Direction, COPIES};
+use crate::alloc::trace::hub as trace_hub;
 use crate::error::{check_range, Error, Result};
 
 pub(crate) enum RawMem {
@@ -397,6 +398,16 @@ impl Stream {
         unsafe { self.read_raw(src, offset, dst.as_mut_ptr(), dst.len(), false) }
     }
 
+    /// Counts a copy made on this stream in the always-on counters and, when a trace is
+    /// attached anywhere (one relaxed atomic load otherwise), reports it to the traces
+    /// attached to this device.
+    fn count_copy(&self, d: Direction, len: usize) {
+        COPIES.record(d, len);
+        if trace_hub::active() {
+            trace_hub::copy(&self.device, d, len);
+        }
+    }
+
     /// # Safety
     /// `src` valid for `len` reads; when `!blocking`, until the copy completes.
     pub(crate) unsafe fn write_raw(
@@ -416,7 +427,7 @@ impl Stream {
         with_stream_mem!(self, mem, |s, m| unsafe {
             s.write(m, offset, src, len, blocking)
         })?;
-        COPIES.record(Direction::HostToDevice, len);
+        self.count_copy(Direction::HostToDevice, len);
         Ok(())
     }
 
@@ -439,7 +450,7 @@ impl Stream {
         with_stream_mem!(self, mem, |s, m| unsafe {
             s.read(m, offset, dst, len, blocking)
         })?;
-        COPIES.record(Direction::DeviceToHost, len);
+        self.count_copy(Direction::DeviceToHost, len);
         Ok(())
     }
 
@@ -492,7 +503,7 @@ impl Stream {
             #[allow(unreachable_patterns)]
             _ => Err(self.mismatch("copy")),
         }?;
-        COPIES.record(Direction::DeviceToDevice, len);
+        self.count_copy(Direction::DeviceToDevice, len);
         Ok(())
     }
 

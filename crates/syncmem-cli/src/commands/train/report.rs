@@ -292,6 +292,11 @@ fn fmt_dir(d: Dir) -> String {
 
 impl Report {
     /// Prints the text form.
+    /// The device trained on.
+    pub(super) fn device(&self) -> &str {
+        &self.device
+    }
+
     pub(super) fn print_human(&self) {
         let r = self;
         let last = r.epochs.last().map_or(0.0, |e| e.seconds);

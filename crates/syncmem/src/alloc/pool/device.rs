@@ -45,6 +45,8 @@ pub(crate) struct DeviceMemory {
     direct: AtomicU64,
     pub(crate) mirrors: MirrorRegistry,
     last_oom: Mutex<Option<OomReport>>,
+    /// This device's trace source: its pools and copies report under it to attached traces.
+    trace_source: u64,
 }
 
 impl Default for DeviceMemory {
@@ -56,6 +58,7 @@ impl Default for DeviceMemory {
             direct: AtomicU64::new(0),
             mirrors: MirrorRegistry::default(),
             last_oom: Mutex::new(None),
+            trace_source: crate::alloc::trace::hub::new_source(),
         }
     }
 }
@@ -87,7 +90,14 @@ impl DeviceMemory {
         cfg.validate()?;
         let cap = cfg.memory_cap.map(|c| c.resolve(dev.info().total_memory));
         self.budget.set_cap(cap);
-        Pool::new(dev.label(), cfg, self.budget.clone(), max_segment(dev))
+        let p = Pool::new(dev.label(), cfg, self.budget.clone(), max_segment(dev))?;
+        p.publish(self.trace_source);
+        Ok(p)
+    }
+
+    /// This device's trace source (see [`crate::alloc::trace::hub`]).
+    pub(crate) fn trace_source(&self) -> u64 {
+        self.trace_source
     }
 
     /// The device pool if it exists.
@@ -135,6 +145,7 @@ impl DeviceMemory {
             budget,
             max_segment(dev),
         )?;
+        p.publish(self.trace_source);
         *slot = Some(p.clone());
         Ok(p)
     }

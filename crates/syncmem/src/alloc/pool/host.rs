@@ -70,10 +70,12 @@ impl HostPool {
         let total = crate::Device::cpu().info().total_memory;
         let cap = config.memory_cap.map(|c| c.resolve(total));
         let budget = Arc::new(Budget::new(cap));
-        Ok(Self {
-            pool: Pool::new(label, config, budget, isize::MAX as usize)?,
-            counted,
-        })
+        let pool = Pool::new(label, config, budget, isize::MAX as usize)?;
+        if counted {
+            // The process-wide pool reports to process-wide traces.
+            pool.publish(crate::alloc::trace::HOST_SOURCE);
+        }
+        Ok(Self { pool, counted })
     }
 
     /// Allocates `len` bytes. The contents are initialised but unspecified: zero when

@@ -27,7 +27,9 @@
 //! # Statistics and tracing
 //!
 //! Every pool keeps [`PoolStats`]; a [`PoolObserver`] sees every allocation, free, segment and
-//! out-of-memory event (the hook a trace recorder attaches to).
+//! out-of-memory event (the hook a trace recorder attaches to). The process's own pools (each
+//! device's device and pinned pools, the global host pool) also report to the traces attached
+//! with [`crate::alloc::trace::Trace::attach`], which survive [`crate::Device::set_pool`].
 
 mod arena;
 mod binned;
@@ -55,6 +57,7 @@ pub use lease::Lease;
 pub use stats::{Gauge, PoolStats};
 
 use crate::alloc::stats::human_bytes;
+use crate::alloc::trace::hub;
 use crate::error::{Error, Result};
 use stats::Counters;
 use strategy::Core;
@@ -256,12 +259,20 @@ struct Inner<T> {
     next_seg: SegId,
     c: Counters,
     observer: Option<Arc<dyn PoolObserver>>,
+    /// The trace source of a process pool (a device's pools, the global host pool): its events
+    /// also go to the traces attached process-wide ([`crate::alloc::trace::TraceGuard`]).
+    source: Option<u64>,
 }
 
 impl<T> Inner<T> {
     fn emit(&self, label: &str, ev: PoolEvent) {
         if let Some(o) = &self.observer {
             o.on_event(label, &ev);
+        }
+        if let Some(source) = self.source {
+            if hub::active() {
+                hub::pool_event(source, label, &ev);
+            }
         }
     }
 }
@@ -299,6 +310,7 @@ impl<T: Send + Sync + 'static> Pool<T> {
                 next_seg: 1,
                 c: Counters::default(),
                 observer: None,
+                source: None,
             }),
             config,
         }))
@@ -322,6 +334,18 @@ impl<T: Send + Sync + 'static> Pool<T> {
     /// Attaches (or with `None` detaches) an observer of every event.
     pub fn set_observer(&self, observer: Option<Arc<dyn PoolObserver>>) {
         self.inner.lock().observer = observer;
+    }
+
+    /// Marks a process pool: its events also go to traces attached for `source` (a device's
+    /// trace source, or the host's).
+    pub(crate) fn publish(&self, source: u64) {
+        self.inner.lock().source = Some(source);
+    }
+
+    /// Bytes of blocks handed out and of segments held, now.
+    pub(crate) fn gauges(&self) -> (u64, u64) {
+        let inner = self.inner.lock();
+        (inner.c.allocated.current, inner.c.reserved.current)
     }
 
     /// Hands out a block of at least `bytes` bytes for work on `stream`: a cached block when

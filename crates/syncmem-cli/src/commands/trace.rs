@@ -1,0 +1,338 @@
+//! `syncmem trace`: record the memory traffic of a short training run into a JSON-lines file,
+//! and replay such a file against pool configurations to compare them.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{ensure, Context as _};
+use serde::Serialize;
+use syncmem::alloc::pool::config::parse_size;
+use syncmem::alloc::stats::{human_bytes, CopyDir};
+use syncmem::alloc::trace::{replay_with, ReplayOptions, ReplayReport, Trace, TraceSummary};
+use syncmem::net::train::TrainConfig;
+use syncmem::{PoolConfig, PoolKind};
+
+use super::train;
+
+/// Arguments of `syncmem trace`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Train the MLP of `syncmem train` briefly with every device and the host pool traced,
+    /// write the trace as JSON lines and print what it holds.
+    Record(RecordArgs),
+    /// Replay a recorded trace with one fresh pool per recorded device, for each pool kind,
+    /// and compare peak memory, backend calls, cache hits and out-of-memory counts.
+    Replay(ReplayArgs),
+}
+
+/// Arguments of `syncmem trace record`.
+#[derive(clap::Args)]
+#[command(after_long_help = RECORD_HELP)]
+struct RecordArgs {
+    /// Device to train on: `cpu`, `opencl:N` or `cuda:N`. Default: the first OpenCL device,
+    /// else `cpu`.
+    #[arg(long, value_name = "D")]
+    device: Option<String>,
+
+    /// Passes over the data.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    epochs: usize,
+
+    /// The trace file to write (JSON lines).
+    #[arg(long, value_name = "FILE", default_value = "syncmem-trace.jsonl")]
+    out: PathBuf,
+
+    /// Print one JSON object instead of the text summary.
+    #[arg(long)]
+    json: bool,
+}
+
+const RECORD_HELP: &str = "\
+Each line of the file is one event:
+  {\"op\":\"alloc\",\"id\",\"size\",\"stream\",\"device\"}   a block from a pool
+  {\"op\":\"free\",\"id\",\"device\"}                      its return
+  {\"op\":\"copy\",\"direction\",\"bytes\",\"device\"}       host_to_device, device_to_host or
+                                                    device_to_device, by a stream of device
+  {\"op\":\"evict\",\"label\",\"bytes\",\"device\"}          a clean device mirror dropped
+`device` is the pool's label: `opencl:0` (device memory), `opencl:0 pinned`, `host`.
+
+JSON output (--json): {\"file\", \"device\", \"epochs\", \"summary\", \"devices\": [{\"device\",
+\"summary\"}]}, each summary {\"events\", \"allocs\", \"alloc_bytes\", \"frees\", \"copies\":
+{\"host_to_device\": {\"count\", \"bytes\"}, \"device_to_host\", \"device_to_device\"},
+\"evictions\", \"evicted_bytes\", \"devices\"}.";
+
+/// Arguments of `syncmem trace replay`.
+#[derive(clap::Args)]
+#[command(after_long_help = REPLAY_HELP)]
+struct ReplayArgs {
+    /// A trace written by `syncmem trace record` (or `Trace::save_file`).
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+
+    /// The pool kinds to compare: `caching`, `binned`, `none` or `all`.
+    #[arg(long, value_name = "KIND", default_value = "all")]
+    pool: String,
+
+    /// A memory cap for each device pool (`512MiB`, `2G`, bytes): allocations that do not fit
+    /// even after releasing the pool's cache count as OOMs.
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    cap: Option<u64>,
+
+    /// The same for the host pools (`host`, `... pinned`).
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    host_cap: Option<u64>,
+
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+const REPLAY_HELP: &str = "\
+Columns: peak reserved (segments held from the backend), peak allocated (blocks handed out,
+rounded), overhead (reserved / allocated), backend calls (segment allocations and frees),
+cache hits, retries (allocations served only after releasing the cache under the cap), OOMs
+(allocations refused under the cap). `total` is every device together: peaks of the sums over
+time. Copies and evictions are as recorded and do not depend on the pool.
+
+JSON output (--json): {\"file\", \"cap\", \"host_cap\", \"summary\", \"devices\": [{\"device\",
+\"summary\"}], \"rows\": [{\"kind\", \"device\" (a label or \"total\"), \"peak_reserved\",
+\"peak_allocated\", \"overhead\", \"backend_calls\", \"cache_hits\", \"allocations\", \"retries\",
+\"ooms\", \"oom_bytes\"}]} (summaries as in `syncmem trace record --help`).";
+
+/// Runs `syncmem trace`.
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    match &args.command {
+        Command::Record(a) => record(a),
+        Command::Replay(a) => replay(a),
+    }
+}
+
+#[derive(Serialize)]
+struct DeviceSummary {
+    device: String,
+    summary: TraceSummary,
+}
+
+fn device_summaries(trace: &Trace) -> Vec<DeviceSummary> {
+    trace
+        .summaries_by_device()
+        .into_iter()
+        .map(|(device, summary)| DeviceSummary { device, summary })
+        .collect()
+}
+
+#[derive(Serialize)]
+struct RecordReport {
+    file: String,
+    device: String,
+    epochs: usize,
+    summary: TraceSummary,
+    devices: Vec<DeviceSummary>,
+}
+
+fn record(args: &RecordArgs) -> anyhow::Result<()> {
+    ensure!(args.epochs >= 1, "--epochs must be at least 1");
+    let d = TrainConfig::default();
+    let train_args = train::Args {
+        device: args.device.clone(),
+        epochs: args.epochs,
+        data: None,
+        seed: d.seed,
+        batch: d.batch,
+        lr: d.lr,
+        hidden: d.hidden[0],
+        plan: true,
+        no_plan: false,
+        json: true,
+    };
+    // Fail on an unwritable path before training.
+    std::fs::File::create(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let trace = Arc::new(Trace::new());
+    let guard = trace.attach_all();
+    let device = train::train_quietly(&train_args).context("the traced training run")?;
+    drop(guard);
+    trace
+        .save_file(&args.out)
+        .context("writing the trace file")?;
+    let report = RecordReport {
+        file: args.out.display().to_string(),
+        device,
+        epochs: args.epochs,
+        summary: trace.summary(),
+        devices: device_summaries(&trace),
+    };
+    if args.json {
+        return super::print_json(&report);
+    }
+    println!(
+        "recorded {} events of {} epoch(s) of training on {} into {}",
+        report.summary.events, report.epochs, report.device, report.file
+    );
+    print_summaries(&report.summary, &report.devices);
+    Ok(())
+}
+
+fn dir(d: CopyDir) -> String {
+    format!("{} ({})", d.count, human_bytes(d.bytes))
+}
+
+fn print_summaries(total: &TraceSummary, devices: &[DeviceSummary]) {
+    println!(
+        "{:<18} {:>8} {:>8} {:>12} {:>20} {:>20} {:>20} {:>10}",
+        "device",
+        "allocs",
+        "frees",
+        "alloc bytes",
+        "host->device",
+        "device->host",
+        "device->device",
+        "evictions"
+    );
+    let rows = devices
+        .iter()
+        .map(|d| (d.device.as_str(), &d.summary))
+        .chain(std::iter::once(("total", total)));
+    for (name, s) in rows {
+        println!(
+            "{:<18} {:>8} {:>8} {:>12} {:>20} {:>20} {:>20} {:>10}",
+            name,
+            s.allocs,
+            s.frees,
+            human_bytes(s.alloc_bytes),
+            dir(s.copies.host_to_device),
+            dir(s.copies.device_to_host),
+            dir(s.copies.device_to_device),
+            s.evictions
+        );
+    }
+}
+
+#[derive(Serialize)]
+struct Row {
+    kind: String,
+    device: String,
+    peak_reserved: u64,
+    peak_allocated: u64,
+    overhead: f64,
+    backend_calls: u64,
+    cache_hits: u64,
+    allocations: u64,
+    retries: u64,
+    ooms: u64,
+    oom_bytes: u64,
+}
+
+impl Row {
+    fn new(kind: PoolKind, device: &str, r: &ReplayReport) -> Self {
+        Row {
+            kind: kind.to_string(),
+            device: device.to_string(),
+            peak_reserved: r.peak_reserved,
+            peak_allocated: r.peak_allocated,
+            overhead: r.overhead(),
+            backend_calls: r.backend_calls,
+            cache_hits: r.cache_hits,
+            allocations: r.allocations,
+            retries: r.retries,
+            ooms: r.ooms,
+            oom_bytes: r.oom_bytes,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ReplayOutput {
+    file: String,
+    cap: Option<u64>,
+    host_cap: Option<u64>,
+    summary: TraceSummary,
+    devices: Vec<DeviceSummary>,
+    rows: Vec<Row>,
+}
+
+fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
+    let kinds = match args.pool.trim().to_ascii_lowercase().as_str() {
+        "all" => vec![PoolKind::Caching, PoolKind::Binned, PoolKind::None],
+        other => vec![other.parse::<PoolKind>().map_err(|_| {
+            anyhow::anyhow!("--pool {other:?}: expected caching, binned, none or all")
+        })?],
+    };
+    let trace = Trace::load_file(&args.file)?;
+    let opts = ReplayOptions {
+        cap: args.cap,
+        host_cap: args.host_cap,
+    };
+    let mut rows = Vec::new();
+    for kind in kinds {
+        let r = replay_with(&trace, &PoolConfig::new(kind), &opts)
+            .with_context(|| format!("replaying {} on {kind} pools", args.file.display()))?;
+        for d in &r.devices {
+            rows.push(Row::new(kind, &d.device, &d.report));
+        }
+        rows.push(Row::new(kind, "total", &r.total));
+    }
+    let out = ReplayOutput {
+        file: args.file.display().to_string(),
+        cap: args.cap,
+        host_cap: args.host_cap,
+        summary: trace.summary(),
+        devices: device_summaries(&trace),
+        rows,
+    };
+    if args.json {
+        return super::print_json(&out);
+    }
+    let cap = |c: Option<u64>| c.map_or_else(|| "none".to_string(), human_bytes);
+    println!(
+        "{}: {} events; cap per device pool {}, per host pool {}",
+        out.file,
+        out.summary.events,
+        cap(out.cap),
+        cap(out.host_cap)
+    );
+    println!("recorded:");
+    print_summaries(&out.summary, &out.devices);
+    println!("replayed:");
+    println!(
+        "{:<18} {:>8} {:>13} {:>14} {:>8} {:>13} {:>10} {:>8} {:>6}",
+        "device",
+        "pool",
+        "peak reserved",
+        "peak allocated",
+        "overhead",
+        "backend calls",
+        "cache hits",
+        "retries",
+        "OOMs"
+    );
+    // Grouped by device (in the trace's order, total last), the pool kinds together.
+    let mut order: Vec<&str> = Vec::new();
+    for r in &out.rows {
+        if !order.contains(&r.device.as_str()) {
+            order.push(&r.device);
+        }
+    }
+    for device in order {
+        for r in out.rows.iter().filter(|r| r.device == device) {
+            println!(
+                "{:<18} {:>8} {:>13} {:>14} {:>8.3} {:>13} {:>10} {:>8} {:>6}",
+                r.device,
+                r.kind,
+                human_bytes(r.peak_reserved),
+                human_bytes(r.peak_allocated),
+                r.overhead,
+                r.backend_calls,
+                r.cache_hits,
+                r.retries,
+                r.ooms
+            );
+        }
+    }
+    Ok(())
+}

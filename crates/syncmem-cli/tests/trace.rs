@@ -1,0 +1,310 @@
+//! Runs `syncmem trace record` and `syncmem trace replay`, and `SYNCMEM_TRACE`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn syncmem(args: &[&str], env: &[(&str, &Path)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_syncmem"));
+    c.args(args).env_remove("SYNCMEM_TRACE");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run the syncmem binary")
+}
+
+fn json(args: &[&str]) -> Value {
+    let out = syncmem(args, &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "syncmem {args:?} failed ({}):\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("syncmem {args:?}: stdout is not JSON ({e}):\n{stdout}"))
+}
+
+/// Runs `syncmem args`, requires a non-zero exit, returns stderr.
+fn fails(args: &[&str]) -> String {
+    let out = syncmem(args, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.code().is_some_and(|c| c != 0),
+        "syncmem {args:?} should fail ({}):\nstdout:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+    stderr
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64()
+        .unwrap_or_else(|| panic!("not an unsigned integer: {v}"))
+}
+
+/// A fresh directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("syncmem-cli-trace-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Records a one-epoch run on `device`, checks the file and the summary, replays the file
+/// without and with a cap, and checks the comparison.
+fn record_and_replay(device: &str) {
+    let dir = scratch(&device.replace(':', "-"));
+    let file = dir.join("run.jsonl");
+    let f = file.to_str().unwrap();
+    let r = json(&[
+        "trace", "record", "--device", device, "--epochs", "1", "--out", f, "--json",
+    ]);
+    assert_eq!(r["device"], device);
+    assert_eq!(r["file"], f);
+    let s = &r["summary"];
+
+    // The file: one JSON event per line, as many as the summary says.
+    let text = std::fs::read_to_string(&file).unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(lines.len() as u64, u(&s["events"]));
+    let count = |op: &str| lines.iter().filter(|l| l["op"] == op).count() as u64;
+    assert_eq!(count("alloc"), u(&s["allocs"]));
+    assert_eq!(count("free"), u(&s["frees"]));
+    assert_eq!(
+        count("copy"),
+        ["host_to_device", "device_to_host", "device_to_device"]
+            .iter()
+            .map(|d| u(&s["copies"][d]["count"]))
+            .sum::<u64>()
+    );
+    assert_eq!(
+        count("alloc") + count("free") + count("copy") + count("evict"),
+        lines.len() as u64
+    );
+    // The run uploads its data and parameters and reads back the loss each step; everything
+    // it allocates it frees.
+    assert!(u(&s["copies"]["host_to_device"]["count"]) > 0, "{s}");
+    assert!(u(&s["copies"]["device_to_host"]["count"]) > 0, "{s}");
+    assert!(u(&s["allocs"]) > 0);
+    assert_eq!(u(&s["allocs"]), u(&s["frees"]), "{s}");
+    let copy_bytes: u64 = lines
+        .iter()
+        .filter(|l| l["op"] == "copy" && l["direction"] == "host_to_device")
+        .map(|l| u(&l["bytes"]))
+        .sum();
+    assert_eq!(copy_bytes, u(&s["copies"]["host_to_device"]["bytes"]));
+    assert!(lines
+        .iter()
+        .filter(|l| l["op"] == "copy")
+        .all(|l| l["device"] == device));
+    let devices: Vec<&str> = r["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["device"].as_str().unwrap())
+        .collect();
+    assert!(
+        devices.contains(&device) && devices.contains(&"host"),
+        "{devices:?}"
+    );
+    let per_device: u64 = r["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| u(&d["summary"]["events"]))
+        .sum();
+    assert_eq!(per_device, u(&s["events"]));
+
+    // Replay on every pool kind.
+    let v = json(&["trace", "replay", f, "--json"]);
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3 * (devices.len() + 1), "{v:#}");
+    let row = |kind: &str, dev: &str| -> &Value {
+        rows.iter()
+            .find(|r| r["kind"] == kind && r["device"] == dev)
+            .unwrap_or_else(|| panic!("no row {kind} {dev}: {v:#}"))
+    };
+    for kind in ["caching", "binned", "none"] {
+        let t = row(kind, "total");
+        assert_eq!(u(&t["allocations"]), u(&s["allocs"]), "{kind}");
+        for r in rows.iter().filter(|r| r["kind"] == kind) {
+            assert!(u(&r["peak_reserved"]) >= u(&r["peak_allocated"]), "{r}");
+            assert_eq!(u(&r["ooms"]), 0, "{r}");
+        }
+    }
+    let none = row("none", device);
+    assert_eq!(u(&none["cache_hits"]), 0);
+    assert_eq!(u(&none["peak_reserved"]), u(&none["peak_allocated"]));
+    let caching = row("caching", device);
+    assert!(u(&caching["cache_hits"]) > 0, "{caching}");
+    assert!(u(&caching["backend_calls"]) < u(&none["backend_calls"]));
+
+    // Under a 4 KiB cap per device pool, the device runs out of memory; the host does not.
+    let v = json(&[
+        "trace", "replay", f, "--pool", "binned", "--cap", "4KiB", "--json",
+    ]);
+    assert_eq!(u(&v["cap"]), 4096);
+    let rows = v["rows"].as_array().unwrap();
+    assert!(rows.iter().all(|r| r["kind"] == "binned"));
+    let dev_row = rows.iter().find(|r| r["device"] == device).unwrap();
+    assert!(u(&dev_row["ooms"]) > 0, "{dev_row}");
+    assert!(u(&dev_row["peak_reserved"]) <= 4096, "{dev_row}");
+    let host_row = rows.iter().find(|r| r["device"] == "host").unwrap();
+    assert_eq!(u(&host_row["ooms"]), 0);
+
+    // The text table.
+    let out = syncmem(&["trace", "replay", f], &[]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "peak reserved",
+        "backend calls",
+        "OOMs",
+        "caching",
+        "binned",
+        "none",
+        device,
+    ] {
+        assert!(text.contains(needle), "missing {needle:?}:\n{text}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn record_and_replay_on_cpu() {
+    record_and_replay("cpu");
+}
+
+#[cfg(feature = "opencl")]
+#[test]
+fn record_and_replay_on_opencl() {
+    let Some(dev) = syncmem::testing::opencl_or_skip("record_and_replay_on_opencl") else {
+        return;
+    };
+    record_and_replay(dev.label());
+}
+
+#[test]
+fn replay_of_a_bad_file_fails_clearly() {
+    let dir = scratch("bad");
+    let missing = dir.join("missing.jsonl");
+    let err = fails(&["trace", "replay", missing.to_str().unwrap()]);
+    assert!(
+        err.contains("cannot open") && err.contains("missing.jsonl"),
+        "{err}"
+    );
+
+    let garbage = dir.join("garbage.jsonl");
+    std::fs::write(
+        &garbage,
+        "{\"op\":\"alloc\",\"id\":0,\"size\":8,\"stream\":0,\"device\":\"cpu\"}\nnot json\n",
+    )
+    .unwrap();
+    let err = fails(&["trace", "replay", garbage.to_str().unwrap()]);
+    assert!(
+        err.contains("invalid trace file") && err.contains("line 2"),
+        "{err}"
+    );
+
+    let empty = dir.join("empty.jsonl");
+    std::fs::write(&empty, "\n").unwrap();
+    let err = fails(&["trace", "replay", empty.to_str().unwrap()]);
+    assert!(err.contains("no events"), "{err}");
+
+    // A free of a block never allocated.
+    let unknown = dir.join("unknown.jsonl");
+    std::fs::write(&unknown, "{\"op\":\"free\",\"id\":7,\"device\":\"cpu\"}\n").unwrap();
+    let err = fails(&["trace", "replay", unknown.to_str().unwrap()]);
+    assert!(err.contains("unknown block 7"), "{err}");
+
+    let err = fails(&[
+        "trace",
+        "replay",
+        garbage.to_str().unwrap(),
+        "--pool",
+        "lru",
+    ]);
+    assert!(err.contains("--pool") && err.contains("lru"), "{err}");
+    let err = fails(&[
+        "trace",
+        "replay",
+        garbage.to_str().unwrap(),
+        "--cap",
+        "12 parsecs",
+    ]);
+    assert!(err.contains("--cap"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn old_format_file_replays() {
+    let dir = scratch("old");
+    let file = dir.join("old.jsonl");
+    std::fs::write(
+        &file,
+        "{\"op\":\"alloc\",\"id\":0,\"size\":1000,\"stream\":1,\"device\":\"opencl:0\"}\n\
+         {\"op\":\"free\",\"id\":0,\"device\":\"opencl:0\"}\n",
+    )
+    .unwrap();
+    let v = json(&[
+        "trace",
+        "replay",
+        file.to_str().unwrap(),
+        "--pool",
+        "none",
+        "--json",
+    ]);
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{v:#}");
+    assert_eq!(rows[0]["device"], "opencl:0");
+    assert_eq!(u(&rows[0]["allocations"]), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn syncmem_trace_records_any_command() {
+    let dir = scratch("env");
+    let file = dir.join("demo.jsonl");
+    let out = syncmem(
+        &["demo", "--device", "cpu", "--json", "--bytes", "4099"],
+        &[("SYNCMEM_TRACE", &file)],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("events written to"), "{stderr}");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let copies: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|l| l["op"] == "copy")
+        .collect();
+    // Caffe's sequence copies the buffer up and back down.
+    for dir in ["host_to_device", "device_to_host"] {
+        assert!(
+            copies
+                .iter()
+                .any(|c| c["direction"] == dir && u(&c["bytes"]) == 4099 && c["device"] == "cpu"),
+            "{dir}: {copies:?}"
+        );
+    }
+    // An unwritable path fails before the command runs.
+    let bad = dir.join("no-such-dir").join("t.jsonl");
+    let out = syncmem(&["devices"], &[("SYNCMEM_TRACE", &bad)]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("SYNCMEM_TRACE") && stderr.contains("cannot create"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,296 @@
+//! Replaying a trace against fresh pools, one per recorded device.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::{add_copy, invalid, Trace, TraceEvent};
+use crate::alloc::pool::{Budget, Lease, Pool, PoolConfig, StreamId};
+use crate::alloc::stats::CopyStats;
+use crate::error::Result;
+
+/// Options of [`replay_with`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplayOptions {
+    /// A memory cap in bytes for the pool of each device (any label but `host` and those
+    /// ending in ` pinned`): an allocation the capped pool cannot serve, even after releasing
+    /// its cache, counts as an out-of-memory in the report and its free is skipped.
+    pub cap: Option<u64>,
+    /// The same for host memory pools (`host`, `... pinned`).
+    pub host_cap: Option<u64>,
+}
+
+/// What a replay measured, for one device or in total.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplayReport {
+    /// Highest bytes of segments held from the backend (in total: of all pools at once).
+    pub peak_reserved: u64,
+    /// Highest bytes of blocks handed out, rounded block sizes (in total: of all pools at
+    /// once).
+    pub peak_allocated: u64,
+    /// Segment allocations and frees asked of the backend (including the final release).
+    pub backend_calls: u64,
+    /// Allocations served from cached memory.
+    pub cache_hits: u64,
+    /// Allocations served.
+    pub allocations: u64,
+    /// Allocations served only after releasing the pool's cache (the first step of the
+    /// out-of-memory path).
+    pub retries: u64,
+    /// Allocations refused under the cap ([`ReplayOptions`]).
+    pub ooms: u64,
+    /// Bytes asked for by the refused allocations.
+    pub oom_bytes: u64,
+    /// Copies recorded (they do not depend on the pool).
+    pub copies: CopyStats,
+    /// Device mirrors dropped in the recorded run (the replay has no buffers to drop).
+    pub evictions: u64,
+    /// Bytes of those mirrors.
+    pub evicted_bytes: u64,
+}
+
+impl ReplayReport {
+    /// `peak_reserved / peak_allocated` (1.0 when nothing was allocated).
+    pub fn overhead(&self) -> f64 {
+        if self.peak_allocated == 0 {
+            1.0
+        } else {
+            self.peak_reserved as f64 / self.peak_allocated as f64
+        }
+    }
+
+    fn add_counts(&mut self, o: &ReplayReport) {
+        self.backend_calls += o.backend_calls;
+        self.cache_hits += o.cache_hits;
+        self.allocations += o.allocations;
+        self.retries += o.retries;
+        self.ooms += o.ooms;
+        self.oom_bytes += o.oom_bytes;
+        for (a, b) in [
+            (&mut self.copies.host_to_device, o.copies.host_to_device),
+            (&mut self.copies.device_to_host, o.copies.device_to_host),
+            (&mut self.copies.device_to_device, o.copies.device_to_device),
+        ] {
+            a.count += b.count;
+            a.bytes += b.bytes;
+        }
+        self.evictions += o.evictions;
+        self.evicted_bytes += o.evicted_bytes;
+    }
+}
+
+/// The replay of one recorded device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceReplay {
+    /// The device (pool label) as recorded: `opencl:0`, `opencl:0 pinned`, `host`.
+    pub device: String,
+    /// What its pool did.
+    pub report: ReplayReport,
+}
+
+/// The result of [`replay_with`]: one report per recorded device and the total.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplaySummary {
+    /// One entry per device, in order of first appearance in the trace.
+    pub devices: Vec<DeviceReplay>,
+    /// Every device together: peaks of the sums over time, sums of the counts.
+    pub total: ReplayReport,
+}
+
+impl ReplaySummary {
+    /// The report of device `label`.
+    pub fn device(&self, label: &str) -> Option<&ReplayReport> {
+        self.devices
+            .iter()
+            .find(|d| d.device == label)
+            .map(|d| &d.report)
+    }
+}
+
+/// A segment that is only a size: replays need no memory behind the blocks.
+#[derive(Debug)]
+struct SizeOnly(#[allow(dead_code)] usize);
+
+/// True for the labels of host memory pools.
+fn is_host_pool(label: &str) -> bool {
+    label == "host" || label.ends_with(" pinned")
+}
+
+struct DevState {
+    label: String,
+    pool: Arc<Pool<SizeOnly>>,
+    report: ReplayReport,
+    /// (allocated, reserved) now.
+    now: (u64, u64),
+}
+
+/// Replays `trace` with every device merged into one pool's statistics: [`replay_with`]
+/// without caps, returning the total.
+///
+/// # Errors
+/// As [`replay_with`].
+pub fn replay(trace: &Trace, config: &PoolConfig) -> Result<ReplayReport> {
+    Ok(replay_with(trace, config, &ReplayOptions::default())?.total)
+}
+
+/// Replays `trace` with one fresh pool of configuration `config` per recorded device (pool
+/// label), on the streams recorded. Segments are sizes only (no memory is touched); the
+/// configuration's own `memory_cap` is ignored, the caps of `options` apply. An allocation that
+/// fails under a cap is retried once after releasing the pool's cache, then counted as an
+/// out-of-memory. Blocks still live at the end are freed, then every cache is emptied.
+///
+/// # Errors
+/// [`crate::Error::InvalidConfig`] for an invalid configuration or a trace that frees an
+/// unknown id or allocates an id twice; [`crate::Error::SizeOverflow`] for a size that cannot
+/// be rounded.
+pub fn replay_with(
+    trace: &Trace,
+    config: &PoolConfig,
+    options: &ReplayOptions,
+) -> Result<ReplaySummary> {
+    config.validate()?;
+    trace.with_events(|events| run(events, config, options))
+}
+
+fn run(
+    events: &[TraceEvent],
+    config: &PoolConfig,
+    options: &ReplayOptions,
+) -> Result<ReplaySummary> {
+    let source = |b: usize| -> Result<SizeOnly> { Ok(SizeOnly(b)) };
+    let mut devs: Vec<DevState> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut live: HashMap<u64, (usize, Lease<SizeOnly>)> = HashMap::new();
+    let mut refused: HashSet<u64> = HashSet::new();
+    let mut total = ReplayReport::default();
+    let mut total_now = (0u64, 0u64);
+
+    let mut dev_of = |label: &str, devs: &mut Vec<DevState>| -> Result<usize> {
+        if let Some(&k) = index.get(label) {
+            return Ok(k);
+        }
+        let cap = if is_host_pool(label) {
+            options.host_cap
+        } else {
+            options.cap
+        };
+        let mut cfg = config.clone();
+        cfg.memory_cap = None;
+        let pool = Pool::new(label, cfg, Arc::new(Budget::new(cap)), isize::MAX as usize)?;
+        devs.push(DevState {
+            label: label.to_string(),
+            pool,
+            report: ReplayReport::default(),
+            now: (0, 0),
+        });
+        index.insert(label.to_string(), devs.len() - 1);
+        Ok(devs.len() - 1)
+    };
+    // Follows the gauges of device `k` into the running totals.
+    let update = |d: &mut DevState, total: &mut ReplayReport, total_now: &mut (u64, u64)| {
+        let (a, r) = d.pool.gauges();
+        total_now.0 = total_now.0 - d.now.0 + a;
+        total_now.1 = total_now.1 - d.now.1 + r;
+        d.now = (a, r);
+        total.peak_allocated = total.peak_allocated.max(total_now.0);
+        total.peak_reserved = total.peak_reserved.max(total_now.1);
+    };
+
+    for e in events {
+        match e {
+            TraceEvent::Alloc {
+                id,
+                size,
+                stream,
+                device,
+            } => {
+                if live.contains_key(id) || refused.contains(id) {
+                    return Err(invalid(format!("trace allocates block {id} twice")));
+                }
+                let k = dev_of(device, &mut devs)?;
+                let d = &mut devs[k];
+                match alloc(&d.pool, *size, *stream, &source)? {
+                    Some((lease, retried)) => {
+                        d.report.allocations += 1;
+                        d.report.retries += u64::from(retried);
+                        live.insert(*id, (k, lease));
+                    }
+                    None => {
+                        d.report.ooms += 1;
+                        d.report.oom_bytes += *size as u64;
+                        refused.insert(*id);
+                    }
+                }
+                update(d, &mut total, &mut total_now);
+            }
+            TraceEvent::Free { id, .. } => {
+                if let Some((k, lease)) = live.remove(id) {
+                    drop(lease);
+                    update(&mut devs[k], &mut total, &mut total_now);
+                } else if !refused.remove(id) {
+                    return Err(invalid(format!("trace frees unknown block {id}")));
+                }
+            }
+            TraceEvent::Copy {
+                direction,
+                bytes,
+                device,
+            } => {
+                let k = dev_of(device, &mut devs)?;
+                add_copy(&mut devs[k].report.copies, *direction, *bytes);
+            }
+            TraceEvent::Evict { bytes, device, .. } => {
+                let k = dev_of(device, &mut devs)?;
+                devs[k].report.evictions += 1;
+                devs[k].report.evicted_bytes += *bytes as u64;
+            }
+        }
+    }
+    drop(live);
+    let mut out = Vec::with_capacity(devs.len());
+    for d in devs {
+        d.pool.empty_cache();
+        let s = d.pool.stats();
+        let report = ReplayReport {
+            peak_reserved: s.reserved.peak,
+            peak_allocated: s.allocated.peak,
+            backend_calls: s.backend_allocs + s.backend_frees,
+            cache_hits: s.cache_hits,
+            ..d.report
+        };
+        total.add_counts(&report);
+        out.push(DeviceReplay {
+            device: d.label,
+            report,
+        });
+    }
+    Ok(ReplaySummary {
+        devices: out,
+        total,
+    })
+}
+
+/// One allocation with the first step of the out-of-memory path: `None` when refused for good;
+/// the flag says whether the cache had to be released.
+fn alloc(
+    pool: &Arc<Pool<SizeOnly>>,
+    size: usize,
+    stream: StreamId,
+    source: &dyn Fn(usize) -> Result<SizeOnly>,
+) -> Result<Option<(Lease<SizeOnly>, bool)>> {
+    match pool.alloc(size, stream, &source) {
+        Ok(l) => Ok(Some((l, false))),
+        Err(e) if e.is_out_of_memory() => {
+            if pool.empty_cache() > 0 {
+                match pool.alloc(size, stream, &source) {
+                    Ok(l) => return Ok(Some((l, true))),
+                    Err(e) if e.is_out_of_memory() => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
