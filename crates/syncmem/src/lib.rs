@@ -37,6 +37,10 @@
 //! `cpu` is always present. `opencl` (feature `opencl`, via `opencl3`) and `cuda`
 //! (feature `cuda`, via `cudarc`) load their runtime at run time, so the crate builds and runs
 //! everywhere; a missing runtime is an [`Error::RuntimeUnavailable`], never a panic.
+//!
+//! The operators of [`ops`] and the math of [`kernels`] have CUDA kernels, compiled with NVRTC
+//! (`libnvrtc`, loaded at run time) at first use. They have never been run in this project's
+//! CI, which has no GPU: the CUDA path is untested on hardware.
 
 #![warn(missing_docs)]
 

@@ -501,10 +501,25 @@ per_device!(
 #[cfg(feature = "opencl")]
 #[test]
 fn same_seed_same_loss_curve_on_cpu_and_opencl() {
-    let Some(ocl) = syncmem::testing::opencl_or_skip("same_seed_same_loss_curve_on_cpu_and_opencl")
-    else {
-        return;
-    };
+    if let Some(ocl) =
+        syncmem::testing::opencl_or_skip("same_seed_same_loss_curve_on_cpu_and_opencl")
+    {
+        same_seed_same_loss_curve_as_cpu(&ocl);
+    }
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn same_seed_same_loss_curve_on_cpu_and_cuda() {
+    if let Some(cu) = syncmem::testing::cuda_or_skip("same_seed_same_loss_curve_on_cpu_and_cuda") {
+        same_seed_same_loss_curve_as_cpu(&cu);
+    }
+}
+
+/// Four epochs on `dev` and on `cpu` from the same seed: the same losses and accuracies, up to
+/// rounding.
+#[cfg(any(feature = "opencl", feature = "cuda"))]
+fn same_seed_same_loss_curve_as_cpu(dev: &Device) {
     let data = spirals();
     let curve = |dev: &Device| -> Vec<(f64, f64)> {
         let mut t = Trainer::new(dev, &data, &small(true)).unwrap();
@@ -515,10 +530,14 @@ fn same_seed_same_loss_curve_on_cpu_and_opencl() {
             })
             .collect()
     };
-    let (a, b) = (curve(&Device::cpu()), curve(&ocl));
+    let (a, b) = (curve(&Device::cpu()), curve(dev));
     for (k, ((la, aa), (lb, ab))) in a.iter().zip(&b).enumerate() {
         let rel = (la - lb).abs() / la.abs().max(1e-12);
-        assert!(rel < 1e-3, "epoch {k}: cpu loss {la}, opencl loss {lb}");
+        assert!(
+            rel < 1e-3,
+            "epoch {k}: cpu loss {la}, {} loss {lb}",
+            dev.label()
+        );
         assert!((aa - ab).abs() < 0.02, "epoch {k}: accuracy {aa} vs {ab}");
     }
 }

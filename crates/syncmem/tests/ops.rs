@@ -1,7 +1,7 @@
-//! Operators: gradient checks against finite differences, cpu against OpenCL, seeded fills,
-//! exact copy counts of a forward pass, in-place updates, and errors that name the operator and
-//! the blob. Per-device tests run on `cpu`, on OpenCL (PoCL here) and, where a driver exists,
-//! on CUDA, where every operator but the fills must report `Unsupported`.
+//! Operators: gradient checks against finite differences, cpu against each accelerator, seeded
+//! fills, exact copy counts of a forward pass, in-place updates, and errors that name the
+//! operator and the blob. Per-device tests run on `cpu`, on OpenCL (PoCL here) and, where a
+//! driver exists, on CUDA (they print `SKIPPED` without one).
 
 mod common;
 
@@ -91,16 +91,6 @@ fn assert_close(what: &str, a: &[f32], b: &[f32], rel: f32, abs: f32) {
     }
 }
 
-/// On CUDA (no operator kernels yet), operators with kernels must say so; returns true when `dev` is CUDA.
-fn cuda_unsupported(dev: &Device) -> bool {
-    if dev.backend() != BackendKind::Cuda {
-        return false;
-    }
-    let e = create_operator(&OperatorDef::new("Relu", &["x"], &["y"]), dev).err();
-    assert!(matches!(e, Some(Error::Unsupported { .. })), "{e:?}");
-    true
-}
-
 /// `L = sum(blob ⊙ r)` in f64.
 fn dot(ws: &Workspace, blob: &str, r: &[f32]) -> f64 {
     get(ws, blob)
@@ -129,9 +119,6 @@ fn numeric_grad(ws: &Workspace, name: &str, eps: f32, mut loss: impl FnMut() -> 
 // ----- gradient checks (per device) ------------------------------------------------------------
 
 fn fc_gradient_matches_finite_differences(dev: &Device) {
-    if cuda_unsupported(dev) {
-        return;
-    }
     let ctx = Context::with_seed(dev, 1).unwrap();
     let ws = Workspace::new();
     // Sizes that are not multiples of the 16x16 GEMM tile.
@@ -167,9 +154,6 @@ fn fc_gradient_matches_finite_differences(dev: &Device) {
 }
 
 fn relu_gradient_matches_finite_differences(dev: &Device) {
-    if cuda_unsupported(dev) {
-        return;
-    }
     let ctx = Context::with_seed(dev, 1).unwrap();
     let ws = Workspace::new();
     // Away from the kink at 0, so that x ± eps stays on one side.
@@ -213,9 +197,6 @@ fn relu_gradient_matches_finite_differences(dev: &Device) {
 }
 
 fn softmax_with_loss_gradient_matches_finite_differences(dev: &Device) {
-    if cuda_unsupported(dev) {
-        return;
-    }
     let ctx = Context::with_seed(dev, 1).unwrap();
     let ws = Workspace::new();
     let (n, c) = (4, 7);
@@ -282,9 +263,6 @@ fn softmax_with_loss_gradient_matches_finite_differences(dev: &Device) {
 }
 
 fn accuracy_counts_top_k_on_the_device(dev: &Device) {
-    if cuda_unsupported(dev) {
-        return;
-    }
     let ctx = Context::with_seed(dev, 1).unwrap();
     let ws = Workspace::new();
     let x = [
@@ -308,9 +286,6 @@ fn accuracy_counts_top_k_on_the_device(dev: &Device) {
 }
 
 fn sgd_updates_the_parameter_in_place(dev: &Device) {
-    if cuda_unsupported(dev) {
-        return;
-    }
     let ctx = Context::with_seed(dev, 1).unwrap();
     let ws = Workspace::new();
     let (w, g) = (data(37, 8), data(37, 9));
@@ -345,9 +320,6 @@ fn sgd_updates_the_parameter_in_place(dev: &Device) {
 /// A small forward pass whose inputs already live on the device copies nothing between host
 /// and device, until the scalars are read.
 fn forward_pass_copies_only_the_scalars_read(dev: &Device) {
-    if cuda_unsupported(dev) {
-        return;
-    }
     let ctx = Context::with_seed(dev, 1).unwrap();
     let ws = Workspace::new();
     let (n, k, h, c) = (8, 12, 10, 4);
@@ -404,9 +376,6 @@ fn forward_pass_copies_only_the_scalars_read(dev: &Device) {
 }
 
 fn out_of_range_labels_are_reported(dev: &Device) {
-    if cuda_unsupported(dev) {
-        return;
-    }
     let ctx = Context::with_seed(dev, 1).unwrap();
     let ws = Workspace::new();
     put(&ws, dev, "x", &[2, 3], &data(6, 11));
@@ -417,8 +386,8 @@ fn out_of_range_labels_are_reported(dev: &Device) {
         e.contains("label 3 of row 1") && e.contains("\"labels\""),
         "{e}"
     );
-    // Labels only on the device: an error on cpu (checked where they are), NaN on OpenCL
-    // (checking would need a read-back).
+    // Labels only on the device: an error on cpu (checked where they are), NaN on OpenCL and
+    // CUDA (checking would need a read-back).
     put_on_device(&ws, dev, "labels", &[2], &[1i32, 3]);
     match run(&ws, &ctx, &def) {
         Err(e) => assert_eq!(dev.backend(), BackendKind::Cpu, "{e}"),
@@ -440,9 +409,6 @@ per_device!(
 // ----- errors ------------------------------------------------------------------------------------
 
 fn errors_name_the_operator_and_the_blob(dev: &Device) {
-    if cuda_unsupported(dev) {
-        return;
-    }
     let ctx = Context::with_seed(dev, 1).unwrap();
     let ws = Workspace::new();
     let err = |def: &OperatorDef| run(&ws, &ctx, def).unwrap_err();
@@ -531,10 +497,10 @@ fn errors_name_the_operator_and_the_blob(dev: &Device) {
     }
 }
 
-// ----- cpu against OpenCL ------------------------------------------------------------------------
+// ----- cpu against each accelerator ---------------------------------------------------------------
 
 /// Runs `defs` on `dev` over the same host inputs; returns the named outputs.
-#[cfg(feature = "opencl")]
+#[cfg(any(feature = "opencl", feature = "cuda"))]
 fn run_on(
     dev: &Device,
     seed: u64,
@@ -563,10 +529,23 @@ fn run_on(
 #[cfg(feature = "opencl")]
 #[test]
 fn cpu_and_opencl_agree_for_every_operator() {
-    let Some(cl) = syncmem::testing::opencl_or_skip("cpu_and_opencl_agree_for_every_operator")
-    else {
-        return;
-    };
+    if let Some(cl) = syncmem::testing::opencl_or_skip("cpu_and_opencl_agree_for_every_operator") {
+        cpu_and_device_agree_for_every_operator(&cl);
+    }
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn cpu_and_cuda_agree_for_every_operator() {
+    if let Some(cu) = syncmem::testing::cuda_or_skip("cpu_and_cuda_agree_for_every_operator") {
+        cpu_and_device_agree_for_every_operator(&cu);
+    }
+}
+
+/// Every operator on `dev` against `cpu`, over the same inputs and seed: close for the math,
+/// bit-identical for the fills.
+#[cfg(any(feature = "opencl", feature = "cuda"))]
+fn cpu_and_device_agree_for_every_operator(dev: &Device) {
     // 33 x 65 x 10 and 65 x 40: several GEMM tiles, none full.
     let (n, k, h, c) = (33, 65, 40, 10);
     let inputs = [
@@ -624,9 +603,9 @@ fn cpu_and_opencl_agree_for_every_operator() {
         "db1", "w1", "yb", "dwb", "dbb", "dxb", "k", "zeros", "u", "g", "xa", "ms",
     ];
     let a = run_on(&Device::cpu(), 5, &inputs, &defs, &outs);
-    let b = run_on(&cl, 5, &inputs, &defs, &outs);
+    let b = run_on(dev, 5, &inputs, &defs, &outs);
     for ((name, x), y) in outs.iter().zip(&a).zip(&b) {
-        assert_close(&format!("{name}: cpu vs {}", cl.label()), x, y, 1e-4, 1e-5);
+        assert_close(&format!("{name}: cpu vs {}", dev.label()), x, y, 1e-4, 1e-5);
     }
     for ((name, x), y) in outs.iter().zip(&a).zip(&b).skip(18) {
         assert_eq!(x, y, "{name}: fills are bit-identical on both devices");
@@ -667,6 +646,10 @@ fn fills_with_the_same_seed_are_identical_and_others_differ() {
     #[cfg(feature = "opencl")]
     if let Some(cl) = syncmem::testing::opencl_or_skip("fills_with_the_same_seed_are_identical") {
         assert_eq!(a, fill(&cl, 42), "cpu and {} from seed 42", cl.label());
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(cu) = syncmem::testing::cuda_or_skip("fills_with_the_same_seed_are_identical") {
+        assert_eq!(a, fill(&cu, 42), "cpu and {} from seed 42", cu.label());
     }
 }
 

@@ -652,6 +652,11 @@ pub(crate) struct CuStream {
 }
 
 impl CuStream {
+    /// The cudarc stream, for kernel launches.
+    pub(crate) fn cuda_stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
     /// The raw stream handle, for driver calls.
     fn raw(&self) -> sys::CUstream {
         self.stream.cu_stream()

@@ -570,6 +570,19 @@ impl Stream {
             _ => None,
         }
     }
+
+    /// The cudarc stream behind this stream (`None` for other backends), to launch kernels on.
+    ///
+    /// cudarc's event tracking is disabled on syncmem's contexts: order work on it against
+    /// other streams with [`Event`]s or [`Stream::synchronize`], not with cudarc's implicit
+    /// tracking.
+    #[cfg(feature = "cuda")]
+    pub fn as_cuda(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaStream>> {
+        match &*self.raw {
+            RawStream::Cuda(s) => Some(s.cuda_stream()),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Debug for Stream {

@@ -21,9 +21,9 @@
 //!   second line of defence (cudarc `unwrap`s inside its compile-error path, and panics on a
 //!   missing symbol of an old library).
 //! - Launches use cudarc's launch builder (`CudaStream::launch_builder`, `PushKernelArg::arg`,
-//!   `LaunchArgs::launch`). The syncmem [`Stream`](crate::Stream) of a guard exposes no cudarc
-//!   stream, so each device's cache entry owns one kernel stream (`CudaContext::new_stream`).
-//!   Ordering: the guards' streams are synchronized first (so the mirror made current by the
+//!   `LaunchArgs::launch`). These kernels take guards, not a context, so each device's cache
+//!   entry owns one kernel stream (`CudaContext::new_stream`) instead of using the guard's
+//!   stream. Ordering: the guards' streams are synchronized first (so the mirror made current by the
 //!   guard is complete), the kernel is launched on the kernel stream, and that stream is
 //!   synchronized before returning, so every call is complete when it returns, as the module
 //!   contract asks. cudarc's event tracking is disabled on syncmem's contexts, so the builder
@@ -38,7 +38,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DriverError, LaunchConfig,
+    PushKernelArg,
 };
 use cudarc::nvrtc::{self, Ptx};
 use parking_lot::Mutex;
@@ -142,7 +143,7 @@ static CACHE: Mutex<BTreeMap<String, Slot>> = Mutex::new(BTreeMap::new());
 static PTX: Mutex<Option<Ptx>> = Mutex::new(None);
 
 /// The text of a caught panic.
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|s| (*s).to_string())
@@ -150,7 +151,8 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "unknown panic".to_string())
 }
 
-fn driver_error(label: &str, op: &'static str, e: DriverError) -> Error {
+/// Maps a failed driver call `op` (the CUDA API name) on device `label` to [`Error::Backend`].
+pub(crate) fn driver_error(label: &str, op: &'static str, e: DriverError) -> Error {
     Error::Backend {
         backend: BackendKind::Cuda,
         device: label.to_string(),
@@ -162,7 +164,16 @@ fn driver_error(label: &str, op: &'static str, e: DriverError) -> Error {
 
 /// The PTX of [`SOURCE`], compiled on first use.
 fn ptx() -> Result<Ptx> {
-    let mut cached = PTX.lock();
+    compile_cached(SOURCE, &PTX)
+}
+
+/// The PTX of `source`, compiled by NVRTC (default options) on the first call and kept in
+/// `cache` for the life of the process. A failure is not cached. `libnvrtc` is probed first
+/// and the compilation runs under `catch_unwind`, so a missing or broken NVRTC is an
+/// [`Error::RuntimeUnavailable`], never a panic; a compile error is an [`Error::Backend`] with
+/// the compile log.
+pub(crate) fn compile_cached(source: &str, cache: &Mutex<Option<Ptx>>) -> Result<Ptx> {
+    let mut cached = cache.lock();
     if let Some(p) = cached.as_ref() {
         return Ok(p.clone());
     }
@@ -174,7 +185,7 @@ fn ptx() -> Result<Ptx> {
             reason: NO_NVRTC.to_string(),
         });
     }
-    let compiled = catch_unwind(|| nvrtc::compile_ptx(SOURCE)).map_err(|payload| {
+    let compiled = catch_unwind(|| nvrtc::compile_ptx(source)).map_err(|payload| {
         Error::RuntimeUnavailable {
             backend: BackendKind::Cuda,
             reason: format!(
@@ -197,6 +208,33 @@ fn ptx() -> Result<Ptx> {
     })?;
     *cached = Some(p.clone());
     Ok(p)
+}
+
+/// Loads `ptx` into `ctx` and runs `get` on the module (to look up its functions), under
+/// `catch_unwind`: a cudarc panic (an old driver without a symbol) becomes
+/// [`Error::RuntimeUnavailable`] naming `what` and the device `label`.
+pub(crate) fn load_module<T>(
+    label: &str,
+    what: &str,
+    ctx: &Arc<CudaContext>,
+    ptx: Ptx,
+    get: impl FnOnce(&Arc<CudaModule>) -> Result<T>,
+) -> Result<T> {
+    let load = || -> Result<T> {
+        let module = ctx
+            .load_module(ptx)
+            .map_err(|e| driver_error(label, "cuModuleLoadData", e))?;
+        get(&module)
+    };
+    catch_unwind(AssertUnwindSafe(load)).unwrap_or_else(|payload| {
+        Err(Error::RuntimeUnavailable {
+            backend: BackendKind::Cuda,
+            reason: format!(
+                "loading the {what} on {label} failed (cudarc panicked: {})",
+                panic_text(payload.as_ref())
+            ),
+        })
+    })
 }
 
 /// The CUDA context of `buf`'s memory.
@@ -234,10 +272,7 @@ fn kernels(dev: &Device, ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
 
 fn build(label: &str, ctx: &Arc<CudaContext>) -> Result<Kernels> {
     let ptx = ptx()?;
-    let load = || -> Result<Kernels> {
-        let module = ctx
-            .load_module(ptx)
-            .map_err(|e| driver_error(label, "cuModuleLoadData", e))?;
+    load_module(label, "CUDA kernels", ctx, ptx, |module| {
         let f = |name: &str| {
             module
                 .load_function(name)
@@ -259,15 +294,6 @@ fn build(label: &str, ctx: &Arc<CudaContext>) -> Result<Kernels> {
             stream,
             f32: typed("f32")?,
             f64: typed("f64")?,
-        })
-    };
-    catch_unwind(AssertUnwindSafe(load)).unwrap_or_else(|payload| {
-        Err(Error::RuntimeUnavailable {
-            backend: BackendKind::Cuda,
-            reason: format!(
-                "loading the CUDA kernels on {label} failed (cudarc panicked: {})",
-                panic_text(payload.as_ref())
-            ),
         })
     })
 }

@@ -28,7 +28,7 @@
 //! `i32`, `u32`, as in Caffe); [`Float`] is the subset with kernels (`f32`, `f64`).
 
 #[cfg(feature = "cuda")]
-mod cuda;
+pub(crate) mod cuda;
 pub mod host;
 #[cfg(feature = "opencl")]
 pub(crate) mod opencl;

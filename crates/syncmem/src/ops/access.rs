@@ -6,7 +6,7 @@
 //! no zero fill) when every element is written.
 
 use std::marker::PhantomData;
-#[cfg(feature = "opencl")]
+#[cfg(any(feature = "opencl", feature = "cuda"))]
 use std::sync::Arc;
 
 use bytemuck::Pod;
@@ -26,21 +26,27 @@ pub(crate) enum Backend {
     /// OpenCL kernels of the context's device.
     #[cfg(feature = "opencl")]
     OpenCl(Arc<super::opencl::Kernels>),
+    /// CUDA kernels of the context's device (compiled by NVRTC on first use).
+    #[cfg(feature = "cuda")]
+    Cuda(Arc<super::cuda::Kernels>),
 }
 
 impl Backend {
-    /// Fails for a backend without operator kernels (CUDA: operator kernels are not written yet).
+    /// Fails for a backend without operator kernels in this build (its feature is off).
     pub(crate) fn check_supported(device: &Device, def: &OperatorDef) -> Result<()> {
         match device.backend() {
             BackendKind::Cpu => Ok(()),
             #[cfg(feature = "opencl")]
             BackendKind::OpenCl => Ok(()),
+            #[cfg(feature = "cuda")]
+            BackendKind::Cuda => Ok(()),
+            #[allow(unreachable_patterns)]
             _ => Err(unsupported(device, def)),
         }
     }
 
     /// The backend for a run of `def`, built for `op_device`, on `ctx`. Builds (once per
-    /// device) the OpenCL kernels.
+    /// device) the OpenCL or CUDA kernels.
     pub(crate) fn for_run(def: &OperatorDef, op_device: &Device, ctx: &Context) -> Result<Self> {
         check_context(def, op_device, ctx)?;
         let dev = ctx.device();
@@ -48,6 +54,12 @@ impl Backend {
             BackendKind::Cpu => Ok(Backend::Cpu),
             #[cfg(feature = "opencl")]
             BackendKind::OpenCl => Ok(Backend::OpenCl(super::opencl::kernels(dev)?)),
+            #[cfg(feature = "cuda")]
+            BackendKind::Cuda => {
+                let stream = super::cuda::stream(ctx)?;
+                Ok(Backend::Cuda(super::cuda::kernels(dev, stream)?))
+            }
+            #[allow(unreachable_patterns)]
             _ => Err(unsupported(dev, def)),
         }
     }
@@ -70,13 +82,12 @@ pub(crate) fn check_context(def: &OperatorDef, op_device: &Device, ctx: &Context
 }
 
 fn unsupported(dev: &Device, def: &OperatorDef) -> Error {
-    let why = match dev.backend() {
-        BackendKind::Cuda => "the operators have no CUDA kernels yet (only the fills run on CUDA)",
-        _ => "this backend has no operator kernels in this build",
-    };
     Error::Unsupported {
         device: dev.label().to_string(),
-        what: format!("operator {}: {why}", def.label()),
+        what: format!(
+            "operator {}: this backend has no operator kernels in this build",
+            def.label()
+        ),
     }
 }
 
@@ -155,6 +166,15 @@ impl<'a, T: Element + Pod> In<'a, T> {
         match &self.guard {
             None => Ok(std::ptr::null_mut()),
             Some(g) => cl_mem_of(g.buffer(), &self.what),
+        }
+    }
+
+    /// The CUDA memory (`None` when empty: the kernels get a null pointer).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda(&self) -> Result<super::cuda::DevPtr<'_>> {
+        match &self.guard {
+            None => Ok(None),
+            Some(g) => cuda_slice_of(g.buffer(), &self.what).map(Some),
         }
     }
 }
@@ -258,6 +278,15 @@ impl<'a, T: Element + Pod> Out<'a, T> {
             Some(g) => cl_mem_of(g.buffer(), &self.what),
         }
     }
+
+    /// The CUDA memory (`None` when empty: the kernels get a null pointer).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda(&self) -> Result<super::cuda::DevPtr<'_>> {
+        match &self.guard {
+            None => Ok(None),
+            Some(g) => cuda_slice_of(g.buffer(), &self.what).map(Some),
+        }
+    }
 }
 
 fn cpu_view<'b, T: Pod>(bytes: Option<&'b [u8]>, len: usize, what: &str) -> Result<&'b [T]> {
@@ -277,6 +306,18 @@ fn cl_mem_of(buf: &crate::device::DeviceBuffer, what: &str) -> Result<opencl3::t
             buffer: what.to_string(),
             reason: format!("the device memory is not OpenCL memory ({buf:?})"),
         })
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_slice_of<'b>(
+    buf: &'b crate::device::DeviceBuffer,
+    what: &str,
+) -> Result<&'b cudarc::driver::CudaSlice<u8>> {
+    buf.as_cuda().ok_or_else(|| Error::InvalidState {
+        op: "Operator::run",
+        buffer: what.to_string(),
+        reason: format!("the device memory is not CUDA memory ({buf:?})"),
+    })
 }
 
 fn not_cpu(what: &str) -> Error {

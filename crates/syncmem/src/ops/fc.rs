@@ -129,12 +129,25 @@ impl Operator for Fc {
                 y.mem()?,
                 Some(bi.mem()?),
             ),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(kern) => kern.gemm(
+                super::cuda::stream(ctx)?,
+                (false, true),
+                (n, m, k),
+                xi.cuda()?,
+                wi.cuda()?,
+                y.cuda()?,
+                Some(bi.cuda()?),
+            ),
         }
     }
 }
 
 impl Fc {
-    #[cfg_attr(not(feature = "opencl"), allow(unused_variables))]
+    #[cfg_attr(
+        not(any(feature = "opencl", feature = "cuda")),
+        allow(unused_variables)
+    )]
     fn gradient(
         &self,
         backend: &Backend,
@@ -186,6 +199,17 @@ impl Fc {
                 kern.col_sum(q, n, m, dym, db.mem()?)?;
                 if let Some(dx) = &dx {
                     kern.gemm(q, (false, false), (n, k, m), dym, wm, dx.mem()?, None)?;
+                }
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(kern) => {
+                let s = super::cuda::stream(ctx)?;
+                let (xs, ws, dys) = (xi.cuda()?, wi.cuda()?, dyi.cuda()?);
+                kern.gemm(s, (true, false), (m, k, n), dys, xs, dw.cuda()?, None)?;
+                kern.col_sum(s, n, m, dys, db.cuda()?)?;
+                if let Some(dx) = &dx {
+                    kern.gemm(s, (false, false), (n, k, m), dys, ws, dx.cuda()?, None)?;
                 }
                 Ok(())
             }

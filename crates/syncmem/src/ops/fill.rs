@@ -3,7 +3,8 @@
 //! Random values are drawn on the host from the context's seeded generator, in element order,
 //! and written to the device once, so equal seeds give identical tensors on every backend. On
 //! the `cpu` device they are drawn straight into its memory; elsewhere into a host vector that is
-//! uploaded with one blocking write. `ConstantFill` of `float` runs a fill kernel on OpenCL.
+//! uploaded with one blocking write. `ConstantFill` of `float` runs a fill kernel on OpenCL and
+//! CUDA.
 
 use rand::Rng;
 
@@ -204,6 +205,12 @@ impl Operator for Fill {
             (BackendKind::OpenCl, Kind::Constant(v)) => {
                 let k = super::opencl::kernels(ctx.device())?;
                 k.fill(super::opencl::queue(ctx)?, out.len(), v, out.mem()?)
+            }
+            #[cfg(feature = "cuda")]
+            (BackendKind::Cuda, Kind::Constant(v)) => {
+                let s = super::cuda::stream(ctx)?;
+                let k = super::cuda::kernels(ctx.device(), s)?;
+                k.fill(s, out.len(), v, out.cuda()?)
             }
             _ => {
                 let mut values = vec![0.0f32; out.len()];

@@ -4,10 +4,10 @@
 //! accuracy are 0-dimensional `f32` tensors written on the device, so a training loop reads
 //! back only those scalars.
 //!
-//! An out-of-range label is an error naming the row on the `cpu` device, and on OpenCL whenever
-//! the labels' host copy is current (checked there without any copy). When the labels live only
-//! on the device, checking would need a read-back: the kernels then make the loss, the gradient
-//! rows and the accuracy NaN instead.
+//! An out-of-range label is an error naming the row on the `cpu` device, and on OpenCL and CUDA
+//! whenever the labels' host copy is current (checked there without any copy). When the labels
+//! live only on the device, checking would need a read-back: the kernels then make the loss, the
+//! gradient rows and the accuracy NaN instead.
 
 use super::access::{expect_dtype, shape_error, Backend, In, Out};
 use super::args::{invalid, Args};
@@ -124,7 +124,10 @@ impl Operator for LossOp {
 }
 
 impl LossOp {
-    #[cfg_attr(not(feature = "opencl"), allow(unused_variables))]
+    #[cfg_attr(
+        not(any(feature = "opencl", feature = "cuda")),
+        allow(unused_variables)
+    )]
     fn forward(&self, backend: &Backend, ctx: &Context, io: &mut super::io::Io<'_>) -> Result<()> {
         let def = io.def();
         let (x, labels) = (io.input(0)?, io.input(1)?);
@@ -151,10 +154,23 @@ impl LossOp {
                 p.mem()?,
                 loss.mem()?,
             ),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(k) => k.softmax_loss(
+                super::cuda::stream(ctx)?,
+                n,
+                c,
+                xi.cuda()?,
+                li.cuda()?,
+                p.cuda()?,
+                loss.cuda()?,
+            ),
         }
     }
 
-    #[cfg_attr(not(feature = "opencl"), allow(unused_variables))]
+    #[cfg_attr(
+        not(any(feature = "opencl", feature = "cuda")),
+        allow(unused_variables)
+    )]
     fn gradient(&self, backend: &Backend, ctx: &Context, io: &mut super::io::Io<'_>) -> Result<()> {
         let def = io.def();
         // [P, labels], [P, labels, dLoss], or Caffe2's [X, labels, P, dLoss].
@@ -212,10 +228,23 @@ impl LossOp {
                 dl.as_ref().map(In::mem).transpose()?,
                 dx.mem()?,
             ),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(k) => k.softmax_loss_grad(
+                super::cuda::stream(ctx)?,
+                n,
+                c,
+                pi.cuda()?,
+                li.cuda()?,
+                dl.as_ref().map(In::cuda).transpose()?,
+                dx.cuda()?,
+            ),
         }
     }
 
-    #[cfg_attr(not(feature = "opencl"), allow(unused_variables))]
+    #[cfg_attr(
+        not(any(feature = "opencl", feature = "cuda")),
+        allow(unused_variables)
+    )]
     fn accuracy(
         &self,
         backend: &Backend,
@@ -246,6 +275,16 @@ impl LossOp {
                 xi.mem()?,
                 li.mem()?,
                 out.mem()?,
+            ),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(k) => k.accuracy(
+                super::cuda::stream(ctx)?,
+                n,
+                c,
+                top_k,
+                xi.cuda()?,
+                li.cuda()?,
+                out.cuda()?,
             ),
         }
     }

@@ -52,7 +52,7 @@
 //!
 //! Fills draw their values from the context's seeded generator ([`Context::rng`]) on the host
 //! and upload them once, so equal seeds give identical tensors on every device.
-//! `ConstantFill` of `float` runs a fill kernel on OpenCL (nothing to upload).
+//! `ConstantFill` of `float` runs a fill kernel on OpenCL and CUDA (nothing to upload).
 //!
 //! # Devices
 //!
@@ -60,7 +60,7 @@
 //! |---|---|
 //! | `cpu` | loops and `matrixmultiply` over the `cpu` device's memory (the tensors' device mirror, so the same head transitions as on an accelerator) |
 //! | `opencl:N` | OpenCL C kernels built once per device and cached; GEMM is tiled in local memory (see below) |
-//! | `cuda:N` | the fills work (host generation and an upload); the other operators return [`Error::Unsupported`] (their CUDA kernels are not written yet; the math kernels of [`crate::kernels`] do have a CUDA path), already from [`create_operator`] |
+//! | `cuda:N` | CUDA C kernels compiled by NVRTC at first use (`libnvrtc` loaded at run time; absent: [`Error::RuntimeUnavailable`] from [`Operator::run`]), loaded once per device and cached, launched on the context's stream; GEMM is tiled in shared memory (see below). **Untested on hardware**: they have never run on a GPU (this project's CI has none), only been built |
 //!
 //! Every operator has finished its device work when [`Operator::run`] returns.
 //!
@@ -72,6 +72,13 @@
 //! each of its 8 × 16 work-items accumulates a 4 × 8 block in `float8` registers. Tile sizes
 //! shrink on devices with small work-groups or little local memory. The bias is added in the
 //! same kernel; `db` is a column-sum kernel.
+//!
+//! # CUDA GEMM
+//!
+//! The same kernel in CUDA C: a block of 16 × 16 threads owns a 64 × 64 tile of the result and
+//! walks K in steps of 16, both operand tiles staged in shared memory (zero-padded), each thread
+//! accumulating a 4 × 4 block in registers. The grid has one block per column tile and up to
+//! 65535 blocks along the rows, each looping over further row tiles, so any size works.
 //!
 //! # Blobs, locks, in-place
 //!
@@ -91,6 +98,10 @@
 mod access;
 mod args;
 mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_src;
 mod fc;
 mod fill;
 mod io;
@@ -263,7 +274,7 @@ const REGISTRY: &[Entry] = &[
 /// [`Error::NotFound`] for an unknown operator type (the message lists the known ones);
 /// [`Error::InvalidState`] for a wrong number of inputs or outputs, an unknown argument, or an
 /// argument of the wrong kind; [`Error::Unsupported`] for an operator that needs device
-/// kernels on a backend without them (CUDA). Every message names the operator.
+/// kernels on a backend this build has none for. Every message names the operator.
 pub fn create_operator(def: &OperatorDef, device: &Device) -> Result<Box<dyn Operator>> {
     let Some(entry) = REGISTRY.iter().find(|e| e.name == def.op_type) else {
         return Err(Error::NotFound {

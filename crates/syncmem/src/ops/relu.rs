@@ -59,6 +59,11 @@ impl Operator for Relu {
                     let m = y.mem()?;
                     k.relu(super::opencl::queue(ctx)?, y.len(), m, m)
                 }
+                #[cfg(feature = "cuda")]
+                Backend::Cuda(k) => {
+                    let m = y.cuda()?;
+                    k.relu(super::cuda::stream(ctx)?, y.len(), m, m)
+                }
             };
         }
         let x = io.input(0)?;
@@ -71,6 +76,8 @@ impl Operator for Relu {
             }
             #[cfg(feature = "opencl")]
             Backend::OpenCl(k) => k.relu(super::opencl::queue(ctx)?, y.len(), xi.mem()?, y.mem()?),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(k) => k.relu(super::cuda::stream(ctx)?, y.len(), xi.cuda()?, y.cuda()?),
         }
     }
 }
@@ -108,6 +115,11 @@ impl Operator for ReluGradient {
                     let m = dx.mem()?;
                     k.relu_grad(super::opencl::queue(ctx)?, dx.len(), yi.mem()?, m, m)
                 }
+                #[cfg(feature = "cuda")]
+                Backend::Cuda(k) => {
+                    let m = dx.cuda()?;
+                    k.relu_grad(super::cuda::stream(ctx)?, dx.len(), yi.cuda()?, m, m)
+                }
             };
         }
         let dy = io.input(1)?;
@@ -132,6 +144,14 @@ impl Operator for ReluGradient {
                 yi.mem()?,
                 dyi.mem()?,
                 dx.mem()?,
+            ),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(k) => k.relu_grad(
+                super::cuda::stream(ctx)?,
+                dx.len(),
+                yi.cuda()?,
+                dyi.cuda()?,
+                dx.cuda()?,
             ),
         }
     }

@@ -1,0 +1,273 @@
+//! CUDA C source of the operator kernels (`float`, labels `int`), the twins of
+//! [`opencl_src`](super::opencl_src) kernel for kernel. Compiled by NVRTC: no `#include`, so
+//! infinity and NaN are spelled with `__int_as_float`.
+
+/// Threads per block of the one-dimensional kernels (must match `SM_BLOCK` in [`SOURCE`]).
+pub(super) const BLOCK: u32 = 256;
+/// GEMM tile of C per block, rows (must match `SM_TM`).
+pub(super) const TILE_M: usize = 64;
+/// GEMM tile of C per block, columns (must match `SM_TN`).
+pub(super) const TILE_N: usize = 64;
+/// GEMM threads per block along x (columns) and y (rows) (must match `SM_BX`, `SM_BY`).
+pub(super) const GEMM_THREADS: (u32, u32) = (16, 16);
+
+/// The module; see [`super::cuda`] for how each kernel is launched.
+pub(super) const SOURCE: &str = r#"
+#define SM_BLOCK 256
+
+/* GEMM tiling: a block of SM_BX x SM_BY threads owns an SM_TM x SM_TN tile of C and walks K in
+ * steps of SM_TK. Each thread computes SM_RM x SM_RN elements of C, strided by the block's
+ * extent (rows ty + i * SM_BY, columns tx + j * SM_BX), so that a warp reads shared memory
+ * without bank conflicts and writes C in runs of SM_BX consecutive floats. */
+#define SM_TM 64
+#define SM_TN 64
+#define SM_TK 16
+#define SM_BX 16
+#define SM_BY 16
+#define SM_RM (SM_TM / SM_BY)
+#define SM_RN (SM_TN / SM_BX)
+#define SM_THREADS (SM_BX * SM_BY)
+
+#define SM_NEG_INF (-__int_as_float(0x7f800000))
+#define SM_NAN __int_as_float(0x7fc00000)
+
+/* C[M,N] = op(A)[M,K] * op(B)[K,N] (+ bias[n] when has_bias).
+ *   op(A)[m,k] = ta ? A[k*M + m] : A[m*K + k]
+ *   op(B)[k,n] = tb ? B[n*K + k] : B[k*N + n]
+ * At each K step the block copies a SM_TM x SM_TK tile of op(A) and a SM_TK x SM_TN tile of
+ * op(B) into shared memory (k-major, one float of padding per row against bank conflicts;
+ * zeros outside the matrices, so no size needs to be a multiple of a tile; consecutive threads
+ * read consecutive global addresses in either layout), synchronizes, accumulates in registers,
+ * and synchronizes again. Block (x, y) computes the column tile x and the row tiles y,
+ * y + gridDim.y, ... (the grid's y extent is limited to 65535). Threads outside C compute on
+ * zeros and write nothing. */
+extern "C" __global__ void sm_gemm(unsigned int M, unsigned int N, unsigned int K,
+                                   unsigned int ta, unsigned int tb, const float* A,
+                                   const float* B, float* C, const float* bias,
+                                   unsigned int has_bias) {
+    __shared__ float As[SM_TK][SM_TM + 1];
+    __shared__ float Bs[SM_TK][SM_TN + 1];
+    const unsigned int tx = threadIdx.x;
+    const unsigned int ty = threadIdx.y;
+    const unsigned int tid = ty * SM_BX + tx;
+    const unsigned int n0 = blockIdx.x * SM_TN;
+    const unsigned int tiles_m = (M + SM_TM - 1) / SM_TM;
+    for (unsigned int bm = blockIdx.y; bm < tiles_m; bm += gridDim.y) {
+        const unsigned int m0 = bm * SM_TM;
+        float acc[SM_RM][SM_RN];
+#pragma unroll
+        for (int i = 0; i < SM_RM; ++i) {
+#pragma unroll
+            for (int j = 0; j < SM_RN; ++j) {
+                acc[i][j] = 0.0f;
+            }
+        }
+        for (unsigned int t = 0; t < K; t += SM_TK) {
+            for (unsigned int e = tid; e < SM_TM * SM_TK; e += SM_THREADS) {
+                unsigned int mm, kk;
+                if (ta) {
+                    kk = e / SM_TM;
+                    mm = e % SM_TM;
+                } else {
+                    mm = e / SM_TK;
+                    kk = e % SM_TK;
+                }
+                const unsigned int gm = m0 + mm;
+                const unsigned int gk = t + kk;
+                float v = 0.0f;
+                if (gm < M && gk < K) {
+                    v = ta ? A[(size_t)gk * M + gm] : A[(size_t)gm * K + gk];
+                }
+                As[kk][mm] = v;
+            }
+            for (unsigned int e = tid; e < SM_TN * SM_TK; e += SM_THREADS) {
+                unsigned int nn, kk;
+                if (tb) {
+                    nn = e / SM_TK;
+                    kk = e % SM_TK;
+                } else {
+                    kk = e / SM_TN;
+                    nn = e % SM_TN;
+                }
+                const unsigned int gn = n0 + nn;
+                const unsigned int gk = t + kk;
+                float v = 0.0f;
+                if (gn < N && gk < K) {
+                    v = tb ? B[(size_t)gn * K + gk] : B[(size_t)gk * N + gn];
+                }
+                Bs[kk][nn] = v;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int k = 0; k < SM_TK; ++k) {
+                float a[SM_RM];
+                float b[SM_RN];
+#pragma unroll
+                for (int i = 0; i < SM_RM; ++i) {
+                    a[i] = As[k][ty + i * SM_BY];
+                }
+#pragma unroll
+                for (int j = 0; j < SM_RN; ++j) {
+                    b[j] = Bs[k][tx + j * SM_BX];
+                }
+#pragma unroll
+                for (int i = 0; i < SM_RM; ++i) {
+#pragma unroll
+                    for (int j = 0; j < SM_RN; ++j) {
+                        acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+                    }
+                }
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int i = 0; i < SM_RM; ++i) {
+            const unsigned int gm = m0 + ty + i * SM_BY;
+#pragma unroll
+            for (int j = 0; j < SM_RN; ++j) {
+                const unsigned int gn = n0 + tx + j * SM_BX;
+                if (gm < M && gn < N) {
+                    C[(size_t)gm * N + gn] = has_bias ? acc[i][j] + bias[gn] : acc[i][j];
+                }
+            }
+        }
+    }
+}
+
+/* out[j] = sum_i X[i*cols + j]: one thread per column. */
+extern "C" __global__ void sm_col_sum(unsigned int rows, unsigned int cols, const float* X,
+                                      float* out) {
+    const unsigned long long j = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    if (j >= cols) {
+        return;
+    }
+    float acc = 0.0f;
+    for (unsigned int i = 0; i < rows; ++i) {
+        acc += X[(size_t)i * cols + j];
+    }
+    out[j] = acc;
+}
+
+/* y = max(x, 0); x and y may be the same buffer. */
+extern "C" __global__ void sm_relu(unsigned long long n, const float* x, float* y) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+         i < n; i += (unsigned long long)gridDim.x * blockDim.x) {
+        const float v = x[i];
+        y[i] = v > 0.0f ? v : 0.0f;
+    }
+}
+
+/* dx = y > 0 ? dy : 0; dy and dx may be the same buffer. */
+extern "C" __global__ void sm_relu_grad(unsigned long long n, const float* y, const float* dy,
+                                        float* dx) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+         i < n; i += (unsigned long long)gridDim.x * blockDim.x) {
+        dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    }
+}
+
+/* y = value. */
+extern "C" __global__ void sm_fill(unsigned long long n, float value, float* y) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+         i < n; i += (unsigned long long)gridDim.x * blockDim.x) {
+        y[i] = value;
+    }
+}
+
+/* Sums `acc` over the block (blockDim.x == SM_BLOCK, a power of two); every thread gets the
+ * total. Every thread of the block must call it. */
+__device__ float sm_block_sum(float acc, float* scratch) {
+    const unsigned int lid = threadIdx.x;
+    scratch[lid] = acc;
+    __syncthreads();
+    for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (lid < s) {
+            scratch[lid] += scratch[lid + s];
+        }
+        __syncthreads();
+    }
+    return scratch[0];
+}
+
+/* One block. Row i: P = softmax(X) with the row maximum subtracted first; its loss is
+ * log(sum exp(x - max)) - (x[label] - max) = -log P[label], without ever taking log(0).
+ * An out-of-range label makes the loss NaN (checking would need a read-back).
+ * loss[0] = mean over the rows (0 when N == 0). */
+extern "C" __global__ void sm_softmax_loss(unsigned int N, unsigned int C, const float* X,
+                                           const int* labels, float* P, float* loss) {
+    __shared__ float scratch[SM_BLOCK];
+    float acc = 0.0f;
+    for (unsigned long long i = threadIdx.x; i < N; i += blockDim.x) {
+        const float* x = X + i * C;
+        float* p = P + i * C;
+        float m = SM_NEG_INF;
+        for (unsigned int j = 0; j < C; ++j) {
+            m = fmaxf(m, x[j]);
+        }
+        float s = 0.0f;
+        for (unsigned int j = 0; j < C; ++j) {
+            const float e = expf(x[j] - m);
+            p[j] = e;
+            s += e;
+        }
+        const float inv = 1.0f / s;
+        for (unsigned int j = 0; j < C; ++j) {
+            p[j] *= inv;
+        }
+        const int l = labels[i];
+        acc += (l >= 0 && (unsigned int)l < C) ? logf(s) - (x[l] - m) : SM_NAN;
+    }
+    const float total = sm_block_sum(acc, scratch);
+    if (threadIdx.x == 0) {
+        loss[0] = N > 0 ? total / (float)N : 0.0f;
+    }
+}
+
+/* dX = (P - onehot(label)) * dloss / N, dloss = dloss_buf[0] when has_dloss, else 1. */
+extern "C" __global__ void sm_softmax_loss_grad(unsigned int N, unsigned int C, const float* P,
+                                                const int* labels, const float* dloss_buf,
+                                                unsigned int has_dloss, float* dX) {
+    const float scale = (has_dloss ? dloss_buf[0] : 1.0f) / (float)N;
+    const unsigned long long n = (unsigned long long)N * C;
+    for (unsigned long long idx = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+         idx < n; idx += (unsigned long long)gridDim.x * blockDim.x) {
+        const unsigned int i = (unsigned int)(idx / C);
+        const unsigned int j = (unsigned int)(idx % C);
+        const int l = labels[i];
+        float g = P[idx];
+        if (l < 0 || (unsigned int)l >= C) {
+            g = SM_NAN;
+        } else if ((unsigned int)l == j) {
+            g -= 1.0f;
+        }
+        dX[idx] = g * scale;
+    }
+}
+
+/* One block. Row i is correct when fewer than top_k scores are strictly greater than the
+ * label's score (Caffe2's rule: ties count as correct). out[0] = fraction correct (0 when
+ * N == 0); an out-of-range label makes it NaN. */
+extern "C" __global__ void sm_accuracy(unsigned int N, unsigned int C, unsigned int top_k,
+                                       const float* X, const int* labels, float* out) {
+    __shared__ float scratch[SM_BLOCK];
+    float acc = 0.0f;
+    for (unsigned long long i = threadIdx.x; i < N; i += blockDim.x) {
+        const float* x = X + i * C;
+        const int l = labels[i];
+        if (l < 0 || (unsigned int)l >= C) {
+            acc += SM_NAN;
+            continue;
+        }
+        const float v = x[l];
+        unsigned int greater = 0;
+        for (unsigned int j = 0; j < C && greater < top_k; ++j) {
+            greater += x[j] > v ? 1 : 0;
+        }
+        acc += greater < top_k ? 1.0f : 0.0f;
+    }
+    const float total = sm_block_sum(acc, scratch);
+    if (threadIdx.x == 0) {
+        out[0] = N > 0 ? total / (float)N : 0.0f;
+    }
+}
+"#;
