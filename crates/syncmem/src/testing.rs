@@ -4,6 +4,9 @@
 //! skipped and returns `None`. With the environment variable `SYNCMEM_REQUIRE_OPENCL=1`
 //! (or `SYNCMEM_REQUIRE_CUDA=1`) a missing device is a test failure instead of a skip: CI sets
 //! it so that a run where the OpenCL tests were skipped cannot pass.
+//!
+//! Tests that compile the CUDA kernels with NVRTC (no GPU needed, only `libnvrtc`) call
+//! [`nvrtc_or_skip`]; `SYNCMEM_REQUIRE_NVRTC=1` makes a missing `libnvrtc` a failure.
 
 use crate::{BackendKind, Device};
 
@@ -11,6 +14,8 @@ use crate::{BackendKind, Device};
 pub const REQUIRE_OPENCL: &str = "SYNCMEM_REQUIRE_OPENCL";
 /// The environment variable that turns a skipped CUDA test into a failure.
 pub const REQUIRE_CUDA: &str = "SYNCMEM_REQUIRE_CUDA";
+/// The environment variable that turns a skipped NVRTC compile test into a failure.
+pub const REQUIRE_NVRTC: &str = "SYNCMEM_REQUIRE_NVRTC";
 
 fn required(var: &str) -> bool {
     matches!(
@@ -53,4 +58,23 @@ pub fn opencl_or_skip(test: &str) -> Option<Device> {
 /// [`device_or_skip`] for CUDA.
 pub fn cuda_or_skip(test: &str) -> Option<Device> {
     device_or_skip(BackendKind::Cuda, test)
+}
+
+/// True when NVRTC (`libnvrtc`) can be loaded, so the CUDA kernel sources can be compiled to
+/// PTX without a GPU; otherwise prints why the test named `test` is skipped and returns false.
+///
+/// # Panics
+/// When `libnvrtc` is missing and `SYNCMEM_REQUIRE_NVRTC` is set.
+#[cfg(feature = "cuda")]
+pub fn nvrtc_or_skip(test: &str) -> bool {
+    // SAFETY: `is_culib_present` only tries to open the shared library with `libloading` (and
+    // closes it again); it calls no NVRTC function and has no preconditions.
+    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return true;
+    }
+    if required(REQUIRE_NVRTC) {
+        panic!("{test}: libnvrtc required ({REQUIRE_NVRTC} is set) but it could not be loaded");
+    }
+    eprintln!("SKIPPED {test}: libnvrtc not found (set {REQUIRE_NVRTC}=1 to make this a failure)");
+    false
 }

@@ -3,8 +3,10 @@
 //! process.
 //!
 //! **Status: compile-checked only.** This path was written against the source of cudarc
-//! 0.19.10; it builds and passes clippy on a machine without a GPU, driver or NVRTC, and has
-//! **never run**. The device tests skip (with a `SKIPPED` line) when no CUDA device is present.
+//! 0.19.10; it builds and passes clippy on a machine without a GPU, and CI compiles its CUDA C
+//! source to PTX with NVRTC (the test `source_compiles_with_nvrtc`, no GPU needed), but the
+//! kernels have **never run**. The device tests skip (with a `SKIPPED` line) when no CUDA
+//! device is present.
 //!
 //! # Design
 //!
@@ -451,6 +453,20 @@ mod tests {
             assert!(SOURCE.contains(&format!("sm_{op}_##SUF")), "{op}");
         }
         assert!(SOURCE.contains(&format!("#define SM_BLOCK {BLOCK}")));
+    }
+
+    #[test]
+    fn source_compiles_with_nvrtc() {
+        if !crate::testing::nvrtc_or_skip("kernels::cuda::source_compiles_with_nvrtc") {
+            return;
+        }
+        let ptx = ptx().unwrap_or_else(|e| panic!("{e}")).to_src();
+        for op in ["axpy", "scale", "asum", "sumsq"] {
+            for suf in ["f32", "f64"] {
+                let entry = format!(".entry sm_{op}_{suf}(");
+                assert!(ptx.contains(&entry), "{entry} missing from the PTX");
+            }
+        }
     }
 
     #[test]
