@@ -35,7 +35,6 @@
 //!   ([`Stream::read`](crate::Stream::read), so the copy shows in the process-wide counters)
 //!   and added on the host in `f64`.
 
-use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
@@ -49,6 +48,7 @@ use parking_lot::Mutex;
 use super::{Float, Op, ScalarKind};
 use crate::device::{Device, DeviceBuffer};
 use crate::error::{BackendKind, Error, Result};
+use crate::kernels::cache::BuildCache;
 use crate::synced::{DeviceRead, DeviceWrite};
 
 /// CUDA C source: every kernel once for `float` (`_f32`) and once for `double` (`_f64`).
@@ -136,10 +136,8 @@ impl Kernels {
     }
 }
 
-type Slot = Arc<Mutex<Option<Arc<Kernels>>>>;
-
 /// Process-wide cache: device label -> kernels.
-static CACHE: Mutex<BTreeMap<String, Slot>> = Mutex::new(BTreeMap::new());
+static CACHE: BuildCache<String, Kernels> = BuildCache::new();
 
 /// The PTX of [`SOURCE`], compiled once per process (device-independent).
 static PTX: Mutex<Option<Ptx>> = Mutex::new(None);
@@ -258,18 +256,7 @@ fn slice_of(buf: &DeviceBuffer, op: Op) -> Result<&CudaSlice<u8>> {
 
 /// The kernels of `dev` (whose context is `ctx`), built on first use.
 fn kernels(dev: &Device, ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
-    let slot = CACHE
-        .lock()
-        .entry(dev.label().to_string())
-        .or_default()
-        .clone();
-    let mut entry = slot.lock();
-    if let Some(k) = entry.as_ref() {
-        return Ok(k.clone());
-    }
-    let built = Arc::new(build(dev.label(), ctx)?);
-    *entry = Some(built.clone());
-    Ok(built)
+    CACHE.get_or_build(dev.label().to_string(), || build(dev.label(), ctx))
 }
 
 fn build(label: &str, ctx: &Arc<CudaContext>) -> Result<Kernels> {
@@ -499,6 +486,6 @@ mod tests {
         let a = kernels(&dev, &ctx).unwrap();
         let b = kernels(&dev, &ctx).unwrap();
         assert!(Arc::ptr_eq(&a, &b), "cached");
-        assert!(CACHE.lock().contains_key(dev.label()));
+        assert!(CACHE.contains(&dev.label().to_string()));
     }
 }

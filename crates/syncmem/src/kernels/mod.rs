@@ -27,6 +27,8 @@
 //! [`Scalar`] lists the element types of [`ParamBlob`](crate::param::ParamBlob) (`f32`, `f64`,
 //! `i32`, `u32`, as in Caffe); [`Float`] is the subset with kernels (`f32`, `f64`).
 
+#[cfg(any(feature = "opencl", feature = "cuda"))]
+pub(crate) mod cache;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 pub mod host;

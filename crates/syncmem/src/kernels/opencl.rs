@@ -10,7 +10,6 @@
 //! `opencl3`'s handle types panic in `Drop` when a release fails; as in the device backend, the
 //! handles here are kept in [`ManuallyDrop`] and released quietly.
 
-use std::collections::BTreeMap;
 use std::mem::ManuallyDrop;
 use std::ptr;
 use std::sync::Arc;
@@ -28,6 +27,7 @@ use super::{Float, Op};
 use crate::device::opencl::{backend_error, ClDevice};
 use crate::device::{Device, DeviceBuffer, RawDevice};
 use crate::error::{Error, Result};
+use crate::kernels::cache::BuildCache;
 use crate::synced::{DeviceRead, DeviceWrite};
 use crate::Stream;
 
@@ -133,10 +133,8 @@ struct Kernels {
     _program: OwnedProgram,
 }
 
-type Slot = Arc<Mutex<Option<Arc<Kernels>>>>;
-
 /// Process-wide cache: (device label, OpenCL type name) -> kernels.
-static CACHE: Mutex<BTreeMap<(String, &'static str), Slot>> = Mutex::new(BTreeMap::new());
+static CACHE: BuildCache<(String, &'static str), Kernels> = BuildCache::new();
 
 fn cl_device(dev: &Device) -> Result<&ClDevice> {
     match &dev.shared.raw {
@@ -151,18 +149,7 @@ fn cl_device(dev: &Device) -> Result<&ClDevice> {
 
 /// The kernels for `F` on `dev`, built on first use.
 fn kernels<F: Float>(dev: &Device) -> Result<Arc<Kernels>> {
-    let slot = CACHE
-        .lock()
-        .entry((dev.label().to_string(), F::CL_NAME))
-        .or_default()
-        .clone();
-    let mut entry = slot.lock();
-    if let Some(k) = entry.as_ref() {
-        return Ok(k.clone());
-    }
-    let built = Arc::new(build::<F>(dev)?);
-    *entry = Some(built.clone());
-    Ok(built)
+    CACHE.get_or_build((dev.label().to_string(), F::CL_NAME), || build::<F>(dev))
 }
 
 pub(super) fn prepare<F: Float>(dev: &Device) -> Result<()> {
@@ -412,7 +399,7 @@ mod tests {
             assert!(slot.local.is_power_of_two() && slot.local <= MAX_LOCAL);
         }
         let key = (dev.label().to_string(), "float");
-        assert!(CACHE.lock().contains_key(&key));
+        assert!(CACHE.contains(&key));
     }
 
     #[test]

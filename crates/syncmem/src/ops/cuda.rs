@@ -39,7 +39,6 @@
 //! `SGD` runs [`crate::kernels::axpy`], which launches on a stream of the kernel layer's own and
 //! synchronizes it the same way.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use cudarc::driver::{
@@ -52,6 +51,7 @@ use super::cuda_src::{BLOCK, GEMM_THREADS, SOURCE, TILE_M, TILE_N};
 use crate::context::Context;
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::kernels::cache::BuildCache;
 use crate::kernels::cuda::{compile_cached, driver_error, load_module};
 
 /// Most blocks launched for an element-wise kernel (a grid-stride loop covers the rest).
@@ -91,10 +91,8 @@ pub(crate) struct Kernels {
     accuracy: CudaFunction,
 }
 
-type CacheSlot = Arc<Mutex<Option<Arc<Kernels>>>>;
-
 /// Process-wide cache: device label -> kernels.
-static CACHE: Mutex<BTreeMap<String, CacheSlot>> = Mutex::new(BTreeMap::new());
+static CACHE: BuildCache<String, Kernels> = BuildCache::new();
 
 /// The PTX of [`SOURCE`], compiled once per process (device-independent).
 static PTX: Mutex<Option<Ptx>> = Mutex::new(None);
@@ -111,18 +109,9 @@ pub(crate) fn stream(ctx: &Context) -> Result<&Arc<CudaStream>> {
 /// The kernels of `dev` (whose context owns `stream`), built on first use. A failed build is
 /// not cached.
 pub(crate) fn kernels(dev: &Device, stream: &CudaStream) -> Result<Arc<Kernels>> {
-    let slot = CACHE
-        .lock()
-        .entry(dev.label().to_string())
-        .or_default()
-        .clone();
-    let mut entry = slot.lock();
-    if let Some(k) = entry.as_ref() {
-        return Ok(k.clone());
-    }
-    let built = Arc::new(build(dev.label(), stream.context())?);
-    *entry = Some(built.clone());
-    Ok(built)
+    CACHE.get_or_build(dev.label().to_string(), || {
+        build(dev.label(), stream.context())
+    })
 }
 
 /// The threads per block every launch of `name` uses.
@@ -579,6 +568,6 @@ mod tests {
         let a = kernels(&dev, s).unwrap();
         let b = kernels(&dev, s).unwrap();
         assert!(Arc::ptr_eq(&a, &b), "cached");
-        assert!(CACHE.lock().contains_key(dev.label()));
+        assert!(CACHE.contains(&dev.label().to_string()));
     }
 }

@@ -33,7 +33,6 @@
 //! `opencl3`'s handle types panic in `Drop` when a release fails; the handles here are kept in
 //! [`ManuallyDrop`] and released quietly, as in the device backend.
 
-use std::collections::BTreeMap;
 use std::mem::ManuallyDrop;
 use std::ptr;
 use std::sync::Arc;
@@ -51,6 +50,7 @@ use crate::context::Context;
 use crate::device::opencl::backend_error;
 use crate::device::{Device, RawDevice};
 use crate::error::{Error, Result};
+use crate::kernels::cache::BuildCache;
 use crate::kernels::opencl::{OwnedKernel, OwnedProgram};
 
 /// Largest work-group size used by the one-dimensional kernels.
@@ -95,25 +95,12 @@ pub(crate) struct Kernels {
     _program: OwnedProgram,
 }
 
-type CacheSlot = Arc<Mutex<Option<Arc<Kernels>>>>;
-
 /// Process-wide cache: device label -> kernels.
-static CACHE: Mutex<BTreeMap<String, CacheSlot>> = Mutex::new(BTreeMap::new());
+static CACHE: BuildCache<String, Kernels> = BuildCache::new();
 
 /// The kernels of `dev`, built on first use. A failed build is not cached.
 pub(crate) fn kernels(dev: &Device) -> Result<Arc<Kernels>> {
-    let slot = CACHE
-        .lock()
-        .entry(dev.label().to_string())
-        .or_default()
-        .clone();
-    let mut entry = slot.lock();
-    if let Some(k) = entry.as_ref() {
-        return Ok(k.clone());
-    }
-    let built = Arc::new(build(dev)?);
-    *entry = Some(built.clone());
-    Ok(built)
+    CACHE.get_or_build(dev.label().to_string(), || build(dev))
 }
 
 /// GEMM tiling: `tsm x tsn` elements of C per work-group, `tsk` along K.
