@@ -1,22 +1,12 @@
 //! `syncmem bench`: the JSON report has its ratio fields (no timing thresholds).
 
-use std::process::Command;
+mod common;
 
 use serde_json::Value;
 
 #[test]
 fn bench_quick_json_has_ratios() {
-    let out = Command::new(env!("CARGO_BIN_EXE_syncmem"))
-        .args(["bench", "--quick", "--device", "cpu", "--json"])
-        .output()
-        .expect("run the syncmem binary");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "bench failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_str(&stdout).expect("one JSON object");
+    let v: Value = common::json(&["bench", "--quick", "--device", "cpu", "--json"]);
     assert_eq!(v["device"], "cpu");
     assert_eq!(v["quick"], true);
     let rows = v["rows"].as_array().expect("rows");

@@ -1,51 +1,8 @@
 //! Runs the built `syncmem` binary.
 
-use std::process::{Command, Output};
+mod common;
 
-use serde_json::Value;
-
-fn syncmem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_syncmem"))
-        .args(args)
-        .output()
-        .expect("run the syncmem binary")
-}
-
-/// Runs `syncmem args`, requires success, returns stdout.
-fn ok(args: &[&str]) -> String {
-    let out = syncmem(args);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "syncmem {args:?} failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
-    stdout
-}
-
-/// Runs `syncmem args`, requires a non-zero exit, returns stderr.
-fn fails(args: &[&str]) -> String {
-    let out = syncmem(args);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(
-        !out.status.success(),
-        "syncmem {args:?} should fail:\nstdout:\n{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    assert!(
-        out.status.code().is_some_and(|c| c != 0),
-        "exit status {}",
-        out.status
-    );
-    stderr
-}
-
-fn json(args: &[&str]) -> Value {
-    let stdout = ok(args);
-    serde_json::from_str(&stdout)
-        .unwrap_or_else(|e| panic!("syncmem {args:?}: stdout is not JSON ({e}):\n{stdout}"))
-}
+use common::{fails, json, ok};
 
 /// Caffe's table: (call, copy, head after) for steps 1-9.
 const EXPECTED: [(&str, &str, &str); 9] = [

@@ -1,33 +1,16 @@
 //! `syncmem inspect` against the committed fixture written by Python's `safetensors`
 //! (crates/syncmem/tests/fixtures/python_written.safetensors), and on missing and corrupt files.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
+use std::path::{Path, PathBuf};
+
+use common::{ok, run as syncmem};
 use serde_json::Value;
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../syncmem/tests/fixtures/python_written.safetensors")
-}
-
-fn syncmem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_syncmem"))
-        .args(args)
-        .output()
-        .expect("run the syncmem binary")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = syncmem(args);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "syncmem {args:?} failed ({}):\nstdout:\n{stdout}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
 }
 
 /// Runs `syncmem args`, requires exit status 1 and nothing on stdout, returns stderr.

@@ -1,49 +1,11 @@
 //! Runs `syncmem trace record` and `syncmem trace replay`, and `SYNCMEM_TRACE`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
+use std::path::PathBuf;
+
+use common::{fails, json, run_env as syncmem, u};
 use serde_json::Value;
-
-fn syncmem(args: &[&str], env: &[(&str, &Path)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_syncmem"));
-    c.args(args).env_remove("SYNCMEM_TRACE");
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.output().expect("run the syncmem binary")
-}
-
-fn json(args: &[&str]) -> Value {
-    let out = syncmem(args, &[]);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "syncmem {args:?} failed ({}):\nstdout:\n{stdout}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(&stdout)
-        .unwrap_or_else(|e| panic!("syncmem {args:?}: stdout is not JSON ({e}):\n{stdout}"))
-}
-
-/// Runs `syncmem args`, requires a non-zero exit, returns stderr.
-fn fails(args: &[&str]) -> String {
-    let out = syncmem(args, &[]);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(
-        out.status.code().is_some_and(|c| c != 0),
-        "syncmem {args:?} should fail ({}):\nstdout:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout)
-    );
-    stderr
-}
-
-fn u(v: &Value) -> u64 {
-    v.as_u64()
-        .unwrap_or_else(|| panic!("not an unsigned integer: {v}"))
-}
 
 /// A fresh directory for one test.
 fn scratch(name: &str) -> PathBuf {
@@ -159,7 +121,7 @@ fn record_and_replay(device: &str) {
     assert_eq!(u(&host_row["ooms"]), 0);
 
     // The text table.
-    let out = syncmem(&["trace", "replay", f], &[]);
+    let out = common::run(&["trace", "replay", f]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     for needle in [

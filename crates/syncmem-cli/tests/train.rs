@@ -1,37 +1,9 @@
 //! Runs `syncmem train` and checks its JSON report.
 
-use std::process::{Command, Output};
+mod common;
 
+use common::{f, json as train_json, run as syncmem, u};
 use serde_json::Value;
-
-fn syncmem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_syncmem"))
-        .args(args)
-        .output()
-        .expect("run the syncmem binary")
-}
-
-fn train_json(args: &[&str]) -> Value {
-    let out = syncmem(args);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "syncmem {args:?} failed ({}):\nstdout:\n{stdout}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(&stdout)
-        .unwrap_or_else(|e| panic!("syncmem {args:?}: stdout is not JSON ({e}):\n{stdout}"))
-}
-
-fn u(v: &Value) -> u64 {
-    v.as_u64()
-        .unwrap_or_else(|| panic!("not an unsigned integer: {v}"))
-}
-
-fn f(v: &Value) -> f64 {
-    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
-}
 
 /// The checks every report must pass: shape of the JSON, copies per step, heads, planning.
 fn check_report(r: &Value, device: &str, epochs: usize) {

@@ -1,0 +1,68 @@
+//! Running the built `syncmem` binary from the CLI tests.
+
+// Each test file uses a part of these helpers.
+#![allow(dead_code)]
+
+use std::ffi::OsStr;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// Runs `syncmem args` with extra environment variables. `SYNCMEM_TRACE` is removed from the
+/// inherited environment, so a caller's setting cannot change what a test sees.
+pub fn run_env<V: AsRef<OsStr>>(args: &[&str], env: &[(&str, V)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_syncmem"));
+    c.args(args).env_remove("SYNCMEM_TRACE");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run the syncmem binary")
+}
+
+/// Runs `syncmem args`.
+pub fn run(args: &[&str]) -> Output {
+    run_env::<&str>(args, &[])
+}
+
+/// Runs `syncmem args`, requires success, returns stdout.
+pub fn ok(args: &[&str]) -> String {
+    let out = run(args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "syncmem {args:?} failed ({}):\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// Runs `syncmem args`, requires an exit with a non-zero code, returns stderr.
+pub fn fails(args: &[&str]) -> String {
+    let out = run(args);
+    assert!(
+        out.status.code().is_some_and(|c| c != 0),
+        "syncmem {args:?} should fail with an exit code ({}):\nstdout:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Runs `syncmem args`, requires success and one JSON document on stdout.
+pub fn json(args: &[&str]) -> Value {
+    let stdout = ok(args);
+    serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("syncmem {args:?}: stdout is not JSON ({e}):\n{stdout}"))
+}
+
+/// `v` as an unsigned integer.
+pub fn u(v: &Value) -> u64 {
+    v.as_u64()
+        .unwrap_or_else(|| panic!("not an unsigned integer: {v}"))
+}
+
+/// `v` as a number.
+pub fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
