@@ -252,11 +252,11 @@ impl<'a> DeviceWrite<'a> {
     /// is recorded there, and the next access to the buffer waits for it.
     ///
     /// # Errors
-    /// A backend error while recording.
+    /// A backend error while recording, or the error of work announced earlier that failed
+    /// (it is waited for first; the new work is announced all the same).
     pub fn queued_on(&self, stream: &Stream) -> Result<()> {
         let ev = stream.record()?;
-        self.owner.set_pending_work(ev);
-        Ok(())
+        self.owner.set_pending_work(ev)
     }
 }
 
