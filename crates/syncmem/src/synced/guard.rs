@@ -93,7 +93,8 @@ impl Deref for HostRead<'_> {
         // SAFETY: `ptr` is the current host mirror, non-null and valid for `len` initialised
         // bytes. The shared access lock held by this guard excludes every writer and every
         // replacement of the mirror; a pending copy into the host was waited for when the guard
-        // was made (host reads conflict with `ToHost`).
+        // was made (host reads conflict with `ToHost`), or, on the fast path, nothing was in
+        // flight (see the `fast` module for why the published pointer is current).
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }

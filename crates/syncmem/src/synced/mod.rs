@@ -58,6 +58,7 @@
 
 mod access;
 mod external;
+mod fast;
 mod guard;
 mod memory;
 mod prefetch;
@@ -73,6 +74,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
+
+use fast::CoreCell;
 
 use crate::alloc::pool::HostAllocation;
 use crate::alloc::stats::{CopyCounters, CopyStats};
@@ -151,7 +154,7 @@ impl Core {
 /// The part of a buffer the device's out-of-memory path reaches through a weak reference.
 pub(crate) struct Shared {
     access: RwLock<()>,
-    core: Mutex<Core>,
+    core: CoreCell,
     label: Mutex<String>,
     device: Option<Device>,
 }
@@ -202,7 +205,7 @@ impl SyncedMemory {
         Self {
             shared: Arc::new(Shared {
                 access: RwLock::new(()),
-                core: Mutex::new(Core {
+                core: CoreCell::new(Core {
                     valid: Valid::NONE,
                     host: None,
                     dev: None,
