@@ -321,8 +321,9 @@ impl Device {
         self.shared.memory.cap()
     }
 
-    /// The device mirrors of live [`crate::SyncedMemory`] buffers: label, size and head,
-    /// largest first.
+    /// The device mirrors of live [`crate::SyncedMemory`] buffers: label, size and head, in
+    /// the order the out-of-memory path tries to evict them (largest first, then the mirror
+    /// allocated longest ago first).
     pub fn live_buffers(&self) -> Vec<LiveBuffer> {
         self.shared.memory.mirrors.live_buffers()
     }

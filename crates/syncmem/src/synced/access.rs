@@ -16,6 +16,10 @@ impl SyncedMemory {
     /// Out of memory, or a backend error during the copy. The state is unchanged on error.
     pub fn host(&self) -> Result<HostRead<'_>> {
         let lock = self.shared.access.read_recursive();
+        // Fast path: the host mirror is current and nothing is in flight (no state to change).
+        if let Some(ptr) = self.shared.core.current_host() {
+            return Ok(HostRead::new(lock, ptr, self.size));
+        }
         let ptr = self.prepare_host(Access::HostRead, false)?;
         Ok(HostRead::new(lock, ptr, self.size))
     }
@@ -83,6 +87,9 @@ impl SyncedMemory {
             .access
             .try_read_recursive()
             .ok_or_else(|| self.busy("a write guard is alive"))?;
+        if let Some(ptr) = self.shared.core.current_host() {
+            return Ok(HostRead::new(lock, ptr, self.size));
+        }
         let ptr = self.prepare_host(Access::HostRead, false)?;
         Ok(HostRead::new(lock, ptr, self.size))
     }

@@ -93,7 +93,8 @@ impl Deref for HostRead<'_> {
         // SAFETY: `ptr` is the current host mirror, non-null and valid for `len` initialised
         // bytes. The shared access lock held by this guard excludes every writer and every
         // replacement of the mirror; a pending copy into the host was waited for when the guard
-        // was made (host reads conflict with `ToHost`).
+        // was made (host reads conflict with `ToHost`), or, on the fast path, nothing was in
+        // flight (see the `fast` module for why the published pointer is current).
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }
@@ -252,11 +253,11 @@ impl<'a> DeviceWrite<'a> {
     /// is recorded there, and the next access to the buffer waits for it.
     ///
     /// # Errors
-    /// A backend error while recording.
+    /// A backend error while recording, or the error of work announced earlier that failed
+    /// (it is waited for first; the new work is announced all the same).
     pub fn queued_on(&self, stream: &Stream) -> Result<()> {
         let ev = stream.record()?;
-        self.owner.set_pending_work(ev);
-        Ok(())
+        self.owner.set_pending_work(ev)
     }
 }
 

@@ -30,6 +30,10 @@
 //! Caffe, the buffer knows the copy is in flight: an access that conflicts with it (a device
 //! access, or a host write) first waits for the copy's event; a host read does not wait.
 //!
+//! A copy (or announced device work) that fails is never counted as arrived: the first access
+//! that settles it returns the backend's error, and the mirror it was filling stays stale, so
+//! the next access that needs that mirror copies again.
+//!
 //! # Departures from Caffe, on purpose
 //!
 //! - Size 0 allocates nothing and every access returns an empty view (Caffe: platform-dependent
@@ -54,6 +58,7 @@
 
 mod access;
 mod external;
+mod fast;
 mod guard;
 mod memory;
 mod prefetch;
@@ -69,6 +74,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
+
+use fast::CoreCell;
 
 use crate::alloc::pool::HostAllocation;
 use crate::alloc::stats::{CopyCounters, CopyStats};
@@ -129,6 +136,10 @@ impl Core {
     }
 
     /// Waits for the work in flight and takes its result into the valid set.
+    ///
+    /// The work is settled either way: when the wait fails (the copy or the work before its
+    /// event failed), its destination is *not* marked valid, so the next access that needs it
+    /// copies again, and the error is returned (once).
     fn finish_pending(&mut self) -> Result<()> {
         if let Some(p) = self.pending.take() {
             p.event.wait()?;
@@ -143,7 +154,7 @@ impl Core {
 /// The part of a buffer the device's out-of-memory path reaches through a weak reference.
 pub(crate) struct Shared {
     access: RwLock<()>,
-    core: Mutex<Core>,
+    core: CoreCell,
     label: Mutex<String>,
     device: Option<Device>,
 }
@@ -194,7 +205,7 @@ impl SyncedMemory {
         Self {
             shared: Arc::new(Shared {
                 access: RwLock::new(()),
-                core: Mutex::new(Core {
+                core: CoreCell::new(Core {
                     valid: Valid::NONE,
                     host: None,
                     dev: None,

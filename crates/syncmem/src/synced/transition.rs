@@ -116,10 +116,14 @@ impl SyncedMemory {
         }
     }
 
+    /// Settles pending work that is done. Work that failed (its event reports an error status)
+    /// is settled too, through [`Core::finish_pending`]: its error is returned once and its
+    /// destination is not marked valid, instead of failing every later access.
     pub(super) fn settle_if_complete(&self, core: &mut Core) -> Result<()> {
         if let Some(p) = &core.pending {
-            if p.event.is_complete()? {
-                self.finish_pending(core)?;
+            match p.event.is_complete() {
+                Ok(false) => {}
+                Ok(true) | Err(_) => self.finish_pending(core)?,
             }
         }
         Ok(())
@@ -138,20 +142,21 @@ impl SyncedMemory {
         Ok(())
     }
 
-    pub(crate) fn set_pending_work(&self, event: Event) {
+    /// Records device work queued by the user on another stream: the next access waits for
+    /// `event`.
+    ///
+    /// A newer event on a stream covers what came before it on that stream only, so the older
+    /// pending work is waited for first and settled as [`Core::finish_pending`] does: if it
+    /// failed, its destination is not marked valid and its error is returned. The new work is
+    /// recorded in every case (it was queued, so later accesses must still wait for it).
+    pub(crate) fn set_pending_work(&self, event: Event) -> Result<()> {
         let mut core = self.shared.core.lock();
-        // A newer event on a stream covers what came before it on that stream only; keep the
-        // older one waited for first.
-        if let Some(old) = core.pending.take() {
-            let _ = old.event.wait();
-            if let Some(place) = old.kind.lands_on() {
-                core.valid = core.valid.with(place);
-            }
-        }
+        let settled = self.finish_pending(&mut core);
         core.pending = Some(Pending {
             kind: PendingKind::DeviceWork,
             event,
         });
+        settled
     }
 
     pub(super) fn pick_stream(&self, given: Option<&Stream>) -> Result<Stream> {

@@ -5,8 +5,16 @@
 //! mirror from the pool and unregisters when the mirror goes. The registry never keeps a
 //! buffer alive, and eviction only *tries* the buffer's locks, so it never waits for (or
 //! deadlocks with) a thread that uses the buffer.
+//!
+//! # Eviction order
+//!
+//! Candidates are tried largest first (one eviction frees as much as possible). Among mirrors
+//! of the same size, the one registered first goes first: registration happens when a device
+//! mirror is allocated, so that is the mirror allocated longest ago (a mirror evicted and
+//! allocated again registers anew, at the back). The order is total, so which mirror goes is
+//! the same from run to run.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
@@ -51,11 +59,12 @@ struct Entry {
     bytes: usize,
 }
 
-/// Weak references to the device mirrors of one device.
+/// Weak references to the device mirrors of one device, by registration number (increasing
+/// with the registration order).
 #[derive(Default)]
 pub(crate) struct MirrorRegistry {
     next: AtomicU64,
-    map: Mutex<HashMap<u64, Entry>>,
+    map: Mutex<BTreeMap<u64, Entry>>,
 }
 
 impl MirrorRegistry {
@@ -70,7 +79,8 @@ impl MirrorRegistry {
         self.map.lock().remove(&id);
     }
 
-    /// The live mirrors, largest first (the registry lock is not held afterwards).
+    /// The live mirrors in eviction order: largest first, then first registered first (see
+    /// the [module docs](self)). The registry lock is not held afterwards.
     pub(crate) fn live(&self) -> Vec<(Arc<dyn Evictable>, usize)> {
         let mut v: Vec<_> = {
             let mut map = self.map.lock();
@@ -79,11 +89,12 @@ impl MirrorRegistry {
                 .filter_map(|e| Some((e.item.upgrade()?, e.bytes)))
                 .collect()
         };
+        // The map yields registration order; the stable sort keeps it among equal sizes.
         v.sort_by_key(|e| std::cmp::Reverse(e.1));
         v
     }
 
-    /// Label, size and head of every live mirror, largest first.
+    /// Label, size and head of every live mirror, in eviction order.
     pub(crate) fn live_buffers(&self) -> Vec<LiveBuffer> {
         self.live()
             .into_iter()
@@ -158,5 +169,58 @@ impl fmt::Display for OomReport {
             }
         }
         write!(f, "; last refusal: {}", self.cause)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fake(&'static str);
+
+    impl Evictable for Fake {
+        fn try_evict(&self) -> Option<usize> {
+            None
+        }
+        fn head_now(&self) -> Option<Head> {
+            Some(Head::Synced)
+        }
+        fn label_now(&self) -> String {
+            self.0.to_string()
+        }
+    }
+
+    fn labels(r: &MirrorRegistry) -> Vec<String> {
+        r.live().iter().map(|(e, _)| e.label_now()).collect()
+    }
+
+    #[test]
+    fn largest_first_then_first_registered() {
+        let r = MirrorRegistry::default();
+        let items: Vec<Arc<dyn Evictable>> = ["a", "b", "c", "d", "e", "f"]
+            .into_iter()
+            .map(|l| Arc::new(Fake(l)) as Arc<dyn Evictable>)
+            .collect();
+        let sizes = [10, 20, 10, 30, 20, 10];
+        let ids: Vec<u64> = items
+            .iter()
+            .zip(sizes)
+            .map(|(it, b)| r.register(Arc::downgrade(it), b))
+            .collect();
+        assert_eq!(labels(&r), ["d", "b", "e", "a", "c", "f"]);
+        // A mirror registered again (evicted, then allocated again) goes behind its peers.
+        r.unregister(ids[0]);
+        r.register(Arc::downgrade(&items[0]), 10);
+        assert_eq!(labels(&r), ["d", "b", "e", "c", "f", "a"]);
+        // Dead entries are skipped, the rest keeps its order.
+        let r2 = MirrorRegistry::default();
+        for (it, b) in items.iter().zip(sizes) {
+            r2.register(Arc::downgrade(it), b);
+        }
+        let gone: Arc<dyn Evictable> = Arc::new(Fake("gone"));
+        r2.register(Arc::downgrade(&gone), 10);
+        drop(gone);
+        let again: Vec<String> = r2.live_buffers().into_iter().map(|b| b.label).collect();
+        assert_eq!(again, ["d", "b", "e", "a", "c", "f"]);
     }
 }

@@ -1,0 +1,184 @@
+//! Work in flight that fails, on OpenCL: a failed copy is never counted as arrived.
+//!
+//! A stream is blocked with an OpenCL user event (a barrier waiting on it is queued first), a
+//! copy or a marker is queued behind it, and the user event is then completed with an error
+//! status, which OpenCL propagates to the commands waiting on it. The next access must report
+//! the failure, and the mirror the copy was filling must not be considered current.
+//!
+//! Kept apart from the other OpenCL tests: terminated commands may leave a queue in an
+//! implementation-defined state, so each test uses its own streams.
+
+#![cfg(feature = "opencl")]
+
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+
+use opencl3::event::{create_user_event, release_event, set_user_event_status, CL_COMPLETE};
+use opencl3::types::{cl_event, cl_int};
+use syncmem::synced::PendingKind;
+use syncmem::{Device, Head, Stream, SyncedMemory};
+
+const N: usize = 1 << 16;
+
+/// An error status for a user event (any negative value).
+const FAILED: cl_int = -1;
+
+/// An OpenCL user event with a barrier waiting on it queued on a stream.
+struct Gate {
+    event: cl_event,
+    set: AtomicBool,
+    /// The barrier's event, kept until the gate is set: PoCL propagates the failure into the
+    /// barrier's event and must not find it released.
+    _barrier: opencl3::event::Event,
+}
+
+impl Gate {
+    /// Blocks `stream`: work queued on it from now on waits until the gate is set.
+    fn block(stream: &Stream) -> Gate {
+        let queue = stream.as_opencl().expect("an OpenCL stream");
+        let ctx = queue
+            .context()
+            .expect("clGetCommandQueueInfo(CL_QUEUE_CONTEXT)");
+        let event = create_user_event(ctx).expect("clCreateUserEvent");
+        // SAFETY: the wait list holds one live event, kept alive by the gate until Drop.
+        let barrier = unsafe { queue.enqueue_barrier_with_wait_list(&[event]) }
+            .expect("clEnqueueBarrierWithWaitList");
+        queue.flush().expect("clFlush");
+        Gate {
+            event,
+            set: AtomicBool::new(false),
+            _barrier: barrier,
+        }
+    }
+
+    /// Sets the user event's status once (later calls do nothing).
+    fn set(&self, status: cl_int) {
+        if !self.set.swap(true, SeqCst) {
+            set_user_event_status(self.event, status).expect("clSetUserEventStatus");
+        }
+    }
+
+    /// Terminates the work queued behind the gate.
+    fn fail(&self) {
+        self.set(FAILED);
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        // Never leave a queue blocked (a failed assertion unwinds through here).
+        self.set(CL_COMPLETE);
+        // SAFETY: the one reference clCreateUserEvent gave is released once, here.
+        let _ = unsafe { release_event(self.event) };
+    }
+}
+
+/// A buffer on its own stream of the OpenCL device, or `None` (skip).
+fn rig(test: &str) -> Option<(Device, Stream, SyncedMemory)> {
+    let dev = syncmem::testing::opencl_or_skip(test)?;
+    let stream = dev.new_stream().unwrap();
+    let m = SyncedMemory::new(N, &dev)
+        .with_stream(&stream)
+        .unwrap()
+        .with_label(test);
+    Some((dev, stream, m))
+}
+
+fn pattern(seed: u8) -> Vec<u8> {
+    (0..N).map(|i| (i as u8).wrapping_mul(29) ^ seed).collect()
+}
+
+#[test]
+fn failed_copy_to_host_leaves_the_host_stale() {
+    let Some((_, stream, m)) = rig("failed_copy_to_host_leaves_the_host_stale") else {
+        return;
+    };
+    let data = pattern(1);
+    m.device_overwrite().unwrap().write_from(0, &data).unwrap();
+    let gate = Gate::block(&stream);
+    let ev = m
+        .prefetch_to_host(None)
+        .unwrap()
+        .expect("a copy was queued");
+    assert_eq!(m.head(), Head::Synced, "a copy in flight counts as done");
+    gate.fail();
+    assert!(ev.wait().is_err(), "the copy behind the failed gate failed");
+    // The host read waits for the copy into the host, and reports its failure.
+    let err = m.host().expect_err("the copy into the host failed");
+    assert!(
+        err.to_string().contains("clWaitForEvents"),
+        "the backend call is named: {err}"
+    );
+    // The host is not current: only the device holds the data, and nothing is in flight.
+    assert_eq!(m.head(), Head::AtDevice);
+    assert_eq!(m.pending().unwrap(), None);
+    // The next host access copies again.
+    assert_eq!(&*m.host().unwrap(), &data[..]);
+    assert_eq!(m.head(), Head::Synced);
+    let s = m.copy_stats();
+    assert_eq!(s.device_to_host.count, 2, "the failed copy, then the retry");
+}
+
+#[test]
+fn failed_copy_to_device_is_reported_once_and_redone() {
+    let Some((dev, stream, m)) = rig("failed_copy_to_device_is_reported_once_and_redone") else {
+        return;
+    };
+    let data = pattern(2);
+    m.host_mut().unwrap().copy_from_slice(&data);
+    let gate = Gate::block(&stream);
+    m.prefetch_to_device(None)
+        .unwrap()
+        .expect("a copy was queued");
+    gate.fail();
+    // A host read does not need the copy, but it is the first access to see it settled: it
+    // reports the failure, once; the failed copy does not stay pending.
+    let err = m.host().expect_err("the failed copy is reported");
+    assert!(
+        err.to_string().contains("clWaitForEvents"),
+        "the backend call is named: {err}"
+    );
+    assert_eq!(m.pending().unwrap(), None);
+    assert_eq!(m.head(), Head::AtHost, "the device mirror is not current");
+    assert_eq!(&*m.host().unwrap(), &data[..]);
+    // A device access uploads again.
+    let g = m.device().unwrap();
+    let mut out = vec![0u8; N];
+    dev.new_stream()
+        .unwrap()
+        .read(g.buffer(), 0, &mut out)
+        .unwrap();
+    assert_eq!(out, data);
+    drop(g);
+    assert_eq!(m.head(), Head::Synced);
+    assert_eq!(m.copy_stats().host_to_device.count, 2);
+}
+
+#[test]
+fn failed_announced_work_is_reported() {
+    let Some((dev, _, m)) = rig("failed_announced_work_is_reported") else {
+        return;
+    };
+    let data = pattern(3);
+    let other = dev.new_stream().unwrap();
+    let third = dev.new_stream().unwrap();
+    let gate = Gate::block(&other);
+    {
+        let mut g = m.device_overwrite().unwrap();
+        g.write_from(0, &data).unwrap();
+        // Work announced on a stream that then fails, and newer work on another stream.
+        g.queued_on(&other).unwrap();
+        assert_eq!(m.pending().unwrap(), Some(PendingKind::DeviceWork));
+        gate.fail();
+        let err = g
+            .queued_on(&third)
+            .expect_err("the earlier announced work failed");
+        assert!(
+            err.to_string().contains("clWaitForEvents"),
+            "the backend call is named: {err}"
+        );
+    }
+    // The newer work is still waited for; it succeeded, so the next access succeeds.
+    assert_eq!(&*m.host().unwrap(), &data[..]);
+    assert_eq!(m.pending().unwrap(), None);
+    assert_eq!(m.head(), Head::Synced);
+}
