@@ -182,3 +182,26 @@ fn failed_announced_work_is_reported() {
     assert_eq!(m.pending().unwrap(), None);
     assert_eq!(m.head(), Head::Synced);
 }
+
+#[test]
+fn a_failed_event_says_its_command_failed() {
+    let Some(dev) = syncmem::testing::opencl_or_skip("a_failed_event_says_its_command_failed")
+    else {
+        return;
+    };
+    let stream = dev.new_stream().unwrap();
+    let gate = Gate::block(&stream);
+    let marker = stream.record().unwrap();
+    assert!(!marker.is_complete().unwrap(), "held by the gate");
+    gate.fail();
+    assert!(marker.wait().is_err(), "waiting on a failed command");
+    let err = marker.is_complete().unwrap_err().to_string();
+    assert!(
+        err.contains("event command") && err.contains("ended with execution status"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("clGetEventInfo"),
+        "the query itself worked: {err}"
+    );
+}

@@ -99,6 +99,22 @@ pub(crate) fn backend_error(device: &str, op: &'static str, code: cl_int) -> Err
     }
 }
 
+/// An event whose command ended with a negative execution status: the command failed (or a
+/// user event was set to an error). OpenCL reports the failure as the status itself, which is
+/// an error code of the runtime's choosing (or the user's), not the result of a call.
+pub(crate) fn failed_command_error(device: &str, status: cl_int) -> Error {
+    Error::Backend {
+        backend: BackendKind::OpenCl,
+        device: device.to_string(),
+        op: "event command",
+        code: i64::from(status),
+        message: format!(
+            "the command ended with execution status {status} (failed; as an error code: {})",
+            cl_error_message(status)
+        ),
+    }
+}
+
 /// A failed allocation call: [`Error::OutOfMemory`] for the memory codes, else
 /// [`Error::Backend`].
 pub(crate) fn alloc_error(device: &str, op: &'static str, code: cl_int, requested: usize) -> Error {

@@ -8,7 +8,7 @@ use opencl3::command_queue::{self as cq, CommandQueue};
 use opencl3::memory::CL_MEM_READ_WRITE;
 use opencl3::types::{cl_bool, cl_int, cl_mem, CL_BLOCKING, CL_NON_BLOCKING};
 
-use super::error::{backend_error, enqueue_error};
+use super::error::{backend_error, enqueue_error, failed_command_error};
 use super::handle::{release_event_quietly, ClContext, OwnedBuffer, OwnedEvent, Queue};
 use super::ClMem;
 use crate::device::backend::{BackendEvent, BackendStream};
@@ -235,7 +235,7 @@ impl BackendEvent for ClEvent {
         .map_err(|c| backend_error(&self.0.label, "clGetEventInfo", c))?
         .into();
         if status < 0 {
-            return Err(backend_error(&self.0.label, "clGetEventInfo", status));
+            return Err(failed_command_error(&self.0.label, status));
         }
         Ok(status == opencl3::event::CL_COMPLETE)
     }
