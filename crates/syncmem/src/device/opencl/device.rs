@@ -32,13 +32,11 @@ pub(crate) struct ClDevice {
 
 impl ClDevice {
     /// The platform's OpenCL context, e.g. to build programs for this device.
-    #[allow(dead_code)]
     pub(crate) fn context(&self) -> &Context {
         &self.ctx.ctx
     }
 
     /// The OpenCL device handle.
-    #[allow(dead_code)]
     pub(crate) fn device_id(&self) -> opencl3::types::cl_device_id {
         self.device.id()
     }
