@@ -17,6 +17,10 @@
 //!   (`CudaContext::load_module`, then `CudaModule::load_function` for each kernel). A failure
 //!   (no NVRTC, a compile error, a module the driver rejects) is not cached: the next call tries
 //!   again.
+//! - The PTX carries the ISA version of the NVRTC that made it (NVRTC 12.9 writes
+//!   `.version 8.8`, target `sm_52`). A driver older than that NVRTC cannot JIT it and rejects
+//!   the module with `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`: an [`Error::Backend`] naming
+//!   `cuModuleLoadData`, not a panic. Use an NVRTC no newer than the driver.
 //! - `libnvrtc` is probed first (`cudarc::nvrtc::sys::is_culib_present`): cudarc's dynamic
 //!   loader panics when the library is absent, so absence becomes [`Error::RuntimeUnavailable`]
 //!   before any NVRTC call. Compilation and module loading also run under `catch_unwind` as a

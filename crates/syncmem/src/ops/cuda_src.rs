@@ -51,7 +51,8 @@ extern "C" __global__ void sm_gemm(unsigned int M, unsigned int N, unsigned int 
     const unsigned int ty = threadIdx.y;
     const unsigned int tid = ty * SM_BX + tx;
     const unsigned int n0 = blockIdx.x * SM_TN;
-    const unsigned int tiles_m = (M + SM_TM - 1) / SM_TM;
+    /* Not (M + SM_TM - 1) / SM_TM: that wraps for M near 2^32 and would skip every row. */
+    const unsigned int tiles_m = M / SM_TM + (M % SM_TM != 0u);
     for (unsigned int bm = blockIdx.y; bm < tiles_m; bm += gridDim.y) {
         const unsigned int m0 = bm * SM_TM;
         float acc[SM_RM][SM_RN];
