@@ -16,11 +16,11 @@
 //!   usable at once by the stream of each pending use (streams run in order), and by other
 //!   streams once every fence of another stream has completed.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use super::config::PoolConfig;
 use super::strategy::Grant;
-use super::{merge_pending, usable_by, BlockId, PendingUse, SegId, StreamId};
+use super::{merge_pending, usable_by, BlockId, IdMap, PendingUse, SegId, StreamId};
 
 struct Block {
     seg: SegId,
@@ -46,7 +46,7 @@ pub(crate) struct Arena {
     max_split: Option<usize>,
     max_non_split_rounding: usize,
     max_cached: u64,
-    blocks: HashMap<BlockId, Block>,
+    blocks: IdMap<Block>,
     /// Free blocks: `[small pool, large pool]`, ordered by (size, id).
     free: [BTreeSet<(usize, BlockId)>; 2],
     free_bytes: u64,
@@ -69,7 +69,7 @@ impl Arena {
             max_split: cfg.max_split_size,
             max_non_split_rounding: cfg.max_non_split_rounding,
             max_cached: cfg.effective_max_cached_bytes(),
-            blocks: HashMap::new(),
+            blocks: IdMap::default(),
             free: [BTreeSet::new(), BTreeSet::new()],
             free_bytes: 0,
             next_id: 1,
@@ -155,8 +155,15 @@ impl Arena {
     /// Takes free block `id` for a request of `rounded` bytes.
     fn carve(&mut self, id: BlockId, rounded: usize) -> Grant {
         self.unlink_free(id);
-        let b = &self.blocks[&id];
-        if self.should_split(b.size, rounded, b.small) {
+        let (size, small) = {
+            let b = &self.blocks[&id];
+            (b.size, b.small)
+        };
+        if self.should_split(size, rounded, small) {
+            let b = self.block_mut(id);
+            // The rest keeps the uses in flight (the block's own list is cleared below).
+            let mut pending = std::mem::take(&mut b.pending);
+            pending.retain(|p| !p.fence.poll());
             let rest = Block {
                 seg: b.seg,
                 offset: b.offset + rounded,
@@ -166,12 +173,7 @@ impl Arena {
                 allocated: false,
                 small: b.small,
                 zeroed: b.zeroed,
-                pending: b
-                    .pending
-                    .iter()
-                    .filter(|p| !p.fence.poll())
-                    .cloned()
-                    .collect(),
+                pending,
             };
             let rest_id = self.new_id();
             if let Some(n) = rest.next {

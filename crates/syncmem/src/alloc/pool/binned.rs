@@ -8,11 +8,11 @@
 //! - Requests above the largest bin are allocated at their exact size and never cached.
 //! - At most `max_cached` bytes are kept cached; a block freed beyond that is released.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use super::config::PoolConfig;
 use super::strategy::Grant;
-use super::{merge_pending, usable_by, BlockId, PendingUse, SegId, StreamId};
+use super::{merge_pending, usable_by, BlockId, IdMap, PendingUse, SegId, StreamId};
 
 struct Cached {
     id: BlockId,
@@ -37,7 +37,7 @@ pub(crate) struct Bins {
     /// Cached blocks per bin, most recently freed last.
     cached: BTreeMap<u32, Vec<Cached>>,
     cached_bytes: u64,
-    live: HashMap<BlockId, Live>,
+    live: IdMap<Live>,
     next_id: BlockId,
 }
 
@@ -51,7 +51,7 @@ impl Bins {
             max_cached: cfg.effective_max_cached_bytes(),
             cached: BTreeMap::new(),
             cached_bytes: 0,
-            live: HashMap::new(),
+            live: IdMap::default(),
             next_id: 1,
         }
     }

@@ -3,7 +3,7 @@
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
-use super::{merge_pending, BlockId, Fence, PendingUse, Pool, StreamId};
+use super::{merge_one, BlockId, Fence, PendingUse, Pool, StreamId};
 
 /// A block of a [`Pool`]: `len()` bytes at `offset()` in `segment()`. Given back to the pool,
 /// with its pending uses, when dropped.
@@ -53,7 +53,8 @@ impl<T: Send + Sync + 'static> Lease<T> {
     /// Records a use still in flight when the lease is dropped: the block is reusable at once
     /// on `stream`, elsewhere once `fence` has completed.
     pub fn add_pending(&mut self, stream: StreamId, fence: Arc<dyn Fence>) {
-        merge_pending(&mut self.pending, vec![PendingUse::new(stream, fence)]);
+        merge_one(&mut self.pending, PendingUse::new(stream, fence));
+        self.pending.retain(|p| !p.fence.poll());
     }
 
     /// The pool the block belongs to.
@@ -66,8 +67,9 @@ impl<T: Send + Sync + 'static> Drop for Lease<T> {
     fn drop(&mut self) {
         // SAFETY: `segment` is taken exactly once, here, and never used afterwards.
         drop(unsafe { ManuallyDrop::take(&mut self.segment) });
-        let pool = self.pool.clone();
-        pool.release_block(self);
+        let pending = std::mem::take(&mut self.pending);
+        self.pool
+            .release_block(self.block, self.size, self.requested, pending);
     }
 }
 

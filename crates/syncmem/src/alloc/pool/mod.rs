@@ -44,6 +44,7 @@ mod strategy;
 mod tests;
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -69,6 +70,34 @@ pub const HOST_STREAM: StreamId = 0;
 
 pub(crate) type BlockId = u64;
 pub(crate) type SegId = u64;
+
+/// Hashes the pools' own integer ids (block and segment ids) with one multiply (the `FxHash`
+/// step). The ids are made by the pool, never by an adversary, so SipHash's protection buys
+/// nothing, and with several lookups per allocation and free it was the largest cost of a
+/// cache hit.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct IdHasher(u64);
+
+const ID_HASH_K: u64 = 0xf135_7aea_2e62_a9c5;
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(26) ^ n).wrapping_mul(ID_HASH_K);
+    }
+    fn finish(&self) -> u64 {
+        // hashbrown takes the bucket from the low bits and the tag from the top 7: fold the
+        // well-mixed high half into the low one.
+        self.0 ^ (self.0 >> 32)
+    }
+}
+
+/// A map keyed by pool ids ([`BlockId`], [`SegId`]).
+pub(crate) type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 
 /// Something that completes: work in flight on a block.
 pub trait Fence: Send + Sync {
@@ -119,14 +148,24 @@ impl PendingUse {
 /// Adds `more` to `into`, keeping only the newest fence per stream and dropping completed ones
 /// (cheaply: see [`Fence::poll`]). Lists stay as short as the number of streams involved.
 pub(crate) fn merge_pending(into: &mut Vec<PendingUse>, more: Vec<PendingUse>) {
-    for p in more {
-        match into.iter_mut().find(|q| q.stream == p.stream) {
-            Some(q) if q.seq < p.seq => *q = p,
-            Some(_) => {}
-            None => into.push(p),
+    if into.is_empty() && more.len() <= 1 {
+        // Nothing to merge with (the common case): take the list over without copying.
+        *into = more;
+    } else {
+        for p in more {
+            merge_one(into, p);
         }
     }
     into.retain(|p| !p.fence.poll());
+}
+
+/// Adds `p` to `into`, keeping only the newest fence per stream (no pruning).
+pub(crate) fn merge_one(into: &mut Vec<PendingUse>, p: PendingUse) {
+    match into.iter_mut().find(|q| q.stream == p.stream) {
+        Some(q) if q.seq < p.seq => *q = p,
+        Some(_) => {}
+        None => into.push(p),
+    }
 }
 
 /// True when a block with these pending uses may be handed to work on `stream`.
@@ -255,7 +294,7 @@ pub trait PoolObserver: Send + Sync {
 
 struct Inner<T> {
     core: Core,
-    segments: HashMap<SegId, (Arc<T>, usize)>,
+    segments: IdMap<(Arc<T>, usize)>,
     next_seg: SegId,
     c: Counters,
     observer: Option<Arc<dyn PoolObserver>>,
@@ -306,7 +345,7 @@ impl<T: Send + Sync + 'static> Pool<T> {
             budget,
             inner: Mutex::new(Inner {
                 core: Core::new(&config),
-                segments: HashMap::new(),
+                segments: IdMap::default(),
                 next_seg: 1,
                 c: Counters::default(),
                 observer: None,
@@ -451,22 +490,21 @@ impl<T: Send + Sync + 'static> Pool<T> {
         }
     }
 
-    pub(super) fn release_block(&self, lease: &mut Lease<T>) {
+    /// Gives back block `block` of `size` bytes (`requested` asked for) with its uses in flight.
+    pub(super) fn release_block(
+        &self,
+        block: BlockId,
+        size: usize,
+        requested: usize,
+        pending: Vec<PendingUse>,
+    ) {
         let released = {
             let mut inner = self.inner.lock();
             inner.c.frees += 1;
-            inner.c.allocated.sub(lease.size as u64);
-            inner.c.requested.sub(lease.requested as u64);
-            inner.emit(
-                &self.label,
-                PoolEvent::Free {
-                    size: lease.size,
-                    block: lease.block,
-                },
-            );
-            let segs = inner
-                .core
-                .free(lease.block, std::mem::take(&mut lease.pending));
+            inner.c.allocated.sub(size as u64);
+            inner.c.requested.sub(requested as u64);
+            inner.emit(&self.label, PoolEvent::Free { size, block });
+            let segs = inner.core.free(block, pending);
             self.take_segments(&mut inner, segs)
         };
         self.drop_segments(released);

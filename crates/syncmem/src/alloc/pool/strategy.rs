@@ -1,11 +1,9 @@
 //! Dispatch over the three pool strategies: caching (best fit), binned, none (direct).
 
-use std::collections::HashMap;
-
 use super::arena::Arena;
 use super::binned::Bins;
 use super::config::{PoolConfig, PoolKind};
-use super::{BlockId, PendingUse, SegId, StreamId};
+use super::{BlockId, IdMap, PendingUse, SegId, StreamId};
 
 /// A block handed out by a core.
 pub(crate) struct Grant {
@@ -19,7 +17,7 @@ pub(crate) struct Grant {
 /// `none`: one segment per block.
 #[derive(Default)]
 pub(crate) struct Direct {
-    live: HashMap<BlockId, (SegId, usize)>,
+    live: IdMap<(SegId, usize)>,
     next_id: BlockId,
 }
 
