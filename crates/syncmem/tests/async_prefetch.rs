@@ -13,69 +13,15 @@
 
 #![cfg(feature = "opencl")]
 
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::Duration;
 
-use opencl3::event::{create_user_event, release_event, set_user_event_status, CL_COMPLETE};
-use opencl3::types::cl_event;
+#[path = "common/gate.rs"]
+mod gate;
+
+use gate::{rig, Gate, N};
 use syncmem::synced::PendingKind;
-use syncmem::{Device, Head, Stream, SyncedMemory};
-
-const N: usize = 1 << 16;
-
-/// An OpenCL user event with a barrier waiting on it queued on a stream.
-struct Gate {
-    event: cl_event,
-    open: AtomicBool,
-}
-
-// SAFETY: an OpenCL event handle may be used from any thread (all OpenCL calls used here are
-// thread-safe); it is released once, in Drop.
-unsafe impl Send for Gate {}
-// SAFETY: as above; `&Gate` only sets the event status once (guarded by `open`).
-unsafe impl Sync for Gate {}
-
-impl Gate {
-    /// Blocks `stream`: work queued on it from now on waits until [`Gate::open`].
-    fn block(stream: &Stream) -> Gate {
-        let queue = stream.as_opencl().expect("an OpenCL stream");
-        let ctx = queue
-            .context()
-            .expect("clGetCommandQueueInfo(CL_QUEUE_CONTEXT)");
-        let event = create_user_event(ctx).expect("clCreateUserEvent");
-        let gate = Gate {
-            event,
-            open: AtomicBool::new(false),
-        };
-        // SAFETY: the wait list holds one live event, kept alive by `gate` until Drop.
-        let barrier = unsafe { queue.enqueue_barrier_with_wait_list(&[gate.event]) }
-            .expect("clEnqueueBarrierWithWaitList");
-        drop(barrier);
-        queue.flush().expect("clFlush");
-        gate
-    }
-
-    /// Lets the stream run. Marks the gate open before completing the event, so whoever sees
-    /// the stream's work done also sees `is_open()`. Idempotent.
-    fn open(&self) {
-        if !self.open.swap(true, SeqCst) {
-            set_user_event_status(self.event, CL_COMPLETE).expect("clSetUserEventStatus");
-        }
-    }
-
-    fn is_open(&self) -> bool {
-        self.open.load(SeqCst)
-    }
-}
-
-impl Drop for Gate {
-    fn drop(&mut self) {
-        self.open();
-        // SAFETY: the one reference clCreateUserEvent gave is released once, here.
-        let _ = unsafe { release_event(self.event) };
-    }
-}
+use syncmem::{Device, Head, SyncedMemory};
 
 /// Runs `body` with a watchdog that opens the gate if the test hangs (a wrongly waiting access
 /// would otherwise wait forever), and a `release_later` function that opens the gate from
@@ -98,17 +44,6 @@ fn guarded(gate: &Gate, body: impl FnOnce(&dyn Fn())) {
         body(&release_later);
         drop(done);
     });
-}
-
-/// A buffer on its own stream of the OpenCL device, or `None` (skip).
-fn rig(test: &str) -> Option<(Device, Stream, SyncedMemory)> {
-    let dev = syncmem::testing::opencl_or_skip(test)?;
-    let stream = dev.new_stream().unwrap();
-    let m = SyncedMemory::new(N, &dev)
-        .with_stream(&stream)
-        .unwrap()
-        .with_label(test);
-    Some((dev, stream, m))
 }
 
 fn pattern(seed: u8) -> Vec<u8> {

@@ -10,78 +10,12 @@
 
 #![cfg(feature = "opencl")]
 
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+#[path = "common/gate.rs"]
+mod gate;
 
-use opencl3::event::{create_user_event, release_event, set_user_event_status, CL_COMPLETE};
-use opencl3::types::{cl_event, cl_int};
+use gate::{rig, Gate, N};
 use syncmem::synced::PendingKind;
-use syncmem::{Device, Head, Stream, SyncedMemory};
-
-const N: usize = 1 << 16;
-
-/// An error status for a user event (any negative value).
-const FAILED: cl_int = -1;
-
-/// An OpenCL user event with a barrier waiting on it queued on a stream.
-struct Gate {
-    event: cl_event,
-    set: AtomicBool,
-    /// The barrier's event, kept until the gate is set: PoCL propagates the failure into the
-    /// barrier's event and must not find it released.
-    _barrier: opencl3::event::Event,
-}
-
-impl Gate {
-    /// Blocks `stream`: work queued on it from now on waits until the gate is set.
-    fn block(stream: &Stream) -> Gate {
-        let queue = stream.as_opencl().expect("an OpenCL stream");
-        let ctx = queue
-            .context()
-            .expect("clGetCommandQueueInfo(CL_QUEUE_CONTEXT)");
-        let event = create_user_event(ctx).expect("clCreateUserEvent");
-        // SAFETY: the wait list holds one live event, kept alive by the gate until Drop.
-        let barrier = unsafe { queue.enqueue_barrier_with_wait_list(&[event]) }
-            .expect("clEnqueueBarrierWithWaitList");
-        queue.flush().expect("clFlush");
-        Gate {
-            event,
-            set: AtomicBool::new(false),
-            _barrier: barrier,
-        }
-    }
-
-    /// Sets the user event's status once (later calls do nothing).
-    fn set(&self, status: cl_int) {
-        if !self.set.swap(true, SeqCst) {
-            set_user_event_status(self.event, status).expect("clSetUserEventStatus");
-        }
-    }
-
-    /// Terminates the work queued behind the gate.
-    fn fail(&self) {
-        self.set(FAILED);
-    }
-}
-
-impl Drop for Gate {
-    fn drop(&mut self) {
-        // Never leave a queue blocked (a failed assertion unwinds through here).
-        self.set(CL_COMPLETE);
-        // SAFETY: the one reference clCreateUserEvent gave is released once, here.
-        let _ = unsafe { release_event(self.event) };
-    }
-}
-
-/// A buffer on its own stream of the OpenCL device, or `None` (skip).
-fn rig(test: &str) -> Option<(Device, Stream, SyncedMemory)> {
-    let dev = syncmem::testing::opencl_or_skip(test)?;
-    let stream = dev.new_stream().unwrap();
-    let m = SyncedMemory::new(N, &dev)
-        .with_stream(&stream)
-        .unwrap()
-        .with_label(test);
-    Some((dev, stream, m))
-}
+use syncmem::Head;
 
 fn pattern(seed: u8) -> Vec<u8> {
     (0..N).map(|i| (i as u8).wrapping_mul(29) ^ seed).collect()
