@@ -45,6 +45,7 @@
 #![warn(missing_docs)]
 
 pub mod alloc;
+mod backend;
 #[doc(hidden)]
 pub mod bench;
 pub mod blob;

@@ -96,6 +96,9 @@ impl CpuMem {
     pub(crate) fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
+    pub(crate) fn len_bytes(&self) -> usize {
+        self.len
+    }
 }
 
 impl BackendDevice for CpuDevice {

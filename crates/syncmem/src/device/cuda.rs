@@ -70,7 +70,7 @@ fn describe(e: DriverError) -> String {
 }
 
 /// Maps a failed driver call `op` (the CUDA API name) on device `label` to [`Error::Backend`].
-fn driver_error(label: &str, op: &'static str, e: DriverError) -> Error {
+pub(crate) fn driver_error(label: &str, op: &'static str, e: DriverError) -> Error {
     Error::Backend {
         backend: BackendKind::Cuda,
         device: label.to_string(),
@@ -81,7 +81,7 @@ fn driver_error(label: &str, op: &'static str, e: DriverError) -> Error {
 }
 
 /// The text of a caught panic.
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|s| (*s).to_string())
@@ -163,6 +163,8 @@ struct CuShared {
     peers: Vec<usize>,
     /// Peers where checking (`cuDeviceCanAccessPeer`) or enabling peer access failed, with why.
     peer_failures: Vec<(usize, String)>,
+    /// The kernels loaded into the context, built on first use.
+    kernels: crate::backend::cuda::KernelCache,
 }
 
 impl CuShared {
@@ -318,6 +320,7 @@ fn discover_devices() -> Result<Vec<CuDevice>> {
                     home,
                     peers,
                     peer_failures,
+                    kernels: Default::default(),
                 }),
                 info: f.info,
             }
@@ -388,6 +391,21 @@ pub(crate) struct CuDevice {
 }
 
 impl CuDevice {
+    /// `cuda:N`.
+    pub(crate) fn label(&self) -> &str {
+        &self.shared.label
+    }
+
+    /// The device's primary context.
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.shared.ctx
+    }
+
+    /// The kernels loaded into the context.
+    pub(crate) fn kernel_cache(&self) -> &crate::backend::cuda::KernelCache {
+        &self.shared.kernels
+    }
+
     /// A second backend device for the same CUDA device (same context), with its own counters
     /// and pools once wrapped in a `Device` (see `Device::detached`).
     pub(crate) fn duplicate(&self) -> CuDevice {
@@ -541,6 +559,11 @@ impl CuMem {
         &self.slice
     }
 
+    /// The device address of the first byte, to pass to kernels.
+    pub(crate) fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+
     /// The device address of byte `off`.
     fn at(&self, off: usize) -> sys::CUdeviceptr {
         self.ptr + off as sys::CUdeviceptr
@@ -655,6 +678,11 @@ impl CuStream {
     /// The cudarc stream, for kernel launches.
     pub(crate) fn cuda_stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// Blocks until the stream has no queued work.
+    pub(crate) fn wait_idle(&self) -> Result<()> {
+        self.synchronize()
     }
 
     /// The raw stream handle, for driver calls.

@@ -30,12 +30,14 @@ mod backend;
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
+mod kernels;
 #[cfg(feature = "opencl")]
 pub(crate) mod opencl;
 mod pinned;
 mod registry;
 mod types;
 
+pub(crate) use kernels::Kernels;
 pub use pinned::PinnedBuffer;
 pub(crate) use registry::discovered as registry_discovered;
 pub use registry::{probe, BackendReport};

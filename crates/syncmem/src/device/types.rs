@@ -84,7 +84,7 @@ pub struct DeviceBuffer {
 }
 
 impl DeviceBuffer {
-    fn empty(device: &Device) -> Self {
+    pub(crate) fn empty(device: &Device) -> Self {
         Self {
             device: device.clone(),
             len: 0,
@@ -281,7 +281,7 @@ impl fmt::Debug for DeviceBuffer {
 #[derive(Clone)]
 pub struct Stream {
     device: Device,
-    raw: Arc<RawStream>,
+    pub(crate) raw: Arc<RawStream>,
     id: u64,
 }
 

@@ -5,10 +5,11 @@
 //! The gradient computes `dW = dYᵀ·X` (dims of `W`), `db = Σ_rows dY` (`[M]`) and, with a third
 //! output, `dX = dY·W` (dims of `X`).
 
-use super::access::{shape_error, Backend, In, Out};
+use super::access::{check_context, shape_error, In, Out, What};
 use super::args::Args;
-use super::io::{in_what, out_what, Blobs};
-use super::{cpu, Operator, OperatorDef};
+use super::io::Blobs;
+use super::{Operator, OperatorDef};
+use crate::backend::Gemm;
 use crate::context::Context;
 use crate::device::Device;
 use crate::error::Result;
@@ -48,7 +49,7 @@ pub(crate) fn split(
     t: &Tensor,
     axis: i64,
     arg: &str,
-    what: String,
+    what: What<'_>,
 ) -> Result<(usize, usize, usize)> {
     let dims = t.dims();
     let nd = dims.len() as i64;
@@ -66,23 +67,29 @@ pub(crate) fn split(
     Ok((a, outer, inner))
 }
 
+/// A GEMM of `m x n` results over `k`, with transposes `(ta, tb)`.
+fn gemm((ta, tb): (bool, bool), (m, n, k): (usize, usize, usize)) -> Gemm {
+    Gemm { ta, tb, m, n, k }
+}
+
 impl Operator for Fc {
     fn def(&self) -> &OperatorDef {
         &self.def
     }
 
     fn run(&self, ws: &Workspace, ctx: &Context) -> Result<()> {
-        let backend = Backend::for_run(&self.def, &self.device, ctx)?;
+        check_context(&self.def, &self.device, ctx)?;
         let blobs = Blobs::resolve(ws, &self.def, &[])?;
         let mut locked = blobs.lock();
-        let mut io = locked.io(ctx.device())?;
+        let dev = ctx.device();
+        let mut io = locked.io(dev)?;
         let def = io.def();
         let (x, w) = (io.input(0)?, io.input(1)?);
-        let (ax, n, k) = split(x, self.axis, "axis", in_what(def, 0))?;
-        let (_, m, kw) = split(w, self.axis_w, "axis_w", in_what(def, 1))?;
+        let (ax, n, k) = split(x, self.axis, "axis", What::input(def, 0))?;
+        let (_, m, kw) = split(w, self.axis_w, "axis_w", What::input(def, 1))?;
         if kw != k {
             return Err(shape_error(
-                in_what(def, 1),
+                What::input(def, 1),
                 w.dims(),
                 format!(
                     "W has {kw} columns (dims from axis_w {}) but X ({:?}) has {k} (dims from \
@@ -94,72 +101,45 @@ impl Operator for Fc {
             ));
         }
         if self.gradient {
-            return self.gradient(&backend, ctx, &mut io, (n, m, k));
+            return self.gradient(ctx, &mut io, (n, m, k));
         }
         let b = io.input(2)?;
         if b.dims() != [m] {
             return Err(shape_error(
-                in_what(def, 2),
+                What::input(def, 2),
                 b.dims(),
                 format!("the bias must have dims [{m}] (the rows of W)"),
             ));
         }
         let mut y_dims = x.dims()[..ax].to_vec();
         y_dims.push(m);
-        let xi = In::<f32>::open(x, in_what(def, 0))?;
-        let wi = In::<f32>::open(w, in_what(def, 1))?;
-        let bi = In::<f32>::open(b, in_what(def, 2))?;
-        let mut y = Out::<f32>::overwrite(io.output(0)?, &y_dims, out_what(def, 0))?;
-        match backend {
-            Backend::Cpu => {
-                let yc = y.cpu()?;
-                if m > 0 {
-                    let bc = bi.cpu()?;
-                    yc.chunks_exact_mut(m).for_each(|r| r.copy_from_slice(bc));
-                }
-                cpu::gemm((false, true), (n, m, k), xi.cpu()?, wi.cpu()?, 1.0, yc)
-            }
-            #[cfg(feature = "opencl")]
-            Backend::OpenCl(kern) => kern.gemm(
-                super::opencl::queue(ctx)?,
-                (false, true),
-                (n, m, k),
-                xi.mem()?,
-                wi.mem()?,
-                y.mem()?,
-                Some(bi.mem()?),
-            ),
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(kern) => kern.gemm(
-                super::cuda::stream(ctx)?,
-                (false, true),
-                (n, m, k),
-                xi.cuda()?,
-                wi.cuda()?,
-                y.cuda()?,
-                Some(bi.cuda()?),
-            ),
-        }
+        let xi = In::<f32>::open(x, dev, What::input(def, 0))?;
+        let wi = In::<f32>::open(w, dev, What::input(def, 1))?;
+        let bi = In::<f32>::open(b, dev, What::input(def, 2))?;
+        let y = Out::<f32>::overwrite(io.output(0)?, &y_dims, dev)?;
+        ctx.kernels().gemm(
+            gemm((false, true), (n, m, k)),
+            xi.buffer(),
+            wi.buffer(),
+            y.buffer(),
+            Some(bi.buffer()),
+        )
     }
 }
 
 impl Fc {
-    #[cfg_attr(
-        not(any(feature = "opencl", feature = "cuda")),
-        allow(unused_variables)
-    )]
     fn gradient(
         &self,
-        backend: &Backend,
         ctx: &Context,
         io: &mut super::io::Io<'_>,
         (n, m, k): (usize, usize, usize),
     ) -> Result<()> {
         let def = io.def();
+        let dev = ctx.device();
         let (x, w, dy) = (io.input(0)?, io.input(1)?, io.input(2)?);
         if dy.numel() != n.checked_mul(m) {
             return Err(shape_error(
-                in_what(def, 2),
+                What::input(def, 2),
                 dy.dims(),
                 format!(
                     "dY must hold N x M = {n} x {m} elements (X {:?}, W {:?})",
@@ -168,51 +148,22 @@ impl Fc {
                 ),
             ));
         }
-        let xi = In::<f32>::open(x, in_what(def, 0))?;
-        let wi = In::<f32>::open(w, in_what(def, 1))?;
-        let dyi = In::<f32>::open(dy, in_what(def, 2))?;
-        let mut dw = Out::<f32>::overwrite(io.output(0)?, w.dims(), out_what(def, 0))?;
-        let mut db = Out::<f32>::overwrite(io.output(1)?, &[m], out_what(def, 1))?;
-        let mut dx = match def.outputs.len() {
-            3 => Some(Out::<f32>::overwrite(
-                io.output(2)?,
-                x.dims(),
-                out_what(def, 2),
-            )?),
+        let xi = In::<f32>::open(x, dev, What::input(def, 0))?;
+        let wi = In::<f32>::open(w, dev, What::input(def, 1))?;
+        let dyi = In::<f32>::open(dy, dev, What::input(def, 2))?;
+        let dw = Out::<f32>::overwrite(io.output(0)?, w.dims(), dev)?;
+        let db = Out::<f32>::overwrite(io.output(1)?, &[m], dev)?;
+        let dx = match def.outputs.len() {
+            3 => Some(Out::<f32>::overwrite(io.output(2)?, x.dims(), dev)?),
             _ => None,
         };
-        match backend {
-            Backend::Cpu => {
-                let (xc, wc, dyc) = (xi.cpu()?, wi.cpu()?, dyi.cpu()?);
-                cpu::gemm((true, false), (m, k, n), dyc, xc, 0.0, dw.cpu()?)?;
-                cpu::col_sum(n, m, dyc, db.cpu()?);
-                if let Some(dx) = &mut dx {
-                    cpu::gemm((false, false), (n, k, m), dyc, wc, 0.0, dx.cpu()?)?;
-                }
-                Ok(())
-            }
-            #[cfg(feature = "opencl")]
-            Backend::OpenCl(kern) => {
-                let q = super::opencl::queue(ctx)?;
-                let (xm, wm, dym) = (xi.mem()?, wi.mem()?, dyi.mem()?);
-                kern.gemm(q, (true, false), (m, k, n), dym, xm, dw.mem()?, None)?;
-                kern.col_sum(q, n, m, dym, db.mem()?)?;
-                if let Some(dx) = &dx {
-                    kern.gemm(q, (false, false), (n, k, m), dym, wm, dx.mem()?, None)?;
-                }
-                Ok(())
-            }
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(kern) => {
-                let s = super::cuda::stream(ctx)?;
-                let (xs, ws, dys) = (xi.cuda()?, wi.cuda()?, dyi.cuda()?);
-                kern.gemm(s, (true, false), (m, k, n), dys, xs, dw.cuda()?, None)?;
-                kern.col_sum(s, n, m, dys, db.cuda()?)?;
-                if let Some(dx) = &dx {
-                    kern.gemm(s, (false, false), (n, k, m), dys, ws, dx.cuda()?, None)?;
-                }
-                Ok(())
-            }
+        let kern = ctx.kernels();
+        let (xb, wb, dyb) = (xi.buffer(), wi.buffer(), dyi.buffer());
+        kern.gemm(gemm((true, false), (m, k, n)), dyb, xb, dw.buffer(), None)?;
+        kern.col_sum(n, m, dyb, db.buffer())?;
+        if let Some(dx) = &dx {
+            kern.gemm(gemm((false, false), (n, k, m)), dyb, wb, dx.buffer(), None)?;
         }
+        Ok(())
     }
 }

@@ -8,13 +8,13 @@
 
 use rand::Rng;
 
-use super::access::{check_context, shape_error, Out};
+use super::access::{check_context, shape_error, Out, What};
 use super::args::{invalid, Args};
-use super::io::{out_what, Blobs};
+use super::io::Blobs;
 use super::{Operator, OperatorDef};
 use crate::context::Context;
 use crate::device::Device;
-use crate::error::{BackendKind, Result};
+use crate::error::Result;
 use crate::workspace::Workspace;
 
 #[derive(Debug, Clone, Copy)]
@@ -139,7 +139,7 @@ fn uniform(rng: &mut impl Rng, min: f32, max: f32, out: &mut [f32]) {
 impl Fill {
     /// The random distribution of this fill for `dims`, as a generator into a slice.
     fn generate(&self, dims: &[usize], ctx: &Context, out: &mut [f32]) -> Result<()> {
-        let what = || out_what(&self.def, 0);
+        let what = What::output(&self.def, 0);
         let numel = out.len();
         let mut rng = ctx.rng();
         match self.kind {
@@ -151,7 +151,7 @@ impl Fill {
                 // Caffe2: fan_in = size / dim(0).
                 let d0 = dims.first().copied().unwrap_or(0);
                 if d0 == 0 {
-                    return Err(shape_error(what(), dims, "XavierFill needs dims[0]".into()));
+                    return Err(shape_error(what, dims, "XavierFill needs dims[0]".into()));
                 }
                 let scale = (3.0 / (numel / d0) as f64).sqrt() as f32;
                 uniform(&mut *rng, -scale, scale, out);
@@ -160,7 +160,7 @@ impl Fill {
                 // Caffe2: fan_out = size / dim(1).
                 let d1 = dims.get(1).copied().unwrap_or(0);
                 if d1 == 0 {
-                    return Err(shape_error(what(), dims, "MSRAFill needs dims[1]".into()));
+                    return Err(shape_error(what, dims, "MSRAFill needs dims[1]".into()));
                 }
                 let std = (2.0 / (numel / d1) as f64).sqrt() as f32;
                 gaussian(&mut *rng, 0.0, std, out);
@@ -180,44 +180,34 @@ impl Operator for Fill {
         check_context(&self.def, &self.device, ctx)?;
         let blobs = Blobs::resolve(ws, &self.def, &[])?;
         let mut locked = blobs.lock();
-        let mut io = locked.io(ctx.device())?;
+        let dev = ctx.device();
+        let mut io = locked.io(dev)?;
         let dims = match &self.shape {
             Some(s) => s.clone(),
             None => io.input(0)?.dims().to_vec(),
         };
         let t = io.output(0)?;
-        let what = out_what(&self.def, 0);
-        let backend = ctx.device().backend();
+        let what = What::output(&self.def, 0);
         if let Kind::ConstantInt(v) = self.kind {
-            let mut out = Out::<i32>::overwrite(t, &dims, what)?;
-            return match backend {
-                BackendKind::Cpu => {
-                    out.cpu()?.fill(v);
-                    Ok(())
-                }
-                _ => out.upload(&vec![v; out.len()]),
-            };
+            let mut out = Out::<i32>::overwrite(t, &dims, dev)?;
+            if let Some(values) = out.host_view_mut() {
+                values.fill(v);
+                return Ok(());
+            }
+            return out.upload(&vec![v; out.len()], what);
         }
-        let mut out = Out::<f32>::overwrite(t, &dims, what)?;
-        match (backend, self.kind) {
-            (BackendKind::Cpu, _) => self.generate(&dims, ctx, out.cpu()?),
-            #[cfg(feature = "opencl")]
-            (BackendKind::OpenCl, Kind::Constant(v)) => {
-                let k = super::opencl::kernels(ctx.device())?;
-                k.fill(super::opencl::queue(ctx)?, out.len(), v, out.mem()?)
-            }
-            #[cfg(feature = "cuda")]
-            (BackendKind::Cuda, Kind::Constant(v)) => {
-                let s = super::cuda::stream(ctx)?;
-                let k = super::cuda::kernels(ctx.device(), s)?;
-                k.fill(s, out.len(), v, out.cuda()?)
-            }
-            _ => {
-                let mut values = vec![0.0f32; out.len()];
-                self.generate(&dims, ctx, &mut values)?;
-                out.upload(&values)
-            }
+        let mut out = Out::<f32>::overwrite(t, &dims, dev)?;
+        if let Kind::Constant(v) = self.kind {
+            return ctx.kernels().fill_f32(out.len(), v, out.buffer());
         }
+        // Memory the host addresses directly (the `cpu` device) gets its values in place;
+        // elsewhere they are drawn into a host vector and uploaded with one write.
+        if let Some(values) = out.host_view_mut() {
+            return self.generate(&dims, ctx, values);
+        }
+        let mut values = vec![0.0f32; out.len()];
+        self.generate(&dims, ctx, &mut values)?;
+        out.upload(&values, what)
     }
 }
 

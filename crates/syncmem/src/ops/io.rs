@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
 
+use super::access::What;
 use super::OperatorDef;
 use crate::blob::Blob;
 use crate::device::Device;
@@ -173,8 +174,8 @@ impl<'r, 'd> Locked<'r, 'd> {
                 Some(Slot::R(blob)) => *blob,
                 _ => return Err(internal(def, "an input blob is not read-locked")),
             };
-            let what = || in_what(def, i);
-            let t = blob.get::<Tensor>().map_err(|_| not_tensor(blob, what()))?;
+            let what = What::input(def, i);
+            let t = blob.get::<Tensor>().map_err(|_| not_tensor(blob, what))?;
             check_tensor(t, dev, what)?;
             ins.push(Some(t));
         }
@@ -184,10 +185,10 @@ impl<'r, 'd> Locked<'r, 'd> {
                 return Err(internal(def, "an output blob is not write-locked"));
             };
             let name = &def.outputs[j];
-            let what = || out_what(def, j);
+            let what = What::output(def, j);
             let t = if b.in_place.contains(&Some(j)) {
                 if !blob.is_type::<Tensor>() {
-                    return Err(not_tensor(blob, what()));
+                    return Err(not_tensor(blob, what));
                 }
                 let t = blob.get_mut::<Tensor>()?;
                 check_tensor(t, dev, what)?;
@@ -198,7 +199,7 @@ impl<'r, 'd> Locked<'r, 'd> {
                     .map_err(|e| Error::InvalidState {
                         op: "Operator::run",
                         buffer: format!("blob {name:?}"),
-                        reason: format!("{} cannot be written: {e}", what()),
+                        reason: format!("{what} cannot be written: {e}"),
                     })?;
                 if !t.target().is_some_and(|d| d.same(dev)) {
                     // Caffe2's GetMutable<Tensor<Context>>: a tensor of another device is
@@ -257,18 +258,6 @@ impl<'g> Io<'g> {
     }
 }
 
-/// `input 1 ("W") of operator FC "fc1"`.
-pub(crate) fn in_what(def: &OperatorDef, i: usize) -> String {
-    let name = def.inputs.get(i).map_or("", String::as_str);
-    format!("input {i} ({name:?}) of operator {}", def.label())
-}
-
-/// `output 0 ("Y") of operator FC "fc1"`.
-pub(crate) fn out_what(def: &OperatorDef, j: usize) -> String {
-    let name = def.outputs.get(j).map_or("", String::as_str);
-    format!("output {j} ({name:?}) of operator {}", def.label())
-}
-
 /// Two views of one storage in a run would wait on each other (a read guard and a write
 /// guard, or two write guards, of the same SyncedMemory): refuse tensors that share storage.
 fn check_storage_aliasing(
@@ -283,19 +272,19 @@ fn check_storage_aliasing(
             .enumerate()
             .find_map(|(i, t)| {
                 t.filter(|t| t.shares_storage_with(o))
-                    .map(|_| in_what(def, i))
+                    .map(|_| What::input(def, i))
             })
             .or_else(|| {
                 outs.iter().enumerate().skip(j + 1).find_map(|(k, t)| {
                     t.as_deref()
                         .filter(|t| t.shares_storage_with(o))
-                        .map(|_| out_what(def, k))
+                        .map(|_| What::output(def, k))
                 })
             });
         if let Some(other) = clash {
             return Err(Error::InvalidState {
                 op: "Operator::run",
-                buffer: out_what(def, j),
+                buffer: What::output(def, j).to_string(),
                 reason: format!("its tensor shares its memory with {other} (share_data)"),
             });
         }
@@ -303,34 +292,30 @@ fn check_storage_aliasing(
     Ok(())
 }
 
-fn check_tensor(t: &Tensor, dev: &Device, what: impl Fn() -> String) -> Result<()> {
+fn check_tensor(t: &Tensor, dev: &Device, what: What<'_>) -> Result<()> {
     match t.target() {
         Some(d) if d.same(dev) => {}
         other => {
             return Err(Error::DeviceMismatch {
                 op: "Operator::run",
                 expected: format!("{} (the operator's device)", dev.label()),
-                actual: format!(
-                    "{} for {}",
-                    other.map_or("host only", Device::label),
-                    what()
-                ),
+                actual: format!("{} for {}", other.map_or("host only", Device::label), what),
             })
         }
     }
     if !t.is_initialized() {
         return Err(Error::InvalidState {
             op: "Operator::run",
-            buffer: what(),
+            buffer: what.to_string(),
             reason: "the tensor is uninitialised (no shape)".into(),
         });
     }
     Ok(())
 }
 
-fn not_tensor(blob: &Blob, what: String) -> Error {
+fn not_tensor(blob: &Blob, what: What<'_>) -> Error {
     Error::TypeMismatch {
-        what,
+        what: what.to_string(),
         stored: blob
             .type_name()
             .unwrap_or("nothing (the blob is empty)")

@@ -9,12 +9,13 @@
 //! live only on the device, checking would need a read-back: the kernels then make the loss, the
 //! gradient rows and the accuracy NaN instead.
 
-use super::access::{expect_dtype, shape_error, Backend, In, Out};
+use super::access::{check_context, expect_dtype, shape_error, In, Out, What};
 use super::args::{invalid, Args};
-use super::cpu::{self, BadLabel};
 use super::fc::split;
-use super::io::{in_what, out_what, Blobs};
+use super::io::{Blobs, Io};
 use super::{Operator, OperatorDef};
+use crate::backend::cpu::math::check_labels as host_check_labels;
+use crate::backend::BadLabel;
 use crate::context::Context;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -80,19 +81,19 @@ fn check_labels(
     rows: usize,
     classes: usize,
 ) -> Result<()> {
-    let what = || in_what(def, i);
-    expect_dtype::<i32>(labels, &what)?;
+    let what = What::input(def, i);
+    expect_dtype::<i32>(labels, what)?;
     let dims = labels.dims();
     if labels.numel() != Some(rows) || !(dims.len() == 1 || dims.get(1..) == Some(&[1][..])) {
         return Err(shape_error(
-            what(),
+            what,
             dims,
             format!("labels must have dims [{rows}] or [{rows}, 1] (one per row)"),
         ));
     }
     if matches!(labels.head(), Some(Head::AtHost | Head::Synced)) {
         let host = labels.host::<i32>()?;
-        cpu::check_labels(&host, classes).map_err(|b| bad_label(def, i, classes, b))?;
+        host_check_labels(&host, classes).map_err(|b| bad_label(def, i, classes, b))?;
     }
     Ok(())
 }
@@ -100,8 +101,16 @@ fn check_labels(
 fn bad_label(def: &OperatorDef, i: usize, classes: usize, (row, label): BadLabel) -> Error {
     Error::InvalidState {
         op: "Operator::run",
-        buffer: in_what(def, i),
+        buffer: What::input(def, i).to_string(),
         reason: format!("label {label} of row {row} is not a class index in 0..{classes}"),
+    }
+}
+
+/// The kernels' verdict on the labels: an out-of-range label the backend saw is an error.
+fn labels_ok(def: &OperatorDef, classes: usize, seen: Option<BadLabel>) -> Result<()> {
+    match seen {
+        Some(b) => Err(bad_label(def, 1, classes, b)),
+        None => Ok(()),
     }
 }
 
@@ -111,68 +120,43 @@ impl Operator for LossOp {
     }
 
     fn run(&self, ws: &Workspace, ctx: &Context) -> Result<()> {
-        let backend = Backend::for_run(&self.def, &self.device, ctx)?;
+        check_context(&self.def, &self.device, ctx)?;
         let blobs = Blobs::resolve(ws, &self.def, &[])?;
         let mut locked = blobs.lock();
         let mut io = locked.io(ctx.device())?;
         match self.kind {
-            Kind::Forward => self.forward(&backend, ctx, &mut io),
-            Kind::Gradient => self.gradient(&backend, ctx, &mut io),
-            Kind::Accuracy { top_k } => self.accuracy(&backend, ctx, &mut io, top_k),
+            Kind::Forward => self.forward(ctx, &mut io),
+            Kind::Gradient => self.gradient(ctx, &mut io),
+            Kind::Accuracy { top_k } => self.accuracy(ctx, &mut io, top_k),
         }
     }
 }
 
 impl LossOp {
-    #[cfg_attr(
-        not(any(feature = "opencl", feature = "cuda")),
-        allow(unused_variables)
-    )]
-    fn forward(&self, backend: &Backend, ctx: &Context, io: &mut super::io::Io<'_>) -> Result<()> {
+    fn forward(&self, ctx: &Context, io: &mut Io<'_>) -> Result<()> {
         let def = io.def();
+        let dev = ctx.device();
         let (x, labels) = (io.input(0)?, io.input(1)?);
-        let (_, n, c) = split(x, self.axis, "axis", in_what(def, 0))?;
+        let (_, n, c) = split(x, self.axis, "axis", What::input(def, 0))?;
         check_labels(def, 1, labels, n, c)?;
-        let xi = In::<f32>::open(x, in_what(def, 0))?;
-        let li = In::<i32>::open(labels, in_what(def, 1))?;
-        let mut p = Out::<f32>::overwrite(io.output(0)?, x.dims(), out_what(def, 0))?;
-        let mut loss = Out::<f32>::overwrite(io.output(1)?, &[], out_what(def, 1))?;
-        match backend {
-            Backend::Cpu => {
-                let v = cpu::softmax_loss(n, c, xi.cpu()?, li.cpu()?, p.cpu()?)
-                    .map_err(|b| bad_label(def, 1, c, b))?;
-                loss.cpu()?[0] = v;
-                Ok(())
-            }
-            #[cfg(feature = "opencl")]
-            Backend::OpenCl(k) => k.softmax_loss(
-                super::opencl::queue(ctx)?,
-                n,
-                c,
-                xi.mem()?,
-                li.mem()?,
-                p.mem()?,
-                loss.mem()?,
-            ),
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(k) => k.softmax_loss(
-                super::cuda::stream(ctx)?,
-                n,
-                c,
-                xi.cuda()?,
-                li.cuda()?,
-                p.cuda()?,
-                loss.cuda()?,
-            ),
-        }
+        let xi = In::<f32>::open(x, dev, What::input(def, 0))?;
+        let li = In::<i32>::open(labels, dev, What::input(def, 1))?;
+        let p = Out::<f32>::overwrite(io.output(0)?, x.dims(), dev)?;
+        let loss = Out::<f32>::overwrite(io.output(1)?, &[], dev)?;
+        let seen = ctx.kernels().softmax_loss(
+            n,
+            c,
+            xi.buffer(),
+            li.buffer(),
+            p.buffer(),
+            loss.buffer(),
+        )?;
+        labels_ok(def, c, seen)
     }
 
-    #[cfg_attr(
-        not(any(feature = "opencl", feature = "cuda")),
-        allow(unused_variables)
-    )]
-    fn gradient(&self, backend: &Backend, ctx: &Context, io: &mut super::io::Io<'_>) -> Result<()> {
+    fn gradient(&self, ctx: &Context, io: &mut Io<'_>) -> Result<()> {
         let def = io.def();
+        let dev = ctx.device();
         // [P, labels], [P, labels, dLoss], or Caffe2's [X, labels, P, dLoss].
         let (pi_idx, dl_idx) = match def.inputs.len() {
             2 => (0, None),
@@ -184,108 +168,54 @@ impl LossOp {
             let x = io.input(0)?;
             if x.dims() != p.dims() {
                 return Err(shape_error(
-                    in_what(def, 0),
+                    What::input(def, 0),
                     x.dims(),
                     format!("X must have the dims of P {:?}", p.dims()),
                 ));
             }
         }
-        let (_, n, c) = split(p, self.axis, "axis", in_what(def, pi_idx))?;
+        let (_, n, c) = split(p, self.axis, "axis", What::input(def, pi_idx))?;
         check_labels(def, 1, labels, n, c)?;
         let dl = match dl_idx {
             Some(i) => {
                 let t = io.input(i)?;
                 if t.numel() != Some(1) {
                     return Err(shape_error(
-                        in_what(def, i),
+                        What::input(def, i),
                         t.dims(),
                         "dLoss must be a scalar".into(),
                     ));
                 }
-                Some(In::<f32>::open(t, in_what(def, i))?)
+                Some(In::<f32>::open(t, dev, What::input(def, i))?)
             }
             None => None,
         };
-        let pi = In::<f32>::open(p, in_what(def, pi_idx))?;
-        let li = In::<i32>::open(labels, in_what(def, 1))?;
-        let mut dx = Out::<f32>::overwrite(io.output(0)?, p.dims(), out_what(def, 0))?;
-        match backend {
-            Backend::Cpu => {
-                let scale = match &dl {
-                    Some(d) => d.cpu()?[0],
-                    None => 1.0,
-                };
-                cpu::softmax_loss_grad(n, c, pi.cpu()?, li.cpu()?, scale, dx.cpu()?)
-                    .map_err(|b| bad_label(def, 1, c, b))
-            }
-            #[cfg(feature = "opencl")]
-            Backend::OpenCl(k) => k.softmax_loss_grad(
-                super::opencl::queue(ctx)?,
-                n,
-                c,
-                pi.mem()?,
-                li.mem()?,
-                dl.as_ref().map(In::mem).transpose()?,
-                dx.mem()?,
-            ),
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(k) => k.softmax_loss_grad(
-                super::cuda::stream(ctx)?,
-                n,
-                c,
-                pi.cuda()?,
-                li.cuda()?,
-                dl.as_ref().map(In::cuda).transpose()?,
-                dx.cuda()?,
-            ),
-        }
+        let pi = In::<f32>::open(p, dev, What::input(def, pi_idx))?;
+        let li = In::<i32>::open(labels, dev, What::input(def, 1))?;
+        let dx = Out::<f32>::overwrite(io.output(0)?, p.dims(), dev)?;
+        let seen = ctx.kernels().softmax_loss_grad(
+            n,
+            c,
+            pi.buffer(),
+            li.buffer(),
+            dl.as_ref().map(In::buffer),
+            dx.buffer(),
+        )?;
+        labels_ok(def, c, seen)
     }
 
-    #[cfg_attr(
-        not(any(feature = "opencl", feature = "cuda")),
-        allow(unused_variables)
-    )]
-    fn accuracy(
-        &self,
-        backend: &Backend,
-        ctx: &Context,
-        io: &mut super::io::Io<'_>,
-        top_k: usize,
-    ) -> Result<()> {
+    fn accuracy(&self, ctx: &Context, io: &mut Io<'_>, top_k: usize) -> Result<()> {
         let def = io.def();
+        let dev = ctx.device();
         let (x, labels) = (io.input(0)?, io.input(1)?);
-        let (_, n, c) = split(x, self.axis, "axis", in_what(def, 0))?;
+        let (_, n, c) = split(x, self.axis, "axis", What::input(def, 0))?;
         check_labels(def, 1, labels, n, c)?;
-        let xi = In::<f32>::open(x, in_what(def, 0))?;
-        let li = In::<i32>::open(labels, in_what(def, 1))?;
-        let mut out = Out::<f32>::overwrite(io.output(0)?, &[], out_what(def, 0))?;
-        match backend {
-            Backend::Cpu => {
-                let v = cpu::accuracy(n, c, top_k, xi.cpu()?, li.cpu()?)
-                    .map_err(|b| bad_label(def, 1, c, b))?;
-                out.cpu()?[0] = v;
-                Ok(())
-            }
-            #[cfg(feature = "opencl")]
-            Backend::OpenCl(k) => k.accuracy(
-                super::opencl::queue(ctx)?,
-                n,
-                c,
-                top_k,
-                xi.mem()?,
-                li.mem()?,
-                out.mem()?,
-            ),
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(k) => k.accuracy(
-                super::cuda::stream(ctx)?,
-                n,
-                c,
-                top_k,
-                xi.cuda()?,
-                li.cuda()?,
-                out.cuda()?,
-            ),
-        }
+        let xi = In::<f32>::open(x, dev, What::input(def, 0))?;
+        let li = In::<i32>::open(labels, dev, What::input(def, 1))?;
+        let out = Out::<f32>::overwrite(io.output(0)?, &[], dev)?;
+        let seen = ctx
+            .kernels()
+            .accuracy(n, c, top_k, xi.buffer(), li.buffer(), out.buffer())?;
+        labels_ok(def, c, seen)
     }
 }

@@ -97,19 +97,10 @@
 
 mod access;
 mod args;
-mod cpu;
-#[cfg(feature = "cuda")]
-mod cuda;
-#[cfg(feature = "cuda")]
-mod cuda_src;
 mod fc;
 mod fill;
 mod io;
 mod loss;
-#[cfg(feature = "opencl")]
-mod opencl;
-#[cfg(feature = "opencl")]
-mod opencl_src;
 mod relu;
 mod sgd;
 
@@ -192,78 +183,63 @@ pub trait Operator: Send + Sync {
     fn run(&self, ws: &Workspace, ctx: &Context) -> Result<()>;
 }
 
-/// One registered operator type: its name, whether it needs device kernels, and its builder.
+/// One registered operator type: its name and its builder.
 struct Entry {
     name: &'static str,
-    /// False for operators that only upload host data (the fills): they run on every backend.
-    kernels: bool,
     build: fn(&OperatorDef, &Device) -> Result<Box<dyn Operator>>,
 }
 
 const REGISTRY: &[Entry] = &[
     Entry {
         name: "ConstantFill",
-        kernels: false,
         build: fill::build_constant,
     },
     Entry {
         name: "UniformFill",
-        kernels: false,
         build: fill::build_uniform,
     },
     Entry {
         name: "GaussianFill",
-        kernels: false,
         build: fill::build_gaussian,
     },
     Entry {
         name: "XavierFill",
-        kernels: false,
         build: fill::build_xavier,
     },
     Entry {
         name: "MSRAFill",
-        kernels: false,
         build: fill::build_msra,
     },
     Entry {
         name: "FC",
-        kernels: true,
         build: fc::build_fc,
     },
     Entry {
         name: "FCGradient",
-        kernels: true,
         build: fc::build_fc_gradient,
     },
     Entry {
         name: "Relu",
-        kernels: true,
         build: relu::build_relu,
     },
     Entry {
         name: "ReluGradient",
-        kernels: true,
         build: relu::build_relu_gradient,
     },
     Entry {
         name: "SoftmaxWithLoss",
-        kernels: true,
         build: loss::build_softmax_with_loss,
     },
     Entry {
         name: "SoftmaxWithLossGradient",
-        kernels: true,
         build: loss::build_softmax_with_loss_gradient,
     },
     Entry {
         name: "Accuracy",
-        kernels: true,
         build: loss::build_accuracy,
     },
     Entry {
         name: "SGD",
-        kernels: true,
         build: sgd::build_sgd,
     },
 ];
@@ -273,8 +249,7 @@ const REGISTRY: &[Entry] = &[
 /// # Errors
 /// [`Error::NotFound`] for an unknown operator type (the message lists the known ones);
 /// [`Error::InvalidState`] for a wrong number of inputs or outputs, an unknown argument, or an
-/// argument of the wrong kind; [`Error::Unsupported`] for an operator that needs device
-/// kernels on a backend this build has none for. Every message names the operator.
+/// argument of the wrong kind. Every message names the operator.
 pub fn create_operator(def: &OperatorDef, device: &Device) -> Result<Box<dyn Operator>> {
     let Some(entry) = REGISTRY.iter().find(|e| e.name == def.op_type) else {
         return Err(Error::NotFound {
@@ -290,9 +265,6 @@ pub fn create_operator(def: &OperatorDef, device: &Device) -> Result<Box<dyn Ope
             ),
         });
     };
-    if entry.kernels {
-        access::Backend::check_supported(device, def)?;
-    }
     (entry.build)(def, device)
 }
 

@@ -1,10 +1,10 @@
 //! `Relu` (`Y = max(X, 0)`, in place allowed) and `ReluGradient` (`dX = dY · [Y > 0]`, in
 //! place on `dY` allowed).
 
-use super::access::{shape_error, Backend, In, Out};
+use super::access::{check_context, shape_error, In, Out, What};
 use super::args::Args;
-use super::io::{in_what, out_what, Blobs};
-use super::{cpu, Operator, OperatorDef};
+use super::io::Blobs;
+use super::{Operator, OperatorDef};
 use crate::context::Context;
 use crate::device::Device;
 use crate::error::Result;
@@ -42,43 +42,20 @@ impl Operator for Relu {
     }
 
     fn run(&self, ws: &Workspace, ctx: &Context) -> Result<()> {
-        let backend = Backend::for_run(&self.def, &self.device, ctx)?;
+        check_context(&self.def, &self.device, ctx)?;
         let blobs = Blobs::resolve(ws, &self.def, &[(0, 0)])?;
         let mut locked = blobs.lock();
-        let mut io = locked.io(ctx.device())?;
+        let dev = ctx.device();
+        let mut io = locked.io(dev)?;
         let def = io.def();
         if io.in_place(0).is_some() {
-            let mut y = Out::<f32>::in_place(io.output(0)?, out_what(def, 0))?;
-            return match backend {
-                Backend::Cpu => {
-                    cpu::relu_in_place(y.cpu()?);
-                    Ok(())
-                }
-                #[cfg(feature = "opencl")]
-                Backend::OpenCl(k) => {
-                    let m = y.mem()?;
-                    k.relu(super::opencl::queue(ctx)?, y.len(), m, m)
-                }
-                #[cfg(feature = "cuda")]
-                Backend::Cuda(k) => {
-                    let m = y.cuda()?;
-                    k.relu(super::cuda::stream(ctx)?, y.len(), m, m)
-                }
-            };
+            let y = Out::<f32>::in_place(io.output(0)?, dev, What::output(def, 0))?;
+            return ctx.kernels().relu(y.len(), y.buffer(), y.buffer());
         }
         let x = io.input(0)?;
-        let xi = In::<f32>::open(x, in_what(def, 0))?;
-        let mut y = Out::<f32>::overwrite(io.output(0)?, x.dims(), out_what(def, 0))?;
-        match backend {
-            Backend::Cpu => {
-                cpu::relu(xi.cpu()?, y.cpu()?);
-                Ok(())
-            }
-            #[cfg(feature = "opencl")]
-            Backend::OpenCl(k) => k.relu(super::opencl::queue(ctx)?, y.len(), xi.mem()?, y.mem()?),
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(k) => k.relu(super::cuda::stream(ctx)?, y.len(), xi.cuda()?, y.cuda()?),
-        }
+        let xi = In::<f32>::open(x, dev, What::input(def, 0))?;
+        let y = Out::<f32>::overwrite(io.output(0)?, x.dims(), dev)?;
+        ctx.kernels().relu(y.len(), xi.buffer(), y.buffer())
     }
 }
 
@@ -88,71 +65,40 @@ impl Operator for ReluGradient {
     }
 
     fn run(&self, ws: &Workspace, ctx: &Context) -> Result<()> {
-        let backend = Backend::for_run(&self.def, &self.device, ctx)?;
+        check_context(&self.def, &self.device, ctx)?;
         let blobs = Blobs::resolve(ws, &self.def, &[(1, 0)])?;
         let mut locked = blobs.lock();
-        let mut io = locked.io(ctx.device())?;
+        let dev = ctx.device();
+        let mut io = locked.io(dev)?;
         let def = io.def();
         let y = io.input(0)?;
-        let yi = In::<f32>::open(y, in_what(def, 0))?;
+        let yi = In::<f32>::open(y, dev, What::input(def, 0))?;
         if io.in_place(1).is_some() {
             let dx_t = io.output(0)?;
             if dx_t.dims() != y.dims() {
                 return Err(shape_error(
-                    in_what(def, 1),
+                    What::input(def, 1),
                     dx_t.dims(),
                     format!("dY must have the dims of Y {:?}", y.dims()),
                 ));
             }
-            let mut dx = Out::<f32>::in_place(dx_t, out_what(def, 0))?;
-            return match backend {
-                Backend::Cpu => {
-                    cpu::relu_grad_in_place(yi.cpu()?, dx.cpu()?);
-                    Ok(())
-                }
-                #[cfg(feature = "opencl")]
-                Backend::OpenCl(k) => {
-                    let m = dx.mem()?;
-                    k.relu_grad(super::opencl::queue(ctx)?, dx.len(), yi.mem()?, m, m)
-                }
-                #[cfg(feature = "cuda")]
-                Backend::Cuda(k) => {
-                    let m = dx.cuda()?;
-                    k.relu_grad(super::cuda::stream(ctx)?, dx.len(), yi.cuda()?, m, m)
-                }
-            };
+            let dx = Out::<f32>::in_place(dx_t, dev, What::output(def, 0))?;
+            let n = dx.len();
+            return ctx
+                .kernels()
+                .relu_grad(n, yi.buffer(), dx.buffer(), dx.buffer());
         }
         let dy = io.input(1)?;
         if dy.dims() != y.dims() {
             return Err(shape_error(
-                in_what(def, 1),
+                What::input(def, 1),
                 dy.dims(),
                 format!("dY must have the dims of Y {:?}", y.dims()),
             ));
         }
-        let dyi = In::<f32>::open(dy, in_what(def, 1))?;
-        let mut dx = Out::<f32>::overwrite(io.output(0)?, y.dims(), out_what(def, 0))?;
-        match backend {
-            Backend::Cpu => {
-                cpu::relu_grad(yi.cpu()?, dyi.cpu()?, dx.cpu()?);
-                Ok(())
-            }
-            #[cfg(feature = "opencl")]
-            Backend::OpenCl(k) => k.relu_grad(
-                super::opencl::queue(ctx)?,
-                dx.len(),
-                yi.mem()?,
-                dyi.mem()?,
-                dx.mem()?,
-            ),
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(k) => k.relu_grad(
-                super::cuda::stream(ctx)?,
-                dx.len(),
-                yi.cuda()?,
-                dyi.cuda()?,
-                dx.cuda()?,
-            ),
-        }
+        let dyi = In::<f32>::open(dy, dev, What::input(def, 1))?;
+        let dx = Out::<f32>::overwrite(io.output(0)?, y.dims(), dev)?;
+        ctx.kernels()
+            .relu_grad(dx.len(), yi.buffer(), dyi.buffer(), dx.buffer())
     }
 }

@@ -1,20 +1,22 @@
 //! `SGD`: `param -= lr · grad`, in place (Caffe's `Blob::Update` scaled by a learning rate).
 //!
-//! Runs [`crate::kernels::axpy`] with `a = -lr` on the parameter's device mirror (taken for
+//! Runs the device's axpy kernel with `a = -lr` on the parameter's device mirror (taken for
 //! reading and writing) and the gradient's; the parameter blob is locked once, for writing.
 
-use super::access::{shape_error, Backend, In, Out};
+use super::access::{check_context, shape_error, In, Out, What};
 use super::args::{invalid, Args};
-use super::io::{in_what, Blobs};
+use super::io::Blobs;
 use super::{Operator, OperatorDef};
 use crate::context::Context;
 use crate::device::Device;
 use crate::error::Result;
-use crate::kernels;
 use crate::workspace::Workspace;
 
 struct Sgd {
     def: OperatorDef,
+    /// `def` with its output spelled out: with no output listed, the parameter is still
+    /// written, so it runs as if it were output 0.
+    run_def: OperatorDef,
     device: Device,
     lr: f32,
 }
@@ -34,8 +36,13 @@ pub(crate) fn build_sgd(def: &OperatorDef, device: &Device) -> Result<Box<dyn Op
             ));
         }
     }
+    let mut run_def = def.clone();
+    if run_def.outputs.is_empty() {
+        run_def.outputs.push(run_def.inputs[0].clone());
+    }
     Ok(Box::new(Sgd {
         def: def.clone(),
+        run_def,
         device: device.clone(),
         lr,
     }))
@@ -47,21 +54,16 @@ impl Operator for Sgd {
     }
 
     fn run(&self, ws: &Workspace, ctx: &Context) -> Result<()> {
-        // Backend::for_run checks the context and that the device has kernels.
-        let _backend = Backend::for_run(&self.def, &self.device, ctx)?;
-        // With no output listed, the parameter is still written: run as if it were output 0.
-        let mut def = self.def.clone();
-        if def.outputs.is_empty() {
-            def.outputs.push(def.inputs[0].clone());
-        }
-        let blobs = Blobs::resolve(ws, &def, &[(0, 0)])?;
+        check_context(&self.def, &self.device, ctx)?;
+        let blobs = Blobs::resolve(ws, &self.run_def, &[(0, 0)])?;
         let mut locked = blobs.lock();
-        let mut io = locked.io(ctx.device())?;
+        let dev = ctx.device();
+        let mut io = locked.io(dev)?;
         let grad = io.input(1)?;
         let param = io.output(0)?;
         if grad.dims() != param.dims() {
             return Err(shape_error(
-                in_what(&self.def, 1),
+                What::input(&self.def, 1),
                 grad.dims(),
                 format!(
                     "the gradient must have the dims of the parameter {:?}",
@@ -69,12 +71,9 @@ impl Operator for Sgd {
                 ),
             ));
         }
-        let gi = In::<f32>::open(grad, in_what(&self.def, 1))?;
-        let mut p = Out::<f32>::in_place(param, in_what(&self.def, 0))?;
-        let n = p.len();
-        match (gi.guard(), p.guard_mut()) {
-            (Some(g), Some(w)) => kernels::axpy::<f32>(n, -self.lr, g, w),
-            _ => Ok(()),
-        }
+        let gi = In::<f32>::open(grad, dev, What::input(&self.def, 1))?;
+        let p = Out::<f32>::in_place(param, dev, What::input(&self.def, 0))?;
+        ctx.kernels()
+            .axpy::<f32>(p.len(), -self.lr, gi.buffer(), p.buffer())
     }
 }

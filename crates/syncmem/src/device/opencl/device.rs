@@ -28,9 +28,21 @@ pub(crate) struct ClDevice {
     pub(super) map_queue: OnceLock<Arc<Queue>>,
     /// Required alignment of sub-buffer origins, in bytes.
     pub(super) base_align: usize,
+    /// The compiled kernels, shared with duplicates (same context).
+    pub(super) kernels: Arc<crate::backend::opencl::KernelCache>,
 }
 
 impl ClDevice {
+    /// `opencl:N`.
+    pub(crate) fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The device's compiled kernels.
+    pub(crate) fn kernel_cache(&self) -> &crate::backend::opencl::KernelCache {
+        &self.kernels
+    }
+
     /// The platform's OpenCL context, e.g. to build programs for this device.
     pub(crate) fn context(&self) -> &Context {
         &self.ctx.ctx
@@ -60,6 +72,7 @@ impl ClDevice {
             ctx: self.ctx.clone(),
             map_queue: OnceLock::new(),
             base_align: self.base_align,
+            kernels: self.kernels.clone(),
         }
     }
 }

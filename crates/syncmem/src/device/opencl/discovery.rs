@@ -96,6 +96,7 @@ fn platform_devices(platform: Platform, first_ordinal: usize) -> Result<Vec<ClDe
                 ctx: ctx.clone(),
                 map_queue: OnceLock::new(),
                 base_align,
+                kernels: Default::default(),
             }
         })
         .collect())

@@ -1,8 +1,9 @@
-//! OpenCL C source of the operator kernels (`f32`, labels `int`). The GEMM tile sizes `TSM`,
-//! `TSN`, `TSK` are defined by the build options (`-D TSM=64 -D TSN=64 -D TSK=32`).
+//! OpenCL C sources: the operator kernels ([`OPS`], `f32`, labels `int`) and the math kernels
+//! of parameter blobs ([`MATH`], for one element type `T`).
 
-/// The program; see [`super::opencl`] for how each kernel is launched.
-pub(super) const SOURCE: &str = r#"
+/// The operator kernels. The GEMM tile sizes `TSM`, `TSN`, `TSK` are defined by the build
+/// options (`-D TSM=64 -D TSN=64 -D TSK=32`); see [`super::program`].
+pub(super) const OPS: &str = r#"
 /* Tile sizes, set by the build options: TSM x TSN elements of C per work-group, TSK along K.
  * Each work-item computes a WPTM x WPTN block of C (WPTN as one float8), so a work-group is
  * (TSN / WPTN) x (TSM / WPTM) work-items. TSM must be a multiple of 4, TSN of 8. */
@@ -233,4 +234,45 @@ __kernel void sm_accuracy(const uint N, const uint C, const uint top_k, __global
         out[0] = N > 0 ? total / (float)N : 0.0f;
     }
 }
+"#;
+
+/// The math kernels; `T` is defined as `float` or `double` in front of it.
+pub(super) const MATH: &str = r#"
+__kernel void sm_axpy(const ulong n, const T a, __global const T* x, __global T* y) {
+    for (ulong i = get_global_id(0); i < n; i += get_global_size(0)) {
+        y[i] += a * x[i];
+    }
+}
+
+__kernel void sm_scale(const ulong n, const T a, __global T* x) {
+    for (ulong i = get_global_id(0); i < n; i += get_global_size(0)) {
+        x[i] *= a;
+    }
+}
+
+/* One partial sum per work-group. The local size is a power of two. */
+#define SM_REDUCE(NAME, EXPR)                                                             \
+__kernel void NAME(const ulong n, __global const T* x, __global T* partial,             \
+                   __local T* scratch) {                                                 \
+    const size_t lid = get_local_id(0);                                                  \
+    T acc = (T)0;                                                                        \
+    for (ulong i = get_global_id(0); i < n; i += get_global_size(0)) {                   \
+        const T v = x[i];                                                                \
+        acc += EXPR;                                                                     \
+    }                                                                                    \
+    scratch[lid] = acc;                                                                  \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                        \
+    for (size_t s = get_local_size(0) / 2; s > 0; s >>= 1) {                             \
+        if (lid < s) {                                                                   \
+            scratch[lid] += scratch[lid + s];                                            \
+        }                                                                                \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                    \
+    }                                                                                    \
+    if (lid == 0) {                                                                      \
+        partial[get_group_id(0)] = scratch[0];                                           \
+    }                                                                                    \
+}
+
+SM_REDUCE(sm_asum, fabs(v))
+SM_REDUCE(sm_sumsq, v * v)
 "#;

@@ -1,10 +1,60 @@
-//! The operators' `cpu` versions: loops over slices of `cpu`-device memory, and
-//! `matrixmultiply` for GEMM. Sums over rows are accumulated in `f64`.
+//! The host math: plain loops over slices, and `matrixmultiply` for GEMM. The `cpu` backend's
+//! kernels ([`super::kernels`]) run these over the `cpu` device's memory; parameter blobs whose
+//! head is at the host run the BLAS-1 functions on their host mirrors (re-exported as
+//! [`crate::kernels::host`]).
+//!
+//! Sums (asum, sumsq, column sums, losses) are accumulated in `f64`, then rounded once.
 
+use crate::backend::BadLabel;
+use crate::dtype::Float;
 use crate::error::{Error, Result};
 
-/// A label that is not a class index: (row, label).
-pub(crate) type BadLabel = (usize, i32);
+/// `y += a * x`.
+///
+/// # Errors
+/// [`Error::SizeMismatch`] when `x` and `y` have different lengths.
+pub fn axpy<F: Float>(a: F, x: &[F], y: &mut [F]) -> Result<()> {
+    if x.len() != y.len() {
+        return Err(Error::SizeMismatch {
+            what: format!(
+                "host axpy<{}>: x has {} elements, y has {}",
+                F::KIND,
+                x.len(),
+                y.len()
+            ),
+            expected: std::mem::size_of_val(y),
+            actual: std::mem::size_of_val(x),
+        });
+    }
+    for (yi, &xi) in y.iter_mut().zip(x) {
+        *yi = *yi + a * xi;
+    }
+    Ok(())
+}
+
+/// `x *= a`.
+pub fn scale<F: Float>(a: F, x: &mut [F]) {
+    for xi in x {
+        *xi = *xi * a;
+    }
+}
+
+/// `sum |x[i]|`.
+pub fn asum<F: Float>(x: &[F]) -> F {
+    F::from_f64(x.iter().map(|v| v.abs().to_f64()).sum())
+}
+
+/// `sum x[i]^2`.
+pub fn sumsq<F: Float>(x: &[F]) -> F {
+    F::from_f64(
+        x.iter()
+            .map(|v| {
+                let d = v.to_f64();
+                d * d
+            })
+            .sum(),
+    )
+}
 
 /// `C[m,n] = op(A)·op(B) + beta·C`, with `op(A)[i,l] = ta ? A[l*m + i] : A[i*k + l]` and
 /// `op(B)[l,j] = tb ? B[j*k + l] : B[l*n + j]` (row-major storage). `beta == 0` does not read
@@ -222,6 +272,23 @@ pub(crate) fn accuracy(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_kernels() {
+        let x = [1.0f32, -2.0, 3.0];
+        let mut y = [1.0f32, 1.0, 1.0];
+        axpy(2.0, &x, &mut y).unwrap();
+        assert_eq!(y, [3.0, -3.0, 7.0]);
+        scale(-1.0, &mut y);
+        assert_eq!(y, [-3.0, 3.0, -7.0]);
+        assert_eq!(asum(&x), 6.0);
+        assert_eq!(sumsq(&x), 14.0);
+        assert_eq!(asum::<f64>(&[]), 0.0);
+        assert!(matches!(
+            axpy(1.0, &x, &mut [0.0f32; 2]),
+            Err(Error::SizeMismatch { .. })
+        ));
+    }
 
     /// Naive reference: C = op(A) op(B).
     fn naive(ta: bool, tb: bool, m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {

@@ -1,8 +1,8 @@
-//! CUDA C source of the operator kernels (`float`, labels `int`), the twins of
-//! [`opencl_src`](super::opencl_src) kernel for kernel. Compiled by NVRTC: no `#include`, so
-//! infinity and NaN are spelled with `__int_as_float`.
+//! CUDA C sources, compiled by NVRTC at run time: the operator kernels ([`OPS`]) and the math
+//! kernels of parameter blobs ([`MATH`], every kernel once for `float` (`_f32`) and once for
+//! `double` (`_f64`); grid-stride loops, so any `n` works with any grid size).
 
-/// Threads per block of the one-dimensional kernels (must match `SM_BLOCK` in [`SOURCE`]).
+/// Threads per block of the one-dimensional kernels (must match `SM_BLOCK` in [`OPS`]).
 pub(super) const BLOCK: u32 = 256;
 /// GEMM tile of C per block, rows (must match `SM_TM`).
 pub(super) const TILE_M: usize = 64;
@@ -11,8 +11,10 @@ pub(super) const TILE_N: usize = 64;
 /// GEMM threads per block along x (columns) and y (rows) (must match `SM_BX`, `SM_BY`).
 pub(super) const GEMM_THREADS: (u32, u32) = (16, 16);
 
-/// The module; see [`super::cuda`] for how each kernel is launched.
-pub(super) const SOURCE: &str = r#"
+/// The operator kernels (`float`, labels `int`), the twins of the OpenCL ones kernel for
+/// kernel. No `#include` (NVRTC has no standard headers): infinity and NaN are spelled with
+/// `__int_as_float`.
+pub(super) const OPS: &str = r#"
 #define SM_BLOCK 256
 
 /* GEMM tiling: a block of SM_BX x SM_BY threads owns an SM_TM x SM_TN tile of C and walks K in
@@ -271,4 +273,55 @@ extern "C" __global__ void sm_accuracy(unsigned int N, unsigned int C, unsigned 
         out[0] = N > 0 ? total / (float)N : 0.0f;
     }
 }
+"#;
+
+/// Threads per block of the math kernels (must match `SM_BLOCK` in [`MATH`]).
+pub(super) const MATH_BLOCK: u32 = 256;
+
+/// The math kernels.
+pub(super) const MATH: &str = r#"
+#define SM_BLOCK 256
+
+#define SM_KERNELS(T, SUF)                                                                   \
+extern "C" __global__ void sm_axpy_##SUF(unsigned long long n, T a, const T* x, T* y) {      \
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;   \
+         i < n; i += (unsigned long long)gridDim.x * blockDim.x) {                           \
+        y[i] += a * x[i];                                                                    \
+    }                                                                                        \
+}                                                                                            \
+extern "C" __global__ void sm_scale_##SUF(unsigned long long n, T a, T* x) {                 \
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;   \
+         i < n; i += (unsigned long long)gridDim.x * blockDim.x) {                           \
+        x[i] *= a;                                                                           \
+    }                                                                                        \
+}                                                                                            \
+SM_REDUCE(T, sm_asum_##SUF, fabs(v))                                                         \
+SM_REDUCE(T, sm_sumsq_##SUF, v * v)
+
+/* One partial sum per block; blockDim.x == SM_BLOCK (a power of two). */
+#define SM_REDUCE(T, NAME, EXPR)                                                             \
+extern "C" __global__ void NAME(unsigned long long n, const T* x, T* partial) {              \
+    __shared__ T scratch[SM_BLOCK];                                                          \
+    const unsigned int lid = threadIdx.x;                                                    \
+    T acc = (T)0;                                                                            \
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + lid;           \
+         i < n; i += (unsigned long long)gridDim.x * blockDim.x) {                           \
+        const T v = x[i];                                                                    \
+        acc += EXPR;                                                                         \
+    }                                                                                        \
+    scratch[lid] = acc;                                                                      \
+    __syncthreads();                                                                         \
+    for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {                                  \
+        if (lid < s) {                                                                       \
+            scratch[lid] += scratch[lid + s];                                                \
+        }                                                                                    \
+        __syncthreads();                                                                     \
+    }                                                                                        \
+    if (lid == 0) {                                                                          \
+        partial[blockIdx.x] = scratch[0];                                                    \
+    }                                                                                        \
+}
+
+SM_KERNELS(float, f32)
+SM_KERNELS(double, f64)
 "#;

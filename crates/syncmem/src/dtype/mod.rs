@@ -22,6 +22,10 @@
 
 use std::fmt;
 
+mod scalar;
+
+pub use scalar::{Float, Scalar, ScalarKind};
+
 /// The element type of a tensor, known at run time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]

@@ -1,0 +1,384 @@
+//! [`BackendKernels`] for CUDA devices: the modules of [`super::program`], launched with the one
+//! helper of [`super::launch`] on the stream given.
+//!
+//! **Status: compile-checked only.** Written against the source of cudarc 0.19.10; it builds
+//! and passes clippy without a GPU, and CI compiles the CUDA C sources to PTX with NVRTC, but
+//! these kernels have **never run on a GPU** (the CUDA device tests skip, printing `SKIPPED`,
+//! where no driver is present).
+//!
+//! # Kernels
+//!
+//! Each operator kernel mirrors its OpenCL twin (same arguments, same index arithmetic, same NaN
+//! for an out-of-range label that only lives on the device).
+//!
+//! - **GEMM** (`sm_gemm`): a block of 16 × 16 threads owns a 64 × 64 tile of C and walks K in
+//!   steps of 16; both operand tiles are staged in shared memory (k-major, one float of padding
+//!   per row, zero-padded, so any M, N, K works), and each thread accumulates a 4 × 4 block of C
+//!   in registers, rows and columns strided by 16 so that a warp reads shared memory without
+//!   bank conflicts and writes C in runs of 16 floats. The grid is `⌈N/64⌉ × min(⌈M/64⌉,
+//!   65535)` blocks; a block walks the row tiles `y, y + gridDim.y, …`, so M is not limited by
+//!   the grid. The bias is added in the same kernel; `db` is a column sum (one thread per
+//!   column).
+//! - **Element-wise** kernels: blocks of 256 threads, at most 1024 blocks, grid-stride loops
+//!   over 64-bit indices.
+//! - **Reductions to one scalar** (`softmax_loss`, `accuracy`): one block of 256 threads and a
+//!   tree sum in shared memory; the math reductions write one partial sum per block.
+
+use cudarc::driver::LaunchConfig;
+
+use super::launch::{blocks_for, launch, linear, u32_arg, Arg, MAX_BLOCKS, MAX_GRID_Y};
+use super::source::{BLOCK, GEMM_THREADS, MATH_BLOCK, TILE_M, TILE_N};
+use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce};
+use crate::device::cuda::{CuDevice, CuMem, CuStream};
+use crate::dtype::{Float, ScalarKind};
+use crate::error::Result;
+
+/// Most blocks (partial sums) launched for a math reduction.
+const MAX_BLOCKS_REDUCE: usize = 256;
+
+fn ptr(m: &CuMem) -> Arg {
+    Arg::Ptr(m.device_ptr())
+}
+
+fn ptr_or_null(m: Buf<'_, CuMem>) -> Arg {
+    Arg::Ptr(m.map_or(0, CuMem::device_ptr))
+}
+
+fn value<F: Float>(a: F) -> Arg {
+    match F::KIND {
+        ScalarKind::F64 => Arg::F64(a.to_f64()),
+        _ => Arg::F32(a.to_f64() as f32),
+    }
+}
+
+/// The grid of a GEMM with `m` rows and `n` columns (`n` at most `u32::MAX`): one block per
+/// column tile along x, one per row tile along y up to [`MAX_GRID_Y`] (the kernel loops over
+/// the rest).
+fn gemm_grid(m: usize, n: usize) -> (u32, u32, u32) {
+    let x = n.div_ceil(TILE_N).max(1);
+    let y = m.div_ceil(TILE_M).clamp(1, MAX_GRID_Y);
+    (x as u32, y as u32, 1)
+}
+
+/// One block of [`BLOCK`] threads per `BLOCK` columns.
+fn col_sum_blocks(cols: usize) -> u32 {
+    cols.div_ceil(BLOCK as usize).max(1) as u32
+}
+
+impl CuDevice {
+    /// Launches `func` on `s`, then waits for the stream.
+    fn run(
+        &self,
+        s: &CuStream,
+        name: &str,
+        func: &cudarc::driver::CudaFunction,
+        args: &[Arg],
+        cfg: LaunchConfig,
+    ) -> Result<()> {
+        launch(self.label(), name, func, s.cuda_stream(), args, cfg)?;
+        s.wait_idle()
+    }
+}
+
+impl BackendKernels for CuDevice {
+    type Stream = CuStream;
+    type Mem = CuMem;
+
+    fn prepare_math(&self, _kind: ScalarKind) -> Result<()> {
+        self.kernel_cache().math(self).map(drop)
+    }
+
+    fn gemm(
+        &self,
+        s: &CuStream,
+        g: &Gemm,
+        a: Buf<'_, CuMem>,
+        b: Buf<'_, CuMem>,
+        c: &CuMem,
+        bias: Buf<'_, CuMem>,
+    ) -> Result<()> {
+        let ks = self.kernel_cache().ops(self)?;
+        let l = self.label();
+        let args = [
+            u32_arg(g.m, "GEMM M", l)?,
+            u32_arg(g.n, "GEMM N", l)?,
+            u32_arg(g.k, "GEMM K", l)?,
+            Arg::U32(g.ta.into()),
+            Arg::U32(g.tb.into()),
+            ptr_or_null(a),
+            ptr_or_null(b),
+            ptr(c),
+            ptr_or_null(bias),
+            Arg::U32(bias.is_some().into()),
+        ];
+        let cfg = LaunchConfig {
+            grid_dim: gemm_grid(g.m, g.n),
+            block_dim: (GEMM_THREADS.0, GEMM_THREADS.1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.run(s, "sm_gemm", &ks.gemm, &args, cfg)
+    }
+
+    fn col_sum(
+        &self,
+        s: &CuStream,
+        rows: usize,
+        cols: usize,
+        x: Buf<'_, CuMem>,
+        out: &CuMem,
+    ) -> Result<()> {
+        let ks = self.kernel_cache().ops(self)?;
+        let l = self.label();
+        let args = [
+            u32_arg(rows, "rows", l)?,
+            u32_arg(cols, "columns", l)?,
+            ptr_or_null(x),
+            ptr(out),
+        ];
+        let cfg = linear(col_sum_blocks(cols), BLOCK);
+        self.run(s, "sm_col_sum", &ks.col_sum, &args, cfg)
+    }
+
+    fn relu(&self, s: &CuStream, n: usize, x: &CuMem, y: &CuMem) -> Result<()> {
+        let ks = self.kernel_cache().ops(self)?;
+        let args = [Arg::U64(n as u64), ptr(x), ptr(y)];
+        let cfg = linear(blocks_for(n, BLOCK, MAX_BLOCKS), BLOCK);
+        self.run(s, "sm_relu", &ks.relu, &args, cfg)
+    }
+
+    fn relu_grad(&self, s: &CuStream, n: usize, y: &CuMem, dy: &CuMem, dx: &CuMem) -> Result<()> {
+        let ks = self.kernel_cache().ops(self)?;
+        let args = [Arg::U64(n as u64), ptr(y), ptr(dy), ptr(dx)];
+        let cfg = linear(blocks_for(n, BLOCK, MAX_BLOCKS), BLOCK);
+        self.run(s, "sm_relu_grad", &ks.relu_grad, &args, cfg)
+    }
+
+    fn fill_f32(&self, s: &CuStream, n: usize, value: f32, y: &CuMem) -> Result<()> {
+        let ks = self.kernel_cache().ops(self)?;
+        let args = [Arg::U64(n as u64), Arg::F32(value), ptr(y)];
+        let cfg = linear(blocks_for(n, BLOCK, MAX_BLOCKS), BLOCK);
+        self.run(s, "sm_fill", &ks.fill, &args, cfg)
+    }
+
+    fn softmax_loss(
+        &self,
+        s: &CuStream,
+        rows: usize,
+        cols: usize,
+        x: Buf<'_, CuMem>,
+        labels: Buf<'_, CuMem>,
+        p: Buf<'_, CuMem>,
+        loss: &CuMem,
+    ) -> Result<Option<BadLabel>> {
+        let ks = self.kernel_cache().ops(self)?;
+        let l = self.label();
+        let args = [
+            u32_arg(rows, "rows", l)?,
+            u32_arg(cols, "classes", l)?,
+            ptr_or_null(x),
+            ptr_or_null(labels),
+            ptr_or_null(p),
+            ptr(loss),
+        ];
+        let cfg = linear(1, BLOCK);
+        self.run(s, "sm_softmax_loss", &ks.softmax_loss, &args, cfg)?;
+        Ok(None)
+    }
+
+    fn softmax_loss_grad(
+        &self,
+        s: &CuStream,
+        rows: usize,
+        cols: usize,
+        p: &CuMem,
+        labels: &CuMem,
+        dloss: Buf<'_, CuMem>,
+        dx: &CuMem,
+    ) -> Result<Option<BadLabel>> {
+        let ks = self.kernel_cache().ops(self)?;
+        let l = self.label();
+        let args = [
+            u32_arg(rows, "rows", l)?,
+            u32_arg(cols, "classes", l)?,
+            ptr(p),
+            ptr(labels),
+            ptr_or_null(dloss),
+            Arg::U32(dloss.is_some().into()),
+            ptr(dx),
+        ];
+        let cfg = linear(blocks_for(rows * cols, BLOCK, MAX_BLOCKS), BLOCK);
+        let f = &ks.softmax_loss_grad;
+        self.run(s, "sm_softmax_loss_grad", f, &args, cfg)?;
+        Ok(None)
+    }
+
+    fn accuracy(
+        &self,
+        s: &CuStream,
+        rows: usize,
+        cols: usize,
+        top_k: usize,
+        x: Buf<'_, CuMem>,
+        labels: Buf<'_, CuMem>,
+        out: &CuMem,
+    ) -> Result<Option<BadLabel>> {
+        let ks = self.kernel_cache().ops(self)?;
+        let l = self.label();
+        let args = [
+            u32_arg(rows, "rows", l)?,
+            u32_arg(cols, "classes", l)?,
+            u32_arg(top_k, "top_k", l)?,
+            ptr_or_null(x),
+            ptr_or_null(labels),
+            ptr(out),
+        ];
+        let cfg = linear(1, BLOCK);
+        self.run(s, "sm_accuracy", &ks.accuracy, &args, cfg)?;
+        Ok(None)
+    }
+
+    fn axpy<F: Float>(&self, s: &CuStream, n: usize, a: F, x: &CuMem, y: &CuMem) -> Result<()> {
+        let ks = self.kernel_cache().math(self)?;
+        let args = [Arg::U64(n as u64), value(a), ptr(x), ptr(y)];
+        let cfg = linear(blocks_for(n, MATH_BLOCK, MAX_BLOCKS), MATH_BLOCK);
+        self.run(s, "sm_axpy", &ks.typed(F::KIND).axpy, &args, cfg)
+    }
+
+    fn scale<F: Float>(&self, s: &CuStream, n: usize, a: F, x: &CuMem) -> Result<()> {
+        let ks = self.kernel_cache().math(self)?;
+        let args = [Arg::U64(n as u64), value(a), ptr(x)];
+        let cfg = linear(blocks_for(n, MATH_BLOCK, MAX_BLOCKS), MATH_BLOCK);
+        self.run(s, "sm_scale", &ks.typed(F::KIND).scale, &args, cfg)
+    }
+
+    fn reduce_groups(&self, n: usize) -> usize {
+        blocks_for(n, MATH_BLOCK, MAX_BLOCKS_REDUCE) as usize
+    }
+
+    fn reduce_partials<F: Float>(
+        &self,
+        s: &CuStream,
+        op: Reduce,
+        n: usize,
+        x: &CuMem,
+        partial: &CuMem,
+    ) -> Result<()> {
+        let ks = self.kernel_cache().math(self)?;
+        let typed = ks.typed(F::KIND);
+        let (name, func) = match op {
+            Reduce::Asum => ("sm_asum", &typed.asum),
+            Reduce::Sumsq => ("sm_sumsq", &typed.sumsq),
+        };
+        let args = [Arg::U64(n as u64), ptr(x), ptr(partial)];
+        let cfg = linear(self.reduce_groups(n) as u32, MATH_BLOCK);
+        self.run(s, name, func, &args, cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::program::{check_threads, math_ptx, ops_ptx, threads_of, OP_KERNELS};
+    use super::super::source::{MATH, OPS};
+    use super::*;
+
+    #[test]
+    fn sources_match_the_host_constants() {
+        for (name, v) in [
+            ("SM_BLOCK", BLOCK as usize),
+            ("SM_TM", TILE_M),
+            ("SM_TN", TILE_N),
+            ("SM_BX", GEMM_THREADS.0 as usize),
+            ("SM_BY", GEMM_THREADS.1 as usize),
+        ] {
+            assert!(OPS.contains(&format!("#define {name} {v}\n")), "{name} {v}");
+        }
+        assert!(MATH.contains(&format!("#define SM_BLOCK {MATH_BLOCK}\n")));
+        // Each GEMM thread computes a whole number of rows and columns of its tile.
+        assert_eq!(TILE_M % GEMM_THREADS.1 as usize, 0);
+        assert_eq!(TILE_N % GEMM_THREADS.0 as usize, 0);
+        // The block sums halve the block: a power of two.
+        assert!(BLOCK.is_power_of_two() && MATH_BLOCK.is_power_of_two());
+        for name in OP_KERNELS {
+            assert!(
+                OPS.contains(&format!("extern \"C\" __global__ void {name}(")),
+                "{name}"
+            );
+        }
+        for name in super::super::program::MATH_KERNELS {
+            assert!(MATH.contains(&format!("{name}_##SUF")), "{name}");
+        }
+        for src in [OPS, MATH] {
+            assert!(!src.contains("#include"), "NVRTC has no standard headers");
+        }
+    }
+
+    #[test]
+    fn ops_source_compiles_with_nvrtc() {
+        if !crate::testing::nvrtc_or_skip("backend::cuda::ops_source_compiles_with_nvrtc") {
+            return;
+        }
+        let ops = ops_ptx().unwrap_or_else(|e| panic!("{e}")).to_src();
+        for name in OP_KERNELS {
+            assert!(ops.contains(&format!(".entry {name}(")), "{name}");
+        }
+    }
+
+    #[test]
+    fn math_source_compiles_with_nvrtc() {
+        if !crate::testing::nvrtc_or_skip("backend::cuda::math_source_compiles_with_nvrtc") {
+            return;
+        }
+        let math = math_ptx().unwrap_or_else(|e| panic!("{e}")).to_src();
+        for name in super::super::program::MATH_KERNELS {
+            for suf in ["f32", "f64"] {
+                assert!(
+                    math.contains(&format!(".entry {name}_{suf}(")),
+                    "{name}_{suf}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_grid_covers_every_tile() {
+        assert_eq!(gemm_grid(1, 1), (1, 1, 1));
+        assert_eq!(gemm_grid(64, 64), (1, 1, 1));
+        assert_eq!(gemm_grid(65, 129), (3, 2, 1));
+        assert_eq!(gemm_grid(130, 150), (3, 3, 1));
+        // Beyond 65535 row tiles the grid stops growing; the kernel loops over the rest.
+        let m = (MAX_GRID_Y + 10) * TILE_M;
+        assert_eq!(gemm_grid(m, 10).1 as usize, MAX_GRID_Y);
+        // Every row tile is visited exactly once by the kernel's loop over blockIdx.y.
+        let (tiles, grid_y) = (MAX_GRID_Y + 10, MAX_GRID_Y);
+        let visits: usize = (0..grid_y)
+            .map(|y| (y..tiles).step_by(grid_y).count())
+            .sum();
+        assert_eq!(visits, tiles);
+        // The widest N a kernel accepts fits the x axis (2^31 - 1 blocks).
+        assert!(gemm_grid(1, u32::MAX as usize).0 < i32::MAX as u32);
+    }
+
+    #[test]
+    fn column_sums_cover_every_column() {
+        assert_eq!(col_sum_blocks(1), 1);
+        assert_eq!(col_sum_blocks(513), 3);
+        assert_eq!(
+            col_sum_blocks(u32::MAX as usize) as u64 * u64::from(BLOCK),
+            u64::from(u32::MAX) + 1
+        );
+    }
+
+    #[test]
+    fn a_kernel_that_cannot_run_its_block_size_is_refused() {
+        assert!(check_threads("cuda:0", "sm_gemm", 1024, 256).is_ok());
+        assert!(check_threads("cuda:0", "sm_gemm", 256, 256).is_ok());
+        let e = check_threads("cuda:1", "sm_gemm", 128, 256).unwrap_err();
+        assert!(
+            matches!(&e, crate::Error::Unsupported { device, what }
+                if device == "cuda:1" && what.contains("sm_gemm") && what.contains("128")),
+            "{e}"
+        );
+        assert_eq!(threads_of("sm_gemm"), 256);
+        assert_eq!(threads_of("sm_relu"), BLOCK);
+    }
+}
