@@ -9,10 +9,10 @@
 //! - [`trace`]: record allocations, frees, copies and evictions per device ([`Trace`],
 //!   [`Trace::attach`]), save/load them as JSON lines, replay them against any pool
 //!   configuration ([`trace::replay_with`]).
-//! - [`stats`]: always-on counters, read with [`crate::stats`]; [`json`] writes them as JSON.
+//! - [`stats`]: always-on counters, read with [`crate::stats`]; every reading derives
+//!   `serde::Serialize` (`to_json()` for a string).
 
 mod host;
-pub mod json;
 pub mod pool;
 pub mod stats;
 pub mod trace;

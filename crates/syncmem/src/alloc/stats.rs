@@ -62,7 +62,7 @@ impl MemCounters {
 }
 
 /// A reading of [`MemCounters`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct MemStats {
     /// Memory space (`host`, `opencl:0`, `opencl:0 pinned`, ...).
     pub label: String,
@@ -226,7 +226,7 @@ pub(crate) static HOST: MemCounters = MemCounters::new();
 pub(crate) static COPIES: CopyCounters = CopyCounters::new();
 
 /// A reading of every counter in the process: see [`crate::stats`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Snapshot {
     /// Host memory (aligned host allocator).
     pub host: MemStats,
@@ -236,7 +236,20 @@ pub struct Snapshot {
     pub copies: CopyStats,
     /// Caching pools: the host pool, then each device's device pool and pinned host pool
     /// (pools not used yet are left out).
+    #[serde(serialize_with = "pool_reports")]
     pub pools: Vec<PoolStats>,
+}
+
+/// Serializes the pools with their derived figures (see [`PoolStats::to_json`]).
+fn pool_reports<S: serde::Serializer>(pools: &[PoolStats], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(pools.iter().map(PoolStats::report))
+}
+
+impl Snapshot {
+    /// Every counter as one JSON object: `host`, `devices`, `copies`, `pools`.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
 }
 
 impl fmt::Display for Snapshot {

@@ -34,7 +34,8 @@ const GIB: u64 = 1 << 30;
 const TIB: u64 = 1 << 40;
 
 /// How a pool serves requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum PoolKind {
     /// No caching: every request is one backend allocation, freed when released.
     None,

@@ -3,11 +3,13 @@
 
 use std::fmt;
 
+use serde::Serialize;
+
 use super::config::PoolKind;
 use crate::alloc::stats::human_bytes;
 
 /// A byte count with its high-water mark.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Gauge {
     /// Bytes now.
     pub current: u64,
@@ -61,7 +63,7 @@ impl Counters {
 /// `allocated` counts whole blocks handed out (requests rounded up: 512-B multiples, a bin,
 /// or a whole unsplit block); `requested` counts what callers asked for; `reserved` counts
 /// segments held from the backend, so `reserved - allocated` is cached free memory.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PoolStats {
     /// Memory space: `host`, `opencl:0`, `opencl:0 pinned`, ...
     pub label: String,
@@ -104,7 +106,29 @@ pub struct PoolStats {
     pub direct_bytes: u64,
 }
 
+/// [`PoolStats`] with its derived figures, as serialized in reports.
+#[derive(Serialize)]
+pub(crate) struct PoolReport<'a> {
+    #[serde(flatten)]
+    stats: &'a PoolStats,
+    /// [`PoolStats::fragmentation`].
+    fragmentation: f64,
+}
+
 impl PoolStats {
+    /// The statistics and their derived figures (`fragmentation`), ready to serialize.
+    pub(crate) fn report(&self) -> PoolReport<'_> {
+        PoolReport {
+            stats: self,
+            fragmentation: self.fragmentation(),
+        }
+    }
+
+    /// The statistics as one JSON object (every field, and `fragmentation`).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&self.report()).unwrap_or_default()
+    }
+
     /// `1 - largest_free_block / free_bytes`: 0 when the free memory is one block (or nothing
     /// is free), near 1 when it is scattered in small pieces.
     pub fn fragmentation(&self) -> f64 {
@@ -222,5 +246,13 @@ mod tests {
         let text = s.to_string();
         assert!(text.contains("pool x (caching)"), "{text}");
         assert!(text.contains("75 %"), "{text}");
+        let json: serde_json::Value = serde_json::from_str(&s.to_json()).unwrap();
+        assert_eq!(json["label"], "x");
+        assert_eq!(json["kind"], "caching");
+        assert_eq!(json["cap"], serde_json::Value::Null);
+        assert_eq!(json["allocated"]["peak"], 0);
+        assert_eq!(json["free_bytes"], 4096);
+        assert_eq!(json["fragmentation"], 0.0);
+        assert_eq!(json["cache_hits"], 3);
     }
 }

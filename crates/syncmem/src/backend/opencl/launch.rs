@@ -123,19 +123,20 @@ pub(super) fn launch(
     let k = slot.kernel.lock();
     for (i, arg) in args.iter().enumerate() {
         let i = i as cl_uint;
-        match arg {
-            // SAFETY (all six arms): the arguments come in the order and of the types of the
-            // kernel's parameters (this function's contract): `uint` (cl_uint), `ulong`
-            // (cl_ulong), `float` (f32), `double` (f64), a `__global` pointer (a cl_mem of
-            // this context, or null for an operand the kernel does not read), or a `__local`
-            // buffer (a size, no value). The kernel is locked, so no other thread sets its
-            // arguments until it is enqueued.
-            Arg::U32(v) => unsafe { k.0.set_arg(i, v) },
-            Arg::U64(v) => unsafe { k.0.set_arg(i, v) },
-            Arg::F32(v) => unsafe { k.0.set_arg(i, v) },
-            Arg::F64(v) => unsafe { k.0.set_arg(i, v) },
-            Arg::Mem(m) => unsafe { k.0.set_arg(i, m) },
-            Arg::Local(bytes) => unsafe { k.0.set_arg_local_buffer(i, *bytes) },
+        // SAFETY: the arguments come in the order and of the types of the kernel's parameters
+        // (this function's contract): `uint` (cl_uint), `ulong` (cl_ulong), `float` (f32),
+        // `double` (f64), a `__global` pointer (a cl_mem of this context, or null for an
+        // operand the kernel does not read), or a `__local` buffer (a size, no value). The
+        // kernel is locked, so no other thread sets its arguments until it is enqueued.
+        unsafe {
+            match arg {
+                Arg::U32(v) => k.0.set_arg(i, v),
+                Arg::U64(v) => k.0.set_arg(i, v),
+                Arg::F32(v) => k.0.set_arg(i, v),
+                Arg::F64(v) => k.0.set_arg(i, v),
+                Arg::Mem(m) => k.0.set_arg(i, m),
+                Arg::Local(bytes) => k.0.set_arg_local_buffer(i, *bytes),
+            }
         }
         .map_err(|ClError(c)| {
             let mut e = backend_error(label, "clSetKernelArg", c);
