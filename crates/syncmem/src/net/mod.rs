@@ -52,20 +52,16 @@ mod workspace_nets;
 pub use def::NetDef;
 pub use plan::{plan_memory, MemoryPlan, PlanOptions};
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
 use crate::context::{random_seed, Context};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::ops::{create_operator, Operator, OperatorDef};
 use crate::workspace::Workspace;
-
-/// The nets of a workspace, by name.
-pub(crate) type NetMap = RwLock<BTreeMap<String, Arc<Net>>>;
 
 /// A source of operators tried before the built-in ones ([`create_operator`]): returns
 /// `Ok(None)` for a type it does not know. Lets users (and tests) add operator types.

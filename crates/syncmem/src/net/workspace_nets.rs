@@ -71,7 +71,8 @@ impl Workspace {
 
     /// The net registered as `name`, or `None` (Caffe2's `GetNet` returning null).
     pub fn try_get_net(&self, name: &str) -> Option<Arc<Net>> {
-        self.nets.read().get(name).cloned()
+        let net = self.nets.read().get(name).cloned()?;
+        net.downcast::<Net>().ok()
     }
 
     /// The net registered as `name`.

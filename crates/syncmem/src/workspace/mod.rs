@@ -62,6 +62,7 @@
 //!   blob hides).
 //! - Parents are held by `Arc`, so they cannot be dropped while a child uses them.
 
+use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
@@ -79,6 +80,9 @@ pub use tensors::{TensorReadGuard, TensorRef, TensorWriteGuard};
 /// A blob shared between a workspace and its users.
 pub type BlobRef = Arc<RwLock<Blob>>;
 
+/// Objects of a higher layer kept by name in a workspace (the nets).
+pub(crate) type NamedObjects = RwLock<BTreeMap<String, Arc<dyn Any + Send + Sync>>>;
+
 /// Named blobs, an optional parent, and forwarded names (Caffe2's `Workspace`).
 #[derive(Default)]
 pub struct Workspace {
@@ -87,8 +91,9 @@ pub struct Workspace {
     forwarded: RwLock<BTreeMap<String, (Arc<Workspace>, String)>>,
     /// Full fallback for lookups.
     shared: Option<Arc<Workspace>>,
-    /// Nets created in this workspace, by name (managed in [`crate::net`]).
-    pub(crate) nets: crate::net::NetMap,
+    /// Nets created in this workspace, by name. The net layer above stores its nets here and
+    /// takes them back by downcasting (a workspace knows nothing about nets).
+    pub(crate) nets: NamedObjects,
 }
 
 impl Workspace {
