@@ -1,5 +1,6 @@
 //! The `syncmem` command: lists devices and replays Caffe's SyncedMemory sequence on one.
 
+mod args;
 mod commands;
 
 use std::process::ExitCode;
@@ -34,7 +35,18 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => match args::value_error_line(&e) {
+            // A value a parser rejected: one line and exit code 1, like any other bad input.
+            Some(line) => {
+                eprintln!("syncmem: error: {line}");
+                return ExitCode::FAILURE;
+            }
+            // Usage errors, --help and --version, as clap reports them.
+            None => e.exit(),
+        },
+    };
     let result = with_env_trace(|| match cli.command {
         Command::Devices(args) => commands::devices::run(&args),
         Command::Demo(args) => commands::demo::run(&args),

@@ -23,7 +23,7 @@ const PAGE: usize = 4096;
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
     /// The device of the device rows (`"opencl:0"`, `"cpu"`, ...). When it cannot be opened
-    /// those rows are skipped with a note.
+    /// those rows are skipped with a note; a string that is not a device is an error.
     pub device: String,
     /// Fewer runs per row (a few seconds in all).
     pub quick: bool,
@@ -336,8 +336,12 @@ fn size_name(bytes: usize) -> String {
 /// [`step_count`] steps.
 ///
 /// # Errors
-/// Errors of the host rows and the replay (device errors skip the device rows with a note).
+/// [`crate::Error::InvalidDeviceSpec`] when `opts.device` names no device; errors of the host
+/// rows and the replay (device errors skip the device rows with a note).
 pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result<BenchReport> {
+    // A string that names no device is the caller's mistake; a device that is absent (or whose
+    // backend is missing) skips its rows with a note.
+    let spec: crate::DeviceSpec = opts.device.parse()?;
     let (small, large) = if opts.quick { (5, 3) } else { (21, 7) };
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
@@ -350,7 +354,7 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
         next(progress);
         rows.push(host_pool_row(bytes, runs)?);
     }
-    let dev = Device::open(&opts.device);
+    let dev = Device::open_spec(spec);
     let device_rows = |dev: &Device, rows: &mut Vec<Row>| -> Result<()> {
         rows.push(device_pool_row(dev, 4 * KIB, small * 10)?);
         rows.push(device_pool_row(dev, 64 * MIB, small)?);
@@ -370,10 +374,7 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
             for _ in 0..3 {
                 next(progress);
             }
-            skipped.push(format!(
-                "device pool and round trip rows: no device {} ({e})",
-                opts.device
-            ));
+            skipped.push(format!("device pool and round trip rows: {e}"));
         }
     }
     next(progress);
@@ -444,5 +445,28 @@ impl fmt::Display for BenchReport {
             writeln!(f, "note: skipped {s}")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_string_that_names_no_device_is_an_error() {
+        let opts = BenchOptions {
+            device: "bogus".into(),
+            quick: true,
+        };
+        let mut steps = 0;
+        let r = run(&opts, &mut |_, _| steps += 1);
+        assert!(
+            matches!(r, Err(crate::Error::InvalidDeviceSpec { .. })),
+            "{r:?}"
+        );
+        assert_eq!(
+            steps, 0,
+            "nothing is timed before the device string is checked"
+        );
     }
 }

@@ -6,11 +6,10 @@ use std::sync::Arc;
 
 use anyhow::{ensure, Context as _};
 use serde::Serialize;
-use syncmem::alloc::pool::config::parse_size;
 use syncmem::alloc::stats::{human_bytes, CopyDir};
 use syncmem::alloc::trace::{replay_with, ReplayOptions, ReplayReport, Trace, TraceSummary};
 use syncmem::net::train::TrainConfig;
-use syncmem::{PoolConfig, PoolKind};
+use syncmem::{DeviceSpec, PoolConfig, PoolKind};
 
 use super::train;
 
@@ -37,11 +36,17 @@ enum Command {
 struct RecordArgs {
     /// Device to train on: `cpu`, `opencl:N` or `cuda:N`. Default: the first OpenCL device,
     /// else `cpu`.
-    #[arg(long, value_name = "D")]
-    device: Option<String>,
+    #[arg(long, value_name = "D", value_parser = crate::args::device)]
+    device: Option<DeviceSpec>,
 
     /// Passes over the data.
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1,
+        value_parser = crate::args::positive_int,
+        allow_negative_numbers = true
+    )]
     epochs: usize,
 
     /// The trace file to write (JSON lines).
@@ -81,11 +86,21 @@ struct ReplayArgs {
 
     /// A memory cap for each device pool (`512MiB`, `2G`, bytes): allocations that do not fit
     /// even after releasing the pool's cache count as OOMs.
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    #[arg(
+        long,
+        value_name = "SIZE",
+        value_parser = crate::args::size,
+        allow_negative_numbers = true
+    )]
     cap: Option<u64>,
 
     /// The same for the host pools (`host`, `... pinned`).
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    #[arg(
+        long,
+        value_name = "SIZE",
+        value_parser = crate::args::size,
+        allow_negative_numbers = true
+    )]
     host_cap: Option<u64>,
 
     /// Print one JSON object instead of the table.
@@ -140,7 +155,7 @@ fn record(args: &RecordArgs) -> anyhow::Result<()> {
     ensure!(args.epochs >= 1, "--epochs must be at least 1");
     let d = TrainConfig::default();
     let train_args = train::Args {
-        device: args.device.clone(),
+        device: args.device,
         epochs: args.epochs,
         data: None,
         seed: d.seed,

@@ -11,7 +11,7 @@ use anyhow::{bail, ensure, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
 use syncmem::net::mlp::Dataset;
 use syncmem::net::train::{compare_planning, TrainConfig, Trainer};
-use syncmem::{BackendKind, Device};
+use syncmem::{BackendKind, Device, DeviceSpec};
 
 /// Points per class of the built-in spirals.
 const POINTS_PER_CLASS: usize = 1000;
@@ -26,11 +26,17 @@ const NOISE: f32 = 0.2;
 pub struct Args {
     /// Device to train on: `cpu`, `opencl:N` or `cuda:N`. Default: the first OpenCL device,
     /// else `cpu` (with a note).
-    #[arg(long, value_name = "D")]
-    pub device: Option<String>,
+    #[arg(long, value_name = "D", value_parser = crate::args::device)]
+    pub device: Option<DeviceSpec>,
 
     /// Passes over the data.
-    #[arg(long, value_name = "N", default_value_t = TrainConfig::default().epochs)]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = TrainConfig::default().epochs,
+        value_parser = crate::args::positive_int,
+        allow_negative_numbers = true
+    )]
     pub epochs: usize,
 
     /// A safetensors file with `x` (f32 [N, D]) and `y` (i32 or i64 [N], classes 0..C).
@@ -39,19 +45,43 @@ pub struct Args {
     pub data: Option<PathBuf>,
 
     /// Seed of the data, the initial weights and the batch order.
-    #[arg(long, value_name = "S", default_value_t = TrainConfig::default().seed)]
+    #[arg(
+        long,
+        value_name = "S",
+        default_value_t = TrainConfig::default().seed,
+        value_parser = crate::args::non_negative_int,
+        allow_negative_numbers = true
+    )]
     pub seed: u64,
 
     /// Samples per step.
-    #[arg(long, value_name = "B", default_value_t = TrainConfig::default().batch)]
+    #[arg(
+        long,
+        value_name = "B",
+        default_value_t = TrainConfig::default().batch,
+        value_parser = crate::args::positive_int,
+        allow_negative_numbers = true
+    )]
     pub batch: usize,
 
     /// SGD learning rate.
-    #[arg(long, value_name = "LR", default_value_t = TrainConfig::default().lr)]
+    #[arg(
+        long,
+        value_name = "LR",
+        default_value_t = TrainConfig::default().lr,
+        value_parser = crate::args::positive_number,
+        allow_negative_numbers = true
+    )]
     pub lr: f32,
 
     /// Width of each of the two hidden layers.
-    #[arg(long, value_name = "H", default_value_t = TrainConfig::default().hidden[0])]
+    #[arg(
+        long,
+        value_name = "H",
+        default_value_t = TrainConfig::default().hidden[0],
+        value_parser = crate::args::positive_int,
+        allow_negative_numbers = true
+    )]
     pub hidden: usize,
 
     /// Plan memory: intermediate blobs whose lifetimes do not overlap share buffers (default).
@@ -129,7 +159,7 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
         "--lr must be a positive number, got {}",
         args.lr
     );
-    let (dev, note) = pick_device(args.device.as_deref())?;
+    let (dev, note) = pick_device(args.device)?;
     let (data, source) = match &args.data {
         Some(path) => (load_safetensors(path)?, path.display().to_string()),
         None => (
@@ -217,10 +247,10 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
     }))
 }
 
-fn pick_device(spec: Option<&str>) -> anyhow::Result<(Device, Option<String>)> {
+fn pick_device(spec: Option<DeviceSpec>) -> anyhow::Result<(Device, Option<String>)> {
     if let Some(s) = spec {
         return Ok((
-            Device::open(s).with_context(|| format!("opening device {s:?}"))?,
+            Device::open_spec(s).with_context(|| format!("opening device {s}"))?,
             None,
         ));
     }
