@@ -1,6 +1,7 @@
 //! The `syncmem` command: lists devices and replays Caffe's SyncedMemory sequence on one.
 
 mod args;
+#[macro_use]
 mod commands;
 
 use std::process::ExitCode;
@@ -57,6 +58,8 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // A closed stdout (`syncmem ... | head`) is a normal end.
+        Err(e) if commands::is_stdout_closed(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("syncmem: error: {e:#}");
             ExitCode::FAILURE

@@ -51,7 +51,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if args.json {
         super::print_json(&report)
     } else {
-        print!("{report}");
+        out!("{report}");
         Ok(())
     }
 }

@@ -249,29 +249,38 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
 
     let info = device.info();
-    println!(
+    outln!(
         "syncmem demo on {device}: {} ({}), buffer of {} bytes ({})",
         info.name,
         info.vendor,
         args.bytes,
         human_bytes(args.bytes as u64)
     );
-    println!("Caffe's SyncedMemory sequence; step 0 puts the data at the host.");
-    println!();
-    println!(
+    outln!("Caffe's SyncedMemory sequence; step 0 puts the data at the host.");
+    outln!();
+    outln!(
         "{:>4}  {:<16}  {:<14}  {:>12}  {:<13}  what the demo did",
-        "step", "call", "copy", "bytes", "head after"
+        "step",
+        "call",
+        "copy",
+        "bytes",
+        "head after"
     );
     for s in &steps {
-        println!(
+        outln!(
             "{:>4}  {:<16}  {:<14}  {:>12}  {:<13}  {}",
-            s.step, s.call, s.copy, s.bytes, s.head, s.action
+            s.step,
+            s.call,
+            s.copy,
+            s.bytes,
+            s.head,
+            s.action
         );
     }
-    println!();
-    println!("data check: the host saw every device write (steps 5 and 9): ok");
-    println!();
-    println!("memory and copies in this process (buffer still alive):");
-    print!("{}", syncmem::stats());
+    outln!();
+    outln!("data check: the host saw every device write (steps 5 and 9): ok");
+    outln!();
+    outln!("memory and copies in this process (buffer still alive):");
+    out!("{}", syncmem::stats());
     Ok(())
 }

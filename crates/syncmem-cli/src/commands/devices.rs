@@ -179,12 +179,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
         s.trim_end().to_string()
     };
-    println!("{}", line(&header.map(String::from)));
+    outln!("{}", line(&header.map(String::from)));
     for row in &rows {
-        println!("{}", line(row));
+        outln!("{}", line(row));
     }
     for note in notes {
-        println!("{note}");
+        outln!("{note}");
     }
     Ok(())
 }

@@ -130,13 +130,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .collect();
         parts.join("  ").trim_end().to_string()
     };
-    println!("{}", line(&header.map(String::from)));
+    outln!("{}", line(&header.map(String::from)));
     for row in &rows {
-        println!("{}", line(row));
+        outln!("{}", line(row));
     }
     let total = info.total_bytes();
     let n = info.tensors.len();
-    println!(
+    outln!(
         "total: {n} tensor{}, {total} bytes ({}) of data; file {} bytes, header {} bytes",
         if n == 1 { "" } else { "s" },
         human_bytes(total),
@@ -144,7 +144,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         info.header_bytes
     );
     for (k, v) in &info.metadata {
-        println!("metadata: {k} = {v}");
+        outln!("metadata: {k} = {v}");
     }
     Ok(())
 }

@@ -185,20 +185,22 @@ fn record(args: &RecordArgs) -> anyhow::Result<()> {
     if args.json {
         return super::print_json(&report);
     }
-    println!(
+    outln!(
         "recorded {} events of {} epoch(s) of training on {} into {}",
-        report.summary.events, report.epochs, report.device, report.file
+        report.summary.events,
+        report.epochs,
+        report.device,
+        report.file
     );
-    print_summaries(&report.summary, &report.devices);
-    Ok(())
+    print_summaries(&report.summary, &report.devices)
 }
 
 fn dir(d: CopyDir) -> String {
     format!("{} ({})", d.count, human_bytes(d.bytes))
 }
 
-fn print_summaries(total: &TraceSummary, devices: &[DeviceSummary]) {
-    println!(
+fn print_summaries(total: &TraceSummary, devices: &[DeviceSummary]) -> anyhow::Result<()> {
+    outln!(
         "{:<18} {:>8} {:>8} {:>12} {:>20} {:>20} {:>20} {:>10}",
         "device",
         "allocs",
@@ -214,7 +216,7 @@ fn print_summaries(total: &TraceSummary, devices: &[DeviceSummary]) {
         .map(|d| (d.device.as_str(), &d.summary))
         .chain(std::iter::once(("total", total)));
     for (name, s) in rows {
-        println!(
+        outln!(
             "{:<18} {:>8} {:>8} {:>12} {:>20} {:>20} {:>20} {:>10}",
             name,
             s.allocs,
@@ -226,6 +228,7 @@ fn print_summaries(total: &TraceSummary, devices: &[DeviceSummary]) {
             s.evictions
         );
     }
+    Ok(())
 }
 
 #[derive(Serialize)]
@@ -304,17 +307,17 @@ fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
         return super::print_json(&out);
     }
     let cap = |c: Option<u64>| c.map_or_else(|| "none".to_string(), human_bytes);
-    println!(
+    outln!(
         "{}: {} events; cap per device pool {}, per host pool {}",
         out.file,
         out.summary.events,
         cap(out.cap),
         cap(out.host_cap)
     );
-    println!("recorded:");
-    print_summaries(&out.summary, &out.devices);
-    println!("replayed:");
-    println!(
+    outln!("recorded:");
+    print_summaries(&out.summary, &out.devices)?;
+    outln!("replayed:");
+    outln!(
         "{:<18} {:>8} {:>13} {:>14} {:>8} {:>13} {:>10} {:>8} {:>6}",
         "device",
         "pool",
@@ -335,7 +338,7 @@ fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
     }
     for device in order {
         for r in out.rows.iter().filter(|r| r.device == device) {
-            println!(
+            outln!(
                 "{:<18} {:>8} {:>13} {:>14} {:>8.3} {:>13} {:>10} {:>8} {:>6}",
                 r.device,
                 r.kind,

@@ -137,8 +137,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if args.json {
         super::print_json(&report)
     } else {
-        report.print_human();
-        Ok(())
+        report.print_human()
     }
 }
 
@@ -177,9 +176,9 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
     };
     if human {
         if let Some(n) = &note {
-            println!("note: {n}");
+            outln!("note: {n}");
         }
-        println!(
+        outln!(
             "training an MLP {} -> {h} -> {h} -> {} on {} ({} samples from {source}), {} epochs \
              of batches of {}, lr {}, seed {}, memory planning {}",
             data.features,
@@ -213,16 +212,17 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
             stats.accuracy * 100.0
         ));
         if human {
-            bar.suspend(|| {
-                println!(
+            bar.suspend(|| -> anyhow::Result<()> {
+                outln!(
                     "epoch {:>3}/{}  loss {:.4}  accuracy {:>5.1}%  {:.3} s",
                     stats.epoch,
                     cfg.epochs,
                     stats.loss,
                     stats.accuracy * 100.0,
                     stats.seconds
-                )
-            });
+                );
+                Ok(())
+            })?;
         }
         epochs.push(stats);
     }
