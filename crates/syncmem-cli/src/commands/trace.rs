@@ -162,6 +162,7 @@ fn record(args: &RecordArgs) -> anyhow::Result<()> {
         batch: d.batch,
         lr: d.lr,
         hidden: d.hidden[0],
+        save: None,
         plan: true,
         no_plan: false,
         json: true,

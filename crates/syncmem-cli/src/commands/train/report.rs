@@ -41,7 +41,15 @@ pub(super) struct Report {
     transfers: TransferReport,
     blobs: Vec<BlobRow>,
     memory: Vec<MemRow>,
+    saved: Option<Saved>,
     planning: PlanningRow,
+}
+
+/// The parameters written by `--save`.
+#[derive(Serialize)]
+struct Saved {
+    file: String,
+    tensors: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -213,6 +221,7 @@ pub(super) fn build(r: Run<'_>) -> Report {
             .map(blob_row)
             .collect(),
         memory: memory_rows(),
+        saved: None,
         planning: planning_row(r.trainer, r.planning),
     }
 }
@@ -291,6 +300,11 @@ fn fmt_dir(d: Dir) -> String {
 }
 
 impl Report {
+    /// Records the file `--save` wrote and the tensors in it.
+    pub(super) fn set_saved(&mut self, file: String, tensors: Vec<String>) {
+        self.saved = Some(Saved { file, tensors });
+    }
+
     /// The device trained on.
     pub(super) fn device(&self) -> &str {
         &self.device
@@ -384,6 +398,14 @@ impl Report {
         );
         for (slot, blobs) in &p.shared {
             outln!("  {slot:<12} holds {}", blobs.join(", "));
+        }
+        if let Some(saved) = &r.saved {
+            outln!(
+                "\nsaved {} parameter tensors to {} ({})",
+                saved.tensors.len(),
+                saved.file,
+                saved.tensors.join(", ")
+            );
         }
         Ok(())
     }
