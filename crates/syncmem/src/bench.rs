@@ -12,6 +12,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::alloc::pool::{HostPool, PoolConfig, PoolKind};
+use crate::alloc::stats::human_bytes;
 use crate::alloc::trace::{replay, Trace};
 use crate::{Device, Result, SyncedMemory};
 
@@ -397,16 +398,21 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
     })
 }
 
+/// A duration for the tables: `ns`, `µs`, `ms` or `s` (the JSON output has nanoseconds).
 fn time(ns: f64) -> String {
-    if ns >= 1e6 {
+    if ns >= 1e9 {
+        format!("{:.2} s", ns / 1e9)
+    } else if ns >= 1e6 {
         format!("{:.2} ms", ns / 1e6)
     } else if ns >= 1e3 {
-        format!("{:.2} us", ns / 1e3)
+        format!("{:.2} µs", ns / 1e3)
     } else {
         format!("{ns:.1} ns")
     }
 }
 
+/// The text form: times and sizes in human units (`µs`, `MiB`); the JSON form (`Serialize`)
+/// has raw numbers (nanoseconds, bytes).
 impl fmt::Display for BenchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
@@ -438,7 +444,12 @@ impl fmt::Display for BenchReport {
             writeln!(
                 f,
                 "{:<10} {:>14} {:>14} {:>8.3} {:>10} {:>10}",
-                r.kind, r.peak_reserved, r.peak_allocated, r.ratio, r.backend_calls, r.cache_hits
+                r.kind,
+                human_bytes(r.peak_reserved),
+                human_bytes(r.peak_allocated),
+                r.ratio,
+                r.backend_calls,
+                r.cache_hits
             )?;
         }
         for s in &self.skipped {
