@@ -6,7 +6,8 @@
 //! it so that a run where the OpenCL tests were skipped cannot pass.
 //!
 //! Tests that compile the CUDA kernels with NVRTC (no GPU needed, only `libnvrtc`) call
-//! [`nvrtc_or_skip`]; `SYNCMEM_REQUIRE_NVRTC=1` makes a missing `libnvrtc` a failure.
+//! `nvrtc_or_skip` (feature `cuda`); `SYNCMEM_REQUIRE_NVRTC=1` makes a missing `libnvrtc` a
+//! failure.
 
 use crate::{BackendKind, Device};
 

@@ -1,6 +1,6 @@
 //! One module per subcommand, and writing to stdout.
 //!
-//! Every write to stdout goes through [`out!`], [`outln!`] or [`print_json`]: a closed stdout
+//! Every write to stdout goes through `out!`, `outln!` or [`print_json`]: a closed stdout
 //! (`syncmem ... | head` once `head` has exited) becomes [`StdoutClosed`], which ends the
 //! command early and makes `main` exit with success, as a closed pipe is a normal end for a
 //! command-line tool.

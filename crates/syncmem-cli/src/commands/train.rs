@@ -41,7 +41,7 @@ pub struct Args {
     )]
     pub epochs: usize,
 
-    /// A safetensors file with `x` (f32 [N, D]) and `y` (i32 or i64 [N], classes 0..C).
+    /// A safetensors file with `x` (`f32 [N, D]`) and `y` (`i32` or `i64 [N]`, classes 0..C).
     /// Default: 3 spiral arms of 1000 points each, drawn from the seed.
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
@@ -298,7 +298,7 @@ fn pick_device(spec: Option<DeviceSpec>) -> anyhow::Result<(Device, Option<Strin
     }
 }
 
-/// Reads `x` (f32 [N, D]) and `y` (i32 or i64 [N]) from a safetensors file with the library's
+/// Reads `x` (`f32 [N, D]`) and `y` (`i32` or `i64 [N]`) from a safetensors file with the library's
 /// loader ([`Workspace::load`]), after checking names, element types and shapes in the file's
 /// header so that each mistake gets its own message.
 fn load_dataset(path: &Path) -> anyhow::Result<Dataset> {
