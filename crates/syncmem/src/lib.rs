@@ -62,6 +62,7 @@
 //! CI, which has no GPU: the CUDA path is untested on hardware.
 
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod alloc;
 #[doc(hidden)]

@@ -67,6 +67,7 @@ pub fn cuda_or_skip(test: &str) -> Option<Device> {
 /// # Panics
 /// When `libnvrtc` is missing and `SYNCMEM_REQUIRE_NVRTC` is set.
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub fn nvrtc_or_skip(test: &str) -> bool {
     // SAFETY: `is_culib_present` only tries to open the shared library with `libloading` (and
     // closes it again); it calls no NVRTC function and has no preconditions.
