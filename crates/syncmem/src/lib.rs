@@ -20,6 +20,13 @@
 //! # }
 //! ```
 //!
+//! # Examples
+//!
+//! The repository's `crates/syncmem/examples` hold runnable programs (`cargo run -p syncmem
+//! --example NAME [-- DEVICE]`): `quick_start` (Caffe's nine-step sequence with its copies),
+//! `prefetch` (copies on a second stream), `pools` (choosing and configuring a pool, its
+//! statistics) and `workspace_net` (a workspace with nets, saved and loaded as safetensors).
+//!
 //! # Tensors by name
 //!
 //! A [`Workspace`] holds named blobs; for tensors, one call each:
