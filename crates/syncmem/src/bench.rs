@@ -375,7 +375,7 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
             for _ in 0..3 {
                 next(progress);
             }
-            skipped.push(format!("device pool and round trip rows: {e}"));
+            skipped.push(format!("device pool and round trip rows ({spec}): {e}"));
         }
     }
     next(progress);
