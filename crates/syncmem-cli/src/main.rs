@@ -1,5 +1,7 @@
 //! The `syncmem` command: lists devices and replays Caffe's SyncedMemory sequence on one.
 
+mod args;
+#[macro_use]
 mod commands;
 
 use std::process::ExitCode;
@@ -34,7 +36,18 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => match args::value_error_line(&e) {
+            // A value a parser rejected: one line and exit code 1, like any other bad input.
+            Some(line) => {
+                eprintln!("syncmem: error: {line}");
+                return ExitCode::FAILURE;
+            }
+            // Usage errors, --help and --version, as clap reports them.
+            None => e.exit(),
+        },
+    };
     let result = with_env_trace(|| match cli.command {
         Command::Devices(args) => commands::devices::run(&args),
         Command::Demo(args) => commands::demo::run(&args),
@@ -45,6 +58,8 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // A closed stdout (`syncmem ... | head`) is a normal end.
+        Err(e) if commands::is_stdout_closed(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("syncmem: error: {e:#}");
             ExitCode::FAILURE

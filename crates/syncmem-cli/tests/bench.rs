@@ -44,3 +44,50 @@ fn bench_quick_json_has_ratios() {
     }
     assert_eq!(v["skipped"].as_array().map(Vec::len), Some(0));
 }
+
+/// `(number, unit)` pairs of `line` whose unit is one of `units`.
+fn quantities<'a>(line: &'a str, units: &[&str]) -> Vec<(f64, &'a str)> {
+    let tokens: Vec<&str> = line.split_whitespace().collect();
+    tokens
+        .windows(2)
+        .filter(|w| units.contains(&w[1]))
+        .filter_map(|w| Some((w[0].parse::<f64>().ok()?, w[1])))
+        .collect()
+}
+
+#[test]
+fn tables_use_human_units_and_json_raw_numbers() {
+    let out = common::ok(&["bench", "--quick", "--device", "cpu"]);
+    let v: Value = common::json(&["bench", "--quick", "--device", "cpu", "--json"]);
+    assert!(
+        !out.split_whitespace().any(|t| t == "us"),
+        "`us` instead of `µs`:\n{out}"
+    );
+    let times = ["ns", "µs", "ms", "s"];
+    let sizes = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let lines: Vec<&str> = out.lines().collect();
+    let rows = v["rows"].as_array().unwrap();
+    // The comparison table: a header, then one row per comparison with two times.
+    for (line, row) in lines[1..=rows.len()].iter().zip(rows) {
+        let name = row["name"].as_str().unwrap();
+        assert!(line.starts_with(name), "{line}");
+        let q = quantities(&line[name.len()..], &times);
+        assert_eq!(q.len(), 2, "two times with units in {line:?}");
+    }
+    // The replay table: peak reserved and peak allocated with units, one row per pool kind.
+    let replay = v["replay"].as_array().unwrap();
+    let start = lines
+        .iter()
+        .position(|l| l.starts_with("pool kind"))
+        .expect("replay table");
+    for (line, r) in lines[start + 1..].iter().zip(replay) {
+        assert!(line.starts_with(r["kind"].as_str().unwrap()), "{line}");
+        let q = quantities(line, &sizes);
+        assert_eq!(q.len(), 2, "two sizes with units in {line:?}");
+        // Raw byte counts stay in the JSON output.
+        assert!(
+            r["peak_reserved"].is_u64() && r["peak_allocated"].is_u64(),
+            "{r}"
+        );
+    }
+}

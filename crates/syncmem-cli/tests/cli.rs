@@ -53,7 +53,8 @@ fn devices_json_lists_the_cpu() {
     assert_eq!(cpu["backend"], "cpu");
     assert_eq!(cpu["host_unified"], true);
     assert!(cpu["total_memory"].as_u64().is_some_and(|m| m > 0), "{cpu}");
-    assert!(cpu["max_alloc"].is_u64(), "{cpu}");
+    // The cpu has no allocation limit of its own: null, not a sentinel number.
+    assert!(cpu["max_alloc"].is_null(), "{cpu}");
     for e in list {
         let backend = e["backend"]
             .as_str()
@@ -65,6 +66,16 @@ fn devices_json_lists_the_cpu() {
         } else {
             for key in ["label", "name", "vendor"] {
                 assert!(e[key].is_string(), "{key} in {e}");
+            }
+            // Sizes are real byte counts or null, never a "no limit" or "unknown" sentinel.
+            for key in ["total_memory", "max_alloc"] {
+                assert!(
+                    e[key].is_null()
+                        || e[key]
+                            .as_u64()
+                            .is_some_and(|n| n > 0 && n < i64::MAX as u64),
+                    "{key} in {e}"
+                );
             }
         }
     }

@@ -201,3 +201,64 @@ fn help_documents_the_json_schema() {
     assert!(stdout.contains("--json"), "{stdout}");
     assert!(stdout.contains("\"total_bytes\""), "{stdout}");
 }
+
+#[test]
+fn table_escapes_control_characters_in_names_and_metadata() {
+    use safetensors::{tensor::TensorView, Dtype};
+    let data = [0u8; 4];
+    let names = [
+        "two\nlines",
+        "\u{1b}[31mred\u{1b}[0m",
+        "tab\there",
+        "bidi\u{202e}txt",
+        "plain",
+    ];
+    let tensors: Vec<(&str, TensorView<'_>)> = names
+        .iter()
+        .map(|n| (*n, TensorView::new(Dtype::F32, vec![1], &data).unwrap()))
+        .collect();
+    let metadata = std::collections::HashMap::from([(
+        "key\r\nx".to_string(),
+        "value\u{7}\u{1b}]0;title\u{7}".to_string(),
+    )]);
+    let bytes = safetensors::serialize(tensors, Some(metadata)).unwrap();
+    let file = TempFile::with("control", &bytes);
+
+    let stdout = ok(&["inspect", file.arg()]);
+    assert!(
+        !stdout.chars().any(|c| c.is_control() && c != '\n'),
+        "control characters reached the output:\n{stdout:?}"
+    );
+    assert!(!stdout.contains('\u{202e}'), "{stdout:?}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    // Header, one line per tensor, the total, one metadata line.
+    assert_eq!(lines.len(), 1 + names.len() + 2, "{stdout}");
+    let mut sorted = names;
+    sorted.sort_unstable();
+    for (line, name) in lines[1..].iter().zip(sorted) {
+        let shown = if name == "plain" {
+            name.to_string()
+        } else {
+            format!("{name:?}")
+        };
+        assert!(line.starts_with(&shown), "{line:?} should show {shown}");
+    }
+    let meta = lines.last().unwrap();
+    assert_eq!(
+        *meta,
+        format!(
+            "metadata: {:?} = {:?}",
+            "key\r\nx", "value\u{7}\u{1b}]0;title\u{7}"
+        )
+    );
+
+    // The JSON output keeps the names as they are (JSON escapes them itself).
+    let v: Value = serde_json::from_str(&ok(&["inspect", file.arg(), "--json"])).unwrap();
+    let listed: Vec<&str> = v["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, sorted);
+}

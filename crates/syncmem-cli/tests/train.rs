@@ -185,3 +185,193 @@ fn bad_input_fails_with_a_message() {
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
 }
+
+/// A path in the temporary directory, removed when dropped.
+struct TempPath(std::path::PathBuf);
+
+impl TempPath {
+    fn new(what: &str) -> TempPath {
+        TempPath(std::env::temp_dir().join(format!(
+            "syncmem-cli-train-{}-{what}.safetensors",
+            std::process::id()
+        )))
+    }
+    fn arg(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn save_writes_the_parameters_for_inspect() {
+    let file = TempPath::new("weights");
+    let r = train_json(&[
+        "train",
+        "--device",
+        "cpu",
+        "--epochs",
+        "1",
+        "--hidden",
+        "16",
+        "--save",
+        file.arg(),
+        "--json",
+    ]);
+    let params = ["fc1_b", "fc1_w", "fc2_b", "fc2_w", "fc3_b", "fc3_w"];
+    assert_eq!(r["saved"]["file"], file.arg(), "{r:#}");
+    assert_eq!(r["saved"]["tensors"], serde_json::json!(params), "{r:#}");
+    // The report shows the parameters where training left them, on the device.
+    let blobs = r["blobs"].as_array().unwrap();
+    let w = blobs.iter().find(|b| b["name"] == "fc1_w").unwrap();
+    assert_eq!(w["head"], "device", "{w}");
+
+    let v = train_json(&["inspect", file.arg(), "--json"]);
+    let tensors = v["tensors"].as_array().expect("tensors");
+    let names: Vec<&str> = tensors
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, params);
+    let widths = [2, 16, 16, 3];
+    for t in tensors {
+        assert_eq!(t["dtype"], "F32", "{t}");
+        let name = t["name"].as_str().unwrap();
+        let k: usize = name[2..3].parse().unwrap();
+        let want = if name.ends_with('w') {
+            serde_json::json!([widths[k], widths[k - 1]])
+        } else {
+            serde_json::json!([widths[k]])
+        };
+        assert_eq!(t["shape"], want, "{t}");
+    }
+    // The values are the trained ones: finite, and not the zeros the biases start from.
+    let ws = syncmem::Workspace::new();
+    ws.load(&file.0, None, None).unwrap();
+    let b: Vec<f32> = ws.fetch("fc1_b").unwrap();
+    assert!(b.iter().all(|x| x.is_finite()), "{b:?}");
+    assert!(b.iter().any(|&x| x != 0.0), "{b:?}");
+
+    // The text report says where the parameters went.
+    let out = common::ok(&[
+        "train",
+        "--device",
+        "cpu",
+        "--epochs",
+        "1",
+        "--hidden",
+        "4",
+        "--save",
+        file.arg(),
+    ]);
+    assert!(
+        out.contains(&format!("saved 6 parameter tensors to {}", file.arg())),
+        "{out}"
+    );
+}
+
+#[test]
+fn save_to_a_missing_directory_fails_before_training() {
+    let path = std::env::temp_dir()
+        .join(format!("syncmem-no-such-dir-{}", std::process::id()))
+        .join("w.safetensors");
+    let out = syncmem(&["train", "--device", "cpu", "--save", path.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(out.stdout.is_empty(), "trained before failing");
+    assert!(stderr.contains("--save"), "{stderr}");
+}
+
+/// Writes a safetensors file of `tensors` (name, dtype, shape, little-endian bytes).
+fn data_file(what: &str, tensors: &[(&str, safetensors::Dtype, Vec<usize>, Vec<u8>)]) -> TempPath {
+    use safetensors::tensor::TensorView;
+    let views: Vec<(&str, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| (*n, TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    let file = TempPath::new(what);
+    std::fs::write(&file.0, safetensors::serialize(views, None).unwrap()).unwrap();
+    file
+}
+
+#[test]
+fn data_file_errors_are_clear() {
+    use safetensors::Dtype::{F32, F64, I32, I64};
+    let x = |n: usize, d: usize| (F32, vec![n, d], vec![0u8; 4 * n * d]);
+    let y = |n: usize| (I64, vec![n], vec![0u8; 8 * n]);
+    type Case<'a> = (
+        &'a str,
+        Vec<(&'a str, safetensors::Dtype, Vec<usize>, Vec<u8>)>,
+        &'a [&'a str],
+    );
+    let cases: Vec<Case<'_>> = vec![
+        (
+            "no-x",
+            vec![
+                ("y", y(4).0, y(4).1, y(4).2),
+                ("z", F32, vec![1], vec![0; 4]),
+            ],
+            &["tensor \"x\"", "missing", "y, z"],
+        ),
+        (
+            "no-y",
+            vec![("x", x(4, 2).0, x(4, 2).1, x(4, 2).2)],
+            &["tensor \"y\"", "missing", "the file has: x"],
+        ),
+        (
+            "x-f64",
+            vec![
+                ("x", F64, vec![4, 2], vec![0; 64]),
+                ("y", y(4).0, y(4).1, y(4).2),
+            ],
+            &["x must be f32 [N, D]", "F64 [4, 2]"],
+        ),
+        (
+            "x-1d",
+            vec![
+                ("x", F32, vec![8], vec![0; 32]),
+                ("y", y(4).0, y(4).1, y(4).2),
+            ],
+            &["x must be f32 [N, D]", "F32 [8]"],
+        ),
+        (
+            "y-f32",
+            vec![
+                ("x", x(4, 2).0, x(4, 2).1, x(4, 2).2),
+                ("y", F32, vec![4], vec![0; 16]),
+            ],
+            &["y must be i32 or i64", "F32"],
+        ),
+        (
+            "y-short",
+            vec![
+                ("x", x(4, 2).0, x(4, 2).1, x(4, 2).2),
+                ("y", I32, vec![3], vec![0; 12]),
+            ],
+            &["y must be [N] with N = 4", "[3]"],
+        ),
+        (
+            "y-too-big",
+            vec![
+                ("x", x(1, 2).0, x(1, 2).1, x(1, 2).2),
+                ("y", I64, vec![1], (1_i64 << 40).to_le_bytes().to_vec()),
+            ],
+            &["label 1099511627776", "i32"],
+        ),
+    ];
+    for (what, tensors, needles) in cases {
+        let file = data_file(what, &tensors);
+        let out = syncmem(&["train", "--device", "cpu", "--data", file.arg()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{what}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{what}: {stderr}");
+        assert!(stderr.contains(file.arg()), "{what}: {stderr}");
+        for n in needles {
+            assert!(stderr.contains(n), "{what}: {n:?} missing from {stderr}");
+        }
+    }
+}

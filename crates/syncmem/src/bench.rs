@@ -12,6 +12,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::alloc::pool::{HostPool, PoolConfig, PoolKind};
+use crate::alloc::stats::human_bytes;
 use crate::alloc::trace::{replay, Trace};
 use crate::{Device, Result, SyncedMemory};
 
@@ -23,7 +24,7 @@ const PAGE: usize = 4096;
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
     /// The device of the device rows (`"opencl:0"`, `"cpu"`, ...). When it cannot be opened
-    /// those rows are skipped with a note.
+    /// those rows are skipped with a note; a string that is not a device is an error.
     pub device: String,
     /// Fewer runs per row (a few seconds in all).
     pub quick: bool,
@@ -336,8 +337,12 @@ fn size_name(bytes: usize) -> String {
 /// [`step_count`] steps.
 ///
 /// # Errors
-/// Errors of the host rows and the replay (device errors skip the device rows with a note).
+/// [`crate::Error::InvalidDeviceSpec`] when `opts.device` names no device; errors of the host
+/// rows and the replay (device errors skip the device rows with a note).
 pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result<BenchReport> {
+    // A string that names no device is the caller's mistake; a device that is absent (or whose
+    // backend is missing) skips its rows with a note.
+    let spec: crate::DeviceSpec = opts.device.parse()?;
     let (small, large) = if opts.quick { (5, 3) } else { (21, 7) };
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
@@ -350,7 +355,7 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
         next(progress);
         rows.push(host_pool_row(bytes, runs)?);
     }
-    let dev = Device::open(&opts.device);
+    let dev = Device::open_spec(spec);
     let device_rows = |dev: &Device, rows: &mut Vec<Row>| -> Result<()> {
         rows.push(device_pool_row(dev, 4 * KIB, small * 10)?);
         rows.push(device_pool_row(dev, 64 * MIB, small)?);
@@ -370,10 +375,7 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
             for _ in 0..3 {
                 next(progress);
             }
-            skipped.push(format!(
-                "device pool and round trip rows: no device {} ({e})",
-                opts.device
-            ));
+            skipped.push(format!("device pool and round trip rows ({spec}): {e}"));
         }
     }
     next(progress);
@@ -396,16 +398,21 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
     })
 }
 
+/// A duration for the tables: `ns`, `µs`, `ms` or `s` (the JSON output has nanoseconds).
 fn time(ns: f64) -> String {
-    if ns >= 1e6 {
+    if ns >= 1e9 {
+        format!("{:.2} s", ns / 1e9)
+    } else if ns >= 1e6 {
         format!("{:.2} ms", ns / 1e6)
     } else if ns >= 1e3 {
-        format!("{:.2} us", ns / 1e3)
+        format!("{:.2} µs", ns / 1e3)
     } else {
         format!("{ns:.1} ns")
     }
 }
 
+/// The text form: times and sizes in human units (`µs`, `MiB`); the JSON form (`Serialize`)
+/// has raw numbers (nanoseconds, bytes).
 impl fmt::Display for BenchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
@@ -437,12 +444,40 @@ impl fmt::Display for BenchReport {
             writeln!(
                 f,
                 "{:<10} {:>14} {:>14} {:>8.3} {:>10} {:>10}",
-                r.kind, r.peak_reserved, r.peak_allocated, r.ratio, r.backend_calls, r.cache_hits
+                r.kind,
+                human_bytes(r.peak_reserved),
+                human_bytes(r.peak_allocated),
+                r.ratio,
+                r.backend_calls,
+                r.cache_hits
             )?;
         }
         for s in &self.skipped {
             writeln!(f, "note: skipped {s}")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_string_that_names_no_device_is_an_error() {
+        let opts = BenchOptions {
+            device: "bogus".into(),
+            quick: true,
+        };
+        let mut steps = 0;
+        let r = run(&opts, &mut |_, _| steps += 1);
+        assert!(
+            matches!(r, Err(crate::Error::InvalidDeviceSpec { .. })),
+            "{r:?}"
+        );
+        assert_eq!(
+            steps, 0,
+            "nothing is timed before the device string is checked"
+        );
     }
 }

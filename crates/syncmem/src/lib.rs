@@ -20,6 +20,32 @@
 //! # }
 //! ```
 //!
+//! # Examples
+//!
+//! The repository's `crates/syncmem/examples` hold runnable programs (`cargo run -p syncmem
+//! --example NAME [-- DEVICE]`): `quick_start` (Caffe's nine-step sequence with its copies),
+//! `prefetch` (copies on a second stream), `pools` (choosing and configuring a pool, its
+//! statistics) and `workspace_net` (a workspace with nets, saved and loaded as safetensors).
+//!
+//! # Tensors by name
+//!
+//! A [`Workspace`] holds named blobs; for tensors, one call each:
+//! [`Workspace::feed`] puts a [`Tensor`] in a blob, [`Workspace::fetch`] copies its elements
+//! into a `Vec` from whichever side is newest (Caffe2's `FeedBlob` and `FetchBlob`), and
+//! [`Workspace::with_tensor`] lends the tensor to a closure for everything else.
+//!
+//! ```
+//! use syncmem::{Device, Tensor, Workspace};
+//!
+//! # fn main() -> syncmem::Result<()> {
+//! let ws = Workspace::new();
+//! ws.feed("x", Tensor::from_slice(&[3], &[1.0_f32, 2.0, 3.0], Some(&Device::cpu()))?)?;
+//! assert_eq!(ws.fetch::<f32>("x")?, [1.0, 2.0, 3.0]);
+//! assert_eq!(ws.with_tensor("x", |t| Ok(t.dims().to_vec()))?, [3]);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Layers
 //!
 //! | module | role |
@@ -43,6 +69,7 @@
 //! CI, which has no GPU: the CUDA path is untested on hardware.
 
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod alloc;
 mod backend;

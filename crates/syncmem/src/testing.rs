@@ -6,7 +6,8 @@
 //! it so that a run where the OpenCL tests were skipped cannot pass.
 //!
 //! Tests that compile the CUDA kernels with NVRTC (no GPU needed, only `libnvrtc`) call
-//! [`nvrtc_or_skip`]; `SYNCMEM_REQUIRE_NVRTC=1` makes a missing `libnvrtc` a failure.
+//! `nvrtc_or_skip` (feature `cuda`); `SYNCMEM_REQUIRE_NVRTC=1` makes a missing `libnvrtc` a
+//! failure.
 
 use crate::{BackendKind, Device};
 
@@ -66,6 +67,7 @@ pub fn cuda_or_skip(test: &str) -> Option<Device> {
 /// # Panics
 /// When `libnvrtc` is missing and `SYNCMEM_REQUIRE_NVRTC` is set.
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub fn nvrtc_or_skip(test: &str) -> bool {
     // SAFETY: `is_culib_present` only tries to open the shared library with `libloading` (and
     // closes it again); it calls no NVRTC function and has no preconditions.

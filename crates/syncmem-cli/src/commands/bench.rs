@@ -5,14 +5,15 @@ use std::io::IsTerminal;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use syncmem::bench::{self, BenchOptions};
+use syncmem::DeviceSpec;
 
 /// Options of `syncmem bench`.
 #[derive(clap::Args)]
 pub struct Args {
     /// Device of the device-pool and round-trip rows (`opencl:0`, `cuda:0`, `cpu`); skipped
-    /// with a note when it cannot be opened.
-    #[arg(long, value_name = "D", default_value = "opencl:0")]
-    pub device: String,
+    /// with a note when it cannot be opened (a string that names no device is an error).
+    #[arg(long, value_name = "D", default_value = "opencl:0", value_parser = crate::args::device)]
+    pub device: DeviceSpec,
 
     /// Fewer runs per comparison (a few seconds).
     #[arg(long)]
@@ -29,7 +30,7 @@ pub struct Args {
 /// When a host-side comparison fails (device failures only skip the device rows).
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let opts = BenchOptions {
-        device: args.device.clone(),
+        device: args.device.to_string(),
         quick: args.quick,
     };
     let bar = if args.json || !std::io::stderr().is_terminal() {
@@ -50,7 +51,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if args.json {
         super::print_json(&report)
     } else {
-        print!("{report}");
+        out!("{report}");
         Ok(())
     }
 }

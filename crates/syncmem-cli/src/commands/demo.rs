@@ -3,7 +3,7 @@
 use anyhow::{bail, ensure, Context as _};
 use serde::Serialize;
 use syncmem::alloc::stats::human_bytes;
-use syncmem::{BackendKind, CopyStats, Device, Direction, SyncedMemory};
+use syncmem::{BackendKind, CopyStats, Device, DeviceSpec, Direction, SyncedMemory};
 
 /// Default buffer size: 1 MiB.
 const DEFAULT_BYTES: usize = 1 << 20;
@@ -15,15 +15,21 @@ pub struct Args {
     /// Device to run on: `cpu`, `opencl:N` or `cuda:N`. Default: the first OpenCL device, else
     /// the first CUDA device (`cpu` runs the same code path, host memory standing in for
     /// device memory).
-    #[arg(long, value_name = "D")]
-    pub device: Option<String>,
+    #[arg(long, value_name = "D", value_parser = crate::args::device)]
+    pub device: Option<DeviceSpec>,
 
     /// Print one JSON array of the nine steps instead of the table (schema: see `--help`).
     #[arg(long)]
     pub json: bool,
 
-    /// Size of the buffer in bytes.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_BYTES)]
+    /// Size of the buffer: bytes, or with a binary unit (`4096`, `64KiB`, `1MiB`).
+    #[arg(
+        long,
+        value_name = "SIZE",
+        default_value_t = DEFAULT_BYTES,
+        value_parser = crate::args::buffer_size,
+        allow_negative_numbers = true
+    )]
     pub bytes: usize,
 }
 
@@ -143,9 +149,9 @@ fn check_bytes(bytes: &[u8], what: &str, expected: impl Fn(usize) -> u8) -> anyh
 }
 
 /// The device of `--device`, or the default one.
-fn pick_device(spec: Option<&str>) -> anyhow::Result<Device> {
+fn pick_device(spec: Option<DeviceSpec>) -> anyhow::Result<Device> {
     if let Some(s) = spec {
-        return Device::open(s).with_context(|| format!("cannot open device {s:?}"));
+        return Device::open_spec(s).with_context(|| format!("cannot open device {s}"));
     }
     let mut why = Vec::new();
     for backend in [BackendKind::OpenCl, BackendKind::Cuda] {
@@ -217,8 +223,8 @@ fn run_step(buf: &SyncedMemory, step: usize, call: Call) -> anyhow::Result<Strin
 
 /// Runs `syncmem demo`.
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    ensure!(args.bytes > 0, "--bytes must be at least 1");
-    let device = pick_device(args.device.as_deref())?;
+    ensure!(args.bytes > 0, "--bytes must be at least 1 byte");
+    let device = pick_device(args.device)?;
     let buf = SyncedMemory::new(args.bytes, &device).with_label("demo");
 
     let mut steps = Vec::with_capacity(SEQUENCE.len() + 1);
@@ -243,29 +249,38 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
 
     let info = device.info();
-    println!(
+    outln!(
         "syncmem demo on {device}: {} ({}), buffer of {} bytes ({})",
         info.name,
         info.vendor,
         args.bytes,
         human_bytes(args.bytes as u64)
     );
-    println!("Caffe's SyncedMemory sequence; step 0 puts the data at the host.");
-    println!();
-    println!(
+    outln!("Caffe's SyncedMemory sequence; step 0 puts the data at the host.");
+    outln!();
+    outln!(
         "{:>4}  {:<16}  {:<14}  {:>12}  {:<13}  what the demo did",
-        "step", "call", "copy", "bytes", "head after"
+        "step",
+        "call",
+        "copy",
+        "bytes",
+        "head after"
     );
     for s in &steps {
-        println!(
+        outln!(
             "{:>4}  {:<16}  {:<14}  {:>12}  {:<13}  {}",
-            s.step, s.call, s.copy, s.bytes, s.head, s.action
+            s.step,
+            s.call,
+            s.copy,
+            s.bytes,
+            s.head,
+            s.action
         );
     }
-    println!();
-    println!("data check: the host saw every device write (steps 5 and 9): ok");
-    println!();
-    println!("memory and copies in this process (buffer still alive):");
-    print!("{}", syncmem::stats());
+    outln!();
+    outln!("data check: the host saw every device write (steps 5 and 9): ok");
+    outln!();
+    outln!("memory and copies in this process (buffer still alive):");
+    out!("{}", syncmem::stats());
     Ok(())
 }

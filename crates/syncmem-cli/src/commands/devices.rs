@@ -17,11 +17,12 @@ pub struct Args {
 const JSON_SCHEMA: &str = "\
 JSON output (--json): one array. Each device is an object
   {\"backend\": \"cpu\" | \"opencl\" | \"cuda\",
-   \"label\": string         device string for --device: \"cpu\", \"opencl:0\", \"cuda:0\",
+   \"label\": string                 for --device: \"cpu\", \"opencl:0\", \"cuda:0\",
    \"name\": string, \"vendor\": string,
-   \"total_memory\": integer  bytes,
-   \"max_alloc\": integer     largest single allocation, bytes,
-   \"host_unified\": bool     device memory is host memory}
+   \"total_memory\": integer | null  bytes (null: not known),
+   \"max_alloc\": integer | null     largest single allocation, bytes (null: no limit of its
+                                   own, as for cpu, whose limit is the address space),
+   \"host_unified\": bool            device memory is host memory}
 and each backend without devices is one object
   {\"backend\": string, \"compiled\": bool, \"error\": string}
 where \"compiled\" is false when the backend's cargo feature is off and \"error\" says why there
@@ -37,8 +38,8 @@ enum Entry {
         label: String,
         name: String,
         vendor: String,
-        total_memory: u64,
-        max_alloc: u64,
+        total_memory: Option<u64>,
+        max_alloc: Option<u64>,
         host_unified: bool,
     },
     Unavailable {
@@ -55,8 +56,8 @@ impl Entry {
             label: info.label(),
             name: info.name.clone(),
             vendor: info.vendor.clone(),
-            total_memory: info.total_memory,
-            max_alloc: info.max_alloc,
+            total_memory: known_size(info.total_memory),
+            max_alloc: known_size(info.max_alloc),
             host_unified: info.host_unified,
         }
     }
@@ -97,12 +98,18 @@ fn clip(s: &str) -> String {
     }
 }
 
-/// A size for the table; the largest sizes mean "as much as the address space allows".
+/// A size reported by a device, or `None` for the values that stand for "no limit" (the
+/// largest sizes: as much as the address space allows) or "not known" (0).
+fn known_size(bytes: u64) -> Option<u64> {
+    (bytes > 0 && bytes < isize::MAX as u64).then_some(bytes)
+}
+
+/// A size for the table.
 fn size_cell(bytes: u64) -> String {
-    if bytes >= isize::MAX as u64 {
-        "no limit".to_string()
-    } else {
-        human_bytes(bytes)
+    match known_size(bytes) {
+        Some(b) => human_bytes(b),
+        None if bytes == 0 => "unknown".to_string(),
+        None => "no limit".to_string(),
     }
 }
 
@@ -179,12 +186,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
         s.trim_end().to_string()
     };
-    println!("{}", line(&header.map(String::from)));
+    outln!("{}", line(&header.map(String::from)));
     for row in &rows {
-        println!("{}", line(row));
+        outln!("{}", line(row));
     }
     for note in notes {
-        println!("{note}");
+        outln!("{note}");
     }
     Ok(())
 }

@@ -16,6 +16,9 @@ pub struct Args {
 }
 
 const JSON_SCHEMA: &str = "\
+Names and metadata that hold control or other unprintable characters are shown quoted and
+escaped in the table (\"two\\nlines\"); the JSON output holds them as they are.
+
 Only the header is read; its offsets are checked against the file's size, so a truncated or
 corrupt file is an error (exit status 1, message on stderr).
 
@@ -78,6 +81,19 @@ fn json(info: &FileInfo) -> JsonFile<'_> {
     }
 }
 
+/// Text from the file, safe for a terminal: as it is when Rust's `{:?}` would change nothing,
+/// otherwise in `{:?}` form (quoted, with control characters, bidirectional overrides and
+/// other unprintable characters escaped), so a newline cannot break the table and an escape
+/// sequence cannot reach the terminal.
+fn text_cell(s: &str) -> String {
+    let debug = format!("{s:?}");
+    if debug.len() == s.len() + 2 {
+        s.to_string()
+    } else {
+        debug
+    }
+}
+
 fn shape_cell(shape: &[usize]) -> String {
     let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
     format!("[{}]", dims.join(", "))
@@ -85,8 +101,8 @@ fn shape_cell(shape: &[usize]) -> String {
 
 fn dtype_cell(t: &FileTensor) -> String {
     match t.element {
-        Some(_) => t.dtype.clone(),
-        None => format!("{} (not loadable)", t.dtype),
+        Some(_) => text_cell(&t.dtype),
+        None => format!("{} (not loadable)", text_cell(&t.dtype)),
     }
 }
 
@@ -102,7 +118,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         .iter()
         .map(|t| {
             [
-                t.name.clone(),
+                text_cell(&t.name),
                 dtype_cell(t),
                 shape_cell(&t.shape),
                 t.nbytes.to_string(),
@@ -130,13 +146,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .collect();
         parts.join("  ").trim_end().to_string()
     };
-    println!("{}", line(&header.map(String::from)));
+    outln!("{}", line(&header.map(String::from)));
     for row in &rows {
-        println!("{}", line(row));
+        outln!("{}", line(row));
     }
     let total = info.total_bytes();
     let n = info.tensors.len();
-    println!(
+    outln!(
         "total: {n} tensor{}, {total} bytes ({}) of data; file {} bytes, header {} bytes",
         if n == 1 { "" } else { "s" },
         human_bytes(total),
@@ -144,7 +160,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         info.header_bytes
     );
     for (k, v) in &info.metadata {
-        println!("metadata: {k} = {v}");
+        outln!("metadata: {} = {}", text_cell(k), text_cell(v));
     }
     Ok(())
 }

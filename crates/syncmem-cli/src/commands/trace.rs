@@ -6,11 +6,10 @@ use std::sync::Arc;
 
 use anyhow::{ensure, Context as _};
 use serde::Serialize;
-use syncmem::alloc::pool::config::parse_size;
 use syncmem::alloc::stats::{human_bytes, CopyDir};
 use syncmem::alloc::trace::{replay_with, ReplayOptions, ReplayReport, Trace, TraceSummary};
 use syncmem::net::train::TrainConfig;
-use syncmem::{PoolConfig, PoolKind};
+use syncmem::{DeviceSpec, PoolConfig, PoolKind};
 
 use super::train;
 
@@ -37,11 +36,17 @@ enum Command {
 struct RecordArgs {
     /// Device to train on: `cpu`, `opencl:N` or `cuda:N`. Default: the first OpenCL device,
     /// else `cpu`.
-    #[arg(long, value_name = "D")]
-    device: Option<String>,
+    #[arg(long, value_name = "D", value_parser = crate::args::device)]
+    device: Option<DeviceSpec>,
 
     /// Passes over the data.
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1,
+        value_parser = crate::args::positive_int,
+        allow_negative_numbers = true
+    )]
     epochs: usize,
 
     /// The trace file to write (JSON lines).
@@ -81,11 +86,21 @@ struct ReplayArgs {
 
     /// A memory cap for each device pool (`512MiB`, `2G`, bytes): allocations that do not fit
     /// even after releasing the pool's cache count as OOMs.
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    #[arg(
+        long,
+        value_name = "SIZE",
+        value_parser = crate::args::size,
+        allow_negative_numbers = true
+    )]
     cap: Option<u64>,
 
     /// The same for the host pools (`host`, `... pinned`).
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    #[arg(
+        long,
+        value_name = "SIZE",
+        value_parser = crate::args::size,
+        allow_negative_numbers = true
+    )]
     host_cap: Option<u64>,
 
     /// Print one JSON object instead of the table.
@@ -140,13 +155,14 @@ fn record(args: &RecordArgs) -> anyhow::Result<()> {
     ensure!(args.epochs >= 1, "--epochs must be at least 1");
     let d = TrainConfig::default();
     let train_args = train::Args {
-        device: args.device.clone(),
+        device: args.device,
         epochs: args.epochs,
         data: None,
         seed: d.seed,
         batch: d.batch,
         lr: d.lr,
         hidden: d.hidden[0],
+        save: None,
         plan: true,
         no_plan: false,
         json: true,
@@ -170,20 +186,22 @@ fn record(args: &RecordArgs) -> anyhow::Result<()> {
     if args.json {
         return super::print_json(&report);
     }
-    println!(
+    outln!(
         "recorded {} events of {} epoch(s) of training on {} into {}",
-        report.summary.events, report.epochs, report.device, report.file
+        report.summary.events,
+        report.epochs,
+        report.device,
+        report.file
     );
-    print_summaries(&report.summary, &report.devices);
-    Ok(())
+    print_summaries(&report.summary, &report.devices)
 }
 
 fn dir(d: CopyDir) -> String {
     format!("{} ({})", d.count, human_bytes(d.bytes))
 }
 
-fn print_summaries(total: &TraceSummary, devices: &[DeviceSummary]) {
-    println!(
+fn print_summaries(total: &TraceSummary, devices: &[DeviceSummary]) -> anyhow::Result<()> {
+    outln!(
         "{:<18} {:>8} {:>8} {:>12} {:>20} {:>20} {:>20} {:>10}",
         "device",
         "allocs",
@@ -199,7 +217,7 @@ fn print_summaries(total: &TraceSummary, devices: &[DeviceSummary]) {
         .map(|d| (d.device.as_str(), &d.summary))
         .chain(std::iter::once(("total", total)));
     for (name, s) in rows {
-        println!(
+        outln!(
             "{:<18} {:>8} {:>8} {:>12} {:>20} {:>20} {:>20} {:>10}",
             name,
             s.allocs,
@@ -211,6 +229,7 @@ fn print_summaries(total: &TraceSummary, devices: &[DeviceSummary]) {
             s.evictions
         );
     }
+    Ok(())
 }
 
 #[derive(Serialize)]
@@ -289,17 +308,17 @@ fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
         return super::print_json(&out);
     }
     let cap = |c: Option<u64>| c.map_or_else(|| "none".to_string(), human_bytes);
-    println!(
+    outln!(
         "{}: {} events; cap per device pool {}, per host pool {}",
         out.file,
         out.summary.events,
         cap(out.cap),
         cap(out.host_cap)
     );
-    println!("recorded:");
-    print_summaries(&out.summary, &out.devices);
-    println!("replayed:");
-    println!(
+    outln!("recorded:");
+    print_summaries(&out.summary, &out.devices)?;
+    outln!("replayed:");
+    outln!(
         "{:<18} {:>8} {:>13} {:>14} {:>8} {:>13} {:>10} {:>8} {:>6}",
         "device",
         "pool",
@@ -320,7 +339,7 @@ fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
     }
     for device in order {
         for r in out.rows.iter().filter(|r| r.device == device) {
-            println!(
+            outln!(
                 "{:<18} {:>8} {:>13} {:>14} {:>8.3} {:>13} {:>10} {:>8} {:>6}",
                 r.device,
                 r.kind,

@@ -9,9 +9,11 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
+use syncmem::dtype::DType;
 use syncmem::net::mlp::Dataset;
 use syncmem::net::train::{compare_planning, TrainConfig, Trainer};
-use syncmem::{BackendKind, Device};
+use syncmem::workspace::io::inspect;
+use syncmem::{BackendKind, Device, DeviceSpec, Workspace};
 
 /// Points per class of the built-in spirals.
 const POINTS_PER_CLASS: usize = 1000;
@@ -26,33 +28,68 @@ const NOISE: f32 = 0.2;
 pub struct Args {
     /// Device to train on: `cpu`, `opencl:N` or `cuda:N`. Default: the first OpenCL device,
     /// else `cpu` (with a note).
-    #[arg(long, value_name = "D")]
-    pub device: Option<String>,
+    #[arg(long, value_name = "D", value_parser = crate::args::device)]
+    pub device: Option<DeviceSpec>,
 
     /// Passes over the data.
-    #[arg(long, value_name = "N", default_value_t = TrainConfig::default().epochs)]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = TrainConfig::default().epochs,
+        value_parser = crate::args::positive_int,
+        allow_negative_numbers = true
+    )]
     pub epochs: usize,
 
-    /// A safetensors file with `x` (f32 [N, D]) and `y` (i32 or i64 [N], classes 0..C).
+    /// A safetensors file with `x` (`f32 [N, D]`) and `y` (`i32` or `i64 [N]`, classes 0..C).
     /// Default: 3 spiral arms of 1000 points each, drawn from the seed.
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
 
     /// Seed of the data, the initial weights and the batch order.
-    #[arg(long, value_name = "S", default_value_t = TrainConfig::default().seed)]
+    #[arg(
+        long,
+        value_name = "S",
+        default_value_t = TrainConfig::default().seed,
+        value_parser = crate::args::non_negative_int,
+        allow_negative_numbers = true
+    )]
     pub seed: u64,
 
     /// Samples per step.
-    #[arg(long, value_name = "B", default_value_t = TrainConfig::default().batch)]
+    #[arg(
+        long,
+        value_name = "B",
+        default_value_t = TrainConfig::default().batch,
+        value_parser = crate::args::positive_int,
+        allow_negative_numbers = true
+    )]
     pub batch: usize,
 
     /// SGD learning rate.
-    #[arg(long, value_name = "LR", default_value_t = TrainConfig::default().lr)]
+    #[arg(
+        long,
+        value_name = "LR",
+        default_value_t = TrainConfig::default().lr,
+        value_parser = crate::args::positive_number,
+        allow_negative_numbers = true
+    )]
     pub lr: f32,
 
     /// Width of each of the two hidden layers.
-    #[arg(long, value_name = "H", default_value_t = TrainConfig::default().hidden[0])]
+    #[arg(
+        long,
+        value_name = "H",
+        default_value_t = TrainConfig::default().hidden[0],
+        value_parser = crate::args::positive_int,
+        allow_negative_numbers = true
+    )]
     pub hidden: usize,
+
+    /// After training, save the parameters (fc1_w, fc1_b, ...) to this safetensors file with
+    /// `Workspace::save`; `syncmem inspect FILE` lists them.
+    #[arg(long, value_name = "FILE")]
+    pub save: Option<PathBuf>,
 
     /// Plan memory: intermediate blobs whose lifetimes do not overlap share buffers (default).
     #[arg(long, overrides_with = "no_plan")]
@@ -95,6 +132,7 @@ JSON output (--json), one object:
       \"synced\" | \"uninitialized\" | \"none\", \"host\": bool, \"device\": bool (mirror allocated),
       \"host_to_device\", \"device_to_host\"}],
    \"memory\": [{\"label\", \"in_use\", \"peak\"}]  (host, then each device; peaks since setup),
+   \"saved\": {\"file\", \"tensors\": [names]} | null  (the parameters written by --save),
    \"planning\": {\"enabled\", \"unplanned_peak\", \"planned_peak\", \"saved\" (tensor bytes on the
       device at the peak of one step), \"device_peak_unplanned\", \"device_peak_planned\" (the
       device allocator's peak), \"planned_blobs\", \"slots\",
@@ -107,8 +145,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if args.json {
         super::print_json(&report)
     } else {
-        report.print_human();
-        Ok(())
+        report.print_human()
     }
 }
 
@@ -129,9 +166,22 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
         "--lr must be a positive number, got {}",
         args.lr
     );
-    let (dev, note) = pick_device(args.device.as_deref())?;
+    if let Some(path) = &args.save {
+        // Fail on a path that cannot be written before training, not after.
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        ensure!(
+            dir.is_dir(),
+            "--save {}: the directory {} does not exist",
+            path.display(),
+            dir.display()
+        );
+    }
+    let (dev, note) = pick_device(args.device)?;
     let (data, source) = match &args.data {
-        Some(path) => (load_safetensors(path)?, path.display().to_string()),
+        Some(path) => (load_dataset(path)?, path.display().to_string()),
         None => (
             Dataset::spirals(POINTS_PER_CLASS, CLASSES, NOISE, args.seed),
             "spirals".to_string(),
@@ -147,9 +197,9 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
     };
     if human {
         if let Some(n) = &note {
-            println!("note: {n}");
+            outln!("note: {n}");
         }
-        println!(
+        outln!(
             "training an MLP {} -> {h} -> {h} -> {} on {} ({} samples from {source}), {} epochs \
              of batches of {}, lr {}, seed {}, memory planning {}",
             data.features,
@@ -183,16 +233,17 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
             stats.accuracy * 100.0
         ));
         if human {
-            bar.suspend(|| {
-                println!(
+            bar.suspend(|| -> anyhow::Result<()> {
+                outln!(
                     "epoch {:>3}/{}  loss {:.4}  accuracy {:>5.1}%  {:.3} s",
                     stats.epoch,
                     cfg.epochs,
                     stats.loss,
                     stats.accuracy * 100.0,
                     stats.seconds
-                )
-            });
+                );
+                Ok(())
+            })?;
         }
         epochs.push(stats);
     }
@@ -201,7 +252,7 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
     let seconds = start.elapsed().as_secs_f64();
     let process = syncmem::stats().copies.since(&process_before);
 
-    Ok(report::build(report::Run {
+    let mut report = report::build(report::Run {
         device: &dev,
         note,
         source,
@@ -214,13 +265,23 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
         seconds,
         process,
         planning: &planning,
-    }))
+    });
+    if let Some(path) = &args.save {
+        // After the report, which shows the parameters where training left them.
+        let params: Vec<&str> = trainer.nets().params.iter().map(String::as_str).collect();
+        let saved = trainer
+            .workspace()
+            .save(path, Some(&params))
+            .with_context(|| format!("--save: saving the parameters to {}", path.display()))?;
+        report.set_saved(path.display().to_string(), saved);
+    }
+    Ok(report)
 }
 
-fn pick_device(spec: Option<&str>) -> anyhow::Result<(Device, Option<String>)> {
+fn pick_device(spec: Option<DeviceSpec>) -> anyhow::Result<(Device, Option<String>)> {
     if let Some(s) = spec {
         return Ok((
-            Device::open(s).with_context(|| format!("opening device {s:?}"))?,
+            Device::open_spec(s).with_context(|| format!("opening device {s}"))?,
             None,
         ));
     }
@@ -237,59 +298,58 @@ fn pick_device(spec: Option<&str>) -> anyhow::Result<(Device, Option<String>)> {
     }
 }
 
-/// Reads `x` (f32 [N, D]) and `y` (i32 or i64 [N]) from a safetensors file.
-fn load_safetensors(path: &Path) -> anyhow::Result<Dataset> {
-    use safetensors::{Dtype, SafeTensors};
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let st = SafeTensors::deserialize(&bytes)
-        .map_err(|e| anyhow::anyhow!("{}: not a safetensors file: {e}", path.display()))?;
-    let get = |name: &str| {
-        st.tensor(name).map_err(|e| {
+/// Reads `x` (`f32 [N, D]`) and `y` (`i32` or `i64 [N]`) from a safetensors file with the library's
+/// loader ([`Workspace::load`]), after checking names, element types and shapes in the file's
+/// header so that each mistake gets its own message.
+fn load_dataset(path: &Path) -> anyhow::Result<Dataset> {
+    let file = path.display();
+    let info = inspect(path)?;
+    let find = |name: &str| {
+        info.tensors.iter().find(|t| t.name == name).ok_or_else(|| {
+            let names: Vec<&str> = info.tensors.iter().map(|t| t.name.as_str()).collect();
             anyhow::anyhow!(
-                "{}: tensor {name:?} missing ({e}); the file has: {}",
-                path.display(),
-                st.names().join(", ")
+                "{file}: tensor {name:?} missing; the file has: {}",
+                if names.is_empty() {
+                    "no tensors".to_string()
+                } else {
+                    names.join(", ")
+                }
             )
         })
     };
-    let (x, y) = (get("x")?, get("y")?);
-    let (xs, ys) = (x.shape(), y.shape());
-    if x.dtype() != Dtype::F32 || xs.len() != 2 {
+    let (x, y) = (find("x")?, find("y")?);
+    if x.element != Some(DType::F32) || x.shape.len() != 2 {
         bail!(
-            "{}: x must be f32 [N, D], it is {:?} {xs:?}",
-            path.display(),
-            x.dtype()
+            "{file}: x must be f32 [N, D], it is {} {:?}",
+            x.dtype,
+            x.shape
         );
     }
-    if ys.len() != 1 || ys[0] != xs[0] {
+    let n = x.shape[0];
+    if !matches!(y.element, Some(DType::I32 | DType::I64)) {
+        bail!("{file}: y must be i32 or i64, it is {}", y.dtype);
+    }
+    if y.shape != [n] {
         bail!(
-            "{}: y must be [N] with N = {} (rows of x), it is {ys:?}",
-            path.display(),
-            xs[0]
+            "{file}: y must be [N] with N = {n} (rows of x), it is {:?}",
+            y.shape
         );
     }
-    let xv: Vec<f32> = x
-        .data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    let yv: Vec<i32> = match y.dtype() {
-        Dtype::I32 => y
-            .data()
-            .chunks_exact(4)
-            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        Dtype::I64 => y
-            .data()
-            .chunks_exact(8)
-            .map(|c| {
-                let v = i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
-                i32::try_from(v).map_err(|_| anyhow::anyhow!("label {v} does not fit in i32"))
+    let ws = Workspace::new();
+    ws.load(path, None, Some(&["x", "y"]))?;
+    let xv = ws.fetch::<f32>("x")?;
+    let yv: Vec<i32> = if y.element == Some(DType::I32) {
+        ws.fetch::<i32>("y")?
+    } else {
+        ws.fetch::<i64>("y")?
+            .into_iter()
+            .map(|v| {
+                i32::try_from(v)
+                    .map_err(|_| anyhow::anyhow!("{file}: y: label {v} does not fit in i32"))
             })
-            .collect::<anyhow::Result<_>>()?,
-        other => bail!("{}: y must be i32 or i64, it is {other:?}", path.display()),
+            .collect::<anyhow::Result<_>>()?
     };
-    Dataset::new(xv, yv, xs[1]).with_context(|| format!("dataset in {}", path.display()))
+    Dataset::new(xv, yv, x.shape[1]).with_context(|| format!("dataset in {file}"))
 }
 
 fn progress_bar(quiet: bool, steps: u64) -> ProgressBar {

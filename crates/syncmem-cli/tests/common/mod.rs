@@ -19,6 +19,22 @@ pub fn run_env<V: AsRef<OsStr>>(args: &[&str], env: &[(&str, V)]) -> Output {
     c.output().expect("run the syncmem binary")
 }
 
+/// Runs `syncmem args` with a stdout whose reader is already gone: every write to it fails
+/// with a broken pipe, as when the output is piped into `head` and `head` has exited.
+#[cfg(unix)]
+pub fn run_into_closed_stdout(args: &[&str]) -> Output {
+    use std::os::fd::OwnedFd;
+    use std::os::unix::net::UnixStream;
+    let (reader, writer) = UnixStream::pair().expect("a socket pair");
+    drop(reader);
+    Command::new(env!("CARGO_BIN_EXE_syncmem"))
+        .args(args)
+        .env_remove("SYNCMEM_TRACE")
+        .stdout(std::process::Stdio::from(OwnedFd::from(writer)))
+        .output()
+        .expect("run the syncmem binary")
+}
+
 /// Runs `syncmem args`.
 pub fn run(args: &[&str]) -> Output {
     run_env::<&str>(args, &[])

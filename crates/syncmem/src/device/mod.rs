@@ -273,7 +273,8 @@ impl Device {
     /// reuse the block only once it has completed. Contents unspecified.
     ///
     /// The buffer is a sub-buffer (OpenCL) or an offset pointer (CUDA, `cpu`) of a larger
-    /// segment: [`DeviceBuffer::as_opencl`] gives a `cl_mem` whose offset 0 is the block.
+    /// segment: `DeviceBuffer::as_opencl` (feature `opencl`) gives a `cl_mem` whose offset 0
+    /// is the block.
     ///
     /// # Errors
     /// As [`Device::alloc`]; [`Error::DeviceMismatch`] for a stream of another device.

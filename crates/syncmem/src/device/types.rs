@@ -196,6 +196,7 @@ impl DeviceBuffer {
 
     /// The OpenCL memory object, to pass to kernels (`None` for other backends or length 0).
     #[cfg(feature = "opencl")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "opencl")))]
     pub fn as_opencl(&self) -> Option<&opencl3::memory::Buffer<u8>> {
         match &self.raw {
             Some(RawMem::OpenCl(m)) => Some(m.buffer()),
@@ -205,6 +206,7 @@ impl DeviceBuffer {
 
     /// The CUDA device memory, to pass to kernels (`None` for other backends or length 0).
     #[cfg(feature = "cuda")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
     pub fn as_cuda(&self) -> Option<&cudarc::driver::CudaSlice<u8>> {
         match &self.raw {
             Some(RawMem::Cuda(m)) => Some(m.slice()),
@@ -564,6 +566,7 @@ impl Stream {
 
     /// The OpenCL command queue behind this stream (`None` for other backends).
     #[cfg(feature = "opencl")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "opencl")))]
     pub fn as_opencl(&self) -> Option<&opencl3::command_queue::CommandQueue> {
         match &*self.raw {
             RawStream::OpenCl(s) => Some(s.queue()),
@@ -577,6 +580,7 @@ impl Stream {
     /// other streams with [`Event`]s or [`Stream::synchronize`], not with cudarc's implicit
     /// tracking.
     #[cfg(feature = "cuda")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
     pub fn as_cuda(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaStream>> {
         match &*self.raw {
             RawStream::Cuda(s) => Some(s.cuda_stream()),

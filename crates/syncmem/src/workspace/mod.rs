@@ -19,9 +19,12 @@
 //!
 //! # Tensors, saving and loading
 //!
-//! Tensor blobs have conveniences ([`Workspace::create_tensor`], [`Workspace::tensor`],
-//! [`Workspace::with_tensor`], [`Workspace::copy_forwarded_tensors`]), and the workspace saves
-//! and loads them as safetensors files ([`Workspace::save`], [`Workspace::load`]; see [`io`]).
+//! Tensor blobs take one call for the common cases: [`Workspace::feed`] puts a tensor in a
+//! blob and [`Workspace::fetch`] copies its elements out into a `Vec` (Caffe2's `FeedBlob` and
+//! `FetchBlob`); [`Workspace::with_tensor`] and [`Workspace::with_tensor_mut`] lend the tensor
+//! to a closure for anything else. There are more conveniences ([`Workspace::create_tensor`],
+//! [`Workspace::tensor`], [`Workspace::copy_forwarded_tensors`]), and the workspace saves and
+//! loads tensors as safetensors files ([`Workspace::save`], [`Workspace::load`]; see [`io`]).
 //!
 //! ```
 //! use syncmem::{dtype::DType, workspace::Workspace, Device};
@@ -72,6 +75,7 @@ use parking_lot::RwLock;
 use crate::blob::Blob;
 use crate::error::{Error, Result};
 
+mod feed;
 pub mod io;
 mod tensors;
 
@@ -84,6 +88,35 @@ pub type BlobRef = Arc<RwLock<Blob>>;
 pub(crate) type NamedObjects = RwLock<BTreeMap<String, Arc<dyn Any + Send + Sync>>>;
 
 /// Named blobs, an optional parent, and forwarded names (Caffe2's `Workspace`).
+///
+/// Tensors by name, one call each:
+///
+/// | call | does |
+/// |---|---|
+/// | [`feed(name, tensor)`](Workspace::feed) | puts a [`Tensor`](crate::Tensor) in the blob (Caffe2's `FeedBlob`) |
+/// | [`fetch::<T>(name)`](Workspace::fetch) | copies its elements into a `Vec<T>`, from the newest side (`FetchBlob`) |
+/// | [`with_tensor(name, f)`](Workspace::with_tensor) | lends the tensor to `f` (dims, views, device access) and returns what `f` returns |
+/// | [`with_tensor_mut(name, f)`](Workspace::with_tensor_mut) | the same, mutably |
+/// | [`create_tensor`](Workspace::create_tensor), [`tensor`](Workspace::tensor) | a tensor blob of a shape; a handle to lock one yourself |
+/// | [`save`](Workspace::save), [`load`](Workspace::load) | tensors to and from a safetensors file |
+///
+/// The lock taken by `fetch` and `with_tensor` ends with the call, so what they return can be
+/// kept and returned freely. A view reached by a chain such as
+/// `let v = ws.tensor(name)?.read()?.host::<f32>()?;` cannot be kept: it borrows temporary
+/// guards that are dropped at the end of the statement.
+///
+/// ```
+/// use syncmem::{workspace::Workspace, Tensor};
+///
+/// # fn main() -> syncmem::Result<()> {
+/// let ws = Workspace::new();
+/// ws.feed("x", Tensor::from_slice(&[2, 3], &[1.0_f32, 2., 3., 4., 5., 6.], None)?)?;
+/// assert_eq!(ws.fetch::<f32>("x")?, [1., 2., 3., 4., 5., 6.]);
+/// let (dims, first_row) = ws.with_tensor("x", |t| Ok((t.dims().to_vec(), t.host::<f32>()?[..3].to_vec())))?;
+/// assert_eq!((dims, first_row), (vec![2, 3], vec![1., 2., 3.]));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Default)]
 pub struct Workspace {
     blobs: RwLock<BTreeMap<String, BlobRef>>,

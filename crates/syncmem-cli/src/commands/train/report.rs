@@ -41,7 +41,15 @@ pub(super) struct Report {
     transfers: TransferReport,
     blobs: Vec<BlobRow>,
     memory: Vec<MemRow>,
+    saved: Option<Saved>,
     planning: PlanningRow,
+}
+
+/// The parameters written by `--save`.
+#[derive(Serialize)]
+struct Saved {
+    file: String,
+    tensors: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -213,6 +221,7 @@ pub(super) fn build(r: Run<'_>) -> Report {
             .map(blob_row)
             .collect(),
         memory: memory_rows(),
+        saved: None,
         planning: planning_row(r.trainer, r.planning),
     }
 }
@@ -291,17 +300,22 @@ fn fmt_dir(d: Dir) -> String {
 }
 
 impl Report {
-    /// Prints the text form.
+    /// Records the file `--save` wrote and the tensors in it.
+    pub(super) fn set_saved(&mut self, file: String, tensors: Vec<String>) {
+        self.saved = Some(Saved { file, tensors });
+    }
+
     /// The device trained on.
     pub(super) fn device(&self) -> &str {
         &self.device
     }
 
-    pub(super) fn print_human(&self) {
+    /// Prints the text form.
+    pub(super) fn print_human(&self) -> anyhow::Result<()> {
         let r = self;
         let last = r.epochs.last().map_or(0.0, |e| e.seconds);
         let mean = r.epochs.iter().map(|e| e.seconds).sum::<f64>() / r.epochs.len().max(1) as f64;
-        println!(
+        outln!(
             "\nfinal: accuracy {:.1}%, loss {:.4} over all {} samples; {:.2} s in total, \
          {mean:.3} s per epoch (last {last:.3} s)",
             r.final_.accuracy * 100.0,
@@ -310,13 +324,20 @@ impl Report {
             r.seconds
         );
 
-        println!("\nblobs ({}): where each lives", r.device);
-        println!(
+        outln!("\nblobs ({}): where each lives", r.device);
+        outln!(
             "  {:<18} {:<5} {:<10} {:>10} {:>10}  {:<7} {:>6} {:>6}",
-            "name", "type", "dims", "bytes", "capacity", "head", "h->d", "d->h"
+            "name",
+            "type",
+            "dims",
+            "bytes",
+            "capacity",
+            "head",
+            "h->d",
+            "d->h"
         );
         for b in &r.blobs {
-            println!(
+            outln!(
                 "  {:<18} {:<5} {:<10} {:>10} {:>10}  {:<7} {:>6} {:>6}",
                 b.name,
                 b.dtype.unwrap_or("-"),
@@ -330,7 +351,7 @@ impl Report {
         }
 
         let t = &r.transfers;
-        println!("\ntransfers (buffers of the run; {} steps)", t.steps);
+        outln!("\ntransfers (buffers of the run; {} steps)", t.steps);
         for (what, c) in [
             ("setup", t.setup),
             ("training", t.training),
@@ -340,16 +361,16 @@ impl Report {
             ("process, steps", t.process_training),
             ("process, all", t.process),
         ] {
-            println!(
+            outln!(
                 "  {what:<15} host->device {}   device->host {}",
                 fmt_dir(c.host_to_device),
                 fmt_dir(c.device_to_host)
             );
         }
 
-        println!("\nmemory (peak since training started)");
+        outln!("\nmemory (peak since training started)");
         for m in &r.memory {
-            println!(
+            outln!(
                 "  {:<20} in use {:>11}   peak {:>11}",
                 m.label,
                 human_bytes(m.in_use),
@@ -362,7 +383,7 @@ impl Report {
         } else {
             0.0
         };
-        println!(
+        outln!(
             "\nmemory planning ({}): one step peaks at {} of tensors without planning, {} with \
          ({} saved, {pct:.0}%): {} intermediate blobs share {} buffers; device allocator peak \
          {} vs {}",
@@ -376,7 +397,16 @@ impl Report {
             human_bytes(p.device_peak_planned),
         );
         for (slot, blobs) in &p.shared {
-            println!("  {slot:<12} holds {}", blobs.join(", "));
+            outln!("  {slot:<12} holds {}", blobs.join(", "));
         }
+        if let Some(saved) = &r.saved {
+            outln!(
+                "\nsaved {} parameter tensors to {} ({})",
+                saved.tensors.len(),
+                saved.file,
+                saved.tensors.join(", ")
+            );
+        }
+        Ok(())
     }
 }

@@ -1,0 +1,126 @@
+//! Quick start: one buffer mirrored on the host and a device, through Caffe's nine-step
+//! `SyncedMemory` sequence, with the copies each step makes printed and checked.
+//!
+//! ```sh
+//! cargo run -p syncmem --example quick_start             # first OpenCL device, else cpu
+//! cargo run -p syncmem --example quick_start -- cpu      # or opencl:0, cuda:0
+//! ```
+//!
+//! A `SyncedMemory` allocates each side when it is first used and copies only when the side
+//! asked for is stale. Its head says which side is current. Caffe's accessors are
+//! `host()` (`cpu_data`), `host_mut()` (`mutable_cpu_data`), `device()` (`gpu_data`) and
+//! `device_mut()` (`mutable_gpu_data`); each returns a guard that borrows the buffer.
+
+use syncmem::{BackendKind, Device, Head, SyncedMemory};
+
+/// The device named by the first argument (`cpu`, `opencl:0`, `cuda:0`), else the first
+/// OpenCL device, else the cpu (host memory standing in for device memory).
+fn pick_device() -> syncmem::Result<Device> {
+    match std::env::args().nth(1) {
+        Some(spec) => Device::open(&spec),
+        None => Ok(Device::all(BackendKind::OpenCl)
+            .ok()
+            .and_then(|list| list.into_iter().next())
+            .unwrap_or_else(Device::cpu)),
+    }
+}
+
+const BYTES: usize = 1 << 20;
+
+/// The four accessors: `host()`, `host_mut()`, `device()`, `device_mut()`.
+#[derive(Clone, Copy)]
+enum Call {
+    HostRead,
+    HostWrite,
+    DeviceRead,
+    DeviceWrite,
+}
+
+impl Call {
+    /// Caffe's name of the accessor.
+    fn caffe_name(self) -> &'static str {
+        match self {
+            Call::HostRead => "cpu_data",
+            Call::HostWrite => "mutable_cpu_data",
+            Call::DeviceRead => "gpu_data",
+            Call::DeviceWrite => "mutable_gpu_data",
+        }
+    }
+}
+
+/// Caffe's table: the call of each step, the copy it makes (host to device, device to host)
+/// and the head after it.
+const STEPS: [(Call, (u64, u64), Head); 9] = [
+    (Call::DeviceRead, (1, 0), Head::Synced),
+    (Call::HostRead, (0, 0), Head::Synced),
+    (Call::DeviceWrite, (0, 0), Head::AtDevice),
+    (Call::DeviceWrite, (0, 0), Head::AtDevice),
+    (Call::HostRead, (0, 1), Head::Synced),
+    (Call::DeviceRead, (0, 0), Head::Synced),
+    (Call::HostWrite, (0, 0), Head::AtHost),
+    (Call::DeviceWrite, (1, 0), Head::AtDevice),
+    (Call::HostWrite, (0, 1), Head::AtHost),
+];
+
+fn main() -> syncmem::Result<()> {
+    let dev = pick_device()?;
+    let info = dev.info();
+    println!("device {dev}: {} ({})", info.name, info.vendor);
+
+    // Nothing is allocated yet.
+    let buf = SyncedMemory::new(BYTES, &dev).with_label("quick start");
+    assert_eq!(buf.head(), Head::Uninitialized);
+
+    // Step 0: write on the host (allocates the host mirror; zeros until written).
+    buf.host_mut()?.fill(1);
+    assert_eq!(buf.head(), Head::AtHost);
+    println!(
+        "step 0  mutable_cpu_data  head {:<8}  (filled with 1)",
+        buf.head().as_str()
+    );
+
+    // The value every byte holds: whichever side wrote last, the other side sees it.
+    let mut expected = 1;
+    for (i, (call, (up, down), head)) in STEPS.into_iter().enumerate() {
+        let before = buf.copy_stats();
+        match call {
+            // Each guard is dropped at the end of its arm: a guard holds the buffer's lock.
+            Call::HostRead => assert!(buf.host()?.iter().all(|&b| b == expected)),
+            Call::HostWrite => {
+                let mut host = buf.host_mut()?;
+                assert!(host.iter().all(|&b| b == expected));
+                expected = 2;
+                host.fill(expected);
+            }
+            Call::DeviceRead => drop(buf.device()?),
+            // Device work, here a fill on the buffer's stream.
+            Call::DeviceWrite => {
+                expected = 10 + i as u8;
+                buf.device_mut()?.fill(expected)?;
+            }
+        }
+        let copies = buf.copy_stats().since(&before);
+        let (h2d, d2h) = (copies.host_to_device.count, copies.device_to_host.count);
+        println!(
+            "step {}  {:<16}  head {:<8}  copies host->device {h2d}, device->host {d2h}",
+            i + 1,
+            call.caffe_name(),
+            buf.head().as_str()
+        );
+        assert_eq!((h2d, d2h), (up, down), "copies of step {}", i + 1);
+        assert_eq!(buf.head(), head, "head after step {}", i + 1);
+    }
+
+    let total = buf.copy_stats();
+    println!(
+        "in all: {} copies host->device, {} device->host, {} bytes moved",
+        total.host_to_device.count,
+        total.device_to_host.count,
+        total.host_to_device.bytes + total.device_to_host.bytes
+    );
+    assert_eq!(
+        (total.host_to_device.count, total.device_to_host.count),
+        (2, 2)
+    );
+    Ok(())
+}
