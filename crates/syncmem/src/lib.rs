@@ -73,8 +73,6 @@
 
 pub mod alloc;
 mod backend;
-#[doc(hidden)]
-pub mod bench;
 pub mod blob;
 pub mod context;
 
@@ -88,7 +86,8 @@ pub mod param;
 pub mod synced;
 pub mod tensor;
 
-#[doc(hidden)]
+#[cfg(any(test, feature = "testing"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 pub mod workspace;
 

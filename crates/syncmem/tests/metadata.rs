@@ -40,7 +40,7 @@ fn is_keyword(k: &str) -> bool {
 }
 
 #[test]
-fn both_crates_have_complete_metadata() {
+fn every_crate_has_complete_metadata() {
     let m = metadata();
     let packages = m["packages"].as_array().expect("packages");
     let mut names: Vec<&str> = packages
@@ -48,7 +48,7 @@ fn both_crates_have_complete_metadata() {
         .map(|p| p["name"].as_str().unwrap())
         .collect();
     names.sort_unstable();
-    assert_eq!(names, ["syncmem", "syncmem-cli"]);
+    assert_eq!(names, ["syncmem", "syncmem-bench", "syncmem-cli"]);
     let manifest = std::fs::read_to_string(workspace_root().join("Cargo.toml")).unwrap();
     assert!(
         !manifest.contains(".invalid"),

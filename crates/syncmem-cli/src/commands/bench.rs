@@ -1,11 +1,11 @@
-//! `syncmem bench`: the hand-timed comparisons of `cargo bench -p syncmem`, as a table of
+//! `syncmem bench`: the hand-timed comparisons of `cargo bench -p syncmem-bench`, as a table of
 //! ratios (ours vs the plain equivalent) or one JSON object.
 
 use std::io::IsTerminal;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use syncmem::bench::{self, BenchOptions};
 use syncmem::DeviceSpec;
+use syncmem_bench::{self as bench, BenchOptions};
 
 /// Options of `syncmem bench`.
 #[derive(clap::Args)]

@@ -1,7 +1,7 @@
 //! Memory benchmarks: first a hand-timed table of ratios (ours vs the plain equivalent, same
 //! run), then divan's timings of the same operations.
 //!
-//! `cargo bench -p syncmem` (set `SYNCMEM_BENCH_DEVICE` to choose the device of the device rows;
+//! `cargo bench -p syncmem-bench` (set `SYNCMEM_BENCH_DEVICE` to choose the device of the device rows;
 //! default `opencl:0`, skipped with a note when absent; `SYNCMEM_BENCH_QUICK=1` for fewer runs).
 
 use std::hint::black_box;
@@ -9,8 +9,8 @@ use std::sync::{Arc, OnceLock};
 
 use syncmem::alloc::pool::HostPool;
 use syncmem::alloc::trace::{replay, Trace};
-use syncmem::bench::{self, BenchOptions};
 use syncmem::{Device, PoolConfig, PoolKind, SyncedMemory};
+use syncmem_bench::{self as bench, BenchOptions};
 
 const SIZES: [usize; 3] = [4 << 10, 1 << 20, 64 << 20];
 

@@ -1,6 +1,7 @@
-//! Hand-timed comparisons shared by `cargo bench -p syncmem` and `syncmem bench`.
+//! Hand-timed comparisons of syncmem, shared by `cargo bench -p syncmem-bench` and
+//! `syncmem bench`.
 //!
-//! Every row times an operation of this crate ("ours") and the plain equivalent ("baseline")
+//! Every row times an operation of syncmem ("ours") and the plain equivalent ("baseline")
 //! as the median of a few runs, and reports `ratio = baseline / ours`: above 1 ours is faster,
 //! below 1 it is slower. Not a stable API.
 
@@ -11,10 +12,10 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::alloc::pool::{HostPool, PoolConfig, PoolKind};
-use crate::alloc::stats::human_bytes;
-use crate::alloc::trace::{replay, Trace};
-use crate::{Device, Result, SyncedMemory};
+use syncmem::alloc::pool::{HostPool, PoolConfig, PoolKind};
+use syncmem::alloc::stats::human_bytes;
+use syncmem::alloc::trace::{replay, Trace};
+use syncmem::{Device, Result, SyncedMemory};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -337,12 +338,12 @@ fn size_name(bytes: usize) -> String {
 /// [`step_count`] steps.
 ///
 /// # Errors
-/// [`crate::Error::InvalidDeviceSpec`] when `opts.device` names no device; errors of the host
+/// [`syncmem::Error::InvalidDeviceSpec`] when `opts.device` names no device; errors of the host
 /// rows and the replay (device errors skip the device rows with a note).
 pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result<BenchReport> {
     // A string that names no device is the caller's mistake; a device that is absent (or whose
     // backend is missing) skips its rows with a note.
-    let spec: crate::DeviceSpec = opts.device.parse()?;
+    let spec: syncmem::DeviceSpec = opts.device.parse()?;
     let (small, large) = if opts.quick { (5, 3) } else { (21, 7) };
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
@@ -472,7 +473,7 @@ mod tests {
         let mut steps = 0;
         let r = run(&opts, &mut |_, _| steps += 1);
         assert!(
-            matches!(r, Err(crate::Error::InvalidDeviceSpec { .. })),
+            matches!(r, Err(syncmem::Error::InvalidDeviceSpec { .. })),
             "{r:?}"
         );
         assert_eq!(
