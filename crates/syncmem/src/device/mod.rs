@@ -30,6 +30,8 @@ mod backend;
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
+#[cfg(test)]
+mod lifetime_tests;
 #[cfg(feature = "opencl")]
 pub(crate) mod opencl;
 mod pinned;
@@ -39,6 +41,7 @@ mod types;
 pub use pinned::PinnedBuffer;
 pub(crate) use registry::discovered as registry_discovered;
 pub use registry::{probe, BackendReport};
+use types::UnboundStream;
 pub use types::{DeviceBuffer, Event, Stream};
 pub(crate) use types::{RawMem, RawPinned, Release};
 
@@ -163,7 +166,8 @@ pub(crate) struct DeviceShared {
     pub(crate) mem: MemCounters,
     pub(crate) pinned: MemCounters,
     pub(crate) memory: DeviceMemory,
-    default_stream: OnceLock<std::result::Result<Stream, String>>,
+    /// Kept without a device handle: a [`Stream`] here would keep the device alive forever.
+    default_stream: OnceLock<std::result::Result<UnboundStream, String>>,
 }
 
 /// A handle to one device. Cheap to clone; all clones share the device's state and counters.
@@ -412,17 +416,20 @@ impl Device {
     /// # Errors
     /// A backend error when the stream cannot be created.
     pub fn default_stream(&self) -> Result<Stream> {
-        let s = self
-            .shared
-            .default_stream
-            .get_or_init(|| self.new_stream().map_err(|e| e.to_string()));
-        s.clone().map_err(|reason| Error::Backend {
-            backend: self.backend(),
-            device: self.label().to_string(),
-            op: "create default stream",
-            code: -1,
-            message: reason,
-        })
+        let s = self.shared.default_stream.get_or_init(|| {
+            self.new_stream()
+                .map(Stream::unbind)
+                .map_err(|e| e.to_string())
+        });
+        s.as_ref()
+            .map(|s| s.bind(self))
+            .map_err(|reason| Error::Backend {
+                backend: self.backend(),
+                device: self.label().to_string(),
+                op: "create default stream",
+                code: -1,
+                message: reason.clone(),
+            })
     }
 
     /// Creates a new stream (an in-order queue).
