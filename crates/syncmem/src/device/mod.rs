@@ -197,7 +197,10 @@ impl Device {
     /// # Errors
     /// [`Error::InvalidDeviceSpec`] for a malformed string, [`Error::BackendNotCompiled`] when
     /// the backend's feature is off, [`Error::RuntimeUnavailable`] when its runtime cannot be
-    /// loaded, [`Error::NoSuchDevice`] when the index is too large.
+    /// loaded, [`Error::NoSuchDevice`] when the index is too large, [`Error::InvalidConfig`]
+    /// naming the variable when a pool environment variable (`SYNCMEM_DEVICE_POOL`,
+    /// `SYNCMEM_POOL_CONF`, `SYNCMEM_PINNED_POOL[_CONF]`, `SYNCMEM_HOST_POOL[_CONF]`) is
+    /// invalid: all of them are checked when the first device opens, whichever pools are used.
     pub fn open(spec: &str) -> Result<Device> {
         Self::open_spec(spec.parse()?)
     }
@@ -215,7 +218,8 @@ impl Device {
         })
     }
 
-    /// The host device (always present).
+    /// The host device (always present). It cannot fail: invalid pool environment variables
+    /// (see [`Device::open`]) are reported by its first pool allocation instead.
     pub fn cpu() -> Device {
         registry::cpu()
     }
