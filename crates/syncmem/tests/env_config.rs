@@ -1,6 +1,7 @@
 //! Pool environment variables are checked when the first device opens: every variable, even
 //! one whose pool is never used, fails the opening with an error naming it. Each case runs in
 //! a child process (the check runs once per process, and the environment is the process's).
+//! A cap set by a variable is reported before the pool it caps is built.
 
 use std::process::Command;
 
@@ -56,6 +57,15 @@ fn every_pool_variable_is_checked_when_the_first_device_opens() {
     run_child("valid", &[]);
 }
 
+#[test]
+fn a_cap_from_the_environment_is_reported_before_the_first_allocation() {
+    if std::env::var(CHILD).is_ok() {
+        return;
+    }
+    run_child("cap", &[("SYNCMEM_POOL_CONF", "memory_cap=64MiB")]);
+    run_child("half", &[("SYNCMEM_POOL_CONF", "memory_cap=50%")]);
+}
+
 /// Asserts that `r` failed with a configuration error naming `var`.
 fn names<T: std::fmt::Debug>(r: syncmem::Result<T>, var: &str, what: &str) {
     match r {
@@ -75,6 +85,20 @@ fn env_child_probe() {
     if mode == "valid" {
         Device::open("cpu").unwrap();
         drop(Device::cpu().alloc(10).unwrap());
+    } else if mode == "cap" || mode == "half" {
+        let dev = Device::cpu();
+        let cap = match mode.as_str() {
+            "cap" => 64 << 20,
+            _ => dev.info().total_memory / 2,
+        };
+        let fresh = dev.detached();
+        for d in [&dev, &fresh] {
+            assert!(d.pool_stats().is_none(), "no allocation yet");
+            assert_eq!(d.memory_cap(), Some(cap), "before the first allocation");
+            drop(d.alloc(10).unwrap());
+            assert_eq!(d.memory_cap(), Some(cap), "after it");
+            assert_eq!(d.pool_stats().unwrap().cap, Some(cap));
+        }
     } else {
         let var = mode.as_str();
         // Neither the first opening, nor a later one, nor the first pool of a device.

@@ -325,8 +325,9 @@ impl Device {
     }
 
     /// The memory cap in bytes, if one is set (by [`Device::set_pool`] or `SYNCMEM_POOL_CONF`).
+    /// A cap from `SYNCMEM_POOL_CONF` is reported before the first allocation too.
     pub fn memory_cap(&self) -> Option<u64> {
-        self.shared.memory.cap()
+        self.shared.memory.cap(self)
     }
 
     /// The device mirrors of live [`crate::SyncedMemory`] buffers: label, size and head, in

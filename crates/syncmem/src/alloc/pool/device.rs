@@ -158,9 +158,14 @@ impl DeviceMemory {
         self.pinned.read().clone()
     }
 
-    /// The cap in effect, if any.
-    pub(crate) fn cap(&self) -> Option<u64> {
-        self.budget.cap()
+    /// The cap in effect, if any; before the device pool is built, the cap it will be built
+    /// with (from `SYNCMEM_POOL_CONF`; `None` while that variable is invalid).
+    pub(crate) fn cap(&self, dev: &Device) -> Option<u64> {
+        if self.pool.read().is_some() {
+            return self.budget.cap();
+        }
+        let cfg = PoolConfig::from_env(DEVICE_POOL_ENV, DEVICE_POOL_CONF_ENV).ok()?;
+        cfg.memory_cap.map(|c| c.resolve(dev.info().total_memory))
     }
 
     /// The most recent out-of-memory report.
