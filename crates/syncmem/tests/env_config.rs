@@ -91,7 +91,7 @@ fn env_child_probe() {
             "cap" => 64 << 20,
             _ => dev.info().total_memory / 2,
         };
-        let fresh = dev.detached();
+        let fresh = dev.isolated();
         for d in [&dev, &fresh] {
             assert!(d.pool_stats().is_none(), "no allocation yet");
             assert_eq!(d.memory_cap(), Some(cap), "before the first allocation");

@@ -61,9 +61,9 @@ fn exercise(d: &Device) {
     );
 }
 
-/// A detached handle of `base` is used, then dropped: its state and pools go with it.
+/// An isolated device on `base` is used, then dropped: its state and pools go with it.
 fn last_handle_frees_the_device_and_its_pools(base: &Device) {
-    let d = base.detached();
+    let d = base.isolated();
     exercise(&d);
     let watch = Watch::of(&d);
     let clone = d.clone();
@@ -95,7 +95,7 @@ fn dropping_the_last_opencl_handle_frees_the_device_and_its_pools() {
 
 #[test]
 fn the_default_stream_does_not_keep_its_device_alive() {
-    let d = Device::cpu().detached();
+    let d = Device::cpu().isolated();
     let shared = Arc::downgrade(&d.shared);
     let s = d.default_stream().unwrap();
     assert!(s.device().same(&d));

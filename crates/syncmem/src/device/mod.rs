@@ -30,6 +30,7 @@ mod backend;
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
+mod isolated;
 #[cfg(test)]
 mod lifetime_tests;
 #[cfg(feature = "opencl")]
@@ -340,21 +341,6 @@ impl Device {
     /// The report of the last allocation on this device that failed for lack of memory.
     pub fn last_oom_report(&self) -> Option<OomReport> {
         self.shared.memory.last_oom()
-    }
-
-    /// A handle to the same hardware with its own pools, cap, counters, mirror registry and
-    /// default stream; it is not listed by [`crate::stats`]. Lets tests (and subsystems that
-    /// want separate caps) work without interference.
-    #[doc(hidden)]
-    pub fn detached(&self) -> Device {
-        let raw = match &self.shared.raw {
-            RawDevice::Cpu(_) => RawDevice::Cpu(cpu::CpuDevice::new()),
-            #[cfg(feature = "opencl")]
-            RawDevice::OpenCl(d) => RawDevice::OpenCl(d.duplicate()),
-            #[cfg(feature = "cuda")]
-            RawDevice::Cuda(d) => RawDevice::Cuda(d.duplicate()),
-        };
-        Device::from_raw(raw)
     }
 
     /// A backend allocation of `len >= 1` bytes (no accounting).
