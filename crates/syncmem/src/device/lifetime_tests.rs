@@ -93,6 +93,14 @@ fn dropping_the_last_opencl_handle_frees_the_device_and_its_pools() {
     }
 }
 
+#[cfg(feature = "cuda")]
+#[test]
+fn dropping_the_last_cuda_handle_frees_the_device_and_its_pools() {
+    if let Some(d) = crate::testing::cuda_or_skip("dropping_the_last_cuda_handle") {
+        last_handle_frees_the_device_and_its_pools(&d);
+    }
+}
+
 #[test]
 fn the_default_stream_does_not_keep_its_device_alive() {
     let d = Device::cpu().isolated();
