@@ -1,0 +1,23 @@
+//! A bad pool environment variable fails the command at once, naming the variable, even when
+//! the pool it configures is never used.
+
+mod common;
+
+use common::run_env;
+
+#[test]
+fn train_with_a_garbage_pinned_pool_setting_fails_naming_the_variable() {
+    // Without --device (the default device, or the cpu fallback) and with an explicit one.
+    for args in [
+        &["train", "--epochs", "1"][..],
+        &["train", "--epochs", "1", "--device", "cpu"][..],
+    ] {
+        let out = run_env(args, &[("SYNCMEM_PINNED_POOL", "garbage")]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("SYNCMEM_PINNED_POOL") && stderr.contains("garbage"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
