@@ -411,13 +411,15 @@ const ENV_PAIRS: [(&str, &str); 3] = [
     (HOST_POOL_ENV, HOST_POOL_CONF_ENV),
 ];
 
-/// Checks every pool variable of the process (device, pinned and host pools, kinds and
-/// options) once, when the first device opens or builds a pool, so that a bad setting fails
-/// at once instead of at the first use of the pool it configures (which may never come).
+/// Checks every pool variable of the process (`SYNCMEM_DEVICE_POOL`, `SYNCMEM_POOL_CONF`,
+/// `SYNCMEM_PINNED_POOL[_CONF]`, `SYNCMEM_HOST_POOL[_CONF]`), once per process. The library
+/// calls it when the first device opens or builds a pool, so that a bad setting fails at once
+/// instead of at the first use of the pool it configures (which may never come); a program
+/// can call it at start to fail before doing anything (the `syncmem` command does).
 ///
 /// # Errors
 /// [`Error::InvalidConfig`] naming the first variable at fault (the same error every time).
-pub(crate) fn check_env() -> Result<()> {
+pub fn check_env() -> Result<()> {
     static CHECKED: OnceLock<std::result::Result<(), (String, String)>> = OnceLock::new();
     let checked = CHECKED.get_or_init(|| {
         for (kind, conf) in ENV_PAIRS {
