@@ -48,6 +48,12 @@ fn main() -> ExitCode {
             None => e.exit(),
         },
     };
+    // A bad pool variable fails every command at once, naming the variable, even when the pool
+    // it configures is never used.
+    if let Err(e) = syncmem::alloc::pool::config::check_env() {
+        eprintln!("syncmem: error: {e}");
+        return ExitCode::FAILURE;
+    }
     let result = with_env_trace(|| match cli.command {
         Command::Devices(args) => commands::devices::run(&args),
         Command::Demo(args) => commands::demo::run(&args),

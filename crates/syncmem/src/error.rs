@@ -151,10 +151,12 @@ pub enum Error {
         actual: String,
     },
 
-    /// A `try_*` access found the buffer held by a conflicting guard.
+    /// A `try_*` access found the buffer held by a conflicting guard, or a blocking access
+    /// found it held by a conflicting guard of the same thread (waiting would never end).
     #[error("buffer {buffer} is busy: {reason}")]
     Busy {
-        /// The buffer label.
+        /// The buffer label; for a guard of the same thread, with the guard it conflicts with
+        /// (and, for tensors, both tensors' names).
         buffer: String,
         /// What holds it.
         reason: &'static str,

@@ -291,6 +291,8 @@ fn pick_device(spec: Option<DeviceSpec>) -> anyhow::Result<(Device, Option<Strin
             Device::cpu(),
             Some("no OpenCL device found; training on cpu".into()),
         )),
+        // A bad setting is the user's to fix, not a reason to train somewhere else.
+        Err(e @ syncmem::Error::InvalidConfig { .. }) => Err(e.into()),
         Err(e) => Ok((
             Device::cpu(),
             Some(format!("OpenCL unavailable ({e}); training on cpu")),

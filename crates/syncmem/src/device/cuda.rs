@@ -407,7 +407,7 @@ impl CuDevice {
     }
 
     /// A second backend device for the same CUDA device (same context), with its own counters
-    /// and pools once wrapped in a `Device` (see `Device::detached`).
+    /// and pools once wrapped in a `Device` (see `Device::isolated`).
     pub(crate) fn duplicate(&self) -> CuDevice {
         CuDevice {
             info: self.info.clone(),

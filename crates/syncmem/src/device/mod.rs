@@ -30,7 +30,10 @@ mod backend;
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
+mod isolated;
 mod kernels;
+#[cfg(test)]
+mod lifetime_tests;
 #[cfg(feature = "opencl")]
 pub(crate) mod opencl;
 mod pinned;
@@ -41,6 +44,7 @@ pub(crate) use kernels::Kernels;
 pub use pinned::PinnedBuffer;
 pub(crate) use registry::discovered as registry_discovered;
 pub use registry::{probe, BackendReport};
+use types::UnboundStream;
 pub use types::{DeviceBuffer, Event, Stream};
 pub(crate) use types::{RawMem, RawPinned, Release};
 
@@ -165,7 +169,8 @@ pub(crate) struct DeviceShared {
     pub(crate) mem: MemCounters,
     pub(crate) pinned: MemCounters,
     pub(crate) memory: DeviceMemory,
-    default_stream: OnceLock<std::result::Result<Stream, String>>,
+    /// Kept without a device handle: a [`Stream`] here would keep the device alive forever.
+    default_stream: OnceLock<std::result::Result<UnboundStream, String>>,
 }
 
 /// A handle to one device. Cheap to clone; all clones share the device's state and counters.
@@ -195,7 +200,10 @@ impl Device {
     /// # Errors
     /// [`Error::InvalidDeviceSpec`] for a malformed string, [`Error::BackendNotCompiled`] when
     /// the backend's feature is off, [`Error::RuntimeUnavailable`] when its runtime cannot be
-    /// loaded, [`Error::NoSuchDevice`] when the index is too large.
+    /// loaded, [`Error::NoSuchDevice`] when the index is too large, [`Error::InvalidConfig`]
+    /// naming the variable when a pool environment variable (`SYNCMEM_DEVICE_POOL`,
+    /// `SYNCMEM_POOL_CONF`, `SYNCMEM_PINNED_POOL[_CONF]`, `SYNCMEM_HOST_POOL[_CONF]`) is
+    /// invalid: all of them are checked when the first device opens, whichever pools are used.
     pub fn open(spec: &str) -> Result<Device> {
         Self::open_spec(spec.parse()?)
     }
@@ -213,7 +221,8 @@ impl Device {
         })
     }
 
-    /// The host device (always present).
+    /// The host device (always present). It cannot fail: invalid pool environment variables
+    /// (see [`Device::open`]) are reported by its first pool allocation instead.
     pub fn cpu() -> Device {
         registry::cpu()
     }
@@ -320,8 +329,9 @@ impl Device {
     }
 
     /// The memory cap in bytes, if one is set (by [`Device::set_pool`] or `SYNCMEM_POOL_CONF`).
+    /// A cap from `SYNCMEM_POOL_CONF` is reported before the first allocation too.
     pub fn memory_cap(&self) -> Option<u64> {
-        self.shared.memory.cap()
+        self.shared.memory.cap(self)
     }
 
     /// The device mirrors of live [`crate::SyncedMemory`] buffers: label, size and head, in
@@ -334,21 +344,6 @@ impl Device {
     /// The report of the last allocation on this device that failed for lack of memory.
     pub fn last_oom_report(&self) -> Option<OomReport> {
         self.shared.memory.last_oom()
-    }
-
-    /// A handle to the same hardware with its own pools, cap, counters, mirror registry and
-    /// default stream; it is not listed by [`crate::stats`]. Lets tests (and subsystems that
-    /// want separate caps) work without interference.
-    #[doc(hidden)]
-    pub fn detached(&self) -> Device {
-        let raw = match &self.shared.raw {
-            RawDevice::Cpu(_) => RawDevice::Cpu(cpu::CpuDevice::new()),
-            #[cfg(feature = "opencl")]
-            RawDevice::OpenCl(d) => RawDevice::OpenCl(d.duplicate()),
-            #[cfg(feature = "cuda")]
-            RawDevice::Cuda(d) => RawDevice::Cuda(d.duplicate()),
-        };
-        Device::from_raw(raw)
     }
 
     /// A backend allocation of `len >= 1` bytes (no accounting).
@@ -415,17 +410,20 @@ impl Device {
     /// # Errors
     /// A backend error when the stream cannot be created.
     pub fn default_stream(&self) -> Result<Stream> {
-        let s = self
-            .shared
-            .default_stream
-            .get_or_init(|| self.new_stream().map_err(|e| e.to_string()));
-        s.clone().map_err(|reason| Error::Backend {
-            backend: self.backend(),
-            device: self.label().to_string(),
-            op: "create default stream",
-            code: -1,
-            message: reason,
-        })
+        let s = self.shared.default_stream.get_or_init(|| {
+            self.new_stream()
+                .map(Stream::unbind)
+                .map_err(|e| e.to_string())
+        });
+        s.as_ref()
+            .map(|s| s.bind(self))
+            .map_err(|reason| Error::Backend {
+                backend: self.backend(),
+                device: self.label().to_string(),
+                op: "create default stream",
+                code: -1,
+                message: reason.clone(),
+            })
     }
 
     /// Creates a new stream (an in-order queue).

@@ -3,6 +3,7 @@
 use std::sync::OnceLock;
 
 use super::{cpu, Device, DeviceInfo, RawDevice};
+use crate::alloc::pool::config::check_env;
 use crate::error::{BackendKind, Error, Result};
 
 /// Discovery outcome kept for the life of the process. Errors are kept as their parts so that
@@ -47,8 +48,17 @@ fn discover_with<D>(
     }
 }
 
-/// All devices of `backend`, discovering them on first call.
+/// All devices of `backend`, discovering them on first call. Every pool variable of the
+/// process is checked first (see [`check_env`]), for every backend compiled in.
 pub(crate) fn devices(backend: BackendKind) -> Result<Vec<Device>> {
+    let compiled = match backend {
+        BackendKind::Cpu => true,
+        BackendKind::OpenCl => cfg!(feature = "opencl"),
+        BackendKind::Cuda => cfg!(feature = "cuda"),
+    };
+    if compiled {
+        check_env()?;
+    }
     match backend {
         BackendKind::Cpu => Ok(vec![cpu()]),
         #[cfg(feature = "opencl")]

@@ -306,7 +306,34 @@ macro_rules! with_stream_mem {
     }};
 }
 
+/// A [`Stream`] without its device handle: what a device keeps of its own default stream (a
+/// `Stream` there would hold the device that holds it, and neither would ever be freed).
+#[derive(Clone)]
+pub(crate) struct UnboundStream {
+    raw: Arc<RawStream>,
+    id: u64,
+}
+
+impl UnboundStream {
+    /// The stream again, on `device` (the device it was made on).
+    pub(crate) fn bind(&self, device: &Device) -> Stream {
+        Stream {
+            device: device.clone(),
+            raw: self.raw.clone(),
+            id: self.id,
+        }
+    }
+}
+
 impl Stream {
+    /// The queue without the device handle (see [`UnboundStream`]).
+    pub(crate) fn unbind(self) -> UnboundStream {
+        UnboundStream {
+            raw: self.raw,
+            id: self.id,
+        }
+    }
+
     pub(crate) fn new(device: &Device) -> Result<Self> {
         let raw = with_raw_device!(&device.shared.raw, d => d.new_stream().map(wrap_stream))?;
         Ok(Self {

@@ -20,8 +20,9 @@ impl SyncedMemory {
     /// `owner.as_mut()` is called once; it must keep returning the same memory while owned.
     ///
     /// # Errors
-    /// [`Error::SizeMismatch`] when the memory's length differs from the buffer's size. Waits
-    /// for a transfer in flight first, and returns its error if it failed.
+    /// [`Error::SizeMismatch`] when the memory's length differs from the buffer's size;
+    /// [`Error::Busy`] when this thread holds a guard of the buffer. Waits for a transfer in
+    /// flight first, and returns its error if it failed.
     pub fn set_host_data<O>(&self, mut owner: O) -> Result<()>
     where
         O: AsMut<[u8]> + Send + Sync + 'static,
@@ -44,7 +45,8 @@ impl SyncedMemory {
     ///
     /// # Errors
     /// [`Error::SizeMismatch`] when `len` differs from the buffer's size;
-    /// [`Error::InvalidState`] for a null pointer.
+    /// [`Error::InvalidState`] for a null pointer; [`Error::Busy`] when this thread holds a
+    /// guard of the buffer.
     pub unsafe fn set_host_ptr(&self, ptr: *mut u8, len: usize) -> Result<()> {
         self.check_len("set_host_ptr", len)?;
         let ptr = NonNull::new(ptr).ok_or_else(|| Error::InvalidState {
@@ -61,7 +63,8 @@ impl SyncedMemory {
     ///
     /// # Errors
     /// [`Error::NoDevice`], [`Error::DeviceMismatch`] when `buf` is on another device,
-    /// [`Error::SizeMismatch`] when its length differs.
+    /// [`Error::SizeMismatch`] when its length differs, [`Error::Busy`] when this thread holds
+    /// a guard of the buffer.
     pub fn set_device_data(&self, buf: DeviceBuffer) -> Result<()> {
         let dev = self.device.as_ref().ok_or_else(|| self.no_device())?;
         if !buf.device().same(dev) {
@@ -72,7 +75,7 @@ impl SyncedMemory {
             });
         }
         self.check_len("set_device_data", buf.len())?;
-        let _lock = self.shared.access.write();
+        let _lock = self.lock_write(None)?;
         let mut core = self.shared.core.lock();
         self.finish_pending(&mut core)?;
         core.release_device(self.device.as_ref());
@@ -87,9 +90,10 @@ impl SyncedMemory {
     /// Returns `None` when the device mirror is not an adopted one.
     ///
     /// # Errors
-    /// The error of a transfer in flight that had to be waited for.
+    /// [`Error::Busy`] when this thread holds a guard of the buffer; the error of a transfer in
+    /// flight that had to be waited for.
     pub fn take_device_data(&self) -> Result<Option<DeviceBuffer>> {
-        let _lock = self.shared.access.write();
+        let _lock = self.lock_write(None)?;
         let mut core = self.shared.core.lock();
         self.finish_pending(&mut core)?;
         if core.dev_owned || core.dev.is_none() {

@@ -6,8 +6,7 @@ use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
-use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
-
+use super::held::{ReadHeld, WriteHeld};
 use super::SyncedMemory;
 use crate::device::{DeviceBuffer, Stream};
 use crate::error::Result;
@@ -16,13 +15,13 @@ use crate::error::Result;
 ///
 /// While it lives, the host mirror cannot become stale: writers wait.
 pub struct HostRead<'a> {
-    _lock: RwLockReadGuard<'a, ()>,
+    _lock: ReadHeld<'a, ()>,
     ptr: *const u8,
     len: usize,
 }
 
 impl<'a> HostRead<'a> {
-    pub(super) fn new(lock: RwLockReadGuard<'a, ()>, ptr: *mut u8, len: usize) -> Self {
+    pub(super) fn new(lock: ReadHeld<'a, ()>, ptr: *mut u8, len: usize) -> Self {
         Self {
             _lock: lock,
             ptr,
@@ -102,13 +101,13 @@ impl Deref for HostRead<'_> {
 /// Exclusive write access to the host mirror. Derefs to `&mut [u8]`. Taking it made the host
 /// the only current mirror.
 pub struct HostWrite<'a> {
-    _lock: RwLockWriteGuard<'a, ()>,
+    _lock: WriteHeld<'a, ()>,
     ptr: *mut u8,
     len: usize,
 }
 
 impl<'a> HostWrite<'a> {
-    pub(super) fn new(lock: RwLockWriteGuard<'a, ()>, ptr: *mut u8, len: usize) -> Self {
+    pub(super) fn new(lock: WriteHeld<'a, ()>, ptr: *mut u8, len: usize) -> Self {
         Self {
             _lock: lock,
             ptr,
@@ -136,17 +135,13 @@ impl DerefMut for HostWrite<'_> {
 
 /// Shared read access to the device mirror: pass [`DeviceRead::buffer`] to kernels that read it.
 pub struct DeviceRead<'a> {
-    _lock: RwLockReadGuard<'a, ()>,
+    _lock: ReadHeld<'a, ()>,
     buf: Arc<DeviceBuffer>,
     stream: Stream,
 }
 
 impl<'a> DeviceRead<'a> {
-    pub(super) fn new(
-        lock: RwLockReadGuard<'a, ()>,
-        buf: Arc<DeviceBuffer>,
-        stream: Stream,
-    ) -> Self {
+    pub(super) fn new(lock: ReadHeld<'a, ()>, buf: Arc<DeviceBuffer>, stream: Stream) -> Self {
         Self {
             _lock: lock,
             buf,
@@ -180,7 +175,7 @@ impl<'a> DeviceRead<'a> {
 /// later copies. Work queued on another stream must be announced with
 /// [`DeviceWrite::queued_on`], so that the next access waits for it.
 pub struct DeviceWrite<'a> {
-    _lock: RwLockWriteGuard<'a, ()>,
+    _lock: WriteHeld<'a, ()>,
     buf: Arc<DeviceBuffer>,
     stream: Stream,
     owner: &'a SyncedMemory,
@@ -189,7 +184,7 @@ pub struct DeviceWrite<'a> {
 
 impl<'a> DeviceWrite<'a> {
     pub(super) fn new(
-        lock: RwLockWriteGuard<'a, ()>,
+        lock: WriteHeld<'a, ()>,
         buf: Arc<DeviceBuffer>,
         stream: Stream,
         owner: &'a SyncedMemory,

@@ -20,9 +20,16 @@
 //! exclusive (an internal reader-writer lock): while a [`HostRead`] lives, nothing can make the
 //! host copy stale, and a write guard moves the head when it is taken, so a forgotten
 //! "modified" mark is impossible. The accessors block while a conflicting guard lives on another
-//! thread; the `try_*` accessors return [`Error::Busy`] instead. As with any reader-writer
-//! lock, asking for a write guard while the same thread holds a guard of the same buffer would
-//! wait forever: use the `try_*` form where that can happen.
+//! thread; the `try_*` accessors return [`Error::Busy`] instead.
+//!
+//! A thread never waits for itself: an access that conflicts with a guard *the same thread*
+//! holds (a write access while it holds any guard of the buffer, a read access while it holds
+//! a write guard), which a plain reader-writer lock would wait for forever, returns
+//! [`Error::Busy`] at once, naming the buffer and, for tensors that share a storage, both
+//! tensors: the one asked for and the one whose view the thread holds. Each thread keeps a
+//! small record of the guards it holds, consulted only when the lock is not free at once; an
+//! uncontended access just adds and removes its record. Read guards of one thread share the
+//! lock as before.
 //!
 //! # Copies in flight
 //!
@@ -60,6 +67,7 @@ mod access;
 mod external;
 mod fast;
 mod guard;
+pub(crate) mod held;
 mod memory;
 mod prefetch;
 mod state;

@@ -21,9 +21,10 @@ impl SyncedMemory {
     ///
     /// # Errors
     /// [`Error::InvalidState`] when the buffer is uninitialized (nothing to push, as in Caffe),
-    /// [`Error::NoDevice`], out of memory, or a backend error.
+    /// [`Error::NoDevice`], [`Error::Busy`] when this thread holds a write guard of the buffer,
+    /// out of memory, or a backend error.
     pub fn prefetch_to_device(&self, stream: Option<&Stream>) -> Result<Option<Event>> {
-        let _lock = self.shared.access.read_recursive();
+        let _lock = self.lock_read(None)?;
         let mut core = self.shared.core.lock();
         self.settle(&mut core, Access::DeviceRead)?;
         if core.valid.has(Place::Device) {
@@ -60,7 +61,7 @@ impl SyncedMemory {
     /// # Errors
     /// As [`SyncedMemory::prefetch_to_device`].
     pub fn prefetch_to_host(&self, stream: Option<&Stream>) -> Result<Option<Event>> {
-        let _lock = self.shared.access.read_recursive();
+        let _lock = self.lock_read(None)?;
         let mut core = self.shared.core.lock();
         self.settle(&mut core, Access::HostRead)?;
         if core.valid.has(Place::Host) {

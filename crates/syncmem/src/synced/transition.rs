@@ -134,7 +134,7 @@ impl SyncedMemory {
     }
 
     pub(super) fn adopt_host(&self, mem: HostMem) -> Result<()> {
-        let _lock = self.shared.access.write();
+        let _lock = self.lock_write(None)?;
         let mut core = self.shared.core.lock();
         self.finish_pending(&mut core)?;
         core.host = Some(mem);

@@ -39,13 +39,15 @@ fn copy_prefix(
     n: usize,
     nbytes: usize,
     dest: Dest,
-    label: &str,
+    (src_label, label): (&str, &str),
 ) -> Result<()> {
     match (src, dst) {
-        (Storage::Bytes(s), Storage::Bytes(d)) => copy_bytes(&s.mem, &d.mem, nbytes, dest),
+        (Storage::Bytes(s), Storage::Bytes(d)) => {
+            copy_bytes(&s.mem, &d.mem, nbytes, dest, (src_label, label))
+        }
         (Storage::Strings(s), Storage::Strings(d)) => {
-            let from = s.data.read();
-            let mut to = d.data.write();
+            let from = s.read_for(src_label)?;
+            let mut to = d.write_for(label)?;
             for (a, b) in to.iter_mut().zip(from.iter()).take(n) {
                 a.clone_from(b);
             }
@@ -55,7 +57,13 @@ fn copy_prefix(
     }
 }
 
-fn copy_bytes(src: &SyncedMemory, dst: &SyncedMemory, nbytes: usize, dest: Dest) -> Result<()> {
+fn copy_bytes(
+    src: &SyncedMemory,
+    dst: &SyncedMemory,
+    nbytes: usize,
+    dest: Dest,
+    (src_label, label): (&str, &str),
+) -> Result<()> {
     if nbytes == 0 {
         return Ok(());
     }
@@ -67,15 +75,15 @@ fn copy_bytes(src: &SyncedMemory, dst: &SyncedMemory, nbytes: usize, dest: Dest)
         // Never written: the source reads as zeros, as does a fresh destination.
         Head::Uninitialized => {
             if dest == Dest::Reused {
-                if let Some(b) = dst.host_overwrite()?.get_mut(..nbytes) {
+                if let Some(b) = dst.host_write_for(Some(label), true)?.get_mut(..nbytes) {
                     b.fill(0);
                 }
             }
             Ok(())
         }
         Head::AtDevice if same_device => {
-            let from = src.device()?;
-            let to = dst.device_overwrite()?;
+            let from = src.device_for(Some(src_label))?;
+            let to = dst.device_write_for(Some(label), true)?;
             let stream = to.stream().clone();
             stream.copy_raw(from.buffer(), 0, to.buffer(), 0, nbytes)?;
             let cap = to.buffer().len();
@@ -87,8 +95,8 @@ fn copy_bytes(src: &SyncedMemory, dst: &SyncedMemory, nbytes: usize, dest: Dest)
             stream.synchronize()
         }
         _ => {
-            let from = src.host()?;
-            let mut to = dst.host_overwrite()?;
+            let from = src.host_for(Some(src_label))?;
+            let mut to = dst.host_write_for(Some(label), true)?;
             // A fresh host mirror is zero-filled, so its tail needs nothing.
             match (to.get_mut(..nbytes), from.get(..nbytes)) {
                 (Some(a), Some(b)) => {
@@ -150,9 +158,14 @@ impl Tensor {
         };
         self.prepare(dtype, op)?;
         match (&src.storage, &self.storage) {
-            (Some(s), Some(d)) if !s.same(d) => {
-                copy_prefix(s, d, n, self.nbytes(), Dest::Reused, &self.label)
-            }
+            (Some(s), Some(d)) if !s.same(d) => copy_prefix(
+                s,
+                d,
+                n,
+                self.nbytes(),
+                Dest::Reused,
+                (&src.label, &self.label),
+            ),
             // Same storage: the elements are already these bytes. Or nothing to copy.
             _ => Ok(()),
         }
@@ -172,7 +185,7 @@ impl Tensor {
         t.dtype = self.dtype;
         if let (Some(src), Some(dtype), Some(n)) = (&self.storage, self.dtype, self.numel()) {
             let dst = Storage::new(dtype, n, t.device.as_ref(), &t.label)?;
-            copy_prefix(src, &dst, n, t.nbytes(), Dest::Fresh, &t.label)?;
+            copy_prefix(src, &dst, n, t.nbytes(), Dest::Fresh, (&t.label, &t.label))?;
             t.storage = Some(dst);
         }
         Ok(t)
@@ -205,7 +218,14 @@ impl Tensor {
         }
         let dst = Storage::new(dtype, cap.numel, self.device.as_ref(), &self.label)?;
         if let Some(src) = &self.storage {
-            copy_prefix(src, &dst, n, self.nbytes(), Dest::Fresh, &self.label)?;
+            copy_prefix(
+                src,
+                &dst,
+                n,
+                self.nbytes(),
+                Dest::Fresh,
+                (&self.label, &self.label),
+            )?;
         }
         self.storage = Some(dst);
         self.reserved = true;

@@ -1,5 +1,6 @@
 //! Storage and its lifecycle: resize, reshape, type change, free, share, adopt, swap.
 
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -10,6 +11,7 @@ use crate::device::Device;
 use crate::dtype::sealed::Adopted;
 use crate::dtype::{DType, Element, PodElement};
 use crate::error::{checked_mul, Error, Result};
+use crate::synced::held::{self, Named, ReadHeld, WriteHeld};
 use crate::synced::SyncedMemory;
 
 /// Plain-data storage: one buffer mirrored on host and device.
@@ -31,6 +33,70 @@ pub(crate) struct StringStorage {
 pub(crate) enum Storage {
     Bytes(Arc<ByteStorage>),
     Strings(Arc<StringStorage>),
+}
+
+/// A shared view of `String` elements, recorded as held by this thread (see
+/// [`crate::synced`]: a conflicting access of this thread is an error, not a wait).
+pub(crate) struct StringsRead<'a> {
+    guard: ReadHeld<'a, Vec<String>>,
+    _named: Named,
+}
+
+/// An exclusive view of `String` elements, recorded as held by this thread.
+pub(crate) struct StringsWrite<'a> {
+    guard: WriteHeld<'a, Vec<String>>,
+    _named: Named,
+}
+
+impl Deref for StringsRead<'_> {
+    type Target = Vec<String>;
+    fn deref(&self) -> &Vec<String> {
+        &self.guard
+    }
+}
+
+impl Deref for StringsWrite<'_> {
+    type Target = Vec<String>;
+    fn deref(&self) -> &Vec<String> {
+        &self.guard
+    }
+}
+
+impl DerefMut for StringsWrite<'_> {
+    fn deref_mut(&mut self) -> &mut Vec<String> {
+        &mut self.guard
+    }
+}
+
+impl StringStorage {
+    /// The elements, shared, for a view of the tensor named `tensor`: waits for a writer of
+    /// another thread only, as the accessors of [`SyncedMemory`] do.
+    ///
+    /// # Errors
+    /// [`Error::Busy`] when this thread holds a write view of this storage.
+    pub(crate) fn read_for(&self, tensor: &str) -> Result<StringsRead<'_>> {
+        let guard = held::read_lock(&self.data, |h| busy(tensor, h))?;
+        Ok(StringsRead {
+            guard,
+            _named: Named::new(held::lock_key(&self.data), tensor),
+        })
+    }
+
+    /// The elements, exclusive, for a view of the tensor named `tensor`.
+    ///
+    /// # Errors
+    /// [`Error::Busy`] when this thread holds a view of this storage.
+    pub(crate) fn write_for(&self, tensor: &str) -> Result<StringsWrite<'_>> {
+        let guard = held::write_lock(&self.data, |h| busy(tensor, h))?;
+        Ok(StringsWrite {
+            guard,
+            _named: Named::new(held::lock_key(&self.data), tensor),
+        })
+    }
+}
+
+fn busy(tensor: &str, h: held::Held) -> Error {
+    held::self_deadlock(Some(tensor), "its String storage", h)
 }
 
 impl Storage {

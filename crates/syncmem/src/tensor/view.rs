@@ -3,31 +3,34 @@
 //! Views cover exactly [`Tensor::numel`] elements, even when the storage is larger (capacity
 //! kept after a shrink). They hold the storage's access lock: read views are shared, write views
 //! exclusive, and a write view moves the head when it is taken (see [`crate::synced`]).
+//!
+//! A view that conflicts with a view this thread already holds on the same storage (through
+//! this tensor or through another tensor that shares it) is [`Error::Busy`] naming both
+//! tensors, never a wait: only views of other threads are waited for.
 
 use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 
-use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
-
-use super::storage::Storage;
+use super::storage::{Storage, StringsRead, StringsWrite};
 use super::Tensor;
 use crate::device::{DeviceBuffer, Stream};
 use crate::dtype::{DType, Element};
 use crate::error::{checked_mul, Error, Result};
+use crate::synced::held::Named;
 use crate::synced::{DeviceRead, DeviceWrite, HostRead, HostWrite};
 
 enum ReadInner<'a> {
     /// No storage: the tensor has no elements.
     Empty,
     Bytes(HostRead<'a>),
-    Strings(RwLockReadGuard<'a, Vec<String>>),
+    Strings(StringsRead<'a>),
 }
 
 enum WriteInner<'a> {
     Empty,
     Bytes(HostWrite<'a>),
-    Strings(RwLockWriteGuard<'a, Vec<String>>),
+    Strings(StringsWrite<'a>),
 }
 
 /// Shared host view of a tensor's elements: derefs to `&[T]`.
@@ -35,6 +38,7 @@ pub struct HostSlice<'a, T> {
     inner: ReadInner<'a>,
     len: usize,
     _t: PhantomData<fn() -> T>,
+    _named: Option<Named>,
 }
 
 /// Exclusive host view of a tensor's elements: derefs to `&mut [T]`. Taking it made the host
@@ -43,6 +47,7 @@ pub struct HostSliceMut<'a, T> {
     inner: WriteInner<'a>,
     len: usize,
     _t: PhantomData<fn() -> T>,
+    _named: Option<Named>,
 }
 
 /// Checked when the view was made, so the fallbacks below are never taken.
@@ -100,12 +105,14 @@ impl<T: Element> DerefMut for HostSliceMut<'_, T> {
 pub struct HostBytes<'a> {
     guard: Option<HostRead<'a>>,
     len: usize,
+    _named: Option<Named>,
 }
 
 /// Exclusive host view of a plain-data tensor's bytes (Caffe2's `raw_mutable_data()`).
 pub struct HostBytesMut<'a> {
     guard: Option<HostWrite<'a>>,
     len: usize,
+    _named: Option<Named>,
 }
 
 impl Deref for HostBytes<'_> {
@@ -144,6 +151,7 @@ pub struct DeviceSlice<'a, T> {
     guard: Option<DeviceRead<'a>>,
     len: usize,
     _t: PhantomData<fn() -> T>,
+    _named: Option<Named>,
 }
 
 /// Exclusive device view of a tensor's elements. Taking it made the device the only current
@@ -152,6 +160,7 @@ pub struct DeviceSliceMut<'a, T> {
     guard: Option<DeviceWrite<'a>>,
     len: usize,
     _t: PhantomData<fn() -> T>,
+    _named: Option<Named>,
 }
 
 macro_rules! device_common {
@@ -311,12 +320,12 @@ impl Tensor {
         let inner = match &self.storage {
             None => ReadInner::Empty,
             Some(Storage::Bytes(b)) => {
-                let g = b.mem.host()?;
+                let g = b.mem.host_for(Some(&self.label))?;
                 self.check_bytes::<T>(&g, n, "host")?;
                 ReadInner::Bytes(g)
             }
             Some(Storage::Strings(s)) => {
-                let g = s.data.read();
+                let g = s.read_for(&self.label)?;
                 self.check_strings(g.len(), n, "host")?;
                 ReadInner::Strings(g)
             }
@@ -325,6 +334,7 @@ impl Tensor {
             inner,
             len: n,
             _t: PhantomData,
+            _named: self.named(),
         })
     }
 
@@ -357,13 +367,14 @@ impl Tensor {
         self.check_device_side::<T>("device")?;
         let n = self.check_read::<T>("device")?;
         let guard = match &self.storage {
-            Some(Storage::Bytes(b)) => Some(b.mem.device()?),
+            Some(Storage::Bytes(b)) => Some(b.mem.device_for(Some(&self.label))?),
             _ => None,
         };
         Ok(DeviceSlice {
             guard,
             len: n,
             _t: PhantomData,
+            _named: self.named(),
         })
     }
 
@@ -394,13 +405,14 @@ impl Tensor {
         let n = self.numel().ok_or_else(|| self.uninit("host_bytes"))?;
         self.check_not_strings("host_bytes")?;
         let guard = match &self.storage {
-            Some(Storage::Bytes(b)) => Some(b.mem.host()?),
+            Some(Storage::Bytes(b)) => Some(b.mem.host_for(Some(&self.label))?),
             _ if n == 0 => None,
             _ => return Err(self.no_data("host_bytes")),
         };
         Ok(HostBytes {
             guard,
             len: self.nbytes(),
+            _named: self.named(),
         })
     }
 
@@ -437,11 +449,7 @@ impl Tensor {
         let inner = match &self.storage {
             None => WriteInner::Empty,
             Some(Storage::Bytes(b)) => {
-                let mut g = if overwrite {
-                    b.mem.host_overwrite()?
-                } else {
-                    b.mem.host_mut()?
-                };
+                let mut g = b.mem.host_write_for(Some(&self.label), overwrite)?;
                 let region = g.get_mut(..nbytes).ok_or_else(|| self.short(op))?;
                 if let Err(reason) = T::view_mut(region) {
                     if !(overwrite && T::DTYPE == DType::Bool) {
@@ -452,7 +460,7 @@ impl Tensor {
                 WriteInner::Bytes(g)
             }
             Some(Storage::Strings(s)) => {
-                let g = s.data.write();
+                let g = s.write_for(&self.label)?;
                 self.check_strings(g.len(), n, op)?;
                 WriteInner::Strings(g)
             }
@@ -461,6 +469,7 @@ impl Tensor {
             inner,
             len: n,
             _t: PhantomData,
+            _named: self.named(),
         })
     }
 
@@ -473,14 +482,14 @@ impl Tensor {
         self.prepare(T::DTYPE, op)?;
         let n = self.numel().unwrap_or(0);
         let guard = match &self.storage {
-            Some(Storage::Bytes(b)) if overwrite => Some(b.mem.device_overwrite()?),
-            Some(Storage::Bytes(b)) => Some(b.mem.device_mut()?),
+            Some(Storage::Bytes(b)) => Some(b.mem.device_write_for(Some(&self.label), overwrite)?),
             _ => None,
         };
         Ok(DeviceSliceMut {
             guard,
             len: n,
             _t: PhantomData,
+            _named: self.named(),
         })
     }
 
@@ -494,14 +503,23 @@ impl Tensor {
         self.check_not_strings(op)?;
         self.prepare(dtype, op)?;
         let guard = match &self.storage {
-            Some(Storage::Bytes(b)) if overwrite => Some(b.mem.host_overwrite()?),
-            Some(Storage::Bytes(b)) => Some(b.mem.host_mut()?),
+            Some(Storage::Bytes(b)) => Some(b.mem.host_write_for(Some(&self.label), overwrite)?),
             _ => None,
         };
         Ok(HostBytesMut {
             guard,
             len: self.nbytes(),
+            _named: self.named(),
         })
+    }
+
+    /// Records this tensor's name with the view of its byte storage just taken (a `String`
+    /// storage's view records it itself), for the error of a conflicting access.
+    fn named(&self) -> Option<Named> {
+        match &self.storage {
+            Some(Storage::Bytes(b)) => Some(Named::new(b.mem.lock_key(), &self.label)),
+            _ => None,
+        }
     }
 
     /// Initialised, of type `T`, with data unless empty. Returns the element count.

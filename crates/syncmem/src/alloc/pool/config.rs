@@ -9,9 +9,14 @@
 //! | `SYNCMEM_PINNED_POOL` / `SYNCMEM_PINNED_POOL_CONF` | every pinned host pool | as above |
 //!
 //! Example: `SYNCMEM_DEVICE_POOL=caching SYNCMEM_POOL_CONF="memory_cap=64MiB,max_split_size_mb=256"`.
+//!
+//! All six variables are checked once per process, when the first device opens
+//! ([`crate::Device::open`], [`crate::Device::all`]) or a device builds its first pool: an
+//! invalid one is an [`Error::InvalidConfig`] naming it, even if its pool is never used.
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
 
@@ -366,18 +371,69 @@ impl PoolConfig {
     /// `conf_var` (e.g. [`DEVICE_POOL_ENV`] and [`DEVICE_POOL_CONF_ENV`]).
     ///
     /// # Errors
-    /// As [`PoolConfig::from_vars`]; the message names the variable.
+    /// As [`PoolConfig::from_vars`] (or a value that is not UTF-8); the message names the
+    /// variable at fault.
     pub fn from_env(kind_var: &str, conf_var: &str) -> Result<Self> {
-        let k = std::env::var(kind_var).ok();
-        let c = std::env::var(conf_var).ok();
-        Self::from_vars(k.as_deref(), c.as_deref()).map_err(|e| match e {
-            Error::InvalidConfig { what, reason } => Error::InvalidConfig {
-                what: format!("{what} (from {kind_var} / {conf_var})"),
-                reason,
-            },
-            e => e,
-        })
+        let kind = match env_value(kind_var)? {
+            Some(k) => k.parse().map_err(|e| from_var(e, kind_var))?,
+            None => PoolKind::Caching,
+        };
+        let conf = env_value(conf_var)?;
+        Self::new(kind)
+            .apply(conf.as_deref().unwrap_or(""))
+            .map_err(|e| from_var(e, conf_var))
     }
+}
+
+/// The value of `var`, `None` when unset.
+fn env_value(var: &str) -> Result<Option<String>> {
+    match std::env::var(var) {
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(invalid(var, "not valid UTF-8".into())),
+    }
+}
+
+/// Names the environment variable `var` in a configuration error.
+fn from_var(e: Error, var: &str) -> Error {
+    match e {
+        Error::InvalidConfig { what, reason } => Error::InvalidConfig {
+            what: format!("{var} ({what})"),
+            reason,
+        },
+        e => e,
+    }
+}
+
+/// The pool variables, as (kind, options) pairs: device, pinned host, host.
+const ENV_PAIRS: [(&str, &str); 3] = [
+    (DEVICE_POOL_ENV, DEVICE_POOL_CONF_ENV),
+    (PINNED_POOL_ENV, PINNED_POOL_CONF_ENV),
+    (HOST_POOL_ENV, HOST_POOL_CONF_ENV),
+];
+
+/// Checks every pool variable of the process (`SYNCMEM_DEVICE_POOL`, `SYNCMEM_POOL_CONF`,
+/// `SYNCMEM_PINNED_POOL[_CONF]`, `SYNCMEM_HOST_POOL[_CONF]`), once per process. The library
+/// calls it when the first device opens or builds a pool, so that a bad setting fails at once
+/// instead of at the first use of the pool it configures (which may never come); a program
+/// can call it at start to fail before doing anything (the `syncmem` command does).
+///
+/// # Errors
+/// [`Error::InvalidConfig`] naming the first variable at fault (the same error every time).
+pub fn check_env() -> Result<()> {
+    static CHECKED: OnceLock<std::result::Result<(), (String, String)>> = OnceLock::new();
+    let checked = CHECKED.get_or_init(|| {
+        for (kind, conf) in ENV_PAIRS {
+            PoolConfig::from_env(kind, conf).map_err(|e| match e {
+                Error::InvalidConfig { what, reason } => (what, reason),
+                e => (format!("{kind} / {conf}"), e.to_string()),
+            })?;
+        }
+        Ok(())
+    });
+    checked
+        .clone()
+        .map_err(|(what, reason)| Error::InvalidConfig { what, reason })
 }
 
 fn invalid(what: &str, reason: String) -> Error {

@@ -29,7 +29,8 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 
 use super::config::{
-    PoolConfig, DEVICE_POOL_CONF_ENV, DEVICE_POOL_ENV, PINNED_POOL_CONF_ENV, PINNED_POOL_ENV,
+    check_env, PoolConfig, DEVICE_POOL_CONF_ENV, DEVICE_POOL_ENV, PINNED_POOL_CONF_ENV,
+    PINNED_POOL_ENV,
 };
 use super::evict::{MirrorRegistry, OomReport};
 use super::{Budget, Pool, PoolStats, HOST_STREAM};
@@ -79,6 +80,7 @@ impl DeviceMemory {
         if let Some(p) = &*slot {
             return Ok(p.clone());
         }
+        check_env()?;
         let cfg = PoolConfig::from_env(DEVICE_POOL_ENV, DEVICE_POOL_CONF_ENV)?;
         let p = self.make_pool(dev, cfg)?;
         *slot = Some(p.clone());
@@ -136,6 +138,7 @@ impl DeviceMemory {
         if let Some(p) = &*slot {
             return Ok(p.clone());
         }
+        check_env()?;
         let cfg = PoolConfig::from_env(PINNED_POOL_ENV, PINNED_POOL_CONF_ENV)?;
         let total = crate::Device::cpu().info().total_memory;
         let budget = Arc::new(Budget::new(cfg.memory_cap.map(|c| c.resolve(total))));
@@ -155,9 +158,14 @@ impl DeviceMemory {
         self.pinned.read().clone()
     }
 
-    /// The cap in effect, if any.
-    pub(crate) fn cap(&self) -> Option<u64> {
-        self.budget.cap()
+    /// The cap in effect, if any; before the device pool is built, the cap it will be built
+    /// with (from `SYNCMEM_POOL_CONF`; `None` while that variable is invalid).
+    pub(crate) fn cap(&self, dev: &Device) -> Option<u64> {
+        if self.pool.read().is_some() {
+            return self.budget.cap();
+        }
+        let cfg = PoolConfig::from_env(DEVICE_POOL_ENV, DEVICE_POOL_CONF_ENV).ok()?;
+        cfg.memory_cap.map(|c| c.resolve(dev.info().total_memory))
     }
 
     /// The most recent out-of-memory report.

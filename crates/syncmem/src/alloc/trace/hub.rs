@@ -1,7 +1,7 @@
 //! The process-wide trace hook: which [`Trace`]s are attached, and to what.
 //!
 //! Every device has a *trace source* (a number of its own, so that two handles on the same
-//! hardware made by [`Device::detached`] stay apart), and so does the global host pool
+//! hardware made by [`Device::isolated`] stay apart), and so does the global host pool
 //! (source 0). The process's own pools (each device's device pool and pinned pool, the
 //! global host pool) are marked with their source when they are made, so a trace attached to a
 //! device also sees a pool that [`Device::set_pool`] puts in place later. Copies are reported
@@ -147,7 +147,7 @@ impl Trace {
     /// host pool (the host mirrors of [`crate::SyncedMemory`]), until the guard is dropped.
     ///
     /// Pools made later ([`Device::set_pool`], a first use) are covered too. Another handle on
-    /// the same hardware made by [`Device::detached`] is a different device here. Direct
+    /// the same hardware made by [`Device::isolated`] is a different device here. Direct
     /// allocations ([`Device::alloc`]) are not pool traffic and are not recorded.
     pub fn attach(self: &Arc<Self>, device: &Device) -> TraceGuard {
         attach(

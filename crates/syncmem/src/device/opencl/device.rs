@@ -63,7 +63,7 @@ impl ClDevice {
     }
 
     /// A second backend device for the same OpenCL device, with its own counters and pools
-    /// once wrapped in a `Device` (see `Device::detached`).
+    /// once wrapped in a `Device` (see `Device::isolated`).
     pub(crate) fn duplicate(&self) -> ClDevice {
         ClDevice {
             info: self.info.clone(),

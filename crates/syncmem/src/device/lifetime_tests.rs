@@ -1,0 +1,118 @@
+//! Dropping the last handle of a device frees everything it owns: nothing the device owns
+//! (its default stream, its pools' segments and views, its registry of mirrors) holds a strong
+//! handle back to it.
+
+use std::sync::{Arc, Weak};
+
+use super::{Device, DeviceShared};
+use crate::alloc::pool::Pool;
+use crate::device::{RawMem, RawPinned};
+use crate::SyncedMemory;
+
+/// Weak references to a device's state and to its two pools.
+struct Watch {
+    shared: Weak<DeviceShared>,
+    pool: Weak<Pool<RawMem>>,
+    pinned: Weak<Pool<RawPinned>>,
+}
+
+impl Watch {
+    fn of(d: &Device) -> Self {
+        let m = &d.shared.memory;
+        Self {
+            shared: Arc::downgrade(&d.shared),
+            pool: Arc::downgrade(&m.current_pool().expect("the device pool was used")),
+            pinned: Arc::downgrade(&m.current_pinned_pool().expect("the pinned pool was used")),
+        }
+    }
+
+    fn all_freed(&self) -> bool {
+        self.shared.strong_count() == 0
+            && self.pool.strong_count() == 0
+            && self.pinned.strong_count() == 0
+    }
+}
+
+/// Uses every part of a device that keeps state: the default stream, a second stream, pooled
+/// and direct device memory, pinned memory and the mirror registry. Everything it makes is
+/// dropped on return, with cached blocks left in both pools.
+fn exercise(d: &Device) {
+    let s = d.default_stream().unwrap();
+    let other = d.new_stream().unwrap();
+    let pooled = d.alloc_pooled(4096, &other).unwrap();
+    let direct = d.alloc(4096).unwrap();
+    let pinned = d.alloc_pinned(4096).unwrap();
+    let m = SyncedMemory::new(1 << 20, d).with_label("mirrored");
+    m.host_mut().unwrap().fill(7);
+    drop(m.device().unwrap());
+    assert_eq!(d.live_buffers().len(), 1);
+    let p = SyncedMemory::new(1 << 16, d)
+        .with_pinned_host(true)
+        .with_stream(&other)
+        .unwrap();
+    p.host_mut().unwrap().fill(1);
+    drop(p.device_mut().unwrap());
+    s.synchronize().unwrap();
+    drop((pooled, direct, pinned, m, p, s, other));
+    let stats = d.pool_stats().unwrap();
+    assert!(
+        stats.reserved.current > 0,
+        "the pool caches segments: {stats}"
+    );
+}
+
+/// An isolated device on `base` is used, then dropped: its state and pools go with it.
+fn last_handle_frees_the_device_and_its_pools(base: &Device) {
+    let d = base.isolated();
+    exercise(&d);
+    let watch = Watch::of(&d);
+    let clone = d.clone();
+    drop(d);
+    assert!(!watch.all_freed(), "a handle is still alive");
+    drop(clone);
+    assert!(
+        watch.shared.strong_count() == 0,
+        "the device's state outlives its last handle"
+    );
+    assert!(
+        watch.all_freed(),
+        "the pools (and their cached segments) outlive the device"
+    );
+}
+
+#[test]
+fn dropping_the_last_handle_frees_the_device_and_its_pools() {
+    last_handle_frees_the_device_and_its_pools(&Device::cpu());
+}
+
+#[cfg(feature = "opencl")]
+#[test]
+fn dropping_the_last_opencl_handle_frees_the_device_and_its_pools() {
+    if let Some(d) = crate::testing::opencl_or_skip("dropping_the_last_opencl_handle") {
+        last_handle_frees_the_device_and_its_pools(&d);
+    }
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn dropping_the_last_cuda_handle_frees_the_device_and_its_pools() {
+    if let Some(d) = crate::testing::cuda_or_skip("dropping_the_last_cuda_handle") {
+        last_handle_frees_the_device_and_its_pools(&d);
+    }
+}
+
+#[test]
+fn the_default_stream_does_not_keep_its_device_alive() {
+    let d = Device::cpu().isolated();
+    let shared = Arc::downgrade(&d.shared);
+    let s = d.default_stream().unwrap();
+    assert!(s.device().same(&d));
+    assert_eq!(
+        s.id(),
+        d.default_stream().unwrap().id(),
+        "one default stream"
+    );
+    drop(s);
+    drop(d);
+    assert_eq!(shared.strong_count(), 0);
+}
