@@ -91,12 +91,14 @@ pub mod tensor;
 pub mod testing;
 pub mod workspace;
 
-pub use alloc::pool::{HostPool, LiveBuffer, MemoryCap, PoolConfig, PoolKind, PoolStats};
+pub use alloc::pool::{HostPool, MemoryCap, PoolConfig, PoolKind, PoolStats};
 pub use alloc::stats::{CopyStats, Direction, MemStats, Snapshot};
 
 pub use blob::Blob;
 pub use context::Context;
-pub use device::{Device, DeviceBuffer, DeviceInfo, DeviceSpec, Event, PinnedBuffer, Stream};
+pub use device::{
+    Device, DeviceBuffer, DeviceInfo, DeviceSpec, Event, LiveBuffer, PinnedBuffer, Stream,
+};
 pub use dtype::{DType, Element, PodElement};
 pub use error::{BackendKind, Error, Result};
 pub use param::ParamBlob;

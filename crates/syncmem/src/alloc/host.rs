@@ -1,47 +1,30 @@
-//! 64-byte-aligned, zero-filled host memory that does not touch fresh pages.
-//!
-//! `std::alloc::alloc_zeroed` with a 64-byte alignment goes through `posix_memalign` + `memset`
-//! and so touches every page (about 50 ms for 64 MiB on the project's machines). With the
-//! platform's minimum alignment (16) it goes through `calloc`, which hands large requests fresh
-//! zero pages from `mmap` without touching them. So a [`HostBlock`] asks for `len + 48` bytes
-//! at alignment 16 and rounds the start up to 64: zeroed memory for the price of an `mmap`.
-//!
-//! Every block records its allocation in the host counters ([`crate::stats`]) and frees itself
-//! with the same allocator that made it.
+//! Host memory: 64-byte-aligned, zero-filled blocks that do not touch fresh pages (the raw
+//! allocation is the `cpu` backend's), counted in the process-wide host counters.
 
-use std::alloc::{self, Layout};
-use std::ptr::NonNull;
+use crate::backend::cpu::host::AlignedBlock;
+use crate::error::Result;
 
 use super::stats::HOST;
-use crate::error::{Error, Result};
 
-/// Alignment of every [`HostBlock`]: one cache line, enough for any SIMD type in use.
-pub const HOST_ALIGN: usize = 64;
-const BASE_ALIGN: usize = 16;
-const SLACK: usize = HOST_ALIGN - BASE_ALIGN;
+pub use crate::backend::cpu::host::HOST_ALIGN;
 
 /// An owned, zero-initialised, 64-byte-aligned host allocation.
+///
+/// A large block costs an `mmap` of fresh zero pages, not a `memset`: the allocation asks
+/// `calloc` (alignment 16) for 48 bytes more and rounds the start up to 64.
 pub struct HostBlock {
-    /// Aligned start (dangling but aligned when `len == 0`).
-    ptr: NonNull<u8>,
-    len: usize,
-    /// What was allocated: `None` when `len == 0`.
-    base: Option<(NonNull<u8>, Layout)>,
+    block: AlignedBlock,
     /// Whether this block is counted in the host statistics.
     counted: bool,
 }
 
-// SAFETY: HostBlock owns its memory exclusively, like Box<[u8]>; nothing in it is tied to a thread.
-unsafe impl Send for HostBlock {}
-// SAFETY: shared access only hands out `&[u8]`, which is Sync.
-unsafe impl Sync for HostBlock {}
-
 impl HostBlock {
-    /// Allocates `len` zeroed bytes aligned to [`HOST_ALIGN`]. `len == 0` allocates nothing.
+    /// Allocates `len` zeroed bytes aligned to [`HOST_ALIGN`], counted as host memory
+    /// ([`crate::stats`]). `len == 0` allocates nothing.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`] when the system allocator fails, [`Error::SizeOverflow`] when
-    /// `len` is too large to describe.
+    /// [`crate::Error::OutOfMemory`] when the system allocator fails,
+    /// [`crate::Error::SizeOverflow`] when `len` is too large to describe.
     pub fn zeroed(len: usize) -> Result<Self> {
         let mut b = Self::zeroed_uncounted(len)?;
         if len > 0 {
@@ -51,79 +34,45 @@ impl HostBlock {
         Ok(b)
     }
 
-    /// As [`HostBlock::zeroed`], but not counted as host memory (the caller counts it, e.g. as
-    /// memory of the `cpu` device). Its drop does not touch the host counters either.
+    /// As [`HostBlock::zeroed`], but not counted as host memory (the caller counts it, e.g. in
+    /// a pool's statistics). Its drop does not touch the host counters either.
     pub(crate) fn zeroed_uncounted(len: usize) -> Result<Self> {
-        if len == 0 {
-            return Ok(Self {
-                ptr: aligned_dangling(),
-                len: 0,
-                base: None,
-                counted: false,
-            });
-        }
-        let total = len.checked_add(SLACK).ok_or_else(|| Error::SizeOverflow {
-            what: format!("host allocation of {len} bytes plus {SLACK} bytes of alignment slack"),
-        })?;
-        let layout =
-            Layout::from_size_align(total, BASE_ALIGN).map_err(|_| Error::SizeOverflow {
-                what: format!("host allocation of {len} bytes exceeds isize::MAX"),
-            })?;
-        // SAFETY: layout has a non-zero size.
-        let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let base = NonNull::new(raw).ok_or_else(|| Error::OutOfMemory {
-            device: "host".into(),
-            requested: len,
-            detail: String::new(),
-        })?;
-        let offset = raw.align_offset(HOST_ALIGN);
-        debug_assert!(offset <= SLACK);
-        // SAFETY: offset <= SLACK, so `raw + offset .. + len` stays inside the `total` bytes.
-        let ptr = unsafe { NonNull::new_unchecked(raw.add(offset)) };
         Ok(Self {
-            ptr,
-            len,
-            base: Some((base, layout)),
+            block: AlignedBlock::zeroed(len)?,
             counted: false,
         })
     }
 
     /// Size in bytes.
     pub fn len(&self) -> usize {
-        self.len
+        self.block.len()
     }
 
     /// True when the block holds no bytes.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.block.is_empty()
     }
 
     /// Start of the block (aligned to [`HOST_ALIGN`]).
     pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.block.as_ptr()
     }
 
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: ptr is valid for len initialised (zeroed at allocation) bytes for self's lifetime.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        self.block.as_slice()
     }
 
     /// The bytes, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as in as_slice, and `&mut self` guarantees exclusive access.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        self.block.as_mut_slice()
     }
 }
 
 impl Drop for HostBlock {
     fn drop(&mut self) {
-        if let Some((base, layout)) = self.base.take() {
-            // SAFETY: base/layout are exactly what alloc_zeroed returned/was given.
-            unsafe { alloc::dealloc(base.as_ptr(), layout) };
-            if self.counted {
-                HOST.on_free(self.len);
-            }
+        if self.counted {
+            HOST.on_free(self.block.len());
         }
     }
 }
@@ -131,15 +80,10 @@ impl Drop for HostBlock {
 impl std::fmt::Debug for HostBlock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HostBlock")
-            .field("ptr", &self.ptr)
-            .field("len", &self.len)
+            .field("ptr", &self.block.as_ptr())
+            .field("len", &self.block.len())
             .finish()
     }
-}
-
-fn aligned_dangling() -> NonNull<u8> {
-    // A non-null, 64-aligned address that is never dereferenced for a zero-length block.
-    NonNull::new(HOST_ALIGN as *mut u8).expect("non-zero constant")
 }
 
 #[cfg(test)]
@@ -147,41 +91,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn aligned_and_zeroed_for_many_sizes() {
-        for len in [1usize, 2, 3, 7, 9, 63, 64, 65, 4095, 4096, 1 << 20] {
-            let b = HostBlock::zeroed(len).unwrap();
-            assert_eq!(b.as_ptr() as usize % HOST_ALIGN, 0, "len {len}");
-            assert_eq!(b.len(), len);
-            assert!(b.as_slice().iter().all(|&x| x == 0), "len {len}");
-        }
-    }
-
-    #[test]
-    fn zero_length_allocates_nothing() {
-        let b = HostBlock::zeroed(0).unwrap();
-        assert!(b.is_empty());
-        assert_eq!(b.as_slice().len(), 0);
+    fn counted_blocks_show_in_the_host_counters() {
+        let before = HOST.snapshot("host");
+        let b = HostBlock::zeroed(4096).unwrap();
         assert_eq!(b.as_ptr() as usize % HOST_ALIGN, 0);
-    }
-
-    #[test]
-    fn writes_stay_in_bounds_and_read_back() {
-        let mut b = HostBlock::zeroed(100).unwrap();
-        b.as_mut_slice()
-            .iter_mut()
-            .enumerate()
-            .for_each(|(i, x)| *x = i as u8);
-        assert_eq!(b.as_slice()[99], 99);
-    }
-
-    #[test]
-    fn huge_request_is_an_error_not_an_abort() {
-        let e = HostBlock::zeroed(usize::MAX - 8).unwrap_err();
-        assert!(matches!(e, Error::SizeOverflow { .. }), "{e}");
-        let e = HostBlock::zeroed(isize::MAX as usize - 100).unwrap_err();
-        assert!(
-            matches!(e, Error::OutOfMemory { .. } | Error::SizeOverflow { .. }),
-            "{e}"
-        );
+        assert!(b.as_slice().iter().all(|&x| x == 0));
+        let during = HOST.snapshot("host");
+        assert!(during.allocs > before.allocs);
+        drop(b);
+        assert!(HOST.snapshot("host").frees > before.frees);
+        let u = HostBlock::zeroed_uncounted(64).unwrap();
+        assert_eq!(u.len(), 64);
     }
 }

@@ -13,11 +13,211 @@ pub(crate) mod cache;
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
+pub(crate) mod dispatch;
 #[cfg(feature = "opencl")]
 pub(crate) mod opencl;
 
+use std::any::Any;
+use std::sync::Arc;
+
 use crate::dtype::{Float, ScalarKind};
-use crate::error::Result;
+use crate::error::{BackendKind, Result};
+
+/// Facts about one device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The backend.
+    pub backend: BackendKind,
+    /// Index among the devices of that backend.
+    pub ordinal: usize,
+    /// Device name as the runtime reports it.
+    pub name: String,
+    /// Vendor or platform name.
+    pub vendor: String,
+    /// Total device memory in bytes.
+    pub total_memory: u64,
+    /// Largest single allocation the device accepts, in bytes.
+    pub max_alloc: u64,
+    /// True when device memory is host memory (integrated GPUs, CPU OpenCL drivers).
+    pub host_unified: bool,
+}
+
+impl DeviceInfo {
+    /// The device string: `cpu`, `opencl:0`, `cuda:1`.
+    pub fn label(&self) -> String {
+        match self.backend {
+            BackendKind::Cpu => "cpu".to_string(),
+            b => format!("{b}:{}", self.ordinal),
+        }
+    }
+}
+
+/// Raw memory a pool carves its blocks from: the backend allocation behind a caching pool
+/// ([`crate::alloc::pool::Pool`]). A segment is freed, with the API that made it, when it is
+/// dropped; a view is a range of a segment usable as memory of its own (an OpenCL sub-buffer,
+/// an offset device pointer), which keeps the segment alive.
+pub trait RawStorage {
+    /// A segment of raw memory.
+    type Segment: Send + Sync + 'static;
+    /// A view of a range of a segment.
+    type View;
+
+    /// Allocates a segment of `bytes` bytes.
+    ///
+    /// # Errors
+    /// [`crate::Error::OutOfMemory`] when the backend refuses, or another error of the backend.
+    fn alloc(&self, bytes: usize) -> Result<Self::Segment>;
+
+    /// A view of `len >= 1` bytes at `offset` of `segment` (`offset + len` within it, `offset`
+    /// aligned as the backend needs), keeping the segment alive.
+    ///
+    /// # Errors
+    /// An error of the backend.
+    fn view(&self, segment: &Arc<Self::Segment>, offset: usize, len: usize) -> Result<Self::View>;
+}
+
+/// Any function from a size to a segment is a storage without views (tests, trace replay).
+impl<T: Send + Sync + 'static, F: Fn(usize) -> Result<T>> RawStorage for F {
+    type Segment = T;
+    type View = ();
+
+    fn alloc(&self, bytes: usize) -> Result<T> {
+        self(bytes)
+    }
+
+    fn view(&self, _: &Arc<T>, _: usize, _: usize) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Keeps a pool segment alive for as long as a view into it exists.
+pub(crate) type KeepAlive = Arc<dyn Any + Send + Sync>;
+
+// The device traits: the contract every backend implements (CPU, OpenCL, CUDA). Rules every
+// implementation follows:
+// - `alloc(bytes)` is called with `bytes >= 1` only; memory contents are unspecified.
+// - A `Mem` / `Pinned` frees itself on `Drop` with the API that made it, and never panics there
+//   (errors on free are ignored: the runtime may already be shutting down).
+// - Stream operations are ordered on the stream. `copy` and `fill` are asynchronous.
+// - Offsets and lengths passed in have already been checked against the buffer sizes by the
+//   caller, and `len >= 1`.
+
+/// One physical device of a backend, created once at discovery.
+pub(crate) trait BackendDevice: Send + Sync + 'static {
+    /// Device memory.
+    type Mem: BackendMem;
+    /// Page-locked host memory that the device can copy from/to quickly.
+    type Pinned: BackendPinned;
+    /// A queue of device work.
+    type Stream: BackendStream<Mem = Self::Mem, Event = Self::Event>;
+    /// A marker in a stream.
+    type Event: BackendEvent;
+
+    /// Facts about the device.
+    fn info(&self) -> &DeviceInfo;
+    /// Allocates `bytes` of device memory (no zero fill).
+    fn alloc(&self, bytes: usize) -> Result<Self::Mem>;
+    /// Allocates `bytes` of pinned host memory, zero-filled.
+    fn alloc_pinned(&self, bytes: usize) -> Result<Self::Pinned>;
+    /// Creates a new stream (in-order queue) on this device.
+    fn new_stream(&self) -> Result<Self::Stream>;
+    /// Alignment in bytes that the offset of a sub-buffer ([`BackendDevice::sub_mem`]) must
+    /// respect (a power of two).
+    fn sub_align(&self) -> usize;
+    /// A view of `len >= 1` bytes of `parent` from `offset` (a multiple of
+    /// [`BackendDevice::sub_align`], `offset + len <= parent.len()`), usable wherever a `Mem`
+    /// is. Dropping the view never frees the parent's memory; `keep` (which owns the parent)
+    /// lives as long as the view.
+    fn sub_mem(
+        &self,
+        parent: &Self::Mem,
+        offset: usize,
+        len: usize,
+        keep: KeepAlive,
+    ) -> Result<Self::Mem>;
+}
+
+/// Device memory owned by this value.
+pub(crate) trait BackendMem: Send + Sync + 'static {
+    /// Size in bytes.
+    fn len(&self) -> usize;
+}
+
+/// Pinned host memory owned by this value.
+pub(crate) trait BackendPinned: Send + Sync + 'static {
+    /// Start of the host-visible mapping. Valid for `len()` bytes until drop.
+    fn as_ptr(&self) -> *mut u8;
+    /// Size in bytes.
+    fn len(&self) -> usize;
+}
+
+/// An in-order queue of device work.
+pub(crate) trait BackendStream: Send + Sync + 'static {
+    /// Device memory of this backend.
+    type Mem;
+    /// Events of this backend.
+    type Event;
+
+    /// Copies `len` bytes from host `src` into `dst` at `dst_off`.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of `len` bytes. When `blocking` is false, `src` must stay
+    /// valid and unmodified until an event recorded after this call has completed.
+    unsafe fn write(
+        &self,
+        dst: &Self::Mem,
+        dst_off: usize,
+        src: *const u8,
+        len: usize,
+        blocking: bool,
+    ) -> Result<()>;
+
+    /// Copies `len` bytes from `src` at `src_off` into host `dst`.
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `len` bytes and not accessed by anything else until the
+    /// copy is complete (on return when `blocking`, else when an event recorded after this call
+    /// has completed).
+    unsafe fn read(
+        &self,
+        src: &Self::Mem,
+        src_off: usize,
+        dst: *mut u8,
+        len: usize,
+        blocking: bool,
+    ) -> Result<()>;
+
+    /// Device-to-device copy, asynchronous. `src` and `dst` may be on different devices of
+    /// the same backend when the backend supports it.
+    fn copy(
+        &self,
+        src: &Self::Mem,
+        src_off: usize,
+        dst: &Self::Mem,
+        dst_off: usize,
+        len: usize,
+    ) -> Result<()>;
+
+    /// Sets `len` bytes of `dst` from `off` to `value`, asynchronous.
+    fn fill(&self, dst: &Self::Mem, off: usize, len: usize, value: u8) -> Result<()>;
+
+    /// Records an event after all work queued so far.
+    fn record(&self) -> Result<Self::Event>;
+
+    /// Makes later work on this stream wait for `event`.
+    fn wait_for(&self, event: &Self::Event) -> Result<()>;
+
+    /// Blocks until all queued work is complete.
+    fn synchronize(&self) -> Result<()>;
+}
+
+/// A marker in a stream.
+pub(crate) trait BackendEvent: Send + Sync + Clone + 'static {
+    /// Blocks until the event has completed.
+    fn wait(&self) -> Result<()>;
+    /// True once the event has completed.
+    fn is_complete(&self) -> Result<bool>;
+}
 
 /// A memory argument of a kernel: `None` for an empty buffer, which a kernel never reads or
 /// writes (the backends pass a null pointer).
@@ -43,7 +243,7 @@ pub(crate) struct Gemm {
     pub(crate) k: usize,
 }
 
-/// The reductions of [`BackendKernels::reduce`].
+/// The reductions of [`BackendKernels::reduce_partials`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reduce {
     /// `sum |x[i]|`.

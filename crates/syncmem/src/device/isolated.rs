@@ -1,6 +1,6 @@
 //! Isolated devices: a second [`Device`] on the same hardware with memory state of its own.
 
-use super::{cpu, Device, RawDevice};
+use super::Device;
 use crate::error::Result;
 
 impl Device {
@@ -53,14 +53,7 @@ impl Device {
     /// - Copies it makes are counted in the process-wide copy counters as well.
     /// - Dropping its last handle (and its buffers and streams) frees its pools.
     pub fn isolated(&self) -> Device {
-        let raw = match &self.shared.raw {
-            RawDevice::Cpu(_) => RawDevice::Cpu(cpu::CpuDevice::new()),
-            #[cfg(feature = "opencl")]
-            RawDevice::OpenCl(d) => RawDevice::OpenCl(d.duplicate()),
-            #[cfg(feature = "cuda")]
-            RawDevice::Cuda(d) => RawDevice::Cuda(d.duplicate()),
-        };
-        Device::from_raw(raw)
+        Device::from_raw(self.shared.raw.duplicate())
     }
 
     /// The former name of [`Device::isolated`].

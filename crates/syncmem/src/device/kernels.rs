@@ -1,6 +1,6 @@
-//! The kernels of a stream's device, checked and dispatched: [`Kernels`] takes device buffers,
-//! checks that each lives on the stream's device and holds what the call touches, and runs the
-//! backend's implementation of [`BackendKernels`] with one `match` per call.
+//! The kernels of a stream's device, checked: [`Kernels`] takes device buffers, checks that
+//! each lives on the stream's device and holds what the call touches, and hands the backend
+//! objects to the dispatch of the backend layer (one `match` per kernel there).
 //!
 //! Callers (operators, parameter math, [`crate::kernels`]) pass buffers they hold through
 //! guards: inputs read-locked, outputs write-locked, so no one else touches the memory a
@@ -8,9 +8,9 @@
 
 use std::fmt;
 
-use super::types::{RawMem, RawStream};
-use super::{DeviceBuffer, RawDevice, Stream};
-use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce};
+use super::{DeviceBuffer, Stream};
+use crate::backend::dispatch::{RawDevice, RawMem, RawStream};
+use crate::backend::{BadLabel, Gemm, Reduce};
 use crate::dtype::{Float, ScalarKind};
 use crate::error::{Error, Result};
 
@@ -53,59 +53,11 @@ fn bytes_of(elements: usize, size: usize, o: Operand) -> Result<usize> {
         })
 }
 
-macro_rules! mem_fn {
-    ($name:ident, $variant:ident, $ty:ty) => {
-        /// The backend memory of `b` (a non-empty buffer of this backend).
-        #[allow(dead_code)]
-        fn $name(b: &DeviceBuffer) -> Option<&$ty> {
-            match &b.raw {
-                Some(RawMem::$variant(m)) => Some(m),
-                #[allow(unreachable_patterns)]
-                _ => None,
-            }
-        }
-    };
-}
-mem_fn!(cpu_mem, Cpu, crate::device::cpu::CpuMem);
-#[cfg(feature = "opencl")]
-mem_fn!(cl_mem, OpenCl, crate::device::opencl::ClMem);
-#[cfg(feature = "cuda")]
-mem_fn!(cu_mem, Cuda, crate::device::cuda::CuMem);
-
-/// Runs `$body` with `$d` the backend device, `$s` the backend stream and `$m` the function
-/// that takes a [`DeviceBuffer`] to the backend's memory.
-macro_rules! dispatch {
-    ($k:expr, |$d:ident, $s:ident, $m:ident| $body:expr) => {
-        match (&$k.stream.device().shared.raw, &*$k.stream.raw) {
-            (RawDevice::Cpu($d), RawStream::Cpu($s)) => {
-                let $m = cpu_mem;
-                $body
-            }
-            #[cfg(feature = "opencl")]
-            (RawDevice::OpenCl($d), RawStream::OpenCl($s)) => {
-                let $m = cl_mem;
-                $body
-            }
-            #[cfg(feature = "cuda")]
-            (RawDevice::Cuda($d), RawStream::Cuda($s)) => {
-                let $m = cu_mem;
-                $body
-            }
-            #[allow(unreachable_patterns)]
-            _ => Err($k.stream_mismatch()),
-        }
-    };
-}
-
 impl<'a> Kernels<'a> {
-    fn stream_mismatch(&self) -> Error {
-        Error::DeviceMismatch {
-            op: "kernel launch",
-            expected: self.stream.device().label().to_string(),
-            actual: "a stream of another backend".to_string(),
-        }
+    /// The backend device and stream.
+    fn raw(&self) -> (&'a RawDevice, &'a RawStream) {
+        (&self.stream.device().shared.raw, &self.stream.raw)
     }
-
     /// Checks that `b` lives on the stream's device and holds `elements` elements of `size`
     /// bytes; returns it, or `None` when nothing is needed from it.
     fn check<'b>(
@@ -153,7 +105,8 @@ impl<'a> Kernels<'a> {
 
     /// Builds (or finds) the math kernels of `kind` on the device.
     pub(crate) fn prepare_math(&self, kind: ScalarKind) -> Result<()> {
-        dispatch!(self, |d, _s, _m| d.prepare_math(kind))
+        let (d, s) = self.raw();
+        d.prepare_math(s, kind)
     }
 
     /// `C[m,n] = op(A)·op(B) (+ bias[col])` in `f32` (see [`Gemm`]).
@@ -177,14 +130,8 @@ impl<'a> Kernels<'a> {
         let Some(c) = c else {
             return Ok(());
         };
-        dispatch!(self, |d, s, mem| {
-            let c = mem(c).ok_or_else(|| self.stream_mismatch())?;
-            let bias_mem = opt(bias, mem)?;
-            if bias.is_some() != bias_mem.is_some() {
-                return Err(self.stream_mismatch());
-            }
-            d.gemm(s, &g, opt(a, mem)?, opt(b, mem)?, c, bias_mem)
-        })
+        let (d, s) = self.raw();
+        d.gemm(s, &g, opt(a), opt(b), mem(c)?, opt(bias))
     }
 
     /// `out[j] = sum_i x[i*cols + j]` (`f32`).
@@ -199,10 +146,8 @@ impl<'a> Kernels<'a> {
         let Some(out) = self.check(out, cols, 4, op("col_sum", "out"))? else {
             return Ok(());
         };
-        dispatch!(self, |d, s, mem| {
-            let out = mem(out).ok_or_else(|| self.stream_mismatch())?;
-            d.col_sum(s, rows, cols, opt(x, mem)?, out)
-        })
+        let (d, s) = self.raw();
+        d.col_sum(s, rows, cols, opt(x), mem(out)?)
     }
 
     /// `y = max(x, 0)` over `n` `f32`s; `x` may be `y`.
@@ -212,12 +157,8 @@ impl<'a> Kernels<'a> {
         }
         let x = self.need(x, n, 4, op("relu", "x"))?;
         let y = self.need(y, n, 4, op("relu", "y"))?;
-        dispatch!(self, |d, s, mem| d.relu(
-            s,
-            n,
-            req(x, mem, self)?,
-            req(y, mem, self)?
-        ))
+        let (d, s) = self.raw();
+        d.relu(s, n, mem(x)?, mem(y)?)
     }
 
     /// `dx = y > 0 ? dy : 0` over `n` `f32`s; `dy` may be `dx`.
@@ -234,13 +175,8 @@ impl<'a> Kernels<'a> {
         let y = self.need(y, n, 4, op("relu_grad", "y"))?;
         let dy = self.need(dy, n, 4, op("relu_grad", "dy"))?;
         let dx = self.need(dx, n, 4, op("relu_grad", "dx"))?;
-        dispatch!(self, |d, s, mem| d.relu_grad(
-            s,
-            n,
-            req(y, mem, self)?,
-            req(dy, mem, self)?,
-            req(dx, mem, self)?
-        ))
+        let (d, s) = self.raw();
+        d.relu_grad(s, n, mem(y)?, mem(dy)?, mem(dx)?)
     }
 
     /// `y[..n] = value` (`f32`).
@@ -249,12 +185,8 @@ impl<'a> Kernels<'a> {
             return Ok(());
         }
         let y = self.need(y, n, 4, op("fill", "y"))?;
-        dispatch!(self, |d, s, mem| d.fill_f32(
-            s,
-            n,
-            value,
-            req(y, mem, self)?
-        ))
+        let (d, s) = self.raw();
+        d.fill_f32(s, n, value, mem(y)?)
     }
 
     /// Softmax of `x[rows, cols]` into `p`, mean cross-entropy into `loss[0]`. `Some` when a
@@ -278,15 +210,16 @@ impl<'a> Kernels<'a> {
         if cols == 0 && rows > 0 {
             return Err(self.no_classes(k));
         }
-        dispatch!(self, |d, s, mem| d.softmax_loss(
+        let (d, s) = self.raw();
+        d.softmax_loss(
             s,
             rows,
             cols.max(1),
-            opt(x, mem)?,
-            opt(labels, mem)?,
-            opt(p, mem)?,
-            req(loss, mem, self)?
-        ))
+            opt(x),
+            opt(labels),
+            opt(p),
+            mem(loss)?,
+        )
     }
 
     fn no_classes(&self, kernel: &'static str) -> Error {
@@ -320,15 +253,8 @@ impl<'a> Kernels<'a> {
             None => None,
         };
         let dx = self.need(dx, cells, 4, op(k, "dx"))?;
-        dispatch!(self, |d, s, mem| d.softmax_loss_grad(
-            s,
-            rows,
-            cols,
-            req(p, mem, self)?,
-            req(labels, mem, self)?,
-            opt(dloss, mem)?,
-            req(dx, mem, self)?
-        ))
+        let (d, s) = self.raw();
+        d.softmax_loss_grad(s, rows, cols, mem(p)?, mem(labels)?, opt(dloss), mem(dx)?)
     }
 
     /// The fraction of rows whose label is in the top `top_k` into `out[0]`.
@@ -349,15 +275,16 @@ impl<'a> Kernels<'a> {
         if cols == 0 && rows > 0 {
             return Err(self.no_classes(k));
         }
-        dispatch!(self, |d, s, mem| d.accuracy(
+        let (d, s) = self.raw();
+        d.accuracy(
             s,
             rows,
             cols.max(1),
             top_k.max(1),
-            opt(x, mem)?,
-            opt(labels, mem)?,
-            req(out, mem, self)?
-        ))
+            opt(x),
+            opt(labels),
+            mem(out)?,
+        )
     }
 
     /// `y[..n] += a * x[..n]`.
@@ -374,13 +301,8 @@ impl<'a> Kernels<'a> {
         let size = std::mem::size_of::<F>();
         let x = self.need(x, n, size, op("axpy", "x"))?;
         let y = self.need(y, n, size, op("axpy", "y"))?;
-        dispatch!(self, |d, s, mem| d.axpy(
-            s,
-            n,
-            a,
-            req(x, mem, self)?,
-            req(y, mem, self)?
-        ))
+        let (d, s) = self.raw();
+        d.axpy(s, n, a, mem(x)?, mem(y)?)
     }
 
     /// `x[..n] *= a`.
@@ -389,7 +311,8 @@ impl<'a> Kernels<'a> {
             return Ok(());
         }
         let x = self.need(x, n, std::mem::size_of::<F>(), op("scale", "x"))?;
-        dispatch!(self, |d, s, mem| d.scale(s, n, a, req(x, mem, self)?))
+        let (d, s) = self.raw();
+        d.scale(s, n, a, mem(x)?)
     }
 
     /// A reduction of `x[..n]`, brought back to the host: the partial results of the backend
@@ -402,15 +325,10 @@ impl<'a> Kernels<'a> {
         let kernel = r.name();
         let size = std::mem::size_of::<F>();
         let x = self.need(x, n, size, op(kernel, "x"))?;
-        let groups = dispatch!(self, |d, _s, _m| Ok::<usize, Error>(d.reduce_groups(n)))?;
+        let (d, s) = self.raw();
+        let groups = d.reduce_groups(n);
         let partial = self.stream.device().alloc(groups * size)?;
-        dispatch!(self, |d, s, mem| d.reduce_partials::<F>(
-            s,
-            r,
-            n,
-            req(x, mem, self)?,
-            req(&partial, mem, self)?
-        ))?;
+        d.reduce_partials::<F>(s, r, n, mem(x)?, mem(&partial)?)?;
         let mut values = vec![F::ZERO; groups];
         self.stream
             .read(&partial, 0, bytemuck::cast_slice_mut(&mut values))?;
@@ -418,26 +336,16 @@ impl<'a> Kernels<'a> {
     }
 }
 
-/// The backend memory of a non-empty operand.
-fn req<'b, M>(
-    b: &'b DeviceBuffer,
-    mem: fn(&'b DeviceBuffer) -> Option<&'b M>,
-    k: &Kernels<'_>,
-) -> Result<&'b M> {
-    mem(b).ok_or_else(|| k.stream_mismatch())
+/// The backend memory of an operand checked to be non-empty.
+fn mem(b: &DeviceBuffer) -> Result<&RawMem> {
+    b.raw.as_ref().ok_or_else(|| Error::InvalidState {
+        op: "kernel launch",
+        buffer: format!("{b:?}"),
+        reason: "the operand has no memory".into(),
+    })
 }
 
-/// The backend memory of an operand that may be empty (`None`).
-fn opt<'b, M>(
-    b: Option<&'b DeviceBuffer>,
-    mem: fn(&'b DeviceBuffer) -> Option<&'b M>,
-) -> Result<Buf<'b, M>> {
-    match b {
-        None => Ok(None),
-        Some(b) => mem(b).map(Some).ok_or_else(|| Error::DeviceMismatch {
-            op: "kernel launch",
-            expected: b.device().label().to_string(),
-            actual: "memory of another backend".to_string(),
-        }),
-    }
+/// The backend memory of an operand that may be empty.
+fn opt(b: Option<&DeviceBuffer>) -> Option<&RawMem> {
+    b.and_then(|b| b.raw.as_ref())
 }

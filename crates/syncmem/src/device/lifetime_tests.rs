@@ -6,7 +6,7 @@ use std::sync::{Arc, Weak};
 
 use super::{Device, DeviceShared};
 use crate::alloc::pool::Pool;
-use crate::device::{RawMem, RawPinned};
+use crate::backend::dispatch::{RawMem, RawPinned};
 use crate::SyncedMemory;
 
 /// Weak references to a device's state and to its two pools.

@@ -26,67 +26,41 @@
 //! stream-ordered pooled allocation. Select the pool with [`Device::set_pool`] or with the
 //! `SYNCMEM_DEVICE_POOL` / `SYNCMEM_POOL_CONF` environment variables.
 
-mod backend;
-pub(crate) mod cpu;
-#[cfg(feature = "cuda")]
-pub(crate) mod cuda;
+mod buffer;
 mod isolated;
 mod kernels;
 #[cfg(test)]
 mod lifetime_tests;
-#[cfg(feature = "opencl")]
-pub(crate) mod opencl;
+mod memory;
+mod mirror;
+mod oom;
 mod pinned;
 mod registry;
-mod types;
+mod stream;
+mod trace;
 
+pub use crate::backend::DeviceInfo;
+pub use buffer::DeviceBuffer;
+pub(crate) use buffer::Release;
 pub(crate) use kernels::Kernels;
+pub(crate) use mirror::{Evictable, Mirrors};
+pub use mirror::{Head, LiveBuffer};
+pub use oom::OomReport;
 pub use pinned::PinnedBuffer;
 pub(crate) use registry::discovered as registry_discovered;
 pub use registry::{probe, BackendReport};
-use types::UnboundStream;
-pub use types::{DeviceBuffer, Event, Stream};
-pub(crate) use types::{RawMem, RawPinned, Release};
+use stream::UnboundStream;
+pub use stream::{Event, Stream};
 
 use std::fmt;
 use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
 
-use crate::alloc::pool::device::DeviceMemory;
-use crate::alloc::pool::evict::OomReport;
-use crate::alloc::pool::{LiveBuffer, PoolConfig, PoolStats};
+use crate::alloc::pool::{PoolConfig, PoolStats};
 use crate::alloc::stats::{MemCounters, MemStats};
+use crate::backend::dispatch::RawDevice;
 use crate::error::{BackendKind, Error, Result};
-use backend::BackendDevice;
-
-/// Facts about one device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceInfo {
-    /// The backend.
-    pub backend: BackendKind,
-    /// Index among the devices of that backend.
-    pub ordinal: usize,
-    /// Device name as the runtime reports it.
-    pub name: String,
-    /// Vendor or platform name.
-    pub vendor: String,
-    /// Total device memory in bytes.
-    pub total_memory: u64,
-    /// Largest single allocation the device accepts, in bytes.
-    pub max_alloc: u64,
-    /// True when device memory is host memory (integrated GPUs, CPU OpenCL drivers).
-    pub host_unified: bool,
-}
-
-impl DeviceInfo {
-    /// The device string: `cpu`, `opencl:0`, `cuda:1`.
-    pub fn label(&self) -> String {
-        match self.backend {
-            BackendKind::Cpu => "cpu".to_string(),
-            b => format!("{b}:{}", self.ordinal),
-        }
-    }
-}
+use memory::DeviceMemory;
 
 /// A parsed device string (`cpu`, `opencl:N`, `cuda:N`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -139,29 +113,6 @@ impl fmt::Display for DeviceSpec {
     }
 }
 
-/// The backend implementation behind a device.
-pub(crate) enum RawDevice {
-    Cpu(cpu::CpuDevice),
-    #[cfg(feature = "opencl")]
-    OpenCl(opencl::ClDevice),
-    #[cfg(feature = "cuda")]
-    Cuda(cuda::CuDevice),
-}
-
-/// Runs `$body` with `$d` bound to the backend device inside a [`RawDevice`].
-macro_rules! with_raw_device {
-    ($raw:expr, $d:ident => $body:expr) => {
-        match $raw {
-            $crate::device::RawDevice::Cpu($d) => $body,
-            #[cfg(feature = "opencl")]
-            $crate::device::RawDevice::OpenCl($d) => $body,
-            #[cfg(feature = "cuda")]
-            $crate::device::RawDevice::Cuda($d) => $body,
-        }
-    };
-}
-pub(crate) use with_raw_device;
-
 pub(crate) struct DeviceShared {
     pub(crate) info: DeviceInfo,
     pub(crate) label: String,
@@ -181,7 +132,7 @@ pub struct Device {
 
 impl Device {
     pub(crate) fn from_raw(raw: RawDevice) -> Device {
-        let info = with_raw_device!(&raw, d => d.info().clone());
+        let info = raw.info().clone();
         Device {
             shared: Arc::new(DeviceShared {
                 label: info.label(),
@@ -338,7 +289,7 @@ impl Device {
     /// the order the out-of-memory path tries to evict them (largest first, then the mirror
     /// allocated longest ago first).
     pub fn live_buffers(&self) -> Vec<LiveBuffer> {
-        self.shared.memory.mirrors.live_buffers()
+        self.shared.memory.live_buffers()
     }
 
     /// The report of the last allocation on this device that failed for lack of memory.
@@ -346,53 +297,13 @@ impl Device {
         self.shared.memory.last_oom()
     }
 
-    /// A backend allocation of `len >= 1` bytes (no accounting).
-    pub(crate) fn raw_alloc(&self, len: usize) -> Result<RawMem> {
-        Ok(match &self.shared.raw {
-            RawDevice::Cpu(d) => RawMem::Cpu(d.alloc(len)?),
-            #[cfg(feature = "opencl")]
-            RawDevice::OpenCl(d) => RawMem::OpenCl(d.alloc(len)?),
-            #[cfg(feature = "cuda")]
-            RawDevice::Cuda(d) => RawMem::Cuda(d.alloc(len)?),
-        })
-    }
-
-    /// A backend pinned allocation of `len >= 1` bytes, zero-filled (no accounting).
-    pub(crate) fn raw_alloc_pinned(&self, len: usize) -> Result<RawPinned> {
-        Ok(match &self.shared.raw {
-            RawDevice::Cpu(d) => RawPinned::Cpu(d.alloc_pinned(len)?),
-            #[cfg(feature = "opencl")]
-            RawDevice::OpenCl(d) => RawPinned::OpenCl(d.alloc_pinned(len)?),
-            #[cfg(feature = "cuda")]
-            RawDevice::Cuda(d) => RawPinned::Cuda(d.alloc_pinned(len)?),
-        })
-    }
-
-    /// The alignment sub-buffer offsets need on this device.
-    pub(crate) fn sub_align(&self) -> usize {
-        with_raw_device!(&self.shared.raw, d => d.sub_align())
-    }
-
-    /// A view of `len` bytes at `offset` of pool segment `seg` (which it keeps alive).
-    pub(crate) fn sub_mem(&self, seg: &Arc<RawMem>, offset: usize, len: usize) -> Result<RawMem> {
-        let keep: backend::KeepAlive = seg.clone();
-        match (&self.shared.raw, &**seg) {
-            (RawDevice::Cpu(d), RawMem::Cpu(m)) => d.sub_mem(m, offset, len, keep).map(RawMem::Cpu),
-            #[cfg(feature = "opencl")]
-            (RawDevice::OpenCl(d), RawMem::OpenCl(m)) => {
-                d.sub_mem(m, offset, len, keep).map(RawMem::OpenCl)
-            }
-            #[cfg(feature = "cuda")]
-            (RawDevice::Cuda(d), RawMem::Cuda(m)) => {
-                d.sub_mem(m, offset, len, keep).map(RawMem::Cuda)
-            }
-            #[allow(unreachable_patterns)]
-            _ => Err(Error::DeviceMismatch {
-                op: "sub-buffer",
-                expected: self.label().to_string(),
-                actual: "a segment of another backend".to_string(),
-            }),
-        }
+    /// The registry of evictable mirrors of this device, installed by `init` on first use
+    /// (the synced layer's).
+    pub(crate) fn mirrors_hook(
+        &self,
+        init: impl FnOnce() -> std::sync::Arc<dyn Mirrors>,
+    ) -> &std::sync::Arc<dyn Mirrors> {
+        self.shared.memory.mirrors_hook(init)
     }
 
     /// Allocates `bytes` of zero-filled page-locked host memory that this device copies to and

@@ -2,10 +2,9 @@
 
 use std::fmt;
 
-use super::backend::BackendPinned;
-use super::types::RawPinned;
 use super::Device;
 use crate::alloc::pool::Lease;
+use crate::backend::dispatch::RawPinned;
 use crate::error::Result;
 
 /// Page-locked host memory belonging to a device, zero-filled at allocation.
@@ -22,13 +21,7 @@ enum PinnedMem {
 }
 
 fn pinned_ptr(p: &RawPinned) -> *mut u8 {
-    match p {
-        RawPinned::Cpu(p) => p.as_ptr(),
-        #[cfg(feature = "opencl")]
-        RawPinned::OpenCl(p) => p.as_ptr(),
-        #[cfg(feature = "cuda")]
-        RawPinned::Cuda(p) => p.as_ptr(),
-    }
+    p.as_ptr()
 }
 
 impl PinnedBuffer {
@@ -40,7 +33,7 @@ impl PinnedBuffer {
                 raw: None,
             });
         }
-        let raw = device.raw_alloc_pinned(len)?;
+        let raw = device.shared.raw.alloc_pinned(len)?;
         device.shared.pinned.on_alloc(len);
         Ok(Self {
             device: device.clone(),

@@ -2,8 +2,10 @@
 
 use std::sync::OnceLock;
 
-use super::{cpu, Device, DeviceInfo, RawDevice};
+use super::{Device, DeviceInfo};
 use crate::alloc::pool::config::check_env;
+use crate::backend::cpu::CpuDevice;
+use crate::backend::dispatch::RawDevice;
 use crate::error::{BackendKind, Error, Result};
 
 /// Discovery outcome kept for the life of the process. Errors are kept as their parts so that
@@ -17,7 +19,7 @@ static OPENCL: OnceLock<Found> = OnceLock::new();
 static CUDA: OnceLock<Found> = OnceLock::new();
 
 pub(crate) fn cpu() -> Device {
-    CPU.get_or_init(|| Device::from_raw(RawDevice::Cpu(cpu::CpuDevice::new())))
+    CPU.get_or_init(|| Device::from_raw(RawDevice::Cpu(CpuDevice::new())))
         .clone()
 }
 
@@ -62,14 +64,13 @@ pub(crate) fn devices(backend: BackendKind) -> Result<Vec<Device>> {
     match backend {
         BackendKind::Cpu => Ok(vec![cpu()]),
         #[cfg(feature = "opencl")]
-        BackendKind::OpenCl => unpack(
-            OPENCL
-                .get_or_init(|| discover_with(backend, super::opencl::discover, RawDevice::OpenCl)),
-        ),
+        BackendKind::OpenCl => unpack(OPENCL.get_or_init(|| {
+            discover_with(backend, crate::backend::opencl::discover, RawDevice::OpenCl)
+        })),
         #[cfg(feature = "cuda")]
-        BackendKind::Cuda => unpack(
-            CUDA.get_or_init(|| discover_with(backend, super::cuda::discover, RawDevice::Cuda)),
-        ),
+        BackendKind::Cuda => unpack(CUDA.get_or_init(|| {
+            discover_with(backend, crate::backend::cuda::discover, RawDevice::Cuda)
+        })),
         #[allow(unreachable_patterns)]
         b => Err(Error::BackendNotCompiled { backend: b }),
     }

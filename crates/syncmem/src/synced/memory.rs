@@ -1,14 +1,15 @@
 //! Where the mirrors come from and how they go: the host pool (or the device's pinned pool)
 //! for host mirrors, the device pool for device mirrors, and the eviction of clean device
 //! mirrors that the device's out-of-memory path asks for through a weak reference (see
-//! [`crate::alloc::pool::device`]).
+//! [`registry`]).
 
 use std::sync::{Arc, Weak};
 
+use super::registry;
 use super::state::{Head, Place, Valid};
 use super::{Core, HostMem, Shared, SyncedMemory};
-use crate::alloc::pool::evict::Evictable;
 use crate::alloc::pool::HostPool;
+use crate::device::Evictable;
 use crate::device::{Device, DeviceBuffer, Release};
 use crate::error::Result;
 
@@ -18,7 +19,7 @@ impl Core {
     /// block is reusable by every stream at once.
     pub(super) fn release_device(&mut self, device: Option<&Device>) {
         if let (Some(id), Some(d)) = (self.dev_reg.take(), device) {
-            d.shared.memory.mirrors.unregister(id);
+            registry::of(d).unregister(id);
         }
         if let Some(mut buf) = self.dev.take() {
             if self.dev_owned && !self.dev_exposed {
@@ -84,7 +85,7 @@ impl SyncedMemory {
         core.dev_exposed = false;
         if bytes > 0 {
             let weak: Weak<dyn Evictable> = Arc::downgrade(&self.shared) as Weak<dyn Evictable>;
-            core.dev_reg = Some(device.shared.memory.mirrors.register(weak, bytes));
+            core.dev_reg = Some(registry::of(device).register(weak, bytes));
         }
         Ok(buf)
     }

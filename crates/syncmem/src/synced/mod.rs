@@ -70,6 +70,7 @@ mod guard;
 pub(crate) mod held;
 mod memory;
 mod prefetch;
+mod registry;
 mod state;
 mod transition;
 

@@ -4,40 +4,9 @@
 //! Caffe's four heads are the one-device view of it ([`Head`]). Replicas are bits in a mask, so
 //! more device replicas can join later without a new representation.
 
-use std::fmt;
-
 use crate::device::Event;
 
-/// Caffe's head: which mirror holds the newest data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Head {
-    /// Nothing has been allocated or written yet (`UNINITIALIZED`).
-    Uninitialized,
-    /// Only the host mirror is current (`HEAD_AT_CPU`).
-    AtHost,
-    /// Only the device mirror is current (`HEAD_AT_GPU`).
-    AtDevice,
-    /// Both mirrors hold the same data (`SYNCED`).
-    Synced,
-}
-
-impl Head {
-    /// `uninitialized`, `host`, `device` or `synced`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Head::Uninitialized => "uninitialized",
-            Head::AtHost => "host",
-            Head::AtDevice => "device",
-            Head::Synced => "synced",
-        }
-    }
-}
-
-impl fmt::Display for Head {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::device::Head;
 
 /// A replica: the host mirror or a device mirror.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -67,7 +67,7 @@ impl HostPool {
     }
 
     fn build(label: impl Into<String>, config: PoolConfig, counted: bool) -> Result<Self> {
-        let total = crate::Device::cpu().info().total_memory;
+        let total = crate::backend::cpu::total_memory();
         let cap = config.memory_cap.map(|c| c.resolve(total));
         let budget = Arc::new(Budget::new(cap));
         let pool = Pool::new(label, config, budget, isize::MAX as usize)?;

@@ -1,6 +1,6 @@
 //! Caching memory pools over an abstract segment source.
 //!
-//! A [`Pool`] hands out blocks ([`Lease`]s) carved from *segments* that a [`SegmentSource`]
+//! A [`Pool`] hands out blocks ([`Lease`]s) carved from *segments* that a [`RawStorage`]
 //! makes (host memory, pinned host memory, device memory: the pool never touches the bytes).
 //! Three kinds ([`PoolKind`]):
 //!
@@ -13,8 +13,8 @@
 //! # Stream-ordered reuse
 //!
 //! Allocations name a stream ([`StreamId`]); a lease may record uses still in flight
-//! ([`Lease::add_pending`]: a stream and a [`Fence`], e.g. an [`crate::Event`] recorded when the
-//! block was freed). A freed block is reused at once by work on the stream of its pending uses
+//! ([`Lease::add_pending`]: a stream and a [`Fence`], e.g. an event recorded when the block was
+//! freed). A freed block is reused at once by work on the stream of its pending uses
 //! (streams run in order), and by other streams only once the fences have completed.
 //!
 //! # Limits
@@ -34,8 +34,6 @@
 mod arena;
 mod binned;
 pub mod config;
-pub(crate) mod device;
-pub(crate) mod evict;
 pub mod host;
 mod lease;
 pub mod stats;
@@ -52,10 +50,11 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 pub use config::{MemoryCap, PoolConfig, PoolKind};
-pub use evict::LiveBuffer;
 pub use host::{HostAllocation, HostPool};
 pub use lease::Lease;
 pub use stats::{Gauge, PoolStats};
+
+pub use crate::backend::RawStorage;
 
 use crate::alloc::stats::human_bytes;
 use crate::alloc::trace::hub;
@@ -113,15 +112,6 @@ pub trait Fence: Send + Sync {
     }
 }
 
-impl Fence for crate::device::Event {
-    fn is_complete(&self) -> bool {
-        crate::device::Event::is_complete(self).unwrap_or(true)
-    }
-    fn wait(&self) {
-        let _ = crate::device::Event::wait(self);
-    }
-}
-
 /// A use of a block still in flight on a stream.
 #[derive(Clone)]
 pub(crate) struct PendingUse {
@@ -173,21 +163,6 @@ pub(crate) fn usable_by(pending: &[PendingUse], stream: StreamId) -> bool {
     pending
         .iter()
         .all(|p| p.stream == stream || p.fence.is_complete())
-}
-
-/// Makes segments: the backend call behind a pool.
-pub trait SegmentSource<T> {
-    /// Allocates a segment of `bytes` bytes.
-    ///
-    /// # Errors
-    /// [`Error::OutOfMemory`] (or any other error, passed through unchanged).
-    fn alloc_segment(&self, bytes: usize) -> Result<T>;
-}
-
-impl<T, F: Fn(usize) -> Result<T>> SegmentSource<T> for F {
-    fn alloc_segment(&self, bytes: usize) -> Result<T> {
-        self(bytes)
-    }
 }
 
 /// A byte budget shared by a pool's segments and direct allocations of the same memory.
@@ -393,11 +368,11 @@ impl<T: Send + Sync + 'static> Pool<T> {
     /// # Errors
     /// [`Error::OutOfMemory`] when the budget or the backend refuses, [`Error::SizeOverflow`]
     /// when rounding overflows, or the source's error.
-    pub fn alloc(
+    pub fn alloc<S: RawStorage<Segment = T> + ?Sized>(
         self: &Arc<Self>,
         bytes: usize,
         stream: StreamId,
-        source: &dyn SegmentSource<T>,
+        source: &S,
     ) -> Result<Lease<T>> {
         let mut inner = self.inner.lock();
         let (rounded, seg_size) = inner.core.sizes(bytes).ok_or_else(|| Error::SizeOverflow {
@@ -438,7 +413,7 @@ impl<T: Send + Sync + 'static> Pool<T> {
                         ),
                     ));
                 };
-                let seg = match source.alloc_segment(seg_size) {
+                let seg = match source.alloc(seg_size) {
                     Ok(s) => s,
                     Err(e) => {
                         self.budget.give(seg_size as u64);

@@ -1,10 +1,10 @@
 //! The process-wide trace hook: which [`Trace`]s are attached, and to what.
 //!
 //! Every device has a *trace source* (a number of its own, so that two handles on the same
-//! hardware made by [`Device::isolated`] stay apart), and so does the global host pool
+//! hardware made by `Device::isolated` stay apart), and so does the global host pool
 //! (source 0). The process's own pools (each device's device pool and pinned pool, the
 //! global host pool) are marked with their source when they are made, so a trace attached to a
-//! device also sees a pool that [`Device::set_pool`] puts in place later. Copies are reported
+//! device also sees a pool that `Device::set_pool` puts in place later. Copies are reported
 //! by the stream that makes them, with the stream's device.
 //!
 //! # Cost
@@ -23,7 +23,6 @@ use parking_lot::RwLock;
 use super::Trace;
 use crate::alloc::pool::PoolEvent;
 use crate::alloc::stats::Direction;
-use crate::device::Device;
 use crate::error::{Error, Result};
 
 /// The trace source of the global host pool ([`crate::alloc::pool::HostPool::global`]).
@@ -74,11 +73,10 @@ pub(crate) fn active() -> bool {
     ACTIVE.load(Relaxed)
 }
 
-/// Reports a copy made by a stream of `device`.
-pub(crate) fn copy(device: &Device, direction: Direction, bytes: usize) {
-    let source = device.shared.memory.trace_source();
+/// Reports a copy made by a stream of the device labelled `label`, of trace source `source`.
+pub(crate) fn copy(source: u64, label: &str, direction: Direction, bytes: usize) {
     for a in ATTACHED.read().iter().filter(|a| a.scope.covers(source)) {
-        a.trace.record_copy(device.label(), direction, bytes);
+        a.trace.record_copy(label, direction, bytes);
     }
 }
 
@@ -142,33 +140,11 @@ impl std::fmt::Debug for TraceGuard {
 }
 
 impl Trace {
-    /// Records `device`: allocations, frees and evictions of its device pool and of its pinned
-    /// host pool, every copy made by its streams, and the allocations and frees of the global
-    /// host pool (the host mirrors of [`crate::SyncedMemory`]), until the guard is dropped.
-    ///
-    /// Pools made later ([`Device::set_pool`], a first use) are covered too. Another handle on
-    /// the same hardware made by [`Device::isolated`] is a different device here. Direct
-    /// allocations ([`Device::alloc`]) are not pool traffic and are not recorded.
-    pub fn attach(self: &Arc<Self>, device: &Device) -> TraceGuard {
-        attach(
-            self,
-            Scope::Device {
-                source: device.shared.memory.trace_source(),
-                host: true,
-            },
-        )
-    }
-
-    /// As [`Trace::attach`] without the global host pool: only `device`'s own pools and copies
-    /// (other users of the host pool in the process do not show up).
-    pub fn attach_device_only(self: &Arc<Self>, device: &Device) -> TraceGuard {
-        attach(
-            self,
-            Scope::Device {
-                source: device.shared.memory.trace_source(),
-                host: false,
-            },
-        )
+    /// Records one device's trace source (`source`, see the module docs), with the global host
+    /// pool when `host`, until the guard is dropped. The device layer's `Trace::attach` and
+    /// `Trace::attach_device_only` call it with the device's source.
+    pub(crate) fn attach_source(self: &Arc<Self>, source: u64, host: bool) -> TraceGuard {
+        attach(self, Scope::Device { source, host })
     }
 
     /// Records the whole process: every device's pools and copies and the global host pool,

@@ -4,8 +4,8 @@
 use bytemuck::Pod;
 
 use super::math;
+use super::{CpuDevice, CpuMem, CpuStream};
 use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce};
-use crate::device::cpu::{CpuDevice, CpuMem, CpuStream};
 use crate::dtype::{Float, ScalarKind};
 use crate::error::{Error, Result};
 

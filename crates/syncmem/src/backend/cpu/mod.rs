@@ -1,5 +1,11 @@
-//! The `cpu` backend: the host runs the math over the `cpu` device's memory (separate host
-//! memory), and every operation has finished when it returns.
+//! The `cpu` backend: "device memory" is separate host memory, copies are `memcpy`, the host
+//! runs the math over it, and every operation has finished when it returns (events are always
+//! complete). It gives the whole device-side code path (allocation, copies, head transitions,
+//! events, kernels) a backend that runs everywhere.
 
+mod device;
+pub(crate) mod host;
 pub(crate) mod kernels;
 pub mod math;
+
+pub(crate) use device::{total_memory, CpuDevice, CpuEvent, CpuMem, CpuPinned, CpuStream};

@@ -28,8 +28,8 @@ use cudarc::driver::LaunchConfig;
 
 use super::launch::{blocks_for, launch, linear, u32_arg, Arg, MAX_BLOCKS, MAX_GRID_Y};
 use super::source::{BLOCK, GEMM_THREADS, MATH_BLOCK, TILE_M, TILE_N};
+use super::{CuDevice, CuMem, CuStream};
 use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce};
-use crate::device::cuda::{CuDevice, CuMem, CuStream};
 use crate::dtype::{Float, ScalarKind};
 use crate::error::Result;
 

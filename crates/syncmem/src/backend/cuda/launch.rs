@@ -4,7 +4,7 @@
 
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
-use crate::device::cuda::driver_error;
+use super::error::driver_error;
 use crate::error::{Error, Result};
 
 /// Most blocks launched for an element-wise kernel (a grid-stride loop covers the rest).

@@ -21,9 +21,10 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{self, Ptx};
 
+use super::error::{driver_error, panic_text};
 use super::source::{BLOCK, GEMM_THREADS, MATH, OPS};
+use super::CuDevice;
 use crate::backend::cache::BuildOnce;
-use crate::device::cuda::{driver_error, panic_text, CuDevice};
 use crate::dtype::ScalarKind;
 use crate::error::{BackendKind, Error, Result};
 

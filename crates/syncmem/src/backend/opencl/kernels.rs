@@ -7,8 +7,8 @@ use opencl3::memory::ClMem as _;
 use opencl3::types::{cl_event, cl_mem, cl_ulong};
 
 use super::launch::{groups_for, launch, u32_arg, Arg, Slot, MAX_LOCAL};
+use super::{backend_error, ClDevice, ClMem, ClStream};
 use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce};
-use crate::device::opencl::{backend_error, ClDevice, ClMem, ClStream};
 use crate::dtype::{Float, ScalarKind};
 use crate::error::Result;
 

@@ -9,37 +9,15 @@ use std::ptr;
 
 use opencl3::error_codes::ClError;
 use opencl3::kernel::Kernel;
-use opencl3::program::Program;
 use opencl3::types::{cl_command_queue, cl_device_id, cl_event, cl_mem, cl_uint, cl_ulong};
 use parking_lot::Mutex;
 
-use crate::device::opencl::backend_error;
+use super::error::backend_error;
+use super::handle::{OwnedKernel, OwnedProgram};
 use crate::error::{Error, Result};
 
 /// Largest one-dimensional work-group size used.
 pub(super) const MAX_LOCAL: usize = 256;
-
-/// A program released quietly on drop (opencl3's own drop panics if the release fails).
-pub(super) struct OwnedProgram(pub(super) ManuallyDrop<Program>);
-
-impl Drop for OwnedProgram {
-    fn drop(&mut self) {
-        // SAFETY: the `Program` is never dropped by opencl3 (ManuallyDrop), so its one
-        // reference is released exactly once, here; errors are ignored.
-        let _ = unsafe { opencl3::program::release_program(self.0.get()) };
-    }
-}
-
-/// A kernel released quietly on drop.
-pub(super) struct OwnedKernel(ManuallyDrop<Kernel>);
-
-impl Drop for OwnedKernel {
-    fn drop(&mut self) {
-        // SAFETY: the `Kernel` is never dropped by opencl3 (ManuallyDrop), so its one
-        // reference is released exactly once, here; errors are ignored.
-        let _ = unsafe { opencl3::kernel::release_kernel(self.0.get()) };
-    }
-}
 
 /// One kernel behind its lock, with its name and one-dimensional work-group size.
 pub(super) struct Slot {

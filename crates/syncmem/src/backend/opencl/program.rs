@@ -24,10 +24,11 @@ use opencl3::device::Device as ClDeviceHandle;
 use opencl3::error_codes::ClError;
 use opencl3::program::Program;
 
-use super::launch::{OwnedProgram, Slot};
+use super::handle::OwnedProgram;
+use super::launch::Slot;
 use super::source::{MATH, OPS};
+use super::{backend_error, ClDevice};
 use crate::backend::cache::BuildOnce;
-use crate::device::opencl::{backend_error, ClDevice};
 use crate::dtype::ScalarKind;
 use crate::error::{Error, Result};
 
@@ -229,7 +230,7 @@ fn build_math(dev: &ClDevice, ty: &str) -> Result<MathKernels> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::RawDevice;
+    use crate::backend::dispatch::RawDevice;
     use crate::testing::opencl_or_skip;
     use std::sync::Arc;
 
@@ -257,7 +258,7 @@ mod tests {
             assert!(!Arc::ptr_eq(&f, &d), "one program per element type");
         }
         // A detached handle of the same hardware shares the built programs.
-        let other = dev.detached();
+        let other = dev.isolated();
         let RawDevice::OpenCl(cl2) = &other.shared.raw else {
             panic!("not an OpenCL device");
         };

@@ -24,17 +24,20 @@
 //!    allocated, reserved, largest free block, fragmentation, the cap, and the biggest holders.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Mutex, RwLock};
 
-use super::config::{
+use super::buffer::Release;
+use super::mirror::{live_buffers, LiveBuffer, Mirrors};
+use super::oom::OomReport;
+use super::{Device, DeviceBuffer, PinnedBuffer, Stream};
+use crate::alloc::pool::config::{
     check_env, PoolConfig, DEVICE_POOL_CONF_ENV, DEVICE_POOL_ENV, PINNED_POOL_CONF_ENV,
     PINNED_POOL_ENV,
 };
-use super::evict::{MirrorRegistry, OomReport};
-use super::{Budget, Pool, PoolStats, HOST_STREAM};
-use crate::device::{Device, DeviceBuffer, PinnedBuffer, RawMem, RawPinned, Release, Stream};
+use crate::alloc::pool::{Budget, Pool, PoolStats, RawStorage, HOST_STREAM};
+use crate::backend::dispatch::{PinnedStorage, RawMem, RawPinned};
 use crate::error::{Error, Result};
 
 /// Memory management state of one device.
@@ -44,7 +47,8 @@ pub(crate) struct DeviceMemory {
     budget: Arc<Budget>,
     /// Bytes of live direct allocations (charged to `budget` too).
     direct: AtomicU64,
-    pub(crate) mirrors: MirrorRegistry,
+    /// The registry of evictable mirrors, installed by the synced layer on first use.
+    mirrors: OnceLock<Arc<dyn Mirrors>>,
     last_oom: Mutex<Option<OomReport>>,
     /// This device's trace source: its pools and copies report under it to attached traces.
     trace_source: u64,
@@ -57,7 +61,7 @@ impl Default for DeviceMemory {
             pinned: RwLock::new(None),
             budget: Arc::new(Budget::new(None)),
             direct: AtomicU64::new(0),
-            mirrors: MirrorRegistry::default(),
+            mirrors: OnceLock::new(),
             last_oom: Mutex::new(None),
             trace_source: crate::alloc::trace::hub::new_source(),
         }
@@ -88,7 +92,10 @@ impl DeviceMemory {
     }
 
     fn make_pool(&self, dev: &Device, mut cfg: PoolConfig) -> Result<Arc<Pool<RawMem>>> {
-        cfg.round = cfg.round.max(dev.sub_align()).next_power_of_two();
+        cfg.round = cfg
+            .round
+            .max(dev.shared.raw.sub_align())
+            .next_power_of_two();
         cfg.validate()?;
         let cap = cfg.memory_cap.map(|c| c.resolve(dev.info().total_memory));
         self.budget.set_cap(cap);
@@ -168,6 +175,21 @@ impl DeviceMemory {
         cfg.memory_cap.map(|c| c.resolve(dev.info().total_memory))
     }
 
+    /// The registry of evictable mirrors, installed by `init` on first use.
+    pub(crate) fn mirrors_hook(
+        &self,
+        init: impl FnOnce() -> Arc<dyn Mirrors>,
+    ) -> &Arc<dyn Mirrors> {
+        self.mirrors.get_or_init(init)
+    }
+
+    /// Label, size and head of every live mirror, in eviction order.
+    pub(crate) fn live_buffers(&self) -> Vec<LiveBuffer> {
+        self.mirrors
+            .get()
+            .map_or_else(Vec::new, |m| live_buffers(m.as_ref()))
+    }
+
     /// The most recent out-of-memory report.
     pub(crate) fn last_oom(&self) -> Option<OomReport> {
         self.last_oom.lock().clone()
@@ -195,7 +217,7 @@ impl DeviceMemory {
             if !self.budget.try_take(len as u64) {
                 return Err(self.cap_refusal(dev, len));
             }
-            match dev.raw_alloc(len) {
+            match dev.shared.raw.alloc(len) {
                 Ok(raw) => {
                     self.direct.fetch_add(len as u64, Relaxed);
                     Ok(DeviceBuffer::from_direct(dev, len, raw))
@@ -217,10 +239,10 @@ impl DeviceMemory {
         release: Release,
     ) -> Result<DeviceBuffer> {
         let pool = self.pool(dev)?;
-        let source = |bytes: usize| dev.raw_alloc(bytes);
+        let storage = &dev.shared.raw;
         self.with_retries(dev, len, || {
-            let lease = pool.alloc(len, stream.id(), &source)?;
-            let view = dev.sub_mem(lease.segment(), lease.offset(), len)?;
+            let lease = pool.alloc(len, stream.id(), storage)?;
+            let view = storage.view(lease.segment(), lease.offset(), len)?;
             Ok(DeviceBuffer::from_pool(
                 dev,
                 len,
@@ -234,7 +256,7 @@ impl DeviceMemory {
     /// A pooled pinned host block of `len >= 1` bytes (zero only when its lease says so).
     pub(crate) fn alloc_pinned(&self, dev: &Device, len: usize) -> Result<PinnedBuffer> {
         let pool = self.pinned_pool(dev)?;
-        let source = |bytes: usize| dev.raw_alloc_pinned(bytes);
+        let source = PinnedStorage(&dev.shared.raw);
         let lease = match pool.alloc(len, HOST_STREAM, &source) {
             Err(e) if e.is_out_of_memory() && pool.empty_cache() > 0 => {
                 pool.note_retry();
@@ -290,7 +312,7 @@ impl DeviceMemory {
         let candidates = if hopeless {
             Vec::new()
         } else {
-            self.mirrors.live()
+            self.mirrors.get().map_or_else(Vec::new, |m| m.candidates())
         };
         for (item, _) in candidates {
             let Some(bytes) = item.try_evict() else {
@@ -321,7 +343,7 @@ impl DeviceMemory {
                 })
             }
         };
-        let mut holders = self.mirrors.live_buffers();
+        let mut holders = self.live_buffers();
         holders.truncate(8);
         stats.direct_bytes = self.direct.load(Relaxed);
         let report = OomReport {

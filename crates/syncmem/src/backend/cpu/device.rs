@@ -1,17 +1,12 @@
-//! The `cpu` backend: "device memory" is separate host memory, copies are `memcpy`, and every
-//! operation completes before it returns, so events are always complete.
-//!
-//! It gives the whole device-side code path (allocation, copies, head transitions, events) a
-//! backend that runs everywhere.
+//! The `cpu` device, its memory, its streams and events.
 
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::backend::{
-    BackendDevice, BackendEvent, BackendMem, BackendPinned, BackendStream, KeepAlive,
+use super::host::{AlignedBlock, HOST_ALIGN};
+use crate::backend::{
+    BackendDevice, BackendEvent, BackendMem, BackendPinned, BackendStream, DeviceInfo, KeepAlive,
 };
-use super::DeviceInfo;
-use crate::alloc::{HostBlock, HOST_ALIGN};
 use crate::error::{BackendKind, Result};
 
 pub(crate) struct CpuDevice {
@@ -34,7 +29,8 @@ impl CpuDevice {
     }
 }
 
-fn total_memory() -> u64 {
+/// Total memory of the machine (`MemTotal` of `/proc/meminfo`), 0 when unknown.
+pub(crate) fn total_memory() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|s| {
@@ -58,7 +54,7 @@ pub(crate) struct CpuMem {
 #[allow(dead_code)]
 enum CpuOwner {
     /// The memory is this block.
-    Block(HostBlock),
+    Block(AlignedBlock),
     /// The memory is a range of a segment that this keeps alive.
     View(KeepAlive),
 }
@@ -69,13 +65,13 @@ enum CpuOwner {
 unsafe impl Send for CpuMem {}
 // SAFETY: as above.
 unsafe impl Sync for CpuMem {}
-pub(crate) struct CpuPinned(HostBlock);
+pub(crate) struct CpuPinned(AlignedBlock);
 pub(crate) struct CpuStream;
 #[derive(Clone)]
 pub(crate) struct CpuEvent(#[allow(dead_code)] Arc<()>);
 
 impl CpuMem {
-    fn block(b: HostBlock) -> Self {
+    fn block(b: AlignedBlock) -> Self {
         Self {
             // A zero-length block has an aligned dangling pointer, never null.
             ptr: NonNull::new(b.as_ptr()).unwrap_or(NonNull::dangling()),
@@ -111,10 +107,10 @@ impl BackendDevice for CpuDevice {
         &self.info
     }
     fn alloc(&self, bytes: usize) -> Result<CpuMem> {
-        HostBlock::zeroed_uncounted(bytes).map(CpuMem::block)
+        AlignedBlock::zeroed(bytes).map(CpuMem::block)
     }
     fn alloc_pinned(&self, bytes: usize) -> Result<CpuPinned> {
-        HostBlock::zeroed_uncounted(bytes).map(CpuPinned)
+        AlignedBlock::zeroed(bytes).map(CpuPinned)
     }
     fn new_stream(&self) -> Result<CpuStream> {
         Ok(CpuStream)

@@ -14,8 +14,7 @@ use opencl3::types::{cl_mem, CL_BLOCKING};
 use super::error::{alloc_error, backend_error};
 use super::handle::{release_event_quietly, ClContext, OwnedBuffer, Queue};
 use super::{ClEvent, ClMem, ClPinned, ClStream};
-use crate::device::backend::{BackendDevice, KeepAlive};
-use crate::device::DeviceInfo;
+use crate::backend::{BackendDevice, DeviceInfo, KeepAlive};
 use crate::error::Result;
 
 /// One OpenCL device, sharing its platform's context.
@@ -29,7 +28,7 @@ pub(crate) struct ClDevice {
     /// Required alignment of sub-buffer origins, in bytes.
     pub(super) base_align: usize,
     /// The compiled kernels, shared with duplicates (same context).
-    pub(super) kernels: Arc<crate::backend::opencl::KernelCache>,
+    pub(super) kernels: Arc<super::KernelCache>,
 }
 
 impl ClDevice {
@@ -39,7 +38,7 @@ impl ClDevice {
     }
 
     /// The device's compiled kernels.
-    pub(crate) fn kernel_cache(&self) -> &crate::backend::opencl::KernelCache {
+    pub(crate) fn kernel_cache(&self) -> &super::KernelCache {
         &self.kernels
     }
 

@@ -8,7 +8,9 @@ use opencl3::command_queue::{self as cq, CommandQueue};
 use opencl3::context::Context;
 use opencl3::device::Device as ClDeviceId;
 use opencl3::error_codes::ClError;
+use opencl3::kernel::Kernel;
 use opencl3::memory::{Buffer, ClMem as _};
+use opencl3::program::Program;
 use opencl3::types::{cl_event, cl_mem};
 
 use super::error::{alloc_error, backend_error};
@@ -115,5 +117,27 @@ unsafe impl Sync for OwnedEvent {}
 impl Drop for OwnedEvent {
     fn drop(&mut self) {
         release_event_quietly(self.event);
+    }
+}
+
+/// A program released quietly on drop (opencl3's own drop panics if the release fails).
+pub(super) struct OwnedProgram(pub(super) ManuallyDrop<Program>);
+
+impl Drop for OwnedProgram {
+    fn drop(&mut self) {
+        // SAFETY: the `Program` is never dropped by opencl3 (ManuallyDrop), so its one
+        // reference is released exactly once, here; errors are ignored.
+        let _ = unsafe { opencl3::program::release_program(self.0.get()) };
+    }
+}
+
+/// A kernel released quietly on drop.
+pub(super) struct OwnedKernel(pub(super) ManuallyDrop<Kernel>);
+
+impl Drop for OwnedKernel {
+    fn drop(&mut self) {
+        // SAFETY: the `Kernel` is never dropped by opencl3 (ManuallyDrop), so its one
+        // reference is released exactly once, here; errors are ignored.
+        let _ = unsafe { opencl3::kernel::release_kernel(self.0.get()) };
     }
 }

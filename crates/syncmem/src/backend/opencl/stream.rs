@@ -11,7 +11,7 @@ use opencl3::types::{cl_bool, cl_int, cl_mem, CL_BLOCKING, CL_NON_BLOCKING};
 use super::error::{backend_error, enqueue_error, failed_command_error};
 use super::handle::{release_event_quietly, ClContext, OwnedBuffer, OwnedEvent, Queue};
 use super::ClMem;
-use crate::device::backend::{BackendEvent, BackendStream};
+use crate::backend::{BackendEvent, BackendStream};
 use crate::error::{Error, Result};
 
 fn cl_bool_of(blocking: bool) -> cl_bool {

@@ -12,7 +12,7 @@ use opencl3::platform::{get_platforms, Platform};
 use super::error::{backend_error, unavailable};
 use super::handle::ClContext;
 use super::ClDevice;
-use crate::device::DeviceInfo;
+use crate::backend::DeviceInfo;
 use crate::error::{BackendKind, Error, Result};
 
 /// Lists every device of every OpenCL platform, with one context per platform.

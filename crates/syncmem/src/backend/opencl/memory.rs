@@ -8,7 +8,7 @@ use opencl3::command_queue as cq;
 use opencl3::memory::Buffer;
 
 use super::handle::{release_event_quietly, ClContext, OwnedBuffer, Queue};
-use crate::device::backend::{BackendMem, BackendPinned, KeepAlive};
+use crate::backend::{BackendMem, BackendPinned, KeepAlive};
 
 /// Device memory: a `CL_MEM_READ_WRITE` buffer of the platform's context, or a sub-buffer of a
 /// pool segment (so kernels see the block at offset 0 of their `cl_mem`).

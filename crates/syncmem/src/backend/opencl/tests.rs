@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use super::error::{alloc_error, backend_error, cl_error_message, enqueue_error, unavailable};
 use super::ClDevice;
-use crate::device::backend::BackendDevice;
-use crate::device::RawDevice;
+use crate::backend::dispatch::RawDevice;
+use crate::backend::BackendDevice;
 use crate::error::{BackendKind, Error};
 use crate::testing::opencl_or_skip;
 use crate::Device;

@@ -1,0 +1,432 @@
+//! The backends behind one type each: [`RawDevice`], [`RawMem`], [`RawPinned`], [`RawStream`]
+//! and [`RawEvent`] hold the implementation of whichever backend a device belongs to, and
+//! every method below is the one `match` that dispatches it. A pair of objects of different
+//! backends (a stream of one, memory of another) is a [`Error::DeviceMismatch`], never a panic.
+//! The kernels are dispatched the same way in [`kernels`].
+
+mod kernels;
+
+use std::sync::Arc;
+
+use super::cpu::{CpuDevice, CpuEvent, CpuMem, CpuPinned, CpuStream};
+#[cfg(feature = "cuda")]
+use super::cuda::{CuDevice, CuEvent, CuMem, CuPinned, CuStream};
+#[cfg(feature = "opencl")]
+use super::opencl::{ClDevice, ClEvent, ClMem, ClPinned, ClStream};
+use super::{
+    BackendDevice, BackendEvent, BackendMem, BackendPinned, BackendStream, DeviceInfo, KeepAlive,
+    RawStorage,
+};
+use crate::error::{Error, Result};
+
+/// One device of some backend.
+pub(crate) enum RawDevice {
+    Cpu(CpuDevice),
+    #[cfg(feature = "opencl")]
+    OpenCl(ClDevice),
+    #[cfg(feature = "cuda")]
+    Cuda(CuDevice),
+}
+
+/// Device memory of some backend.
+pub(crate) enum RawMem {
+    Cpu(CpuMem),
+    #[cfg(feature = "opencl")]
+    OpenCl(ClMem),
+    #[cfg(feature = "cuda")]
+    Cuda(CuMem),
+}
+
+/// Pinned host memory of some backend.
+pub(crate) enum RawPinned {
+    Cpu(CpuPinned),
+    #[cfg(feature = "opencl")]
+    OpenCl(ClPinned),
+    #[cfg(feature = "cuda")]
+    Cuda(CuPinned),
+}
+
+/// A stream of some backend.
+pub(crate) enum RawStream {
+    Cpu(CpuStream),
+    #[cfg(feature = "opencl")]
+    OpenCl(ClStream),
+    #[cfg(feature = "cuda")]
+    Cuda(CuStream),
+}
+
+/// An event of some backend.
+#[derive(Clone)]
+pub(crate) enum RawEvent {
+    Cpu(CpuEvent),
+    #[cfg(feature = "opencl")]
+    OpenCl(ClEvent),
+    #[cfg(feature = "cuda")]
+    Cuda(CuEvent),
+}
+
+/// Runs `$body` with `$x` bound to the backend object inside `$raw`, and wraps the result into
+/// the enum `$out` of the same backend (`|` for no wrapping).
+macro_rules! each {
+    ($raw:expr, $ty:ident, $x:ident => $body:expr) => {
+        match $raw {
+            $ty::Cpu($x) => $body,
+            #[cfg(feature = "opencl")]
+            $ty::OpenCl($x) => $body,
+            #[cfg(feature = "cuda")]
+            $ty::Cuda($x) => $body,
+        }
+    };
+    ($raw:expr, $ty:ident, $x:ident => $body:expr, into $out:ident) => {
+        match $raw {
+            $ty::Cpu($x) => $body.map($out::Cpu),
+            #[cfg(feature = "opencl")]
+            $ty::OpenCl($x) => $body.map($out::OpenCl),
+            #[cfg(feature = "cuda")]
+            $ty::Cuda($x) => $body.map($out::Cuda),
+        }
+    };
+}
+pub(crate) use each;
+
+/// The error of two objects of different backends used together.
+pub(crate) fn mismatch(op: &'static str, expected: &str) -> Error {
+    Error::DeviceMismatch {
+        op,
+        expected: expected.to_string(),
+        actual: "an object of another backend".to_string(),
+    }
+}
+
+impl RawDevice {
+    /// Facts about the device.
+    pub(crate) fn info(&self) -> &DeviceInfo {
+        each!(self, RawDevice, d => d.info())
+    }
+
+    /// Allocates `bytes >= 1` of device memory (no zero fill, no accounting).
+    pub(crate) fn alloc(&self, bytes: usize) -> Result<RawMem> {
+        each!(self, RawDevice, d => d.alloc(bytes), into RawMem)
+    }
+
+    /// Allocates `bytes >= 1` of zero-filled pinned host memory (no accounting).
+    pub(crate) fn alloc_pinned(&self, bytes: usize) -> Result<RawPinned> {
+        each!(self, RawDevice, d => d.alloc_pinned(bytes), into RawPinned)
+    }
+
+    /// A new stream of the device.
+    pub(crate) fn new_stream(&self) -> Result<RawStream> {
+        each!(self, RawDevice, d => d.new_stream(), into RawStream)
+    }
+
+    /// The alignment sub-buffer offsets need on this device.
+    pub(crate) fn sub_align(&self) -> usize {
+        each!(self, RawDevice, d => d.sub_align())
+    }
+
+    /// A view of `len` bytes at `offset` of pool segment `seg` (which it keeps alive).
+    pub(crate) fn sub_mem(&self, seg: &Arc<RawMem>, offset: usize, len: usize) -> Result<RawMem> {
+        let keep: KeepAlive = seg.clone();
+        match (self, &**seg) {
+            (RawDevice::Cpu(d), RawMem::Cpu(m)) => d.sub_mem(m, offset, len, keep).map(RawMem::Cpu),
+            #[cfg(feature = "opencl")]
+            (RawDevice::OpenCl(d), RawMem::OpenCl(m)) => {
+                d.sub_mem(m, offset, len, keep).map(RawMem::OpenCl)
+            }
+            #[cfg(feature = "cuda")]
+            (RawDevice::Cuda(d), RawMem::Cuda(m)) => {
+                d.sub_mem(m, offset, len, keep).map(RawMem::Cuda)
+            }
+            #[allow(unreachable_patterns)]
+            _ => Err(mismatch("sub-buffer", &self.info().label())),
+        }
+    }
+
+    /// A second backend device for the same hardware (same context), for an isolated device.
+    pub(crate) fn duplicate(&self) -> RawDevice {
+        match self {
+            RawDevice::Cpu(_) => RawDevice::Cpu(CpuDevice::new()),
+            #[cfg(feature = "opencl")]
+            RawDevice::OpenCl(d) => RawDevice::OpenCl(d.duplicate()),
+            #[cfg(feature = "cuda")]
+            RawDevice::Cuda(d) => RawDevice::Cuda(d.duplicate()),
+        }
+    }
+}
+
+/// The device's own memory, as the storage of its device pool.
+impl RawStorage for RawDevice {
+    type Segment = RawMem;
+    type View = RawMem;
+
+    fn alloc(&self, bytes: usize) -> Result<RawMem> {
+        RawDevice::alloc(self, bytes)
+    }
+
+    fn view(&self, segment: &Arc<RawMem>, offset: usize, len: usize) -> Result<RawMem> {
+        self.sub_mem(segment, offset, len)
+    }
+}
+
+/// A device's pinned host memory, as the storage of its pinned pool (blocks are used through
+/// their segment and offset: no views).
+pub(crate) struct PinnedStorage<'a>(pub(crate) &'a RawDevice);
+
+impl RawStorage for PinnedStorage<'_> {
+    type Segment = RawPinned;
+    type View = ();
+
+    fn alloc(&self, bytes: usize) -> Result<RawPinned> {
+        self.0.alloc_pinned(bytes)
+    }
+
+    fn view(&self, _: &Arc<RawPinned>, _: usize, _: usize) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl RawMem {
+    /// Size in bytes.
+    #[allow(dead_code)]
+    pub(crate) fn len(&self) -> usize {
+        each!(self, RawMem, m => m.len())
+    }
+}
+
+impl RawPinned {
+    /// Start of the host mapping, valid for `len()` bytes while `self` lives.
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        each!(self, RawPinned, p => p.as_ptr())
+    }
+
+    /// Size in bytes.
+    #[allow(dead_code)]
+    pub(crate) fn len(&self) -> usize {
+        each!(self, RawPinned, p => p.len())
+    }
+}
+
+impl RawStream {
+    fn label(&self) -> &'static str {
+        match self {
+            RawStream::Cpu(_) => "a cpu stream",
+            #[cfg(feature = "opencl")]
+            RawStream::OpenCl(_) => "an OpenCL stream",
+            #[cfg(feature = "cuda")]
+            RawStream::Cuda(_) => "a CUDA stream",
+        }
+    }
+
+    /// Copies `len` bytes from host `src` into `dst` at `dst_off`.
+    ///
+    /// # Safety
+    /// As [`BackendStream::write`].
+    pub(crate) unsafe fn write(
+        &self,
+        dst: &RawMem,
+        dst_off: usize,
+        src: *const u8,
+        len: usize,
+        blocking: bool,
+    ) -> Result<()> {
+        match (self, dst) {
+            // SAFETY (every arm): forwarded to the caller's contract.
+            (RawStream::Cpu(s), RawMem::Cpu(m)) => unsafe {
+                s.write(m, dst_off, src, len, blocking)
+            },
+            #[cfg(feature = "opencl")]
+            (RawStream::OpenCl(s), RawMem::OpenCl(m)) => {
+                // SAFETY: forwarded to the caller's contract.
+                unsafe { s.write(m, dst_off, src, len, blocking) }
+            }
+            #[cfg(feature = "cuda")]
+            (RawStream::Cuda(s), RawMem::Cuda(m)) => {
+                // SAFETY: forwarded to the caller's contract.
+                unsafe { s.write(m, dst_off, src, len, blocking) }
+            }
+            #[allow(unreachable_patterns)]
+            _ => Err(mismatch("write", self.label())),
+        }
+    }
+
+    /// Copies `len` bytes from `src` at `src_off` into host `dst`.
+    ///
+    /// # Safety
+    /// As [`BackendStream::read`].
+    pub(crate) unsafe fn read(
+        &self,
+        src: &RawMem,
+        src_off: usize,
+        dst: *mut u8,
+        len: usize,
+        blocking: bool,
+    ) -> Result<()> {
+        match (self, src) {
+            // SAFETY (every arm): forwarded to the caller's contract.
+            (RawStream::Cpu(s), RawMem::Cpu(m)) => unsafe {
+                s.read(m, src_off, dst, len, blocking)
+            },
+            #[cfg(feature = "opencl")]
+            (RawStream::OpenCl(s), RawMem::OpenCl(m)) => {
+                // SAFETY: forwarded to the caller's contract.
+                unsafe { s.read(m, src_off, dst, len, blocking) }
+            }
+            #[cfg(feature = "cuda")]
+            (RawStream::Cuda(s), RawMem::Cuda(m)) => {
+                // SAFETY: forwarded to the caller's contract.
+                unsafe { s.read(m, src_off, dst, len, blocking) }
+            }
+            #[allow(unreachable_patterns)]
+            _ => Err(mismatch("read", self.label())),
+        }
+    }
+
+    /// Device-to-device copy of `len` bytes, queued.
+    pub(crate) fn copy(
+        &self,
+        src: &RawMem,
+        src_off: usize,
+        dst: &RawMem,
+        dst_off: usize,
+        len: usize,
+    ) -> Result<()> {
+        match (self, src, dst) {
+            (RawStream::Cpu(s), RawMem::Cpu(a), RawMem::Cpu(b)) => {
+                s.copy(a, src_off, b, dst_off, len)
+            }
+            #[cfg(feature = "opencl")]
+            (RawStream::OpenCl(s), RawMem::OpenCl(a), RawMem::OpenCl(b)) => {
+                s.copy(a, src_off, b, dst_off, len)
+            }
+            #[cfg(feature = "cuda")]
+            (RawStream::Cuda(s), RawMem::Cuda(a), RawMem::Cuda(b)) => {
+                s.copy(a, src_off, b, dst_off, len)
+            }
+            #[allow(unreachable_patterns)]
+            _ => Err(mismatch("copy", self.label())),
+        }
+    }
+
+    /// Sets `len` bytes of `dst` from `off` to `value`, queued.
+    pub(crate) fn fill(&self, dst: &RawMem, off: usize, len: usize, value: u8) -> Result<()> {
+        match (self, dst) {
+            (RawStream::Cpu(s), RawMem::Cpu(m)) => s.fill(m, off, len, value),
+            #[cfg(feature = "opencl")]
+            (RawStream::OpenCl(s), RawMem::OpenCl(m)) => s.fill(m, off, len, value),
+            #[cfg(feature = "cuda")]
+            (RawStream::Cuda(s), RawMem::Cuda(m)) => s.fill(m, off, len, value),
+            #[allow(unreachable_patterns)]
+            _ => Err(mismatch("fill", self.label())),
+        }
+    }
+
+    /// An event after everything queued so far.
+    pub(crate) fn record(&self) -> Result<RawEvent> {
+        each!(self, RawStream, s => s.record(), into RawEvent)
+    }
+
+    /// Makes later work on this stream wait for `event`.
+    pub(crate) fn wait_for(&self, event: &RawEvent) -> Result<()> {
+        match (self, event) {
+            (RawStream::Cpu(s), RawEvent::Cpu(e)) => s.wait_for(e),
+            #[cfg(feature = "opencl")]
+            (RawStream::OpenCl(s), RawEvent::OpenCl(e)) => s.wait_for(e),
+            #[cfg(feature = "cuda")]
+            (RawStream::Cuda(s), RawEvent::Cuda(e)) => s.wait_for(e),
+            #[allow(unreachable_patterns)]
+            _ => Err(mismatch("wait_for", self.label())),
+        }
+    }
+
+    /// Blocks until all queued work is done.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        each!(self, RawStream, s => s.synchronize())
+    }
+
+    /// True for a stream of the `cpu` backend (everything finishes before returning).
+    pub(crate) fn is_cpu(&self) -> bool {
+        matches!(self, RawStream::Cpu(_))
+    }
+
+    /// The OpenCL command queue (`None` for other backends).
+    #[cfg(feature = "opencl")]
+    pub(crate) fn as_opencl(&self) -> Option<&opencl3::command_queue::CommandQueue> {
+        match self {
+            RawStream::OpenCl(s) => Some(s.queue()),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
+    /// The cudarc stream (`None` for other backends).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn as_cuda(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
+        match self {
+            RawStream::Cuda(s) => Some(s.cuda_stream()),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+}
+
+impl RawEvent {
+    /// Blocks until the work before the event is done.
+    pub(crate) fn wait(&self) -> Result<()> {
+        each!(self, RawEvent, e => e.wait())
+    }
+
+    /// True once the work before the event is done; never blocks.
+    pub(crate) fn is_complete(&self) -> Result<bool> {
+        each!(self, RawEvent, e => e.is_complete())
+    }
+}
+
+impl RawMem {
+    /// The OpenCL buffer (`None` for other backends).
+    #[cfg(feature = "opencl")]
+    pub(crate) fn as_opencl(&self) -> Option<&opencl3::memory::Buffer<u8>> {
+        match self {
+            RawMem::OpenCl(m) => Some(m.buffer()),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
+    /// The CUDA memory (`None` for other backends).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn as_cuda(&self) -> Option<&cudarc::driver::CudaSlice<u8>> {
+        match self {
+            RawMem::Cuda(m) => Some(m.slice()),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
+    /// The `cpu`-device memory (`None` for other backends).
+    pub(crate) fn as_cpu(&self) -> Option<&CpuMem> {
+        match self {
+            RawMem::Cpu(m) => Some(m),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
+    /// The `cpu`-device memory, mutably (`None` for other backends).
+    pub(crate) fn as_cpu_mut(&mut self) -> Option<&mut CpuMem> {
+        match self {
+            RawMem::Cpu(m) => Some(m),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_traits() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<RawDevice>();
+    send_sync::<RawMem>();
+    send_sync::<RawPinned>();
+    send_sync::<RawStream>();
+    send_sync::<RawEvent>();
+}

@@ -1,0 +1,234 @@
+//! [`DeviceBuffer`]: device memory of one device, direct or a block of its pool.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::stream::StreamFence;
+use super::{Device, Stream};
+use crate::alloc::pool::Lease;
+use crate::backend::dispatch::RawMem;
+use crate::error::{BackendKind, Error, Result};
+
+/// What to do when a pooled buffer is freed.
+#[derive(Clone)]
+pub(crate) enum Release {
+    /// Nothing can be in flight on the memory: the block is free for every stream at once.
+    Idle,
+    /// Work may be in flight on this stream: the block is reusable at once there; other
+    /// streams reuse it once an event recorded there (lazily, see `StreamFence`) completes.
+    Record(Stream),
+}
+
+/// Where a buffer's memory comes from.
+enum Origin {
+    /// Nothing allocated (length 0).
+    Empty,
+    /// A backend allocation of its own, charged to the device's cap.
+    Direct,
+    /// A block of the device pool (the memory is a view: a sub-buffer / pointer into it).
+    Pooled {
+        lease: Lease<RawMem>,
+        release: Release,
+    },
+}
+
+/// Device memory. Freed when dropped: a direct allocation by the backend that made it, a
+/// pooled one back into its device's pool.
+///
+/// Writing into a `DeviceBuffer` (through a [`Stream`]) takes `&mut`, reading takes `&`.
+pub struct DeviceBuffer {
+    device: Device,
+    len: usize,
+    /// `None` when `len == 0`: nothing is allocated.
+    pub(crate) raw: Option<RawMem>,
+    origin: Origin,
+}
+
+impl DeviceBuffer {
+    pub(crate) fn empty(device: &Device) -> Self {
+        Self {
+            device: device.clone(),
+            len: 0,
+            raw: None,
+            origin: Origin::Empty,
+        }
+    }
+
+    /// Rejects requests above the device's largest single allocation.
+    pub(crate) fn check_max(device: &Device, len: usize) -> Result<()> {
+        let max = device.info().max_alloc;
+        if (len as u64) > max {
+            return Err(Error::OutOfMemory {
+                device: device.label().to_string(),
+                requested: len,
+                detail: format!(" (above the device's largest single allocation, {max} bytes)"),
+            });
+        }
+        Ok(())
+    }
+
+    /// A direct allocation (see [`Device::alloc`]).
+    pub(crate) fn new(device: &Device, len: usize) -> Result<Self> {
+        if len == 0 {
+            return Ok(Self::empty(device));
+        }
+        Self::check_max(device, len)?;
+        device.shared.memory.alloc_direct(device, len)
+    }
+
+    /// A pooled allocation (see [`Device::alloc_pooled`]).
+    pub(crate) fn pooled(
+        device: &Device,
+        len: usize,
+        stream: &Stream,
+        release: Release,
+    ) -> Result<Self> {
+        if !stream.device().same(device) {
+            return Err(Error::DeviceMismatch {
+                op: "pooled allocation",
+                expected: device.label().to_string(),
+                actual: stream.device().label().to_string(),
+            });
+        }
+        if len == 0 {
+            return Ok(Self::empty(device));
+        }
+        Self::check_max(device, len)?;
+        device
+            .shared
+            .memory
+            .alloc_pooled(device, len, stream, release)
+    }
+
+    /// Wraps a direct backend allocation (already charged to the cap).
+    pub(crate) fn from_direct(device: &Device, len: usize, raw: RawMem) -> Self {
+        device.shared.mem.on_alloc(len);
+        Self {
+            device: device.clone(),
+            len,
+            raw: Some(raw),
+            origin: Origin::Direct,
+        }
+    }
+
+    /// Wraps a pool block and the view of it.
+    pub(crate) fn from_pool(
+        device: &Device,
+        len: usize,
+        view: RawMem,
+        lease: Lease<RawMem>,
+        release: Release,
+    ) -> Self {
+        device.shared.mem.on_alloc(len);
+        Self {
+            device: device.clone(),
+            len,
+            raw: Some(view),
+            origin: Origin::Pooled { lease, release },
+        }
+    }
+
+    /// True when the memory is a block of the device's pool.
+    pub fn is_pooled(&self) -> bool {
+        matches!(self.origin, Origin::Pooled { .. })
+    }
+
+    /// Changes what freeing a pooled buffer does (no effect on direct allocations).
+    pub(crate) fn set_release(&mut self, r: Release) {
+        if let Origin::Pooled { release, .. } = &mut self.origin {
+            *release = r;
+        }
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-length buffer (which owns no device memory).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device that owns the memory.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The OpenCL memory object, to pass to kernels (`None` for other backends or length 0).
+    #[cfg(feature = "opencl")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "opencl")))]
+    pub fn as_opencl(&self) -> Option<&opencl3::memory::Buffer<u8>> {
+        self.raw.as_ref().and_then(RawMem::as_opencl)
+    }
+
+    /// The CUDA device memory, to pass to kernels (`None` for other backends or length 0).
+    #[cfg(feature = "cuda")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
+    pub fn as_cuda(&self) -> Option<&cudarc::driver::CudaSlice<u8>> {
+        self.raw.as_ref().and_then(RawMem::as_cuda)
+    }
+
+    /// The bytes of a `cpu`-device buffer (`None` for other backends).
+    pub fn as_cpu_slice(&self) -> Option<&[u8]> {
+        match self.raw.as_ref() {
+            Some(m) => m.as_cpu().map(|m| m.as_slice()),
+            None if self.device.backend() == BackendKind::Cpu => Some(&[]),
+            None => None,
+        }
+    }
+
+    /// The bytes of a `cpu`-device buffer, mutably (`None` for other backends).
+    pub fn as_cpu_slice_mut(&mut self) -> Option<&mut [u8]> {
+        let cpu = self.device.backend() == BackendKind::Cpu;
+        match self.raw.as_mut() {
+            Some(m) => m.as_cpu_mut().map(|m| m.as_mut_slice()),
+            None if cpu => Some(&mut []),
+            None => None,
+        }
+    }
+}
+
+impl DeviceBuffer {
+    /// Start of a `cpu`-device buffer's memory (`None` for other backends or length 0).
+    pub(crate) fn cpu_ptr(&self) -> Option<*mut u8> {
+        self.raw
+            .as_ref()
+            .and_then(RawMem::as_cpu)
+            .map(|m| m.as_ptr())
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        let Some(raw) = self.raw.take() else {
+            return;
+        };
+        self.device.shared.mem.on_free(self.len);
+        // The view (or the allocation) goes first; a pool block is given back after it.
+        drop(raw);
+        match std::mem::replace(&mut self.origin, Origin::Empty) {
+            Origin::Empty => {}
+            Origin::Direct => self.device.shared.memory.uncharge(self.len),
+            Origin::Pooled { mut lease, release } => {
+                // The cpu backend finishes every operation before returning: nothing is ever
+                // in flight there.
+                if let Release::Record(stream) = release {
+                    if !stream.raw.is_cpu() {
+                        lease.add_pending(stream.id(), Arc::new(StreamFence::new(&stream)));
+                    }
+                }
+                drop(lease);
+            }
+        }
+    }
+}
+
+impl fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("device", &self.device.label())
+            .field("len", &self.len)
+            .finish()
+    }
+}

@@ -1,0 +1,96 @@
+//! Mirrors of synced buffers as a device sees them: their [`Head`], the hooks the
+//! out-of-memory path uses to drop clean ones ([`Evictable`], [`Mirrors`]) and what it reports
+//! about them ([`LiveBuffer`]).
+//!
+//! The device knows nothing of the buffers above it: the synced layer registers its mirrors
+//! with the device through [`Mirrors`] (a registry it installs on first use), and the
+//! out-of-memory path calls back through it.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::alloc::stats::human_bytes;
+
+/// Caffe's head: which mirror holds the newest data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Head {
+    /// Nothing has been allocated or written yet (`UNINITIALIZED`).
+    Uninitialized,
+    /// Only the host mirror is current (`HEAD_AT_CPU`).
+    AtHost,
+    /// Only the device mirror is current (`HEAD_AT_GPU`).
+    AtDevice,
+    /// Both mirrors hold the same data (`SYNCED`).
+    Synced,
+}
+
+impl Head {
+    /// `uninitialized`, `host`, `device` or `synced`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Head::Uninitialized => "uninitialized",
+            Head::AtHost => "host",
+            Head::AtDevice => "device",
+            Head::Synced => "synced",
+        }
+    }
+}
+
+impl fmt::Display for Head {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A device mirror the out-of-memory path may drop.
+pub(crate) trait Evictable: Send + Sync {
+    /// Drops the device mirror if the host copy is current too (head [`Head::Synced`]) and no
+    /// guard or transfer uses the buffer; never waits for a lock. Returns the bytes freed.
+    fn try_evict(&self) -> Option<usize>;
+    /// The head now, or `None` when the buffer is busy (its state lock is held).
+    fn head_now(&self) -> Option<Head>;
+    /// The buffer's label.
+    fn label_now(&self) -> String;
+}
+
+/// A live device mirror of a [`crate::SyncedMemory`] (see [`crate::Device::live_buffers`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveBuffer {
+    /// The buffer's label.
+    pub label: String,
+    /// Size of the device mirror.
+    pub bytes: u64,
+    /// Its head, or `None` when it was busy at the time of reading.
+    pub head: Option<Head>,
+}
+
+impl fmt::Display for LiveBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let head = self.head.map_or("busy", Head::as_str);
+        write!(f, "{} ({}, {head})", self.label, human_bytes(self.bytes))
+    }
+}
+
+/// The mirrors of one device, as the synced layer registers them (see the [module docs](self)).
+pub(crate) trait Mirrors: Send + Sync + Any {
+    /// The live mirrors in eviction order (largest first, then the mirror registered first),
+    /// with their sizes. No lock is held afterwards.
+    fn candidates(&self) -> Vec<(Arc<dyn Evictable>, usize)>;
+
+    /// The registry itself, for the synced layer to take back its own type.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Label, size and head of every live mirror of `mirrors`, in eviction order.
+pub(crate) fn live_buffers(mirrors: &dyn Mirrors) -> Vec<LiveBuffer> {
+    mirrors
+        .candidates()
+        .into_iter()
+        .map(|(item, bytes)| LiveBuffer {
+            label: item.label_now(),
+            bytes: bytes as u64,
+            head: item.head_now(),
+        })
+        .collect()
+}

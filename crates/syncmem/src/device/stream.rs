@@ -1,0 +1,416 @@
+//! [`Stream`]s (in-order queues of device work) and their [`Event`]s.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use super::{Device, DeviceBuffer};
+use crate::alloc::pool::Fence;
+use crate::alloc::stats::{Direction, COPIES};
+use crate::alloc::trace::hub as trace_hub;
+use crate::backend::dispatch::{RawEvent, RawStream};
+use crate::error::{check_range, Error, Result};
+
+/// An in-order queue of work on one device (a CUDA stream, an OpenCL command queue).
+///
+/// Cheap to clone: clones are the same queue.
+#[derive(Clone)]
+pub struct Stream {
+    device: Device,
+    pub(crate) raw: Arc<RawStream>,
+    id: u64,
+}
+
+/// Stream ids start at 1: 0 is the pools' host "stream".
+static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A [`Stream`] without its device handle: what a device keeps of its own default stream (a
+/// `Stream` there would hold the device that holds it, and neither would ever be freed).
+#[derive(Clone)]
+pub(crate) struct UnboundStream {
+    raw: Arc<RawStream>,
+    id: u64,
+}
+
+impl UnboundStream {
+    /// The stream again, on `device` (the device it was made on).
+    pub(crate) fn bind(&self, device: &Device) -> Stream {
+        Stream {
+            device: device.clone(),
+            raw: self.raw.clone(),
+            id: self.id,
+        }
+    }
+}
+
+impl Stream {
+    /// The queue without the device handle (see [`UnboundStream`]).
+    pub(crate) fn unbind(self) -> UnboundStream {
+        UnboundStream {
+            raw: self.raw,
+            id: self.id,
+        }
+    }
+
+    pub(crate) fn new(device: &Device) -> Result<Self> {
+        let raw = device.shared.raw.new_stream()?;
+        Ok(Self {
+            device: device.clone(),
+            raw: Arc::new(raw),
+            id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
+        })
+    }
+
+    /// A process-wide unique id (clones share it). Pools use it for stream-ordered reuse.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The device this stream runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn check_buffer(&self, buf: &DeviceBuffer, op: &'static str) -> Result<()> {
+        if buf.device().backend() != self.device.backend() {
+            return Err(Error::DeviceMismatch {
+                op,
+                expected: self.device.label().to_string(),
+                actual: buf.device().label().to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies `src` into `dst` at `offset`, returning when the copy is complete.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] if the range does not fit, [`Error::DeviceMismatch`] if `dst`
+    /// belongs to another backend, or a backend error.
+    pub fn write(&self, dst: &mut DeviceBuffer, offset: usize, src: &[u8]) -> Result<()> {
+        // SAFETY: blocking copy; `src` is borrowed for the whole call.
+        unsafe { self.write_raw(dst, offset, src.as_ptr(), src.len(), true) }
+    }
+
+    /// Copies `dst.len()` bytes from `src` at `offset` into `dst`, returning when complete.
+    ///
+    /// # Errors
+    /// As [`Stream::write`].
+    pub fn read(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
+        // SAFETY: blocking copy; `dst` is exclusively borrowed for the whole call.
+        unsafe { self.read_raw(src, offset, dst.as_mut_ptr(), dst.len(), true) }
+    }
+
+    /// Queues a copy of `src` into `dst` at `offset` and returns at once.
+    ///
+    /// # Safety
+    /// The memory behind `src` must stay alive and unmodified until an [`Event`] recorded on this
+    /// stream after the call has completed (or [`Stream::synchronize`] returned).
+    ///
+    /// # Errors
+    /// As [`Stream::write`].
+    pub unsafe fn write_async(
+        &self,
+        dst: &mut DeviceBuffer,
+        offset: usize,
+        src: &[u8],
+    ) -> Result<()> {
+        // SAFETY: forwarded to the caller's contract.
+        unsafe { self.write_raw(dst, offset, src.as_ptr(), src.len(), false) }
+    }
+
+    /// Queues a copy from `src` at `offset` into `dst` and returns at once.
+    ///
+    /// # Safety
+    /// The memory behind `dst` must stay alive and must not be read or written until an
+    /// [`Event`] recorded on this stream after the call has completed.
+    ///
+    /// # Errors
+    /// As [`Stream::write`].
+    pub unsafe fn read_async(
+        &self,
+        src: &DeviceBuffer,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        // SAFETY: forwarded to the caller's contract.
+        unsafe { self.read_raw(src, offset, dst.as_mut_ptr(), dst.len(), false) }
+    }
+
+    /// Counts a copy made on this stream in the always-on counters and, when a trace is
+    /// attached anywhere (one relaxed atomic load otherwise), reports it to the traces
+    /// attached to this device.
+    fn count_copy(&self, d: Direction, len: usize) {
+        COPIES.record(d, len);
+        if trace_hub::active() {
+            let source = self.device.shared.memory.trace_source();
+            trace_hub::copy(source, self.device.label(), d, len);
+        }
+    }
+
+    /// # Safety
+    /// `src` valid for `len` reads; when `!blocking`, until the copy completes.
+    pub(crate) unsafe fn write_raw(
+        &self,
+        dst: &DeviceBuffer,
+        offset: usize,
+        src: *const u8,
+        len: usize,
+        blocking: bool,
+    ) -> Result<()> {
+        self.check_buffer(dst, "write")?;
+        check_range(&format!("write into {dst:?}"), offset, len, dst.len())?;
+        let Some(mem) = dst.raw.as_ref().filter(|_| len > 0) else {
+            return Ok(());
+        };
+        // SAFETY: range checked above; pointer validity is the caller's contract.
+        unsafe { self.raw.write(mem, offset, src, len, blocking)? };
+        self.count_copy(Direction::HostToDevice, len);
+        Ok(())
+    }
+
+    /// # Safety
+    /// `dst` valid for `len` writes and otherwise untouched until the copy completes.
+    pub(crate) unsafe fn read_raw(
+        &self,
+        src: &DeviceBuffer,
+        offset: usize,
+        dst: *mut u8,
+        len: usize,
+        blocking: bool,
+    ) -> Result<()> {
+        self.check_buffer(src, "read")?;
+        check_range(&format!("read from {src:?}"), offset, len, src.len())?;
+        let Some(mem) = src.raw.as_ref().filter(|_| len > 0) else {
+            return Ok(());
+        };
+        // SAFETY: range checked above; pointer validity is the caller's contract.
+        unsafe { self.raw.read(mem, offset, dst, len, blocking)? };
+        self.count_copy(Direction::DeviceToHost, len);
+        Ok(())
+    }
+
+    /// Queues a device-to-device copy of `len` bytes. Both buffers must belong to this stream's
+    /// backend (and, for most backends, to the same context or to peer devices).
+    ///
+    /// # Errors
+    /// Bounds, device mismatch or backend errors.
+    pub fn copy(
+        &self,
+        src: &DeviceBuffer,
+        src_offset: usize,
+        dst: &mut DeviceBuffer,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        self.copy_raw(src, src_offset, dst, dst_offset, len)
+    }
+
+    pub(crate) fn copy_raw(
+        &self,
+        src: &DeviceBuffer,
+        src_offset: usize,
+        dst: &DeviceBuffer,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        self.check_buffer(src, "copy")?;
+        self.check_buffer(dst, "copy")?;
+        check_range(&format!("copy from {src:?}"), src_offset, len, src.len())?;
+        check_range(&format!("copy into {dst:?}"), dst_offset, len, dst.len())?;
+        let (Some(s_mem), Some(d_mem)) = (src.raw.as_ref(), dst.raw.as_ref()) else {
+            return Ok(());
+        };
+        if len == 0 {
+            return Ok(());
+        }
+        self.raw.copy(s_mem, src_offset, d_mem, dst_offset, len)?;
+        self.count_copy(Direction::DeviceToDevice, len);
+        Ok(())
+    }
+
+    /// Queues a fill of `len` bytes of `dst` from `offset` with `value`.
+    ///
+    /// # Errors
+    /// Bounds, device mismatch or backend errors.
+    pub fn fill(&self, dst: &mut DeviceBuffer, offset: usize, len: usize, value: u8) -> Result<()> {
+        self.fill_raw(dst, offset, len, value)
+    }
+
+    pub(crate) fn fill_raw(
+        &self,
+        dst: &DeviceBuffer,
+        offset: usize,
+        len: usize,
+        value: u8,
+    ) -> Result<()> {
+        self.check_buffer(dst, "fill")?;
+        check_range(&format!("fill of {dst:?}"), offset, len, dst.len())?;
+        let Some(mem) = dst.raw.as_ref().filter(|_| len > 0) else {
+            return Ok(());
+        };
+        self.raw.fill(mem, offset, len, value)
+    }
+
+    /// Records an event after all work queued so far.
+    ///
+    /// # Errors
+    /// A backend error.
+    pub fn record(&self) -> Result<Event> {
+        record_raw(&self.raw)
+    }
+
+    /// Makes work queued later on this stream wait until `event` has completed.
+    ///
+    /// # Errors
+    /// [`Error::DeviceMismatch`] for an event of another backend, or a backend error.
+    pub fn wait_for(&self, event: &Event) -> Result<()> {
+        self.raw.wait_for(&event.raw)
+    }
+
+    /// Blocks until all queued work is done.
+    ///
+    /// # Errors
+    /// A backend error (including errors of earlier asynchronous work).
+    pub fn synchronize(&self) -> Result<()> {
+        synchronize_raw(&self.raw)
+    }
+
+    /// The OpenCL command queue behind this stream (`None` for other backends).
+    #[cfg(feature = "opencl")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "opencl")))]
+    pub fn as_opencl(&self) -> Option<&opencl3::command_queue::CommandQueue> {
+        self.raw.as_opencl()
+    }
+
+    /// The cudarc stream behind this stream (`None` for other backends), to launch kernels on.
+    ///
+    /// cudarc's event tracking is disabled on syncmem's contexts: order work on it against
+    /// other streams with [`Event`]s or [`Stream::synchronize`], not with cudarc's implicit
+    /// tracking.
+    #[cfg(feature = "cuda")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
+    pub fn as_cuda(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaStream>> {
+        self.raw.as_cuda()
+    }
+}
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stream")
+            .field("device", &self.device.label())
+            .finish()
+    }
+}
+
+fn record_raw(raw: &RawStream) -> Result<Event> {
+    Ok(Event { raw: raw.record()? })
+}
+
+fn synchronize_raw(raw: &RawStream) -> Result<()> {
+    raw.synchronize()
+}
+
+/// The work queued on a stream before a pooled buffer was freed. Its event is recorded lazily,
+/// when another stream first wants the block (or a trim asks): a free costs nothing (an eager
+/// marker + flush costs 1-25 us on PoCL) and same-stream reuse never needs the event. A later
+/// event on an in-order stream covers everything queued before it, so recording late is
+/// correct, only conservative. Holds the queue, not the [`Device`]: no reference cycle through
+/// the device's pool.
+pub(crate) struct StreamFence {
+    raw: Arc<RawStream>,
+    event: OnceLock<Option<Event>>,
+}
+
+impl StreamFence {
+    pub(crate) fn new(stream: &Stream) -> Self {
+        Self {
+            raw: stream.raw.clone(),
+            event: OnceLock::new(),
+        }
+    }
+
+    /// The event, recorded on first use (`None`: recording failed, so the stream was drained
+    /// instead).
+    fn event(&self) -> Option<&Event> {
+        self.event
+            .get_or_init(|| match record_raw(&self.raw) {
+                Ok(e) => Some(e),
+                Err(_) => {
+                    let _ = synchronize_raw(&self.raw);
+                    None
+                }
+            })
+            .as_ref()
+    }
+}
+
+impl Fence for StreamFence {
+    fn is_complete(&self) -> bool {
+        self.event()
+            .map_or(true, |e| e.is_complete().unwrap_or(true))
+    }
+    fn wait(&self) {
+        if let Some(e) = self.event() {
+            let _ = e.wait();
+        }
+    }
+    fn poll(&self) -> bool {
+        match self.event.get() {
+            None => false,
+            Some(None) => true,
+            Some(Some(e)) => e.is_complete().unwrap_or(true),
+        }
+    }
+}
+
+/// A point in a stream's work. Cheap to clone.
+#[derive(Clone)]
+pub struct Event {
+    raw: RawEvent,
+}
+
+impl Event {
+    /// Blocks until the work before the event is done.
+    ///
+    /// # Errors
+    /// A backend error (including an error of the work before the event).
+    pub fn wait(&self) -> Result<()> {
+        self.raw.wait()
+    }
+
+    /// True once the work before the event is done. Never blocks.
+    ///
+    /// # Errors
+    /// A backend error.
+    pub fn is_complete(&self) -> Result<bool> {
+        self.raw.is_complete()
+    }
+}
+
+impl fmt::Debug for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Event")
+            .field("complete", &self.is_complete().ok())
+            .finish()
+    }
+}
+
+impl Fence for Event {
+    fn is_complete(&self) -> bool {
+        Event::is_complete(self).unwrap_or(true)
+    }
+    fn wait(&self) {
+        let _ = Event::wait(self);
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_traits() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Device>();
+    send_sync::<DeviceBuffer>();
+    send_sync::<super::PinnedBuffer>();
+    send_sync::<Stream>();
+    send_sync::<Event>();
+}
