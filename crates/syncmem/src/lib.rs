@@ -48,15 +48,19 @@
 //!
 //! # Layers
 //!
-//! | module | role |
+//! Bottom up; a layer imports only from the layers below it (the test `tests/layers.rs`
+//! checks every source file), and calls up only through hooks a higher layer registers.
+//!
+//! | layer | role |
 //! |---|---|
-//! | [`device`] | devices of each backend, device and pinned memory, streams, events |
-//! | [`alloc`] | the aligned host allocator, caching pools (host, pinned, device) and statistics |
-//! | [`synced`] | [`SyncedMemory`]: one buffer mirrored on host and device, lazily |
-//! | [`dtype`], [`tensor`] | element types; Caffe2-style [`Tensor`]s on top of `SyncedMemory` |
-//! | [`param`], [`kernels`] | Caffe's data+diff [`ParamBlob`] and the math it runs where the head is |
-//! | [`blob`], [`workspace`] | the type-erased [`Blob`] and the [`Workspace`] of named blobs |
-//! | [`context`] | Caffe2-style contexts: a device, a stream and a seeded random generator |
+//! | `error`, [`dtype`] | [`Error`] and [`Result`]; element types ([`DType`], [`Element`], the math scalars) |
+//! | `backend` (crate-private) | one folder per backend (`cpu`, `opencl`, `cuda`): discovery, raw memory, streams, events, kernel sources, programs, launches; all FFI; one `match` per method in `backend::dispatch` |
+//! | [`alloc`] | host blocks, caching pools over any [`alloc::pool::RawStorage`], statistics, traces |
+//! | [`device`] | [`Device`], [`DeviceBuffer`], [`Stream`], [`Event`], [`PinnedBuffer`]: pools and caps per device, the out-of-memory path, checked kernel calls |
+//! | [`synced`] | [`SyncedMemory`]: one buffer mirrored on host and device, lazily; the registry of evictable mirrors |
+//! | [`tensor`], [`param`], [`context`], [`kernels`] | Caffe2-style [`Tensor`]s, Caffe's data+diff [`ParamBlob`], contexts (device, stream, seeded generator), the math of parameter blobs |
+//! | [`blob`], [`workspace`] | the type-erased [`Blob`] and the [`Workspace`] of named blobs, safetensors save/load |
+//! | [`ops`], [`net`] | operators over workspace blobs, nets of operators, memory planning, training |
 //!
 //! # Backends
 //!
@@ -69,6 +73,8 @@
 //! CI, which has no GPU: the CUDA path is untested on hardware.
 
 #![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod alloc;

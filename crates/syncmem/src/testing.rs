@@ -51,6 +51,58 @@ pub fn device_or_skip(backend: BackendKind, test: &str) -> Option<Device> {
     }
 }
 
+/// Every device of `backend` for the test named `test`: `[cpu]` for the cpu backend, every
+/// OpenCL or CUDA device otherwise, or an empty list after reporting a skip.
+///
+/// # Panics
+/// When no device is found and the matching `SYNCMEM_REQUIRE_*` variable is set.
+pub fn all_or_skip(backend: BackendKind, test: &str) -> Vec<Device> {
+    match device_or_skip(backend, test) {
+        None => Vec::new(),
+        Some(first) => Device::all(backend).unwrap_or_else(|_| vec![first]),
+    }
+}
+
+/// Runs each `fn name(dev: &Device)` of the calling module as a test on every device: a module
+/// `cpu` with one test per function on the `cpu` device, a module `opencl` running it on every
+/// OpenCL device (feature `opencl`; reported as skipped where there is none, a failure with
+/// `SYNCMEM_REQUIRE_OPENCL=1`), and a module `cuda` likewise for every CUDA device.
+///
+/// ```
+/// fn round_trip(dev: &syncmem::Device) {
+///     let mut buf = dev.alloc(4).unwrap();
+///     dev.default_stream().unwrap().write(&mut buf, 0, &[1, 2, 3, 4]).unwrap();
+/// }
+/// syncmem::for_each_device!(round_trip);
+/// # fn main() {}
+/// ```
+#[macro_export]
+macro_rules! for_each_device {
+    ($($name:ident),* $(,)?) => {
+        mod cpu {
+            $( #[test] fn $name() { super::$name(&$crate::Device::cpu()); } )*
+        }
+        #[cfg(feature = "opencl")]
+        mod opencl {
+            $( #[test] fn $name() {
+                let test = concat!("opencl::", stringify!($name));
+                for d in $crate::testing::all_or_skip($crate::BackendKind::OpenCl, test) {
+                    super::$name(&d);
+                }
+            } )*
+        }
+        #[cfg(feature = "cuda")]
+        mod cuda {
+            $( #[test] fn $name() {
+                let test = concat!("cuda::", stringify!($name));
+                for d in $crate::testing::all_or_skip($crate::BackendKind::Cuda, test) {
+                    super::$name(&d);
+                }
+            } )*
+        }
+    };
+}
+
 /// [`device_or_skip`] for OpenCL.
 pub fn opencl_or_skip(test: &str) -> Option<Device> {
     device_or_skip(BackendKind::OpenCl, test)

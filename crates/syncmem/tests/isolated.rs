@@ -1,8 +1,6 @@
 //! `Device::open_isolated` / `Device::isolated`: a device on the same hardware whose pools, cap,
 //! counters and mirror registry are its own.
 
-mod common;
-
 use syncmem::{Device, Error, MemoryCap, PoolConfig, SyncedMemory};
 
 const MIB: usize = 1 << 20;
@@ -59,4 +57,4 @@ fn isolated_devices_keep_their_memory_state_apart(dev: &Device) {
     drop((m, big));
 }
 
-per_device!(isolated_devices_keep_their_memory_state_apart);
+syncmem::for_each_device!(isolated_devices_keep_their_memory_state_apart);

@@ -4,8 +4,6 @@
 //!
 //! Runs on the `cpu` device (64 cases) and on OpenCL (32 cases).
 
-mod common;
-
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
@@ -480,4 +478,4 @@ fn model_follows_caffe_table() {
     assert!(z.host_alloc && z.dev_alloc);
 }
 
-per_device!(synced_memory_matches_model);
+syncmem::for_each_device!(synced_memory_matches_model);

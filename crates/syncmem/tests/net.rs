@@ -1,8 +1,6 @@
 //! Nets: Caffe2's workspace net rules, memory planning, and the MLP training loop (copy counts
 //! per step, cpu vs OpenCL determinism).
 
-mod common;
-
 use std::sync::Arc;
 
 use syncmem::net::memory::{blob_report, measure_run};
@@ -490,7 +488,7 @@ fn measured_run_counts_intermediates(dev: &Device) {
     );
 }
 
-per_device!(
+syncmem::for_each_device!(
     planning_keeps_training_results,
     planning_lowers_the_peak,
     one_step_copies_only_two_scalars,

@@ -6,8 +6,6 @@
 //! deterministic; the cap, enforced by the pool, is. Every test works on its own
 //! `Device::detached()` handle with its own pool and cap.
 
-mod common;
-
 use syncmem::{Device, Error, Head, MemoryCap, PoolConfig, SyncedMemory};
 
 const MIB: usize = 1 << 20;
@@ -242,7 +240,7 @@ fn threads_under_pressure_neither_deadlock_nor_lose_data(dev: &Device) {
     assert_eq!(s.allocated.current, 0);
 }
 
-per_device!(
+syncmem::for_each_device!(
     clean_mirrors_are_dropped_to_make_room,
     dirty_buffers_fill_the_cap_and_the_error_names_them,
     buffers_in_use_are_skipped,

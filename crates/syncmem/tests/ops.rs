@@ -3,8 +3,6 @@
 //! operator and the blob. Per-device tests run on `cpu`, on OpenCL (PoCL here) and, where a
 //! driver exists, on CUDA (they print `SKIPPED` without one).
 
-mod common;
-
 use syncmem::ops::{create_operator, registered_types, OperatorDef};
 use syncmem::tensor::Tensor;
 use syncmem::{BackendKind, Context, Device, Error, Head, Workspace};
@@ -395,7 +393,7 @@ fn out_of_range_labels_are_reported(dev: &Device) {
     }
 }
 
-per_device!(
+syncmem::for_each_device!(
     fc_gradient_matches_finite_differences,
     relu_gradient_matches_finite_differences,
     softmax_with_loss_gradient_matches_finite_differences,

@@ -4,8 +4,6 @@
 //! Device tests run on `Device::detached()` handles, whose pools and counters no other test
 //! touches, so counts are asserted exactly.
 
-mod common;
-
 use std::process::Command;
 use std::time::Instant;
 
@@ -300,7 +298,7 @@ fn kernels_run_on_pooled_mirrors_at_nonzero_offsets(dev: &Device) {
     );
 }
 
-per_device!(
+syncmem::for_each_device!(
     device_mirrors_come_from_the_pool,
     pooled_buffers_are_separate_and_correct,
     every_pool_kind_works,

@@ -3,8 +3,6 @@
 //! `Error::Busy` naming both sides, where it used to wait forever. Guards of other threads are
 //! still waited for.
 
-mod common;
-
 use std::sync::mpsc;
 use std::thread;
 
@@ -190,7 +188,7 @@ fn long_tensor_names_are_cut(dev: &Device) {
     drop(view);
 }
 
-per_device!(
+syncmem::for_each_device!(
     synced_memory_never_waits_for_its_own_thread,
     guards_of_other_threads_are_waited_for,
     tensors_sharing_storage_name_both_tensors,

@@ -1,8 +1,6 @@
 //! SyncedMemory against Caffe: its seven unit tests, the canonical nine-step example, and
 //! every row of the transition table. Each test runs on the `cpu` device and on OpenCL.
 
-mod common;
-
 use syncmem::{CopyStats, Device, Direction, Error, Head, SyncedMemory};
 
 /// The copy one call made, read from the buffer's counters.
@@ -476,7 +474,7 @@ fn overflowing_sizes_are_errors(dev: &Device) {
     );
 }
 
-per_device!(
+syncmem::for_each_device!(
     test_initialization,
     test_allocation_cpu_gpu,
     test_allocation_cpu,

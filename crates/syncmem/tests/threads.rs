@@ -6,8 +6,6 @@
 //! - 8 threads each driving their own buffer through many transitions: exact per-buffer copy
 //!   counts at the end (counters of one buffer are not disturbed by the others).
 
-mod common;
-
 use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
 use std::sync::{Arc, Barrier};
 
@@ -259,7 +257,7 @@ fn own_buffers_exact_copy_counts(dev: &Device) {
     });
 }
 
-per_device!(
+syncmem::for_each_device!(
     shared_buffer_readers_see_whole_writes,
     own_buffers_exact_copy_counts
 );

@@ -5,8 +5,6 @@
 //! Device tests run on `Device::detached()` handles, which are distinct trace sources: a trace
 //! attached to one sees nothing of the other tests running at the same time.
 
-mod common;
-
 use std::sync::Arc;
 
 use syncmem::alloc::trace::{replay_with, EnvTrace, ReplayOptions, Trace, TraceEvent};
@@ -194,7 +192,7 @@ fn attach_all_sees_this_device(dev: &Device) {
     }
 }
 
-per_device!(
+syncmem::for_each_device!(
     copies_of_a_round_trip_are_recorded,
     attach_records_the_host_pool_too,
     attach_covers_a_pool_set_later,

@@ -27,6 +27,8 @@
 //! `SYNCMEM_DEVICE_POOL` / `SYNCMEM_POOL_CONF` environment variables.
 
 mod buffer;
+#[cfg(test)]
+mod device_tests;
 mod isolated;
 mod kernels;
 #[cfg(test)]

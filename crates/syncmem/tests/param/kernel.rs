@@ -4,7 +4,6 @@ use syncmem::kernels::{self, Float};
 use syncmem::{Device, Error, SyncedMemory};
 
 use super::{blob, make_live, math_runs_on, uniform, Side};
-use crate::per_device;
 
 // ----- The kernels on their own -----------------------------------------------------------------
 
@@ -104,7 +103,7 @@ typed! {
     kernel_reductions_any_length => kernel_reductions_any_length_f32, kernel_reductions_any_length_f64;
 }
 
-per_device!(
+syncmem::for_each_device!(
     kernel_reductions_any_length_f32,
     kernel_reductions_any_length_f64,
     kernel_rejects_too_short_buffers,

@@ -4,9 +4,6 @@
 //! on a machine without a GPU the CUDA variants print SKIPPED; on a GPU machine without
 //! `libnvrtc` the math must say RuntimeUnavailable (or Unsupported) rather than panic.
 
-#[path = "../common/mod.rs"]
-mod common;
-
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use syncmem::kernels::{self, Float};
 use syncmem::param::ParamBlob;

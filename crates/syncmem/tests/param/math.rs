@@ -5,7 +5,6 @@ use syncmem::param::ParamBlob;
 use syncmem::{Device, Error, Head};
 
 use super::{assert_near, blob, make_live, math_runs_on, uniform, Side};
-use crate::per_device;
 
 // ----- BlobMathTest -----------------------------------------------------------------------------
 
@@ -235,7 +234,7 @@ typed! {
     math_copy_from => math_copy_from_f32, math_copy_from_f64;
 }
 
-per_device!(
+syncmem::for_each_device!(
     math_sum_of_squares_f32,
     math_sum_of_squares_f64,
     math_asum_f32,

@@ -4,7 +4,6 @@ use syncmem::param::MAX_AXES;
 use syncmem::{Device, Error, Head};
 
 use super::blob;
-use crate::per_device;
 
 // ----- One test per fixed pitfall ----------------------------------------------------------------
 
@@ -148,7 +147,7 @@ fn pitfall_axis_errors_name_the_shape(dev: &Device) {
     assert!(b.legacy_shape(4).is_err());
 }
 
-per_device!(
+syncmem::for_each_device!(
     pitfall_offset_rejects_one_past_the_end,
     pitfall_reshape_zero_gives_usable_buffers,
     pitfall_share_data_updates_capacity,

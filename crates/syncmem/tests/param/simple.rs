@@ -5,7 +5,6 @@ use syncmem::param::{ParamBlob, ProtoShape};
 use syncmem::Device;
 
 use super::blob;
-use crate::per_device;
 
 // ----- BlobSimpleTest ---------------------------------------------------------------------------
 
@@ -84,7 +83,7 @@ typed! {
         simple_legacy_blob_proto_shape_equals_f32, simple_legacy_blob_proto_shape_equals_f64;
 }
 
-per_device!(
+syncmem::for_each_device!(
     simple_initialization_f32,
     simple_initialization_f64,
     simple_pointers_cpu_gpu_f32,

@@ -6,7 +6,6 @@ use syncmem::Device;
 
 use super::TempFile;
 use crate::interop::Elem;
-use crate::per_device;
 
 // ----- Caffe2 blob_test.cc, checking the loaded blob ---------------------------------------
 
@@ -123,7 +122,7 @@ fn float16(dev: &Device) {
         .unwrap();
 }
 
-per_device!(
+syncmem::for_each_device!(
     tensor_serialization_bool,
     tensor_serialization_double,
     tensor_serialization_float,

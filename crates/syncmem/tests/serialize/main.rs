@@ -4,9 +4,6 @@
 //! corrupt and truncated files, the file written by Python's reference `safetensors`, and
 //! Caffe2's blob_test.cc serialisation tests checking the *loaded* blob.
 
-#[path = "../common/mod.rs"]
-mod common;
-
 #[path = "../fixtures/interop.rs"]
 mod interop;
 

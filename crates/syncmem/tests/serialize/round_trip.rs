@@ -8,7 +8,6 @@ use syncmem::{Device, Error, Head};
 
 use super::{check_table, fixture, other_devices, table_workspace, tensor_values, TempFile};
 use crate::interop::{Spec, TABLE};
-use crate::per_device;
 
 // ----- round trips ---------------------------------------------------------------------------
 
@@ -241,7 +240,7 @@ fn table_specs_are_consistent() {
     assert!(TABLE.iter().any(|s| s.numel() == 0));
 }
 
-per_device!(
+syncmem::for_each_device!(
     round_trip_every_dtype,
     load_onto_other_devices,
     load_places_the_head,

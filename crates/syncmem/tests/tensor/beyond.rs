@@ -6,7 +6,6 @@ use syncmem::tensor::{ShrinkPolicy, Tensor};
 use syncmem::{Device, Error, Head};
 
 use super::{is_state, storage};
-use crate::per_device;
 
 // ----- Beyond Caffe2's tests -------------------------------------------------------------------
 
@@ -256,7 +255,7 @@ fn copy_from_across_devices() {
     );
 }
 
-per_device!(
+syncmem::for_each_device!(
     extend_amortised,
     extend_keeps_device_data,
     reserve_keeps_data,

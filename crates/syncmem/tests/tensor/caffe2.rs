@@ -5,7 +5,6 @@ use syncmem::tensor::{ShrinkPolicy, Tensor};
 use syncmem::{Device, Error};
 
 use super::{host_ptr, is_state, samples, storage, Sample};
-use crate::per_device;
 
 // ----- Caffe2: TensorNonTypedTest / TensorCPUTest / TensorGPUTest ------------------------------
 
@@ -337,7 +336,7 @@ typed_tests! {
     typed_cannot_access_data_when_empty => cannot_access_data_when_empty,
 }
 
-per_device!(
+syncmem::for_each_device!(
     tensor_change_type,
     typed_initialized_empty,
     typed_initialized_non_empty,

@@ -2,9 +2,6 @@
 //! typed over several element types, on the `cpu` device and on OpenCL; then extend, reserve,
 //! shrink, copies across devices with their copy counts, and one test per fixed pitfall.
 
-#[path = "../common/mod.rs"]
-mod common;
-
 use syncmem::dtype::{Element, PodElement};
 use syncmem::tensor::Tensor;
 use syncmem::Error;

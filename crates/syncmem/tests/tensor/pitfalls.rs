@@ -5,7 +5,6 @@ use syncmem::tensor::{dims_from_i64, Tensor};
 use syncmem::{Device, Error, Head};
 
 use super::{is_state, samples, storage};
-use crate::per_device;
 
 // ----- Pitfalls of the originals, fixed on purpose -----------------------------------------
 
@@ -166,7 +165,7 @@ fn pitfall_resize_like_and_reserve_reject_unset_state() {
     );
 }
 
-per_device!(
+syncmem::for_each_device!(
     pitfall_share_data_checks_before_changing_dtype,
     pitfall_no_stale_capacity_after_share,
     pitfall_copy_constructor_is_not_shallow,

@@ -14,7 +14,7 @@ use std::ptr::NonNull;
 
 use crate::error::{Error, Result};
 
-/// Alignment of every [`AlignedBlock`]: one cache line, enough for any SIMD type in use.
+/// Alignment of every host block: one cache line, enough for any SIMD type in use.
 pub const HOST_ALIGN: usize = 64;
 const BASE_ALIGN: usize = 16;
 const SLACK: usize = HOST_ALIGN - BASE_ALIGN;

@@ -1,5 +1,5 @@
 //! The host math: plain loops over slices, and `matrixmultiply` for GEMM. The `cpu` backend's
-//! kernels ([`super::kernels`]) run these over the `cpu` device's memory; parameter blobs whose
+//! kernels run these over the `cpu` device's memory; parameter blobs whose
 //! head is at the host run the BLAS-1 functions on their host mirrors (re-exported as
 //! [`crate::kernels::host`]).
 //!

@@ -6,7 +6,7 @@ use cudarc::driver::sys;
 use super::error::NO_DRIVER;
 use super::*;
 use crate::error::{BackendKind, Error};
-use crate::{Device, Event};
+use crate::Device;
 
 fn driver_present() -> bool {
     // SAFETY: only tries to open the shared library; see `discover`.
@@ -66,121 +66,6 @@ fn cuda_info_and_default_stream() {
     assert_eq!(dev.label(), "cuda:0");
     dev.synchronize().unwrap();
     assert!(Device::open("cuda:0").unwrap().same(&dev));
-}
-
-#[test]
-fn cuda_round_trip() {
-    let Some(dev) = crate::testing::cuda_or_skip("cuda_round_trip") else {
-        return;
-    };
-    let s = dev.new_stream().unwrap();
-    let data = pattern(100_000);
-    let mut buf = dev.alloc(data.len()).unwrap();
-    s.write(&mut buf, 0, &data).unwrap();
-    let mut back = vec![0u8; data.len()];
-    s.read(&buf, 0, &mut back).unwrap();
-    assert_eq!(back, data);
-    // Partial ranges at offsets.
-    s.write(&mut buf, 1000, &[1, 2, 3, 4]).unwrap();
-    let mut part = [0u8; 6];
-    s.read(&buf, 999, &mut part).unwrap();
-    assert_eq!(part, [data[999], 1, 2, 3, 4, data[1004]]);
-    // Out-of-range requests are refused before reaching the driver.
-    assert!(s.read(&buf, data.len(), &mut part).is_err());
-}
-
-#[test]
-fn cuda_fill() {
-    let Some(dev) = crate::testing::cuda_or_skip("cuda_fill") else {
-        return;
-    };
-    let s = dev.new_stream().unwrap();
-    let mut buf = dev.alloc(4096).unwrap();
-    s.fill(&mut buf, 0, 4096, 0).unwrap();
-    s.fill(&mut buf, 100, 50, 0xAB).unwrap();
-    let mut back = vec![1u8; 4096];
-    s.read(&buf, 0, &mut back).unwrap();
-    for (i, b) in back.iter().enumerate() {
-        let want = if (100..150).contains(&i) { 0xAB } else { 0 };
-        assert_eq!(*b, want, "byte {i}");
-    }
-}
-
-#[test]
-fn cuda_copy_including_overlap() {
-    let Some(dev) = crate::testing::cuda_or_skip("cuda_copy_including_overlap") else {
-        return;
-    };
-    let s = dev.new_stream().unwrap();
-    let data = pattern(1024);
-    let mut a = dev.alloc(1024).unwrap();
-    let mut b = dev.alloc(1024).unwrap();
-    s.write(&mut a, 0, &data).unwrap();
-    s.fill(&mut b, 0, 1024, 0).unwrap();
-    s.copy(&a, 10, &mut b, 500, 300).unwrap();
-    let mut back = vec![0u8; 1024];
-    s.read(&b, 0, &mut back).unwrap();
-    let mut want = vec![0u8; 1024];
-    want[500..800].copy_from_slice(&data[10..310]);
-    assert_eq!(back, want);
-
-    // Overlapping ranges of one buffer (crate-internal path), both directions.
-    let mut model = data.clone();
-    s.copy_raw(&a, 0, &a, 3, 600).unwrap();
-    model.copy_within(0..600, 3);
-    s.copy_raw(&a, 300, &a, 200, 500).unwrap();
-    model.copy_within(300..800, 200);
-    s.read(&a, 0, &mut back).unwrap();
-    assert_eq!(back, model);
-}
-
-#[test]
-fn cuda_events_order_two_streams() {
-    let Some(dev) = crate::testing::cuda_or_skip("cuda_events_order_two_streams") else {
-        return;
-    };
-    let s1 = dev.new_stream().unwrap();
-    let s2 = dev.new_stream().unwrap();
-    let n = 8 << 20;
-    let mut buf = dev.alloc(n).unwrap();
-    s1.fill(&mut buf, 0, n, 0x5A).unwrap();
-    let e: Event = s1.record().unwrap();
-    s2.wait_for(&e).unwrap();
-    let mut back = vec![0u8; n];
-    s2.read(&buf, 0, &mut back).unwrap();
-    assert!(back.iter().all(|&b| b == 0x5A));
-    e.wait().unwrap();
-    assert!(e.is_complete().unwrap());
-    let e2 = e.clone();
-    assert!(e2.is_complete().unwrap());
-    let done = s2.record().unwrap();
-    s2.synchronize().unwrap();
-    assert!(done.is_complete().unwrap());
-}
-
-#[test]
-fn cuda_pinned_memory() {
-    let Some(dev) = crate::testing::cuda_or_skip("cuda_pinned_memory") else {
-        return;
-    };
-    let mut p = dev.alloc_pinned(1 << 16).unwrap();
-    assert!(
-        p.as_slice().iter().all(|&b| b == 0),
-        "pinned memory is zero-filled"
-    );
-    let data = pattern(1 << 16);
-    p.as_mut_slice().copy_from_slice(&data);
-    let s = dev.new_stream().unwrap();
-    let mut buf = dev.alloc(1 << 16).unwrap();
-    // SAFETY: `p` outlives the copy: the event is waited for before `p` is touched again.
-    unsafe { s.write_async(&mut buf, 0, p.as_slice()) }.unwrap();
-    s.record().unwrap().wait().unwrap();
-    let mut q = dev.alloc_pinned(1 << 16).unwrap();
-    // SAFETY: as above.
-    unsafe { s.read_async(&buf, 0, q.as_mut_slice()) }.unwrap();
-    s.record().unwrap().wait().unwrap();
-    assert_eq!(q.as_slice(), &data[..]);
-    assert!(dev.pinned_stats().in_use >= 2 << 16);
 }
 
 #[test]

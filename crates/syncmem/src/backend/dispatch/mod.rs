@@ -230,10 +230,10 @@ impl RawStream {
         blocking: bool,
     ) -> Result<()> {
         match (self, dst) {
-            // SAFETY (every arm): forwarded to the caller's contract.
-            (RawStream::Cpu(s), RawMem::Cpu(m)) => unsafe {
-                s.write(m, dst_off, src, len, blocking)
-            },
+            (RawStream::Cpu(s), RawMem::Cpu(m)) => {
+                // SAFETY: forwarded to the caller's contract.
+                unsafe { s.write(m, dst_off, src, len, blocking) }
+            }
             #[cfg(feature = "opencl")]
             (RawStream::OpenCl(s), RawMem::OpenCl(m)) => {
                 // SAFETY: forwarded to the caller's contract.
@@ -262,10 +262,10 @@ impl RawStream {
         blocking: bool,
     ) -> Result<()> {
         match (self, src) {
-            // SAFETY (every arm): forwarded to the caller's contract.
-            (RawStream::Cpu(s), RawMem::Cpu(m)) => unsafe {
-                s.read(m, src_off, dst, len, blocking)
-            },
+            (RawStream::Cpu(s), RawMem::Cpu(m)) => {
+                // SAFETY: forwarded to the caller's contract.
+                unsafe { s.read(m, src_off, dst, len, blocking) }
+            }
             #[cfg(feature = "opencl")]
             (RawStream::OpenCl(s), RawMem::OpenCl(m)) => {
                 // SAFETY: forwarded to the caller's contract.
