@@ -1,0 +1,297 @@
+//! Errors that name the operator and the blob, cpu against each accelerator, seeded fills,
+//! threads, and operator definitions as JSON.
+
+use syncmem::ops::{create_operator, registered_types, OperatorDef};
+use syncmem::tensor::Tensor;
+use syncmem::{BackendKind, Context, Device, Error, Workspace};
+
+use super::*;
+
+// ----- errors ------------------------------------------------------------------------------------
+
+fn errors_name_the_operator_and_the_blob(dev: &Device) {
+    let ctx = Context::with_seed(dev, 1).unwrap();
+    let ws = Workspace::new();
+    let err = |def: &OperatorDef| run(&ws, &ctx, def).unwrap_err();
+
+    let e = create_operator(&OperatorDef::new("Conv", &["x"], &["y"]).named("c1"), dev)
+        .err()
+        .unwrap();
+    let s = e.to_string();
+    assert!(
+        matches!(e, Error::NotFound { .. }) && s.contains("Conv") && s.contains("FC"),
+        "{s}"
+    );
+
+    let fc = OperatorDef::new("FC", &["x", "w", "b"], &["y"]).named("fc1");
+    let e = err(&fc);
+    let s = e.to_string();
+    assert!(
+        matches!(e, Error::NotFound { .. }) && s.contains("\"x\"") && s.contains("FC \"fc1\""),
+        "{s}"
+    );
+
+    put(&ws, dev, "x", &[4, 5], &data(20, 1));
+    put(&ws, dev, "w", &[3, 6], &data(18, 2));
+    put(&ws, dev, "b", &[3], &data(3, 3));
+    let e = err(&fc);
+    let s = e.to_string();
+    assert!(
+        matches!(e, Error::InvalidShape { .. }) && s.contains("\"w\"") && s.contains("fc1"),
+        "{s}"
+    );
+
+    put(&ws, dev, "w", &[3, 5], &data(15, 2));
+    put(&ws, dev, "b", &[4], &data(4, 3));
+    let s = err(&fc).to_string();
+    assert!(s.contains("\"b\"") && s.contains("[3]"), "{s}");
+
+    put(&ws, dev, "b", &[3], &[1i32, 2, 3]);
+    let e = err(&fc);
+    let s = e.to_string();
+    assert!(
+        matches!(e, Error::TypeMismatch { .. }) && s.contains("\"b\"") && s.contains("i32"),
+        "{s}"
+    );
+
+    ws.create_blob("b").unwrap().write().reset(7u8);
+    let s = err(&fc).to_string();
+    assert!(s.contains("\"b\"") && s.contains("u8"), "{s}");
+
+    let inplace = OperatorDef::new("FC", &["x", "w", "b"], &["x"]);
+    let s = err(&inplace).to_string();
+    assert!(s.contains("FC") && s.contains("\"x\""), "{s}");
+
+    put(&ws, dev, "labels", &[4], &[0.0f32; 4]);
+    let sm = OperatorDef::new("SoftmaxWithLoss", &["x", "labels"], &["p", "loss"]);
+    let e = err(&sm);
+    let s = e.to_string();
+    assert!(
+        matches!(e, Error::TypeMismatch { .. })
+            && s.contains("\"labels\"")
+            && s.contains("SoftmaxWithLoss"),
+        "{s}"
+    );
+
+    for bad in [
+        OperatorDef::new("SGD", &["w", "g"], &["v"]).arg("lr", 0.1),
+        OperatorDef::new("SGD", &["w", "g"], &["w"]),
+        OperatorDef::new("Relu", &["x"], &["y"]).arg("alpha", 1),
+        OperatorDef::new("UniformFill", &[], &["u"])
+            .arg("min", 2)
+            .arg("max", 1),
+        OperatorDef::new("FC", &["x", "w"], &["y"]),
+    ] {
+        let e = create_operator(&bad, dev).err().unwrap();
+        assert!(e.to_string().contains(&bad.op_type), "{e}");
+    }
+    assert!(registered_types().contains(&"SoftmaxWithLossGradient"));
+
+    // A tensor of another device is refused, naming the blob.
+    if dev.backend() != BackendKind::Cpu {
+        put(&ws, &Device::cpu(), "xc", &[2], &[1.0f32, -1.0]);
+        let s = err(&OperatorDef::new("Relu", &["xc"], &["yc"])).to_string();
+        assert!(s.contains("\"xc\"") && s.contains("cpu"), "{s}");
+        let cpu_op = create_operator(&OperatorDef::new("Relu", &["x"], &["y"]), &Device::cpu());
+        let e = cpu_op.unwrap().run(&ws, &ctx).unwrap_err();
+        assert!(matches!(e, Error::DeviceMismatch { .. }), "{e}");
+    }
+}
+
+syncmem::for_each_device!(errors_name_the_operator_and_the_blob);
+
+// ----- cpu against each accelerator ---------------------------------------------------------------
+
+/// Runs `defs` on `dev` over the same host inputs; returns the named outputs.
+#[cfg(any(feature = "opencl", feature = "cuda"))]
+fn run_on(
+    dev: &Device,
+    seed: u64,
+    inputs: &[(&str, Vec<usize>, Vec<f32>)],
+    defs: &[OperatorDef],
+    outs: &[&str],
+) -> Vec<Vec<f32>> {
+    let ctx = Context::with_seed(dev, seed).unwrap();
+    let ws = Workspace::new();
+    for (name, d, v) in inputs {
+        put(&ws, dev, name, d, v);
+    }
+    put(
+        &ws,
+        dev,
+        "labels",
+        &[33],
+        &(0..33).map(|i: i32| i * 7 % 10).collect::<Vec<_>>(),
+    );
+    for def in defs {
+        ok(&ws, &ctx, def.clone());
+    }
+    outs.iter().map(|o| get(&ws, o)).collect()
+}
+
+#[cfg(feature = "opencl")]
+#[test]
+fn cpu_and_opencl_agree_for_every_operator() {
+    if let Some(cl) = syncmem::testing::opencl_or_skip("cpu_and_opencl_agree_for_every_operator") {
+        cpu_and_device_agree_for_every_operator(&cl);
+    }
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn cpu_and_cuda_agree_for_every_operator() {
+    if let Some(cu) = syncmem::testing::cuda_or_skip("cpu_and_cuda_agree_for_every_operator") {
+        cpu_and_device_agree_for_every_operator(&cu);
+    }
+}
+
+/// Every operator on `dev` against `cpu`, over the same inputs and seed: close for the math,
+/// bit-identical for the fills.
+#[cfg(any(feature = "opencl", feature = "cuda"))]
+fn cpu_and_device_agree_for_every_operator(dev: &Device) {
+    // 33 x 65 x 10 and 65 x 40: several GEMM tiles, none full.
+    let (n, k, h, c) = (33, 65, 40, 10);
+    let inputs = [
+        ("x", vec![n, k], data(n * k, 21)),
+        ("w1", vec![h, k], data(h * k, 22)),
+        ("b1", vec![h], data(h, 23)),
+        ("w2", vec![c, h], data(c * h, 24)),
+        ("b2", vec![c], data(c, 25)),
+        ("dl", vec![], vec![1.5]),
+        // Several GEMM tiles in every dimension, none of them full.
+        ("xb", vec![130, 70], data(130 * 70, 26)),
+        ("wb", vec![150, 70], data(150 * 70, 27)),
+        ("bb", vec![150], data(150, 28)),
+        ("dyb", vec![130, 150], data(130 * 150, 29)),
+    ];
+    let op = OperatorDef::new;
+    let defs = [
+        op("FC", &["x", "w1", "b1"], &["h1"]),
+        op("Relu", &["h1"], &["r1"]),
+        op("FC", &["r1", "w2", "b2"], &["logits"]),
+        op("SoftmaxWithLoss", &["logits", "labels"], &["prob", "loss"]),
+        op("Accuracy", &["logits", "labels"], &["acc"]),
+        op(
+            "SoftmaxWithLossGradient",
+            &["prob", "labels", "dl"],
+            &["dlogits"],
+        ),
+        op(
+            "FCGradient",
+            &["r1", "w2", "dlogits"],
+            &["dw2", "db2", "dr1"],
+        ),
+        op("ReluGradient", &["r1", "dr1"], &["dh1"]),
+        op("FCGradient", &["x", "w1", "dh1"], &["dw1", "db1"]),
+        op("SGD", &["w1", "dw1"], &["w1"]).arg("lr", 0.5),
+        op("FC", &["xb", "wb", "bb"], &["yb"]),
+        op("FCGradient", &["xb", "wb", "dyb"], &["dwb", "dbb", "dxb"]),
+        op("ConstantFill", &[], &["k"])
+            .arg("shape", vec![3, 5])
+            .arg("value", 2.5),
+        op("ConstantFill", &["x"], &["zeros"]),
+        op("UniformFill", &[], &["u"])
+            .arg("shape", vec![100])
+            .arg("min", -2)
+            .arg("max", 3),
+        op("GaussianFill", &[], &["g"])
+            .arg("shape", vec![7, 9])
+            .arg("mean", 1)
+            .arg("std", 2),
+        op("XavierFill", &[], &["xa"]).arg("shape", vec![16, 8]),
+        op("MSRAFill", &[], &["ms"]).arg("shape", vec![16, 8]),
+    ];
+    let outs = [
+        "h1", "r1", "logits", "prob", "loss", "acc", "dlogits", "dw2", "db2", "dr1", "dh1", "dw1",
+        "db1", "w1", "yb", "dwb", "dbb", "dxb", "k", "zeros", "u", "g", "xa", "ms",
+    ];
+    let a = run_on(&Device::cpu(), 5, &inputs, &defs, &outs);
+    let b = run_on(dev, 5, &inputs, &defs, &outs);
+    for ((name, x), y) in outs.iter().zip(&a).zip(&b) {
+        assert_close(&format!("{name}: cpu vs {}", dev.label()), x, y, 1e-4, 1e-5);
+    }
+    for ((name, x), y) in outs.iter().zip(&a).zip(&b).skip(18) {
+        assert_eq!(x, y, "{name}: fills are bit-identical on both devices");
+    }
+}
+
+#[test]
+fn fills_with_the_same_seed_are_identical_and_others_differ() {
+    let fill = |dev: &Device, seed: u64| {
+        let defs = [
+            OperatorDef::new("UniformFill", &[], &["u"]).arg("shape", vec![50]),
+            OperatorDef::new("GaussianFill", &[], &["g"]).arg("shape", vec![5, 11]),
+            OperatorDef::new("ConstantFill", &[], &["i"])
+                .arg("shape", vec![4])
+                .arg("value", 3)
+                .arg("dtype", "int32"),
+        ];
+        let ctx = Context::with_seed(dev, seed).unwrap();
+        let ws = Workspace::new();
+        for d in &defs {
+            ok(&ws, &ctx, d.clone());
+        }
+        let ints = ws.get_blob("i").unwrap();
+        let ints = ints
+            .read()
+            .get::<Tensor>()
+            .unwrap()
+            .host::<i32>()
+            .unwrap()
+            .to_vec();
+        assert_eq!(ints, [3; 4]);
+        (get(&ws, "u"), get(&ws, "g"))
+    };
+    let cpu = Device::cpu();
+    let a = fill(&cpu, 42);
+    assert_eq!(a, fill(&cpu, 42));
+    assert_ne!(a, fill(&cpu, 43));
+    #[cfg(feature = "opencl")]
+    if let Some(cl) = syncmem::testing::opencl_or_skip("fills_with_the_same_seed_are_identical") {
+        assert_eq!(a, fill(&cl, 42), "cpu and {} from seed 42", cl.label());
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(cu) = syncmem::testing::cuda_or_skip("fills_with_the_same_seed_are_identical") {
+        assert_eq!(a, fill(&cu, 42), "cpu and {} from seed 42", cu.label());
+    }
+}
+
+#[test]
+fn operators_on_distinct_threads_share_inputs_without_deadlock() {
+    let dev = Device::first_accelerator()
+        .filter(|d| d.backend() == BackendKind::OpenCl)
+        .unwrap_or_else(Device::cpu);
+    let ws = Workspace::new();
+    put(&ws, &dev, "x", &[16, 16], &data(256, 31));
+    put(&ws, &dev, "w", &[16, 16], &data(256, 32));
+    put(&ws, &dev, "b", &[16], &data(16, 33));
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (ws, dev) = (&ws, &dev);
+            s.spawn(move || {
+                let ctx = Context::with_seed(dev, t).unwrap();
+                let y = format!("y{t}");
+                for _ in 0..20 {
+                    ok(ws, &ctx, OperatorDef::new("FC", &["x", "w", "b"], &[&y]));
+                    // In place on a blob the other threads read too would race; each thread
+                    // updates its own output instead.
+                    ok(ws, &ctx, OperatorDef::new("Relu", &[&y], &[&y]));
+                }
+            });
+        }
+    });
+    let y0 = get(&ws, "y0");
+    for t in 1..4 {
+        assert_eq!(get(&ws, &format!("y{t}")), y0);
+    }
+}
+
+#[test]
+fn operator_defs_round_trip_through_json() {
+    let def = OperatorDef::new("FC", &["x", "w", "b"], &["y"])
+        .named("fc1")
+        .arg("axis", 1);
+    let text = serde_json::to_string(&def).unwrap();
+    assert_eq!(serde_json::from_str::<OperatorDef>(&text).unwrap(), def);
+    assert_eq!(def.label(), "FC \"fc1\"");
+}
