@@ -9,6 +9,8 @@
 //! backend with one `match`; operators and parameter math never see a backend type.
 
 #[cfg(any(feature = "opencl", feature = "cuda"))]
+pub(crate) mod args;
+#[cfg(any(feature = "opencl", feature = "cuda"))]
 pub(crate) mod cache;
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]

@@ -26,9 +26,10 @@
 
 use cudarc::driver::LaunchConfig;
 
-use super::launch::{blocks_for, launch, linear, u32_arg, Arg, MAX_BLOCKS, MAX_GRID_Y};
+use super::launch::{blocks_for, launch, linear, Arg, MAX_BLOCKS, MAX_GRID_Y};
 use super::source::{BLOCK, GEMM_THREADS, MATH_BLOCK, TILE_M, TILE_N};
 use super::{CuDevice, CuMem, CuStream};
+use crate::backend::args;
 use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce};
 use crate::dtype::{Float, ScalarKind};
 use crate::error::Result;
@@ -36,19 +37,12 @@ use crate::error::Result;
 /// Most blocks (partial sums) launched for a math reduction.
 const MAX_BLOCKS_REDUCE: usize = 256;
 
-fn ptr(m: &CuMem) -> Arg {
-    Arg::Ptr(m.device_ptr())
+fn ptr(m: &CuMem) -> u64 {
+    m.device_ptr()
 }
 
-fn ptr_or_null(m: Buf<'_, CuMem>) -> Arg {
-    Arg::Ptr(m.map_or(0, CuMem::device_ptr))
-}
-
-fn value<F: Float>(a: F) -> Arg {
-    match F::KIND {
-        ScalarKind::F64 => Arg::F64(a.to_f64()),
-        _ => Arg::F32(a.to_f64() as f32),
-    }
+fn opt(m: Buf<'_, CuMem>) -> Option<u64> {
+    m.map(CuMem::device_ptr)
 }
 
 /// The grid of a GEMM with `m` rows and `n` columns (`n` at most `u32::MAX`): one block per
@@ -98,19 +92,7 @@ impl BackendKernels for CuDevice {
         bias: Buf<'_, CuMem>,
     ) -> Result<()> {
         let ks = self.kernel_cache().ops(self)?;
-        let l = self.label();
-        let args = [
-            u32_arg(g.m, "GEMM M", l)?,
-            u32_arg(g.n, "GEMM N", l)?,
-            u32_arg(g.k, "GEMM K", l)?,
-            Arg::U32(g.ta.into()),
-            Arg::U32(g.tb.into()),
-            ptr_or_null(a),
-            ptr_or_null(b),
-            ptr(c),
-            ptr_or_null(bias),
-            Arg::U32(bias.is_some().into()),
-        ];
+        let args = args::gemm(self.label(), g, opt(a), opt(b), ptr(c), opt(bias))?;
         let cfg = LaunchConfig {
             grid_dim: gemm_grid(g.m, g.n),
             block_dim: (GEMM_THREADS.0, GEMM_THREADS.1, 1),
@@ -128,34 +110,28 @@ impl BackendKernels for CuDevice {
         out: &CuMem,
     ) -> Result<()> {
         let ks = self.kernel_cache().ops(self)?;
-        let l = self.label();
-        let args = [
-            u32_arg(rows, "rows", l)?,
-            u32_arg(cols, "columns", l)?,
-            ptr_or_null(x),
-            ptr(out),
-        ];
+        let args = args::col_sum(self.label(), rows, cols, opt(x), ptr(out))?;
         let cfg = linear(col_sum_blocks(cols), BLOCK);
         self.run(s, "sm_col_sum", &ks.col_sum, &args, cfg)
     }
 
     fn relu(&self, s: &CuStream, n: usize, x: &CuMem, y: &CuMem) -> Result<()> {
         let ks = self.kernel_cache().ops(self)?;
-        let args = [Arg::U64(n as u64), ptr(x), ptr(y)];
+        let args = args::relu(n, ptr(x), ptr(y));
         let cfg = linear(blocks_for(n, BLOCK, MAX_BLOCKS), BLOCK);
         self.run(s, "sm_relu", &ks.relu, &args, cfg)
     }
 
     fn relu_grad(&self, s: &CuStream, n: usize, y: &CuMem, dy: &CuMem, dx: &CuMem) -> Result<()> {
         let ks = self.kernel_cache().ops(self)?;
-        let args = [Arg::U64(n as u64), ptr(y), ptr(dy), ptr(dx)];
+        let args = args::relu_grad(n, ptr(y), ptr(dy), ptr(dx));
         let cfg = linear(blocks_for(n, BLOCK, MAX_BLOCKS), BLOCK);
         self.run(s, "sm_relu_grad", &ks.relu_grad, &args, cfg)
     }
 
     fn fill_f32(&self, s: &CuStream, n: usize, value: f32, y: &CuMem) -> Result<()> {
         let ks = self.kernel_cache().ops(self)?;
-        let args = [Arg::U64(n as u64), Arg::F32(value), ptr(y)];
+        let args = args::fill(n, value, ptr(y));
         let cfg = linear(blocks_for(n, BLOCK, MAX_BLOCKS), BLOCK);
         self.run(s, "sm_fill", &ks.fill, &args, cfg)
     }
@@ -171,15 +147,8 @@ impl BackendKernels for CuDevice {
         loss: &CuMem,
     ) -> Result<Option<BadLabel>> {
         let ks = self.kernel_cache().ops(self)?;
-        let l = self.label();
-        let args = [
-            u32_arg(rows, "rows", l)?,
-            u32_arg(cols, "classes", l)?,
-            ptr_or_null(x),
-            ptr_or_null(labels),
-            ptr_or_null(p),
-            ptr(loss),
-        ];
+        let (l, rc) = (self.label(), (rows, cols));
+        let args = args::softmax_loss(l, rc, opt(x), opt(labels), opt(p), ptr(loss))?;
         let cfg = linear(1, BLOCK);
         self.run(s, "sm_softmax_loss", &ks.softmax_loss, &args, cfg)?;
         Ok(None)
@@ -196,16 +165,8 @@ impl BackendKernels for CuDevice {
         dx: &CuMem,
     ) -> Result<Option<BadLabel>> {
         let ks = self.kernel_cache().ops(self)?;
-        let l = self.label();
-        let args = [
-            u32_arg(rows, "rows", l)?,
-            u32_arg(cols, "classes", l)?,
-            ptr(p),
-            ptr(labels),
-            ptr_or_null(dloss),
-            Arg::U32(dloss.is_some().into()),
-            ptr(dx),
-        ];
+        let (l, rc) = (self.label(), (rows, cols));
+        let args = args::softmax_loss_grad(l, rc, ptr(p), ptr(labels), opt(dloss), ptr(dx))?;
         let cfg = linear(blocks_for(rows * cols, BLOCK, MAX_BLOCKS), BLOCK);
         let f = &ks.softmax_loss_grad;
         self.run(s, "sm_softmax_loss_grad", f, &args, cfg)?;
@@ -223,15 +184,8 @@ impl BackendKernels for CuDevice {
         out: &CuMem,
     ) -> Result<Option<BadLabel>> {
         let ks = self.kernel_cache().ops(self)?;
-        let l = self.label();
-        let args = [
-            u32_arg(rows, "rows", l)?,
-            u32_arg(cols, "classes", l)?,
-            u32_arg(top_k, "top_k", l)?,
-            ptr_or_null(x),
-            ptr_or_null(labels),
-            ptr(out),
-        ];
+        let (l, rck) = (self.label(), (rows, cols, top_k));
+        let args = args::accuracy(l, rck, opt(x), opt(labels), ptr(out))?;
         let cfg = linear(1, BLOCK);
         self.run(s, "sm_accuracy", &ks.accuracy, &args, cfg)?;
         Ok(None)
@@ -239,14 +193,14 @@ impl BackendKernels for CuDevice {
 
     fn axpy<F: Float>(&self, s: &CuStream, n: usize, a: F, x: &CuMem, y: &CuMem) -> Result<()> {
         let ks = self.kernel_cache().math(self)?;
-        let args = [Arg::U64(n as u64), value(a), ptr(x), ptr(y)];
+        let args = args::axpy(n, a, ptr(x), ptr(y));
         let cfg = linear(blocks_for(n, MATH_BLOCK, MAX_BLOCKS), MATH_BLOCK);
         self.run(s, "sm_axpy", &ks.typed(F::KIND).axpy, &args, cfg)
     }
 
     fn scale<F: Float>(&self, s: &CuStream, n: usize, a: F, x: &CuMem) -> Result<()> {
         let ks = self.kernel_cache().math(self)?;
-        let args = [Arg::U64(n as u64), value(a), ptr(x)];
+        let args = args::scale(n, a, ptr(x));
         let cfg = linear(blocks_for(n, MATH_BLOCK, MAX_BLOCKS), MATH_BLOCK);
         self.run(s, "sm_scale", &ks.typed(F::KIND).scale, &args, cfg)
     }
@@ -269,7 +223,7 @@ impl BackendKernels for CuDevice {
             Reduce::Asum => ("sm_asum", &typed.asum),
             Reduce::Sumsq => ("sm_sumsq", &typed.sumsq),
         };
-        let args = [Arg::U64(n as u64), ptr(x), ptr(partial)];
+        let args = args::reduce(n, ptr(x), ptr(partial));
         let cfg = linear(self.reduce_groups(n) as u32, MATH_BLOCK);
         self.run(s, name, func, &args, cfg)
     }

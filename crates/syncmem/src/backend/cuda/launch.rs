@@ -5,6 +5,7 @@
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
 use super::error::driver_error;
+use crate::backend::args::KArg;
 use crate::error::{Error, Result};
 
 /// Most blocks launched for an element-wise kernel (a grid-stride loop covers the rest).
@@ -12,27 +13,8 @@ pub(super) const MAX_BLOCKS: usize = 1024;
 /// Most blocks along a grid's y axis (CUDA's limit); the GEMM loops over further row tiles.
 pub(super) const MAX_GRID_Y: usize = 65_535;
 
-/// One kernel argument.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Arg {
-    U32(u32),
-    U64(u64),
-    F32(f32),
-    F64(f64),
-    /// A device pointer (`CUdeviceptr`): the address of a live allocation of the stream's
-    /// context, or 0 for an operand the kernel does not read.
-    Ptr(u64),
-}
-
-/// A size as a kernel `unsigned int`.
-pub(super) fn u32_arg(v: usize, what: &'static str, label: &str) -> Result<Arg> {
-    u32::try_from(v)
-        .map(Arg::U32)
-        .map_err(|_| Error::Unsupported {
-            device: label.to_string(),
-            what: format!("{what} = {v} exceeds the 32-bit sizes of the CUDA kernels"),
-        })
-}
+/// One kernel argument: a device pointer is a `CUdeviceptr` (its 64-bit address).
+pub(super) type Arg = KArg<u64>;
 
 /// Blocks of `block` threads for a grid-stride loop over `n` items, at most `max`.
 pub(super) fn blocks_for(n: usize, block: u32, max: usize) -> u32 {
@@ -66,11 +48,11 @@ pub(super) fn launch(
     let mut b = stream.launch_builder(func);
     for a in args {
         match a {
-            Arg::U32(v) => b.arg(v),
-            Arg::U64(v) => b.arg(v),
-            Arg::F32(v) => b.arg(v),
-            Arg::F64(v) => b.arg(v),
-            Arg::Ptr(v) => b.arg(v),
+            KArg::U32(v) => b.arg(v),
+            KArg::U64(v) => b.arg(v),
+            KArg::F32(v) => b.arg(v),
+            KArg::F64(v) => b.arg(v),
+            KArg::Ptr(v) => b.arg(v),
         };
     }
     // SAFETY: the arguments match the kernel's parameters in order and type (this function's
@@ -100,17 +82,6 @@ mod tests {
         assert_eq!(
             blocks_for(usize::MAX / 2, 256, MAX_BLOCKS),
             MAX_BLOCKS as u32
-        );
-    }
-
-    #[test]
-    fn sizes_beyond_32_bits_are_refused() {
-        assert!(matches!(u32_arg(7, "rows", "cuda:0"), Ok(Arg::U32(7))));
-        let e = u32_arg(u32::MAX as usize + 1, "GEMM K", "cuda:0").unwrap_err();
-        assert!(
-            matches!(&e, Error::Unsupported { device, what }
-                if device == "cuda:0" && what.contains("GEMM K = 4294967296")),
-            "{e}"
         );
     }
 }

@@ -1,17 +1,19 @@
 //! [`BackendKernels`] for OpenCL devices: the programs of [`super::program`], launched with the
-//! one helper of [`super::launch`] on the stream's command queue.
-
-use std::ptr;
+//! one helper of [`super::launch`] on the stream's command queue, with the argument lists of
+//! [`crate::backend::args`].
 
 use opencl3::memory::ClMem as _;
-use opencl3::types::{cl_event, cl_mem, cl_ulong};
+use opencl3::types::{cl_event, cl_mem};
 
-use super::launch::{groups_for, launch, u32_arg, Arg, Slot, MAX_LOCAL};
+use super::launch::{groups_for, launch, Arg, Grid, Slot};
 use super::{backend_error, ClDevice, ClMem, ClStream};
+use crate::backend::args;
 use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce};
 use crate::dtype::{Float, ScalarKind};
 use crate::error::Result;
 
+/// Largest one-dimensional work-group size used by the math reductions.
+const MAX_LOCAL_REDUCE: usize = 256;
 /// Most work-groups launched for an element-wise kernel (a grid-stride loop covers the rest).
 const MAX_GROUPS_ELEMENTWISE: usize = 1024;
 /// Most work-groups (partial sums) launched for a reduction.
@@ -21,36 +23,44 @@ fn mem(m: &ClMem) -> cl_mem {
     m.buffer().get()
 }
 
-fn mem_or_null(m: Buf<'_, ClMem>) -> cl_mem {
-    m.map_or(ptr::null_mut(), mem)
+fn opt(m: Buf<'_, ClMem>) -> Option<cl_mem> {
+    m.map(mem)
 }
 
-/// A floating-point kernel argument of type `F` (`float` or `double`).
-fn value<F: Float>(a: F) -> Arg {
-    match F::KIND {
-        ScalarKind::F64 => Arg::F64(a.to_f64()),
-        _ => Arg::F32(a.to_f64() as f32),
-    }
+/// The global and local sizes of a one-dimensional launch of `groups` work-groups of `local`
+/// items.
+fn linear(groups: usize, local: usize) -> ([usize; 1], [usize; 1]) {
+    ([groups * local], [local])
 }
 
 impl ClDevice {
     /// Launches `slot` on `s` and waits for the command.
-    fn run(
-        &self,
-        s: &ClStream,
-        slot: &Slot,
-        args: &[Arg],
-        global: &[usize],
-        local: &[usize],
-    ) -> Result<()> {
-        let event = launch(self.label(), slot, s.queue().get(), args, global, local)?;
+    fn run(&self, s: &ClStream, slot: &Slot, args: &[Arg], grid: Grid<'_>) -> Result<()> {
+        let event = launch(self.label(), slot, s.queue().get(), args, &grid)?;
         self.finish(event)
     }
 
     /// A one-dimensional launch over `n >= 1` items (grid-stride loop).
     fn run_elementwise(&self, s: &ClStream, slot: &Slot, n: usize, args: &[Arg]) -> Result<()> {
         let groups = groups_for(n, slot.local, MAX_GROUPS_ELEMENTWISE);
-        self.run(s, slot, args, &[groups * slot.local], &[slot.local])
+        let (global, local) = linear(groups, slot.local);
+        let grid = Grid {
+            global: &global,
+            local: &local,
+            scratch: None,
+        };
+        self.run(s, slot, args, grid)
+    }
+
+    /// One work-group of `slot`'s size with a `float` scratch per work-item.
+    fn run_one_group(&self, s: &ClStream, slot: &Slot, args: &[Arg]) -> Result<()> {
+        let local = [slot.local];
+        let grid = Grid {
+            global: &local,
+            local: &local,
+            scratch: Some(slot.local * std::mem::size_of::<f32>()),
+        };
+        self.run(s, slot, args, grid)
     }
 
     /// Waits for a launched command and releases its event.
@@ -82,26 +92,19 @@ impl BackendKernels for ClDevice {
         bias: Buf<'_, ClMem>,
     ) -> Result<()> {
         let ks = self.kernel_cache().ops(self)?;
-        let l = self.label();
-        let args = [
-            u32_arg(g.m, "GEMM M", l)?,
-            u32_arg(g.n, "GEMM N", l)?,
-            u32_arg(g.k, "GEMM K", l)?,
-            Arg::U32(g.ta.into()),
-            Arg::U32(g.tb.into()),
-            Arg::Mem(mem_or_null(a)),
-            Arg::Mem(mem_or_null(b)),
-            Arg::Mem(mem(c)),
-            Arg::Mem(mem_or_null(bias)),
-            Arg::U32(bias.is_some().into()),
-        ];
+        let args = args::gemm(self.label(), g, opt(a), opt(b), mem(c), opt(bias))?;
         let t = ks.tiles;
         let local = t.local();
         let global = [
             g.n.div_ceil(t.tsn) * local[0],
             g.m.div_ceil(t.tsm) * local[1],
         ];
-        self.run(s, &ks.gemm, &args, &global, &local)
+        let grid = Grid {
+            global: &global,
+            local: &local,
+            scratch: None,
+        };
+        self.run(s, &ks.gemm, &args, grid)
     }
 
     fn col_sum(
@@ -113,39 +116,31 @@ impl BackendKernels for ClDevice {
         out: &ClMem,
     ) -> Result<()> {
         let ks = self.kernel_cache().ops(self)?;
-        let l = self.label();
-        let args = [
-            u32_arg(rows, "rows", l)?,
-            u32_arg(cols, "columns", l)?,
-            Arg::Mem(mem_or_null(x)),
-            Arg::Mem(mem(out)),
-        ];
-        let local = ks.col_sum.local;
-        let global = cols.div_ceil(local) * local;
-        self.run(s, &ks.col_sum, &args, &[global], &[local])
+        let args = args::col_sum(self.label(), rows, cols, opt(x), mem(out))?;
+        let slot = &ks.col_sum;
+        let (global, local) = linear(cols.div_ceil(slot.local), slot.local);
+        let grid = Grid {
+            global: &global,
+            local: &local,
+            scratch: None,
+        };
+        self.run(s, slot, &args, grid)
     }
 
     fn relu(&self, s: &ClStream, n: usize, x: &ClMem, y: &ClMem) -> Result<()> {
         let ks = self.kernel_cache().ops(self)?;
-        let args = [Arg::U64(n as cl_ulong), Arg::Mem(mem(x)), Arg::Mem(mem(y))];
-        self.run_elementwise(s, &ks.relu, n, &args)
+        self.run_elementwise(s, &ks.relu, n, &args::relu(n, mem(x), mem(y)))
     }
 
     fn relu_grad(&self, s: &ClStream, n: usize, y: &ClMem, dy: &ClMem, dx: &ClMem) -> Result<()> {
         let ks = self.kernel_cache().ops(self)?;
-        let args = [
-            Arg::U64(n as cl_ulong),
-            Arg::Mem(mem(y)),
-            Arg::Mem(mem(dy)),
-            Arg::Mem(mem(dx)),
-        ];
+        let args = args::relu_grad(n, mem(y), mem(dy), mem(dx));
         self.run_elementwise(s, &ks.relu_grad, n, &args)
     }
 
     fn fill_f32(&self, s: &ClStream, n: usize, value: f32, y: &ClMem) -> Result<()> {
         let ks = self.kernel_cache().ops(self)?;
-        let args = [Arg::U64(n as cl_ulong), Arg::F32(value), Arg::Mem(mem(y))];
-        self.run_elementwise(s, &ks.fill, n, &args)
+        self.run_elementwise(s, &ks.fill, n, &args::fill(n, value, mem(y)))
     }
 
     fn softmax_loss(
@@ -159,18 +154,15 @@ impl BackendKernels for ClDevice {
         loss: &ClMem,
     ) -> Result<Option<BadLabel>> {
         let ks = self.kernel_cache().ops(self)?;
-        let l = self.label();
-        let local = ks.softmax_loss.local;
-        let args = [
-            u32_arg(rows, "rows", l)?,
-            u32_arg(cols, "classes", l)?,
-            Arg::Mem(mem_or_null(x)),
-            Arg::Mem(mem_or_null(labels)),
-            Arg::Mem(mem_or_null(p)),
-            Arg::Mem(mem(loss)),
-            Arg::Local(local * std::mem::size_of::<f32>()),
-        ];
-        self.run(s, &ks.softmax_loss, &args, &[local], &[local])?;
+        let args = args::softmax_loss(
+            self.label(),
+            (rows, cols),
+            opt(x),
+            opt(labels),
+            opt(p),
+            mem(loss),
+        )?;
+        self.run_one_group(s, &ks.softmax_loss, &args)?;
         Ok(None)
     }
 
@@ -185,16 +177,14 @@ impl BackendKernels for ClDevice {
         dx: &ClMem,
     ) -> Result<Option<BadLabel>> {
         let ks = self.kernel_cache().ops(self)?;
-        let l = self.label();
-        let args = [
-            u32_arg(rows, "rows", l)?,
-            u32_arg(cols, "classes", l)?,
-            Arg::Mem(mem(p)),
-            Arg::Mem(mem(labels)),
-            Arg::Mem(mem_or_null(dloss)),
-            Arg::U32(dloss.is_some().into()),
-            Arg::Mem(mem(dx)),
-        ];
+        let args = args::softmax_loss_grad(
+            self.label(),
+            (rows, cols),
+            mem(p),
+            mem(labels),
+            opt(dloss),
+            mem(dx),
+        )?;
         self.run_elementwise(s, &ks.softmax_loss_grad, rows * cols, &args)?;
         Ok(None)
     }
@@ -210,42 +200,31 @@ impl BackendKernels for ClDevice {
         out: &ClMem,
     ) -> Result<Option<BadLabel>> {
         let ks = self.kernel_cache().ops(self)?;
-        let l = self.label();
-        let local = ks.accuracy.local;
-        let args = [
-            u32_arg(rows, "rows", l)?,
-            u32_arg(cols, "classes", l)?,
-            u32_arg(top_k, "top_k", l)?,
-            Arg::Mem(mem_or_null(x)),
-            Arg::Mem(mem_or_null(labels)),
-            Arg::Mem(mem(out)),
-            Arg::Local(local * std::mem::size_of::<f32>()),
-        ];
-        self.run(s, &ks.accuracy, &args, &[local], &[local])?;
+        let args = args::accuracy(
+            self.label(),
+            (rows, cols, top_k),
+            opt(x),
+            opt(labels),
+            mem(out),
+        )?;
+        self.run_one_group(s, &ks.accuracy, &args)?;
         Ok(None)
     }
 
     fn axpy<F: Float>(&self, s: &ClStream, n: usize, a: F, x: &ClMem, y: &ClMem) -> Result<()> {
         let ks = self.kernel_cache().math(self, F::KIND)?;
-        let args = [
-            Arg::U64(n as cl_ulong),
-            value(a),
-            Arg::Mem(mem(x)),
-            Arg::Mem(mem(y)),
-        ];
-        self.run_elementwise(s, &ks.axpy, n, &args)
+        self.run_elementwise(s, &ks.axpy, n, &args::axpy(n, a, mem(x), mem(y)))
     }
 
     fn scale<F: Float>(&self, s: &ClStream, n: usize, a: F, x: &ClMem) -> Result<()> {
         let ks = self.kernel_cache().math(self, F::KIND)?;
-        let args = [Arg::U64(n as cl_ulong), value(a), Arg::Mem(mem(x))];
-        self.run_elementwise(s, &ks.scale, n, &args)
+        self.run_elementwise(s, &ks.scale, n, &args::scale(n, a, mem(x)))
     }
 
     fn reduce_groups(&self, n: usize) -> usize {
         // The math kernels' work-group size is the same for every element type and kernel
         // of a device in practice; use the bound every reduction launch respects.
-        groups_for(n, MAX_LOCAL, MAX_GROUPS_REDUCE)
+        groups_for(n, MAX_LOCAL_REDUCE, MAX_GROUPS_REDUCE)
     }
 
     fn reduce_partials<F: Float>(
@@ -263,14 +242,12 @@ impl BackendKernels for ClDevice {
         };
         // As many work-groups as `reduce_groups` said, of the kernel's own size: each writes
         // one partial sum, and the grid-stride loop covers every element.
-        let local = slot.local;
-        let groups = self.reduce_groups(n);
-        let args = [
-            Arg::U64(n as cl_ulong),
-            Arg::Mem(mem(x)),
-            Arg::Mem(mem(partial)),
-            Arg::Local(local * std::mem::size_of::<F>()),
-        ];
-        self.run(s, slot, &args, &[groups * local], &[local])
+        let (global, local) = linear(self.reduce_groups(n), slot.local);
+        let grid = Grid {
+            global: &global,
+            local: &local,
+            scratch: Some(slot.local * std::mem::size_of::<F>()),
+        };
+        self.run(s, slot, &args::reduce(n, mem(x), mem(partial)), grid)
     }
 }

@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 
 use super::error::backend_error;
 use super::handle::{OwnedKernel, OwnedProgram};
+use crate::backend::args::{DevicePtr, KArg};
 use crate::error::{Error, Result};
 
 /// Largest one-dimensional work-group size used.
@@ -54,28 +55,11 @@ impl Slot {
     }
 }
 
-/// One kernel argument.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Arg {
-    U32(cl_uint),
-    U64(cl_ulong),
-    F32(f32),
-    F64(f64),
-    /// A `__global` pointer: a live buffer of the device's context, or null for an operand the
-    /// kernel does not read.
-    Mem(cl_mem),
-    /// A `__local` buffer of this many bytes.
-    Local(usize),
-}
+/// One kernel argument: a device pointer is a `cl_mem`.
+pub(super) type Arg = KArg<cl_mem>;
 
-/// A size as a kernel `uint`.
-pub(super) fn u32_arg(v: usize, what: &'static str, label: &str) -> Result<Arg> {
-    cl_uint::try_from(v)
-        .map(Arg::U32)
-        .map_err(|_| Error::Unsupported {
-            device: label.to_string(),
-            what: format!("{what} = {v} exceeds the 32-bit sizes of the OpenCL kernels"),
-        })
+impl DevicePtr for cl_mem {
+    const NULL: Self = ptr::null_mut();
 }
 
 /// Work-groups of `local` items for a grid-stride loop over `n` items, at most `max`.
@@ -83,46 +67,60 @@ pub(super) fn groups_for(n: usize, local: usize, max: usize) -> usize {
     n.div_ceil(local).clamp(1, max)
 }
 
-/// Sets `slot`'s arguments and enqueues it on `queue` with the given global and local sizes
-/// (1 or 2 dimensions). Returns the command's event (one reference, owned by the caller).
+/// A launch: the global and local sizes (1 or 2 dimensions), and the bytes of a `__local`
+/// scratch buffer passed after the other arguments, if the kernel takes one.
+pub(super) struct Grid<'a> {
+    pub(super) global: &'a [usize],
+    pub(super) local: &'a [usize],
+    pub(super) scratch: Option<usize>,
+}
+
+/// Sets `slot`'s arguments and enqueues it on `queue`. Returns the command's event (one
+/// reference, owned by the caller).
 ///
 /// The caller passes the arguments in the order and of the types of the kernel's parameters:
 /// `uint`, `ulong`, `float`, `double`, `__global` pointers to live buffers of the queue's
-/// context (kept alive until the command completes), or `__local` sizes.
+/// context (kept alive until the command completes), then the `__local` scratch if any.
 pub(super) fn launch(
     label: &str,
     slot: &Slot,
     queue: cl_command_queue,
     args: &[Arg],
-    global: &[usize],
-    local: &[usize],
+    grid: &Grid<'_>,
 ) -> Result<cl_event> {
+    let (global, local) = (grid.global, grid.local);
     debug_assert_eq!(global.len(), local.len());
     let k = slot.kernel.lock();
+    let set_err = |i: cl_uint, ClError(c)| {
+        let mut e = backend_error(label, "clSetKernelArg", c);
+        if let Error::Backend { message, .. } = &mut e {
+            message.push_str(&format!(" (kernel {}, argument {i})", slot.name));
+        }
+        e
+    };
+    if let Some(bytes) = grid.scratch {
+        let i = args.len() as cl_uint;
+        // SAFETY: the kernel's parameter after the others is a `__local` buffer (this
+        // function's contract): a size, no value. The kernel is locked.
+        unsafe { k.0.set_arg_local_buffer(i, bytes) }.map_err(|e| set_err(i, e))?;
+    }
     for (i, arg) in args.iter().enumerate() {
         let i = i as cl_uint;
         // SAFETY: the arguments come in the order and of the types of the kernel's parameters
         // (this function's contract): `uint` (cl_uint), `ulong` (cl_ulong), `float` (f32),
-        // `double` (f64), a `__global` pointer (a cl_mem of this context, or null for an
-        // operand the kernel does not read), or a `__local` buffer (a size, no value). The
-        // kernel is locked, so no other thread sets its arguments until it is enqueued.
+        // `double` (f64), or a `__global` pointer (a cl_mem of this context, or null for an
+        // operand the kernel does not read). The kernel is locked, so no other thread sets its
+        // arguments until it is enqueued.
         unsafe {
             match arg {
-                Arg::U32(v) => k.0.set_arg(i, v),
-                Arg::U64(v) => k.0.set_arg(i, v),
-                Arg::F32(v) => k.0.set_arg(i, v),
-                Arg::F64(v) => k.0.set_arg(i, v),
-                Arg::Mem(m) => k.0.set_arg(i, m),
-                Arg::Local(bytes) => k.0.set_arg_local_buffer(i, *bytes),
+                KArg::U32(v) => k.0.set_arg(i, v as &cl_uint),
+                KArg::U64(v) => k.0.set_arg(i, v as &cl_ulong),
+                KArg::F32(v) => k.0.set_arg(i, v),
+                KArg::F64(v) => k.0.set_arg(i, v),
+                KArg::Ptr(m) => k.0.set_arg(i, m),
             }
         }
-        .map_err(|ClError(c)| {
-            let mut e = backend_error(label, "clSetKernelArg", c);
-            if let Error::Backend { message, .. } = &mut e {
-                message.push_str(&format!(" (kernel {}, argument {i})", slot.name));
-            }
-            e
-        })?;
+        .map_err(|e| set_err(i, e))?;
     }
     // SAFETY: every argument of the kernel was set above; `global` and `local` have the same
     // length (1 or 2), each global size a non-zero multiple of the local one, and the
@@ -160,16 +158,5 @@ mod tests {
         assert_eq!(groups_for(256, 256, 256), 1);
         assert_eq!(groups_for(257, 256, 256), 2);
         assert_eq!(groups_for(1 << 30, 256, 256), 256);
-    }
-
-    #[test]
-    fn sizes_beyond_32_bits_are_refused() {
-        assert!(matches!(u32_arg(7, "rows", "opencl:0"), Ok(Arg::U32(7))));
-        let e = u32_arg(u32::MAX as usize + 1, "GEMM K", "opencl:0").unwrap_err();
-        assert!(
-            matches!(&e, Error::Unsupported { device, what }
-                if device == "opencl:0" && what.contains("GEMM K = 4294967296")),
-            "{e}"
-        );
     }
 }

@@ -1,0 +1,224 @@
+//! The argument lists of the device kernels, shared by the OpenCL and CUDA backends: their
+//! kernels are twins (same parameters, same order), so each list is built once here, over the
+//! backend's pointer type (`cl_mem`, a CUDA device address). OpenCL's reductions add a local
+//! scratch buffer at the end, which its launch helper appends.
+
+use crate::dtype::{Float, ScalarKind};
+use crate::error::{Error, Result};
+
+use super::Gemm;
+
+/// One kernel argument; `P` is the backend's device pointer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum KArg<P> {
+    U32(u32),
+    U64(u64),
+    F32(f32),
+    F64(f64),
+    /// A device pointer: memory of the launch's context, or the null pointer for an operand
+    /// the kernel does not read.
+    Ptr(P),
+}
+
+/// A device pointer type with a null value.
+pub(crate) trait DevicePtr: Copy {
+    /// The null pointer.
+    const NULL: Self;
+}
+
+/// CUDA device addresses (`CUdeviceptr`).
+impl DevicePtr for u64 {
+    const NULL: Self = 0;
+}
+
+/// A size as a kernel `uint`.
+pub(crate) fn u32_arg<P>(v: usize, what: &'static str, label: &str) -> Result<KArg<P>> {
+    u32::try_from(v)
+        .map(KArg::U32)
+        .map_err(|_| Error::Unsupported {
+            device: label.to_string(),
+            what: format!("{what} = {v} exceeds the 32-bit sizes of the device kernels"),
+        })
+}
+
+fn ptr<P: DevicePtr>(p: Option<P>) -> KArg<P> {
+    KArg::Ptr(p.unwrap_or(P::NULL))
+}
+
+fn flag<P>(b: bool) -> KArg<P> {
+    KArg::U32(b.into())
+}
+
+/// A floating-point argument of type `F` (`float` or `double`).
+pub(crate) fn value<P, F: Float>(a: F) -> KArg<P> {
+    match F::KIND {
+        ScalarKind::F64 => KArg::F64(a.to_f64()),
+        _ => KArg::F32(a.to_f64() as f32),
+    }
+}
+
+/// `sm_gemm(M, N, K, ta, tb, A, B, C, bias, has_bias)`.
+pub(crate) fn gemm<P: DevicePtr>(
+    label: &str,
+    g: &Gemm,
+    a: Option<P>,
+    b: Option<P>,
+    c: P,
+    bias: Option<P>,
+) -> Result<[KArg<P>; 10]> {
+    Ok([
+        u32_arg(g.m, "GEMM M", label)?,
+        u32_arg(g.n, "GEMM N", label)?,
+        u32_arg(g.k, "GEMM K", label)?,
+        flag(g.ta),
+        flag(g.tb),
+        ptr(a),
+        ptr(b),
+        KArg::Ptr(c),
+        ptr(bias),
+        flag(bias.is_some()),
+    ])
+}
+
+/// `sm_col_sum(rows, cols, X, out)`.
+pub(crate) fn col_sum<P: DevicePtr>(
+    label: &str,
+    rows: usize,
+    cols: usize,
+    x: Option<P>,
+    out: P,
+) -> Result<[KArg<P>; 4]> {
+    Ok([
+        u32_arg(rows, "rows", label)?,
+        u32_arg(cols, "columns", label)?,
+        ptr(x),
+        KArg::Ptr(out),
+    ])
+}
+
+/// `sm_relu(n, x, y)`.
+pub(crate) fn relu<P: DevicePtr>(n: usize, x: P, y: P) -> [KArg<P>; 3] {
+    [KArg::U64(n as u64), KArg::Ptr(x), KArg::Ptr(y)]
+}
+
+/// `sm_relu_grad(n, y, dy, dx)`.
+pub(crate) fn relu_grad<P: DevicePtr>(n: usize, y: P, dy: P, dx: P) -> [KArg<P>; 4] {
+    [
+        KArg::U64(n as u64),
+        KArg::Ptr(y),
+        KArg::Ptr(dy),
+        KArg::Ptr(dx),
+    ]
+}
+
+/// `sm_fill(n, value, y)`.
+pub(crate) fn fill<P: DevicePtr>(n: usize, v: f32, y: P) -> [KArg<P>; 3] {
+    [KArg::U64(n as u64), KArg::F32(v), KArg::Ptr(y)]
+}
+
+/// `sm_softmax_loss(N, C, X, labels, P, loss)`.
+pub(crate) fn softmax_loss<P: DevicePtr>(
+    label: &str,
+    (rows, cols): (usize, usize),
+    x: Option<P>,
+    labels: Option<P>,
+    p: Option<P>,
+    loss: P,
+) -> Result<[KArg<P>; 6]> {
+    Ok([
+        u32_arg(rows, "rows", label)?,
+        u32_arg(cols, "classes", label)?,
+        ptr(x),
+        ptr(labels),
+        ptr(p),
+        KArg::Ptr(loss),
+    ])
+}
+
+/// `sm_softmax_loss_grad(N, C, P, labels, dloss, has_dloss, dX)`.
+pub(crate) fn softmax_loss_grad<P: DevicePtr>(
+    label: &str,
+    (rows, cols): (usize, usize),
+    p: P,
+    labels: P,
+    dloss: Option<P>,
+    dx: P,
+) -> Result<[KArg<P>; 7]> {
+    Ok([
+        u32_arg(rows, "rows", label)?,
+        u32_arg(cols, "classes", label)?,
+        KArg::Ptr(p),
+        KArg::Ptr(labels),
+        ptr(dloss),
+        flag(dloss.is_some()),
+        KArg::Ptr(dx),
+    ])
+}
+
+/// `sm_accuracy(N, C, top_k, X, labels, out)`.
+pub(crate) fn accuracy<P: DevicePtr>(
+    label: &str,
+    (rows, cols, top_k): (usize, usize, usize),
+    x: Option<P>,
+    labels: Option<P>,
+    out: P,
+) -> Result<[KArg<P>; 6]> {
+    Ok([
+        u32_arg(rows, "rows", label)?,
+        u32_arg(cols, "classes", label)?,
+        u32_arg(top_k, "top_k", label)?,
+        ptr(x),
+        ptr(labels),
+        KArg::Ptr(out),
+    ])
+}
+
+/// `sm_axpy(n, a, x, y)`.
+pub(crate) fn axpy<P: DevicePtr, F: Float>(n: usize, a: F, x: P, y: P) -> [KArg<P>; 4] {
+    [KArg::U64(n as u64), value(a), KArg::Ptr(x), KArg::Ptr(y)]
+}
+
+/// `sm_scale(n, a, x)`.
+pub(crate) fn scale<P: DevicePtr, F: Float>(n: usize, a: F, x: P) -> [KArg<P>; 3] {
+    [KArg::U64(n as u64), value(a), KArg::Ptr(x)]
+}
+
+/// `sm_asum` / `sm_sumsq(n, x, partial)`.
+pub(crate) fn reduce<P: DevicePtr>(n: usize, x: P, partial: P) -> [KArg<P>; 3] {
+    [KArg::U64(n as u64), KArg::Ptr(x), KArg::Ptr(partial)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_beyond_32_bits_are_refused() {
+        assert!(matches!(u32_arg::<u64>(7, "rows", "x:0"), Ok(KArg::U32(7))));
+        let e = u32_arg::<u64>(u32::MAX as usize + 1, "GEMM K", "opencl:0").unwrap_err();
+        assert!(
+            matches!(&e, Error::Unsupported { device, what }
+                if device == "opencl:0" && what.contains("GEMM K = 4294967296")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn optional_operands_become_null_and_flags() {
+        let g = Gemm {
+            ta: true,
+            tb: false,
+            m: 2,
+            n: 3,
+            k: 0,
+        };
+        let a = gemm::<u64>("x", &g, None, None, 9, Some(5)).unwrap();
+        assert!(matches!(a[3], KArg::U32(1)) && matches!(a[4], KArg::U32(0)));
+        assert!(matches!(a[5], KArg::Ptr(0)) && matches!(a[7], KArg::Ptr(9)));
+        assert!(matches!(a[8], KArg::Ptr(5)) && matches!(a[9], KArg::U32(1)));
+        let s = softmax_loss_grad::<u64>("x", (1, 2), 1, 2, None, 3).unwrap();
+        assert!(matches!(s[4], KArg::Ptr(0)) && matches!(s[5], KArg::U32(0)));
+        assert!(matches!(value::<u64, f64>(0.5), KArg::F64(v) if v == 0.5));
+        assert!(matches!(value::<u64, f32>(0.5), KArg::F32(v) if v == 0.5));
+    }
+}
