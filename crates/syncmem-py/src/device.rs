@@ -1,8 +1,5 @@
 //! `syncmem.Device` and `syncmem.devices()`.
 
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
-
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
@@ -151,10 +148,9 @@ impl PyDevice {
         }
     }
 
-    fn __hash__(&self) -> u64 {
-        let mut h = DefaultHasher::new();
-        self.dev.label().hash(&mut h);
-        h.finish()
+    /// The hash of the device string, so that a `Device` and its string are the same key.
+    fn __hash__(&self, py: Python<'_>) -> PyResult<isize> {
+        PyString::new(py, self.dev.label()).hash()
     }
 }
 

@@ -36,6 +36,8 @@ fn operator_types() -> Vec<&'static str> {
     syncmem::ops::registered_types()
 }
 
+/// The native part of the `syncmem` package: workspaces, tensors, devices, DLPack and memory
+/// statistics (import `syncmem`, which re-exports all of it).
 #[pymodule]
 #[pyo3(name = "_native")]
 fn syncmem_py(m: &Bound<'_, PyModule>) -> PyResult<()> {

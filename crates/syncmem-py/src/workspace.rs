@@ -1,5 +1,6 @@
 //! `syncmem.Workspace`: Caffe2's workspace API with Python names.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -16,7 +17,8 @@ use crate::{arrays, views};
 
 /// Workspaces made from Python, for the memory snapshot.
 static LIVE: Mutex<Vec<(String, Weak<Workspace>)>> = Mutex::new(Vec::new());
-static NEXT: Mutex<u64> = Mutex::new(0);
+/// Numbers the workspaces made without a name.
+static NEXT: AtomicU64 = AtomicU64::new(1);
 
 /// Every live workspace made from Python, with its name.
 pub fn live() -> Vec<(String, Arc<Workspace>)> {
@@ -87,7 +89,6 @@ impl PyWorkspace {
     #[new]
     #[pyo3(signature = (parent = None, *, device = None, blob_mapping = None, name = None))]
     fn py_new(
-        py: Python<'_>,
         parent: Option<Py<PyWorkspace>>,
         device: Option<&Bound<'_, PyAny>>,
         blob_mapping: Option<std::collections::BTreeMap<String, String>>,
@@ -109,14 +110,14 @@ impl PyWorkspace {
             }
             (None, None) => Workspace::new(),
         };
-        let name = name.unwrap_or_else(|| {
-            let mut n = NEXT.lock();
-            *n += 1;
-            format!("workspace#{}", *n)
-        });
+        let name =
+            name.unwrap_or_else(|| format!("workspace#{}", NEXT.fetch_add(1, Ordering::Relaxed)));
         let ws = Arc::new(ws);
-        LIVE.lock().push((name.clone(), Arc::downgrade(&ws)));
-        let _ = py;
+        {
+            let mut live = LIVE.lock();
+            live.retain(|(_, w)| w.strong_count() > 0);
+            live.push((name.clone(), Arc::downgrade(&ws)));
+        }
         Ok(Self {
             ws,
             name,

@@ -234,6 +234,7 @@ def test_devices():
     assert found[0] == syncmem.Device("cpu") and found[0].kind == "cpu"
     cpu = syncmem.Device("cpu")
     assert cpu.index == 0 and cpu == "cpu" and hash(cpu) == hash(syncmem.Device("host"))
+    assert hash(cpu) == hash("cpu") and {cpu: 1}["cpu"] == 1
     assert repr(cpu) == "syncmem.Device('cpu')" and str(cpu) == "cpu"
     assert isinstance(cpu.name, str) and isinstance(cpu.vendor, str)
     assert cpu.total_memory >= 0 and cpu.max_alloc >= 0 and isinstance(cpu.host_unified, bool)
