@@ -1,0 +1,60 @@
+//! The native module `syncmem._native` of the Python package `syncmem`: Caffe2's workspace
+//! API over syncmem, NumPy views and DLPack exchange without copies, and PyTorch-style memory
+//! statistics. The package's `__init__.py` re-exports it and adds the module-level default
+//! workspace.
+//!
+//! | module | role |
+//! |---|---|
+//! | `errors` | one Python exception class per kind of library error |
+//! | `device` | `Device`, `devices()`, `backends()` |
+//! | `workspace` | `Workspace`: blobs, feed and fetch, nets, save and load |
+//! | `tensor` | `Tensor`: a handle to a blob's tensor, NumPy and DLPack hooks |
+//! | `arrays` | NumPy arrays into tensors and back (one copy, or none) |
+//! | `views` | host views that keep the buffer alive; the writable-view guard |
+//! | `dlpack` | DLPack export and import |
+//! | `stats` | `memory_stats`, `memory_summary`, `memory_snapshot`, `copy_stats` |
+//!
+//! No Rust panic crosses into Python: PyO3 turns a panic inside a call into an exception, and
+//! the library returns errors rather than panicking; the DLPack deleters, called from C, catch
+//! unwinding themselves.
+
+use pyo3::prelude::*;
+
+mod arrays;
+mod device;
+mod dlpack;
+mod dtypes;
+mod errors;
+mod stats;
+mod tensor;
+mod views;
+mod workspace;
+
+/// The operator types a net can use (`"FC"`, `"Relu"`, `"ConstantFill"`, ...).
+#[pyfunction]
+fn operator_types() -> Vec<&'static str> {
+    syncmem::ops::registered_types()
+}
+
+/// The native part of the `syncmem` package: workspaces, tensors, devices, DLPack and memory
+/// statistics (import `syncmem`, which re-exports all of it).
+#[pymodule]
+#[pyo3(name = "_native")]
+fn syncmem_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    m.add_class::<device::PyDevice>()?;
+    m.add_class::<workspace::PyWorkspace>()?;
+    m.add_class::<tensor::PyTensor>()?;
+    m.add_class::<views::PyHostView>()?;
+    m.add_function(wrap_pyfunction!(device::devices, m)?)?;
+    m.add_function(wrap_pyfunction!(device::backends, m)?)?;
+    m.add_function(wrap_pyfunction!(dlpack::from_dlpack, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::memory_summary, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::memory_snapshot, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::copy_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::empty_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::reset_peak_memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(operator_types, m)?)?;
+    Ok(())
+}

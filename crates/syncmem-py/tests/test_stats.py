@@ -1,0 +1,109 @@
+"""Memory introspection: memory_stats, memory_summary, memory_snapshot, copy_stats."""
+
+import gc
+
+import numpy
+
+import syncmem
+from conftest import fill_net
+
+MiB = 1 << 20
+
+
+def test_memory_stats_count_what_is_fed(device):
+    ws = syncmem.Workspace(device=device)
+    before = syncmem.memory_stats()
+    ws.feed_blob("big", numpy.ones(MiB // 4, "float32"))
+    after = syncmem.memory_stats()
+    for key in [
+        "allocated_bytes.all.current",
+        "reserved_bytes.all.peak",
+        "requested_bytes.all.current",
+        "num_alloc_retries.all",
+        "num_ooms.all",
+        "allocation.all.current",
+        "segment.all.current",
+        "allocated_bytes.host.current",
+        "in_use_bytes.host.current",
+        "copies.host_to_device.count",
+    ]:
+        assert key in after and isinstance(after[key], int), key
+    grown = after["requested_bytes.host.current"] - before.get("requested_bytes.host.current", 0)
+    assert grown >= MiB
+    assert after["allocated_bytes.all.current"] >= after["allocated_bytes.host.current"]
+    assert after["allocation.all.allocated"] > before.get("allocation.all.allocated", 0)
+    # The tensor reaches the device on first device access: the device's pool grows.
+    ws.tensor("big").to_device()
+    label = str(device)
+    mine = syncmem.memory_stats(device)
+    assert mine[f"requested_bytes.{label}.current"] >= MiB
+    assert "allocated_bytes.host.current" not in mine
+    assert mine["allocated_bytes.all.current"] == sum(
+        v for k, v in mine.items() if k.startswith("allocated_bytes.") and k.endswith(".current")
+        and ".all." not in k
+    )
+
+
+def test_copy_stats_process_and_tensor(device):
+    ws = syncmem.Workspace(device=device)
+    ws.feed_blob("x", numpy.arange(256, dtype="float32"))
+    t = ws.tensor("x")
+    assert t.copy_stats()["host_to_device"] == {"count": 0, "bytes": 0}
+    before = syncmem.copy_stats()
+    t.to_device()
+    t.to_device()  # current already: no second copy
+    after = syncmem.copy_stats()
+    assert t.copy_stats()["host_to_device"] == {"count": 1, "bytes": 1024}
+    assert after["host_to_device"]["count"] - before["host_to_device"]["count"] == 1
+    assert after["host_to_device"]["bytes"] - before["host_to_device"]["bytes"] == 1024
+    assert set(after) == {"host_to_device", "device_to_host", "device_to_device"}
+
+
+def test_memory_summary(device):
+    ws = syncmem.Workspace(device=device)
+    ws.feed_blob("summary_x", numpy.ones(64, "float32"))
+    ws.tensor("summary_x").to_device()
+    view = ws.tensor("summary_x").numpy()
+    text = syncmem.memory_summary()
+    assert text.startswith("syncmem memory summary")
+    for part in ["host", str(device), "copies", "pool", "summary_x", "host views alive"]:
+        assert part in text, part
+    mine = syncmem.memory_summary(device)
+    assert f"({device})" in mine.splitlines()[0]
+    del view
+
+
+def test_memory_snapshot_names_buffers_and_owners(device):
+    ws = syncmem.Workspace(device=device, name="snap")
+    ws.feed_blob("a", numpy.ones((4, 4), "float32"))
+    ws.feed_blob("b", ws.tensor("a"))  # the same buffer under two names
+    ws.run_net_once(fill_net("f", "c", (8,), 1.0))
+    v = ws.tensor("a").numpy()
+    entries = {tuple(e["owners"]): e for e in syncmem.memory_snapshot()}
+    a = entries[("snap:a", "snap:b")]
+    assert a["device"] == str(device) and a["dtype"] == "float32" and a["shape"] == [4, 4]
+    assert a["nbytes"] == 64 and a["capacity_bytes"] == 64 and a["head"] == "host"
+    assert a["host_allocated"] and not a["device_allocated"]
+    assert a["views"] == {"read_only": 1, "writable": 0}
+    c = entries[("snap:c",)]
+    assert c["head"] == "device" and c["device_allocated"] and not c["host_allocated"]
+    # A device mirror no workspace names any more is listed without owners.
+    t = ws.tensor("c")
+    ws.remove_blob("c")
+    orphans = [e for e in syncmem.memory_snapshot() if e["owners"] == [] and e["label"] == "c"]
+    assert orphans and orphans[0]["device"] == str(device) and orphans[0]["capacity_bytes"] == 32
+    del t, v
+    gc.collect()
+
+
+def test_empty_cache_and_peaks(device):
+    ws = syncmem.Workspace(device=device)
+    ws.feed_blob("x", numpy.ones(MiB, "uint8"))
+    ws.tensor("x").to_device()
+    ws.clear()
+    gc.collect()
+    assert syncmem.empty_cache() >= 0
+    syncmem.reset_peak_memory_stats()
+    s = syncmem.memory_stats(device)
+    label = str(device)
+    assert s[f"allocated_bytes.{label}.peak"] == s[f"allocated_bytes.{label}.current"]
