@@ -291,12 +291,18 @@ pub(crate) fn checked_mul(a: usize, b: usize, what: &str) -> Result<usize> {
     })
 }
 
-/// Checks that `offset..offset+len` lies within `size`.
-pub(crate) fn check_range(what: &str, offset: usize, len: usize, size: usize) -> Result<()> {
+/// Checks that `offset..offset+len` lies within `size`, naming the buffer with `what` only when
+/// the check fails.
+pub(crate) fn check_range_with(
+    what: impl FnOnce() -> String,
+    offset: usize,
+    len: usize,
+    size: usize,
+) -> Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= size => Ok(()),
         _ => Err(Error::OutOfBounds {
-            what: what.to_string(),
+            what: what(),
             offset,
             len,
             size,

@@ -134,6 +134,7 @@ pub fn stats() -> Snapshot {
         host: alloc::stats::HOST.snapshot("host"),
         devices,
         copies: alloc::stats::COPIES.snapshot(),
+        host_waits: alloc::stats::host_waits(),
         pools,
     }
 }

@@ -220,6 +220,39 @@ impl fmt::Display for CopyStats {
     }
 }
 
+/// Counts the times the host blocked on device work: waits for an event or a command that was
+/// not complete yet, blocking copies and queue finishes on a device that runs asynchronously
+/// (never on the `cpu` device, whose work is done when it returns).
+#[derive(Debug, Default)]
+pub struct WaitCounter(AtomicU64);
+
+impl WaitCounter {
+    /// A counter at zero (usable in a `static`).
+    pub const fn new() -> Self {
+        Self(AtomicU64::new(0))
+    }
+
+    /// Counts one wait.
+    pub fn count(&self) {
+        self.0.fetch_add(1, Relaxed);
+    }
+
+    /// The waits counted so far.
+    pub fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+}
+
+/// Every host wait on device work in the process (see [`WaitCounter`]).
+pub(crate) static WAITS: WaitCounter = WaitCounter::new();
+
+/// The host waits on device work counted so far in the process: waits for events or commands
+/// not complete yet, blocking copies and queue finishes on devices that run asynchronously.
+/// A training step that reads its loss and accuracy back needs one.
+pub fn host_waits() -> u64 {
+    WAITS.get()
+}
+
 /// Counters for host memory made by [`crate::alloc::HostBlock`].
 pub(crate) static HOST: MemCounters = MemCounters::new();
 /// Every copy made through a [`crate::Stream`].
@@ -234,6 +267,8 @@ pub struct Snapshot {
     pub devices: Vec<MemStats>,
     /// All copies made through syncmem streams.
     pub copies: CopyStats,
+    /// Host waits on device work so far ([`host_waits`]).
+    pub host_waits: u64,
     /// Caching pools: the host pool, then each device's device pool and pinned host pool
     /// (pools not used yet are left out).
     #[serde(serialize_with = "pool_reports")]
@@ -272,6 +307,7 @@ impl fmt::Display for Snapshot {
         }
         writeln!(f, "copies")?;
         write!(f, "{}", self.copies)?;
+        writeln!(f, "host waits on device work: {}", self.host_waits)?;
         if self.pools.is_empty() {
             return Ok(());
         }

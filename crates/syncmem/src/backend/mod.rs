@@ -18,6 +18,7 @@ pub(crate) mod cuda;
 pub(crate) mod dispatch;
 #[cfg(feature = "opencl")]
 pub(crate) mod opencl;
+pub(crate) mod timeline;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -160,11 +161,13 @@ pub(crate) trait BackendStream: Send + Sync + 'static {
     /// Events of this backend.
     type Event;
 
-    /// Copies `len` bytes from host `src` into `dst` at `dst_off`.
+    /// Copies `len` bytes from host `src` into `dst` at `dst_off`. Returns the command's
+    /// sequence number on the stream's [timeline](timeline) (0 for a backend whose commands
+    /// finish before returning).
     ///
     /// # Safety
     /// `src` must be valid for reads of `len` bytes. When `blocking` is false, `src` must stay
-    /// valid and unmodified until an event recorded after this call has completed.
+    /// valid and unmodified until the command has completed.
     unsafe fn write(
         &self,
         dst: &Self::Mem,
@@ -172,14 +175,14 @@ pub(crate) trait BackendStream: Send + Sync + 'static {
         src: *const u8,
         len: usize,
         blocking: bool,
-    ) -> Result<()>;
+    ) -> Result<u64>;
 
-    /// Copies `len` bytes from `src` at `src_off` into host `dst`.
+    /// Copies `len` bytes from `src` at `src_off` into host `dst`. Returns the command's
+    /// sequence number.
     ///
     /// # Safety
     /// `dst` must be valid for writes of `len` bytes and not accessed by anything else until the
-    /// copy is complete (on return when `blocking`, else when an event recorded after this call
-    /// has completed).
+    /// copy is complete (on return when `blocking`, else when the command has completed).
     unsafe fn read(
         &self,
         src: &Self::Mem,
@@ -187,10 +190,10 @@ pub(crate) trait BackendStream: Send + Sync + 'static {
         dst: *mut u8,
         len: usize,
         blocking: bool,
-    ) -> Result<()>;
+    ) -> Result<u64>;
 
-    /// Device-to-device copy, asynchronous. `src` and `dst` may be on different devices of
-    /// the same backend when the backend supports it.
+    /// Device-to-device copy, queued. `src` and `dst` may be on different devices of the same
+    /// backend when the backend supports it. Returns the command's sequence number.
     fn copy(
         &self,
         src: &Self::Mem,
@@ -198,12 +201,14 @@ pub(crate) trait BackendStream: Send + Sync + 'static {
         dst: &Self::Mem,
         dst_off: usize,
         len: usize,
-    ) -> Result<()>;
+    ) -> Result<u64>;
 
-    /// Sets `len` bytes of `dst` from `off` to `value`, asynchronous.
-    fn fill(&self, dst: &Self::Mem, off: usize, len: usize, value: u8) -> Result<()>;
+    /// Sets `len` bytes of `dst` from `off` to `value`, queued. Returns the command's sequence
+    /// number.
+    fn fill(&self, dst: &Self::Mem, off: usize, len: usize, value: u8) -> Result<u64>;
 
-    /// Records an event after all work queued so far.
+    /// Records an event after all work queued so far (including work queued on the stream's
+    /// native queue by someone else).
     fn record(&self) -> Result<Self::Event>;
 
     /// Makes later work on this stream wait for `event`.
@@ -211,6 +216,29 @@ pub(crate) trait BackendStream: Send + Sync + 'static {
 
     /// Blocks until all queued work is complete.
     fn synchronize(&self) -> Result<()>;
+
+    /// The sequence number of the newest command (0 when none, or for a backend whose commands
+    /// finish before returning).
+    fn last_seq(&self) -> u64;
+
+    /// True once command `seq` has completed. Never blocks.
+    ///
+    /// # Errors
+    /// The error of a command that failed.
+    fn is_done(&self, seq: u64) -> Result<bool>;
+
+    /// Blocks until command `seq` has completed; returns whether it had to wait.
+    ///
+    /// # Errors
+    /// The error of a command that failed.
+    fn wait_done(&self, seq: u64) -> Result<bool>;
+
+    /// Makes work queued later on this stream wait, on the device, for command `seq` of
+    /// `other` (a stream of the same backend). Nothing is queued when it is known complete.
+    ///
+    /// # Errors
+    /// A backend error.
+    fn wait_on(&self, other: &Self, seq: u64) -> Result<()>;
 }
 
 /// A marker in a stream.

@@ -3,7 +3,10 @@
 use std::fmt;
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+
 use super::stream::StreamFence;
+use super::usage::{Point, Uses};
 use super::{Device, Stream};
 use crate::alloc::pool::Lease;
 use crate::backend::dispatch::RawMem;
@@ -42,6 +45,8 @@ pub struct DeviceBuffer {
     /// `None` when `len == 0`: nothing is allocated.
     pub(crate) raw: Option<RawMem>,
     origin: Origin,
+    /// The commands queued on the memory that may still run (see [`super::usage`]).
+    uses: Mutex<Uses>,
 }
 
 impl DeviceBuffer {
@@ -51,6 +56,7 @@ impl DeviceBuffer {
             len: 0,
             raw: None,
             origin: Origin::Empty,
+            uses: Mutex::default(),
         }
     }
 
@@ -108,6 +114,7 @@ impl DeviceBuffer {
             len,
             raw: Some(raw),
             origin: Origin::Direct,
+            uses: Mutex::default(),
         }
     }
 
@@ -125,6 +132,7 @@ impl DeviceBuffer {
             len,
             raw: Some(view),
             origin: Origin::Pooled { lease, release },
+            uses: Mutex::default(),
         }
     }
 
@@ -190,6 +198,47 @@ impl DeviceBuffer {
 }
 
 impl DeviceBuffer {
+    /// Makes `stream` wait, on the device, for the commands of other streams that a command of
+    /// it reading (or, with `write`, writing) this memory must follow.
+    pub(crate) fn order_before(&self, stream: &Stream, write: bool) -> Result<()> {
+        if stream.raw.is_cpu() {
+            return Ok(());
+        }
+        self.uses
+            .lock()
+            .order_before(&stream.raw, stream.id(), write)
+    }
+
+    /// Records a command at `point` (`None`: finished already) that read or wrote the memory.
+    pub(crate) fn note(&self, point: Option<Point>, write: bool) {
+        let Some(point) = point else {
+            return;
+        };
+        let mut uses = self.uses.lock();
+        if write {
+            uses.note_write(point);
+        } else {
+            uses.note_read(point);
+        }
+    }
+
+    /// Blocks until every command recorded on the memory has completed (a host wait each
+    /// that was not complete yet).
+    ///
+    /// # Errors
+    /// The error of a command that failed.
+    pub(crate) fn wait_uses(&self) -> Result<()> {
+        let points: Vec<Point> = {
+            let mut uses = self.uses.lock();
+            uses.prune();
+            uses.points().cloned().collect()
+        };
+        for p in &points {
+            p.wait()?;
+        }
+        Ok(())
+    }
+
     /// Start of a `cpu`-device buffer's memory (`None` for other backends or length 0).
     pub(crate) fn cpu_ptr(&self) -> Option<*mut u8> {
         self.raw
@@ -211,8 +260,17 @@ impl Drop for DeviceBuffer {
             Origin::Empty => {}
             Origin::Direct => self.device.shared.memory.uncharge(self.len),
             Origin::Pooled { mut lease, release } => {
-                // The cpu backend finishes every operation before returning: nothing is ever
-                // in flight there.
+                // The commands recorded on the block: reusable at once by their own streams, by
+                // the others once they are done.
+                let uses = self.uses.get_mut();
+                uses.prune();
+                for p in uses.points() {
+                    lease.add_pending(p.id, Arc::new(p.clone()));
+                }
+                // Work queued on the buffer's own stream outside the crate (through the native
+                // queue) is covered by a fence recorded there when another stream wants the
+                // block. The cpu backend finishes every operation before returning: nothing is
+                // ever in flight there.
                 if let Release::Record(stream) = release {
                     if !stream.raw.is_cpu() {
                         lease.add_pending(stream.id(), Arc::new(StreamFence::new(&stream)));

@@ -58,6 +58,34 @@ impl<'a> Kernels<'a> {
     fn raw(&self) -> (&'a RawDevice, &'a RawStream) {
         (&self.stream.device().shared.raw, &self.stream.raw)
     }
+
+    /// Queues one kernel with `launch`: first orders it after the commands of other streams
+    /// it must follow (writers of what it reads; writers and readers of what it writes), then
+    /// records it on every buffer it reads or writes. Returns at once.
+    fn queue<R>(
+        &self,
+        reads: &[Option<&DeviceBuffer>],
+        writes: &[Option<&DeviceBuffer>],
+        launch: impl FnOnce(&'a RawDevice, &'a RawStream) -> Result<R>,
+    ) -> Result<R> {
+        for b in reads.iter().flatten() {
+            b.order_before(self.stream, false)?;
+        }
+        for b in writes.iter().flatten() {
+            b.order_before(self.stream, true)?;
+        }
+        let (d, s) = self.raw();
+        let r = launch(d, s)?;
+        if let Some(point) = self.stream.point_now() {
+            for b in reads.iter().flatten() {
+                b.note(Some(point.clone()), false);
+            }
+            for b in writes.iter().flatten() {
+                b.note(Some(point.clone()), true);
+            }
+        }
+        Ok(r)
+    }
     /// Checks that `b` lives on the stream's device and holds `elements` elements of `size`
     /// bytes; returns it, or `None` when nothing is needed from it.
     fn check<'b>(
@@ -130,8 +158,9 @@ impl<'a> Kernels<'a> {
         let Some(c) = c else {
             return Ok(());
         };
-        let (d, s) = self.raw();
-        d.gemm(s, &g, opt(a), opt(b), mem(c)?, opt(bias))
+        self.queue(&[a, b, bias], &[Some(c)], |d, s| {
+            d.gemm(s, &g, opt(a), opt(b), mem(c)?, opt(bias))
+        })
     }
 
     /// `out[j] = sum_i x[i*cols + j]` (`f32`).
@@ -146,8 +175,9 @@ impl<'a> Kernels<'a> {
         let Some(out) = self.check(out, cols, 4, op("col_sum", "out"))? else {
             return Ok(());
         };
-        let (d, s) = self.raw();
-        d.col_sum(s, rows, cols, opt(x), mem(out)?)
+        self.queue(&[x], &[Some(out)], |d, s| {
+            d.col_sum(s, rows, cols, opt(x), mem(out)?)
+        })
     }
 
     /// `y = max(x, 0)` over `n` `f32`s; `x` may be `y`.
@@ -157,8 +187,9 @@ impl<'a> Kernels<'a> {
         }
         let x = self.need(x, n, 4, op("relu", "x"))?;
         let y = self.need(y, n, 4, op("relu", "y"))?;
-        let (d, s) = self.raw();
-        d.relu(s, n, mem(x)?, mem(y)?)
+        self.queue(&[Some(x)], &[Some(y)], |d, s| {
+            d.relu(s, n, mem(x)?, mem(y)?)
+        })
     }
 
     /// `dx = y > 0 ? dy : 0` over `n` `f32`s; `dy` may be `dx`.
@@ -175,8 +206,9 @@ impl<'a> Kernels<'a> {
         let y = self.need(y, n, 4, op("relu_grad", "y"))?;
         let dy = self.need(dy, n, 4, op("relu_grad", "dy"))?;
         let dx = self.need(dx, n, 4, op("relu_grad", "dx"))?;
-        let (d, s) = self.raw();
-        d.relu_grad(s, n, mem(y)?, mem(dy)?, mem(dx)?)
+        self.queue(&[Some(y), Some(dy)], &[Some(dx)], |d, s| {
+            d.relu_grad(s, n, mem(y)?, mem(dy)?, mem(dx)?)
+        })
     }
 
     /// `y[..n] = value` (`f32`).
@@ -185,8 +217,7 @@ impl<'a> Kernels<'a> {
             return Ok(());
         }
         let y = self.need(y, n, 4, op("fill", "y"))?;
-        let (d, s) = self.raw();
-        d.fill_f32(s, n, value, mem(y)?)
+        self.queue(&[], &[Some(y)], |d, s| d.fill_f32(s, n, value, mem(y)?))
     }
 
     /// Softmax of `x[rows, cols]` into `p`, mean cross-entropy into `loss[0]`. `Some` when a
@@ -210,16 +241,17 @@ impl<'a> Kernels<'a> {
         if cols == 0 && rows > 0 {
             return Err(self.no_classes(k));
         }
-        let (d, s) = self.raw();
-        d.softmax_loss(
-            s,
-            rows,
-            cols.max(1),
-            opt(x),
-            opt(labels),
-            opt(p),
-            mem(loss)?,
-        )
+        self.queue(&[x, labels], &[p, Some(loss)], |d, s| {
+            d.softmax_loss(
+                s,
+                rows,
+                cols.max(1),
+                opt(x),
+                opt(labels),
+                opt(p),
+                mem(loss)?,
+            )
+        })
     }
 
     fn no_classes(&self, kernel: &'static str) -> Error {
@@ -253,8 +285,9 @@ impl<'a> Kernels<'a> {
             None => None,
         };
         let dx = self.need(dx, cells, 4, op(k, "dx"))?;
-        let (d, s) = self.raw();
-        d.softmax_loss_grad(s, rows, cols, mem(p)?, mem(labels)?, opt(dloss), mem(dx)?)
+        self.queue(&[Some(p), Some(labels), dloss], &[Some(dx)], |d, s| {
+            d.softmax_loss_grad(s, rows, cols, mem(p)?, mem(labels)?, opt(dloss), mem(dx)?)
+        })
     }
 
     /// The fraction of rows whose label is in the top `top_k` into `out[0]`.
@@ -275,16 +308,17 @@ impl<'a> Kernels<'a> {
         if cols == 0 && rows > 0 {
             return Err(self.no_classes(k));
         }
-        let (d, s) = self.raw();
-        d.accuracy(
-            s,
-            rows,
-            cols.max(1),
-            top_k.max(1),
-            opt(x),
-            opt(labels),
-            mem(out)?,
-        )
+        self.queue(&[x, labels], &[Some(out)], |d, s| {
+            d.accuracy(
+                s,
+                rows,
+                cols.max(1),
+                top_k.max(1),
+                opt(x),
+                opt(labels),
+                mem(out)?,
+            )
+        })
     }
 
     /// `y[..n] += a * x[..n]`.
@@ -301,8 +335,9 @@ impl<'a> Kernels<'a> {
         let size = std::mem::size_of::<F>();
         let x = self.need(x, n, size, op("axpy", "x"))?;
         let y = self.need(y, n, size, op("axpy", "y"))?;
-        let (d, s) = self.raw();
-        d.axpy(s, n, a, mem(x)?, mem(y)?)
+        self.queue(&[Some(x)], &[Some(y)], |d, s| {
+            d.axpy(s, n, a, mem(x)?, mem(y)?)
+        })
     }
 
     /// `x[..n] *= a`.
@@ -311,8 +346,7 @@ impl<'a> Kernels<'a> {
             return Ok(());
         }
         let x = self.need(x, n, std::mem::size_of::<F>(), op("scale", "x"))?;
-        let (d, s) = self.raw();
-        d.scale(s, n, a, mem(x)?)
+        self.queue(&[], &[Some(x)], |d, s| d.scale(s, n, a, mem(x)?))
     }
 
     /// A reduction of `x[..n]`, brought back to the host: the partial results of the backend
@@ -325,10 +359,11 @@ impl<'a> Kernels<'a> {
         let kernel = r.name();
         let size = std::mem::size_of::<F>();
         let x = self.need(x, n, size, op(kernel, "x"))?;
-        let (d, s) = self.raw();
-        let groups = d.reduce_groups(n);
+        let groups = self.raw().0.reduce_groups(n);
         let partial = self.stream.device().alloc(groups * size)?;
-        d.reduce_partials::<F>(s, r, n, mem(x)?, mem(&partial)?)?;
+        self.queue(&[Some(x)], &[Some(&partial)], |d, s| {
+            d.reduce_partials::<F>(s, r, n, mem(x)?, mem(&partial)?)
+        })?;
         let mut values = vec![F::ZERO; groups];
         self.stream
             .read(&partial, 0, bytemuck::cast_slice_mut(&mut values))?;

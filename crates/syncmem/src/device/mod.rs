@@ -40,6 +40,7 @@ mod pinned;
 mod registry;
 mod stream;
 mod trace;
+mod usage;
 
 pub use crate::backend::DeviceInfo;
 pub use buffer::DeviceBuffer;
@@ -53,6 +54,7 @@ pub(crate) use registry::discovered as registry_discovered;
 pub use registry::{probe, BackendReport};
 use stream::UnboundStream;
 pub use stream::{Event, Stream};
+pub(crate) use usage::Point;
 
 use std::fmt;
 use std::str::FromStr;

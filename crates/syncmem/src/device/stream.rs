@@ -4,12 +4,13 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use super::usage::Point;
 use super::{Device, DeviceBuffer};
 use crate::alloc::pool::Fence;
-use crate::alloc::stats::{Direction, COPIES};
+use crate::alloc::stats::{Direction, COPIES, WAITS};
 use crate::alloc::trace::hub as trace_hub;
 use crate::backend::dispatch::{RawEvent, RawStream};
-use crate::error::{check_range, Error, Result};
+use crate::error::{check_range_with, Error, Result};
 
 /// An in-order queue of work on one device (a CUDA stream, an OpenCL command queue).
 ///
@@ -148,6 +149,28 @@ impl Stream {
         }
     }
 
+    /// The point of command `seq` of this stream, for the buffers it used (`None` on the `cpu`
+    /// stream, whose commands are done when they return).
+    pub(crate) fn point(&self, seq: u64) -> Option<Point> {
+        (!self.raw.is_cpu()).then(|| Point {
+            stream: self.raw.clone(),
+            id: self.id,
+            seq,
+        })
+    }
+
+    /// The point after everything queued on this stream so far (`None` on the `cpu` stream).
+    pub(crate) fn point_now(&self) -> Option<Point> {
+        self.point(self.raw.last_seq())
+    }
+
+    /// Counts a host wait on this stream's work (never on the `cpu` stream).
+    fn count_wait(&self) {
+        if !self.raw.is_cpu() {
+            WAITS.count();
+        }
+    }
+
     /// # Safety
     /// `src` valid for `len` reads; when `!blocking`, until the copy completes.
     pub(crate) unsafe fn write_raw(
@@ -159,12 +182,17 @@ impl Stream {
         blocking: bool,
     ) -> Result<()> {
         self.check_buffer(dst, "write")?;
-        check_range(&format!("write into {dst:?}"), offset, len, dst.len())?;
+        check_range_with(|| format!("write into {dst:?}"), offset, len, dst.len())?;
         let Some(mem) = dst.raw.as_ref().filter(|_| len > 0) else {
             return Ok(());
         };
+        dst.order_before(self, true)?;
         // SAFETY: range checked above; pointer validity is the caller's contract.
-        unsafe { self.raw.write(mem, offset, src, len, blocking)? };
+        let seq = unsafe { self.raw.write(mem, offset, src, len, blocking)? };
+        dst.note(self.point(seq), true);
+        if blocking {
+            self.count_wait();
+        }
         self.count_copy(Direction::HostToDevice, len);
         Ok(())
     }
@@ -180,12 +208,17 @@ impl Stream {
         blocking: bool,
     ) -> Result<()> {
         self.check_buffer(src, "read")?;
-        check_range(&format!("read from {src:?}"), offset, len, src.len())?;
+        check_range_with(|| format!("read from {src:?}"), offset, len, src.len())?;
         let Some(mem) = src.raw.as_ref().filter(|_| len > 0) else {
             return Ok(());
         };
+        src.order_before(self, false)?;
         // SAFETY: range checked above; pointer validity is the caller's contract.
-        unsafe { self.raw.read(mem, offset, dst, len, blocking)? };
+        let seq = unsafe { self.raw.read(mem, offset, dst, len, blocking)? };
+        src.note(self.point(seq), false);
+        if blocking {
+            self.count_wait();
+        }
         self.count_copy(Direction::DeviceToHost, len);
         Ok(())
     }
@@ -216,15 +249,19 @@ impl Stream {
     ) -> Result<()> {
         self.check_buffer(src, "copy")?;
         self.check_buffer(dst, "copy")?;
-        check_range(&format!("copy from {src:?}"), src_offset, len, src.len())?;
-        check_range(&format!("copy into {dst:?}"), dst_offset, len, dst.len())?;
+        check_range_with(|| format!("copy from {src:?}"), src_offset, len, src.len())?;
+        check_range_with(|| format!("copy into {dst:?}"), dst_offset, len, dst.len())?;
         let (Some(s_mem), Some(d_mem)) = (src.raw.as_ref(), dst.raw.as_ref()) else {
             return Ok(());
         };
         if len == 0 {
             return Ok(());
         }
-        self.raw.copy(s_mem, src_offset, d_mem, dst_offset, len)?;
+        src.order_before(self, false)?;
+        dst.order_before(self, true)?;
+        let seq = self.raw.copy(s_mem, src_offset, d_mem, dst_offset, len)?;
+        src.note(self.point(seq), false);
+        dst.note(self.point(seq), true);
         self.count_copy(Direction::DeviceToDevice, len);
         Ok(())
     }
@@ -245,11 +282,14 @@ impl Stream {
         value: u8,
     ) -> Result<()> {
         self.check_buffer(dst, "fill")?;
-        check_range(&format!("fill of {dst:?}"), offset, len, dst.len())?;
+        check_range_with(|| format!("fill of {dst:?}"), offset, len, dst.len())?;
         let Some(mem) = dst.raw.as_ref().filter(|_| len > 0) else {
             return Ok(());
         };
-        self.raw.fill(mem, offset, len, value)
+        dst.order_before(self, true)?;
+        let seq = self.raw.fill(mem, offset, len, value)?;
+        dst.note(self.point(seq), true);
+        Ok(())
     }
 
     /// Records an event after all work queued so far.
@@ -273,6 +313,7 @@ impl Stream {
     /// # Errors
     /// A backend error (including errors of earlier asynchronous work).
     pub fn synchronize(&self) -> Result<()> {
+        self.count_wait();
         synchronize_raw(&self.raw)
     }
 
@@ -376,6 +417,9 @@ impl Event {
     /// # Errors
     /// A backend error (including an error of the work before the event).
     pub fn wait(&self) -> Result<()> {
+        if !matches!(self.raw, RawEvent::Cpu(_)) && !self.raw.is_complete().unwrap_or(false) {
+            WAITS.count();
+        }
         self.raw.wait()
     }
 

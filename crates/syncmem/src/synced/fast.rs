@@ -130,8 +130,10 @@ mod tests {
         m.host_mut().unwrap().fill(3);
         m.prefetch_to_device(None)
             .unwrap()
-            .expect("a copy was queued");
-        assert!(!published(&m), "work in flight");
+            .expect("a copy was made");
+        // The cpu device copies before returning: nothing is in flight, the host stays
+        // published (a real device's copy in flight is covered by tests/async_prefetch.rs).
+        assert!(published(&m), "nothing in flight on the cpu device");
         m.wait().unwrap();
         assert!(published(&m));
         let mut out = [0u8; 64];

@@ -244,15 +244,16 @@ impl<'a> DeviceWrite<'a> {
         Some(unsafe { std::slice::from_raw_parts_mut(ptr, self.buf.len()) })
     }
 
-    /// Announces work on the device memory queued on `stream` (not the buffer's own): an event
-    /// is recorded there, and the next access to the buffer waits for it.
+    /// Announces work on the device memory queued on `stream` (not the buffer's own): a marker
+    /// is queued there (it covers work queued on the native queue too), and the next access to
+    /// the buffer waits for it.
     ///
     /// # Errors
     /// A backend error while recording, or the error of work announced earlier that failed
     /// (it is waited for first; the new work is announced all the same).
     pub fn queued_on(&self, stream: &Stream) -> Result<()> {
-        let ev = stream.record()?;
-        self.owner.set_pending_work(ev)
+        stream.record()?;
+        self.owner.set_pending_work(stream.point_now())
     }
 }
 

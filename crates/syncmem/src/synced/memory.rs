@@ -98,7 +98,7 @@ impl Evictable for Shared {
         let _exclusive = self.access.try_write()?;
         let mut core = self.core.try_lock()?;
         if let Some(p) = &core.pending {
-            if !p.event.is_complete().unwrap_or(false) {
+            if !p.point.stream.is_done(p.point.seq).unwrap_or(false) {
                 return None;
             }
             core.finish_pending().ok()?;

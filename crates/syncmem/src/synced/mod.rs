@@ -151,7 +151,7 @@ impl Core {
     /// copies again, and the error is returned (once).
     fn finish_pending(&mut self) -> Result<()> {
         if let Some(p) = self.pending.take() {
-            p.event.wait()?;
+            p.point.wait()?;
             if let Some(place) = p.kind.lands_on() {
                 self.valid = self.valid.with(place);
             }
@@ -303,13 +303,19 @@ impl SyncedMemory {
         Ok(core.pending.as_ref().map(|p| p.kind))
     }
 
-    /// Blocks until any transfer or device work in flight is done.
+    /// Blocks until any transfer or device work in flight is done: a transfer or announced work
+    /// ([`SyncedMemory::pending`]) and every command queued on the device mirror (kernels,
+    /// copies, fills), each counted as a host wait when it was not complete yet.
     ///
     /// # Errors
     /// A backend error from the work waited for.
     pub fn wait(&self) -> Result<()> {
         let mut core = self.shared.core.lock();
-        self.finish_pending(&mut core)
+        self.finish_pending(&mut core)?;
+        match &core.dev {
+            Some(dev) => dev.wait_uses(),
+            None => Ok(()),
+        }
     }
 
     /// Copies made by this buffer's transitions, by direction.
@@ -347,7 +353,7 @@ impl Drop for SyncedMemory {
         let mut core = self.shared.core.lock();
         // A transfer in flight still uses the mirrors: wait before freeing them.
         if let Some(p) = core.pending.take() {
-            let _ = p.event.wait();
+            let _ = p.point.wait();
         }
         core.release_device(self.device.as_ref());
         core.host = None;

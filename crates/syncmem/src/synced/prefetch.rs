@@ -44,12 +44,16 @@ impl SyncedMemory {
         // unmodified until the event completes: it is freed or replaced only under the exclusive
         // lock after `finish_pending`, and host writes conflict with `ToDevice` and wait.
         unsafe { stream.write_raw(&dev, 0, src, self.size, false)? };
+        let point = stream.point_now();
         let event = stream.record()?;
         self.count(Direction::HostToDevice);
-        core.pending = Some(Pending {
+        core.pending = point.map(|point| Pending {
             kind: PendingKind::ToDevice,
-            event: event.clone(),
+            point,
         });
+        if core.pending.is_none() {
+            core.valid = core.valid.with(Place::Device);
+        }
         Ok(Some(event))
     }
 
@@ -77,12 +81,16 @@ impl SyncedMemory {
         // host guard reads it, and host accesses conflict with `ToHost` and wait for the event.
         // The mirror is freed or replaced only after `finish_pending`.
         unsafe { stream.read_raw(&dev, 0, dst, self.size, false)? };
+        let point = stream.point_now();
         let event = stream.record()?;
         self.count(Direction::DeviceToHost);
-        core.pending = Some(Pending {
+        core.pending = point.map(|point| Pending {
             kind: PendingKind::ToHost,
-            event: event.clone(),
+            point,
         });
+        if core.pending.is_none() {
+            core.valid = core.valid.with(Place::Host);
+        }
         Ok(Some(event))
     }
 }

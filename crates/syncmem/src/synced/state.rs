@@ -4,7 +4,7 @@
 //! Caffe's four heads are the one-device view of it ([`Head`]). Replicas are bits in a mask, so
 //! more device replicas can join later without a new representation.
 
-use crate::device::Event;
+use crate::device::Point;
 
 pub use crate::device::Head;
 
@@ -54,10 +54,10 @@ impl Valid {
     }
 }
 
-/// Device work that has been queued but may not have finished.
+/// Device work that has been queued but may not have finished: the command on its stream.
 pub(crate) struct Pending {
     pub(crate) kind: PendingKind,
-    pub(crate) event: Event,
+    pub(crate) point: Point,
 }
 
 /// What is in flight.

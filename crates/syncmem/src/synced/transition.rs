@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::state::{Access, Pending, Place, Valid};
 use super::{Core, HostMem, PendingKind, SyncedMemory};
 use crate::alloc::stats::Direction;
-use crate::device::{DeviceBuffer, Event, Stream};
+use crate::device::{DeviceBuffer, Point, Stream};
 use crate::error::{Error, Result};
 
 impl SyncedMemory {
@@ -86,10 +86,10 @@ impl SyncedMemory {
         let dev = self.ensure_dev_alloc(core)?;
         let stream = self.pick_stream(None)?;
         if fresh {
-            // First allocation out of Uninitialized: zero fill (device memory comes dirty).
+            // First allocation out of Uninitialized: zero fill (device memory comes dirty),
+            // queued: the buffer records it, so what comes next is ordered after it.
             if !had {
                 stream.fill_raw(&dev, 0, self.size, 0)?;
-                stream.synchronize()?;
             }
             core.valid = Valid::only(Place::Device);
             return Ok(dev);
@@ -121,7 +121,7 @@ impl SyncedMemory {
     /// destination is not marked valid, instead of failing every later access.
     pub(super) fn settle_if_complete(&self, core: &mut Core) -> Result<()> {
         if let Some(p) = &core.pending {
-            match p.event.is_complete() {
+            match p.point.stream.is_done(p.point.seq) {
                 Ok(false) => {}
                 Ok(true) | Err(_) => self.finish_pending(core)?,
             }
@@ -143,18 +143,18 @@ impl SyncedMemory {
     }
 
     /// Records device work queued by the user on another stream: the next access waits for
-    /// `event`.
+    /// `point` (`None`: a stream whose work is done when queued).
     ///
-    /// A newer event on a stream covers what came before it on that stream only, so the older
+    /// A newer point on a stream covers what came before it on that stream only, so the older
     /// pending work is waited for first and settled as [`Core::finish_pending`] does: if it
     /// failed, its destination is not marked valid and its error is returned. The new work is
     /// recorded in every case (it was queued, so later accesses must still wait for it).
-    pub(crate) fn set_pending_work(&self, event: Event) -> Result<()> {
+    pub(crate) fn set_pending_work(&self, point: Option<Point>) -> Result<()> {
         let mut core = self.shared.core.lock();
         let settled = self.finish_pending(&mut core);
-        core.pending = Some(Pending {
+        core.pending = point.map(|point| Pending {
             kind: PendingKind::DeviceWork,
-            event,
+            point,
         });
         settled
     }

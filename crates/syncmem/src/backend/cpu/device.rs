@@ -1,7 +1,6 @@
 //! The `cpu` device, its memory, its streams and events.
 
 use std::ptr::NonNull;
-use std::sync::Arc;
 
 use super::host::{AlignedBlock, HOST_ALIGN};
 use crate::backend::{
@@ -67,8 +66,9 @@ unsafe impl Send for CpuMem {}
 unsafe impl Sync for CpuMem {}
 pub(crate) struct CpuPinned(AlignedBlock);
 pub(crate) struct CpuStream;
-#[derive(Clone)]
-pub(crate) struct CpuEvent(#[allow(dead_code)] Arc<()>);
+/// An event of the cpu backend: always complete (every operation finished before returning).
+#[derive(Clone, Copy)]
+pub(crate) struct CpuEvent;
 
 impl CpuMem {
     fn block(b: AlignedBlock) -> Self {
@@ -157,11 +157,11 @@ impl BackendStream for CpuStream {
         src: *const u8,
         len: usize,
         _: bool,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         // SAFETY: the caller checked off+len <= dst.len() and that src is valid for len bytes;
         // host and device buffers are distinct allocations, so they do not overlap.
         unsafe { std::ptr::copy_nonoverlapping(src, dst.as_ptr().add(off), len) };
-        Ok(())
+        Ok(0)
     }
 
     unsafe fn read(
@@ -171,32 +171,44 @@ impl BackendStream for CpuStream {
         dst: *mut u8,
         len: usize,
         _: bool,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         // SAFETY: as in write, mirrored.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().add(off), dst, len) };
-        Ok(())
+        Ok(0)
     }
 
-    fn copy(&self, src: &CpuMem, so: usize, dst: &CpuMem, doff: usize, len: usize) -> Result<()> {
+    fn copy(&self, src: &CpuMem, so: usize, dst: &CpuMem, doff: usize, len: usize) -> Result<u64> {
         // SAFETY: both ranges were checked by the caller; `copy` handles overlap when src and
         // dst are the same buffer.
         unsafe { std::ptr::copy(src.as_ptr().add(so), dst.as_ptr().add(doff), len) };
-        Ok(())
+        Ok(0)
     }
 
-    fn fill(&self, dst: &CpuMem, off: usize, len: usize, value: u8) -> Result<()> {
+    fn fill(&self, dst: &CpuMem, off: usize, len: usize, value: u8) -> Result<u64> {
         // SAFETY: range checked by the caller.
         unsafe { std::ptr::write_bytes(dst.as_ptr().add(off), value, len) };
-        Ok(())
+        Ok(0)
     }
 
     fn record(&self) -> Result<CpuEvent> {
-        Ok(CpuEvent(Arc::new(())))
+        Ok(CpuEvent)
     }
     fn wait_for(&self, _: &CpuEvent) -> Result<()> {
         Ok(())
     }
     fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+    fn last_seq(&self) -> u64 {
+        0
+    }
+    fn is_done(&self, _: u64) -> Result<bool> {
+        Ok(true)
+    }
+    fn wait_done(&self, _: u64) -> Result<bool> {
+        Ok(false)
+    }
+    fn wait_on(&self, _: &CpuStream, _: u64) -> Result<()> {
         Ok(())
     }
 }

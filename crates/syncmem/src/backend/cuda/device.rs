@@ -155,6 +155,7 @@ impl BackendDevice for CuDevice {
         Ok(CuStream {
             stream: Quiet::new(stream, &sh.ctx),
             shared: sh.clone(),
+            timeline: Default::default(),
         })
     }
 }

@@ -60,7 +60,7 @@ fn col_sum_blocks(cols: usize) -> u32 {
 }
 
 impl CuDevice {
-    /// Launches `func` on `s`, then waits for the stream.
+    /// Queues `func` on `s` and returns at once (the command joins the stream's timeline).
     fn run(
         &self,
         s: &CuStream,
@@ -69,8 +69,10 @@ impl CuDevice {
         args: &[Arg],
         cfg: LaunchConfig,
     ) -> Result<()> {
-        launch(self.label(), name, func, s.cuda_stream(), args, cfg)?;
-        s.wait_idle()
+        s.submit(false, || {
+            launch(self.label(), name, func, s.cuda_stream(), args, cfg)
+        })
+        .map(drop)
     }
 }
 

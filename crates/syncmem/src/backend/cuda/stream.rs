@@ -7,26 +7,26 @@ use cudarc::driver::result::{self};
 use cudarc::driver::sys::{self};
 use cudarc::driver::{CudaEvent, CudaStream};
 
+use crate::backend::timeline::Timeline;
 use crate::backend::{BackendEvent, BackendStream};
 use crate::error::{Error, Result};
 
 use super::{device::*, error::*, memory::*, shared::*};
 
-/// A non-blocking CUDA stream of one device.
+/// A non-blocking CUDA stream of one device, and the timeline of its commands.
+///
+/// Every command is followed by an event recorded on the stream (created per command: no GPU
+/// was available to measure whether a ring of reused events pays).
 pub(crate) struct CuStream {
     pub(super) stream: Quiet<Arc<CudaStream>>,
     pub(super) shared: Arc<CuShared>,
+    pub(super) timeline: Timeline<CuEvent>,
 }
 
 impl CuStream {
     /// The cudarc stream, for kernel launches.
     pub(crate) fn cuda_stream(&self) -> &Arc<CudaStream> {
         &self.stream
-    }
-
-    /// Blocks until the stream has no queued work.
-    pub(crate) fn wait_idle(&self) -> Result<()> {
-        self.synchronize()
     }
 
     /// The raw stream handle, for driver calls.
@@ -47,12 +47,39 @@ impl CuStream {
         }
     }
 
-    pub(super) fn sync_if(&self, blocking: bool) -> Result<()> {
+    /// Queues one command with `enqueue`, then an event after it, and records the command on
+    /// the timeline; with `blocking`, waits for it. Returns the command's sequence number.
+    pub(crate) fn submit(
+        &self,
+        blocking: bool,
+        enqueue: impl FnOnce() -> Result<()>,
+    ) -> Result<u64> {
+        let seq = self.timeline.submit(|| {
+            enqueue()?;
+            self.new_event()
+        })?;
         if blocking {
-            self.synchronize()
-        } else {
-            Ok(())
+            self.timeline.wait(seq)?;
         }
+        Ok(seq)
+    }
+
+    /// A new event recorded after everything queued so far.
+    fn new_event(&self) -> Result<CuEvent> {
+        // Default flags of cudarc: CU_EVENT_DISABLE_TIMING (cudaEventDisableTiming in Caffe2).
+        let event = self
+            .stream
+            .context()
+            .new_event(None)
+            .map_err(|e| self.shared.err("cuEventCreate", e))?;
+        let event = Quiet::new(event, &self.shared.ctx);
+        event
+            .record(&self.stream)
+            .map_err(|e| self.shared.err("cuEventRecord", e))?;
+        Ok(CuEvent {
+            event: Arc::new(event),
+            shared: self.shared.clone(),
+        })
     }
 
     /// Queues a device-to-device copy of `len` bytes, between contexts when needed.
@@ -128,18 +155,19 @@ impl BackendStream for CuStream {
         src: *const u8,
         len: usize,
         blocking: bool,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         self.same_device(dst, "write")?;
         self.shared.bind()?;
-        // SAFETY: `dst_off + len <= dst.len()` (checked by the caller) inside a live allocation
-        // of this (current) context; `src` is valid for `len` reads, and when not blocking stays
-        // valid until an event recorded after this call completes (the caller's contract).
-        unsafe {
-            sys::cuMemcpyHtoDAsync_v2(dst.at(dst_off), src.cast::<c_void>(), len, self.raw())
-        }
-        .result()
-        .map_err(|e| self.shared.err("cuMemcpyHtoDAsync", e))?;
-        self.sync_if(blocking)
+        self.submit(blocking, || {
+            // SAFETY: `dst_off + len <= dst.len()` (checked by the caller) inside a live
+            // allocation of this (current) context; `src` is valid for `len` reads, and when
+            // not blocking stays valid until the command completes (the caller's contract).
+            unsafe {
+                sys::cuMemcpyHtoDAsync_v2(dst.at(dst_off), src.cast::<c_void>(), len, self.raw())
+            }
+            .result()
+            .map_err(|e| self.shared.err("cuMemcpyHtoDAsync", e))
+        })
     }
 
     unsafe fn read(
@@ -149,18 +177,19 @@ impl BackendStream for CuStream {
         dst: *mut u8,
         len: usize,
         blocking: bool,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         self.same_device(src, "read")?;
         self.shared.bind()?;
-        // SAFETY: mirror of `write`: the device range is checked and live, `dst` is valid for
-        // `len` writes and untouched by anyone else until the copy completes (caller's
-        // contract). No Rust reference to `dst` is formed.
-        unsafe {
-            sys::cuMemcpyDtoHAsync_v2(dst.cast::<c_void>(), src.at(src_off), len, self.raw())
-        }
-        .result()
-        .map_err(|e| self.shared.err("cuMemcpyDtoHAsync", e))?;
-        self.sync_if(blocking)
+        self.submit(blocking, || {
+            // SAFETY: mirror of `write`: the device range is checked and live, `dst` is valid
+            // for `len` writes and untouched by anyone else until the copy completes (caller's
+            // contract). No Rust reference to `dst` is formed.
+            unsafe {
+                sys::cuMemcpyDtoHAsync_v2(dst.cast::<c_void>(), src.at(src_off), len, self.raw())
+            }
+            .result()
+            .map_err(|e| self.shared.err("cuMemcpyDtoHAsync", e))
+        })
     }
 
     fn copy(
@@ -170,23 +199,25 @@ impl BackendStream for CuStream {
         dst: &CuMem,
         dst_off: usize,
         len: usize,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         self.shared.bind()?;
         src.note_foreign(&self.stream);
         dst.note_foreign(&self.stream);
         let same_buffer = src.ptr == dst.ptr;
         if same_buffer && src_off == dst_off {
-            return Ok(());
+            return Ok(self.timeline.last());
         }
         let overlap = same_buffer && src_off < dst_off + len && dst_off < src_off + len;
         if !overlap {
-            return self.raw_copy(
-                dst.at(dst_off),
-                &dst.shared,
-                src.at(src_off),
-                &src.shared,
-                len,
-            );
+            return self.submit(false, || {
+                self.raw_copy(
+                    dst.at(dst_off),
+                    &dst.shared,
+                    src.at(src_off),
+                    &src.shared,
+                    len,
+                )
+            });
         }
         // CUDA copies do not handle overlapping ranges: stage through a temporary buffer.
         // SAFETY: the context is current (bound above).
@@ -203,36 +234,31 @@ impl BackendStream for CuStream {
             ptr: tmp,
             stream: self,
         };
-        self.raw_copy(tmp.ptr, &self.shared, src.at(src_off), &src.shared, len)?;
-        self.raw_copy(dst.at(dst_off), &dst.shared, tmp.ptr, &self.shared, len)?;
+        let seq = self.submit(false, || {
+            self.raw_copy(tmp.ptr, &self.shared, src.at(src_off), &src.shared, len)?;
+            self.raw_copy(dst.at(dst_off), &dst.shared, tmp.ptr, &self.shared, len)
+        })?;
         drop(tmp);
-        Ok(())
+        Ok(seq)
     }
 
-    fn fill(&self, dst: &CuMem, off: usize, len: usize, value: u8) -> Result<()> {
+    fn fill(&self, dst: &CuMem, off: usize, len: usize, value: u8) -> Result<u64> {
         self.same_device(dst, "fill")?;
         self.shared.bind()?;
-        // SAFETY: the range is checked by the caller and lies in a live allocation of this
-        // (current) context; the stream belongs to it.
-        unsafe { result::memset_d8_async(dst.at(off), value, len, self.raw()) }
-            .map_err(|e| self.shared.err("cuMemsetD8Async", e))
+        self.submit(false, || {
+            // SAFETY: the range is checked by the caller and lies in a live allocation of this
+            // (current) context; the stream belongs to it.
+            unsafe { result::memset_d8_async(dst.at(off), value, len, self.raw()) }
+                .map_err(|e| self.shared.err("cuMemsetD8Async", e))
+        })
     }
 
     fn record(&self) -> Result<CuEvent> {
-        // Default flags of cudarc: CU_EVENT_DISABLE_TIMING (cudaEventDisableTiming in Caffe2).
-        let event = self
-            .stream
-            .context()
-            .new_event(None)
-            .map_err(|e| self.shared.err("cuEventCreate", e))?;
-        let event = Quiet::new(event, &self.shared.ctx);
-        event
-            .record(&self.stream)
-            .map_err(|e| self.shared.err("cuEventRecord", e))?;
-        Ok(CuEvent {
-            event: Arc::new(event),
-            shared: self.shared.clone(),
-        })
+        let seq = self.submit(false, || Ok(()))?;
+        match self.timeline.covering(seq) {
+            Some((_, e)) => Ok(e),
+            None => self.new_event(),
+        }
     }
 
     fn wait_for(&self, event: &CuEvent) -> Result<()> {
@@ -243,9 +269,31 @@ impl BackendStream for CuStream {
     }
 
     fn synchronize(&self) -> Result<()> {
+        let last = self.timeline.last();
         self.stream
             .synchronize()
-            .map_err(|e| self.shared.err("cuStreamSynchronize", e))
+            .map_err(|e| self.shared.err("cuStreamSynchronize", e))?;
+        self.timeline.mark_done(last);
+        Ok(())
+    }
+
+    fn last_seq(&self) -> u64 {
+        self.timeline.last()
+    }
+
+    fn is_done(&self, seq: u64) -> Result<bool> {
+        self.timeline.is_done(seq)
+    }
+
+    fn wait_done(&self, seq: u64) -> Result<bool> {
+        self.timeline.wait(seq)
+    }
+
+    fn wait_on(&self, other: &CuStream, seq: u64) -> Result<()> {
+        match other.timeline.covering(seq) {
+            Some((_, e)) => self.wait_for(&e),
+            None => Ok(()),
+        }
     }
 }
 

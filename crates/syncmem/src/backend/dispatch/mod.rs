@@ -228,7 +228,7 @@ impl RawStream {
         src: *const u8,
         len: usize,
         blocking: bool,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         match (self, dst) {
             (RawStream::Cpu(s), RawMem::Cpu(m)) => {
                 // SAFETY: forwarded to the caller's contract.
@@ -260,7 +260,7 @@ impl RawStream {
         dst: *mut u8,
         len: usize,
         blocking: bool,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         match (self, src) {
             (RawStream::Cpu(s), RawMem::Cpu(m)) => {
                 // SAFETY: forwarded to the caller's contract.
@@ -289,7 +289,7 @@ impl RawStream {
         dst: &RawMem,
         dst_off: usize,
         len: usize,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         match (self, src, dst) {
             (RawStream::Cpu(s), RawMem::Cpu(a), RawMem::Cpu(b)) => {
                 s.copy(a, src_off, b, dst_off, len)
@@ -308,7 +308,7 @@ impl RawStream {
     }
 
     /// Sets `len` bytes of `dst` from `off` to `value`, queued.
-    pub(crate) fn fill(&self, dst: &RawMem, off: usize, len: usize, value: u8) -> Result<()> {
+    pub(crate) fn fill(&self, dst: &RawMem, off: usize, len: usize, value: u8) -> Result<u64> {
         match (self, dst) {
             (RawStream::Cpu(s), RawMem::Cpu(m)) => s.fill(m, off, len, value),
             #[cfg(feature = "opencl")]
@@ -341,6 +341,34 @@ impl RawStream {
     /// Blocks until all queued work is done.
     pub(crate) fn synchronize(&self) -> Result<()> {
         each!(self, RawStream, s => s.synchronize())
+    }
+
+    /// The sequence number of the newest command (see [`crate::backend::timeline`]).
+    pub(crate) fn last_seq(&self) -> u64 {
+        each!(self, RawStream, s => s.last_seq())
+    }
+
+    /// True once command `seq` has completed; never blocks.
+    pub(crate) fn is_done(&self, seq: u64) -> Result<bool> {
+        each!(self, RawStream, s => s.is_done(seq))
+    }
+
+    /// Blocks until command `seq` has completed; returns whether it had to wait.
+    pub(crate) fn wait_done(&self, seq: u64) -> Result<bool> {
+        each!(self, RawStream, s => s.wait_done(seq))
+    }
+
+    /// Makes later work on this stream wait, on the device, for command `seq` of `other`.
+    pub(crate) fn wait_on(&self, other: &RawStream, seq: u64) -> Result<()> {
+        match (self, other) {
+            (RawStream::Cpu(s), RawStream::Cpu(o)) => s.wait_on(o, seq),
+            #[cfg(feature = "opencl")]
+            (RawStream::OpenCl(s), RawStream::OpenCl(o)) => s.wait_on(o, seq),
+            #[cfg(feature = "cuda")]
+            (RawStream::Cuda(s), RawStream::Cuda(o)) => s.wait_on(o, seq),
+            #[allow(unreachable_patterns)]
+            _ => Err(mismatch("stream dependency", self.label())),
+        }
     }
 
     /// True for a stream of the `cpu` backend (everything finishes before returning).

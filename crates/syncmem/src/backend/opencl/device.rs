@@ -165,6 +165,7 @@ impl BackendDevice for ClDevice {
             queue: Queue::new(&self.ctx, self.device, &self.label)?,
             ctx: self.ctx.clone(),
             label: self.label.clone(),
+            timeline: Default::default(),
         })
     }
 }

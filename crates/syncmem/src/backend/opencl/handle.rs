@@ -101,17 +101,40 @@ impl Drop for OwnedBuffer {
     }
 }
 
-/// An event we hold a reference to.
-pub(super) struct OwnedEvent {
+/// An event we hold a reference to. Cloning retains the event (no allocation); dropping
+/// releases it.
+pub(crate) struct OwnedEvent {
     pub(super) event: cl_event,
     pub(super) label: Arc<str>,
 }
 
+impl OwnedEvent {
+    /// Takes over the one reference an enqueue call returned with `event`.
+    pub(super) fn new(event: cl_event, label: &Arc<str>) -> Self {
+        Self {
+            event,
+            label: label.clone(),
+        }
+    }
+}
+
+impl Clone for OwnedEvent {
+    fn clone(&self) -> Self {
+        // SAFETY: `self.event` is a live event (we hold a reference until Drop); retaining it
+        // gives the clone a reference of its own, released by its own Drop.
+        let _ = unsafe { opencl3::event::retain_event(self.event) };
+        Self {
+            event: self.event,
+            label: self.label.clone(),
+        }
+    }
+}
+
 // SAFETY: an OpenCL event handle may be used from any thread: every OpenCL API call except
 // clSetKernelArg is thread-safe (OpenCL 3.0 spec, "Multiple Host Threads"). The handle is
-// released once, in Drop.
+// released once per reference, in Drop.
 unsafe impl Send for OwnedEvent {}
-// SAFETY: as for Send; `&OwnedEvent` only allows clWaitForEvents / clGetEventInfo.
+// SAFETY: as for Send; `&OwnedEvent` only allows clWaitForEvents / clGetEventInfo / retain.
 unsafe impl Sync for OwnedEvent {}
 
 impl Drop for OwnedEvent {

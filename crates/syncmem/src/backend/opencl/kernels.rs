@@ -3,10 +3,10 @@
 //! [`crate::backend::args`].
 
 use opencl3::memory::ClMem as _;
-use opencl3::types::{cl_event, cl_mem};
+use opencl3::types::cl_mem;
 
 use super::launch::{groups_for, launch, Arg, Grid, Slot};
-use super::{backend_error, ClDevice, ClMem, ClStream};
+use super::{ClDevice, ClMem, ClStream};
 use crate::backend::args;
 use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce};
 use crate::dtype::{Float, ScalarKind};
@@ -34,10 +34,11 @@ fn linear(groups: usize, local: usize) -> ([usize; 1], [usize; 1]) {
 }
 
 impl ClDevice {
-    /// Launches `slot` on `s` and waits for the command.
+    /// Queues `slot` on `s` and returns at once: the command's event joins the stream's
+    /// timeline, where the buffers' users find it.
     fn run(&self, s: &ClStream, slot: &Slot, args: &[Arg], grid: Grid<'_>) -> Result<()> {
-        let event = launch(self.label(), slot, s.queue().get(), args, &grid)?;
-        self.finish(event)
+        s.submit(|| launch(self.label(), slot, s.queue().get(), args, &grid))
+            .map(drop)
     }
 
     /// A one-dimensional launch over `n >= 1` items (grid-stride loop).
@@ -61,16 +62,6 @@ impl ClDevice {
             scratch: Some(slot.local * std::mem::size_of::<f32>()),
         };
         self.run(s, slot, args, grid)
-    }
-
-    /// Waits for a launched command and releases its event.
-    fn finish(&self, event: cl_event) -> Result<()> {
-        let waited = opencl3::event::wait_for_events(&[event])
-            .map_err(|c| backend_error(self.label(), "clWaitForEvents", c));
-        // SAFETY: the event came from a successful enqueue, which handed us its one reference;
-        // it is released exactly once, here.
-        let _ = unsafe { opencl3::event::release_event(event) };
-        waited
     }
 }
 

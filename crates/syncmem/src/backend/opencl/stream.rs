@@ -6,11 +6,12 @@ use std::sync::Arc;
 
 use opencl3::command_queue::{self as cq, CommandQueue};
 use opencl3::memory::CL_MEM_READ_WRITE;
-use opencl3::types::{cl_bool, cl_int, cl_mem, CL_BLOCKING, CL_NON_BLOCKING};
+use opencl3::types::{cl_bool, cl_event, cl_int, cl_mem, CL_BLOCKING, CL_NON_BLOCKING};
 
 use super::error::{backend_error, enqueue_error, failed_command_error};
-use super::handle::{release_event_quietly, ClContext, OwnedBuffer, OwnedEvent, Queue};
+use super::handle::{ClContext, OwnedBuffer, OwnedEvent, Queue};
 use super::ClMem;
+use crate::backend::timeline::Timeline;
 use crate::backend::{BackendEvent, BackendStream};
 use crate::error::{Error, Result};
 
@@ -22,14 +23,41 @@ fn cl_bool_of(blocking: bool) -> cl_bool {
     }
 }
 
-/// A stream: an in-order command queue, without profiling.
+/// A stream: an in-order command queue, without profiling, and the timeline of its commands.
 pub(crate) struct ClStream {
     pub(super) queue: Queue,
     pub(super) ctx: Arc<ClContext>,
     pub(super) label: Arc<str>,
+    pub(super) timeline: Timeline<ClEvent>,
 }
 
 impl ClStream {
+    /// Enqueues one command with `enqueue` (which returns the command's event, one reference)
+    /// and records it on the timeline; returns its sequence number. The queue is flushed, so
+    /// the device starts on the command while the host goes on.
+    pub(super) fn submit(&self, enqueue: impl FnOnce() -> Result<cl_event>) -> Result<u64> {
+        let seq = self
+            .timeline
+            .submit(|| Ok(ClEvent(OwnedEvent::new(enqueue()?, &self.label))))?;
+        cq::flush(self.queue.raw()).map_err(|c| backend_error(&self.label, "clFlush", c))?;
+        Ok(seq)
+    }
+
+    /// As [`ClStream::submit`] for a command that finished before returning (blocking).
+    fn submit_blocking(&self, enqueue: impl FnOnce() -> Result<cl_event>) -> Result<u64> {
+        self.timeline
+            .submit_blocking(|| Ok(ClEvent(OwnedEvent::new(enqueue()?, &self.label))))
+    }
+
+    /// As the `blocking` flag of a copy says.
+    fn submit_as(&self, blocking: bool, enqueue: impl FnOnce() -> Result<cl_event>) -> Result<u64> {
+        if blocking {
+            self.submit_blocking(enqueue)
+        } else {
+            self.submit(enqueue)
+        }
+    }
+
     /// The OpenCL command queue, e.g. to enqueue kernels.
     pub(crate) fn queue(&self) -> &CommandQueue {
         &self.queue.queue
@@ -57,24 +85,24 @@ impl ClStream {
         dst_off: usize,
         len: usize,
         dst_len: usize,
-    ) -> Result<()> {
-        // SAFETY: both handles are live buffers of this queue's context and the caller checked
-        // both ranges; the regions do not overlap when src == dst (see `copy`).
-        let event = unsafe {
-            cq::enqueue_copy_buffer(
-                self.queue.raw(),
-                src,
-                dst,
-                src_off,
-                dst_off,
-                len,
-                0,
-                ptr::null(),
-            )
-        }
-        .map_err(|c| enqueue_error(&self.label, "clEnqueueCopyBuffer", c, dst_len))?;
-        release_event_quietly(event);
-        Ok(())
+    ) -> Result<u64> {
+        self.submit(|| {
+            // SAFETY: both handles are live buffers of this queue's context and the caller
+            // checked both ranges; the regions do not overlap when src == dst (see `copy`).
+            unsafe {
+                cq::enqueue_copy_buffer(
+                    self.queue.raw(),
+                    src,
+                    dst,
+                    src_off,
+                    dst_off,
+                    len,
+                    0,
+                    ptr::null(),
+                )
+            }
+            .map_err(|c| enqueue_error(&self.label, "clEnqueueCopyBuffer", c, dst_len))
+        })
     }
 }
 
@@ -89,25 +117,25 @@ impl BackendStream for ClStream {
         src: *const u8,
         len: usize,
         blocking: bool,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         self.check_context(dst, "write")?;
-        // SAFETY: the caller checked dst_off + len <= dst.len() and that `src` is valid for
-        // `len` reads (until the command completes when not blocking).
-        let event = unsafe {
-            cq::enqueue_write_buffer(
-                self.queue.raw(),
-                dst.buf.raw(),
-                cl_bool_of(blocking),
-                dst_off,
-                len,
-                src.cast::<c_void>(),
-                0,
-                ptr::null(),
-            )
-        }
-        .map_err(|c| enqueue_error(&self.label, "clEnqueueWriteBuffer", c, dst.len))?;
-        release_event_quietly(event);
-        Ok(())
+        self.submit_as(blocking, || {
+            // SAFETY: the caller checked dst_off + len <= dst.len() and that `src` is valid
+            // for `len` reads (until the command completes when not blocking).
+            unsafe {
+                cq::enqueue_write_buffer(
+                    self.queue.raw(),
+                    dst.buf.raw(),
+                    cl_bool_of(blocking),
+                    dst_off,
+                    len,
+                    src.cast::<c_void>(),
+                    0,
+                    ptr::null(),
+                )
+            }
+            .map_err(|c| enqueue_error(&self.label, "clEnqueueWriteBuffer", c, dst.len))
+        })
     }
 
     unsafe fn read(
@@ -117,25 +145,25 @@ impl BackendStream for ClStream {
         dst: *mut u8,
         len: usize,
         blocking: bool,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         self.check_context(src, "read")?;
-        // SAFETY: the caller checked src_off + len <= src.len() and that `dst` is valid for
-        // `len` writes and untouched until the command completes.
-        let event = unsafe {
-            cq::enqueue_read_buffer(
-                self.queue.raw(),
-                src.buf.raw(),
-                cl_bool_of(blocking),
-                src_off,
-                len,
-                dst.cast::<c_void>(),
-                0,
-                ptr::null(),
-            )
-        }
-        .map_err(|c| enqueue_error(&self.label, "clEnqueueReadBuffer", c, src.len))?;
-        release_event_quietly(event);
-        Ok(())
+        self.submit_as(blocking, || {
+            // SAFETY: the caller checked src_off + len <= src.len() and that `dst` is valid for
+            // `len` writes and untouched until the command completes.
+            unsafe {
+                cq::enqueue_read_buffer(
+                    self.queue.raw(),
+                    src.buf.raw(),
+                    cl_bool_of(blocking),
+                    src_off,
+                    len,
+                    dst.cast::<c_void>(),
+                    0,
+                    ptr::null(),
+                )
+            }
+            .map_err(|c| enqueue_error(&self.label, "clEnqueueReadBuffer", c, src.len))
+        })
     }
 
     fn copy(
@@ -145,7 +173,7 @@ impl BackendStream for ClStream {
         dst: &ClMem,
         dst_off: usize,
         len: usize,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         self.check_context(src, "copy")?;
         self.check_context(dst, "copy")?;
         let same = src.buf.raw() == dst.buf.raw();
@@ -153,7 +181,7 @@ impl BackendStream for ClStream {
             src_off < dst_off.saturating_add(len) && dst_off < src_off.saturating_add(len);
         if same && overlap {
             if src_off == dst_off {
-                return Ok(());
+                return Ok(self.timeline.last());
             }
             // clEnqueueCopyBuffer rejects overlapping regions (CL_MEM_COPY_OVERLAP): stage
             // through a temporary buffer. Releasing it right away is fine: OpenCL keeps it
@@ -165,61 +193,98 @@ impl BackendStream for ClStream {
         self.enqueue_copy(src.buf.raw(), src_off, dst.buf.raw(), dst_off, len, dst.len)
     }
 
-    fn fill(&self, dst: &ClMem, off: usize, len: usize, value: u8) -> Result<()> {
+    fn fill(&self, dst: &ClMem, off: usize, len: usize, value: u8) -> Result<u64> {
         self.check_context(dst, "fill")?;
         let pattern = [value];
-        // SAFETY: range checked by the caller; OpenCL copies the 1-byte pattern before
-        // clEnqueueFillBuffer returns, so the local may go out of scope.
-        let event = unsafe {
-            cq::enqueue_fill_buffer(
-                self.queue.raw(),
-                dst.buf.raw(),
-                pattern.as_ptr().cast::<c_void>(),
-                pattern.len(),
-                off,
-                len,
-                0,
-                ptr::null(),
-            )
-        }
-        .map_err(|c| enqueue_error(&self.label, "clEnqueueFillBuffer", c, dst.len))?;
-        release_event_quietly(event);
-        Ok(())
+        self.submit(|| {
+            // SAFETY: range checked by the caller; OpenCL copies the 1-byte pattern before
+            // clEnqueueFillBuffer returns, so the local may go out of scope.
+            unsafe {
+                cq::enqueue_fill_buffer(
+                    self.queue.raw(),
+                    dst.buf.raw(),
+                    pattern.as_ptr().cast::<c_void>(),
+                    pattern.len(),
+                    off,
+                    len,
+                    0,
+                    ptr::null(),
+                )
+            }
+            .map_err(|c| enqueue_error(&self.label, "clEnqueueFillBuffer", c, dst.len))
+        })
     }
 
     fn record(&self) -> Result<ClEvent> {
-        // SAFETY: a marker with an empty wait list on a live queue reads no host memory.
-        let event = unsafe { cq::enqueue_marker_with_wait_list(self.queue.raw(), 0, ptr::null()) }
-            .map_err(|c| backend_error(&self.label, "clEnqueueMarkerWithWaitList", c))?;
-        let event = ClEvent(Arc::new(OwnedEvent {
-            event,
-            label: self.label.clone(),
-        }));
-        // Submit the work now: polling an event (is_complete) or waiting for it from another
-        // queue does not flush this one, and could otherwise wait forever.
-        cq::flush(self.queue.raw()).map_err(|c| backend_error(&self.label, "clFlush", c))?;
-        Ok(event)
+        let seq = self.submit(|| {
+            // SAFETY: a marker with an empty wait list on a live queue reads no host memory.
+            unsafe { cq::enqueue_marker_with_wait_list(self.queue.raw(), 0, ptr::null()) }
+                .map_err(|c| backend_error(&self.label, "clEnqueueMarkerWithWaitList", c))
+        })?;
+        // The marker is the newest command: its own event, unless it is already known complete.
+        match self.timeline.covering(seq) {
+            Some((_, e)) => Ok(e),
+            None => self.record_done(),
+        }
     }
 
     fn wait_for(&self, event: &ClEvent) -> Result<()> {
-        let list = [event.0.event];
-        // SAFETY: `list` holds one live event (kept alive by `event`) for the duration of the
-        // call; OpenCL retains it as long as the barrier needs it.
-        let barrier =
-            unsafe { cq::enqueue_barrier_with_wait_list(self.queue.raw(), 1, list.as_ptr()) }
-                .map_err(|c| backend_error(&self.label, "clEnqueueBarrierWithWaitList", c))?;
-        release_event_quietly(barrier);
-        Ok(())
+        self.barrier(event).map(drop)
     }
 
     fn synchronize(&self) -> Result<()> {
-        cq::finish(self.queue.raw()).map_err(|c| backend_error(&self.label, "clFinish", c))
+        let last = self.timeline.last();
+        cq::finish(self.queue.raw()).map_err(|c| backend_error(&self.label, "clFinish", c))?;
+        self.timeline.mark_done(last);
+        Ok(())
+    }
+
+    fn last_seq(&self) -> u64 {
+        self.timeline.last()
+    }
+
+    fn is_done(&self, seq: u64) -> Result<bool> {
+        self.timeline.is_done(seq)
+    }
+
+    fn wait_done(&self, seq: u64) -> Result<bool> {
+        self.timeline.wait(seq)
+    }
+
+    fn wait_on(&self, other: &ClStream, seq: u64) -> Result<()> {
+        match other.timeline.covering(seq) {
+            Some((_, e)) => self.barrier(&e).map(drop),
+            None => Ok(()),
+        }
     }
 }
 
-/// A marker event of a stream. Cheap to clone.
+impl ClStream {
+    /// Queues a barrier: later commands of this stream wait for `event`.
+    fn barrier(&self, event: &ClEvent) -> Result<u64> {
+        let list = [event.0.event];
+        self.submit(|| {
+            // SAFETY: `list` holds one live event (kept alive by `event`) for the duration of
+            // the call; OpenCL retains it as long as the barrier needs it.
+            unsafe { cq::enqueue_barrier_with_wait_list(self.queue.raw(), 1, list.as_ptr()) }
+                .map_err(|c| backend_error(&self.label, "clEnqueueBarrierWithWaitList", c))
+        })
+    }
+
+    /// A complete event: a marker waited for (rare: a marker just queued is already complete).
+    fn record_done(&self) -> Result<ClEvent> {
+        // SAFETY: a marker with an empty wait list on a live queue reads no host memory.
+        let event = unsafe { cq::enqueue_marker_with_wait_list(self.queue.raw(), 0, ptr::null()) }
+            .map_err(|c| backend_error(&self.label, "clEnqueueMarkerWithWaitList", c))?;
+        let event = ClEvent(OwnedEvent::new(event, &self.label));
+        event.wait()?;
+        Ok(event)
+    }
+}
+
+/// The event of a command of a stream. Cloning retains it (no allocation).
 #[derive(Clone)]
-pub(crate) struct ClEvent(Arc<OwnedEvent>);
+pub(crate) struct ClEvent(OwnedEvent);
 
 impl BackendEvent for ClEvent {
     fn wait(&self) -> Result<()> {

@@ -1,0 +1,140 @@
+//! The pending work of a device buffer: which commands read or write it, as points on the
+//! streams' timelines ([`crate::backend::timeline`]).
+//!
+//! Every command the crate queues on a buffer (a copy, a fill, a kernel) records its point on
+//! the buffer: the last writer, and the readers since (the newest one per stream). That is all
+//! the ordering the crate needs, as PyTorch's `record_stream` and Caffe2's per-context events:
+//! - a command on stream `S` that reads the buffer first makes `S` wait, on the device, for the
+//!   last writer when it ran on another stream; one that writes waits for the writer and the
+//!   readers of other streams (commands of `S` itself are in order already);
+//! - the host waits for exactly the points of the buffer it reads, never for a whole queue;
+//! - a pooled block freed with points still pending goes back to the pool with them: its own
+//!   stream reuses it at once (in order), another stream once they are done.
+//!
+//! Recording is allocation-free: a point is a stream handle (a reference count) and a number.
+
+use std::sync::Arc;
+
+use crate::alloc::pool::Fence;
+use crate::alloc::stats::WAITS;
+use crate::backend::dispatch::RawStream;
+use crate::error::Result;
+
+/// A command on a stream: everything queued there up to `seq`.
+#[derive(Clone)]
+pub(crate) struct Point {
+    pub(crate) stream: Arc<RawStream>,
+    /// The stream's id ([`super::Stream::id`]).
+    pub(crate) id: u64,
+    pub(crate) seq: u64,
+}
+
+impl Point {
+    /// True once the command has completed (never blocks; an error counts as done: the
+    /// command no longer runs, and the access that needs its result reports it).
+    pub(crate) fn is_done(&self) -> bool {
+        self.stream.is_done(self.seq).unwrap_or(true)
+    }
+
+    /// Blocks until the command has completed, counting a host wait when it had to wait.
+    ///
+    /// # Errors
+    /// The error of the command (or of one before it on its stream).
+    pub(crate) fn wait(&self) -> Result<()> {
+        if self.stream.wait_done(self.seq)? {
+            WAITS.count();
+        }
+        Ok(())
+    }
+}
+
+impl Fence for Point {
+    fn is_complete(&self) -> bool {
+        Point::is_done(self)
+    }
+    fn wait(&self) {
+        let _ = Point::wait(self);
+    }
+    fn poll(&self) -> bool {
+        Point::is_done(self)
+    }
+}
+
+/// The points of one buffer: its last writer and the readers since (at most one per stream).
+#[derive(Default)]
+pub(crate) struct Uses {
+    write: Option<Point>,
+    reads: [Option<Point>; 2],
+    /// Readers of a third stream and more (rare; empty, so unallocated, otherwise).
+    more: Vec<Point>,
+}
+
+impl Uses {
+    /// Makes `stream` wait, on the device, for what a command of it that reads (or, with
+    /// `write`, writes) the buffer must follow: commands of other streams not known complete.
+    pub(crate) fn order_before(&self, stream: &RawStream, id: u64, write: bool) -> Result<()> {
+        let wait = |p: &Point| -> Result<()> {
+            if p.id != id && !p.is_done() {
+                stream.wait_on(&p.stream, p.seq)?;
+            }
+            Ok(())
+        };
+        if let Some(w) = &self.write {
+            wait(w)?;
+        }
+        if write {
+            for r in self.reads.iter().flatten().chain(&self.more) {
+                wait(r)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records a command at `point` that read the buffer (replacing an older read of the same
+    /// stream: the newer one completes after it).
+    pub(crate) fn note_read(&mut self, point: Point) {
+        let same = self
+            .reads
+            .iter_mut()
+            .flatten()
+            .chain(self.more.iter_mut())
+            .find(|p| p.id == point.id);
+        if let Some(p) = same {
+            *p = point;
+            return;
+        }
+        match self.reads.iter_mut().find(|s| s.is_none()) {
+            Some(slot) => *slot = Some(point),
+            None => self.more.push(point),
+        }
+    }
+
+    /// Records a command at `point` that wrote the buffer. It was ordered after every reader
+    /// (see [`Uses::order_before`]), so its completion covers them: they are forgotten.
+    pub(crate) fn note_write(&mut self, point: Point) {
+        self.write = Some(point);
+        self.reads = [None, None];
+        self.more.clear();
+    }
+
+    /// Every point still recorded.
+    pub(crate) fn points(&self) -> impl Iterator<Item = &Point> {
+        self.write
+            .iter()
+            .chain(self.reads.iter().flatten())
+            .chain(&self.more)
+    }
+
+    /// Forgets the points known to be complete.
+    pub(crate) fn prune(&mut self) {
+        if self.write.as_ref().is_some_and(Point::is_done) {
+            self.write = None;
+        }
+        for slot in &mut self.reads {
+            if slot.as_ref().is_some_and(Point::is_done) {
+                *slot = None;
+            }
+        }
+        self.more.retain(|p| !p.is_done());
+    }
+}
