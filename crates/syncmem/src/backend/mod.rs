@@ -18,6 +18,7 @@ pub(crate) mod cuda;
 pub(crate) mod dispatch;
 #[cfg(feature = "opencl")]
 pub(crate) mod opencl;
+#[cfg(any(feature = "opencl", feature = "cuda"))]
 pub(crate) mod timeline;
 
 use std::any::Any;
