@@ -120,6 +120,8 @@ fn events_order_two_streams(dev: &Device) {
     s1.synchronize().unwrap();
     let clone = ev.clone();
     assert!(ev.is_complete().unwrap() && clone.is_complete().unwrap());
+    // Without a backend that queues work an event has nothing to release: still fine.
+    #[allow(clippy::drop_non_drop)]
     drop(ev);
     clone.wait().unwrap();
     // The default stream works too.
