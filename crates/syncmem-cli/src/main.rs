@@ -3,6 +3,7 @@
 mod args;
 #[macro_use]
 mod commands;
+mod heap;
 
 use std::process::ExitCode;
 
@@ -34,6 +35,10 @@ enum Command {
     /// pool configurations.
     Trace(commands::trace::Args),
 }
+
+/// The system allocator with a counter (see [`heap`]).
+#[global_allocator]
+static GLOBAL: heap::Counting = heap::Counting;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {

@@ -285,7 +285,7 @@ impl Error {
 }
 
 /// `a * b` for sizes, as an error that says what overflowed.
-pub(crate) fn checked_mul(a: usize, b: usize, what: &str) -> Result<usize> {
+pub(crate) fn checked_mul(a: usize, b: usize, what: impl std::fmt::Display) -> Result<usize> {
     a.checked_mul(b).ok_or_else(|| Error::SizeOverflow {
         what: format!("{what}: {a} * {b}"),
     })

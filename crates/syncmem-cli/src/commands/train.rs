@@ -125,9 +125,15 @@ JSON output (--json), one object:
    \"transfers\": {\"steps\": count, \"setup\", \"training\", \"per_step\", \"max_step\", \"eval\",
       \"process_training\", \"process\"},
       each but steps a {\"host_to_device\": {\"count\", \"bytes\"}, \"device_to_host\": {...},
-      \"device_to_device\": {...}}: copies made by the run's buffers during setup, all steps, one
-      step on average, the worst step, the final evaluation; then every copy the process made
-      during the steps and during the whole run,
+      \"device_to_device\": {...}}: copies during setup (the run's buffers), all steps, one
+      step on average, the worst step (the process's copy counters while a step runs), the
+      final evaluation (the run's buffers); then every copy the process made during the steps
+      and during the whole run,
+   \"waits\": {\"per_step\", \"max_step\", \"total\"}: host waits on device work during the
+      steps (event waits, blocking reads, queue finishes; counted by the library),
+   \"heap_allocations\": {\"per_step\", \"max_step\" (over the steps after the first),
+      \"first_step\", \"steps\"}: heap allocations of the process during each step (the
+      binary's global allocator counts them),
    \"blobs\": [{\"name\", \"dtype\", \"dims\", \"bytes\", \"capacity\", \"head\": \"host\" | \"device\" |
       \"synced\" | \"uninitialized\" | \"none\", \"host\": bool, \"device\": bool (mirror allocated),
       \"host_to_device\", \"device_to_host\"}],
@@ -222,10 +228,19 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
     let mut trainer = Trainer::new(&dev, &data, &cfg).context("setting up training")?;
     let steps = (trainer.batch_count() * cfg.epochs) as u64;
     let bar = progress_bar(!human, steps);
-    let mut epochs = Vec::new();
+    let mut epochs = Vec::with_capacity(cfg.epochs);
+    // Heap allocations of each step: counted between the hooks around it.
+    let mut heap = report::HeapSteps::default();
     for e in 0..cfg.epochs {
+        let at_start = std::cell::Cell::new(0);
         let stats = trainer
-            .run_epoch_with(|_, _| bar.inc(1))
+            .run_epoch_around(
+                |_| at_start.set(crate::heap::allocations()),
+                |_, _| {
+                    heap.record(crate::heap::allocations() - at_start.get());
+                    bar.inc(1);
+                },
+            )
             .with_context(|| format!("epoch {}", e + 1))?;
         bar.set_message(format!(
             "loss {:.4} acc {:.1}%",
@@ -253,6 +268,7 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
     let process = syncmem::stats().copies.since(&process_before);
 
     let mut report = report::build(report::Run {
+        heap,
         device: &dev,
         note,
         source,

@@ -10,8 +10,10 @@
 //!
 //! The device functions take the access guards of [`SyncedMemory`](crate::SyncedMemory), so the
 //! caller has already made the device mirror current (or taken it for writing), and they run
-//! on the written guard's stream. Every call is complete when it returns: a later access of any
-//! kind, on any stream, sees the result.
+//! on the written guard's stream. Every call is queued when it returns, not waited for (the
+//! reductions, which return a value, wait for their partial sums): a later access of any kind,
+//! on any stream, sees the result (device work on another stream is ordered after it on the
+//! device; a host access waits for it).
 //!
 //! Reductions run in two stages: each work-group writes one partial sum, and the host adds the
 //! partial sums (in `f64`). `n` may be anything, including 0 and values that are not a multiple

@@ -4,9 +4,13 @@
 //! [`Trainer::new`] shuffles the dataset once (from the seed), cuts it into batches, uploads
 //! every batch once, runs the init net, and creates the train and eval nets (memory-planned
 //! when [`TrainConfig::plan`]). A step makes the `data` and `label` blobs share the storage of
-//! one uploaded batch (no copy), runs the train net, and reads the two scalars: per step, zero
-//! host-to-device copies and two 4-byte device-to-host copies, which [`Trainer::transfers`]
-//! counts from the buffers' own copy counters.
+//! one uploaded batch (no copy), queues the train net, and reads the two scalars back: the
+//! loss by a copy queued first, the accuracy by a blocking read behind it, so the host waits
+//! once per step (on a device that runs asynchronously; never on `cpu`). Per step: zero
+//! host-to-device copies, two 4-byte device-to-host copies, one host wait, which
+//! [`Trainer::transfers`] counts from the process's counters (no walk over the blobs), and no
+//! heap allocation of the library's own once the first step has run (on `cpu`, the GEMM
+//! library allocates its packing buffers inside each large enough product).
 //!
 //! Equal seeds give equal data, equal initial weights (fills draw on the host), equal batch
 //! order, so the loss curve is the same on every device up to float rounding.
@@ -22,7 +26,7 @@ use rand::SeedableRng;
 use super::memory::{measure_run, RunMemory};
 use super::mlp::{Dataset, Mlp, MlpNets, ACCURACY, DATA, LABEL, LOSS};
 use super::{Net, NetOptions, PlanOptions};
-use crate::alloc::stats::{CopyDir, CopyStats, COPIES};
+use crate::alloc::stats::{host_waits, CopyDir, CopyStats, COPIES};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -75,12 +79,36 @@ pub struct EpochStats {
     pub seconds: f64,
 }
 
-/// Copies between host and device made by the trainer's buffers.
+/// Host waits on device work during training steps (see
+/// [`crate::alloc::stats::host_waits`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Waits {
+    /// During all training steps.
+    pub total: u64,
+    /// During the last step.
+    pub last_step: u64,
+    /// The most in any single step.
+    pub max_step: u64,
+}
+
+impl Waits {
+    /// Mean waits per step over `steps` steps.
+    pub fn per_step(&self, steps: u64) -> f64 {
+        if steps == 0 {
+            0.0
+        } else {
+            self.total as f64 / steps as f64
+        }
+    }
+}
+
+/// Copies between host and device made by the trainer's buffers, and host waits.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Transfers {
     /// During [`Trainer::new`]: batch uploads, initial weights.
     pub setup: CopyStats,
-    /// During all training steps.
+    /// During all training steps (every copy of the process while a step runs: the trainer
+    /// runs its steps on one thread, so other threads' copies would count here too).
     pub steps: CopyStats,
     /// During the last training step.
     pub last_step: CopyStats,
@@ -91,8 +119,10 @@ pub struct Transfers {
     /// During evaluations.
     pub eval: CopyStats,
     /// Every copy the process made during training steps, whoever made it (operators too):
-    /// equal to `steps` when nothing else copies meanwhile (other threads count here).
+    /// the same counter as `steps` (kept for readers of older reports).
     pub process_steps: CopyStats,
+    /// Host waits on device work during training steps.
+    pub waits: Waits,
 }
 
 struct Batch {
@@ -111,6 +141,8 @@ pub struct Trainer {
     batches: Vec<Batch>,
     samples: usize,
     rng: StdRng,
+    /// The batch order of the current epoch (reshuffled in place each epoch).
+    order: Vec<usize>,
     epoch: usize,
     transfers: Transfers,
 }
@@ -177,22 +209,47 @@ impl Trainer {
             batches,
             samples: data.len(),
             rng,
+            order: Vec::new(),
             epoch: 0,
             transfers: Transfers::default(),
         };
+        t.order = (0..t.batches.len()).collect();
+        for name in [DATA, LABEL] {
+            t.ws.create_blob(name)?
+                .write()
+                .reset(Tensor::new(&t.device).with_label(name));
+        }
         t.feed(0)?;
         t.transfers.setup = t.copy_totals();
         Ok(t)
     }
 
-    /// Makes `data` and `label` share the storage of batch `i` (no copy).
+    /// Makes `data` and `label` share the storage of batch `i` (no copy, no allocation).
     fn feed(&self, i: usize) -> Result<()> {
         let b = &self.batches[i];
         for (name, src) in [(DATA, &b.x), (LABEL, &b.y)] {
-            let mut t = Tensor::new(&self.device).with_label(name);
+            let blob = self.ws.create_blob(name)?;
+            let mut blob = blob.write();
+            if !blob.is_type::<Tensor>() {
+                blob.reset(Tensor::new(&self.device).with_label(name));
+            }
+            let t = blob.get_mut::<Tensor>()?;
             t.resize(src.dims())?;
             t.share_data(src)?;
-            self.ws.create_blob(name)?.write().reset(t);
+        }
+        Ok(())
+    }
+
+    /// Queues the copy of scalar `name` to the host (the next read of it waits for nothing
+    /// else).
+    fn prefetch_scalar(&self, name: &str) -> Result<()> {
+        let blob = self.ws.get_blob(name)?;
+        let guard = blob.read();
+        let t = guard.get::<Tensor>()?;
+        if let Some(m) = t.synced() {
+            if m.head() == crate::synced::Head::AtDevice {
+                m.prefetch_to_host(None)?;
+            }
         }
         Ok(())
     }
@@ -209,6 +266,15 @@ impl Trainer {
         })
     }
 
+    /// The loss and the accuracy of the net just queued: the loss's copy is queued first, then
+    /// the accuracy is read (the one wait), and the loss's copy is done by then.
+    fn read_scalars(&self) -> Result<(f32, f32)> {
+        self.prefetch_scalar(LOSS)?;
+        let acc = self.read_scalar(ACCURACY)?;
+        let loss = self.read_scalar(LOSS)?;
+        Ok((loss, acc))
+    }
+
     /// Runs one training step on batch `i`; returns (loss, accuracy) of the batch before the
     /// update.
     ///
@@ -223,20 +289,22 @@ impl Trainer {
                 size: self.batches.len(),
             });
         }
-        let before = self.copy_totals();
-        let process_before = COPIES.snapshot();
+        let before = COPIES.snapshot();
+        let waits_before = host_waits();
         self.feed(i)?;
         self.train.run(&self.ws)?;
-        let loss = self.read_scalar(LOSS)?;
-        let acc = self.read_scalar(ACCURACY)?;
-        let process = COPIES.snapshot().since(&process_before);
-        let d = self.copy_totals().since(&before);
+        let (loss, acc) = self.read_scalars()?;
+        let d = COPIES.snapshot().since(&before);
+        let w = host_waits() - waits_before;
         let tr = &mut self.transfers;
-        tr.process_steps = add(tr.process_steps, process);
+        tr.process_steps = add(tr.process_steps, d);
         tr.steps = add(tr.steps, d);
         tr.last_step = d;
         tr.max_step = max(tr.max_step, d);
         tr.step_count += 1;
+        tr.waits.total += w;
+        tr.waits.last_step = w;
+        tr.waits.max_step = tr.waits.max_step.max(w);
         Ok((loss, acc))
     }
 
@@ -252,17 +320,36 @@ impl Trainer {
     ///
     /// # Errors
     /// As [`Trainer::step`].
-    pub fn run_epoch_with(&mut self, mut progress: impl FnMut(usize, usize)) -> Result<EpochStats> {
+    pub fn run_epoch_with(&mut self, progress: impl FnMut(usize, usize)) -> Result<EpochStats> {
+        self.run_epoch_around(|_| {}, progress)
+    }
+
+    /// As [`Trainer::run_epoch_with`], also calling `before(step)` right before each step, so
+    /// that a caller can measure exactly one step (its allocations, its time).
+    ///
+    /// # Errors
+    /// As [`Trainer::step`].
+    pub fn run_epoch_around(
+        &mut self,
+        mut before: impl FnMut(usize),
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<EpochStats> {
         let start = Instant::now();
-        let mut order: Vec<usize> = (0..self.batches.len()).collect();
-        order.shuffle(&mut self.rng);
+        // The same order as a fresh `0..n` shuffled: every epoch starts from the sorted list.
+        let steps = self.batches.len();
+        for (k, slot) in self.order.iter_mut().enumerate() {
+            *slot = k;
+        }
+        self.order.shuffle(&mut self.rng);
         let (mut loss, mut acc) = (0.0f64, 0.0f64);
-        for (k, &i) in order.iter().enumerate() {
+        for k in 0..steps {
+            let i = self.order[k];
             let n = self.batches[i].y.numel().unwrap_or(0) as f64;
+            before(k + 1);
             let (l, a) = self.step(i)?;
             loss += f64::from(l) * n;
             acc += f64::from(a) * n;
-            progress(k + 1, order.len());
+            progress(k + 1, steps);
         }
         self.epoch += 1;
         let n = self.samples.max(1) as f64;
@@ -270,7 +357,7 @@ impl Trainer {
             epoch: self.epoch,
             loss: loss / n,
             accuracy: acc / n,
-            steps: order.len(),
+            steps,
             seconds: start.elapsed().as_secs_f64(),
         })
     }
@@ -287,8 +374,9 @@ impl Trainer {
             let n = self.batches[i].y.numel().unwrap_or(0) as f64;
             self.feed(i)?;
             self.eval.run(&self.ws)?;
-            loss += f64::from(self.read_scalar(LOSS)?) * n;
-            acc += f64::from(self.read_scalar(ACCURACY)?) * n;
+            let (l, a) = self.read_scalars()?;
+            loss += f64::from(l) * n;
+            acc += f64::from(a) * n;
         }
         let d = self.copy_totals().since(&before);
         self.transfers.eval = add(self.transfers.eval, d);

@@ -111,7 +111,7 @@ impl Operator for Fc {
                 format!("the bias must have dims [{m}] (the rows of W)"),
             ));
         }
-        let mut y_dims = x.dims()[..ax].to_vec();
+        let mut y_dims: smallvec::SmallVec<[usize; 6]> = x.dims()[..ax].iter().copied().collect();
         y_dims.push(m);
         let xi = In::<f32>::open(x, dev, What::input(def, 0))?;
         let wi = In::<f32>::open(w, dev, What::input(def, 1))?;

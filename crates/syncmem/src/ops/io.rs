@@ -11,6 +11,7 @@
 use std::sync::Arc;
 
 use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
+use smallvec::{smallvec, SmallVec};
 
 use super::access::What;
 use super::OperatorDef;
@@ -20,15 +21,19 @@ use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use crate::workspace::{BlobRef, Workspace};
 
+/// The lists of one run live on the stack: operators have a handful of inputs and outputs, and
+/// a step of a net runs without a heap allocation.
+type Small<T> = SmallVec<[T; 8]>;
+
 /// The distinct blobs of one run, and which inputs and outputs map to which.
 pub(crate) struct Blobs<'d> {
     def: &'d OperatorDef,
-    refs: Vec<BlobRef>,
-    writable: Vec<bool>,
-    ins: Vec<usize>,
-    outs: Vec<usize>,
+    refs: Small<BlobRef>,
+    writable: Small<bool>,
+    ins: Small<usize>,
+    outs: Small<usize>,
     /// For each input, the output it shares its blob with (an allowed in-place pair).
-    in_place: Vec<Option<usize>>,
+    in_place: Small<Option<usize>>,
 }
 
 impl<'d> Blobs<'d> {
@@ -39,8 +44,8 @@ impl<'d> Blobs<'d> {
         def: &'d OperatorDef,
         in_place_ok: &[(usize, usize)],
     ) -> Result<Self> {
-        let mut refs: Vec<BlobRef> = Vec::new();
-        let index_of = |r: BlobRef, refs: &mut Vec<BlobRef>| -> usize {
+        let mut refs: Small<BlobRef> = SmallVec::new();
+        let index_of = |r: BlobRef, refs: &mut Small<BlobRef>| -> usize {
             match refs.iter().position(|x| Arc::ptr_eq(x, &r)) {
                 Some(i) => i,
                 None => {
@@ -49,7 +54,7 @@ impl<'d> Blobs<'d> {
                 }
             }
         };
-        let mut ins = Vec::with_capacity(def.inputs.len());
+        let mut ins: Small<usize> = SmallVec::new();
         for (i, name) in def.inputs.iter().enumerate() {
             let r = ws.try_get_blob(name).ok_or_else(|| Error::NotFound {
                 kind: "blob",
@@ -58,11 +63,11 @@ impl<'d> Blobs<'d> {
             })?;
             ins.push(index_of(r, &mut refs));
         }
-        let mut outs = Vec::with_capacity(def.outputs.len());
+        let mut outs: Small<usize> = SmallVec::new();
         for name in &def.outputs {
             outs.push(index_of(ws.create_blob(name)?, &mut refs));
         }
-        let mut writable = vec![false; refs.len()];
+        let mut writable: Small<bool> = smallvec![false; refs.len()];
         for (j, &b) in outs.iter().enumerate() {
             if writable[b] {
                 return Err(Error::InvalidState {
@@ -76,7 +81,7 @@ impl<'d> Blobs<'d> {
             }
             writable[b] = true;
         }
-        let mut in_place = vec![None; ins.len()];
+        let mut in_place: Small<Option<usize>> = smallvec![None; ins.len()];
         for (i, &b) in ins.iter().enumerate() {
             if !writable[b] {
                 continue;
@@ -116,9 +121,9 @@ impl<'d> Blobs<'d> {
 
     /// Locks every distinct blob once, in address order.
     pub(crate) fn lock(&self) -> Locked<'_, 'd> {
-        let mut order: Vec<usize> = (0..self.refs.len()).collect();
-        order.sort_by_key(|&i| Arc::as_ptr(&self.refs[i]) as usize);
-        let mut slots: Vec<Option<Guard<'_>>> = (0..self.refs.len()).map(|_| None).collect();
+        let mut order: Small<usize> = (0..self.refs.len()).collect();
+        order.sort_unstable_by_key(|&i| Arc::as_ptr(&self.refs[i]) as usize);
+        let mut slots: Small<Option<Guard<'_>>> = (0..self.refs.len()).map(|_| None).collect();
         for i in order {
             slots[i] = Some(if self.writable[i] {
                 Guard::W(self.refs[i].write())
@@ -141,7 +146,7 @@ enum Guard<'r> {
 /// The locks of one run.
 pub(crate) struct Locked<'r, 'd> {
     blobs: &'r Blobs<'d>,
-    guards: Vec<Guard<'r>>,
+    guards: Small<Guard<'r>>,
 }
 
 enum Slot<'g> {
@@ -154,7 +159,7 @@ impl<'r, 'd> Locked<'r, 'd> {
     pub(crate) fn io<'g>(&'g mut self, dev: &'g Device) -> Result<Io<'g>> {
         let b = self.blobs;
         let def = b.def;
-        let mut slots: Vec<Option<Slot<'g>>> = self
+        let mut slots: Small<Option<Slot<'g>>> = self
             .guards
             .iter_mut()
             .map(|g| {
@@ -164,7 +169,7 @@ impl<'r, 'd> Locked<'r, 'd> {
                 })
             })
             .collect();
-        let mut ins = Vec::with_capacity(b.ins.len());
+        let mut ins: Small<Option<&Tensor>> = SmallVec::new();
         for (i, &s) in b.ins.iter().enumerate() {
             if b.in_place[i].is_some() {
                 ins.push(None);
@@ -179,7 +184,7 @@ impl<'r, 'd> Locked<'r, 'd> {
             check_tensor(t, dev, what)?;
             ins.push(Some(t));
         }
-        let mut outs = Vec::with_capacity(b.outs.len());
+        let mut outs: Small<Option<&mut Tensor>> = SmallVec::new();
         for (j, &s) in b.outs.iter().enumerate() {
             let Some(Slot::W(blob)) = slots[s].take() else {
                 return Err(internal(def, "an output blob is not write-locked"));
@@ -223,9 +228,9 @@ impl<'r, 'd> Locked<'r, 'd> {
 /// The tensors of one run: shared inputs, exclusive outputs.
 pub(crate) struct Io<'g> {
     def: &'g OperatorDef,
-    ins: Vec<Option<&'g Tensor>>,
-    in_place: Vec<Option<usize>>,
-    outs: Vec<Option<&'g mut Tensor>>,
+    ins: Small<Option<&'g Tensor>>,
+    in_place: Small<Option<usize>>,
+    outs: Small<Option<&'g mut Tensor>>,
 }
 
 impl<'g> Io<'g> {

@@ -175,7 +175,9 @@ pub trait Operator: Send + Sync {
     fn def(&self) -> &OperatorDef;
 
     /// Runs the operator on `ctx`'s device, reading and writing blobs of `ws`. The device work
-    /// is complete when it returns.
+    /// is queued on `ctx`'s stream when it returns, not waited for: every later access of the
+    /// blobs is ordered after it (on the device for device work on any stream; a host access
+    /// waits for exactly the commands of the buffer it reads).
     ///
     /// # Errors
     /// Missing or mistyped blobs, shape mismatches, device errors; a context on another device

@@ -37,6 +37,13 @@
 //! Caffe, the buffer knows the copy is in flight: an access that conflicts with it (a device
 //! access, or a host write) first waits for the copy's event; a host read does not wait.
 //!
+//! The copy a device access makes when the host holds the newest data (Caffe's `to_gpu`) is
+//! queued too, on the buffer's stream, and the device mirror counts as current at once: every
+//! device command on the buffer is ordered after the copy on the device (the copy is a write
+//! use of the device buffer), so no device access waits for it. The host mirror is the copy's
+//! source until it ends: a host write, a new host mirror ([`SyncedMemory::set_host_data`]) and
+//! dropping the buffer wait for it; host reads do not.
+//!
 //! A copy (or announced device work) that fails is never counted as arrived: the first access
 //! that settles it returns the backend's error, and the mirror it was filling stays stale, so
 //! the next access that needs that mirror copies again.
@@ -88,7 +95,7 @@ use fast::CoreCell;
 
 use crate::alloc::pool::HostAllocation;
 use crate::alloc::stats::{CopyCounters, CopyStats};
-use crate::device::{Device, DeviceBuffer, PinnedBuffer, Stream};
+use crate::device::{Device, DeviceBuffer, PinnedBuffer, Point, Stream};
 use crate::error::{checked_mul, Error, Result};
 use state::{Pending, Valid};
 
@@ -132,6 +139,10 @@ struct Core {
     /// Id in the device's registry of evictable mirrors.
     dev_reg: Option<u64>,
     pending: Option<Pending>,
+    /// The newest queued copy that reads the host mirror (the upload behind a device access):
+    /// whatever writes, replaces or frees the host mirror waits for it first. Host reads do
+    /// not.
+    host_busy: Option<Point>,
 }
 
 impl Core {
@@ -149,6 +160,26 @@ impl Core {
     /// The work is settled either way: when the wait fails (the copy or the work before its
     /// event failed), its destination is *not* marked valid, so the next access that needs it
     /// copies again, and the error is returned (once).
+    /// Waits for the queued copy that reads the host mirror, if any (before the host mirror is
+    /// written, replaced or freed).
+    ///
+    /// # Errors
+    /// The copy's error (it failed: the device mirror it was filling is not current).
+    fn release_host(&mut self) -> Result<()> {
+        let Some(p) = self.host_busy.take() else {
+            return Ok(());
+        };
+        p.wait().inspect_err(|_| {
+            // The upload did not land: only the host holds the data (a device write since
+            // would have made the host stale, and then nothing is valid any more).
+            self.valid = if self.valid.has(state::Place::Host) {
+                Valid::only(state::Place::Host)
+            } else {
+                Valid::NONE
+            };
+        })
+    }
+
     fn finish_pending(&mut self) -> Result<()> {
         if let Some(p) = self.pending.take() {
             p.point.wait()?;
@@ -222,6 +253,7 @@ impl SyncedMemory {
                     dev_exposed: false,
                     dev_reg: None,
                     pending: None,
+                    host_busy: None,
                 }),
                 label: Mutex::new(label.clone()),
                 device: device.clone(),
@@ -355,6 +387,7 @@ impl Drop for SyncedMemory {
         if let Some(p) = core.pending.take() {
             let _ = p.point.wait();
         }
+        let _ = core.release_host();
         core.release_device(self.device.as_ref());
         core.host = None;
     }

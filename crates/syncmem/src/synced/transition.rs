@@ -13,6 +13,11 @@ impl SyncedMemory {
     pub(super) fn prepare_host(&self, access: Access, overwrite: bool) -> Result<*mut u8> {
         let mut core = self.shared.core.lock();
         self.settle(&mut core, access)?;
+        if access == Access::HostWrite || !core.valid.has(Place::Host) {
+            // The host mirror is about to be written (by the caller or by a copy from the
+            // device): an upload still reading it must end first.
+            core.release_host()?;
+        }
         let ptr = if overwrite {
             // The first host allocation of a buffer reads as zeros whatever the accessor (code
             // built on `host_overwrite` relies on a fresh mirror's unwritten tail being zero).
@@ -99,9 +104,13 @@ impl SyncedMemory {
             .as_ref()
             .map(HostMem::ptr)
             .ok_or_else(|| self.no_host())?;
-        // SAFETY: `src` is the current host mirror, valid for `size` bytes; readers only read it
-        // and writers are excluded by the access lock; the copy is blocking.
-        unsafe { stream.write_raw(&dev, 0, src, self.size, true)? };
+        // SAFETY: `src` is the current host mirror, valid for `size` bytes. The copy is queued,
+        // not waited for: until it ends the host mirror is only read (host readers), and
+        // whatever writes, replaces or frees it waits for `host_busy` first (`prepare_host`,
+        // `adopt_host`, drop). Device work on the mirror is ordered after the copy on the
+        // device: the copy is a write use of the buffer.
+        unsafe { stream.write_raw(&dev, 0, src, self.size, false)? };
+        core.host_busy = stream.point_now();
         self.count(Direction::HostToDevice);
         core.valid = core.valid.with(Place::Device);
         Ok(dev)
@@ -137,6 +146,7 @@ impl SyncedMemory {
         let _lock = self.lock_write(None)?;
         let mut core = self.shared.core.lock();
         self.finish_pending(&mut core)?;
+        core.release_host()?;
         core.host = Some(mem);
         core.valid = Valid::only(Place::Host);
         Ok(())

@@ -207,11 +207,14 @@ impl Tensor {
                 "the element type is not known yet: call set_dtype".into(),
             )
         })?;
-        let cap = Shape::new(capacity_dims, &format!("reserve of tensor {}", self.label))?;
+        let cap = Shape::new(
+            capacity_dims,
+            format_args!("reserve of tensor {}", self.label),
+        )?;
         let cap_bytes = crate::error::checked_mul(
             cap.numel,
             dtype.size(),
-            &format!("reserved bytes of tensor {}", self.label),
+            format_args!("reserved bytes of tensor {}", self.label),
         )?;
         if cap_bytes <= self.capacity_bytes() {
             return Ok(());
@@ -257,7 +260,7 @@ impl Tensor {
         if self.storage.is_none() {
             return self.resize(&new_dims);
         }
-        let shape = Shape::new(&new_dims, &format!("extend of tensor {}", self.label))?;
+        let shape = Shape::new(&new_dims, format_args!("extend of tensor {}", self.label))?;
         let itemsize = self.itemsize().unwrap_or(0);
         let new_bytes = crate::error::checked_mul(shape.numel, itemsize, "extended bytes")?;
         if new_bytes > self.capacity_bytes() {

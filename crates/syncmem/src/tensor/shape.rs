@@ -8,10 +8,14 @@
 use super::Tensor;
 use crate::error::{Error, Result};
 
+/// The dims of a shape: up to six live inline, so that resizing a tensor (a net does it for
+/// every output of every operator, every step) allocates nothing.
+pub(crate) type Dims = smallvec::SmallVec<[usize; 6]>;
+
 /// The shape of an initialised tensor: its dimensions and their product.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Shape {
-    pub(crate) dims: Vec<usize>,
+    pub(crate) dims: Dims,
     pub(crate) numel: usize,
 }
 
@@ -21,7 +25,7 @@ impl Shape {
     /// The product of the non-zero dimensions must fit as well (not only the element count,
     /// which is 0 as soon as one dimension is 0), so that every partial product that
     /// [`Tensor::size_from_dim`] and friends compute fits too.
-    pub(crate) fn new(dims: &[usize], what: &str) -> Result<Shape> {
+    pub(crate) fn new(dims: &[usize], what: impl std::fmt::Display) -> Result<Shape> {
         let mut nonzero = 1usize;
         for &d in dims.iter().filter(|&&d| d != 0) {
             nonzero = nonzero.checked_mul(d).ok_or_else(|| Error::SizeOverflow {
@@ -30,7 +34,7 @@ impl Shape {
         }
         let numel = if dims.contains(&0) { 0 } else { nonzero };
         Ok(Shape {
-            dims: dims.to_vec(),
+            dims: Dims::from_slice(dims),
             numel,
         })
     }
@@ -69,7 +73,7 @@ impl Tensor {
     /// The dimensions; empty for an uninitialised tensor (and for a scalar: see
     /// [`Tensor::is_initialized`]).
     pub fn dims(&self) -> &[usize] {
-        self.shape.as_ref().map_or(&[], |s| &s.dims)
+        self.shape.as_ref().map_or(&[], |s| s.dims.as_slice())
     }
 
     /// Number of dimensions (0 for a scalar and for an uninitialised tensor).

@@ -107,7 +107,7 @@ impl Storage {
         device: Option<&Device>,
         label: &str,
     ) -> Result<Storage> {
-        let nbytes = checked_mul(numel, dtype.size(), &format!("bytes of tensor {label}"))?;
+        let nbytes = checked_mul(numel, dtype.size(), format_args!("bytes of tensor {label}"))?;
         if dtype.is_pod() {
             let mem = match device {
                 Some(d) => SyncedMemory::new(nbytes, d),
@@ -191,7 +191,15 @@ impl Tensor {
     /// [`Error::SizeOverflow`] when the element count (or the product of the non-zero dims) or
     /// the byte count does not fit in `usize`. The tensor is unchanged on error.
     pub fn resize(&mut self, dims: &[usize]) -> Result<()> {
-        let shape = Shape::new(dims, &format!("resize of tensor {}", self.label))?;
+        if self
+            .shape
+            .as_ref()
+            .is_some_and(|s| s.dims.as_slice() == dims)
+        {
+            // The same dims: nothing changes (and nothing is allocated for a new shape).
+            return Ok(());
+        }
+        let shape = Shape::new(dims, format_args!("resize of tensor {}", self.label))?;
         self.resize_shape(shape, self.itemsize().unwrap_or(0))
     }
 
@@ -215,7 +223,7 @@ impl Tensor {
         let new_bytes = checked_mul(
             shape.numel,
             itemsize,
-            &format!("bytes of tensor {} with dims {:?}", self.label, shape.dims),
+            format_args!("bytes of tensor {} with dims {:?}", self.label, shape.dims),
         )?;
         let same_count = self.numel() == Some(shape.numel);
         self.shape = Some(shape);
@@ -243,7 +251,7 @@ impl Tensor {
     /// [`Error::InvalidState`] when the tensor is uninitialised or the element counts differ
     /// (use [`Tensor::resize`] for that); [`Error::SizeOverflow`].
     pub fn reshape(&mut self, dims: &[usize]) -> Result<()> {
-        let shape = Shape::new(dims, &format!("reshape of tensor {}", self.label))?;
+        let shape = Shape::new(dims, format_args!("reshape of tensor {}", self.label))?;
         let old = self.numel().ok_or_else(|| self.uninit("reshape"))?;
         if shape.numel != old {
             return Err(self.err_state(
@@ -281,7 +289,7 @@ impl Tensor {
         let nbytes = checked_mul(
             numel,
             dtype.size(),
-            &format!("bytes of tensor {} as {dtype}", self.label),
+            format_args!("bytes of tensor {} as {dtype}", self.label),
         )?;
         let reuse = match kept {
             // Caffe2 reuses when neither type has a constructor / destructor and the bytes fit.

@@ -564,7 +564,7 @@ impl Tensor {
         checked_mul(
             n,
             T::DTYPE.size(),
-            &format!("bytes of tensor {}", self.label),
+            format_args!("bytes of tensor {}", self.label),
         )
     }
 

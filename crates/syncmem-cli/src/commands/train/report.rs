@@ -9,8 +9,33 @@ use syncmem::net::mlp::Dataset;
 use syncmem::net::train::{EpochStats, PlanningComparison, TrainConfig, Trainer, Transfers};
 use syncmem::{CopyStats, Device};
 
+/// Heap allocations of the training steps, as the hooks around each step saw them.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct HeapSteps {
+    steps: u64,
+    first: u64,
+    /// Over the steps after the first.
+    rest: u64,
+    max_rest: u64,
+}
+
+impl HeapSteps {
+    /// One step's allocations.
+    pub(super) fn record(&mut self, n: u64) {
+        if self.steps == 0 {
+            self.first = n;
+        } else {
+            self.rest += n;
+            self.max_rest = self.max_rest.max(n);
+        }
+        self.steps += 1;
+    }
+}
+
 /// Everything a report is made from.
 pub(super) struct Run<'a> {
+    /// Heap allocations of each step.
+    pub heap: HeapSteps,
     pub device: &'a Device,
     pub note: Option<String>,
     pub source: String,
@@ -39,6 +64,8 @@ pub(super) struct Report {
     final_: Final,
     seconds: f64,
     transfers: TransferReport,
+    waits: WaitReport,
+    heap_allocations: HeapReport,
     blobs: Vec<BlobRow>,
     memory: Vec<MemRow>,
     saved: Option<Saved>,
@@ -101,6 +128,25 @@ struct Copies {
     host_to_device: Dir,
     device_to_host: Dir,
     device_to_device: Dir,
+}
+
+/// Host waits on device work during the steps, counted by the library.
+#[derive(Serialize)]
+struct WaitReport {
+    per_step: f64,
+    max_step: u64,
+    total: u64,
+}
+
+/// Heap allocations of the steps (the first step warms caches up: it is apart).
+#[derive(Serialize)]
+struct HeapReport {
+    /// Mean over the steps after the first.
+    per_step: f64,
+    /// The most in one step after the first.
+    max_step: u64,
+    first_step: u64,
+    steps: u64,
 }
 
 #[derive(Serialize)]
@@ -216,6 +262,24 @@ pub(super) fn build(r: Run<'_>) -> Report {
         },
         seconds: r.seconds,
         transfers: transfer_report(r.trainer.transfers(), r.process),
+        waits: {
+            let t = r.trainer.transfers();
+            WaitReport {
+                per_step: t.waits.per_step(t.step_count),
+                max_step: t.waits.max_step,
+                total: t.waits.total,
+            }
+        },
+        heap_allocations: HeapReport {
+            per_step: if r.heap.steps > 1 {
+                r.heap.rest as f64 / (r.heap.steps - 1) as f64
+            } else {
+                0.0
+            },
+            max_step: r.heap.max_rest,
+            first_step: r.heap.first,
+            steps: r.heap.steps,
+        },
         blobs: blob_report(r.trainer.workspace())
             .iter()
             .map(blob_row)
@@ -351,7 +415,7 @@ impl Report {
         }
 
         let t = &r.transfers;
-        outln!("\ntransfers (buffers of the run; {} steps)", t.steps);
+        outln!("\ntransfers ({} steps)", t.steps);
         for (what, c) in [
             ("setup", t.setup),
             ("training", t.training),
@@ -367,6 +431,20 @@ impl Report {
                 fmt_dir(c.device_to_host)
             );
         }
+
+        let (w, h) = (&r.waits, &r.heap_allocations);
+        outln!(
+            "\nhost waits on the device: {:.2} per step (worst step {}, {} in all)",
+            w.per_step,
+            w.max_step,
+            w.total
+        );
+        outln!(
+            "heap allocations: {:.2} per step after the first (worst {}; first step {})",
+            h.per_step,
+            h.max_step,
+            h.first_step
+        );
 
         outln!("\nmemory (peak since training started)");
         for m in &r.memory {

@@ -129,16 +129,23 @@ pub(crate) fn gemm(
     Ok(())
 }
 
-/// `out[j] = sum_i x[i*cols + j]`.
+/// `out[j] = sum_i x[i*cols + j]`, accumulated in `f64`, a block of columns at a time on the
+/// stack (no allocation).
 pub(crate) fn col_sum(rows: usize, cols: usize, x: &[f32], out: &mut [f32]) {
-    let mut acc = vec![0.0f64; cols];
-    for row in x.chunks_exact(cols.max(1)).take(rows) {
-        for (a, &v) in acc.iter_mut().zip(row) {
-            *a += f64::from(v);
+    const BLOCK: usize = 64;
+    let cols_ = cols.max(1);
+    let n = cols.min(out.len());
+    for (start, out_block) in (0..).step_by(BLOCK).zip(out[..n].chunks_mut(BLOCK)) {
+        let width = out_block.len();
+        let mut acc = [0.0f64; BLOCK];
+        for row in x.chunks_exact(cols_).take(rows) {
+            for (a, &v) in acc.iter_mut().zip(&row[start..start + width]) {
+                *a += f64::from(v);
+            }
         }
-    }
-    for (o, a) in out.iter_mut().zip(acc) {
-        *o = a as f32;
+        for (o, a) in out_block.iter_mut().zip(acc) {
+            *o = a as f32;
+        }
     }
 }
 
@@ -327,6 +334,22 @@ mod tests {
         let mut c = vec![2.0; 4];
         gemm((false, false), (2, 2, 0), &[], &[], 0.5, &mut c).unwrap();
         assert_eq!(c, [1.0; 4]);
+    }
+
+    #[test]
+    fn col_sum_covers_every_column_block() {
+        // 150 columns: two full blocks of 64 and a partial one.
+        let (rows, cols) = (3, 150);
+        let x: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
+        let mut out = vec![f32::NAN; cols];
+        col_sum(rows, cols, &x, &mut out);
+        for (j, &o) in out.iter().enumerate() {
+            let want: f32 = (0..rows).map(|i| (i * cols + j) as f32).sum();
+            assert_eq!(o, want, "column {j}");
+        }
+        let mut none = [7.0f32; 2];
+        col_sum(0, 2, &[], &mut none);
+        assert_eq!(none, [0.0, 0.0]);
     }
 
     #[test]

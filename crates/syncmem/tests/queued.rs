@@ -1,0 +1,144 @@
+//! Device work is queued, not waited for: a buffer freed while kernels that use it are still
+//! queued goes back to its pool, and the pool hands the block out again without the new owner
+//! ever seeing (or disturbing) the old owner's work.
+//!
+//! "The hard way": the buffer's stream is held by an OpenCL user-event gate, so the kernels
+//! cannot have run when the buffer is dropped and a new buffer of the same size is allocated
+//! and written from the host. Nothing in the sequence may wait on the host (the gate is still
+//! closed when it ends: a waiting call could only have returned after the watchdog opened it).
+//! Once the gate opens, the old owner's result must be exact and the new buffer must hold its
+//! own data.
+
+#![cfg(feature = "opencl")]
+
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Mutex;
+use std::time::Duration;
+
+#[path = "common/gate.rs"]
+mod gate;
+
+use gate::Gate;
+use syncmem::alloc::stats::host_waits;
+use syncmem::{kernels, Device, Stream, SyncedMemory};
+
+/// Elements of each buffer (4 MiB of `f32`: large enough that the scale kernels take a while).
+const ELEMS: usize = 1 << 20;
+
+/// The pool statistics and the wait counter are per device and per process: the tests of this
+/// file run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Runs `body`; if it has not returned after 30 s (a call waited on the closed gate), opens the
+/// gate so that it can, and the test sees `gate.is_open()`.
+fn with_watchdog<R>(gate: &Gate, body: impl FnOnce() -> R) -> R {
+    std::thread::scope(|s| {
+        let (done, done_rx) = mpsc::channel::<()>();
+        s.spawn(move || {
+            if let Err(RecvTimeoutError::Timeout) = done_rx.recv_timeout(Duration::from_secs(30)) {
+                eprintln!("watchdog: a call waited on the closed gate; opening it");
+                gate.open();
+            }
+        });
+        let r = body();
+        drop(done);
+        r
+    })
+}
+
+fn filled(dev: &Device, stream: &Stream, label: &str, value: f32) -> SyncedMemory {
+    let m = SyncedMemory::new(ELEMS * 4, dev)
+        .with_stream(stream)
+        .unwrap()
+        .with_label(label);
+    m.host_mut()
+        .unwrap()
+        .as_mut_slice_of::<f32>()
+        .unwrap()
+        .fill(value);
+    m
+}
+
+fn device_values(m: &SyncedMemory) -> Vec<f32> {
+    let mut bytes = vec![0u8; m.len()];
+    m.device().unwrap().read_into(&mut bytes).unwrap();
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// `a` (ones) is scaled by 2 three times and added into `c` (zeros), all behind the gate; `a`
+/// is dropped at once and `b` (sevens) is allocated on `b_stream` and copied to the device.
+/// Returns `c` and `b` after the gate opened, and whether anything waited before that.
+fn freed_while_queued(dev: &Device, b_stream_is_a_stream: bool) -> (Vec<f32>, Vec<f32>, u64) {
+    let s1 = dev.new_stream().unwrap();
+    let s2 = dev.new_stream().unwrap();
+    let a = filled(dev, &s1, "a", 1.0);
+    let c = filled(dev, &s1, "c", 0.0);
+    // Both device mirrors exist before the gate closes (their first copies are not gated).
+    drop(a.device().unwrap());
+    drop(c.device().unwrap());
+    s1.synchronize().unwrap();
+    let gate = Gate::block(&s1);
+    let waits = host_waits();
+    let (b, waited) = with_watchdog(&gate, || {
+        {
+            let mut ad = a.device_mut().unwrap();
+            for _ in 0..3 {
+                kernels::scale(ELEMS, 2.0f32, &mut ad).unwrap();
+            }
+        }
+        {
+            let ad = a.device().unwrap();
+            let mut cd = c.device_mut().unwrap();
+            kernels::axpy(ELEMS, 1.0f32, &ad, &mut cd).unwrap();
+        }
+        drop(a);
+        let b_stream = if b_stream_is_a_stream { &s1 } else { &s2 };
+        let b = filled(dev, b_stream, "b", 7.0);
+        drop(b.device().unwrap());
+        let waited = gate.is_open();
+        (b, waited)
+    });
+    assert!(!waited, "a call waited for the gated kernels");
+    let waits = host_waits() - waits;
+    gate.open();
+    let c_values = c.host().unwrap().as_slice_of::<f32>().unwrap().to_vec();
+    (c_values, device_values(&b), waits)
+}
+
+fn check(dev: &Device, same_stream: bool) {
+    let before = dev.pool_stats().map_or(0, |s| s.cache_hits);
+    let (c, b, waits) = freed_while_queued(dev, same_stream);
+    let hits = dev.pool_stats().map_or(0, |s| s.cache_hits) - before;
+    assert_eq!(waits, 0, "host waits counted while the gate was closed");
+    assert!(c.iter().all(|&v| v == 8.0), "c = {:?}", &c[..4]);
+    assert!(b.iter().all(|&v| v == 7.0), "b = {:?}", &b[..4]);
+    if same_stream {
+        // Work on the stream of a block's pending uses runs after them: the block of `a` is
+        // handed to `b` at once.
+        assert!(
+            hits >= 1,
+            "the freed block was not reused on its own stream"
+        );
+    }
+}
+
+#[test]
+fn a_block_freed_with_queued_kernels_is_reused_on_its_stream_without_waiting() {
+    let Some(dev) = syncmem::testing::opencl_or_skip("queued reuse, same stream") else {
+        return;
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    check(&dev, true);
+}
+
+#[test]
+fn a_block_freed_with_queued_kernels_is_safe_for_another_stream() {
+    let Some(dev) = syncmem::testing::opencl_or_skip("queued reuse, other stream") else {
+        return;
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    check(&dev, false);
+}
