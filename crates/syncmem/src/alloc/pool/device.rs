@@ -212,7 +212,7 @@ impl DeviceMemory {
         let source = |bytes: usize| dev.raw_alloc(bytes);
         self.with_retries(dev, len, || {
             let lease = pool.alloc(len, stream.id(), &source)?;
-            let view = dev.sub_mem(lease.segment(), lease.offset(), len)?;
+            let view = dev.sub_mem(&lease.segment_arc(), lease.offset(), len)?;
             Ok(DeviceBuffer::from_pool(
                 dev,
                 len,

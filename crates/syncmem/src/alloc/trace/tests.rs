@@ -277,13 +277,23 @@ fn cap_releases_the_cache_before_refusing() {
         cap: Some(3 * MIB as u64),
         host_cap: None,
     };
-    let r = replay_with(&t, &PoolConfig::new(PoolKind::Caching), &opts).unwrap();
+    let keep_idle = PoolConfig::new(PoolKind::Caching).with_max_idle_percent(None);
+    let r = replay_with(&t, &keep_idle, &opts).unwrap();
     let dev = r.device("dev").unwrap();
     assert_eq!(
         (dev.ooms, dev.retries, dev.allocations),
         (0, 1, 2),
         "{dev:?}"
     );
+    // By default the pool gives the idle segment back itself before it grows: no retry.
+    let r = replay_with(&t, &PoolConfig::new(PoolKind::Caching), &opts).unwrap();
+    let dev = r.device("dev").unwrap();
+    assert_eq!(
+        (dev.ooms, dev.retries, dev.allocations),
+        (0, 0, 2),
+        "{dev:?}"
+    );
+    assert_eq!(dev.peak_reserved, 3 * MIB as u64);
 }
 
 #[test]
