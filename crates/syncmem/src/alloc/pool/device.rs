@@ -230,10 +230,15 @@ impl DeviceMemory {
         let lease = match pool.alloc(len, HOST_STREAM, &source) {
             Err(e) if e.is_out_of_memory() && pool.empty_cache() > 0 => {
                 pool.note_retry();
-                pool.alloc(len, HOST_STREAM, &source)?
+                pool.alloc(len, HOST_STREAM, &source)
             }
-            r => r?,
-        };
+            r => r,
+        }
+        .inspect_err(|e| {
+            if e.is_out_of_memory() {
+                pool.note_oom(len);
+            }
+        })?;
         Ok(PinnedBuffer::from_pool(dev, len, lease))
     }
 
