@@ -2,8 +2,9 @@
 //! and frees `BYTES` bytes `ITERATIONS` times (after one warm-up cycle) and touches nothing.
 //!
 //! `WHAT` is `host-pool` (a private caching [`HostPool`]), `host-pool-binned`, `malloc` (the
-//! system allocator at its natural alignment, 16) or `malloc-64` (the system allocator at the
-//! host pool's alignment, 64). Run it twice under an instruction counter with two loop lengths
+//! system allocator at its natural alignment, 16), `malloc-64` (the system allocator at the
+//! host pool's alignment, 64), `device-pool` (`Device::alloc_pooled` on the `cpu` device) or
+//! `device-alloc` (`Device::alloc` on the `cpu` device). Run it twice under an instruction counter with two loop lengths
 //! and divide the difference by the difference of the lengths: that is the cost of one
 //! alloc + free, without the start-up.
 //!
@@ -16,7 +17,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::process::ExitCode;
 
-use syncmem::{HostPool, PoolConfig, PoolKind};
+use syncmem::{Device, HostPool, PoolConfig, PoolKind};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -30,7 +31,10 @@ fn main() -> ExitCode {
         _ => None,
     };
     let Some((what, bytes, n)) = parsed else {
-        eprintln!("usage: alloc_loop host-pool|host-pool-binned|malloc|malloc-64 BYTES ITERATIONS");
+        eprintln!(
+            "usage: alloc_loop host-pool|host-pool-binned|malloc|malloc-64|device-pool|\
+             device-alloc BYTES ITERATIONS"
+        );
         return ExitCode::from(2);
     };
     match what {
@@ -70,6 +74,30 @@ fn main() -> ExitCode {
                         return ExitCode::FAILURE;
                     }
                     System.dealloc(black_box(p), layout);
+                }
+            }
+        }
+        "device-pool" | "device-alloc" => {
+            let dev = Device::cpu().detached();
+            let stream = match dev.default_stream() {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            for _ in 0..=n {
+                let r = if what == "device-pool" {
+                    dev.alloc_pooled(bytes, &stream)
+                } else {
+                    dev.alloc(bytes)
+                };
+                match r {
+                    Ok(b) => drop(black_box(b)),
+                    Err(e) => {
+                        eprintln!("{e}");
+                        return ExitCode::FAILURE;
+                    }
                 }
             }
         }

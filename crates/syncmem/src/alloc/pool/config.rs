@@ -122,8 +122,8 @@ pub struct PoolConfig {
     pub size_class_limit: usize,
     /// Caching: the smallest segment asked of the backend (the first segments of a pool that
     /// starts small), capped by [`PoolConfig::small_segment`] and
-    /// [`PoolConfig::large_segment`]: set it to `large_segment` or more for PyTorch's fixed
-    /// segment sizes. Default 16 KiB.
+    /// [`PoolConfig::large_segment`] and rounded up to [`PoolConfig::round`]: set it to
+    /// `large_segment` or more for PyTorch's fixed segment sizes. Default 16 KiB.
     pub min_segment: usize,
     /// Caching: a new segment is at least this percentage of what its pool (small or large)
     /// already reserves, so segments grow with demand (0: every segment is
@@ -279,7 +279,6 @@ impl PoolConfig {
         };
         pow2(self.round, "round")?;
         for (v, what) in [
-            (self.min_segment, "min_segment"),
             (self.small_segment, "small_segment"),
             (self.large_segment, "large_segment"),
             (self.segment_round, "segment_round"),
@@ -573,7 +572,6 @@ mod tests {
             (None, Some("max_bin=99")),
             (None, Some("min_bin=5,max_bin=4")),
             (None, Some("small_segment=512k")),
-            (None, Some("min_segment=100")),
             (None, Some("bin_divisions=0")),
             (None, Some("bin_divisions=65")),
             (None, Some("max_idle_percent=lots")),

@@ -36,8 +36,8 @@ impl<T: Send + Sync + 'static> Lease<T> {
         unsafe { self.segment.as_ref() }
     }
 
-    /// The segment holding the block, as a new owner (e.g. to keep it alive in a view of the
-    /// block that outlives nothing but may be dropped elsewhere).
+    /// A new owner of the segment holding the block, e.g. for a view of the block that keeps
+    /// the segment alive on its own (one reference count; [`Lease::segment`] takes none).
     pub fn segment_arc(&self) -> Arc<T> {
         let ptr = self.segment.as_ptr().cast_const();
         // SAFETY: `ptr` came from `Arc::as_ptr` of an `Arc<T>` the pool holds alive (see

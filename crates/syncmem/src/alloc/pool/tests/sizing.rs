@@ -126,6 +126,9 @@ fn segments_start_small_and_grow_with_demand() {
     let bound = *sizes.last().unwrap() + sizes.len() * 4 * KIB;
     assert!(unused < bound as u64, "{s}");
     assert!(unused * 10 < s.reserved.current, "{s}");
+    // A min_segment that is not a multiple of the rounding is rounded up.
+    let r = pool(PoolConfig::default().with_segment_growth(100, 0));
+    assert_eq!(r.alloc(1, 1, &fake).unwrap().segment().0, 512);
     // Growth stops at small_segment.
     let q = pool(PoolConfig::default().with_segment_growth(16 * KIB, 100));
     let w: Vec<_> = (0..16).map(|_| q.alloc(MIB, 1, &fake).unwrap()).collect();
