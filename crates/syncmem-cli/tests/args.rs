@@ -75,7 +75,7 @@ fn absent_device_is_skipped_by_bench_with_a_note() {
 #[test]
 fn negative_numbers_are_rejected_with_the_reason() {
     let out = unused_out("negative");
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 11] = [
         (
             &["train", "--device", "cpu", "--lr", "-1"],
             "--lr must be a positive number",
@@ -109,6 +109,12 @@ fn negative_numbers_are_rejected_with_the_reason() {
                 "trace", "record", "--device", "cpu", "--epochs", "-2", "--out", &out,
             ],
             "--epochs must be a positive integer",
+        ),
+        (
+            &[
+                "trace", "record", "--device", "cpu", "--hidden", "-3", "--out", &out,
+            ],
+            "--hidden must be a positive integer",
         ),
         (
             &["trace", "replay", "none.jsonl", "--cap", "-1"],

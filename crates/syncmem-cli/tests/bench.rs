@@ -13,11 +13,16 @@ fn bench_quick_json_has_ratios() {
     let names: Vec<&str> = rows.iter().filter_map(|r| r["name"].as_str()).collect();
     for want in [
         "host pool 4 KiB",
+        "host pool 4 KiB vs malloc",
         "host pool 1 MiB",
         "host pool 64 MiB",
+        "host pool 64 MiB touched",
         "device pool 4 KiB",
+        "device pool 4 KiB vs Device::alloc",
         "device pool 64 MiB",
+        "device pool 64 MiB vs Device::alloc",
         "synced round trip 64 MiB",
+        "synced round trip 64 MiB pinned",
         "host read access",
     ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
@@ -27,21 +32,55 @@ fn bench_quick_json_has_ratios() {
             let x = r[field].as_f64().unwrap_or(-1.0);
             assert!(x.is_finite() && x > 0.0, "{field} of {r}");
         }
+        let ratio = r["ratio"].as_f64().unwrap();
+        let want = r["baseline_ns"].as_f64().unwrap() / r["ours_ns"].as_f64().unwrap();
+        assert!((ratio - want).abs() <= 1e-9 * want, "{r}");
+        // The rows of the goal table have a goal, and say whether it is met.
+        let name = r["name"].as_str().unwrap();
+        let goal = match name {
+            "host pool 4 KiB" | "device pool 4 KiB" | "device pool 64 MiB" => Some(1.0),
+            "synced round trip 64 MiB" | "synced round trip 64 MiB pinned" => Some(0.95),
+            _ => None,
+        };
+        assert_eq!(r["goal"].as_f64(), goal, "{r}");
+        match goal {
+            Some(g) => assert_eq!(r["goal_met"].as_bool(), Some(ratio >= g), "{r}"),
+            None => assert!(r.get("goal_met").is_none(), "{r}"),
+        }
     }
-    let trip = rows
+    // The device rows compare with the raw backend call and with Device::alloc.
+    let raw = rows
         .iter()
-        .find(|r| r["name"] == "synced round trip 64 MiB")
+        .find(|r| r["name"] == "device pool 4 KiB")
         .unwrap();
-    assert!(trip["goal"].as_f64().is_some());
-    assert!(trip["goal_met"].is_boolean());
+    assert!(
+        raw["baseline"].as_str().unwrap().contains("alloc_zeroed"),
+        "{raw}"
+    );
+    // Every trace, pool and kind is replayed, with its goal.
     let replay = v["replay"].as_array().expect("replay");
-    assert_eq!(replay.len(), 3);
+    assert_eq!(replay.len(), 3 * 2 * 3, "3 traces x 2 pools x 3 kinds");
     for r in replay {
         let reserved = r["peak_reserved"].as_u64().unwrap();
+        let requested = r["peak_requested"].as_u64().unwrap();
         let allocated = r["peak_allocated"].as_u64().unwrap();
-        assert!(reserved >= allocated, "{r}");
-        assert!(r["ratio"].as_f64().unwrap() >= 1.0);
+        assert!(reserved >= allocated && allocated >= requested, "{r}");
+        let ratio = r["reserved_per_requested"].as_f64().unwrap();
+        assert!(
+            (ratio - reserved as f64 / requested as f64).abs() < 1e-9,
+            "{r}"
+        );
+        let met = if r["pool"] == "host" {
+            reserved <= requested + (128 << 10)
+        } else {
+            ratio <= 1.10
+        };
+        assert_eq!(r["goal_met"].as_bool(), Some(met), "{r}");
+        if r["kind"] == "none" {
+            assert_eq!(reserved, requested, "{r}");
+        }
     }
+    assert!(v["notes"].as_array().is_some_and(|n| !n.is_empty()));
     assert_eq!(v["skipped"].as_array().map(Vec::len), Some(0));
 }
 
@@ -74,20 +113,51 @@ fn tables_use_human_units_and_json_raw_numbers() {
         let q = quantities(&line[name.len()..], &times);
         assert_eq!(q.len(), 2, "two times with units in {line:?}");
     }
-    // The replay table: peak reserved and peak allocated with units, one row per pool kind.
+    // The comparison rows say their goal and whether it is met (timings differ between the two
+    // runs, so only the kind of ending is compared), or that they have none.
+    for (line, row) in lines[1..=rows.len()].iter().zip(rows) {
+        if row["goal"].is_null() {
+            assert!(line.ends_with("no goal"), "{line}");
+        } else {
+            let goal = format!("goal >= {:.2}: ", row["goal"].as_f64().unwrap());
+            assert!(line.contains(&goal), "{line}");
+            assert!(
+                line.ends_with(": met") || line.ends_with(": NOT met"),
+                "{line}"
+            );
+        }
+    }
+    // The replay table: peak reserved, requested and allocated with units, one row per trace,
+    // pool and kind, each with its goal.
     let replay = v["replay"].as_array().unwrap();
     let start = lines
         .iter()
-        .position(|l| l.starts_with("pool kind"))
+        .position(|l| l.starts_with("trace "))
         .expect("replay table");
-    for (line, r) in lines[start + 1..].iter().zip(replay) {
-        assert!(line.starts_with(r["kind"].as_str().unwrap()), "{line}");
+    for (line, r) in lines[start + 2..].iter().zip(replay) {
+        assert!(line.starts_with(r["trace"].as_str().unwrap()), "{line}");
         let q = quantities(line, &sizes);
-        assert_eq!(q.len(), 2, "two sizes with units in {line:?}");
+        assert!(q.len() >= 3, "three sizes with units in {line:?}");
+        let met = r["goal_met"].as_bool().unwrap();
+        assert!(
+            line.ends_with(if met { ": met" } else { ": NOT met" }),
+            "{line}"
+        );
         // Raw byte counts stay in the JSON output.
         assert!(
-            r["peak_reserved"].is_u64() && r["peak_allocated"].is_u64(),
+            r["peak_reserved"].is_u64() && r["peak_requested"].is_u64(),
             "{r}"
+        );
+    }
+    // A legend line for the columns that are not obvious.
+    for needle in [
+        "peak requested:",
+        "reserved/requested:",
+        "reserved/allocated:",
+    ] {
+        assert!(
+            out.lines().any(|l| l.starts_with(needle)),
+            "{needle}\n{out}"
         );
     }
 }

@@ -22,10 +22,12 @@ fn record_and_replay(device: &str) {
     let file = dir.join("run.jsonl");
     let f = file.to_str().unwrap();
     let r = json(&[
-        "trace", "record", "--device", device, "--epochs", "1", "--out", f, "--json",
+        "trace", "record", "--device", device, "--epochs", "1", "--hidden", "24", "--out", f,
+        "--json",
     ]);
     assert_eq!(r["device"], device);
     assert_eq!(r["file"], f);
+    assert_eq!(r["hidden"], 24);
     let s = &r["summary"];
 
     // The file: one JSON event per line, as many as the summary says.
@@ -38,6 +40,13 @@ fn record_and_replay(device: &str) {
     let count = |op: &str| lines.iter().filter(|l| l["op"] == op).count() as u64;
     assert_eq!(count("alloc"), u(&s["allocs"]));
     assert_eq!(count("free"), u(&s["frees"]));
+    // The hidden layers are 24 wide: the second layer's f32 weights are 24 x 24.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["op"] == "alloc" && l["device"] == device && u(&l["size"]) == 24 * 24 * 4),
+        "no 24 x 24 weights"
+    );
     assert_eq!(
         count("copy"),
         ["host_to_device", "device_to_host", "device_to_device"]
@@ -46,7 +55,7 @@ fn record_and_replay(device: &str) {
             .sum::<u64>()
     );
     assert_eq!(
-        count("alloc") + count("free") + count("copy") + count("evict"),
+        count("alloc") + count("free") + count("copy") + count("evict") + count("oom"),
         lines.len() as u64
     );
     // The run uploads its data and parameters and reads back the loss each step; everything
@@ -98,11 +107,21 @@ fn record_and_replay(device: &str) {
         for r in rows.iter().filter(|r| r["kind"] == kind) {
             assert!(u(&r["peak_reserved"]) >= u(&r["peak_allocated"]), "{r}");
             assert_eq!(u(&r["ooms"]), 0, "{r}");
+            // What the program asked for does not depend on the pool.
+            let none = row("none", r["device"].as_str().unwrap());
+            assert_eq!(u(&r["peak_requested"]), u(&none["peak_requested"]), "{r}");
+            let ratio = r["reserved_per_requested"].as_f64().unwrap();
+            let want = u(&r["peak_reserved"]) as f64 / u(&r["peak_requested"]) as f64;
+            assert!((ratio - want).abs() < 1e-9, "{r}");
+            let overhead = r["overhead"].as_f64().unwrap();
+            assert!(ratio >= overhead, "rounding only adds: {r}");
         }
     }
     let none = row("none", device);
     assert_eq!(u(&none["cache_hits"]), 0);
     assert_eq!(u(&none["peak_reserved"]), u(&none["peak_allocated"]));
+    assert_eq!(u(&none["peak_reserved"]), u(&none["peak_requested"]));
+    assert_eq!(none["reserved_per_requested"].as_f64(), Some(1.0));
     let caching = row("caching", device);
     assert!(u(&caching["cache_hits"]) > 0, "{caching}");
     assert!(u(&caching["backend_calls"]) < u(&none["backend_calls"]));
@@ -126,11 +145,17 @@ fn record_and_replay(device: &str) {
     let text = String::from_utf8_lossy(&out.stdout);
     for needle in [
         "peak reserved",
+        "peak requested",
+        "reserved/",
+        "requested",
+        "allocated",
         "backend calls",
         "OOMs",
         "caching",
         "binned",
         "none",
+        "reserved/requested: peak reserved / peak requested",
+        "reserved/allocated: peak reserved / peak allocated",
         device,
     ] {
         assert!(text.contains(needle), "missing {needle:?}:\n{text}");

@@ -201,6 +201,41 @@ syncmem::for_each_device!(
 );
 
 #[test]
+fn out_of_memory_of_device_and_pinned_pools_is_recorded() {
+    let d = Device::cpu().detached();
+    let trace = Arc::new(Trace::new());
+    let guard = trace.attach_device_only(&d);
+    // More than any machine has: the system allocator refuses.
+    let huge = 1usize << 60;
+    assert!(d
+        .alloc_pooled(huge, &d.default_stream().unwrap())
+        .unwrap_err()
+        .is_out_of_memory());
+    let pinned = SyncedMemory::new(huge, &d).with_pinned_host(true);
+    assert!(pinned.host_mut().unwrap_err().is_out_of_memory());
+    drop(guard);
+    let ooms: Vec<TraceEvent> = trace
+        .events()
+        .into_iter()
+        .filter(|e| e.kind() == "oom")
+        .collect();
+    assert_eq!(
+        ooms,
+        [
+            TraceEvent::Oom {
+                size: huge,
+                device: "cpu".into()
+            },
+            TraceEvent::Oom {
+                size: huge,
+                device: "cpu pinned".into()
+            },
+        ]
+    );
+    assert_eq!(trace.summary().ooms, 2);
+}
+
+#[test]
 fn two_traces_record_independently() {
     let d = Device::cpu().detached();
     let first = Arc::new(Trace::new());

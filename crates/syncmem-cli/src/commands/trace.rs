@@ -49,6 +49,16 @@ struct RecordArgs {
     )]
     epochs: usize,
 
+    /// Width of each of the two hidden layers of the MLP (as `syncmem train --hidden`).
+    #[arg(
+        long,
+        value_name = "H",
+        default_value_t = TrainConfig::default().hidden[0],
+        value_parser = crate::args::positive_int,
+        allow_negative_numbers = true
+    )]
+    hidden: usize,
+
     /// The trace file to write (JSON lines).
     #[arg(long, value_name = "FILE", default_value = "syncmem-trace.jsonl")]
     out: PathBuf,
@@ -65,12 +75,13 @@ Each line of the file is one event:
   {\"op\":\"copy\",\"direction\",\"bytes\",\"device\"}       host_to_device, device_to_host or
                                                     device_to_device, by a stream of device
   {\"op\":\"evict\",\"label\",\"bytes\",\"device\"}          a clean device mirror dropped
+  {\"op\":\"oom\",\"size\",\"device\"}                     an allocation refused for good
 `device` is the pool's label: `opencl:0` (device memory), `opencl:0 pinned`, `host`.
 
-JSON output (--json): {\"file\", \"device\", \"epochs\", \"summary\", \"devices\": [{\"device\",
-\"summary\"}]}, each summary {\"events\", \"allocs\", \"alloc_bytes\", \"frees\", \"copies\":
-{\"host_to_device\": {\"count\", \"bytes\"}, \"device_to_host\", \"device_to_device\"},
-\"evictions\", \"evicted_bytes\", \"devices\"}.";
+JSON output (--json): {\"file\", \"device\", \"epochs\", \"hidden\", \"summary\", \"devices\":
+[{\"device\", \"summary\"}]}, each summary {\"events\", \"allocs\", \"alloc_bytes\", \"frees\",
+\"copies\": {\"host_to_device\": {\"count\", \"bytes\"}, \"device_to_host\",
+\"device_to_device\"}, \"evictions\", \"evicted_bytes\", \"ooms\", \"devices\"}.";
 
 /// Arguments of `syncmem trace replay`.
 #[derive(clap::Args)]
@@ -109,16 +120,31 @@ struct ReplayArgs {
 }
 
 const REPLAY_HELP: &str = "\
-Columns: peak reserved (segments held from the backend), peak allocated (blocks handed out,
-rounded), overhead (reserved / allocated), backend calls (segment allocations and frees),
-cache hits, retries (allocations served only after releasing the cache under the cap), OOMs
-(allocations refused under the cap). `total` is every device together: peaks of the sums over
-time. Copies and evictions are as recorded and do not depend on the pool.
+Columns (the table ends with the same legend): peak reserved (segments held from the backend),
+peak requested (bytes the program asked for, live at once: what the `none` pool reserves),
+reserved/requested (the headline: memory held per byte asked for), peak allocated (blocks handed
+out, sizes rounded up), reserved/allocated (memory held per byte handed out: it hides what
+rounding costs), backend calls (segment allocations and frees), cache hits, retries
+(allocations served only after releasing the cache under the cap), OOMs (allocations refused
+under the cap). `total` is every device together: peaks of the sums over time. Copies,
+evictions and out-of-memory failures of the recorded run are as recorded and do not depend on
+the pool.
 
 JSON output (--json): {\"file\", \"cap\", \"host_cap\", \"summary\", \"devices\": [{\"device\",
 \"summary\"}], \"rows\": [{\"kind\", \"device\" (a label or \"total\"), \"peak_reserved\",
-\"peak_allocated\", \"overhead\", \"backend_calls\", \"cache_hits\", \"allocations\", \"retries\",
-\"ooms\", \"oom_bytes\"}]} (summaries as in `syncmem trace record --help`).";
+\"peak_requested\", \"reserved_per_requested\", \"peak_allocated\", \"overhead\" (reserved /
+allocated), \"backend_calls\", \"cache_hits\", \"allocations\", \"retries\", \"ooms\",
+\"oom_bytes\"}]} (summaries as in `syncmem trace record --help`).";
+
+/// The replay table's legend: one line per column whose meaning is not obvious.
+const LEGEND: [&str; 6] = [
+    "peak requested: the most bytes the program asked for at once (what the `none` pool reserves)",
+    "reserved/requested: peak reserved / peak requested, memory held per byte asked for (1.000: none wasted)",
+    "peak allocated: the most bytes of blocks handed out at once, sizes rounded up by the pool",
+    "reserved/allocated: peak reserved / peak allocated (rounding waste does not show here)",
+    "backend calls: segments asked of and given back to the backend",
+    "retries / OOMs: allocations served after releasing the cache / refused, under --cap",
+];
 
 /// Runs `syncmem trace`.
 pub fn run(args: &Args) -> anyhow::Result<()> {
@@ -147,6 +173,7 @@ struct RecordReport {
     file: String,
     device: String,
     epochs: usize,
+    hidden: usize,
     summary: TraceSummary,
     devices: Vec<DeviceSummary>,
 }
@@ -161,7 +188,7 @@ fn record(args: &RecordArgs) -> anyhow::Result<()> {
         seed: d.seed,
         batch: d.batch,
         lr: d.lr,
-        hidden: d.hidden[0],
+        hidden: args.hidden,
         save: None,
         plan: true,
         no_plan: false,
@@ -180,6 +207,7 @@ fn record(args: &RecordArgs) -> anyhow::Result<()> {
         file: args.out.display().to_string(),
         device,
         epochs: args.epochs,
+        hidden: args.hidden,
         summary: trace.summary(),
         devices: device_summaries(&trace),
     };
@@ -187,9 +215,10 @@ fn record(args: &RecordArgs) -> anyhow::Result<()> {
         return super::print_json(&report);
     }
     outln!(
-        "recorded {} events of {} epoch(s) of training on {} into {}",
+        "recorded {} events of {} epoch(s) of training (hidden width {}) on {} into {}",
         report.summary.events,
         report.epochs,
+        report.hidden,
         report.device,
         report.file
     );
@@ -202,7 +231,7 @@ fn dir(d: CopyDir) -> String {
 
 fn print_summaries(total: &TraceSummary, devices: &[DeviceSummary]) -> anyhow::Result<()> {
     outln!(
-        "{:<18} {:>8} {:>8} {:>12} {:>20} {:>20} {:>20} {:>10}",
+        "{:<18} {:>8} {:>8} {:>12} {:>20} {:>20} {:>20} {:>10} {:>6}",
         "device",
         "allocs",
         "frees",
@@ -210,7 +239,8 @@ fn print_summaries(total: &TraceSummary, devices: &[DeviceSummary]) -> anyhow::R
         "host->device",
         "device->host",
         "device->device",
-        "evictions"
+        "evictions",
+        "OOMs"
     );
     let rows = devices
         .iter()
@@ -218,7 +248,7 @@ fn print_summaries(total: &TraceSummary, devices: &[DeviceSummary]) -> anyhow::R
         .chain(std::iter::once(("total", total)));
     for (name, s) in rows {
         outln!(
-            "{:<18} {:>8} {:>8} {:>12} {:>20} {:>20} {:>20} {:>10}",
+            "{:<18} {:>8} {:>8} {:>12} {:>20} {:>20} {:>20} {:>10} {:>6}",
             name,
             s.allocs,
             s.frees,
@@ -226,7 +256,8 @@ fn print_summaries(total: &TraceSummary, devices: &[DeviceSummary]) -> anyhow::R
             dir(s.copies.host_to_device),
             dir(s.copies.device_to_host),
             dir(s.copies.device_to_device),
-            s.evictions
+            s.evictions,
+            s.ooms
         );
     }
     Ok(())
@@ -237,6 +268,8 @@ struct Row {
     kind: String,
     device: String,
     peak_reserved: u64,
+    peak_requested: u64,
+    reserved_per_requested: f64,
     peak_allocated: u64,
     overhead: f64,
     backend_calls: u64,
@@ -253,6 +286,8 @@ impl Row {
             kind: kind.to_string(),
             device: device.to_string(),
             peak_reserved: r.peak_reserved,
+            peak_requested: r.peak_requested,
+            reserved_per_requested: r.reserved_per_requested(),
             peak_allocated: r.peak_allocated,
             overhead: r.overhead(),
             backend_calls: r.backend_calls,
@@ -319,16 +354,28 @@ fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
     print_summaries(&out.summary, &out.devices)?;
     outln!("replayed:");
     outln!(
-        "{:<18} {:>8} {:>13} {:>14} {:>8} {:>13} {:>10} {:>8} {:>6}",
+        "{:<18} {:>8} {:>13} {:>14} {:>9} {:>14} {:>9} {:>13} {:>10} {:>8} {:>6}",
         "device",
         "pool",
         "peak reserved",
+        "peak requested",
+        "reserved/",
         "peak allocated",
-        "overhead",
+        "reserved/",
         "backend calls",
         "cache hits",
         "retries",
         "OOMs"
+    );
+    outln!(
+        "{:<18} {:>8} {:>13} {:>14} {:>9} {:>14} {:>9}",
+        "",
+        "",
+        "",
+        "",
+        "requested",
+        "",
+        "allocated"
     );
     // Grouped by device (in the trace's order, total last), the pool kinds together.
     let mut order: Vec<&str> = Vec::new();
@@ -340,10 +387,12 @@ fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
     for device in order {
         for r in out.rows.iter().filter(|r| r.device == device) {
             outln!(
-                "{:<18} {:>8} {:>13} {:>14} {:>8.3} {:>13} {:>10} {:>8} {:>6}",
+                "{:<18} {:>8} {:>13} {:>14} {:>9.3} {:>14} {:>9.3} {:>13} {:>10} {:>8} {:>6}",
                 r.device,
                 r.kind,
                 human_bytes(r.peak_reserved),
+                human_bytes(r.peak_requested),
+                r.reserved_per_requested,
                 human_bytes(r.peak_allocated),
                 r.overhead,
                 r.backend_calls,
@@ -352,6 +401,9 @@ fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
                 r.ooms
             );
         }
+    }
+    for line in LEGEND {
+        outln!("{line}");
     }
     Ok(())
 }

@@ -242,7 +242,7 @@ impl DeviceMemory {
         let storage = &dev.shared.raw;
         self.with_retries(dev, len, || {
             let lease = pool.alloc(len, stream.id(), storage)?;
-            let view = storage.view(lease.segment(), lease.offset(), len)?;
+            let view = storage.view(&lease.segment_arc(), lease.offset(), len)?;
             Ok(DeviceBuffer::from_pool(
                 dev,
                 len,
@@ -260,10 +260,15 @@ impl DeviceMemory {
         let lease = match pool.alloc(len, HOST_STREAM, &source) {
             Err(e) if e.is_out_of_memory() && pool.empty_cache() > 0 => {
                 pool.note_retry();
-                pool.alloc(len, HOST_STREAM, &source)?
+                pool.alloc(len, HOST_STREAM, &source)
             }
-            r => r?,
-        };
+            r => r,
+        }
+        .inspect_err(|e| {
+            if e.is_out_of_memory() {
+                pool.note_oom(len);
+            }
+        })?;
         Ok(PinnedBuffer::from_pool(dev, len, lease))
     }
 

@@ -1,12 +1,17 @@
 //! The `caching` core: PyTorch's best-fit allocator with block splitting and merging, as pure
-//! bookkeeping of (segment, offset, size). It never touches memory; [`super::Pool`] owns the
-//! segments.
+//! bookkeeping of (segment, offset, size), with exact-size free lists in front of it for small
+//! blocks. It never touches memory; [`super::Pool`] owns the segments.
 //!
 //! - Requests round up to a multiple of `round` (512 B).
-//! - Requests up to `small_size` (1 MiB) use the small pool, whose segments are
-//!   `small_segment` (2 MiB); larger ones use the large pool: `large_segment` (20 MiB) for
-//!   requests below `large_segment_limit` (10 MiB), else the request rounded to
-//!   `segment_round` (2 MiB).
+//! - A freed block of at most `size_class_limit` bytes goes on the exact-size free list of its
+//!   stream ([`super::front`]): the next request of that size on that stream takes it back in
+//!   O(1). Everything else, and a list miss, goes through the best-fit arena below.
+//! - Requests up to `small_size` (1 MiB) use the small pool, larger ones the large pool; each
+//!   pool grows by segments sized to the job ([`Arena::segment_size`]): at least the request
+//!   and `min_segment`, at least a `growth` share of what the pool already reserves, at most
+//!   `small_segment` (2 MiB) or `large_segment` (20 MiB); requests from `large_segment_limit`
+//!   (10 MiB) get a segment of their own, rounded to `segment_round` (2 MiB). A small program
+//!   so reserves little more than it uses, a big one ends up with PyTorch's segment sizes.
 //! - Free blocks sit in ordered sets keyed (size, id): the first usable entry at or above the
 //!   request is the best fit.
 //! - A block bigger than the request is split when the remainder is worth keeping (small pool:
@@ -15,12 +20,27 @@
 //! - Stream awareness: a freed block carries the uses still in flight ([`PendingUse`]). It is
 //!   usable at once by the stream of each pending use (streams run in order), and by other
 //!   streams once every fence of another stream has completed.
+//! - Before the pool grows, and before segments are given back, the free lists are flushed into
+//!   the arena (see [`super::front`]); wholly free segments that no pending work needs can be
+//!   given back before growing ([`Arena::idle_segments`]).
 
 use std::collections::BTreeSet;
 
 use super::config::PoolConfig;
+use super::front::Front;
+use super::slab::Slab;
 use super::strategy::Grant;
-use super::{merge_pending, usable_by, BlockId, IdMap, PendingUse, SegId, StreamId};
+use super::{merge_pending, usable_by, BlockId, PendingUse, SegId, StreamId};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// In the arena's free sets.
+    Free,
+    /// Handed out.
+    Allocated,
+    /// Free, on an exact-size list of [`Front`].
+    Cached,
+}
 
 struct Block {
     seg: SegId,
@@ -28,29 +48,45 @@ struct Block {
     size: usize,
     prev: Option<BlockId>,
     next: Option<BlockId>,
-    allocated: bool,
+    state: State,
     small: bool,
     /// The bytes are known to be zero (a fresh segment's, never handed out).
     zeroed: bool,
+    /// The stream the block was last handed out for.
+    stream: StreamId,
     pending: Vec<PendingUse>,
+}
+
+/// How segments grow: see [`Arena::segment_size`].
+struct Growth {
+    min_segment: usize,
+    small_segment: usize,
+    large_segment: usize,
+    large_segment_limit: usize,
+    segment_round: usize,
+    /// A new segment is at least this percentage of what its pool reserves.
+    percent: u64,
 }
 
 /// Best-fit bookkeeping of the caching pool.
 pub(crate) struct Arena {
     round: usize,
     small_size: usize,
-    small_segment: usize,
-    large_segment: usize,
-    large_segment_limit: usize,
-    segment_round: usize,
+    class_limit: usize,
+    growth: Growth,
     max_split: Option<usize>,
     max_non_split_rounding: usize,
     max_cached: u64,
-    blocks: IdMap<Block>,
+    max_idle_percent: Option<u64>,
+    blocks: Slab<Block>,
     /// Free blocks: `[small pool, large pool]`, ordered by (size, id).
     free: [BTreeSet<(usize, BlockId)>; 2],
-    free_bytes: u64,
-    next_id: BlockId,
+    /// Bytes in the free sets: `[small pool, large pool]` (the lists' bytes are
+    /// `front.bytes()`, all in the small pool).
+    free_bytes: [u64; 2],
+    front: Front,
+    /// Bytes of segments held: `[small pool, large pool]`.
+    reserved: [u64; 2],
 }
 
 fn pool_index(small: bool) -> usize {
@@ -62,38 +98,91 @@ impl Arena {
         Self {
             round: cfg.round,
             small_size: cfg.small_size,
-            small_segment: cfg.small_segment,
-            large_segment: cfg.large_segment,
-            large_segment_limit: cfg.large_segment_limit,
-            segment_round: cfg.segment_round,
+            class_limit: cfg.size_class_limit.min(cfg.small_size),
+            growth: Growth {
+                min_segment: cfg.min_segment,
+                small_segment: cfg.small_segment,
+                large_segment: cfg.large_segment,
+                large_segment_limit: cfg.large_segment_limit,
+                segment_round: cfg.segment_round,
+                percent: u64::from(cfg.segment_growth_percent),
+            },
             max_split: cfg.max_split_size,
             max_non_split_rounding: cfg.max_non_split_rounding,
             max_cached: cfg.effective_max_cached_bytes(),
-            blocks: IdMap::default(),
+            max_idle_percent: cfg.max_idle_percent.map(u64::from),
+            blocks: Slab::default(),
             free: [BTreeSet::new(), BTreeSet::new()],
-            free_bytes: 0,
-            next_id: 1,
+            free_bytes: [0, 0],
+            front: Front::default(),
+            reserved: [0, 0],
         }
     }
 
-    /// The block size for a request (`None` on overflow).
+    /// The block size for a request (`None` on overflow). `round` is a power of two.
+    #[inline]
     pub(crate) fn round(&self, bytes: usize) -> Option<usize> {
-        round_up(bytes.max(1), self.round)
+        let mask = self.round - 1;
+        bytes.max(1).checked_add(mask).map(|v| v & !mask)
     }
 
-    /// The segment to ask the backend for when nothing cached fits `rounded`.
+    /// The segment to ask the backend for when nothing cached fits `rounded`: requests from
+    /// `large_segment_limit` get their own, rounded to `segment_round`; others get the largest
+    /// of the request, `min_segment` and `percent` % of what their pool (small or large) holds,
+    /// capped at `small_segment` / `large_segment` (but never below the request).
     pub(crate) fn segment_size(&self, rounded: usize) -> Option<usize> {
-        if rounded <= self.small_size {
-            Some(self.small_segment)
-        } else if rounded < self.large_segment_limit {
-            Some(self.large_segment)
+        let g = &self.growth;
+        let small = rounded <= self.small_size;
+        if !small && rounded >= g.large_segment_limit {
+            return round_up(rounded, g.segment_round);
+        }
+        let cap = if small {
+            g.small_segment
         } else {
-            round_up(rounded, self.segment_round)
+            g.large_segment
+        };
+        let share = self.reserved[pool_index(small)].saturating_mul(g.percent) / 100;
+        let share = usize::try_from(share).unwrap_or(usize::MAX);
+        round_up(share.max(g.min_segment).min(cap).max(rounded), self.round)
+    }
+
+    /// A free block for `rounded` bytes usable by `stream`: the stream's exact-size list first,
+    /// then the best fit in the arena (split if worth it). On a miss of a small request, the
+    /// lists are flushed into the arena and the best fit is tried again, so that the pool only
+    /// grows when merged free memory cannot serve the request either.
+    pub(crate) fn find(&mut self, rounded: usize, stream: StreamId) -> Option<Grant> {
+        if rounded <= self.class_limit {
+            if let Some(id) = self.front.pop(stream, rounded / self.round, rounded) {
+                return Some(self.take_cached(id, stream));
+            }
+        }
+        if let Some(g) = self.best_fit(rounded, stream) {
+            return Some(g);
+        }
+        if rounded <= self.small_size && !self.front.is_empty() {
+            self.flush_front();
+            return self.best_fit(rounded, stream);
+        }
+        None
+    }
+
+    fn take_cached(&mut self, id: BlockId, stream: StreamId) -> Grant {
+        let b = &mut self.blocks[id];
+        debug_assert_eq!(b.state, State::Cached);
+        b.state = State::Allocated;
+        b.stream = stream;
+        // Uses in flight are all on `stream` (the list's): clear them, keeping the capacity.
+        b.pending.clear();
+        Grant {
+            block: id,
+            seg: b.seg,
+            offset: b.offset,
+            size: b.size,
+            zeroed: std::mem::replace(&mut b.zeroed, false),
         }
     }
 
-    /// Best fit among the free blocks usable by `stream`, split if worth it.
-    pub(crate) fn find(&mut self, rounded: usize, stream: StreamId) -> Option<Grant> {
+    fn best_fit(&mut self, rounded: usize, stream: StreamId) -> Option<Grant> {
         let small = rounded <= self.small_size;
         let mut pick = None;
         for &(size, id) in self.free[pool_index(small)].range((rounded, 0)..) {
@@ -107,40 +196,39 @@ impl Arena {
                     break;
                 }
             }
-            if usable_by(&self.blocks[&id].pending, stream) {
+            if usable_by(&self.blocks[id].pending, stream) {
                 pick = Some(id);
                 break;
             }
         }
-        pick.map(|id| self.carve(id, rounded))
+        pick.map(|id| self.carve(id, rounded, stream))
     }
 
-    /// Adds a fresh (zeroed) segment of `size` bytes and carves `rounded` bytes from it.
-    pub(crate) fn add_segment(&mut self, seg: SegId, size: usize, rounded: usize) -> Grant {
-        let id = self.new_id();
+    /// Adds a fresh (zeroed) segment of `size` bytes and carves `rounded` bytes from it for
+    /// `stream`.
+    pub(crate) fn add_segment(
+        &mut self,
+        seg: SegId,
+        size: usize,
+        rounded: usize,
+        stream: StreamId,
+    ) -> Grant {
         let small = rounded <= self.small_size;
-        self.blocks.insert(
-            id,
-            Block {
-                seg,
-                offset: 0,
-                size,
-                prev: None,
-                next: None,
-                allocated: false,
-                small,
-                zeroed: true,
-                pending: Vec::new(),
-            },
-        );
+        self.reserved[pool_index(small)] += size as u64;
+        let id = self.blocks.insert(Block {
+            seg,
+            offset: 0,
+            size,
+            prev: None,
+            next: None,
+            state: State::Free,
+            small,
+            zeroed: true,
+            stream,
+            pending: Vec::new(),
+        });
         self.link_free(id);
-        self.carve(id, rounded)
-    }
-
-    fn new_id(&mut self) -> BlockId {
-        let id = self.next_id;
-        self.next_id += 1;
-        id
+        self.carve(id, rounded, stream)
     }
 
     fn should_split(&self, size: usize, rounded: usize, small: bool) -> bool {
@@ -152,15 +240,15 @@ impl Arena {
         }
     }
 
-    /// Takes free block `id` for a request of `rounded` bytes.
-    fn carve(&mut self, id: BlockId, rounded: usize) -> Grant {
+    /// Takes free block `id` for a request of `rounded` bytes on `stream`.
+    fn carve(&mut self, id: BlockId, rounded: usize, stream: StreamId) -> Grant {
         self.unlink_free(id);
         let (size, small) = {
-            let b = &self.blocks[&id];
+            let b = &self.blocks[id];
             (b.size, b.small)
         };
         if self.should_split(size, rounded, small) {
-            let b = self.block_mut(id);
+            let b = &mut self.blocks[id];
             // The rest keeps the uses in flight (the block's own list is cleared below).
             let mut pending = std::mem::take(&mut b.pending);
             pending.retain(|p| !p.fence.poll());
@@ -170,23 +258,25 @@ impl Arena {
                 size: b.size - rounded,
                 prev: Some(id),
                 next: b.next,
-                allocated: false,
+                state: State::Free,
                 small: b.small,
                 zeroed: b.zeroed,
+                stream: b.stream,
                 pending,
             };
-            let rest_id = self.new_id();
-            if let Some(n) = rest.next {
-                self.block_mut(n).prev = Some(rest_id);
+            let next = rest.next;
+            let rest_id = self.blocks.insert(rest);
+            if let Some(n) = next {
+                self.blocks[n].prev = Some(rest_id);
             }
-            self.blocks.insert(rest_id, rest);
             self.link_free(rest_id);
-            let b = self.block_mut(id);
+            let b = &mut self.blocks[id];
             b.next = Some(rest_id);
             b.size = rounded;
         }
-        let b = self.block_mut(id);
-        b.allocated = true;
+        let b = &mut self.blocks[id];
+        b.state = State::Allocated;
+        b.stream = stream;
         b.pending.clear();
         let zeroed = std::mem::replace(&mut b.zeroed, false);
         Grant {
@@ -198,55 +288,130 @@ impl Arena {
         }
     }
 
-    /// Returns block `id` with the uses still in flight on it; merges it with free neighbours.
-    /// Gives back the segments to release when cached bytes exceed the configured cap.
+    /// Returns block `id` with the uses still in flight on it: onto its stream's exact-size
+    /// list when it is small and its pending uses are all on one stream, else into the arena,
+    /// merged with free neighbours. Gives back the segments to release when cached bytes exceed
+    /// the configured cap.
     pub(crate) fn free(&mut self, id: BlockId, pending: Vec<PendingUse>) -> Vec<(SegId, usize)> {
-        let Some(b) = self.blocks.get_mut(&id) else {
+        let (round, class_limit) = (self.round, self.class_limit);
+        let Some(b) = self.blocks.get_mut(id) else {
             return Vec::new();
         };
-        debug_assert!(b.allocated, "double free of block {id}");
-        b.allocated = false;
+        debug_assert_eq!(b.state, State::Allocated, "double free of block {id}");
+        if b.state != State::Allocated {
+            return Vec::new();
+        }
         b.pending.clear();
-        merge_pending(&mut b.pending, pending);
-        let mut cur = id;
-        if let Some(p) = self.blocks[&cur].prev.filter(|p| !self.blocks[p].allocated) {
-            self.unlink_free(p);
-            self.absorb(p, cur);
-            cur = p;
+        if !pending.is_empty() {
+            merge_pending(&mut b.pending, pending);
         }
-        if let Some(n) = self.blocks[&cur].next.filter(|n| !self.blocks[n].allocated) {
-            self.unlink_free(n);
-            self.absorb(cur, n);
+        if b.small && b.size <= class_limit {
+            // One pending use per stream: at most one entry means at most one stream.
+            let stream = match b.pending.as_slice() {
+                [] => Some(b.stream),
+                [p] => Some(p.stream),
+                _ => None,
+            };
+            if let Some(stream) = stream {
+                b.state = State::Cached;
+                let size = b.size;
+                self.front.push(stream, size / round, size, id);
+                return self.over_cap();
+            }
         }
-        self.link_free(cur);
-        if self.free_bytes > self.max_cached {
+        self.settle(id);
+        self.over_cap()
+    }
+
+    /// Segments to give back when the cached bytes exceed the cap.
+    fn over_cap(&mut self) -> Vec<(SegId, usize)> {
+        if self.free_bytes() > self.max_cached {
             self.release_free_segments(false, self.max_cached)
         } else {
             Vec::new()
         }
     }
 
+    /// Puts block `id` (handed out or cached, not in the free sets) into the arena, merged
+    /// with its free neighbours.
+    fn settle(&mut self, id: BlockId) {
+        self.blocks[id].state = State::Free;
+        let mut cur = id;
+        let free = |a: &Self, b: Option<BlockId>| b.filter(|&b| a.blocks[b].state == State::Free);
+        if let Some(p) = free(self, self.blocks[cur].prev) {
+            self.unlink_free(p);
+            self.absorb(p, cur);
+            cur = p;
+        }
+        if let Some(n) = free(self, self.blocks[cur].next) {
+            self.unlink_free(n);
+            self.absorb(cur, n);
+        }
+        self.link_free(cur);
+    }
+
+    /// Moves every block of the exact-size lists into the arena.
+    fn flush_front(&mut self) {
+        for id in self.front.drain() {
+            self.settle(id);
+        }
+    }
+
     /// `left` takes over its right neighbour `right` (both free, not in the free sets).
     fn absorb(&mut self, left: BlockId, right: BlockId) {
-        let r = self.blocks.remove(&right).expect("neighbour exists");
+        let r = self.blocks.remove(right).expect("neighbour exists");
         if let Some(n) = r.next {
-            self.block_mut(n).prev = Some(left);
+            self.blocks[n].prev = Some(left);
         }
-        let l = self.block_mut(left);
+        let l = &mut self.blocks[left];
         l.size += r.size;
         l.next = r.next;
         l.zeroed &= r.zeroed;
         merge_pending(&mut l.pending, r.pending);
     }
 
+    /// Segments to give back before the pool grows by a segment for `rounded` bytes: wholly
+    /// free segments of the request's pool (small or large) that no pending work needs (the
+    /// request fits none of them, or it would have been served), largest first, while that
+    /// pool's free bytes exceed `max_idle_percent` % of the bytes it has handed out. A program
+    /// whose demand moves on (bigger batches, other shapes) so keeps little memory it no longer
+    /// uses, and the pool never gives back memory it would not have to reserve again anyway.
+    pub(crate) fn idle_segments(&mut self, rounded: usize) -> Vec<(SegId, usize)> {
+        let Some(percent) = self.max_idle_percent else {
+            return Vec::new();
+        };
+        self.flush_front();
+        let p = pool_index(rounded <= self.small_size);
+        let in_use = self.reserved[p] - self.free_bytes[p];
+        self.release_whole(Some(p), false, in_use.saturating_mul(percent) / 100)
+    }
+
     /// Removes whole free segments (largest first) until at most `keep` free bytes remain.
-    /// Segments with uses in flight are waited for when `wait`, else skipped.
+    /// Segments with uses in flight are waited for when `wait`, else skipped. The exact-size
+    /// lists are flushed into the arena first.
     pub(crate) fn release_free_segments(&mut self, wait: bool, keep: u64) -> Vec<(SegId, usize)> {
+        self.flush_front();
+        self.release_whole(None, wait, keep)
+    }
+
+    /// Removes whole free segments of pool `pool` (`None`: both), largest first, until at most
+    /// `keep` free bytes remain in it; pending uses as in
+    /// [`Arena::release_free_segments`].
+    fn release_whole(&mut self, pool: Option<usize>, wait: bool, keep: u64) -> Vec<(SegId, usize)> {
+        let free_now = |a: &Self| match pool {
+            Some(p) => a.free_bytes[p],
+            None => a.free_bytes[0] + a.free_bytes[1],
+        };
+        if free_now(self) <= keep {
+            return Vec::new();
+        }
         let mut whole: Vec<(usize, BlockId)> = self
             .free
             .iter()
-            .flat_map(|s| s.iter().copied())
-            .filter(|(_, id)| {
+            .enumerate()
+            .filter(|&(i, _)| pool.map_or(true, |p| p == i))
+            .flat_map(|(_, s)| s.iter().copied())
+            .filter(|&(_, id)| {
                 let b = &self.blocks[id];
                 b.prev.is_none() && b.next.is_none()
             })
@@ -254,65 +419,87 @@ impl Arena {
         whole.sort_unstable_by(|a, b| b.cmp(a));
         let mut out = Vec::new();
         for (size, id) in whole {
-            if self.free_bytes <= keep {
+            if free_now(self) <= keep {
                 break;
             }
-            let b = &self.blocks[&id];
+            let b = &self.blocks[id];
             if wait {
                 b.pending.iter().for_each(|p| p.fence.wait());
             } else if !b.pending.iter().all(|p| p.fence.is_complete()) {
                 continue;
             }
             self.unlink_free(id);
-            let b = self.blocks.remove(&id).expect("listed block");
+            let b = self.blocks.remove(id).expect("listed block");
+            self.reserved[pool_index(b.small)] -= size as u64;
             out.push((b.seg, size));
         }
         out
     }
 
-    /// Bytes in free blocks.
+    /// Bytes in free blocks (in the arena and on the exact-size lists).
     pub(crate) fn free_bytes(&self) -> u64 {
-        self.free_bytes
+        self.free_bytes[0] + self.free_bytes[1] + self.front.bytes()
     }
 
     /// Size of the largest free block.
     pub(crate) fn largest_free(&self) -> u64 {
+        let listed = self
+            .front
+            .largest_class()
+            .map_or(0, |c| (c * self.round) as u64);
         self.free
             .iter()
             .filter_map(|s| s.last().map(|&(size, _)| size as u64))
             .max()
             .unwrap_or(0)
-    }
-
-    fn block_mut(&mut self, id: BlockId) -> &mut Block {
-        self.blocks.get_mut(&id).expect("block exists")
+            .max(listed)
     }
 
     fn link_free(&mut self, id: BlockId) {
-        let b = &self.blocks[&id];
+        let b = &self.blocks[id];
         self.free[pool_index(b.small)].insert((b.size, id));
-        self.free_bytes += b.size as u64;
+        self.free_bytes[pool_index(b.small)] += b.size as u64;
     }
 
     fn unlink_free(&mut self, id: BlockId) {
-        let b = &self.blocks[&id];
+        let b = &self.blocks[id];
         if self.free[pool_index(b.small)].remove(&(b.size, id)) {
-            self.free_bytes -= b.size as u64;
+            self.free_bytes[pool_index(b.small)] -= b.size as u64;
         }
     }
 
-    /// Checks the invariants (tests): blocks of a segment tile it, free sets match.
+    /// Blocks on the exact-size lists (tests).
+    #[cfg(test)]
+    pub(crate) fn listed(&self) -> usize {
+        self.front.entries().len()
+    }
+
+    /// Checks the invariants (tests): blocks of a segment tile it, free sets and lists match
+    /// the blocks' states, reserved bytes match the segments.
     #[cfg(test)]
     pub(crate) fn check(&self) {
-        let mut free = 0u64;
-        for (&id, b) in &self.blocks {
+        let mut free = [0u64; 2];
+        let mut reserved = [0u64; 2];
+        let mut listed: Vec<BlockId> = self.front.entries().iter().map(|e| e.2).collect();
+        listed.sort_unstable();
+        let mut cached = Vec::new();
+        for (id, b) in self.blocks.iter() {
+            if b.prev.is_none() {
+                let mut size = 0;
+                let mut cur = Some(id);
+                while let Some(c) = cur {
+                    size += self.blocks[c].size as u64;
+                    cur = self.blocks[c].next;
+                }
+                reserved[pool_index(b.small)] += size;
+            }
             if let Some(n) = b.next {
-                let nb = &self.blocks[&n];
+                let nb = &self.blocks[n];
                 assert_eq!(nb.prev, Some(id));
                 assert_eq!(nb.offset, b.offset + b.size);
                 assert_eq!(nb.seg, b.seg);
                 assert!(
-                    b.allocated || nb.allocated,
+                    b.state != State::Free || nb.state != State::Free,
                     "two free neighbours not merged"
                 );
             }
@@ -320,13 +507,18 @@ impl Arena {
             streams.sort_unstable();
             streams.dedup();
             assert_eq!(streams.len(), b.pending.len(), "one pending use per stream");
-            let listed = self.free[pool_index(b.small)].contains(&(b.size, id));
-            assert_eq!(listed, !b.allocated);
-            if !b.allocated {
-                free += b.size as u64;
+            let in_set = self.free[pool_index(b.small)].contains(&(b.size, id));
+            assert_eq!(in_set, b.state == State::Free);
+            match b.state {
+                State::Free => free[pool_index(b.small)] += b.size as u64,
+                State::Cached => cached.push(id),
+                State::Allocated => {}
             }
         }
+        cached.sort_unstable();
+        assert_eq!(cached, listed, "cached blocks are exactly the listed ones");
         assert_eq!(free, self.free_bytes);
+        assert_eq!(reserved, self.reserved);
     }
 }
 

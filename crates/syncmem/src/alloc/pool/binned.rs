@@ -1,18 +1,22 @@
-//! The `binned` core: CUB's `CachingDeviceAllocator` as pure bookkeeping.
+//! The `binned` core: CUB's `CachingDeviceAllocator` as pure bookkeeping, with finer bins.
 //!
-//! - Bin sizes are `growth^k` for `k` in `min_bin..=max_bin` (defaults 8, 3, 10: 512 B, 4 KiB,
-//!   32 KiB, 256 KiB, 2 MiB, 16 MiB, 128 MiB, 1 GiB). A request rounds up to its bin and
-//!   gets a segment of exactly the bin size; no splitting, no merging.
+//! - Main bins are `growth^k` bytes for `k` in `min_bin..=max_bin`; each step between two main
+//!   bins is divided into `divisions` equal steps, as PyTorch's `roundup_power2_divisions`
+//!   (defaults 2, 8, 30, 4: 256 B, 320 B, 384 B, 448 B, 512 B, 640 B, ... 1 GiB, so a block
+//!   wastes at most a fifth of itself instead of up to seven eighths with CUB's bins of 8x).
+//!   A request rounds up to its bin and gets a segment of exactly the bin size; no splitting,
+//!   no merging.
 //! - A cached block serves only requests of the same bin: at once on the stream of its pending
 //!   uses, on other streams once their fences have completed.
 //! - Requests above the largest bin are allocated at their exact size and never cached.
 //! - At most `max_cached` bytes are kept cached; a block freed beyond that is released.
-
-use std::collections::BTreeMap;
+//! - Before the pool grows, settled cached blocks of other bins are given back while the cache
+//!   holds more than `max_idle_percent` % of the bytes in use ([`Bins::idle_segments`]).
 
 use super::config::PoolConfig;
+use super::slab::Slab;
 use super::strategy::Grant;
-use super::{merge_pending, usable_by, BlockId, IdMap, PendingUse, SegId, StreamId};
+use super::{merge_pending, usable_by, BlockId, PendingUse, SegId, StreamId};
 
 struct Cached {
     id: BlockId,
@@ -25,50 +29,69 @@ struct Cached {
 struct Live {
     seg: SegId,
     size: usize,
-    bin: Option<u32>,
+    bin: Option<usize>,
 }
 
 /// Bin bookkeeping of the binned pool.
 pub(crate) struct Bins {
-    growth: u64,
-    min_bin: u32,
-    max_bin_bytes: u64,
+    /// Every bin size, ascending.
+    sizes: Vec<usize>,
     max_cached: u64,
-    /// Cached blocks per bin, most recently freed last.
-    cached: BTreeMap<u32, Vec<Cached>>,
+    max_idle_percent: Option<u64>,
+    /// Cached blocks per bin (index into `sizes`), most recently freed last.
+    cached: Vec<Vec<Cached>>,
     cached_bytes: u64,
-    live: IdMap<Live>,
-    next_id: BlockId,
+    /// Bytes of blocks handed out.
+    live_bytes: u64,
+    /// Live blocks; the ids of cached blocks are kept reserved in here too (as `None`) so an
+    /// id is never handed out twice.
+    live: Slab<Option<Live>>,
+}
+
+/// The bin sizes of a configuration: `growth^k` for `k` in `min_bin..=max_bin`, each step
+/// divided into `divisions` equal steps (rounded up to whole bytes, duplicates dropped).
+fn bin_sizes(cfg: &PoolConfig) -> Vec<usize> {
+    let g = u64::from(cfg.bin_growth);
+    let d = u64::from(cfg.bin_divisions.max(1));
+    let mut out: Vec<usize> = Vec::new();
+    let mut push = |v: u64| {
+        let v = usize::try_from(v).unwrap_or(usize::MAX);
+        if out.last() != Some(&v) {
+            out.push(v);
+        }
+    };
+    for k in cfg.min_bin..cfg.max_bin {
+        let (lo, hi) = (g.saturating_pow(k), g.saturating_pow(k + 1));
+        for i in 0..d {
+            push(lo + ((hi - lo) * i).div_ceil(d));
+        }
+    }
+    push(g.saturating_pow(cfg.max_bin));
+    out
 }
 
 impl Bins {
     pub(crate) fn new(cfg: &PoolConfig) -> Self {
-        let growth = u64::from(cfg.bin_growth);
+        let sizes = bin_sizes(cfg);
         Self {
-            growth,
-            min_bin: cfg.min_bin,
-            max_bin_bytes: growth.saturating_pow(cfg.max_bin),
+            cached: sizes.iter().map(|_| Vec::new()).collect(),
+            sizes,
             max_cached: cfg.effective_max_cached_bytes(),
-            cached: BTreeMap::new(),
+            max_idle_percent: cfg.max_idle_percent.map(u64::from),
             cached_bytes: 0,
-            live: IdMap::default(),
-            next_id: 1,
+            live_bytes: 0,
+            live: Slab::default(),
         }
     }
 
     /// The bin of a request and its size; `None` (and the exact size) above the largest bin.
-    pub(crate) fn bin_for(&self, bytes: usize) -> (Option<u32>, usize) {
+    pub(crate) fn bin_for(&self, bytes: usize) -> (Option<usize>, usize) {
         let bytes = bytes.max(1);
-        if bytes as u64 > self.max_bin_bytes {
-            return (None, bytes);
+        let i = self.sizes.partition_point(|&s| s < bytes);
+        match self.sizes.get(i) {
+            Some(&s) => (Some(i), s),
+            None => (None, bytes),
         }
-        let mut k = self.min_bin;
-        let mut size = self.growth.pow(k);
-        while size < bytes as u64 {
-            k += 1;
-            size *= self.growth;
-        }
-        (Some(k), size as usize)
     }
 
     /// A cached block of the request's bin usable by `stream`, most recently freed first.
@@ -76,18 +99,17 @@ impl Bins {
         let (Some(bin), _) = self.bin_for(bytes) else {
             return None;
         };
-        let list = self.cached.get_mut(&bin)?;
+        let list = &mut self.cached[bin];
         let pos = list.iter().rposition(|c| usable_by(&c.pending, stream))?;
+        // Most recently freed last: removing keeps that order (O(1) for the last one).
         let c = list.remove(pos);
         self.cached_bytes -= c.size as u64;
-        self.live.insert(
-            c.id,
-            Live {
-                seg: c.seg,
-                size: c.size,
-                bin: Some(bin),
-            },
-        );
+        self.live_bytes += c.size as u64;
+        self.live[c.id] = Some(Live {
+            seg: c.seg,
+            size: c.size,
+            bin: Some(bin),
+        });
         Some(Grant {
             block: c.id,
             seg: c.seg,
@@ -100,9 +122,8 @@ impl Bins {
     /// Registers a fresh (zeroed) segment made for a request of `bytes` as a live block.
     pub(crate) fn add_segment(&mut self, seg: SegId, size: usize, bytes: usize) -> Grant {
         let (bin, _) = self.bin_for(bytes);
-        let id = self.next_id;
-        self.next_id += 1;
-        self.live.insert(id, Live { seg, size, bin });
+        self.live_bytes += size as u64;
+        let id = self.live.insert(Some(Live { seg, size, bin }));
         Grant {
             block: id,
             seg,
@@ -114,16 +135,17 @@ impl Bins {
 
     /// Returns a block: cached if binned and under the cap, else its segment is given back.
     pub(crate) fn free(&mut self, id: BlockId, pending: Vec<PendingUse>) -> Vec<(SegId, usize)> {
-        let Some(l) = self.live.remove(&id) else {
+        let Some(l) = self.live.get_mut(id).and_then(Option::take) else {
             return Vec::new();
         };
+        self.live_bytes -= l.size as u64;
         let fits = self.cached_bytes.saturating_add(l.size as u64) <= self.max_cached;
         match l.bin {
             Some(bin) if fits => {
                 let mut kept = Vec::new();
                 merge_pending(&mut kept, pending);
                 self.cached_bytes += l.size as u64;
-                self.cached.entry(bin).or_default().push(Cached {
+                self.cached[bin].push(Cached {
                     id,
                     seg: l.seg,
                     size: l.size,
@@ -132,7 +154,53 @@ impl Bins {
                 });
                 Vec::new()
             }
-            _ => vec![(l.seg, l.size)],
+            _ => {
+                self.live.remove(id);
+                vec![(l.seg, l.size)]
+            }
+        }
+    }
+
+    /// Cached blocks to give back before the pool grows by a block of `bytes`' bin: settled
+    /// blocks of other bins, largest bins first, while the cache holds more than
+    /// `max_idle_percent` % of the bytes handed out. A program whose sizes move on (other batch
+    /// sizes, other shapes) so does not keep a cache of blocks it no longer asks for.
+    pub(crate) fn idle_segments(&mut self, bytes: usize) -> Vec<(SegId, usize)> {
+        let Some(percent) = self.max_idle_percent else {
+            return Vec::new();
+        };
+        let (bin, _) = self.bin_for(bytes);
+        let keep = self.live_bytes.saturating_mul(percent) / 100;
+        let mut out = Vec::new();
+        for b in (0..self.cached.len()).rev() {
+            if self.cached_bytes <= keep {
+                break;
+            }
+            if Some(b) == bin {
+                continue;
+            }
+            self.take_settled(b, keep, false, &mut out);
+        }
+        out
+    }
+
+    /// Removes cached blocks of bin `b` while more than `keep` bytes are cached; blocks with
+    /// uses in flight are waited for when `wait`, else skipped.
+    fn take_settled(&mut self, b: usize, keep: u64, wait: bool, out: &mut Vec<(SegId, usize)>) {
+        let list = &mut self.cached[b];
+        let mut i = 0;
+        while i < list.len() && self.cached_bytes > keep {
+            let c = &list[i];
+            if wait {
+                c.pending.iter().for_each(|p| p.fence.wait());
+            } else if !c.pending.iter().all(|p| p.fence.is_complete()) {
+                i += 1;
+                continue;
+            }
+            let c = list.remove(i);
+            self.cached_bytes -= c.size as u64;
+            self.live.remove(c.id);
+            out.push((c.seg, c.size));
         }
     }
 
@@ -140,22 +208,12 @@ impl Bins {
     /// Blocks with uses in flight are waited for when `wait`, else skipped.
     pub(crate) fn release_free_segments(&mut self, wait: bool, keep: u64) -> Vec<(SegId, usize)> {
         let mut out = Vec::new();
-        for list in self.cached.values_mut().rev() {
-            let mut i = 0;
-            while i < list.len() && self.cached_bytes > keep {
-                let c = &list[i];
-                if wait {
-                    c.pending.iter().for_each(|p| p.fence.wait());
-                } else if !c.pending.iter().all(|p| p.fence.is_complete()) {
-                    i += 1;
-                    continue;
-                }
-                let c = list.remove(i);
-                self.cached_bytes -= c.size as u64;
-                out.push((c.seg, c.size));
+        for b in (0..self.cached.len()).rev() {
+            if self.cached_bytes <= keep {
+                break;
             }
+            self.take_settled(b, keep, wait, &mut out);
         }
-        self.cached.retain(|_, l| !l.is_empty());
         out
     }
 
@@ -167,9 +225,38 @@ impl Bins {
     /// Size of the largest cached block.
     pub(crate) fn largest_free(&self) -> u64 {
         self.cached
-            .values()
+            .iter()
             .rev()
             .find_map(|l| l.first().map(|c| c.size as u64))
             .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::pool::PoolKind;
+
+    #[test]
+    fn four_divisions_per_power_of_two() {
+        let b = Bins::new(&PoolConfig::new(PoolKind::Binned));
+        assert_eq!(&b.sizes[..6], &[256, 320, 384, 448, 512, 640]);
+        assert_eq!(*b.sizes.last().unwrap(), 1 << 30);
+        assert_eq!(b.bin_for(1), (Some(0), 256));
+        assert_eq!(b.bin_for(1200).1, 1280, "PyTorch's example");
+        assert_eq!(b.bin_for(4 << 20).1, 4 << 20, "powers of two are bins");
+        assert_eq!(b.bin_for(3 << 20).1, 3 << 20, "so are 1.5 x powers of two");
+        assert_eq!(b.bin_for((1 << 30) + 1), (None, (1 << 30) + 1));
+        // CUB's bins: growth 8, no divisions.
+        let cub = Bins::new(&PoolConfig::new(PoolKind::Binned).with_bins(8, 3, 10));
+        assert_eq!(&cub.sizes[..3], &[512, 4096, 32768]);
+        assert_eq!(cub.sizes.len(), 8);
+        // Divisions that do not divide a step evenly round up; duplicates go.
+        let odd = Bins::new(
+            &PoolConfig::new(PoolKind::Binned)
+                .with_bins(2, 0, 2)
+                .with_bin_divisions(3),
+        );
+        assert_eq!(odd.sizes, [1, 2, 3, 4]);
     }
 }

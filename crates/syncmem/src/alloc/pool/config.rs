@@ -106,8 +106,10 @@ impl MemoryCap {
 /// Everything a pool can be told. Build with [`PoolConfig::new`] (or `default()`, a caching
 /// pool) and the `with_*` methods, or from a `key=value` list with [`PoolConfig::apply`].
 ///
-/// The defaults are PyTorch's (caching) and those the issue asks of CUB's allocator (binned:
-/// growth 8, bins 8^3 B to 8^10 B, 10 GiB cached at most).
+/// The defaults are PyTorch's where they fit a pool that starts small: caching rounds to 512 B
+/// and splits at 1 MiB as PyTorch does, but its segments grow from 16 KiB with demand (up to
+/// PyTorch's 2 MiB and 20 MiB); binned has bins of 256 B to 1 GiB with 4 steps per power of
+/// two (PyTorch's `roundup_power2_divisions`), and keeps at most 10 GiB cached, as CUB's.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct PoolConfig {
@@ -118,10 +120,30 @@ pub struct PoolConfig {
     pub round: usize,
     /// Caching: requests up to this size use the small pool. Default 1 MiB.
     pub small_size: usize,
-    /// Caching: segment size of the small pool. Default 2 MiB.
+    /// Caching: freed blocks up to this size go on exact-size free lists per stream, reused in
+    /// O(1) by the next request of the same size on that stream (capped at
+    /// [`PoolConfig::small_size`]; 0: every block goes through the best-fit arena). Default
+    /// 1 MiB.
+    pub size_class_limit: usize,
+    /// Caching: the smallest segment asked of the backend (the first segments of a pool that
+    /// starts small), capped by [`PoolConfig::small_segment`] and
+    /// [`PoolConfig::large_segment`] and rounded up to [`PoolConfig::round`]: set it to
+    /// `large_segment` or more for PyTorch's fixed segment sizes. Default 16 KiB.
+    pub min_segment: usize,
+    /// Caching: a new segment is at least this percentage of what its pool (small or large)
+    /// already reserves, so segments grow with demand (0: every segment is
+    /// [`PoolConfig::min_segment`], capped). Default 6.
+    pub segment_growth_percent: u32,
+    /// Before a pool grows, it gives back idle memory the request cannot use (caching: wholly
+    /// free segments of the request's pool; binned: cached blocks of other bins) that no
+    /// pending work needs, while that memory exceeds this percentage of the bytes handed out.
+    /// `None`: never (PyTorch and CUB keep it). Default 6.
+    pub max_idle_percent: Option<u32>,
+    /// Caching: the largest segment made for small requests (segments grow up to it).
+    /// Default 2 MiB.
     pub small_segment: usize,
-    /// Caching: segment size for large requests below [`PoolConfig::large_segment_limit`].
-    /// Default 20 MiB.
+    /// Caching: the largest segment made for large requests below
+    /// [`PoolConfig::large_segment_limit`] (segments grow up to it). Default 20 MiB.
     pub large_segment: usize,
     /// Caching: large requests from this size get a segment of their own size rounded up to
     /// [`PoolConfig::segment_round`]. Default 10 MiB.
@@ -134,13 +156,17 @@ pub struct PoolConfig {
     /// Caching: with a split limit, a request above it may take an unsplittable block at most
     /// this much larger than itself. Default 20 MiB.
     pub max_non_split_rounding: usize,
-    /// Binned: ratio between consecutive bin sizes. Default 8.
+    /// Binned: ratio between consecutive main bin sizes. Default 2.
     pub bin_growth: u32,
-    /// Binned: smallest bin is `bin_growth^min_bin` bytes. Default 3 (512 B).
+    /// Binned: smallest bin is `bin_growth^min_bin` bytes. Default 8 (256 B).
     pub min_bin: u32,
     /// Binned: largest bin is `bin_growth^max_bin` bytes; larger requests are not cached.
-    /// Default 10 (1 GiB).
+    /// Default 30 (1 GiB).
     pub max_bin: u32,
+    /// Binned: each step from `bin_growth^k` to `bin_growth^(k+1)` is divided into this many
+    /// equal steps, as PyTorch's `roundup_power2_divisions` (4: 1024, 1280, 1536, 1792, 2048,
+    /// ...; 1: CUB's geometric bins). Default 4.
+    pub bin_divisions: u32,
     /// Most bytes kept in free cached blocks; above it, freed memory goes back to the backend.
     /// `None`: the kind's default (binned 10 GiB, caching unlimited).
     pub max_cached_bytes: Option<u64>,
@@ -162,15 +188,20 @@ impl PoolConfig {
             kind,
             round: 512,
             small_size: MIB as usize,
+            size_class_limit: MIB as usize,
+            min_segment: 16 * KIB as usize,
+            segment_growth_percent: 6,
+            max_idle_percent: Some(6),
             small_segment: 2 * MIB as usize,
             large_segment: 20 * MIB as usize,
             large_segment_limit: 10 * MIB as usize,
             segment_round: 2 * MIB as usize,
             max_split_size: None,
             max_non_split_rounding: 20 * MIB as usize,
-            bin_growth: 8,
-            min_bin: 3,
-            max_bin: 10,
+            bin_growth: 2,
+            min_bin: 8,
+            max_bin: 30,
+            bin_divisions: 4,
             max_cached_bytes: None,
             memory_cap: None,
         }
@@ -194,11 +225,39 @@ impl PoolConfig {
         self
     }
 
-    /// Sets the geometric bins of the binned pool.
+    /// Sets geometric bins for the binned pool, as CUB's: `growth^min_bin` to
+    /// `growth^max_bin` bytes, no divisions between them (see [`PoolConfig::with_bin_divisions`]).
     pub fn with_bins(mut self, growth: u32, min_bin: u32, max_bin: u32) -> Self {
         self.bin_growth = growth;
         self.min_bin = min_bin;
         self.max_bin = max_bin;
+        self.bin_divisions = 1;
+        self
+    }
+
+    /// Divides each step between the binned pool's geometric bins into `divisions` equal steps.
+    pub fn with_bin_divisions(mut self, divisions: u32) -> Self {
+        self.bin_divisions = divisions;
+        self
+    }
+
+    /// Sets the largest block the caching pool keeps on exact-size free lists (0: none).
+    pub fn with_size_class_limit(mut self, bytes: usize) -> Self {
+        self.size_class_limit = bytes;
+        self
+    }
+
+    /// Sets how the caching pool's segments grow: the smallest segment, and the percentage of
+    /// the pool's reserved bytes a new segment has at least.
+    pub fn with_segment_growth(mut self, min_segment: usize, percent: u32) -> Self {
+        self.min_segment = min_segment;
+        self.segment_growth_percent = percent;
+        self
+    }
+
+    /// Sets how much idle memory a pool keeps when it grows (`None`: all of it).
+    pub fn with_max_idle_percent(mut self, percent: Option<u32>) -> Self {
+        self.max_idle_percent = percent;
         self
     }
 
@@ -256,6 +315,9 @@ impl PoolConfig {
         if self.bin_growth < 2 {
             return Err(invalid("bin_growth", "must be at least 2".into()));
         }
+        if !(1..=64).contains(&self.bin_divisions) {
+            return Err(invalid("bin_divisions", "must be 1 to 64".into()));
+        }
         if self.min_bin > self.max_bin {
             return Err(invalid("min_bin", "greater than max_bin".into()));
         }
@@ -276,10 +338,12 @@ impl PoolConfig {
     /// Applies a `key=value` list (`,` or `;` between items, `=` or `:` between key and value;
     /// keys ending in `_mb` take a number of MiB, as in PyTorch). Sizes take binary units
     /// (`512`, `64k`, `64KiB`, `20MB`, `1G`). Keys: `kind`, `round`, `small_size`,
-    /// `small_segment`, `large_segment`, `large_segment_limit`, `segment_round`,
-    /// `max_split_size` (or `unlimited`), `max_non_split_rounding`, `bin_growth`, `min_bin`,
-    /// `max_bin`, `max_cached_bytes` (or `unlimited`), `memory_cap` (bytes, a fraction such as
-    /// `0.5`, a percentage such as `50%`, or `none`). The result is validated.
+    /// `size_class_limit`, `min_segment`, `segment_growth_percent`, `max_idle_percent` (or
+    /// `unlimited`), `small_segment`, `large_segment`,
+    /// `large_segment_limit`, `segment_round`, `max_split_size` (or `unlimited`),
+    /// `max_non_split_rounding`, `bin_growth`, `min_bin`, `max_bin`, `bin_divisions` (or
+    /// `roundup_power2_divisions`), `max_cached_bytes` (or `unlimited`), `memory_cap` (bytes, a
+    /// fraction such as `0.5`, a percentage such as `50%`, or `none`). The result is validated.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for an unknown key or a bad value.
@@ -328,6 +392,12 @@ impl PoolConfig {
             "kind" | "backend" | "pool" => self.kind = value.parse()?,
             "round" => self.round = size()?,
             "small_size" => self.small_size = size()?,
+            "size_class_limit" => self.size_class_limit = size()?,
+            "min_segment" => self.min_segment = size()?,
+            "segment_growth_percent" => self.segment_growth_percent = small(value)?,
+            "max_idle_percent" => {
+                self.max_idle_percent = (!unlimited).then(|| small(value)).transpose()?
+            }
             "small_segment" => self.small_segment = size()?,
             "large_segment" => self.large_segment = size()?,
             "large_segment_limit" => self.large_segment_limit = size()?,
@@ -337,6 +407,7 @@ impl PoolConfig {
             "bin_growth" => self.bin_growth = small(value)?,
             "min_bin" => self.min_bin = small(value)?,
             "max_bin" => self.max_bin = small(value)?,
+            "bin_divisions" | "roundup_power2_divisions" => self.bin_divisions = small(value)?,
             "max_cached_bytes" => {
                 self.max_cached_bytes = (!unlimited).then(size).transpose()?.map(|v| v as u64)
             }
@@ -491,14 +562,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn defaults_match_pytorch_and_cub() {
+    fn defaults_start_small_and_grow_to_pytorch_and_cub() {
         let c = PoolConfig::default();
         assert_eq!(c.kind, PoolKind::Caching);
         assert_eq!((c.round, c.small_size), (512, 1 << 20));
         assert_eq!((c.small_segment, c.large_segment), (2 << 20, 20 << 20));
+        assert_eq!((c.min_segment, c.segment_growth_percent), (16 << 10, 6));
+        assert_eq!((c.size_class_limit, c.max_idle_percent), (1 << 20, Some(6)));
         assert_eq!(c.effective_max_cached_bytes(), u64::MAX);
         let b = PoolConfig::new(PoolKind::Binned);
-        assert_eq!((b.bin_growth, b.min_bin, b.max_bin), (8, 3, 10));
+        assert_eq!((b.bin_growth, b.min_bin, b.max_bin), (2, 8, 30));
+        assert_eq!(b.bin_divisions, 4);
         assert_eq!(b.effective_max_cached_bytes(), 10 << 30);
         c.validate().unwrap();
         b.validate().unwrap();
@@ -525,6 +599,19 @@ mod tests {
         assert_eq!(c.memory_cap, Some(MemoryCap::Fraction(0.25)));
         let c = PoolConfig::from_vars(None, Some("kind=binned,max_split_size=unlimited")).unwrap();
         assert_eq!((c.kind, c.max_split_size), (PoolKind::Binned, None));
+        let c = PoolConfig::from_vars(
+            None,
+            Some(
+                "min_segment=64k,segment_growth_percent=25,size_class_limit=0,\
+                 max_idle_percent=none,roundup_power2_divisions=8",
+            ),
+        )
+        .unwrap();
+        assert_eq!((c.min_segment, c.segment_growth_percent), (64 << 10, 25));
+        assert_eq!((c.size_class_limit, c.max_idle_percent), (0, None));
+        assert_eq!(c.bin_divisions, 8);
+        let c = PoolConfig::from_vars(None, Some("max_idle_percent=10,bin_divisions=1")).unwrap();
+        assert_eq!((c.max_idle_percent, c.bin_divisions), (Some(10), 1));
     }
 
     #[test]
@@ -541,6 +628,9 @@ mod tests {
             (None, Some("max_bin=99")),
             (None, Some("min_bin=5,max_bin=4")),
             (None, Some("small_segment=512k")),
+            (None, Some("bin_divisions=0")),
+            (None, Some("bin_divisions=65")),
+            (None, Some("max_idle_percent=lots")),
         ] {
             let e = PoolConfig::from_vars(k, c).unwrap_err();
             assert!(matches!(e, Error::InvalidConfig { .. }), "{k:?} {c:?}: {e}");

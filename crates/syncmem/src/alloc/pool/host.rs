@@ -21,6 +21,11 @@ use crate::alloc::stats::HOST;
 use crate::alloc::{HostBlock, HOST_ALIGN};
 use crate::error::{Error, Result};
 
+/// The segments of host pools: zeroed host memory, not counted (the pool counts its blocks).
+fn source(bytes: usize) -> Result<HostBlock> {
+    HostBlock::zeroed_uncounted(bytes)
+}
+
 /// A pool of host memory (64-byte aligned, initialised bytes).
 #[derive(Debug, Clone)]
 pub struct HostPool {
@@ -93,25 +98,10 @@ impl HostPool {
                 counted: false,
             });
         }
-        let source = |bytes: usize| HostBlock::zeroed_uncounted(bytes);
-        // Out of memory: give the cache back to the system and try once more.
         let lease = match self.pool.alloc(len, HOST_STREAM, &source) {
-            Err(e) if e.is_out_of_memory() && self.pool.empty_cache() > 0 => {
-                self.pool.note_retry();
-                self.pool.alloc(len, HOST_STREAM, &source)
-            }
-            r => r,
-        }
-        .map_err(|e| match e {
-            Error::OutOfMemory {
-                requested, detail, ..
-            } => Error::OutOfMemory {
-                device: "host".into(),
-                requested,
-                detail,
-            },
-            e => e,
-        })?;
+            Ok(l) => l,
+            Err(e) => self.retry(len, e)?,
+        };
         if self.counted {
             HOST.on_alloc(len);
         }
@@ -119,6 +109,31 @@ impl HostPool {
             lease: Some(lease),
             len,
             counted: self.counted,
+        })
+    }
+
+    /// After a failed allocation: when out of memory, gives the cache back to the system and
+    /// tries once more; a failure for good is reported to the pool's observers.
+    #[cold]
+    fn retry(&self, len: usize, e: Error) -> Result<Lease<HostBlock>> {
+        let r = if e.is_out_of_memory() && self.pool.empty_cache() > 0 {
+            self.pool.note_retry();
+            self.pool.alloc(len, HOST_STREAM, &source)
+        } else {
+            Err(e)
+        };
+        r.map_err(|e| match e {
+            Error::OutOfMemory {
+                requested, detail, ..
+            } => {
+                self.pool.note_oom(len);
+                Error::OutOfMemory {
+                    device: "host".into(),
+                    requested,
+                    detail,
+                }
+            }
+            e => e,
         })
     }
 

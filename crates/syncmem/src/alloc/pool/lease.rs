@@ -1,6 +1,6 @@
 //! [`Lease`]: a block handed out by a [`Pool`].
 
-use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use super::{merge_one, BlockId, Fence, PendingUse, Pool, StreamId};
@@ -9,8 +9,9 @@ use super::{merge_one, BlockId, Fence, PendingUse, Pool, StreamId};
 /// with its pending uses, when dropped.
 pub struct Lease<T: Send + Sync + 'static> {
     pub(super) pool: Arc<Pool<T>>,
-    /// Dropped in `Drop` before the block is given back, so a released segment is freed there.
-    pub(super) segment: ManuallyDrop<Arc<T>>,
+    /// The segment holding the block: the value inside an `Arc` the pool holds for as long as
+    /// a block of the segment is handed out (so no reference count is taken per lease).
+    pub(super) segment: NonNull<T>,
     pub(super) block: BlockId,
     pub(super) offset: usize,
     pub(super) size: usize,
@@ -19,10 +20,33 @@ pub struct Lease<T: Send + Sync + 'static> {
     pub(super) pending: Vec<PendingUse>,
 }
 
+// SAFETY: a lease is an owner of a block like a `Box`, and shares the segment (`T: Send +
+// Sync`) like an `Arc<T>` would: `segment` points into an `Arc<T>` that the pool (kept alive by
+// `pool`) holds while the block is handed out, and only `&T` is ever made from it.
+unsafe impl<T: Send + Sync + 'static> Send for Lease<T> {}
+// SAFETY: as for Send; `&Lease` hands out only `&T` and plain values.
+unsafe impl<T: Send + Sync + 'static> Sync for Lease<T> {}
+
 impl<T: Send + Sync + 'static> Lease<T> {
     /// The segment holding the block.
-    pub fn segment(&self) -> &Arc<T> {
-        &self.segment
+    pub fn segment(&self) -> &T {
+        // SAFETY: the pool keeps the segment's `Arc` (and so the `T` it points to) until every
+        // block of it is given back, which happens in `drop`, after the last use of this
+        // reference; `self.pool` keeps the pool alive until then.
+        unsafe { self.segment.as_ref() }
+    }
+
+    /// A new owner of the segment holding the block, e.g. for a view of the block that keeps
+    /// the segment alive on its own (one reference count; [`Lease::segment`] takes none).
+    pub fn segment_arc(&self) -> Arc<T> {
+        let ptr = self.segment.as_ptr().cast_const();
+        // SAFETY: `ptr` came from `Arc::as_ptr` of an `Arc<T>` the pool holds alive (see
+        // `segment`); taking one more strong count and making an `Arc` of it is what
+        // `Arc::clone` does.
+        unsafe {
+            Arc::increment_strong_count(ptr);
+            Arc::from_raw(ptr)
+        }
     }
 
     /// Start of the block in its segment.
@@ -65,8 +89,6 @@ impl<T: Send + Sync + 'static> Lease<T> {
 
 impl<T: Send + Sync + 'static> Drop for Lease<T> {
     fn drop(&mut self) {
-        // SAFETY: `segment` is taken exactly once, here, and never used afterwards.
-        drop(unsafe { ManuallyDrop::take(&mut self.segment) });
         let pending = std::mem::take(&mut self.pending);
         self.pool
             .release_block(self.block, self.size, self.requested, pending);

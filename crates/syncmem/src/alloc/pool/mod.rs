@@ -34,8 +34,10 @@
 mod arena;
 mod binned;
 pub mod config;
+mod front;
 pub mod host;
 mod lease;
+mod slab;
 pub mod stats;
 mod strategy;
 #[cfg(test)]
@@ -43,7 +45,7 @@ mod tests;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -279,13 +281,22 @@ struct Inner<T> {
 }
 
 impl<T> Inner<T> {
+    /// Reports `ev`; costs two tests when nobody observes the pool.
+    #[inline]
     fn emit(&self, label: &str, ev: PoolEvent) {
+        if self.observer.is_some() || (self.source.is_some() && hub::active()) {
+            self.emit_observed(label, &ev);
+        }
+    }
+
+    #[cold]
+    fn emit_observed(&self, label: &str, ev: &PoolEvent) {
         if let Some(o) = &self.observer {
-            o.on_event(label, &ev);
+            o.on_event(label, ev);
         }
         if let Some(source) = self.source {
             if hub::active() {
-                hub::pool_event(source, label, &ev);
+                hub::pool_event(source, label, ev);
             }
         }
     }
@@ -375,12 +386,22 @@ impl<T: Send + Sync + 'static> Pool<T> {
         source: &S,
     ) -> Result<Lease<T>> {
         let mut inner = self.inner.lock();
-        let (rounded, seg_size) = inner.core.sizes(bytes).ok_or_else(|| Error::SizeOverflow {
+        let overflow = || Error::SizeOverflow {
             what: format!("{bytes} bytes rounded for pool {}", self.label),
-        })?;
+        };
+        let rounded = inner.core.round(bytes).ok_or_else(overflow)?;
         let (grant, hit) = match inner.core.find(bytes, rounded, stream) {
             Some(g) => (g, true),
             None => {
+                // Growing: first give back idle memory the request cannot use, then size the
+                // segment by what the pool holds now.
+                let idle = inner.core.idle_segments(bytes, rounded);
+                let idle = self.take_segments(&mut inner, idle);
+                self.drop_segments(idle);
+                let seg_size = inner
+                    .core
+                    .segment_size(bytes, rounded)
+                    .ok_or_else(overflow)?;
                 let seg_size = if seg_size > self.max_segment && rounded <= self.max_segment {
                     rounded
                 } else {
@@ -427,7 +448,10 @@ impl<T: Send + Sync + 'static> Pool<T> {
                 inner.c.segments += 1;
                 inner.c.reserved.add(seg_size as u64);
                 inner.emit(&self.label, PoolEvent::SegmentAlloc { bytes: seg_size });
-                (inner.core.add_segment(sid, seg_size, bytes, rounded), false)
+                let grant = inner
+                    .core
+                    .add_segment(sid, seg_size, bytes, rounded, stream);
+                (grant, false)
             }
         };
         inner.c.allocations += 1;
@@ -444,10 +468,10 @@ impl<T: Send + Sync + 'static> Pool<T> {
                 stream,
             },
         );
-        let segment = inner.segments[&grant.seg].0.clone();
+        let segment = NonNull::from(&*inner.segments[&grant.seg].0);
         Ok(Lease {
             pool: self.clone(),
-            segment: ManuallyDrop::new(segment),
+            segment,
             block: grant.block,
             offset: grant.offset,
             size: grant.size,
@@ -480,6 +504,9 @@ impl<T: Send + Sync + 'static> Pool<T> {
             inner.c.requested.sub(requested as u64);
             inner.emit(&self.label, PoolEvent::Free { size, block });
             let segs = inner.core.free(block, pending);
+            if segs.is_empty() {
+                return;
+            }
             self.take_segments(&mut inner, segs)
         };
         self.drop_segments(released);

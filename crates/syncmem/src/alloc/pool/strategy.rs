@@ -36,21 +36,26 @@ impl Core {
         }
     }
 
-    /// Block size of a request, and the segment size when nothing cached fits.
-    pub(crate) fn sizes(&self, bytes: usize) -> Option<(usize, usize)> {
+    /// Block size of a request (`None` on overflow).
+    #[inline]
+    pub(crate) fn round(&self, bytes: usize) -> Option<usize> {
         match self {
-            Core::Caching(a) => {
-                let r = a.round(bytes)?;
-                Some((r, a.segment_size(r)?))
-            }
-            Core::Binned(b) => {
-                let (_, s) = b.bin_for(bytes);
-                Some((s, s))
-            }
-            Core::Direct(_) => Some((bytes.max(1), bytes.max(1))),
+            Core::Caching(a) => a.round(bytes),
+            Core::Binned(b) => Some(b.bin_for(bytes).1),
+            Core::Direct(_) => Some(bytes.max(1)),
         }
     }
 
+    /// The segment to make when nothing cached fits a request of `bytes` (`rounded`).
+    pub(crate) fn segment_size(&self, bytes: usize, rounded: usize) -> Option<usize> {
+        match self {
+            Core::Caching(a) => a.segment_size(rounded),
+            Core::Binned(_) => Some(rounded),
+            Core::Direct(_) => Some(bytes.max(1)),
+        }
+    }
+
+    #[inline]
     pub(crate) fn find(&mut self, bytes: usize, rounded: usize, stream: StreamId) -> Option<Grant> {
         match self {
             Core::Caching(a) => a.find(rounded, stream),
@@ -65,9 +70,10 @@ impl Core {
         size: usize,
         bytes: usize,
         rounded: usize,
+        stream: StreamId,
     ) -> Grant {
         match self {
-            Core::Caching(a) => a.add_segment(seg, size, rounded),
+            Core::Caching(a) => a.add_segment(seg, size, rounded, stream),
             Core::Binned(b) => b.add_segment(seg, size, bytes),
             Core::Direct(d) => {
                 d.next_id += 1;
@@ -83,11 +89,22 @@ impl Core {
         }
     }
 
+    #[inline]
     pub(crate) fn free(&mut self, block: BlockId, pending: Vec<PendingUse>) -> Vec<(SegId, usize)> {
         match self {
             Core::Caching(a) => a.free(block, pending),
             Core::Binned(b) => b.free(block, pending),
             Core::Direct(d) => d.live.remove(&block).into_iter().collect(),
+        }
+    }
+
+    /// Segments to give back before the pool grows for a request of `bytes` (`rounded`): idle
+    /// memory the request cannot use (see each core's `idle_segments`).
+    pub(crate) fn idle_segments(&mut self, bytes: usize, rounded: usize) -> Vec<(SegId, usize)> {
+        match self {
+            Core::Caching(a) => a.idle_segments(rounded),
+            Core::Binned(b) => b.idle_segments(bytes),
+            Core::Direct(_) => Vec::new(),
         }
     }
 

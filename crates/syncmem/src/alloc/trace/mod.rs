@@ -7,7 +7,9 @@
 //! - every copy between host and device memory made by a [`crate::Stream`] (direction, bytes,
 //!   the stream's device);
 //! - every clean device mirror dropped to make room under memory pressure (the buffer's label,
-//!   bytes, the device).
+//!   bytes, the device);
+//! - every allocation a pool refused for good, out of memory (bytes asked for, the pool's
+//!   label).
 //!
 //! Record a whole program with [`Trace::attach`] (one device, its pinned pool and the host
 //! pool), [`Trace::attach_device_only`] or [`Trace::attach_all`] (every device): each returns a
@@ -111,16 +113,25 @@ pub enum TraceEvent {
         /// The device (its pool's label).
         device: String,
     },
+    /// An allocation failed for good: out of memory after the pool's cache was released (and,
+    /// on a device, clean mirrors were dropped).
+    Oom {
+        /// Bytes asked for.
+        size: usize,
+        /// The label of the pool (device) that refused.
+        device: String,
+    },
 }
 
 impl TraceEvent {
-    /// `alloc`, `free`, `copy` or `evict`.
+    /// `alloc`, `free`, `copy`, `evict` or `oom`.
     pub fn kind(&self) -> &'static str {
         match self {
             TraceEvent::Alloc { .. } => "alloc",
             TraceEvent::Free { .. } => "free",
             TraceEvent::Copy { .. } => "copy",
             TraceEvent::Evict { .. } => "evict",
+            TraceEvent::Oom { .. } => "oom",
         }
     }
 
@@ -130,7 +141,8 @@ impl TraceEvent {
             TraceEvent::Alloc { device, .. }
             | TraceEvent::Free { device, .. }
             | TraceEvent::Copy { device, .. }
-            | TraceEvent::Evict { device, .. } => device,
+            | TraceEvent::Evict { device, .. }
+            | TraceEvent::Oom { device, .. } => device,
         }
     }
 }
@@ -178,6 +190,8 @@ pub struct TraceSummary {
     pub evictions: u64,
     /// Bytes of the dropped mirrors.
     pub evicted_bytes: u64,
+    /// Allocations refused for good (out of memory).
+    pub ooms: u64,
     /// The devices (pool labels) seen, sorted.
     pub devices: Vec<String>,
 }
@@ -428,6 +442,10 @@ impl Trace {
                 bytes: *bytes,
                 device: label.to_string(),
             }),
+            PoolEvent::OutOfMemory { requested } => r.events.push(TraceEvent::Oom {
+                size: *requested,
+                device: label.to_string(),
+            }),
             _ => {}
         }
     }
@@ -463,6 +481,7 @@ fn summarize<'a>(events: impl Iterator<Item = &'a TraceEvent>) -> TraceSummary {
                 s.evictions += 1;
                 s.evicted_bytes += *bytes as u64;
             }
+            TraceEvent::Oom { .. } => s.ooms += 1,
         }
     }
     s.devices = devices.into_iter().collect();

@@ -22,6 +22,10 @@ pub struct ReplayOptions {
 }
 
 /// What a replay measured, for one device or in total.
+///
+/// Two ratios say how well a pool kind fits the program: [`ReplayReport::reserved_per_requested`]
+/// (the headline: memory held for memory asked for) and [`ReplayReport::overhead`] (memory
+/// held for blocks handed out, which hides what rounding to block sizes costs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplayReport {
     /// Highest bytes of segments held from the backend (in total: of all pools at once).
@@ -29,6 +33,10 @@ pub struct ReplayReport {
     /// Highest bytes of blocks handed out, rounded block sizes (in total: of all pools at
     /// once).
     pub peak_allocated: u64,
+    /// Highest bytes asked for by the live allocations: what the program needed at its peak,
+    /// the `none` pool's peak reserve (but for zero-byte requests, which it rounds to one).
+    #[serde(default)]
+    pub peak_requested: u64,
     /// Segment allocations and frees asked of the backend (including the final release).
     pub backend_calls: u64,
     /// Allocations served from cached memory.
@@ -48,10 +56,27 @@ pub struct ReplayReport {
     pub evictions: u64,
     /// Bytes of those mirrors.
     pub evicted_bytes: u64,
+    /// Out-of-memory failures in the recorded run (the replay's own are [`ReplayReport::ooms`]).
+    #[serde(default)]
+    pub recorded_ooms: u64,
 }
 
 impl ReplayReport {
-    /// `peak_reserved / peak_allocated` (1.0 when nothing was allocated).
+    /// `peak_reserved / peak_requested`: memory held from the backend at the peak for the
+    /// memory the program asked for at its peak (1.0 when nothing was asked for). Rounding,
+    /// unused segment tails, cached blocks and fragmentation all raise it.
+    pub fn reserved_per_requested(&self) -> f64 {
+        if self.peak_requested == 0 {
+            1.0
+        } else {
+            self.peak_reserved as f64 / self.peak_requested as f64
+        }
+    }
+
+    /// `peak_reserved / peak_allocated` (1.0 when nothing was allocated): memory held for the
+    /// blocks handed out, whose sizes are already rounded (so a pool that rounds every request
+    /// up to twice its size can still show 1.0 here; see
+    /// [`ReplayReport::reserved_per_requested`]).
     pub fn overhead(&self) -> f64 {
         if self.peak_allocated == 0 {
             1.0
@@ -77,6 +102,7 @@ impl ReplayReport {
         }
         self.evictions += o.evictions;
         self.evicted_bytes += o.evicted_bytes;
+        self.recorded_ooms += o.recorded_ooms;
     }
 }
 
@@ -123,6 +149,8 @@ struct DevState {
     report: ReplayReport,
     /// (allocated, reserved) now.
     now: (u64, u64),
+    /// Bytes asked for by the live allocations.
+    requested: u64,
 }
 
 /// Replays `trace` with every device merged into one pool's statistics: [`replay_with`]
@@ -165,6 +193,7 @@ fn run(
     let mut refused: HashSet<u64> = HashSet::new();
     let mut total = ReplayReport::default();
     let mut total_now = (0u64, 0u64);
+    let mut total_requested = 0u64;
 
     let mut dev_of = |label: &str, devs: &mut Vec<DevState>| -> Result<usize> {
         if let Some(&k) = index.get(label) {
@@ -183,6 +212,7 @@ fn run(
             pool,
             report: ReplayReport::default(),
             now: (0, 0),
+            requested: 0,
         });
         index.insert(label.to_string(), devs.len() - 1);
         Ok(devs.len() - 1)
@@ -214,6 +244,10 @@ fn run(
                     Some((lease, retried)) => {
                         d.report.allocations += 1;
                         d.report.retries += u64::from(retried);
+                        d.requested += *size as u64;
+                        d.report.peak_requested = d.report.peak_requested.max(d.requested);
+                        total_requested += *size as u64;
+                        total.peak_requested = total.peak_requested.max(total_requested);
                         live.insert(*id, (k, lease));
                     }
                     None => {
@@ -226,7 +260,10 @@ fn run(
             }
             TraceEvent::Free { id, .. } => {
                 if let Some((k, lease)) = live.remove(id) {
+                    let size = lease.len() as u64;
                     drop(lease);
+                    devs[k].requested -= size;
+                    total_requested -= size;
                     update(&mut devs[k], &mut total, &mut total_now);
                 } else if !refused.remove(id) {
                     return Err(invalid(format!("trace frees unknown block {id}")));
@@ -244,6 +281,10 @@ fn run(
                 let k = dev_of(device, &mut devs)?;
                 devs[k].report.evictions += 1;
                 devs[k].report.evicted_bytes += *bytes as u64;
+            }
+            TraceEvent::Oom { device, .. } => {
+                let k = dev_of(device, &mut devs)?;
+                devs[k].report.recorded_ooms += 1;
             }
         }
     }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::alloc::pool::PoolConfig;
-use crate::alloc::pool::{HostPool, PoolKind};
+use crate::alloc::pool::{HostPool, MemoryCap, PoolKind};
 
 #[test]
 fn record_save_load_round_trip() {
@@ -174,6 +174,11 @@ fn replay_keeps_devices_apart() {
     // the peaks (7 MiB).
     assert_eq!(r.total.peak_allocated, 4 * MIB as u64);
     assert_eq!(r.total.peak_reserved, 4 * MIB as u64);
+    assert_eq!(r.total.peak_requested, 4 * MIB as u64);
+    assert_eq!(
+        (a.peak_requested, b.peak_requested),
+        (4 * MIB as u64, 3 * MIB as u64)
+    );
     assert_eq!(r.total.allocations, 3);
     assert_eq!(r.total.copies.device_to_host.bytes, 10);
     // `replay` is the total.
@@ -277,13 +282,23 @@ fn cap_releases_the_cache_before_refusing() {
         cap: Some(3 * MIB as u64),
         host_cap: None,
     };
-    let r = replay_with(&t, &PoolConfig::new(PoolKind::Caching), &opts).unwrap();
+    let keep_idle = PoolConfig::new(PoolKind::Caching).with_max_idle_percent(None);
+    let r = replay_with(&t, &keep_idle, &opts).unwrap();
     let dev = r.device("dev").unwrap();
     assert_eq!(
         (dev.ooms, dev.retries, dev.allocations),
         (0, 1, 2),
         "{dev:?}"
     );
+    // By default the pool gives the idle segment back itself before it grows: no retry.
+    let r = replay_with(&t, &PoolConfig::new(PoolKind::Caching), &opts).unwrap();
+    let dev = r.device("dev").unwrap();
+    assert_eq!(
+        (dev.ooms, dev.retries, dev.allocations),
+        (0, 0, 2),
+        "{dev:?}"
+    );
+    assert_eq!(dev.peak_reserved, 3 * MIB as u64);
 }
 
 #[test]
@@ -334,4 +349,70 @@ fn save_file_and_load_file() {
         Error::Io { op: "open", .. }
     ));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn out_of_memory_is_recorded_saved_and_counted() {
+    let cfg = PoolConfig::default().with_memory_cap(MemoryCap::Bytes(64 << 10));
+    let pool = HostPool::new("capped", cfg).unwrap();
+    let trace = Arc::new(Trace::new());
+    pool.pool().set_observer(Some(trace.clone()));
+    let a = pool.alloc(32 << 10).unwrap();
+    let e = pool.alloc(MIB).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    drop(a);
+    pool.pool().set_observer(None);
+    let oom = TraceEvent::Oom {
+        size: MIB,
+        device: "capped".into(),
+    };
+    assert_eq!(trace.events()[1], oom, "{:?}", trace.events());
+    assert_eq!(oom.kind(), "oom");
+    assert_eq!(trace.summary().ooms, 1);
+    let mut bytes = Vec::new();
+    trace.save(&mut bytes).unwrap();
+    let text = String::from_utf8(bytes).unwrap();
+    assert_eq!(
+        text.lines().nth(1),
+        Some(r#"{"op":"oom","size":1048576,"device":"capped"}"#)
+    );
+    let back = Trace::load(text.as_bytes()).unwrap();
+    assert_eq!(back.events(), trace.events());
+    let r = replay_with(&back, &PoolConfig::default(), &ReplayOptions::default()).unwrap();
+    let d = r.device("capped").unwrap();
+    assert_eq!((d.recorded_ooms, d.ooms, d.allocations), (1, 0, 1));
+    assert_eq!(r.total.recorded_ooms, 1);
+}
+
+#[test]
+fn replay_reports_memory_per_byte_requested() {
+    // 100 B and 1000 B live at once.
+    let t = Trace::from_events(vec![
+        alloc(0, 100, "d"),
+        alloc(1, 1000, "d"),
+        free(0, "d"),
+        alloc(2, 50, "d"),
+        free(1, "d"),
+        free(2, "d"),
+    ]);
+    let run = |cfg: PoolConfig| replay(&t, &cfg).unwrap();
+    let none = run(PoolConfig::new(PoolKind::None));
+    assert_eq!((none.peak_requested, none.peak_reserved), (1100, 1100));
+    assert_eq!(none.reserved_per_requested(), 1.0);
+    // Bins of 256 B and 1 KiB: nothing is wasted beyond the blocks, but the blocks are
+    // rounded up: 1280 B held for 1100 B asked for.
+    let binned = run(PoolConfig::new(PoolKind::Binned));
+    assert_eq!(binned.peak_requested, 1100);
+    assert_eq!((binned.peak_allocated, binned.peak_reserved), (1280, 1280));
+    assert_eq!(binned.overhead(), 1.0);
+    assert!((binned.reserved_per_requested() - 1280.0 / 1100.0).abs() < 1e-12);
+    // The caching pool's first segment is 16 KiB.
+    let caching = run(PoolConfig::default());
+    assert_eq!(
+        (caching.peak_reserved, caching.peak_allocated),
+        (16 << 10, 1536)
+    );
+    assert!(caching.reserved_per_requested() > caching.overhead());
+    // Nothing asked for: 1.0.
+    assert_eq!(ReplayReport::default().reserved_per_requested(), 1.0);
 }

@@ -5,6 +5,8 @@ use std::sync::{Arc, Mutex as StdMutex};
 
 use super::*;
 
+mod sizing;
+
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
 
@@ -26,8 +28,17 @@ fn pool(cfg: PoolConfig) -> Arc<Pool<Fake>> {
     .unwrap()
 }
 
+/// PyTorch's caching allocator: fixed 2 MiB / 20 MiB segments, every free merged at once (no
+/// exact-size lists), idle segments kept. The tests of splitting, merging and best fit use it.
+fn pytorch() -> PoolConfig {
+    PoolConfig::default()
+        .with_segment_growth(20 * MIB, 0)
+        .with_size_class_limit(0)
+        .with_max_idle_percent(None)
+}
+
 fn caching() -> Arc<Pool<Fake>> {
-    pool(PoolConfig::default())
+    pool(pytorch())
 }
 
 fn check(p: &Pool<Fake>) {
@@ -164,7 +175,7 @@ fn large_pool_segment_sizes_and_split_rule() {
 
 #[test]
 fn oversize_blocks_are_not_split() {
-    let p = pool(PoolConfig::default().with_max_split_size(32 * MIB));
+    let p = pool(pytorch().with_max_split_size(32 * MIB));
     drop(p.alloc(60 * MIB, 1, &fake).unwrap());
     // A small large-pool request may not take (and split) the oversize block.
     let a = p.alloc(8 * MIB, 1, &fake).unwrap();
@@ -264,7 +275,7 @@ fn trim_skips_pending_segments_and_empty_cache_waits() {
 
 #[test]
 fn caching_max_cached_bytes_releases_after_free() {
-    let p = pool(PoolConfig::default().with_max_cached_bytes(3 * MIB as u64));
+    let p = pool(pytorch().with_max_cached_bytes(3 * MIB as u64));
     // Two small segments, each holding two 1 MiB blocks.
     let v: Vec<_> = (0..4).map(|_| p.alloc(MIB, 1, &fake).unwrap()).collect();
     assert_eq!(p.stats().segments, 2);
@@ -276,18 +287,25 @@ fn caching_max_cached_bytes_releases_after_free() {
     assert_eq!((s.segments, s.free_bytes), (1, 2 * MIB as u64), "{s}");
 }
 
+/// CUB's allocator: bins of 8^3 B to 8^10 B, no divisions, idle blocks kept.
+fn cub() -> PoolConfig {
+    PoolConfig::new(PoolKind::Binned)
+        .with_bins(8, 3, 10)
+        .with_max_idle_percent(None)
+}
+
 #[test]
 fn binned_rounds_to_bins_and_reuses_within_a_bin() {
-    let p = pool(PoolConfig::new(PoolKind::Binned));
+    let p = pool(cub());
     let a = p.alloc(600, 1, &fake).unwrap();
     assert_eq!((a.block_size(), a.segment().0), (4096, 4096), "8^4");
     let tiny = p.alloc(1, 1, &fake).unwrap();
     assert_eq!(tiny.block_size(), 512, "min bin 8^3");
-    let first = Arc::as_ptr(a.segment());
+    let first = std::ptr::from_ref(a.segment());
     drop(a);
     let b = p.alloc(4000, 1, &fake).unwrap();
     assert_eq!(
-        Arc::as_ptr(b.segment()),
+        std::ptr::from_ref(b.segment()),
         first,
         "same bin: the cached block"
     );
@@ -361,7 +379,7 @@ fn none_allocates_and_frees_every_time() {
 #[test]
 fn budget_caps_segments_exactly() {
     let budget = Arc::new(Budget::new(Some(4 * MIB as u64)));
-    let p = Pool::new("capped", PoolConfig::default(), budget.clone(), usize::MAX).unwrap();
+    let p = Pool::new("capped", pytorch(), budget.clone(), usize::MAX).unwrap();
     let v: Vec<_> = (0..4).map(|_| p.alloc(MIB, 1, &fake).unwrap()).collect();
     assert_eq!(budget.used(), 4 * MIB as u64, "two 2 MiB segments");
     let e = p.alloc(MIB, 1, &fake).unwrap_err();
@@ -520,7 +538,7 @@ fn random_workload_keeps_invariants() {
                     .iter()
                     .map(|l| {
                         (
-                            Arc::as_ptr(l.segment()) as usize,
+                            std::ptr::from_ref(l.segment()) as usize,
                             l.offset(),
                             l.block_size(),
                         )

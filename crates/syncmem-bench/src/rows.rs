@@ -1,0 +1,260 @@
+//! The timed comparisons: each times an operation of syncmem and its plain equivalent in
+//! alternating samples of a batch of calls, and reports medians per call.
+
+use std::alloc::Layout;
+use std::hint::black_box;
+use std::time::Instant;
+
+use syncmem::alloc::pool::{HostPool, PoolConfig, PoolKind};
+use syncmem::alloc::HostBlock;
+use syncmem::{Device, Error, Result, SyncedMemory};
+
+use crate::raw::raw_cycle;
+use crate::{size_name, Row};
+
+const PAGE: usize = 4096;
+
+/// How many samples and calls per sample a row takes.
+#[derive(Debug, Clone, Copy)]
+pub struct Runs {
+    /// Samples of each side (the median is reported).
+    pub samples: usize,
+    /// Calls per sample (the time of a sample is divided by it).
+    pub batch: usize,
+}
+
+/// Median nanoseconds per call of `ours` and of `base`, timed in alternating samples of
+/// `runs.batch` calls after one warm-up call of each.
+///
+/// # Errors
+/// The first error of either side.
+pub fn compare(
+    runs: Runs,
+    mut ours: impl FnMut() -> Result<()>,
+    mut base: impl FnMut() -> Result<()>,
+) -> Result<(f64, f64)> {
+    ours()?;
+    base()?;
+    let batch = runs.batch.max(1);
+    let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+        let start = Instant::now();
+        for _ in 0..batch {
+            f()?;
+        }
+        Ok(start.elapsed().as_nanos() as f64 / batch as f64)
+    };
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..runs.samples.max(1) {
+        a.push(time(&mut ours)?);
+        b.push(time(&mut base)?);
+    }
+    Ok((median(a), median(b)))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn host_oom(bytes: usize) -> Error {
+    Error::OutOfMemory {
+        device: "host".into(),
+        requested: bytes,
+        detail: " (system allocator)".into(),
+    }
+}
+
+fn touch_pages(p: *mut u8, len: usize) {
+    let mut off = 0;
+    while off < len {
+        // SAFETY: `p` points to `len` writable bytes.
+        unsafe { p.add(off).write_volatile(1) };
+        off += PAGE;
+    }
+}
+
+/// `HostPool::alloc` + drop (a private caching pool) vs the system allocator at `align`
+/// (64: the pool's alignment; 16: the system's natural one), touching every page on both
+/// sides when `touch`.
+///
+/// # Errors
+/// Allocation errors.
+pub fn host_pool_row(
+    name: &str,
+    bytes: usize,
+    align: usize,
+    touch: bool,
+    runs: Runs,
+) -> Result<Row> {
+    let pool = HostPool::new("bench", PoolConfig::new(PoolKind::Caching))?;
+    let layout = Layout::from_size_align(bytes, align).map_err(|_| Error::SizeOverflow {
+        what: format!("{bytes} bytes at alignment {align}"),
+    })?;
+    let (ours, base) = compare(
+        runs,
+        || {
+            let mut a = pool.alloc(bytes)?;
+            if touch {
+                touch_pages(a.as_mut_slice().as_mut_ptr(), bytes);
+            }
+            drop(black_box(a));
+            Ok(())
+        },
+        || {
+            // SAFETY: non-zero size; freed at once with the same layout.
+            unsafe {
+                let p = std::alloc::alloc(black_box(layout));
+                if p.is_null() {
+                    return Err(host_oom(bytes));
+                }
+                if touch {
+                    touch_pages(p, bytes);
+                }
+                std::alloc::dealloc(black_box(p), layout);
+            }
+            Ok(())
+        },
+    )?;
+    let touched = if touch { " + touch" } else { "" };
+    Ok(Row::new(
+        name,
+        &format!("HostPool::alloc{touched} + free"),
+        &format!("alloc(align {align}){touched} + dealloc"),
+        ours,
+        base,
+    ))
+}
+
+/// `Device::alloc_pooled` + drop vs the raw backend allocation (`raw`) or
+/// `Device::alloc` + drop, on a detached handle of `dev` (its own pools).
+///
+/// # Errors
+/// Device errors.
+pub fn device_pool_row(dev: &Device, bytes: usize, raw: bool, runs: Runs) -> Result<Row> {
+    let dev = dev.detached();
+    let stream = dev.default_stream()?;
+    let ours = || -> Result<()> {
+        drop(black_box(dev.alloc_pooled(bytes, &stream)?));
+        Ok(())
+    };
+    let size = size_name(bytes);
+    if raw {
+        let mut cycle = raw_cycle(&dev, &stream, bytes)?;
+        let name = cycle.name;
+        let (o, b) = compare(runs, ours, || cycle.run())?;
+        Ok(Row::new(
+            &format!("device pool {size}"),
+            "Device::alloc_pooled + drop",
+            name,
+            o,
+            b,
+        ))
+    } else {
+        let (o, b) = compare(runs, ours, || {
+            drop(black_box(dev.alloc(bytes)?));
+            Ok(())
+        })?;
+        Ok(Row::new(
+            &format!("device pool {size} vs Device::alloc"),
+            "Device::alloc_pooled + drop",
+            "Device::alloc (direct) + drop",
+            o,
+            b,
+        ))
+    }
+}
+
+/// A `SyncedMemory` round trip (host write, `device()` copies up, `device_mut()` marks the
+/// device current, `host()` copies back) vs blocking `Stream::write` + `Stream::read` from host
+/// memory of the same kind: pageable memory of the host allocator, or (`pinned`) the device's
+/// pinned memory on both sides.
+///
+/// # Errors
+/// Device errors.
+pub fn round_trip_row(dev: &Device, bytes: usize, pinned: bool, runs: Runs) -> Result<Row> {
+    let dev = dev.detached();
+    let stream = dev.default_stream()?;
+    let buf = SyncedMemory::new(bytes, &dev).with_pinned_host(pinned);
+    let mut dbuf = dev.alloc(bytes)?;
+    let mut pinned_host = if pinned {
+        Some(dev.alloc_pinned(bytes)?)
+    } else {
+        None
+    };
+    let mut pageable = if pinned {
+        None
+    } else {
+        Some(HostBlock::zeroed(bytes)?)
+    };
+    let (ours, base) = compare(
+        runs,
+        || {
+            buf.host_mut()?[0] = 1;
+            drop(black_box(buf.device()?));
+            drop(black_box(buf.device_mut()?));
+            black_box(buf.host()?[bytes - 1]);
+            Ok(())
+        },
+        || {
+            let host: &mut [u8] = match (&mut pinned_host, &mut pageable) {
+                (Some(p), _) => p.as_mut_slice(),
+                (None, Some(h)) => h.as_mut_slice(),
+                (None, None) => &mut [],
+            };
+            host[0] = 1;
+            stream.write(&mut dbuf, 0, host)?;
+            stream.read(&dbuf, 0, host)?;
+            black_box(&host);
+            Ok(())
+        },
+    )?;
+    let (name, base_name) = if pinned {
+        (
+            format!("synced round trip {} pinned", size_name(bytes)),
+            "Stream::write + read, pinned host memory",
+        )
+    } else {
+        (
+            format!("synced round trip {}", size_name(bytes)),
+            "Stream::write + read, HostBlock memory",
+        )
+    };
+    let ours_name = if pinned {
+        "SyncedMemory (pinned host) host->device->host"
+    } else {
+        "SyncedMemory host->device->host"
+    };
+    Ok(Row::new(&name, ours_name, base_name, ours, base))
+}
+
+/// `buf.host()` + read one byte vs indexing a plain slice.
+///
+/// # Errors
+/// Allocation errors.
+pub fn host_read_row(runs: Runs) -> Result<Row> {
+    let buf = SyncedMemory::host_only(4096);
+    buf.host_mut()?.fill(3);
+    let plain = vec![3u8; 4096];
+    let mut i = 0usize;
+    let mut j = 0usize;
+    let (ours, base) = compare(
+        runs,
+        || {
+            i = i.wrapping_add(1);
+            black_box(buf.host()?[black_box(i) & 4095]);
+            Ok(())
+        },
+        || {
+            j = j.wrapping_add(1);
+            black_box(black_box(&plain[..])[black_box(j) & 4095]);
+            Ok(())
+        },
+    )?;
+    Ok(Row::new(
+        "host read access",
+        "SyncedMemory::host() + read 1 byte",
+        "slice[i]",
+        ours,
+        base,
+    ))
+}

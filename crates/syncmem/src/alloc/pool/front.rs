@@ -1,0 +1,161 @@
+//! Exact-size free lists in front of the best-fit arena: the fast path of small blocks.
+//!
+//! A freed small block (at most [`super::PoolConfig::size_class_limit`]) whose uses in flight
+//! are all on one stream is not merged into the arena: it goes on the list of its size class
+//! (its size divided by the rounding unit) for that stream, and the next request of the same
+//! class on that stream takes it back. Both are a push or a pop on a `Vec` that keeps its
+//! capacity, so once a program has allocated every size it uses, a cycle of allocations and
+//! frees costs O(1) and allocates nothing. Reuse on the list's own stream needs no fence check:
+//! the stream runs in order.
+//!
+//! The lists hold block ids only; the blocks stay in the arena, marked cached, so the arena's
+//! invariants (segments tiled by blocks) hold throughout. When the arena cannot serve a request
+//! without a new segment, and before any segment is given back, the lists are flushed: every
+//! cached block is merged back into the arena, so cached blocks never make the pool reserve
+//! more than the best-fit arena alone would.
+
+use super::{BlockId, StreamId};
+
+/// The lists of one stream, indexed by size class.
+struct StreamLists {
+    stream: StreamId,
+    /// `lists[c]` holds free blocks of exactly `c` rounding units, most recently freed last.
+    lists: Vec<Vec<BlockId>>,
+}
+
+/// Exact-size free lists per stream.
+#[derive(Default)]
+pub(crate) struct Front {
+    streams: Vec<StreamLists>,
+    /// Blocks on all lists.
+    count: usize,
+    /// Bytes of the blocks on all lists.
+    bytes: u64,
+}
+
+impl Front {
+    fn lists_of(&mut self, stream: StreamId) -> Option<&mut StreamLists> {
+        // Few streams use a pool; the first is nearly always the one asked for.
+        self.streams.iter_mut().find(|s| s.stream == stream)
+    }
+
+    /// Takes a free block of `class` rounding units (`size` bytes) for work on `stream`.
+    #[inline]
+    pub(crate) fn pop(&mut self, stream: StreamId, class: usize, size: usize) -> Option<BlockId> {
+        if self.count == 0 {
+            return None;
+        }
+        let id = self.lists_of(stream)?.lists.get_mut(class)?.pop()?;
+        self.count -= 1;
+        self.bytes -= size as u64;
+        Some(id)
+    }
+
+    /// Puts free block `id` of `class` rounding units (`size` bytes) on `stream`'s list.
+    #[inline]
+    pub(crate) fn push(&mut self, stream: StreamId, class: usize, size: usize, id: BlockId) {
+        match self.lists_of(stream).and_then(|s| s.lists.get_mut(class)) {
+            Some(list) => list.push(id),
+            None => self.push_new(stream, class, id),
+        }
+        self.count += 1;
+        self.bytes += size as u64;
+    }
+
+    /// `push` for a stream or class seen for the first time.
+    #[cold]
+    fn push_new(&mut self, stream: StreamId, class: usize, id: BlockId) {
+        let pos = match self.streams.iter().position(|s| s.stream == stream) {
+            Some(p) => p,
+            None => {
+                self.streams.push(StreamLists {
+                    stream,
+                    lists: Vec::new(),
+                });
+                self.streams.len() - 1
+            }
+        };
+        let lists = &mut self.streams[pos].lists;
+        if lists.len() <= class {
+            lists.resize_with(class + 1, Vec::new);
+        }
+        lists[class].push(id);
+    }
+
+    /// Empties every list (keeping their capacity) and returns the blocks they held.
+    pub(crate) fn drain(&mut self) -> Vec<BlockId> {
+        let mut out = Vec::with_capacity(self.count);
+        for s in &mut self.streams {
+            for l in &mut s.lists {
+                out.append(l);
+            }
+        }
+        self.count = 0;
+        self.bytes = 0;
+        out
+    }
+
+    /// True when no block is on any list.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Bytes of the blocks on the lists.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The largest class with a block on some list.
+    pub(crate) fn largest_class(&self) -> Option<usize> {
+        if self.count == 0 {
+            return None;
+        }
+        self.streams
+            .iter()
+            .filter_map(|s| s.lists.iter().rposition(|l| !l.is_empty()))
+            .max()
+    }
+
+    /// Every listed block with its stream and class (tests).
+    #[cfg(test)]
+    pub(crate) fn entries(&self) -> Vec<(StreamId, usize, BlockId)> {
+        let mut v = Vec::new();
+        for s in &self.streams {
+            for (c, l) in s.lists.iter().enumerate() {
+                v.extend(l.iter().map(|&id| (s.stream, c, id)));
+            }
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_are_per_stream_and_exact_size() {
+        let mut f = Front::default();
+        assert!(f.is_empty());
+        assert_eq!(f.pop(1, 2, 1024), None);
+        f.push(1, 2, 1024, 10);
+        f.push(1, 2, 1024, 11);
+        f.push(2, 2, 1024, 12);
+        f.push(1, 3, 1536, 13);
+        assert_eq!(f.bytes(), 3 * 1024 + 1536);
+        assert_eq!(f.pop(1, 2, 1024), Some(11), "most recently freed first");
+        assert_eq!(
+            f.pop(2, 3, 1536),
+            None,
+            "another stream's class 3 is not shared"
+        );
+        assert_eq!(f.pop(3, 2, 1024), None, "an unknown stream has nothing");
+        assert_eq!(f.pop(1, 4, 2048), None, "a larger class is not split");
+        let mut rest = f.drain();
+        rest.sort_unstable();
+        assert_eq!(rest, [10, 12, 13]);
+        assert!(f.is_empty());
+        assert_eq!(f.bytes(), 0);
+        assert_eq!(f.pop(1, 2, 1024), None);
+    }
+}

@@ -1,0 +1,101 @@
+//! Once a program has allocated every size it uses, a cycle of pool allocations and frees
+//! costs no heap allocation: the host pool serves small blocks from exact-size free lists and
+//! keeps its bookkeeping in place. A counting global allocator (per thread, since tests run in
+//! parallel) checks it.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use syncmem::{HostPool, PoolConfig, PoolKind};
+
+thread_local! {
+    static ALLOCS: Cell<usize> = const { Cell::new(0) };
+}
+
+struct Counting;
+
+fn count() {
+    // `try_with`: nothing to count while the thread's locals are being torn down.
+    let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; counting touches only a
+// thread-local `Cell` with no destructor.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count();
+        // SAFETY: the caller's contract is the system allocator's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count();
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count();
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocs() -> usize {
+    ALLOCS.with(Cell::get)
+}
+
+/// Heap allocations made by `cycles` cycles of allocating `sizes` at once and freeing them in
+/// `order`, after one warm-up cycle.
+fn heap_allocs_of_cycles(kind: PoolKind, sizes: &[usize], cycles: usize) -> usize {
+    let pool = HostPool::new("steady", PoolConfig::new(kind)).unwrap();
+    let cycle = || {
+        let mut v: Vec<_> = sizes.iter().map(|&s| pool.alloc(s).unwrap()).collect();
+        // Free out of allocation order, as programs do.
+        while !v.is_empty() {
+            let i = v.len() / 2;
+            drop(v.swap_remove(i));
+        }
+        v
+    };
+    // The warm-up makes the segments and grows every list; its vector is reused below.
+    let mut keep = cycle();
+    keep.reserve(sizes.len());
+    let before = allocs();
+    for _ in 0..cycles {
+        for &s in sizes {
+            keep.push(pool.alloc(s).unwrap());
+        }
+        while !keep.is_empty() {
+            let i = keep.len() / 2;
+            drop(keep.swap_remove(i));
+        }
+    }
+    allocs() - before
+}
+
+#[test]
+fn caching_pool_cycles_allocate_nothing() {
+    let sizes = [64, 512, 4096, 4096, 5000, 65_536, 300_000];
+    assert_eq!(heap_allocs_of_cycles(PoolKind::Caching, &sizes, 1000), 0);
+}
+
+#[test]
+fn binned_pool_cycles_allocate_nothing() {
+    let sizes = [64, 512, 4096, 4096, 5000, 65_536, 300_000];
+    assert_eq!(heap_allocs_of_cycles(PoolKind::Binned, &sizes, 1000), 0);
+}
+
+#[test]
+fn the_counter_counts() {
+    // The check above would pass vacuously if the allocator were not in use.
+    let before = allocs();
+    let v = std::hint::black_box(vec![1u8; 100]);
+    assert_eq!(allocs() - before, 1);
+    drop(v);
+}
