@@ -37,6 +37,7 @@ pub mod config;
 mod front;
 pub mod host;
 mod lease;
+mod pending;
 mod slab;
 pub mod stats;
 mod strategy;
@@ -54,6 +55,8 @@ use parking_lot::Mutex;
 pub use config::{MemoryCap, PoolConfig, PoolKind};
 pub use host::{HostAllocation, HostPool};
 pub use lease::Lease;
+pub use pending::Fence;
+pub(crate) use pending::{merge_one, merge_pending, usable_by, PendingUse};
 pub use stats::{Gauge, PoolStats};
 
 pub use crate::backend::RawStorage;
@@ -99,73 +102,6 @@ impl Hasher for IdHasher {
 
 /// A map keyed by pool ids ([`BlockId`], [`SegId`]).
 pub(crate) type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
-
-/// Something that completes: work in flight on a block.
-pub trait Fence: Send + Sync {
-    /// True once the work has completed. Never blocks for the work (it may queue a marker). An
-    /// error of the work counts as completed (it no longer runs).
-    fn is_complete(&self) -> bool;
-    /// Blocks until the work has completed.
-    fn wait(&self);
-    /// A cheap check used to prune pending uses: may say `false` for work that is done when
-    /// finding out would cost something (a lazily recorded event not recorded yet).
-    fn poll(&self) -> bool {
-        self.is_complete()
-    }
-}
-
-/// A use of a block still in flight on a stream.
-#[derive(Clone)]
-pub(crate) struct PendingUse {
-    /// The stream the work was queued on.
-    pub(crate) stream: StreamId,
-    /// Completes when the work is done.
-    pub(crate) fence: Arc<dyn Fence>,
-    /// Order of creation: on one (in-order) stream a newer fence covers every older one.
-    pub(crate) seq: u64,
-}
-
-static NEXT_PENDING: AtomicU64 = AtomicU64::new(0);
-
-impl PendingUse {
-    pub(crate) fn new(stream: StreamId, fence: Arc<dyn Fence>) -> Self {
-        Self {
-            stream,
-            fence,
-            seq: NEXT_PENDING.fetch_add(1, Relaxed),
-        }
-    }
-}
-
-/// Adds `more` to `into`, keeping only the newest fence per stream and dropping completed ones
-/// (cheaply: see [`Fence::poll`]). Lists stay as short as the number of streams involved.
-pub(crate) fn merge_pending(into: &mut Vec<PendingUse>, more: Vec<PendingUse>) {
-    if into.is_empty() && more.len() <= 1 {
-        // Nothing to merge with (the common case): take the list over without copying.
-        *into = more;
-    } else {
-        for p in more {
-            merge_one(into, p);
-        }
-    }
-    into.retain(|p| !p.fence.poll());
-}
-
-/// Adds `p` to `into`, keeping only the newest fence per stream (no pruning).
-pub(crate) fn merge_one(into: &mut Vec<PendingUse>, p: PendingUse) {
-    match into.iter_mut().find(|q| q.stream == p.stream) {
-        Some(q) if q.seq < p.seq => *q = p,
-        Some(_) => {}
-        None => into.push(p),
-    }
-}
-
-/// True when a block with these pending uses may be handed to work on `stream`.
-pub(crate) fn usable_by(pending: &[PendingUse], stream: StreamId) -> bool {
-    pending
-        .iter()
-        .all(|p| p.stream == stream || p.fence.is_complete())
-}
 
 /// A byte budget shared by a pool's segments and direct allocations of the same memory.
 #[derive(Debug)]
