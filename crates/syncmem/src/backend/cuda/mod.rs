@@ -26,6 +26,11 @@
 //!   `cuMemFree`.
 //! - Copies and fills go through the `result`/`sys` layers on raw device pointers, ordered on
 //!   the stream they are issued on; `blocking` host copies synchronize that stream afterwards.
+//! - Device work is asynchronous, as on OpenCL: a launch, a device copy or a fill is queued
+//!   and an event is recorded after it on the stream's timeline (`backend/timeline.rs`), so
+//!   the layers above record the command's point on every buffer it uses, order other streams
+//!   after it with event waits on the device (`cuStreamWaitEvent`), and block the host only
+//!   where it reads. Like everything in this backend, this path has never run on a GPU.
 //! - Kernels: CUDA C sources ([`source`]) compiled by NVRTC once per process and loaded once per
 //!   device ([`program`]), one launch helper ([`launch`]) and the
 //!   [`crate::backend::BackendKernels`] implementation. **Compile-checked only: never run on a
