@@ -67,9 +67,16 @@ pub(crate) fn split(
     Ok((a, outer, inner))
 }
 
-/// A GEMM of `m x n` results over `k`, with transposes `(ta, tb)`.
+/// A GEMM of `m x n` results over `k`, with transposes `(ta, tb)`, no ReLU.
 fn gemm((ta, tb): (bool, bool), (m, n, k): (usize, usize, usize)) -> Gemm {
-    Gemm { ta, tb, m, n, k }
+    Gemm {
+        ta,
+        tb,
+        m,
+        n,
+        k,
+        relu: false,
+    }
 }
 
 impl Operator for Fc {
