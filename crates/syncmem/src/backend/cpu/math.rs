@@ -4,6 +4,14 @@
 //! [`crate::kernels::host`]).
 //!
 //! Sums (asum, sumsq, column sums, losses) are accumulated in `f64`, then rounded once.
+//!
+//! `matrixmultiply` is built with its `threading` feature: a GEMM large enough for it (its own
+//! size heuristic) runs on up to as many threads as the machine has physical cores
+//! (`MATMUL_NUM_THREADS` caps it). Measured on 2 cores, `syncmem train --device cpu` epoch time
+//! (median of 5, interleaved): hidden 1024 230 -> 192 ms, hidden 256 and 64 unchanged (12.6 vs
+//! 12.8 ms, 2.2 vs 2.4 ms). The element-wise loops stay on one thread: at these sizes they are
+//! a few percent of a step, and a second thread costs more than it saves (an SGD update of 1M
+//! weights: 270-330 µs on one thread, 290 µs split over two).
 
 use crate::backend::BadLabel;
 use crate::dtype::Float;
