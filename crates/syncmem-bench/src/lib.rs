@@ -3,7 +3,14 @@
 //!
 //! Every row times an operation of syncmem ("ours") and the plain equivalent ("baseline")
 //! as the median of a few runs, and reports `ratio = baseline / ours`: above 1 ours is faster,
-//! below 1 it is slower. Not a stable API.
+//! below 1 it is slower. The [`compute`] section measures this CPU's FMA peak, GEMM
+//! throughput against it, `train` epoch times on the device against `cpu`, and the cost of a
+//! trivial kernel. Not a stable API.
+
+pub mod compute;
+mod peak;
+#[cfg(feature = "opencl")]
+mod rawcl;
 
 use std::alloc::Layout;
 use std::fmt;
@@ -93,6 +100,8 @@ pub struct BenchReport {
     pub replay: Vec<ReplayRow>,
     /// Rows skipped and why.
     pub skipped: Vec<String>,
+    /// FMA peak, GEMM throughput, train epoch times, trivial kernel.
+    pub compute: compute::ComputeReport,
 }
 
 impl BenchReport {
@@ -104,7 +113,7 @@ impl BenchReport {
 
 /// Number of steps [`run`] reports through its progress callback.
 pub fn step_count() -> usize {
-    STEPS.len()
+    STEPS.len() + compute::STEPS.len()
 }
 
 const STEPS: [&str; 10] = [
@@ -390,12 +399,17 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
         next(progress);
         replay.push(replay_row(&trace, kind)?);
     }
+    let compute = compute::run(dev.as_ref().ok(), &opts.device, opts.quick, &mut |name| {
+        progress(step, name);
+        step += 1;
+    })?;
     Ok(BenchReport {
         device: opts.device.clone(),
         quick: opts.quick,
         rows,
         replay,
         skipped,
+        compute,
     })
 }
 
@@ -456,7 +470,8 @@ impl fmt::Display for BenchReport {
         for s in &self.skipped {
             writeln!(f, "note: skipped {s}")?;
         }
-        Ok(())
+        writeln!(f)?;
+        write!(f, "{}", self.compute)
     }
 }
 
