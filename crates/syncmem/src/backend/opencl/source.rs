@@ -175,6 +175,21 @@ inline void sm_gemm_rb(const uint M, const uint N, const uint K, const bool TA, 
             }
         }
     }
+    if (nn == 16) {
+        /* The epilogue of sm_epilogue on 16 columns at once (the same select). */
+        const float16 bv = (flags & SM_BIAS) ? vload16(0, bias + n0) : (float16)(0.0f);
+#pragma unroll
+        for (uint i = 0; i < SM_RB_M; ++i) {
+            if (i < mm) {
+                float16 v = (flags & SM_BIAS) ? acc[i] + bv : acc[i];
+                if (flags & SM_RELU) {
+                    v = select((float16)(0.0f), v, v > 0.0f);
+                }
+                vstore16(v, 0, C + (size_t)(m0 + i) * N + n0);
+            }
+        }
+        return;
+    }
 #pragma unroll
     for (uint i = 0; i < SM_RB_M; ++i) {
         if (i < mm) {
