@@ -5,9 +5,15 @@
 //! alternating samples of a batch of calls, and reports the medians per call and
 //! `ratio = baseline / ours`: above 1 ours is faster, below 1 it is slower. Rows with a goal
 //! say whether it is met. A second table replays the training traces shipped with syncmem on
-//! every pool kind against the memory goals ([`replay`]). Not a stable API.
+//! every pool kind against the memory goals ([`replay`]). The [`compute`] section measures this
+//! CPU's FMA peak, GEMM throughput against it, `train` epoch times on the device against
+//! `cpu`, and the cost of a trivial kernel. Not a stable API.
 
+pub mod compute;
+mod peak;
 pub mod raw;
+#[cfg(feature = "opencl")]
+mod rawcl;
 pub mod replay;
 pub mod rows;
 
@@ -104,6 +110,8 @@ pub struct BenchReport {
     pub notes: Vec<String>,
     /// Rows skipped and why.
     pub skipped: Vec<String>,
+    /// FMA peak, GEMM throughput, train epoch times, trivial kernel.
+    pub compute: compute::ComputeReport,
 }
 
 impl BenchReport {
@@ -122,7 +130,7 @@ pub const ROUND_TRIP_GOAL: f64 = 0.95;
 
 /// Number of steps [`run`] reports through its progress callback.
 pub fn step_count() -> usize {
-    STEPS.len()
+    STEPS.len() + compute::STEPS.len()
 }
 
 const STEPS: [&str; 15] = [
@@ -260,9 +268,10 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
     };
     // The device rows are steps 5 to 10, whether they run or not.
     let after_device = p.step + 6;
-    match Device::open_spec(spec) {
+    let dev = Device::open_spec(spec);
+    match &dev {
         Ok(d) => {
-            if let Err(e) = device_rows(&d, &mut rows, &mut p) {
+            if let Err(e) = device_rows(d, &mut rows, &mut p) {
                 skipped.push(format!("device rows on {}: {e}", opts.device));
             }
         }
@@ -288,6 +297,11 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
     if device_miss {
         notes.push(DEVICE_VIEW_NOTE.to_string());
     }
+    let mut step = p.step;
+    let compute = compute::run(dev.as_ref().ok(), &opts.device, opts.quick, &mut |name| {
+        (p.progress)(step, name);
+        step += 1;
+    })?;
     Ok(BenchReport {
         device: opts.device.clone(),
         quick: opts.quick,
@@ -295,6 +309,7 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
         replay,
         notes,
         skipped,
+        compute,
     })
 }
 
@@ -383,7 +398,8 @@ impl fmt::Display for BenchReport {
         for s in &self.skipped {
             writeln!(f, "note: skipped {s}")?;
         }
-        Ok(())
+        writeln!(f)?;
+        write!(f, "{}", self.compute)
     }
 }
 

@@ -82,6 +82,75 @@ fn bench_quick_json_has_ratios() {
     }
     assert!(v["notes"].as_array().is_some_and(|n| !n.is_empty()));
     assert_eq!(v["skipped"].as_array().map(Vec::len), Some(0));
+    // The compute section on cpu: the FMA peak and the cpu GEMM rows; the device rows need an
+    // accelerator and say so.
+    let c = &v["compute"];
+    check_peak_and_gemm(c, &["cpu"]);
+    assert!(c["train"].as_array().is_some_and(Vec::is_empty), "{c}");
+    assert!(c["launch"].is_null());
+    assert!(
+        c["notes"][0].as_str().unwrap().contains("accelerator"),
+        "{c}"
+    );
+}
+
+/// The FMA peak is positive, and each of `devices` has one GEMM row per hidden width with
+/// positive throughput; hidden 1024 has a goal and says whether it was met.
+fn check_peak_and_gemm(c: &Value, devices: &[&str]) {
+    let p = &c["peak"];
+    for key in ["one_core_gflops", "all_cores_gflops"] {
+        assert!(p[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {p}");
+    }
+    assert!(p["threads"].as_u64().is_some_and(|t| t >= 1));
+    let rows = c["gemm"].as_array().expect("gemm rows");
+    assert_eq!(rows.len(), 3 * devices.len(), "{rows:?}");
+    for (r, dev) in rows.iter().zip(devices.iter().flat_map(|d| [d; 3])) {
+        assert_eq!(r["device"], *dev);
+        for key in [
+            "forward_gflops",
+            "backward_gflops",
+            "gflops",
+            "fraction_of_peak",
+        ] {
+            assert!(r[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {r}");
+        }
+        let has_goal = r["hidden"] == 1024;
+        assert_eq!(r["goal"].is_f64(), has_goal, "{r}");
+        assert_eq!(r["goal_met"].is_boolean(), has_goal, "{r}");
+    }
+}
+
+#[cfg(feature = "opencl")]
+#[test]
+fn bench_on_opencl_compares_train_gemm_and_launch() {
+    if syncmem::testing::opencl_or_skip("bench_on_opencl_compares_train_gemm_and_launch").is_none()
+    {
+        return;
+    }
+    let v: Value = common::json(&["bench", "--quick", "--device", "opencl:0", "--json"]);
+    let c = &v["compute"];
+    assert_eq!(c["device"], "opencl:0");
+    check_peak_and_gemm(c, &["cpu", "opencl:0"]);
+    let train = c["train"].as_array().expect("train rows");
+    let widths: Vec<u64> = train.iter().filter_map(|r| r["hidden"].as_u64()).collect();
+    assert_eq!(widths, [64, 256, 1024]);
+    for r in train {
+        let (cpu, dev) = (
+            r["cpu_ms"].as_f64().unwrap(),
+            r["device_ms"].as_f64().unwrap(),
+        );
+        assert!(cpu > 0.0 && dev > 0.0, "{r}");
+        assert!(
+            (r["ratio"].as_f64().unwrap() - dev / cpu).abs() < 1e-9,
+            "{r}"
+        );
+        assert_eq!(r["goal"].is_f64(), r["hidden"] != 256, "{r}");
+    }
+    let l = &c["launch"];
+    for key in ["crate_ns", "raw_wait_ns", "raw_queued_ns", "ratio"] {
+        assert!(l[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {l}");
+    }
+    assert_eq!(c["notes"].as_array().map(Vec::len), Some(0), "{c}");
 }
 
 /// `(number, unit)` pairs of `line` whose unit is one of `units`.

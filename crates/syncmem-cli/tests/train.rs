@@ -76,9 +76,10 @@ fn check_report(r: &Value, device: &str, epochs: usize) {
     assert!(u(&p["slots"]) < u(&p["planned_blobs"]), "{p}");
     let shared = p["shared"].as_object().expect("shared buffers");
     assert_eq!(shared.len() as u64, u(&p["slots"]));
+    // FC + Relu fused: the first intermediate written is the first ReLU's output.
     assert!(shared["__shared_0"]
         .as_array()
-        .is_some_and(|v| v.len() > 1 && v[0] == "fc1"));
+        .is_some_and(|v| v.len() > 1 && v[0] == "relu1"));
     let mem = r["memory"].as_array().expect("memory array");
     let dev_mem = mem
         .iter()
@@ -120,10 +121,39 @@ fn no_plan_keeps_every_blob() {
     assert_eq!(r["settings"]["plan"], false);
     assert_eq!(r["planning"]["enabled"], false);
     let blobs = r["blobs"].as_array().unwrap();
-    assert!(blobs.iter().any(|b| b["name"] == "fc1"));
+    assert!(blobs.iter().any(|b| b["name"] == "relu1"));
     assert!(!blobs.iter().any(|b| b["name"]
         .as_str()
         .is_some_and(|n| n.starts_with("__shared_"))));
+}
+
+/// FC + Relu are fused by default (no pre-activation blob); `--no-fuse` writes `fc1` and `fc2`
+/// again, and the results are the same bit for bit.
+#[test]
+fn no_fuse_writes_the_pre_activations_with_the_same_results() {
+    let run = |extra: &[&str]| {
+        let mut args = vec!["train", "--device", "cpu", "--epochs", "2", "--no-plan"];
+        args.extend(extra);
+        args.push("--json");
+        train_json(&args)
+    };
+    let (fused, unfused) = (run(&[]), run(&["--no-fuse"]));
+    assert_eq!(fused["settings"]["fuse"], true);
+    assert_eq!(unfused["settings"]["fuse"], false);
+    let has = |r: &Value, name: &str| {
+        r["blobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["name"] == name)
+    };
+    for pre in ["fc1", "fc2"] {
+        assert!(!has(&fused, pre) && has(&unfused, pre), "{pre}");
+    }
+    assert!(has(&fused, "fc3"), "the last FC feeds no Relu");
+    for key in ["loss", "accuracy"] {
+        assert_eq!(fused["final"][key], unfused["final"][key], "{key}");
+    }
 }
 
 #[test]

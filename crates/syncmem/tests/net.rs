@@ -382,6 +382,7 @@ fn small(plan: bool) -> TrainConfig {
         lr: 0.5,
         seed: 5,
         plan,
+        fuse: true,
     }
 }
 
@@ -408,6 +409,41 @@ fn planning_keeps_training_results(dev: &Device) {
         runs.push((losses, weights));
     }
     assert_eq!(runs[0], runs[1]);
+}
+
+/// Trains with and without fusing FC + Relu, planned and not: the same losses and weights, bit
+/// for bit; the fused nets run two operators fewer and never write the pre-activations.
+fn fusion_keeps_training_results(dev: &Device) {
+    let data = spirals();
+    let mut runs = Vec::new();
+    for (fuse, plan) in [(false, false), (true, false), (true, true)] {
+        let cfg = TrainConfig {
+            fuse,
+            ..small(plan)
+        };
+        let mut t = Trainer::new(dev, &data, &cfg).unwrap();
+        let losses: Vec<u64> = (0..2)
+            .map(|_| t.run_epoch().unwrap().loss.to_bits())
+            .collect();
+        let weights: Vec<Vec<f32>> = t
+            .nets()
+            .params
+            .iter()
+            .map(|p| host_f32(t.workspace(), p))
+            .collect();
+        let net = t.train_net();
+        let fused = net.fusion().map_or(0, |f| f.fused.len());
+        assert_eq!(fused, if fuse { 2 } else { 0 });
+        assert_eq!(net.run_def().ops.len() + fused, net.def().ops.len());
+        let relus = net.run_def().ops.iter().filter(|o| o.op_type == "Relu");
+        assert_eq!(relus.count(), if fuse { 0 } else { 2 });
+        for pre in ["fc1", "fc2"] {
+            assert_eq!(t.workspace().has_blob(pre), !fuse && !plan, "{pre}");
+        }
+        runs.push((losses, weights));
+    }
+    assert_eq!(runs[0], runs[1], "fused vs unfused");
+    assert_eq!(runs[0], runs[2], "fused and planned vs unfused");
 }
 
 /// Planning lowers the measured peak of a forward+backward+update step.
@@ -460,6 +496,7 @@ fn measured_run_counts_intermediates(dev: &Device) {
 
 syncmem::for_each_device!(
     planning_keeps_training_results,
+    fusion_keeps_training_results,
     planning_lowers_the_peak,
     training_learns_the_spirals,
     measured_run_counts_intermediates,

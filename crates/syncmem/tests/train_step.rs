@@ -21,6 +21,7 @@ fn one_step_copies_only_two_scalars(dev: &Device) {
         lr: 0.5,
         seed: 5,
         plan: true,
+        ..TrainConfig::default()
     };
     let mut t = Trainer::new(dev, &Dataset::spirals(64, 3, 0.2, 11), &cfg).unwrap();
     let weights_before: Vec<_> = blob_report(t.workspace())

@@ -192,6 +192,7 @@ fn record(args: &RecordArgs) -> anyhow::Result<()> {
         save: None,
         plan: true,
         no_plan: false,
+        no_fuse: !d.fuse,
         json: true,
     };
     // Fail on an unwritable path before training.

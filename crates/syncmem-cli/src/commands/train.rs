@@ -99,6 +99,11 @@ pub struct Args {
     #[arg(long = "no-plan", overrides_with = "plan")]
     pub no_plan: bool,
 
+    /// Do not fuse FC + Relu into one FC that applies the ReLU in its GEMM (fused by default;
+    /// the results are the same bit for bit).
+    #[arg(long = "no-fuse")]
+    pub no_fuse: bool,
+
     /// Print one JSON object instead of the text report (no progress bar; schema: `--help`).
     #[arg(long)]
     pub json: bool,
@@ -119,7 +124,7 @@ JSON output (--json), one object:
   {\"device\": string, \"note\": string | null,
    \"data\": {\"source\": \"spirals\" | path, \"samples\", \"features\", \"classes\"},
    \"model\": {\"widths\": [D, H, H, C], \"parameters\"},
-   \"settings\": {\"epochs\", \"batch\", \"lr\", \"seed\", \"plan\": bool},
+   \"settings\": {\"epochs\", \"batch\", \"lr\", \"seed\", \"plan\": bool, \"fuse\": bool},
    \"epochs\": [{\"epoch\", \"loss\", \"accuracy\", \"steps\", \"seconds\"}],
    \"final\": {\"loss\", \"accuracy\"}, \"seconds\": total,
    \"transfers\": {\"steps\": count, \"setup\", \"training\", \"per_step\", \"max_step\", \"eval\",
@@ -200,6 +205,7 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
         lr: args.lr,
         seed: args.seed,
         plan: !args.no_plan,
+        fuse: !args.no_fuse,
     };
     if human {
         if let Some(n) = &note {

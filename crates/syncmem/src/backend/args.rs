@@ -57,7 +57,8 @@ pub(crate) fn value<P, F: Float>(a: F) -> KArg<P> {
     }
 }
 
-/// `sm_gemm(M, N, K, ta, tb, A, B, C, bias, has_bias)`.
+/// `sm_gemm(M, N, K, ta, tb, A, B, C, bias, flags)`: `flags` bit 0 adds the bias, bit 1
+/// applies the ReLU ([`Gemm::relu`]).
 pub(crate) fn gemm<P: DevicePtr>(
     label: &str,
     g: &Gemm,
@@ -76,7 +77,7 @@ pub(crate) fn gemm<P: DevicePtr>(
         ptr(b),
         KArg::Ptr(c),
         ptr(bias),
-        flag(bias.is_some()),
+        KArg::U32(u32::from(bias.is_some()) | (u32::from(g.relu) << 1)),
     ])
 }
 
@@ -211,11 +212,17 @@ mod tests {
             m: 2,
             n: 3,
             k: 0,
+            relu: false,
         };
         let a = gemm::<u64>("x", &g, None, None, 9, Some(5)).unwrap();
         assert!(matches!(a[3], KArg::U32(1)) && matches!(a[4], KArg::U32(0)));
         assert!(matches!(a[5], KArg::Ptr(0)) && matches!(a[7], KArg::Ptr(9)));
         assert!(matches!(a[8], KArg::Ptr(5)) && matches!(a[9], KArg::U32(1)));
+        let relu = Gemm { relu: true, ..g };
+        let r = gemm::<u64>("x", &relu, None, None, 9, None).unwrap();
+        assert!(matches!(r[8], KArg::Ptr(0)) && matches!(r[9], KArg::U32(2)));
+        let r = gemm::<u64>("x", &relu, None, None, 9, Some(5)).unwrap();
+        assert!(matches!(r[9], KArg::U32(3)));
         let s = softmax_loss_grad::<u64>("x", (1, 2), 1, 2, None, 3).unwrap();
         assert!(matches!(s[4], KArg::Ptr(0)) && matches!(s[5], KArg::U32(0)));
         assert!(matches!(value::<u64, f64>(0.5), KArg::F64(v) if v == 0.5));

@@ -258,8 +258,8 @@ pub(crate) type Buf<'a, M> = Option<&'a M>;
 /// kernel cannot return it without a read-back; it writes NaN instead).
 pub(crate) type BadLabel = (usize, i32);
 
-/// A GEMM: `C[m,n] = op(A)·op(B) (+ bias[col])`, row-major, with `op(A)[i,l] = ta ? A[l*m + i]
-/// : A[i*k + l]` and `op(B)[l,j] = tb ? B[j*k + l] : B[l*n + j]`.
+/// A GEMM: `C[m,n] = op(A)·op(B) (+ bias[col])`, then `max(C, 0)` with `relu`, row-major, with
+/// `op(A)[i,l] = ta ? A[l*m + i] : A[i*k + l]` and `op(B)[l,j] = tb ? B[j*k + l] : B[l*n + j]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Gemm {
     /// `A` is stored transposed.
@@ -272,6 +272,8 @@ pub(crate) struct Gemm {
     pub(crate) n: usize,
     /// The inner dimension.
     pub(crate) k: usize,
+    /// Apply `max(·, 0)` to every result, after the bias (a fused FC + Relu).
+    pub(crate) relu: bool,
 }
 
 /// The reductions of [`BackendKernels::reduce_partials`].
@@ -312,7 +314,7 @@ pub(crate) trait BackendKernels {
     /// Builds (or finds) the math kernels of element type `kind` (`f32` or `f64`).
     fn prepare_math(&self, kind: ScalarKind) -> Result<()>;
 
-    /// `C = op(A)·op(B) (+ bias)`; `m, n >= 1` (`a` and `b` are empty only when `k == 0`).
+    /// `C = op(A)·op(B) (+ bias)`, then `max(C, 0)` when [`Gemm::relu`]; `m, n >= 1` (`a` and `b` are empty only when `k == 0`).
     fn gemm(
         &self,
         s: &Self::Stream,

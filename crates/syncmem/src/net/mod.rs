@@ -28,6 +28,7 @@
 //! | [`Net`] | a net built for a device: its operators and a [`Context`] |
 //! | `Workspace` net methods | `create_net`, `get_net`, `run_net`, `delete_net`, `nets`, `run_net_once` |
 //! | [`plan`] | memory planning: intermediate blobs whose lifetimes do not overlap share buffers |
+//! | [`fuse`] | operator fusion: an `FC` read only by a following `Relu` becomes one fused `FC` |
 //! | [`memory`] | where each blob lives, bytes per side, peaks measured while a net runs |
 //! | [`mlp`], [`train`] | a multilayer perceptron as nets of operators, datasets, a training loop |
 //!
@@ -43,6 +44,7 @@
 //! | memonger is a separate Python pass | [`NetOptions::plan_memory`] at creation |
 
 mod def;
+pub mod fuse;
 pub mod memory;
 pub mod mlp;
 pub mod plan;
@@ -50,6 +52,7 @@ pub mod train;
 mod workspace_nets;
 
 pub use def::NetDef;
+pub use fuse::{fuse_fc_relu, Fusion};
 pub use plan::{plan_memory, MemoryPlan, PlanOptions};
 
 use std::fmt;
@@ -75,8 +78,13 @@ pub struct NetOptions {
     pub overwrite: bool,
     /// Let intermediate blobs whose lifetimes do not overlap share buffers (see [`plan`]).
     pub plan_memory: bool,
-    /// Options of the planner (names to keep, size hints).
+    /// Options of the planner (names to keep, size hints); its `keep` names are never fused
+    /// away either.
     pub plan: PlanOptions,
+    /// Fuse each `FC` whose output only a following `Relu` reads into one `FC` that applies
+    /// the ReLU (see [`fuse`]), before planning. Off by default: the pre-activation blob is no
+    /// longer written.
+    pub fuse: bool,
     /// Seed of the net's context (random fills); `None` draws one.
     pub seed: Option<u64>,
     /// Operators tried before the built-in ones.
@@ -84,7 +92,7 @@ pub struct NetOptions {
 }
 
 impl NetOptions {
-    /// The defaults: no overwrite, no planning, a random seed, built-in operators.
+    /// The defaults: no overwrite, no planning, no fusion, a random seed, built-in operators.
     pub fn new() -> Self {
         Self::default()
     }
@@ -98,6 +106,12 @@ impl NetOptions {
     /// Sets [`NetOptions::plan_memory`].
     pub fn plan_memory(mut self, yes: bool) -> Self {
         self.plan_memory = yes;
+        self
+    }
+
+    /// Sets [`NetOptions::fuse`].
+    pub fn fuse(mut self, yes: bool) -> Self {
+        self.fuse = yes;
         self
     }
 
@@ -127,6 +141,7 @@ impl fmt::Debug for NetOptions {
             .field("overwrite", &self.overwrite)
             .field("plan_memory", &self.plan_memory)
             .field("plan", &self.plan)
+            .field("fuse", &self.fuse)
             .field("seed", &self.seed)
             .field("operators", &self.operators.is_some())
             .finish()
@@ -140,6 +155,7 @@ impl fmt::Debug for NetOptions {
 /// runs"); different nets run concurrently, each blob being protected by its own lock.
 pub struct Net {
     def: NetDef,
+    fusion: Option<Fusion>,
     plan: Option<MemoryPlan>,
     device: Device,
     ctx: Context,
@@ -148,20 +164,23 @@ pub struct Net {
 }
 
 impl Net {
-    /// Builds every operator of `def` for `device` (after planning memory when
-    /// `opts.plan_memory`). The workspace is not touched; on error nothing is left behind.
+    /// Builds every operator of `def` for `device` (after fusing when `opts.fuse`, then
+    /// planning memory when `opts.plan_memory`). The workspace is not touched; on error
+    /// nothing is left behind.
     ///
     /// # Errors
     /// [`Error::OperatorFailed`] (stage `"build"`) naming the net and the operator whose
     /// construction failed (unknown type, bad arguments); an error of the planner; a backend
     /// error creating the context.
     pub fn build(def: &NetDef, device: &Device, opts: &NetOptions) -> Result<Net> {
+        let fusion = opts.fuse.then(|| fuse_fc_relu(def, &opts.plan.keep));
+        let base = fusion.as_ref().map_or(def, |f| &f.def);
         let plan = if opts.plan_memory {
-            Some(plan_memory(def, &opts.plan)?)
+            Some(plan_memory(base, &opts.plan)?)
         } else {
             None
         };
-        let run_def = plan.as_ref().map_or(def, |p| &p.def);
+        let run_def = plan.as_ref().map_or(base, |p| &p.def);
         let mut ops = Vec::with_capacity(run_def.ops.len());
         for (index, op_def) in run_def.ops.iter().enumerate() {
             let built = match &opts.operators {
@@ -172,11 +191,12 @@ impl Net {
                 },
                 None => create_operator(op_def, device),
             };
-            ops.push(built.map_err(|e| op_failed(def, plan.as_ref(), "build", index, e))?);
+            ops.push(built.map_err(|e| op_failed(base, plan.as_ref(), "build", index, e))?);
         }
         let ctx = Context::with_seed(device, opts.seed.unwrap_or_else(random_seed))?;
         Ok(Net {
             def: def.clone(),
+            fusion,
             plan,
             device: device.clone(),
             ctx,
@@ -195,9 +215,22 @@ impl Net {
         &self.def
     }
 
-    /// The definition that runs: the planned one when memory was planned, else [`Net::def`].
+    /// The definition that runs: fused when the net was built with [`NetOptions::fuse`], then
+    /// planned when memory was planned; else [`Net::def`].
     pub fn run_def(&self) -> &NetDef {
-        self.plan.as_ref().map_or(&self.def, |p| &p.def)
+        self.plan
+            .as_ref()
+            .map_or_else(|| self.base_def(), |p| &p.def)
+    }
+
+    /// The definition before planning: the fused one, else [`Net::def`].
+    fn base_def(&self) -> &NetDef {
+        self.fusion.as_ref().map_or(&self.def, |f| &f.def)
+    }
+
+    /// The fusion, when the net was built with [`NetOptions::fuse`].
+    pub fn fusion(&self) -> Option<&Fusion> {
+        self.fusion.as_ref()
     }
 
     /// The memory plan, when the net was created with one.
@@ -272,7 +305,7 @@ impl Net {
         let _one_run = self.running.lock();
         for (index, op) in self.ops.iter().enumerate() {
             op.run(ws, ctx)
-                .map_err(|e| op_failed(&self.def, self.plan.as_ref(), "run", index, e))?;
+                .map_err(|e| op_failed(self.base_def(), self.plan.as_ref(), "run", index, e))?;
             after(index, op.def())?;
         }
         Ok(())
@@ -321,6 +354,7 @@ impl fmt::Debug for Net {
             .field("name", &self.def.name)
             .field("device", &self.device.label())
             .field("ops", &self.ops.len())
+            .field("fused", &self.fusion.as_ref().map_or(0, |f| f.fused.len()))
             .field("planned", &self.plan.is_some())
             .finish()
     }

@@ -47,11 +47,13 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Plan memory (intermediate blobs share buffers).
     pub plan: bool,
+    /// Fuse each FC + Relu into one FC that applies the ReLU (see [`super::fuse`]).
+    pub fuse: bool,
 }
 
 impl Default for TrainConfig {
     /// Two hidden layers of 64, 30 epochs of batches of 64, learning rate 0.5, seed 0,
-    /// planning on.
+    /// planning and fusion on.
     fn default() -> Self {
         Self {
             hidden: vec![64, 64],
@@ -60,6 +62,7 @@ impl Default for TrainConfig {
             lr: 0.5,
             seed: 0,
             plan: true,
+            fuse: true,
         }
     }
 }
@@ -190,12 +193,12 @@ impl Trainer {
         let base = NetOptions::new().seed(cfg.seed);
         ws.run_net_once(&nets.init, device, &base)?;
         let opts = if cfg.plan {
-            base.with_plan(PlanOptions {
+            base.fuse(cfg.fuse).with_plan(PlanOptions {
                 keep: Vec::new(),
                 sizes: mlp.blob_bytes(cfg.batch),
             })
         } else {
-            base
+            base.fuse(cfg.fuse)
         };
         let train = ws.create_net(&nets.train, device, &opts)?;
         let eval = ws.create_net(&nets.eval, device, &opts)?;

@@ -4,6 +4,10 @@
 //! `K`; `W` as `[M, K]` around `axis_w`. `Y = X·Wᵀ + b` has `X`'s dims before `axis`, then `M`.
 //! The gradient computes `dW = dYᵀ·X` (dims of `W`), `db = Σ_rows dY` (`[M]`) and, with a third
 //! output, `dX = dY·W` (dims of `X`).
+//!
+//! `FC` with `relu = 1` writes `max(X·Wᵀ + b, 0)`: the GEMM applies the ReLU as it stores each
+//! result, bit for bit what `FC` then `Relu` give, in one pass and without the pre-activation
+//! blob. Its gradient is `ReluGradient` (which needs only the output) then `FCGradient`.
 
 use super::access::{check_context, shape_error, In, Out, What};
 use super::args::Args;
@@ -21,17 +25,34 @@ struct Fc {
     device: Device,
     axis: i64,
     axis_w: i64,
+    relu: bool,
     gradient: bool,
 }
 
 fn build(def: &OperatorDef, device: &Device, gradient: bool) -> Result<Box<dyn Operator>> {
     let outputs = if gradient { (2, 3) } else { (1, 1) };
-    let args = Args::check(def, (3, 3), outputs, &["axis", "axis_w"])?;
+    let known: &[&str] = if gradient {
+        &["axis", "axis_w"]
+    } else {
+        &["axis", "axis_w", "relu"]
+    };
+    let args = Args::check(def, (3, 3), outputs, known)?;
+    let relu = match args.i64_or("relu", 0)? {
+        0 => false,
+        1 => true,
+        v => {
+            return Err(super::args::invalid(
+                def,
+                format!("argument \"relu\" must be 0 or 1, got {v}"),
+            ))
+        }
+    };
     Ok(Box::new(Fc {
         def: def.clone(),
         device: device.clone(),
         axis: args.i64_or("axis", 1)?,
         axis_w: args.i64_or("axis_w", 1)?,
+        relu,
         gradient,
     }))
 }
@@ -67,9 +88,16 @@ pub(crate) fn split(
     Ok((a, outer, inner))
 }
 
-/// A GEMM of `m x n` results over `k`, with transposes `(ta, tb)`.
+/// A GEMM of `m x n` results over `k`, with transposes `(ta, tb)`, no ReLU.
 fn gemm((ta, tb): (bool, bool), (m, n, k): (usize, usize, usize)) -> Gemm {
-    Gemm { ta, tb, m, n, k }
+    Gemm {
+        ta,
+        tb,
+        m,
+        n,
+        k,
+        relu: false,
+    }
 }
 
 impl Operator for Fc {
@@ -118,7 +146,10 @@ impl Operator for Fc {
         let bi = In::<f32>::open(b, dev, What::input(def, 2))?;
         let y = Out::<f32>::overwrite(io.output(0)?, &y_dims, dev)?;
         ctx.kernels().gemm(
-            gemm((false, true), (n, m, k)),
+            Gemm {
+                relu: self.relu,
+                ..gemm((false, true), (n, m, k))
+            },
             xi.buffer(),
             wi.buffer(),
             y.buffer(),

@@ -215,6 +215,71 @@ fn cpu_and_device_agree_for_every_operator(dev: &Device) {
     }
 }
 
+#[cfg(feature = "opencl")]
+#[test]
+fn cpu_and_opencl_agree_on_skinny_and_fused_fc() {
+    if let Some(cl) =
+        syncmem::testing::opencl_or_skip("cpu_and_opencl_agree_on_skinny_and_fused_fc")
+    {
+        cpu_and_device_agree_on_skinny_and_fused_fc(&cl);
+    }
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn cpu_and_cuda_agree_on_skinny_and_fused_fc() {
+    if let Some(cu) = syncmem::testing::cuda_or_skip("cpu_and_cuda_agree_on_skinny_and_fused_fc") {
+        cpu_and_device_agree_on_skinny_and_fused_fc(&cu);
+    }
+}
+
+/// `FC` (plain and with `relu = 1`) and `FCGradient` at the shapes of a small MLP's layers
+/// (batch 64, 2 features, 3 classes, hidden widths around the GEMM blocks), on `dev` against
+/// `cpu`; the fused `FC` equals `FC` then `Relu` on the same device, bit for bit.
+#[cfg(any(feature = "opencl", feature = "cuda"))]
+fn cpu_and_device_agree_on_skinny_and_fused_fc(dev: &Device) {
+    let op = OperatorDef::new;
+    // (rows N, inputs K, outputs M)
+    for (n, k, m) in [
+        (64, 2, 64),
+        (64, 64, 3),
+        (64, 300, 3),
+        (64, 2, 300),
+        (1, 1, 1),
+        (3, 17, 33),
+        (64, 256, 256),
+        (70, 5, 130),
+    ] {
+        let inputs = [
+            ("x", vec![n, k], data(n * k, 31)),
+            ("w", vec![m, k], data(m * k, 32)),
+            ("b", vec![m], data(m, 33)),
+            ("dy", vec![n, m], data(n * m, 34)),
+        ];
+        let defs = [
+            op("FC", &["x", "w", "b"], &["y"]),
+            op("Relu", &["y"], &["r"]),
+            op("FC", &["x", "w", "b"], &["fused"]).arg("relu", 1),
+            op("FCGradient", &["x", "w", "dy"], &["dw", "db", "dx"]),
+        ];
+        let outs = ["y", "r", "fused", "dw", "db", "dx"];
+        let a = run_on(&Device::cpu(), 5, &inputs, &defs, &outs);
+        let b = run_on(dev, 5, &inputs, &defs, &outs);
+        for ((name, x), y) in outs.iter().zip(&a).zip(&b) {
+            let what = format!("{name} at N={n} K={k} M={m}: cpu vs {}", dev.label());
+            assert_close(&what, x, y, 1e-4, 1e-5);
+        }
+        for (run, dev) in [(&a, "cpu"), (&b, dev.label())] {
+            let (r, fused) = (&run[1], &run[2]);
+            let same = r.iter().zip(fused).all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(
+                same,
+                "fused FC differs from FC + Relu on {dev} at {n} {k} {m}"
+            );
+        }
+    }
+}
+
 #[test]
 fn fills_with_the_same_seed_are_identical_and_others_differ() {
     let fill = |dev: &Device, seed: u64| {

@@ -7,10 +7,16 @@ use syncmem::{BackendKind, Context, Device, Head, Workspace};
 use super::*;
 
 fn fc_gradient_matches_finite_differences(dev: &Device) {
+    // Sizes that are not multiples of any GEMM tile or block; then the skinny shapes of a small
+    // MLP: 2 features in, 3 classes out, 64-row batches (GEMMs with k = 2, n = 3, m = 3).
+    for (n, k, m) in [(5, 19, 3), (64, 2, 3), (2, 40, 17)] {
+        fc_gradient_matches_finite_differences_at(dev, (n, k, m));
+    }
+}
+
+fn fc_gradient_matches_finite_differences_at(dev: &Device, (n, k, m): (usize, usize, usize)) {
     let ctx = Context::with_seed(dev, 1).unwrap();
     let ws = Workspace::new();
-    // Sizes that are not multiples of the 16x16 GEMM tile.
-    let (n, k, m) = (5, 19, 3);
     put(&ws, dev, "x", &[n, k], &data(n * k, 1));
     put(&ws, dev, "w", &[m, k], &data(m * k, 2));
     put(&ws, dev, "b", &[m], &data(m, 3));
@@ -32,7 +38,7 @@ fn fc_gradient_matches_finite_differences(dev: &Device) {
     for (param, g) in [("x", "dx"), ("w", "dw"), ("b", "db")] {
         let num = numeric_grad(&ws, param, 1e-2, &mut loss);
         assert_close(
-            &format!("d{param} on {}", dev.label()),
+            &format!("d{param} on {}, N={n} K={k} M={m}", dev.label()),
             &get(&ws, g),
             &num,
             1e-3,

@@ -100,6 +100,7 @@ struct Settings {
     lr: f32,
     seed: u64,
     plan: bool,
+    fuse: bool,
 }
 
 #[derive(Serialize)]
@@ -244,6 +245,7 @@ pub(super) fn build(r: Run<'_>) -> Report {
             lr: r.cfg.lr,
             seed: r.cfg.seed,
             plan: r.cfg.plan,
+            fuse: r.cfg.fuse,
         },
         epochs: r
             .epochs
@@ -334,8 +336,10 @@ fn planning_row(trainer: &Trainer, p: &PlanningComparison) -> PlanningRow {
     let plan = trainer.train_net().plan();
     let mut shared: BTreeMap<String, Vec<String>> = BTreeMap::new();
     if let Some(plan) = plan {
-        // In the order the net first writes them.
-        for op in &trainer.nets().train.ops {
+        // In the order the net first writes them (the fused def is the one planned).
+        let net = trainer.train_net();
+        let planned = net.fusion().map_or(&trainer.nets().train, |f| &f.def);
+        for op in &planned.ops {
             for o in &op.outputs {
                 if let Some(slot) = plan.mapping.get(o) {
                     let v = shared.entry(slot.clone()).or_default();

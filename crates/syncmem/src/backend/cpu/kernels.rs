@@ -102,7 +102,11 @@ impl BackendKernels for CpuDevice {
             }
             None => 0.0,
         };
-        math::gemm((g.ta, g.tb), (m, n, k), a, b, beta, c)
+        math::gemm((g.ta, g.tb), (m, n, k), a, b, beta, c)?;
+        if g.relu {
+            math::relu_in_place(c);
+        }
+        Ok(())
     }
 
     fn col_sum(

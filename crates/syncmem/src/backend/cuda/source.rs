@@ -33,7 +33,8 @@ pub(super) const OPS: &str = r#"
 #define SM_NEG_INF (-__int_as_float(0x7f800000))
 #define SM_NAN __int_as_float(0x7fc00000)
 
-/* C[M,N] = op(A)[M,K] * op(B)[K,N] (+ bias[n] when has_bias).
+/* C[M,N] = op(A)[M,K] * op(B)[K,N], then bias[n] added when flags bit 0, and the ReLU when
+ * flags bit 1 (a fused FC + Relu), with the select of sm_relu: NaN and -0 become 0.
  *   op(A)[m,k] = ta ? A[k*M + m] : A[m*K + k]
  *   op(B)[k,n] = tb ? B[n*K + k] : B[k*N + n]
  * At each K step the block copies a SM_TM x SM_TK tile of op(A) and a SM_TK x SM_TN tile of
@@ -46,7 +47,7 @@ pub(super) const OPS: &str = r#"
 extern "C" __global__ void sm_gemm(unsigned int M, unsigned int N, unsigned int K,
                                    unsigned int ta, unsigned int tb, const float* A,
                                    const float* B, float* C, const float* bias,
-                                   unsigned int has_bias) {
+                                   unsigned int flags) {
     __shared__ float As[SM_TK][SM_TM + 1];
     __shared__ float Bs[SM_TK][SM_TN + 1];
     const unsigned int tx = threadIdx.x;
@@ -130,7 +131,8 @@ extern "C" __global__ void sm_gemm(unsigned int M, unsigned int N, unsigned int 
             for (int j = 0; j < SM_RN; ++j) {
                 const unsigned int gn = n0 + tx + j * SM_BX;
                 if (gm < M && gn < N) {
-                    C[(size_t)gm * N + gn] = has_bias ? acc[i][j] + bias[gn] : acc[i][j];
+                    float v = (flags & 1u) ? acc[i][j] + bias[gn] : acc[i][j];
+                    C[(size_t)gm * N + gn] = (flags & 2u) ? (v > 0.0f ? v : 0.0f) : v;
                 }
             }
         }

@@ -65,6 +65,31 @@ impl ClDevice {
     }
 }
 
+/// The operands of a GEMM: `A`, `B`, `C`, bias.
+type GemmOperands<'a> = (Buf<'a, ClMem>, Buf<'a, ClMem>, &'a ClMem, Buf<'a, ClMem>);
+
+impl ClDevice {
+    /// [`BackendKernels::gemm`] with the register-blocked kernels (`blocked`) or the tiled one
+    /// (see [`super::program`]); either works on any device that built them.
+    pub(super) fn gemm_on(
+        &self,
+        s: &ClStream,
+        g: &Gemm,
+        (a, b, c, bias): GemmOperands<'_>,
+        blocked: bool,
+    ) -> Result<()> {
+        let ks = self.kernel_cache().ops(self)?;
+        let args = args::gemm(self.label(), g, opt(a), opt(b), mem(c), opt(bias))?;
+        let (slot, global, local) = ks.gemm_launch(g, blocked);
+        let grid = Grid {
+            global: &global,
+            local: &local,
+            scratch: None,
+        };
+        self.run(s, slot, &args, grid)
+    }
+}
+
 impl BackendKernels for ClDevice {
     type Stream = ClStream;
     type Mem = ClMem;
@@ -82,20 +107,8 @@ impl BackendKernels for ClDevice {
         c: &ClMem,
         bias: Buf<'_, ClMem>,
     ) -> Result<()> {
-        let ks = self.kernel_cache().ops(self)?;
-        let args = args::gemm(self.label(), g, opt(a), opt(b), mem(c), opt(bias))?;
-        let t = ks.tiles;
-        let local = t.local();
-        let global = [
-            g.n.div_ceil(t.tsn) * local[0],
-            g.m.div_ceil(t.tsm) * local[1],
-        ];
-        let grid = Grid {
-            global: &global,
-            local: &local,
-            scratch: None,
-        };
-        self.run(s, &ks.gemm, &args, grid)
+        let blocked = self.kernel_cache().ops(self)?.register_blocked;
+        self.gemm_on(s, g, (a, b, c, bias), blocked)
     }
 
     fn col_sum(

@@ -1,8 +1,9 @@
 //! OpenCL C sources: the operator kernels ([`OPS`], `f32`, labels `int`) and the math kernels
 //! of parameter blobs ([`MATH`], for one element type `T`).
 
-/// The operator kernels. The GEMM tile sizes `TSM`, `TSN`, `TSK` are defined by the build
-/// options (`-D TSM=64 -D TSN=64 -D TSK=32`); see [`super::program`].
+/// The operator kernels. The GEMM tile sizes `TSM`, `TSN`, `TSK` of `sm_gemm` are defined by
+/// the build options (`-D TSM=64 -D TSN=64 -D TSK=32`); `sm_gemm_rb_*` are the register-blocked
+/// GEMMs of CPU devices. See [`super::program`].
 pub(super) const OPS: &str = r#"
 /* Tile sizes, set by the build options: TSM x TSN elements of C per work-group, TSK along K.
  * Each work-item computes a WPTM x WPTN block of C (WPTN as one float8), so a work-group is
@@ -22,7 +23,16 @@ pub(super) const OPS: &str = r#"
 #define RTSN (TSN / WPTN)
 #define WG_SIZE (RTSM * RTSN)
 
-/* C[M,N] = op(A)[M,K] * op(B)[K,N] (+ bias[n] when has_bias).
+/* The GEMM epilogue: v (+ bias[n] when flags bit 0), then the ReLU when flags bit 1 (a fused
+ * FC + Relu), with the select of sm_relu: NaN and -0 become 0, bit for bit as unfused. */
+#define SM_BIAS 1u
+#define SM_RELU 2u
+inline float sm_epilogue(float v, __global const float* bias, const uint n, const uint flags) {
+    v = (flags & SM_BIAS) ? v + bias[n] : v;
+    return (flags & SM_RELU) ? (v > 0.0f ? v : 0.0f) : v;
+}
+
+/* C[M,N] = op(A)[M,K] * op(B)[K,N], then the epilogue (bias, ReLU) of `flags`.
  *   op(A)[m,k] = ta ? A[k*M + m] : A[m*K + k]
  *   op(B)[k,n] = tb ? B[n*K + k] : B[k*N + n]
  * The K axis is walked in steps of TSK. At each step the work-group copies a TSM x TSK tile of
@@ -34,7 +44,7 @@ pub(super) const OPS: &str = r#"
 __kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
 void sm_gemm(const uint M, const uint N, const uint K, const uint ta, const uint tb,
              __global const float* A, __global const float* B, __global float* C,
-             __global const float* bias, const uint has_bias) {
+             __global const float* bias, const uint flags) {
     __local float As[TSK * TSM];
     __local float Bs[TSK * TSN];
     const uint lc = get_local_id(0);
@@ -97,11 +107,112 @@ void sm_gemm(const uint M, const uint N, const uint K, const uint ta, const uint
         for (uint j = 0; j < WPTN; ++j) {
             const uint gn = n0 + lc * WPTN + j;
             if (gm < M && gn < N) {
-                C[(size_t)gm * N + gn] = has_bias ? acc[i][j] + bias[gn] : acc[i][j];
+                C[(size_t)gm * N + gn] = sm_epilogue(acc[i][j], bias, gn, flags);
             }
         }
     }
 }
+
+/* Register-blocked GEMM for CPU devices (no local memory, no barrier): a work-item computes
+ * SM_RB_M rows x 16 columns of C over the whole K, in SM_RB_M float16 accumulators: per k, one
+ * row of 16 values of op(B) and one broadcast value of op(A) per row, SM_RB_M FMAs. A CPU
+ * runtime runs a work-group as a loop over its work-items, so local memory would only be one
+ * more copy, and a barrier would spill the accumulators at every K step; without them the
+ * accumulators stay in registers. No size is padded: a block at an edge of C (fewer than 16
+ * columns or SM_RB_M rows, as the 3 classes or 2 features of a small MLP) loads what exists and
+ * zeros, K is walked exactly. Work-items past C return at once (the grid is rounded up to the
+ * work-group). TA and TB are constants in each kernel below, so every branch on them folds. */
+#define SM_RB_M 8
+inline void sm_gemm_rb(const uint M, const uint N, const uint K, const bool TA, const bool TB,
+                       __global const float* A, __global const float* B, __global float* C,
+                       __global const float* bias, const uint flags) {
+    const uint n0 = get_global_id(0) * 16;
+    const uint m0 = get_global_id(1) * SM_RB_M;
+    if (n0 >= N || m0 >= M) {
+        return;
+    }
+    const uint nn = min(16u, N - n0);
+    const uint mm = min((uint)SM_RB_M, M - m0);
+    float16 acc[SM_RB_M];
+#pragma unroll
+    for (uint i = 0; i < SM_RB_M; ++i) {
+        acc[i] = 0.0f;
+    }
+    if (nn == 16 && mm == SM_RB_M) {
+        for (uint k = 0; k < K; ++k) {
+            float16 b;
+            if (TB) {
+                float t[16];
+#pragma unroll
+                for (uint j = 0; j < 16; ++j) {
+                    t[j] = B[(size_t)(n0 + j) * K + k];
+                }
+                b = vload16(0, t);
+            } else {
+                b = vload16(0, B + (size_t)k * N + n0);
+            }
+#pragma unroll
+            for (uint i = 0; i < SM_RB_M; ++i) {
+                const float a = TA ? A[(size_t)k * M + m0 + i] : A[(size_t)(m0 + i) * K + k];
+                acc[i] = fma((float16)(a), b, acc[i]);
+            }
+        }
+    } else {
+        for (uint k = 0; k < K; ++k) {
+            float t[16];
+#pragma unroll
+            for (uint j = 0; j < 16; ++j) {
+                t[j] = j < nn ? (TB ? B[(size_t)(n0 + j) * K + k] : B[(size_t)k * N + n0 + j])
+                              : 0.0f;
+            }
+            const float16 b = vload16(0, t);
+#pragma unroll
+            for (uint i = 0; i < SM_RB_M; ++i) {
+                const float a = i < mm
+                    ? (TA ? A[(size_t)k * M + m0 + i] : A[(size_t)(m0 + i) * K + k])
+                    : 0.0f;
+                acc[i] = fma((float16)(a), b, acc[i]);
+            }
+        }
+    }
+    if (nn == 16) {
+        /* The epilogue of sm_epilogue on 16 columns at once (the same select). */
+        const float16 bv = (flags & SM_BIAS) ? vload16(0, bias + n0) : (float16)(0.0f);
+#pragma unroll
+        for (uint i = 0; i < SM_RB_M; ++i) {
+            if (i < mm) {
+                float16 v = (flags & SM_BIAS) ? acc[i] + bv : acc[i];
+                if (flags & SM_RELU) {
+                    v = select((float16)(0.0f), v, v > 0.0f);
+                }
+                vstore16(v, 0, C + (size_t)(m0 + i) * N + n0);
+            }
+        }
+        return;
+    }
+#pragma unroll
+    for (uint i = 0; i < SM_RB_M; ++i) {
+        if (i < mm) {
+            float t[16];
+            vstore16(acc[i], 0, t);
+            __global float* c = C + (size_t)(m0 + i) * N + n0;
+            for (uint j = 0; j < nn; ++j) {
+                c[j] = sm_epilogue(t[j], bias, n0 + j, flags);
+            }
+        }
+    }
+}
+
+#define SM_GEMM_RB(NAME, TA, TB)                                                              \
+__kernel void NAME(const uint M, const uint N, const uint K, const uint ta, const uint tb,    \
+                   __global const float* A, __global const float* B, __global float* C,       \
+                   __global const float* bias, const uint flags) {                            \
+    sm_gemm_rb(M, N, K, TA, TB, A, B, C, bias, flags);                                        \
+}
+SM_GEMM_RB(sm_gemm_rb_nn, false, false)
+SM_GEMM_RB(sm_gemm_rb_tn, true, false)
+SM_GEMM_RB(sm_gemm_rb_nt, false, true)
+SM_GEMM_RB(sm_gemm_rb_tt, true, true)
 
 /* out[j] = sum_i X[i*cols + j]: one work-item per column. */
 __kernel void sm_col_sum(const uint rows, const uint cols, __global const float* X,
