@@ -19,8 +19,13 @@ use std::time::Duration;
 mod gate;
 
 use gate::Gate;
+use opencl3::command_queue::enqueue_fill_buffer;
+use opencl3::event::release_event;
+use opencl3::memory::ClMem;
 use syncmem::alloc::stats::host_waits;
-use syncmem::{kernels, Device, Stream, SyncedMemory};
+use syncmem::ops::{create_operator, OperatorDef};
+use syncmem::tensor::Tensor;
+use syncmem::{kernels, Context, Device, Stream, SyncedMemory, Workspace};
 
 /// Elements of each buffer (4 MiB of `f32`: large enough that the scale kernels take a while).
 const ELEMS: usize = 1 << 20;
@@ -141,4 +146,63 @@ fn a_block_freed_with_queued_kernels_is_safe_for_another_stream() {
     };
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     check(&dev, false);
+}
+
+/// Work a caller queues through the native queue of a device guard's stream comes after the
+/// kernels of other streams that wrote the buffer: the guard makes its stream wait for them on
+/// the device (nothing waits on the host).
+#[test]
+fn native_work_on_a_guard_stream_follows_kernels_of_other_streams() {
+    let Some(dev) = syncmem::testing::opencl_or_skip("native work after other streams") else {
+        return;
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let ws = Workspace::new();
+    let x = Tensor::from_slice(&[ELEMS], &vec![-1.0f32; ELEMS], Some(&dev)).unwrap();
+    ws.feed("x", x).unwrap();
+    let other = dev.new_stream().unwrap();
+    let ctx = Context::on_stream(other.clone(), 0);
+    let relu = create_operator(&OperatorDef::new("Relu", &["x"], &["y"]), &dev).unwrap();
+    relu.run(&ws, &ctx).unwrap();
+    other.synchronize().unwrap();
+    let gate = Gate::block(&other);
+    let waited = with_watchdog(&gate, || {
+        // y = relu(x) = 0, queued behind the gate on the context's stream.
+        relu.run(&ws, &ctx).unwrap();
+        ws.with_tensor("y", |t| {
+            let m = t.synced().expect("y has storage");
+            let g = m.device_mut()?;
+            let queue = g.stream().as_opencl().expect("an OpenCL stream");
+            let mem = g.buffer().as_opencl().expect("an OpenCL buffer");
+            let five = 5.0f32;
+            // SAFETY: the pattern outlives the call (OpenCL copies it when enqueueing); the
+            // buffer is the guard's, valid for `len` bytes; the returned event is released once.
+            unsafe {
+                let ev = enqueue_fill_buffer(
+                    queue.get(),
+                    mem.get(),
+                    std::ptr::from_ref(&five).cast(),
+                    4,
+                    0,
+                    m.len(),
+                    0,
+                    std::ptr::null(),
+                )
+                .expect("clEnqueueFillBuffer");
+                release_event(ev).expect("clReleaseEvent");
+            }
+            let filled = g.stream().record()?;
+            assert!(
+                !filled.is_complete()?,
+                "the fill ran before the gated kernel that wrote y first"
+            );
+            Ok(())
+        })
+        .unwrap();
+        gate.is_open()
+    });
+    assert!(!waited, "a call waited for the gated kernel");
+    gate.open();
+    let y = ws.fetch::<f32>("y").unwrap();
+    assert!(y.iter().all(|&v| v == 5.0), "y = {:?}", &y[..4]);
 }

@@ -134,6 +134,10 @@ impl DerefMut for HostWrite<'_> {
 }
 
 /// Shared read access to the device mirror: pass [`DeviceRead::buffer`] to kernels that read it.
+///
+/// The guard's [`stream`](DeviceRead::stream) already follows (on the device) the commands of
+/// other streams that last wrote the buffer, so work queued on it through the native handle
+/// reads the newest data.
 pub struct DeviceRead<'a> {
     _lock: ReadHeld<'a, ()>,
     buf: Arc<DeviceBuffer>,
@@ -171,8 +175,10 @@ impl<'a> DeviceRead<'a> {
 /// Exclusive write access to the device mirror. Taking it made the device the only current
 /// mirror.
 ///
-/// Work queued on the buffer's [`stream`](DeviceWrite::stream) is ordered before the buffer's
-/// later copies. Work queued on another stream must be announced with
+/// The guard's [`stream`](DeviceWrite::stream) already follows (on the device) every command of
+/// other streams that used the buffer, so work queued on it through the native handle comes
+/// after them; and it is ordered before the buffer's later copies. Work queued on another
+/// stream must be announced with
 /// [`DeviceWrite::queued_on`], so that the next access waits for it.
 pub struct DeviceWrite<'a> {
     _lock: WriteHeld<'a, ()>,

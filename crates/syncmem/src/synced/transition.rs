@@ -52,7 +52,12 @@ impl SyncedMemory {
             core.valid = Valid::only(Place::Device);
         }
         core.dev_exposed = true;
-        Ok((buf, self.pick_stream(None)?))
+        let stream = self.pick_stream(None)?;
+        // Work the caller queues on the guard's stream through the native handles bypasses the
+        // buffer's uses: make that stream wait, on the device, for the commands of other
+        // streams the access must follow (nothing is queued when there are none).
+        buf.order_before(&stream, access == Access::DeviceWrite)?;
+        Ok((buf, stream))
     }
 
     /// Makes the host mirror current (Caffe's `to_cpu`), returning its start.
