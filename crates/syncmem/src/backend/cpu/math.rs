@@ -7,7 +7,7 @@
 //!
 //! `matrixmultiply` is built with its `threading` feature: a GEMM large enough for it (its own
 //! size heuristic) runs on up to as many threads as the machine has physical cores
-//! (`MATMUL_NUM_THREADS` caps it), and [`gemm`] hands it the transposed problem when C has
+//! (`MATMUL_NUM_THREADS` caps it), and `gemm` hands it the transposed problem when C has
 //! fewer rows than columns (see there). Measured on 2 cores, `syncmem train --device cpu`
 //! epoch time (median of 5, interleaved): hidden 1024 230 ms on one thread, 192-209 ms with
 //! threading, 146 ms with threading on the transposed problem; hidden 256 12.6-17 -> 13.5 ms;
