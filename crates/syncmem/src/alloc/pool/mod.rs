@@ -33,7 +33,9 @@
 
 mod arena;
 mod binned;
+mod budget;
 pub mod config;
+mod event;
 mod front;
 pub mod host;
 mod lease;
@@ -47,12 +49,13 @@ mod tests;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+pub use budget::Budget;
 pub use config::{MemoryCap, PoolConfig, PoolKind};
+pub use event::{PoolEvent, PoolObserver};
 pub use host::{HostAllocation, HostPool};
 pub use lease::Lease;
 pub use pending::Fence;
@@ -102,108 +105,6 @@ impl Hasher for IdHasher {
 
 /// A map keyed by pool ids ([`BlockId`], [`SegId`]).
 pub(crate) type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
-
-/// A byte budget shared by a pool's segments and direct allocations of the same memory.
-#[derive(Debug)]
-pub struct Budget {
-    cap: AtomicU64,
-    used: AtomicU64,
-}
-
-impl Budget {
-    /// A budget of `cap` bytes (`None`: unlimited).
-    pub fn new(cap: Option<u64>) -> Self {
-        Self {
-            cap: AtomicU64::new(cap.unwrap_or(u64::MAX)),
-            used: AtomicU64::new(0),
-        }
-    }
-
-    /// The cap, if any.
-    pub fn cap(&self) -> Option<u64> {
-        Some(self.cap.load(Relaxed)).filter(|&c| c != u64::MAX)
-    }
-
-    /// Changes the cap (bytes already charged stay charged).
-    pub fn set_cap(&self, cap: Option<u64>) {
-        self.cap.store(cap.unwrap_or(u64::MAX), Relaxed);
-    }
-
-    /// Bytes charged now.
-    pub fn used(&self) -> u64 {
-        self.used.load(Relaxed)
-    }
-
-    /// Charges `n` bytes if they fit under the cap.
-    pub fn try_take(&self, n: u64) -> bool {
-        let cap = self.cap.load(Relaxed);
-        self.used
-            .fetch_update(Relaxed, Relaxed, |u| u.checked_add(n).filter(|&t| t <= cap))
-            .is_ok()
-    }
-
-    /// Gives back `n` charged bytes.
-    pub fn give(&self, n: u64) {
-        let _ = self
-            .used
-            .fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(n)));
-    }
-}
-
-/// What a pool tells its observer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum PoolEvent {
-    /// A block was handed out.
-    Alloc {
-        /// Bytes asked for.
-        requested: usize,
-        /// Block size.
-        size: usize,
-        /// Served from cached memory.
-        cache_hit: bool,
-        /// The block's id in the pool (unique among live blocks; reused after a free).
-        block: u64,
-        /// The stream the block was allocated for.
-        stream: StreamId,
-    },
-    /// A block was given back.
-    Free {
-        /// Block size.
-        size: usize,
-        /// The block's id in the pool (as in its [`PoolEvent::Alloc`]).
-        block: u64,
-    },
-    /// A segment was made by the backend.
-    SegmentAlloc {
-        /// Its size.
-        bytes: usize,
-    },
-    /// A segment was given back to the backend.
-    SegmentFree {
-        /// Its size.
-        bytes: usize,
-    },
-    /// A clean device mirror was dropped to make room.
-    Evict {
-        /// The buffer's label.
-        label: String,
-        /// Bytes freed.
-        bytes: usize,
-    },
-    /// An allocation failed for good.
-    OutOfMemory {
-        /// Bytes asked for.
-        requested: usize,
-    },
-}
-
-/// Sees a pool's events (the trace hook). Called with the pool's lock held: it must not
-/// allocate from the same pool.
-pub trait PoolObserver: Send + Sync {
-    /// One event of the pool labelled `pool`.
-    fn on_event(&self, pool: &str, event: &PoolEvent);
-}
 
 struct Inner<T> {
     core: Core,

@@ -24,6 +24,10 @@
 //!   the arena (see [`super::front`]); wholly free segments that no pending work needs can be
 //!   given back before growing ([`Arena::idle_segments`]).
 
+#[cfg(test)]
+mod check;
+mod release;
+
 use std::collections::BTreeSet;
 
 use super::config::PoolConfig;
@@ -370,72 +374,6 @@ impl Arena {
         merge_pending(&mut l.pending, r.pending);
     }
 
-    /// Segments to give back before the pool grows by a segment for `rounded` bytes: wholly
-    /// free segments of the request's pool (small or large) that no pending work needs (the
-    /// request fits none of them, or it would have been served), largest first, while that
-    /// pool's free bytes exceed `max_idle_percent` % of the bytes it has handed out. A program
-    /// whose demand moves on (bigger batches, other shapes) so keeps little memory it no longer
-    /// uses, and the pool never gives back memory it would not have to reserve again anyway.
-    pub(crate) fn idle_segments(&mut self, rounded: usize) -> Vec<(SegId, usize)> {
-        let Some(percent) = self.max_idle_percent else {
-            return Vec::new();
-        };
-        self.flush_front();
-        let p = pool_index(rounded <= self.small_size);
-        let in_use = self.reserved[p] - self.free_bytes[p];
-        self.release_whole(Some(p), false, in_use.saturating_mul(percent) / 100)
-    }
-
-    /// Removes whole free segments (largest first) until at most `keep` free bytes remain.
-    /// Segments with uses in flight are waited for when `wait`, else skipped. The exact-size
-    /// lists are flushed into the arena first.
-    pub(crate) fn release_free_segments(&mut self, wait: bool, keep: u64) -> Vec<(SegId, usize)> {
-        self.flush_front();
-        self.release_whole(None, wait, keep)
-    }
-
-    /// Removes whole free segments of pool `pool` (`None`: both), largest first, until at most
-    /// `keep` free bytes remain in it; pending uses as in
-    /// [`Arena::release_free_segments`].
-    fn release_whole(&mut self, pool: Option<usize>, wait: bool, keep: u64) -> Vec<(SegId, usize)> {
-        let free_now = |a: &Self| match pool {
-            Some(p) => a.free_bytes[p],
-            None => a.free_bytes[0] + a.free_bytes[1],
-        };
-        if free_now(self) <= keep {
-            return Vec::new();
-        }
-        let mut whole: Vec<(usize, BlockId)> = self
-            .free
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| pool.map_or(true, |p| p == i))
-            .flat_map(|(_, s)| s.iter().copied())
-            .filter(|&(_, id)| {
-                let b = &self.blocks[id];
-                b.prev.is_none() && b.next.is_none()
-            })
-            .collect();
-        whole.sort_unstable_by(|a, b| b.cmp(a));
-        let mut out = Vec::new();
-        for (size, id) in whole {
-            if free_now(self) <= keep {
-                break;
-            }
-            let b = &self.blocks[id];
-            if wait {
-                b.pending.iter().for_each(|p| p.fence.wait());
-            } else if !b.pending.iter().all(|p| p.fence.is_complete()) {
-                continue;
-            }
-            self.unlink_free(id);
-            let b = self.blocks.remove(id).expect("listed block");
-            self.reserved[pool_index(b.small)] -= size as u64;
-            out.push((b.seg, size));
-        }
-        out
-    }
-
     /// Bytes in free blocks (in the arena and on the exact-size lists).
     pub(crate) fn free_bytes(&self) -> u64 {
         self.free_bytes[0] + self.free_bytes[1] + self.front.bytes()
@@ -466,59 +404,6 @@ impl Arena {
         if self.free[pool_index(b.small)].remove(&(b.size, id)) {
             self.free_bytes[pool_index(b.small)] -= b.size as u64;
         }
-    }
-
-    /// Blocks on the exact-size lists (tests).
-    #[cfg(test)]
-    pub(crate) fn listed(&self) -> usize {
-        self.front.entries().len()
-    }
-
-    /// Checks the invariants (tests): blocks of a segment tile it, free sets and lists match
-    /// the blocks' states, reserved bytes match the segments.
-    #[cfg(test)]
-    pub(crate) fn check(&self) {
-        let mut free = [0u64; 2];
-        let mut reserved = [0u64; 2];
-        let mut listed: Vec<BlockId> = self.front.entries().iter().map(|e| e.2).collect();
-        listed.sort_unstable();
-        let mut cached = Vec::new();
-        for (id, b) in self.blocks.iter() {
-            if b.prev.is_none() {
-                let mut size = 0;
-                let mut cur = Some(id);
-                while let Some(c) = cur {
-                    size += self.blocks[c].size as u64;
-                    cur = self.blocks[c].next;
-                }
-                reserved[pool_index(b.small)] += size;
-            }
-            if let Some(n) = b.next {
-                let nb = &self.blocks[n];
-                assert_eq!(nb.prev, Some(id));
-                assert_eq!(nb.offset, b.offset + b.size);
-                assert_eq!(nb.seg, b.seg);
-                assert!(
-                    b.state != State::Free || nb.state != State::Free,
-                    "two free neighbours not merged"
-                );
-            }
-            let mut streams: Vec<_> = b.pending.iter().map(|p| p.stream).collect();
-            streams.sort_unstable();
-            streams.dedup();
-            assert_eq!(streams.len(), b.pending.len(), "one pending use per stream");
-            let in_set = self.free[pool_index(b.small)].contains(&(b.size, id));
-            assert_eq!(in_set, b.state == State::Free);
-            match b.state {
-                State::Free => free[pool_index(b.small)] += b.size as u64,
-                State::Cached => cached.push(id),
-                State::Allocated => {}
-            }
-        }
-        cached.sort_unstable();
-        assert_eq!(cached, listed, "cached blocks are exactly the listed ones");
-        assert_eq!(free, self.free_bytes);
-        assert_eq!(reserved, self.reserved);
     }
 }
 
