@@ -34,7 +34,10 @@ impl MemCounters {
     pub fn on_alloc(&self, bytes: usize) {
         let bytes = bytes as u64;
         let now = self.in_use.fetch_add(bytes, Relaxed) + bytes;
-        self.peak.fetch_max(now, Relaxed);
+        // A read is cheaper than a read-modify-write, and the peak rarely moves.
+        if now > self.peak.load(Relaxed) {
+            self.peak.fetch_max(now, Relaxed);
+        }
         self.allocs.fetch_add(1, Relaxed);
     }
 

@@ -36,13 +36,13 @@ use crate::alloc::pool::config::{
     check_env, PoolConfig, DEVICE_POOL_CONF_ENV, DEVICE_POOL_ENV, PINNED_POOL_CONF_ENV,
     PINNED_POOL_ENV,
 };
-use crate::alloc::pool::{Budget, Pool, PoolStats, RawStorage, HOST_STREAM};
+use crate::alloc::pool::{Budget, Lease, Pool, PoolStats, StreamId, HOST_STREAM};
 use crate::backend::dispatch::{PinnedStorage, RawMem, RawPinned};
 use crate::error::{Error, Result};
 
 /// Memory management state of one device.
 pub(crate) struct DeviceMemory {
-    pool: RwLock<Option<Arc<Pool<RawMem>>>>,
+    pool: RwLock<Option<Arc<Pool<RawMem, RawMem>>>>,
     pinned: RwLock<Option<Arc<Pool<RawPinned>>>>,
     budget: Arc<Budget>,
     /// Bytes of live direct allocations (charged to `budget` too).
@@ -76,7 +76,7 @@ fn max_segment(dev: &Device) -> usize {
 
 impl DeviceMemory {
     /// The device pool, made from the environment on first use.
-    pub(crate) fn pool(&self, dev: &Device) -> Result<Arc<Pool<RawMem>>> {
+    pub(crate) fn pool(&self, dev: &Device) -> Result<Arc<Pool<RawMem, RawMem>>> {
         if let Some(p) = &*self.pool.read() {
             return Ok(p.clone());
         }
@@ -91,7 +91,7 @@ impl DeviceMemory {
         Ok(p)
     }
 
-    fn make_pool(&self, dev: &Device, mut cfg: PoolConfig) -> Result<Arc<Pool<RawMem>>> {
+    fn make_pool(&self, dev: &Device, mut cfg: PoolConfig) -> Result<Arc<Pool<RawMem, RawMem>>> {
         cfg.round = cfg
             .round
             .max(dev.shared.raw.sub_align())
@@ -110,7 +110,7 @@ impl DeviceMemory {
     }
 
     /// The device pool if it exists.
-    pub(crate) fn current_pool(&self) -> Option<Arc<Pool<RawMem>>> {
+    pub(crate) fn current_pool(&self) -> Option<Arc<Pool<RawMem, RawMem>>> {
         self.pool.read().clone()
     }
 
@@ -238,19 +238,24 @@ impl DeviceMemory {
         stream: &Stream,
         release: Release,
     ) -> Result<DeviceBuffer> {
-        let pool = self.pool(dev)?;
+        let lease = self.lease(dev, len, stream.id())?;
+        Ok(DeviceBuffer::from_pool(dev, len, lease, release))
+    }
+
+    /// A block of the device pool with its view (a sub-buffer, an offset pointer): made by the
+    /// pool the first time the block is handed out, reused while the block keeps its placement.
+    fn lease(&self, dev: &Device, len: usize, stream: StreamId) -> Result<Lease<RawMem, RawMem>> {
         let storage = &dev.shared.raw;
-        self.with_retries(dev, len, || {
-            let lease = pool.alloc(len, stream.id(), storage)?;
-            let view = storage.view(&lease.segment_arc(), lease.offset(), len)?;
-            Ok(DeviceBuffer::from_pool(
-                dev,
-                len,
-                view,
-                lease,
-                release.clone(),
-            ))
-        })
+        // The common case: the pool exists and has room. It is used under the read lock (no
+        // reference count taken); the lease holds the pool from then on.
+        if let Some(pool) = &*self.pool.read() {
+            match pool.alloc(len, stream, storage) {
+                Err(e) if e.is_out_of_memory() => {}
+                r => return r,
+            }
+        }
+        let pool = self.pool(dev)?;
+        self.with_retries(dev, len, || pool.alloc(len, stream, storage))
     }
 
     /// A pooled pinned host block of `len >= 1` bytes (zero only when its lease says so).

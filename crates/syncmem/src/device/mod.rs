@@ -243,7 +243,7 @@ impl Device {
     /// # Errors
     /// As [`Device::alloc`]; [`Error::DeviceMismatch`] for a stream of another device.
     pub fn alloc_pooled(&self, bytes: usize, stream: &Stream) -> Result<DeviceBuffer> {
-        DeviceBuffer::pooled(self, bytes, stream, Release::Record(stream.clone()))
+        DeviceBuffer::pooled(self, bytes, stream, Release::record(stream))
     }
 
     /// Replaces the device pool by one built from `config` (kind, sizes, memory cap). Use it
@@ -339,6 +339,14 @@ impl Device {
                 code: -1,
                 message: reason.clone(),
             })
+    }
+
+    /// The default stream without its device handle, once made.
+    pub(crate) fn default_unbound(&self) -> Option<&UnboundStream> {
+        self.shared
+            .default_stream
+            .get()
+            .and_then(|r| r.as_ref().ok())
     }
 
     /// Creates a new stream (an in-order queue).

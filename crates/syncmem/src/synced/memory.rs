@@ -76,7 +76,7 @@ impl SyncedMemory {
         }
         let device = self.device.as_ref().ok_or_else(|| self.no_device())?;
         let stream = self.pick_stream(None)?;
-        let buf = DeviceBuffer::pooled(device, self.size, &stream, Release::Record(stream.clone()))
+        let buf = DeviceBuffer::pooled(device, self.size, &stream, Release::record(&stream))
             .map_err(|e| self.named(e))?;
         let bytes = buf.len();
         let buf = Arc::new(buf);

@@ -18,12 +18,15 @@ use super::slab::Slab;
 use super::strategy::Grant;
 use super::{merge_pending, usable_by, BlockId, PendingUse, SegId, StreamId};
 
-struct Cached {
+struct Cached<V> {
     id: BlockId,
     seg: SegId,
     size: usize,
     zeroed: bool,
     pending: Vec<PendingUse>,
+    /// The block's view, handed to its next user (a block is a whole segment: its placement
+    /// never changes).
+    view: Option<Box<V>>,
 }
 
 struct Live {
@@ -32,14 +35,14 @@ struct Live {
     bin: Option<usize>,
 }
 
-/// Bin bookkeeping of the binned pool.
-pub(crate) struct Bins {
+/// Bin bookkeeping of the binned pool, keeping each cached block's view (`V`).
+pub(crate) struct Bins<V> {
     /// Every bin size, ascending.
     sizes: Vec<usize>,
     max_cached: u64,
     max_idle_percent: Option<u64>,
     /// Cached blocks per bin (index into `sizes`), most recently freed last.
-    cached: Vec<Vec<Cached>>,
+    cached: Vec<Vec<Cached<V>>>,
     cached_bytes: u64,
     /// Bytes of blocks handed out.
     live_bytes: u64,
@@ -70,7 +73,7 @@ fn bin_sizes(cfg: &PoolConfig) -> Vec<usize> {
     out
 }
 
-impl Bins {
+impl<V> Bins<V> {
     pub(crate) fn new(cfg: &PoolConfig) -> Self {
         let sizes = bin_sizes(cfg);
         Self {
@@ -95,7 +98,7 @@ impl Bins {
     }
 
     /// A cached block of the request's bin usable by `stream`, most recently freed first.
-    pub(crate) fn find(&mut self, bytes: usize, stream: StreamId) -> Option<Grant> {
+    pub(crate) fn find(&mut self, bytes: usize, stream: StreamId) -> Option<Grant<V>> {
         let (Some(bin), _) = self.bin_for(bytes) else {
             return None;
         };
@@ -110,17 +113,21 @@ impl Bins {
             size: c.size,
             bin: Some(bin),
         });
+        let mut pending = c.pending;
+        pending.retain(|p| !p.fence.poll());
         Some(Grant {
             block: c.id,
             seg: c.seg,
             offset: 0,
             size: c.size,
             zeroed: c.zeroed,
+            view: c.view,
+            pending,
         })
     }
 
     /// Registers a fresh (zeroed) segment made for a request of `bytes` as a live block.
-    pub(crate) fn add_segment(&mut self, seg: SegId, size: usize, bytes: usize) -> Grant {
+    pub(crate) fn add_segment(&mut self, seg: SegId, size: usize, bytes: usize) -> Grant<V> {
         let (bin, _) = self.bin_for(bytes);
         self.live_bytes += size as u64;
         let id = self.live.insert(Some(Live { seg, size, bin }));
@@ -130,11 +137,19 @@ impl Bins {
             offset: 0,
             size,
             zeroed: true,
+            view: None,
+            pending: Vec::new(),
         }
     }
 
-    /// Returns a block: cached if binned and under the cap, else its segment is given back.
-    pub(crate) fn free(&mut self, id: BlockId, pending: Vec<PendingUse>) -> Vec<(SegId, usize)> {
+    /// Returns a block with its view: cached if binned and under the cap, else its segment is
+    /// given back (and the view dropped).
+    pub(crate) fn free(
+        &mut self,
+        id: BlockId,
+        pending: Vec<PendingUse>,
+        view: Option<Box<V>>,
+    ) -> Vec<(SegId, usize)> {
         let Some(l) = self.live.get_mut(id).and_then(Option::take) else {
             return Vec::new();
         };
@@ -151,6 +166,7 @@ impl Bins {
                     size: l.size,
                     zeroed: false,
                     pending: kept,
+                    view,
                 });
                 Vec::new()
             }
@@ -239,7 +255,7 @@ mod tests {
 
     #[test]
     fn four_divisions_per_power_of_two() {
-        let b = Bins::new(&PoolConfig::new(PoolKind::Binned));
+        let b = Bins::<()>::new(&PoolConfig::new(PoolKind::Binned));
         assert_eq!(&b.sizes[..6], &[256, 320, 384, 448, 512, 640]);
         assert_eq!(*b.sizes.last().unwrap(), 1 << 30);
         assert_eq!(b.bin_for(1), (Some(0), 256));
@@ -248,11 +264,11 @@ mod tests {
         assert_eq!(b.bin_for(3 << 20).1, 3 << 20, "so are 1.5 x powers of two");
         assert_eq!(b.bin_for((1 << 30) + 1), (None, (1 << 30) + 1));
         // CUB's bins: growth 8, no divisions.
-        let cub = Bins::new(&PoolConfig::new(PoolKind::Binned).with_bins(8, 3, 10));
+        let cub = Bins::<()>::new(&PoolConfig::new(PoolKind::Binned).with_bins(8, 3, 10));
         assert_eq!(&cub.sizes[..3], &[512, 4096, 32768]);
         assert_eq!(cub.sizes.len(), 8);
         // Divisions that do not divide a step evenly round up; duplicates go.
-        let odd = Bins::new(
+        let odd = Bins::<()>::new(
             &PoolConfig::new(PoolKind::Binned)
                 .with_bins(2, 0, 2)
                 .with_bin_divisions(3),

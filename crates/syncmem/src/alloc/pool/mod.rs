@@ -106,8 +106,8 @@ impl Hasher for IdHasher {
 /// A map keyed by pool ids ([`BlockId`], [`SegId`]).
 pub(crate) type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 
-struct Inner<T> {
-    core: Core,
+struct Inner<T, V> {
+    core: Core<V>,
     segments: IdMap<(Arc<T>, usize)>,
     next_seg: SegId,
     c: Counters,
@@ -117,7 +117,7 @@ struct Inner<T> {
     source: Option<u64>,
 }
 
-impl<T> Inner<T> {
+impl<T, V> Inner<T, V> {
     /// Reports `ev`; costs two tests when nobody observes the pool.
     #[inline]
     fn emit(&self, label: &str, ev: PoolEvent) {
@@ -141,15 +141,24 @@ impl<T> Inner<T> {
 
 /// A caching pool of blocks carved from segments of type `T`. Thread-safe; share it in an
 /// `Arc` (leases keep their pool alive).
-pub struct Pool<T: Send + Sync + 'static> {
+///
+/// # Views
+///
+/// `V` is the [`RawStorage::View`] of the storage the pool allocates from (an OpenCL
+/// sub-buffer, a CUDA pointer offset; `()` for storages without views). A block's view is made
+/// the first time the block is handed out, for the whole block, and lives as long as the
+/// block's placement (segment, offset, size): the lease holds it ([`Lease::view`]) and gives it
+/// back with the block, and a later allocation of the same block gets the same view. A split or merge drops the views of the blocks involved, and a
+/// released segment the views of its blocks, so a view always describes exactly its block.
+pub struct Pool<T: Send + Sync + 'static, V: Send + 'static = ()> {
     label: String,
     config: PoolConfig,
     max_segment: usize,
     budget: Arc<Budget>,
-    inner: Mutex<Inner<T>>,
+    inner: Mutex<Inner<T, V>>,
 }
 
-impl<T: Send + Sync + 'static> Pool<T> {
+impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     /// A pool labelled `label` (used in statistics and errors), charging `budget` for its
     /// segments, whose segments never exceed `max_segment` bytes.
     ///
@@ -211,17 +220,19 @@ impl<T: Send + Sync + 'static> Pool<T> {
     }
 
     /// Hands out a block of at least `bytes` bytes for work on `stream`: a cached block when
-    /// one fits, else a new segment from `source` (charged to the budget first).
+    /// one fits, else a new segment from `source` (charged to the budget first). The lease
+    /// holds the block's view: the one the block kept from its last use, or a new one from
+    /// `source` (see [Views](Pool#views)).
     ///
     /// # Errors
     /// [`Error::OutOfMemory`] when the budget or the backend refuses, [`Error::SizeOverflow`]
-    /// when rounding overflows, or the source's error.
-    pub fn alloc<S: RawStorage<Segment = T> + ?Sized>(
+    /// when rounding overflows, or the source's error (making a segment or a view).
+    pub fn alloc<S: RawStorage<Segment = T, View = V> + ?Sized>(
         self: &Arc<Self>,
         bytes: usize,
         stream: StreamId,
         source: &S,
-    ) -> Result<Lease<T>> {
+    ) -> Result<Lease<T, V>> {
         let mut inner = self.inner.lock();
         let overflow = || Error::SizeOverflow {
             what: format!("{bytes} bytes rounded for pool {}", self.label),
@@ -291,6 +302,24 @@ impl<T: Send + Sync + 'static> Pool<T> {
                 (grant, false)
             }
         };
+        let seg = &inner.segments[&grant.seg].0;
+        let segment = NonNull::from(&**seg);
+        let view = match grant.view {
+            Some(v) => v,
+            None => match source.view(seg, grant.offset, grant.size) {
+                // Boxed: the view moves with the block at the cost of a pointer.
+                Ok(v) => Box::new(v),
+                Err(e) => {
+                    // The block goes back unused, with its uses in flight (a new segment stays
+                    // cached).
+                    let segs = inner.core.free(grant.block, grant.pending, None);
+                    let segs = self.take_segments(&mut inner, segs);
+                    drop(inner);
+                    self.drop_segments(segs);
+                    return Err(e);
+                }
+            },
+        };
         inner.c.allocations += 1;
         inner.c.cache_hits += u64::from(hit);
         inner.c.allocated.add(grant.size as u64);
@@ -305,7 +334,6 @@ impl<T: Send + Sync + 'static> Pool<T> {
                 stream,
             },
         );
-        let segment = NonNull::from(&*inner.segments[&grant.seg].0);
         Ok(Lease {
             pool: self.clone(),
             segment,
@@ -314,7 +342,8 @@ impl<T: Send + Sync + 'static> Pool<T> {
             size: grant.size,
             requested: bytes,
             zeroed: grant.zeroed,
-            pending: Vec::new(),
+            pending: grant.pending,
+            view: Some(view),
         })
     }
 
@@ -326,13 +355,15 @@ impl<T: Send + Sync + 'static> Pool<T> {
         }
     }
 
-    /// Gives back block `block` of `size` bytes (`requested` asked for) with its uses in flight.
+    /// Gives back block `block` of `size` bytes (`requested` asked for) with its uses in flight
+    /// and its view.
     pub(super) fn release_block(
         &self,
         block: BlockId,
         size: usize,
         requested: usize,
         pending: Vec<PendingUse>,
+        view: Option<Box<V>>,
     ) {
         let released = {
             let mut inner = self.inner.lock();
@@ -340,7 +371,7 @@ impl<T: Send + Sync + 'static> Pool<T> {
             inner.c.allocated.sub(size as u64);
             inner.c.requested.sub(requested as u64);
             inner.emit(&self.label, PoolEvent::Free { size, block });
-            let segs = inner.core.free(block, pending);
+            let segs = inner.core.free(block, pending, view);
             if segs.is_empty() {
                 return;
             }
@@ -351,7 +382,7 @@ impl<T: Send + Sync + 'static> Pool<T> {
 
     fn take_segments(
         &self,
-        inner: &mut Inner<T>,
+        inner: &mut Inner<T, V>,
         segs: Vec<(SegId, usize)>,
     ) -> Vec<(Arc<T>, usize)> {
         let mut out = Vec::with_capacity(segs.len());
@@ -461,7 +492,7 @@ impl<T: Send + Sync + 'static> Pool<T> {
     }
 }
 
-impl<T: Send + Sync + 'static> std::fmt::Debug for Pool<T> {
+impl<T: Send + Sync + 'static, V: Send + 'static> std::fmt::Debug for Pool<T, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pool")
             .field("label", &self.label)

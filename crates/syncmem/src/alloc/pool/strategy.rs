@@ -6,12 +6,18 @@ use super::config::{PoolConfig, PoolKind};
 use super::{BlockId, IdMap, PendingUse, SegId, StreamId};
 
 /// A block handed out by a core.
-pub(crate) struct Grant {
+pub(crate) struct Grant<V> {
     pub(crate) block: BlockId,
     pub(crate) seg: SegId,
     pub(crate) offset: usize,
     pub(crate) size: usize,
     pub(crate) zeroed: bool,
+    /// The view the block kept from its last use, if its placement (segment, offset, size) has
+    /// not changed since.
+    pub(crate) view: Option<Box<V>>,
+    /// Uses of the block still in flight, on the stream it is handed to (or complete): they
+    /// go back to the pool with the block, with the new user's own.
+    pub(crate) pending: Vec<PendingUse>,
 }
 
 /// `none`: one segment per block.
@@ -21,13 +27,13 @@ pub(crate) struct Direct {
     next_id: BlockId,
 }
 
-pub(crate) enum Core {
-    Caching(Arena),
-    Binned(Bins),
+pub(crate) enum Core<V> {
+    Caching(Arena<V>),
+    Binned(Bins<V>),
     Direct(Direct),
 }
 
-impl Core {
+impl<V> Core<V> {
     pub(crate) fn new(cfg: &PoolConfig) -> Self {
         match cfg.kind {
             PoolKind::Caching => Core::Caching(Arena::new(cfg)),
@@ -56,7 +62,12 @@ impl Core {
     }
 
     #[inline]
-    pub(crate) fn find(&mut self, bytes: usize, rounded: usize, stream: StreamId) -> Option<Grant> {
+    pub(crate) fn find(
+        &mut self,
+        bytes: usize,
+        rounded: usize,
+        stream: StreamId,
+    ) -> Option<Grant<V>> {
         match self {
             Core::Caching(a) => a.find(rounded, stream),
             Core::Binned(b) => b.find(bytes, stream),
@@ -71,7 +82,7 @@ impl Core {
         bytes: usize,
         rounded: usize,
         stream: StreamId,
-    ) -> Grant {
+    ) -> Grant<V> {
         match self {
             Core::Caching(a) => a.add_segment(seg, size, rounded, stream),
             Core::Binned(b) => b.add_segment(seg, size, bytes),
@@ -84,16 +95,26 @@ impl Core {
                     offset: 0,
                     size,
                     zeroed: true,
+                    view: None,
+                    pending: Vec::new(),
                 }
             }
         }
     }
 
+    /// Gives back `block` with its uses in flight and its view (kept while the block keeps its
+    /// placement). Returns the segments to release.
     #[inline]
-    pub(crate) fn free(&mut self, block: BlockId, pending: Vec<PendingUse>) -> Vec<(SegId, usize)> {
+    pub(crate) fn free(
+        &mut self,
+        block: BlockId,
+        pending: Vec<PendingUse>,
+        view: Option<Box<V>>,
+    ) -> Vec<(SegId, usize)> {
         match self {
-            Core::Caching(a) => a.free(block, pending),
-            Core::Binned(b) => b.free(block, pending),
+            Core::Caching(a) => a.free(block, pending, view),
+            Core::Binned(b) => b.free(block, pending, view),
+            // The segment goes with the block: so does its view.
             Core::Direct(d) => d.live.remove(&block).into_iter().collect(),
         }
     }

@@ -3,7 +3,7 @@
 use super::{pool_index, Arena, State};
 use crate::alloc::pool::BlockId;
 
-impl Arena {
+impl<V> Arena<V> {
     /// Blocks on the exact-size lists (tests).
     pub(crate) fn listed(&self) -> usize {
         self.front.entries().len()

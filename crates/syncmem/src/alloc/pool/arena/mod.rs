@@ -1,11 +1,13 @@
 //! The `caching` core: PyTorch's best-fit allocator with block splitting and merging, as pure
-//! bookkeeping of (segment, offset, size), with exact-size free lists in front of it for small
-//! blocks. It never touches memory; [`super::Pool`] owns the segments.
+//! bookkeeping of (segment, offset, size), with exact-size free lists in front of it. It never
+//! touches memory; [`super::Pool`] owns the segments (and the views it keeps with free blocks).
 //!
 //! - Requests round up to a multiple of `round` (512 B).
 //! - A freed block of at most `size_class_limit` bytes goes on the exact-size free list of its
 //!   stream ([`super::front`]): the next request of that size on that stream takes it back in
-//!   O(1). Everything else, and a list miss, goes through the best-fit arena below.
+//!   O(1). A larger one goes on the short list of recently freed large blocks, reused by a
+//!   request of exactly its size on its stream. A list miss goes through the best-fit arena
+//!   below; with `size_class_limit` 0 every block does.
 //! - Requests up to `small_size` (1 MiB) use the small pool, larger ones the large pool; each
 //!   pool grows by segments sized to the job ([`Arena::segment_size`]): at least the request
 //!   and `min_segment`, at least a `growth` share of what the pool already reserves, at most
@@ -46,7 +48,7 @@ enum State {
     Cached,
 }
 
-struct Block {
+struct Block<V> {
     seg: SegId,
     offset: usize,
     size: usize,
@@ -59,6 +61,9 @@ struct Block {
     /// The stream the block was last handed out for.
     stream: StreamId,
     pending: Vec<PendingUse>,
+    /// The backend view of the block, kept while the block is free for its next user; dropped
+    /// when the block is split or merged (its placement changes) or its segment is released.
+    view: Option<Box<V>>,
 }
 
 /// How segments grow: see [`Arena::segment_size`].
@@ -72,8 +77,8 @@ struct Growth {
     percent: u64,
 }
 
-/// Best-fit bookkeeping of the caching pool.
-pub(crate) struct Arena {
+/// Best-fit bookkeeping of the caching pool, keeping each free block's view (`V`).
+pub(crate) struct Arena<V> {
     round: usize,
     small_size: usize,
     class_limit: usize,
@@ -82,7 +87,7 @@ pub(crate) struct Arena {
     max_non_split_rounding: usize,
     max_cached: u64,
     max_idle_percent: Option<u64>,
-    blocks: Slab<Block>,
+    blocks: Slab<Block<V>>,
     /// Free blocks: `[small pool, large pool]`, ordered by (size, id).
     free: [BTreeSet<(usize, BlockId)>; 2],
     /// Bytes in the free sets: `[small pool, large pool]` (the lists' bytes are
@@ -97,7 +102,7 @@ fn pool_index(small: bool) -> usize {
     usize::from(!small)
 }
 
-impl Arena {
+impl<V> Arena<V> {
     pub(crate) fn new(cfg: &PoolConfig) -> Self {
         Self {
             round: cfg.round,
@@ -151,42 +156,48 @@ impl Arena {
     }
 
     /// A free block for `rounded` bytes usable by `stream`: the stream's exact-size list first,
-    /// then the best fit in the arena (split if worth it). On a miss of a small request, the
-    /// lists are flushed into the arena and the best fit is tried again, so that the pool only
-    /// grows when merged free memory cannot serve the request either.
-    pub(crate) fn find(&mut self, rounded: usize, stream: StreamId) -> Option<Grant> {
+    /// then the best fit in the arena (split if worth it). On a miss, the lists are flushed into
+    /// the arena and the best fit is tried again, so that the pool only grows when merged free
+    /// memory cannot serve the request either.
+    pub(crate) fn find(&mut self, rounded: usize, stream: StreamId) -> Option<Grant<V>> {
         if rounded <= self.class_limit {
             if let Some(id) = self.front.pop(stream, rounded / self.round, rounded) {
                 return Some(self.take_cached(id, stream));
             }
+        } else if let Some(id) = self.front.pop_large(stream, rounded) {
+            return Some(self.take_cached(id, stream));
         }
         if let Some(g) = self.best_fit(rounded, stream) {
             return Some(g);
         }
-        if rounded <= self.small_size && !self.front.is_empty() {
+        if !self.front.is_empty() {
             self.flush_front();
             return self.best_fit(rounded, stream);
         }
         None
     }
 
-    fn take_cached(&mut self, id: BlockId, stream: StreamId) -> Grant {
+    fn take_cached(&mut self, id: BlockId, stream: StreamId) -> Grant<V> {
         let b = &mut self.blocks[id];
         debug_assert_eq!(b.state, State::Cached);
         b.state = State::Allocated;
         b.stream = stream;
-        // Uses in flight are all on `stream` (the list's): clear them, keeping the capacity.
-        b.pending.clear();
+        // Uses in flight are all on `stream` (the list's): the new user's work follows them on
+        // the stream, and they go back with the block.
+        let mut pending = std::mem::take(&mut b.pending);
+        pending.retain(|p| !p.fence.poll());
         Grant {
             block: id,
             seg: b.seg,
             offset: b.offset,
             size: b.size,
             zeroed: std::mem::replace(&mut b.zeroed, false),
+            view: b.view.take(),
+            pending,
         }
     }
 
-    fn best_fit(&mut self, rounded: usize, stream: StreamId) -> Option<Grant> {
+    fn best_fit(&mut self, rounded: usize, stream: StreamId) -> Option<Grant<V>> {
         let small = rounded <= self.small_size;
         let mut pick = None;
         for &(size, id) in self.free[pool_index(small)].range((rounded, 0)..) {
@@ -216,7 +227,7 @@ impl Arena {
         size: usize,
         rounded: usize,
         stream: StreamId,
-    ) -> Grant {
+    ) -> Grant<V> {
         let small = rounded <= self.small_size;
         self.reserved[pool_index(small)] += size as u64;
         let id = self.blocks.insert(Block {
@@ -230,6 +241,7 @@ impl Arena {
             zeroed: true,
             stream,
             pending: Vec::new(),
+            view: None,
         });
         self.link_free(id);
         self.carve(id, rounded, stream)
@@ -245,7 +257,7 @@ impl Arena {
     }
 
     /// Takes free block `id` for a request of `rounded` bytes on `stream`.
-    fn carve(&mut self, id: BlockId, rounded: usize, stream: StreamId) -> Grant {
+    fn carve(&mut self, id: BlockId, rounded: usize, stream: StreamId) -> Grant<V> {
         self.unlink_free(id);
         let (size, small) = {
             let b = &self.blocks[id];
@@ -253,9 +265,9 @@ impl Arena {
         };
         if self.should_split(size, rounded, small) {
             let b = &mut self.blocks[id];
-            // The rest keeps the uses in flight (the block's own list is cleared below).
-            let mut pending = std::mem::take(&mut b.pending);
-            pending.retain(|p| !p.fence.poll());
+            // Both parts keep the uses in flight.
+            b.pending.retain(|p| !p.fence.poll());
+            let pending = b.pending.clone();
             let rest = Block {
                 seg: b.seg,
                 offset: b.offset + rounded,
@@ -267,6 +279,7 @@ impl Arena {
                 zeroed: b.zeroed,
                 stream: b.stream,
                 pending,
+                view: None,
             };
             let next = rest.next;
             let rest_id = self.blocks.insert(rest);
@@ -277,11 +290,16 @@ impl Arena {
             let b = &mut self.blocks[id];
             b.next = Some(rest_id);
             b.size = rounded;
+            // A view of the whole block would reach into the rest.
+            b.view = None;
         }
         let b = &mut self.blocks[id];
         b.state = State::Allocated;
         b.stream = stream;
-        b.pending.clear();
+        // The uses in flight (on `stream`, or complete: the block is usable by `stream`) go
+        // with the block: a free with no work of its own must not forget them.
+        let mut pending = std::mem::take(&mut b.pending);
+        pending.retain(|p| !p.fence.poll());
         let zeroed = std::mem::replace(&mut b.zeroed, false);
         Grant {
             block: id,
@@ -289,14 +307,22 @@ impl Arena {
             offset: b.offset,
             size: b.size,
             zeroed,
+            view: b.view.take(),
+            pending,
         }
     }
 
-    /// Returns block `id` with the uses still in flight on it: onto its stream's exact-size
-    /// list when it is small and its pending uses are all on one stream, else into the arena,
-    /// merged with free neighbours. Gives back the segments to release when cached bytes exceed
-    /// the configured cap.
-    pub(crate) fn free(&mut self, id: BlockId, pending: Vec<PendingUse>) -> Vec<(SegId, usize)> {
+    /// Returns block `id` with the uses still in flight on it and its view: onto its stream's
+    /// exact-size list (small blocks) or the large list when its pending uses are all on one
+    /// stream, else into the arena, merged with free neighbours (a merge drops the views of the
+    /// blocks merged).
+    /// Gives back the segments to release when cached bytes exceed the configured cap.
+    pub(crate) fn free(
+        &mut self,
+        id: BlockId,
+        pending: Vec<PendingUse>,
+        view: Option<Box<V>>,
+    ) -> Vec<(SegId, usize)> {
         let (round, class_limit) = (self.round, self.class_limit);
         let Some(b) = self.blocks.get_mut(id) else {
             return Vec::new();
@@ -305,23 +331,26 @@ impl Arena {
         if b.state != State::Allocated {
             return Vec::new();
         }
+        b.view = view;
         b.pending.clear();
         if !pending.is_empty() {
             merge_pending(&mut b.pending, pending);
         }
-        if b.small && b.size <= class_limit {
-            // One pending use per stream: at most one entry means at most one stream.
-            let stream = match b.pending.as_slice() {
-                [] => Some(b.stream),
-                [p] => Some(p.stream),
-                _ => None,
-            };
-            if let Some(stream) = stream {
-                b.state = State::Cached;
-                let size = b.size;
+        // One pending use per stream: at most one entry means at most one stream.
+        let stream = match b.pending.as_slice() {
+            [] => Some(b.stream),
+            [p] => Some(p.stream),
+            _ => None,
+        };
+        if let (Some(stream), true) = (stream, class_limit > 0) {
+            b.state = State::Cached;
+            let size = b.size;
+            if b.small && size <= class_limit {
                 self.front.push(stream, size / round, size, id);
-                return self.over_cap();
+            } else if let Some((old, _)) = self.front.push_large(stream, size, id) {
+                self.settle(old);
             }
+            return self.over_cap();
         }
         self.settle(id);
         self.over_cap()
@@ -371,6 +400,8 @@ impl Arena {
         l.size += r.size;
         l.next = r.next;
         l.zeroed &= r.zeroed;
+        // Neither view describes the merged block.
+        l.view = None;
         merge_pending(&mut l.pending, r.pending);
     }
 
@@ -384,7 +415,8 @@ impl Arena {
         let listed = self
             .front
             .largest_class()
-            .map_or(0, |c| (c * self.round) as u64);
+            .map_or(0, |c| (c * self.round) as u64)
+            .max(self.front.largest_large().unwrap_or(0) as u64);
         self.free
             .iter()
             .filter_map(|s| s.last().map(|&(size, _)| size as u64))

@@ -4,7 +4,7 @@
 use super::{pool_index, Arena};
 use crate::alloc::pool::{BlockId, SegId};
 
-impl Arena {
+impl<V> Arena<V> {
     /// Segments to give back before the pool grows by a segment for `rounded` bytes: wholly
     /// free segments of the request's pool (small or large) that no pending work needs (the
     /// request fits none of them, or it would have been served), largest first, while that

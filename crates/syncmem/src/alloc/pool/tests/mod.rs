@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use super::*;
 
 mod sizing;
+mod views;
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -41,7 +42,7 @@ fn caching() -> Arc<Pool<Fake>> {
     pool(pytorch())
 }
 
-fn check(p: &Pool<Fake>) {
+fn check<V: Send + 'static>(p: &Pool<Fake, V>) {
     if let Core::Caching(a) = &p.inner.lock().core {
         a.check();
     }
