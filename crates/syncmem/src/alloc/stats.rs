@@ -352,9 +352,21 @@ impl fmt::Display for Snapshot {
                 p.fragmentation()
             )?;
         }
+        for line in POOL_LEGEND {
+            writeln!(f, "{line}")?;
+        }
         Ok(())
     }
 }
+
+/// The legend under the pool table of [`Snapshot`]'s `Display`.
+const POOL_LEGEND: [&str; 5] = [
+    "  hits: allocations served from cached blocks, without a backend call",
+    "  backend a/f: segments made by the backend / given back to it",
+    "  largest: the largest free block in the pool (the biggest request it serves without",
+    "    a backend call); frag: fragmentation of the free bytes, 1 - largest / free",
+    "    (0: the free memory is one block; near 1: it is scattered in small blocks)",
+];
 
 /// Formats a byte count with a binary unit (`1.5 MiB`).
 pub fn human_bytes(b: u64) -> String {

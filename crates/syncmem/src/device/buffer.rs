@@ -103,12 +103,14 @@ impl DeviceBuffer {
         device.shared.memory.alloc_direct(device, len)
     }
 
-    /// A pooled allocation (see [`Device::alloc_pooled`]).
+    /// A pooled allocation (see [`Device::alloc_pooled`]) for `owner` (a buffer's label, kept
+    /// with the block for memory snapshots).
     pub(crate) fn pooled(
         device: &Device,
         len: usize,
         stream: &Stream,
         release: Release,
+        owner: Option<&Arc<str>>,
     ) -> Result<Self> {
         if !stream.device().same(device) {
             return Err(Error::DeviceMismatch {
@@ -124,7 +126,7 @@ impl DeviceBuffer {
         device
             .shared
             .memory
-            .alloc_pooled(device, len, stream, release)
+            .alloc_pooled(device, len, stream, release, owner)
     }
 
     /// Wraps a direct backend allocation (already charged to the cap).

@@ -15,14 +15,19 @@
 
 use super::config::PoolConfig;
 use super::slab::Slab;
+use std::sync::Arc;
+
+use super::snapshot::{BlockSnapshot, BlockState};
 use super::strategy::Grant;
-use super::{merge_pending, usable_by, BlockId, PendingUse, SegId, StreamId};
+use super::{in_flight, merge_pending, usable_by, BlockId, PendingUse, SegId, StreamId};
 
 struct Cached<V> {
     id: BlockId,
     seg: SegId,
     size: usize,
     zeroed: bool,
+    /// The stream it was last handed out for.
+    stream: StreamId,
     pending: Vec<PendingUse>,
     /// The block's view, handed to its next user (a block is a whole segment: its placement
     /// never changes).
@@ -33,6 +38,10 @@ struct Live {
     seg: SegId,
     size: usize,
     bin: Option<usize>,
+    stream: StreamId,
+    /// Bytes asked for and the owner's name, if given (snapshots).
+    requested: usize,
+    owner: Option<Arc<str>>,
 }
 
 /// Bin bookkeeping of the binned pool, keeping each cached block's view (`V`).
@@ -41,6 +50,8 @@ pub(crate) struct Bins<V> {
     sizes: Vec<usize>,
     max_cached: u64,
     max_idle_percent: Option<u64>,
+    /// Blocks up to this size are small.
+    small_size: usize,
     /// Cached blocks per bin (index into `sizes`), most recently freed last.
     cached: Vec<Vec<Cached<V>>>,
     cached_bytes: u64,
@@ -81,6 +92,7 @@ impl<V> Bins<V> {
             sizes,
             max_cached: cfg.effective_max_cached_bytes(),
             max_idle_percent: cfg.max_idle_percent.map(u64::from),
+            small_size: cfg.small_size,
             cached_bytes: 0,
             live_bytes: 0,
             live: Slab::default(),
@@ -112,6 +124,9 @@ impl<V> Bins<V> {
             seg: c.seg,
             size: c.size,
             bin: Some(bin),
+            stream,
+            requested: 0,
+            owner: None,
         });
         let mut pending = c.pending;
         pending.retain(|p| !p.fence.poll());
@@ -123,14 +138,28 @@ impl<V> Bins<V> {
             zeroed: c.zeroed,
             view: c.view,
             pending,
+            small: c.size <= self.small_size,
         })
     }
 
     /// Registers a fresh (zeroed) segment made for a request of `bytes` as a live block.
-    pub(crate) fn add_segment(&mut self, seg: SegId, size: usize, bytes: usize) -> Grant<V> {
+    pub(crate) fn add_segment(
+        &mut self,
+        seg: SegId,
+        size: usize,
+        bytes: usize,
+        stream: StreamId,
+    ) -> Grant<V> {
         let (bin, _) = self.bin_for(bytes);
         self.live_bytes += size as u64;
-        let id = self.live.insert(Some(Live { seg, size, bin }));
+        let id = self.live.insert(Some(Live {
+            seg,
+            size,
+            bin,
+            stream,
+            requested: 0,
+            owner: None,
+        }));
         Grant {
             block: id,
             seg,
@@ -139,7 +168,47 @@ impl<V> Bins<V> {
             zeroed: true,
             view: None,
             pending: Vec::new(),
+            small: size <= self.small_size,
         }
+    }
+
+    /// Records what block `id`, just handed out, was asked for, and by whom.
+    pub(crate) fn tag(&mut self, id: BlockId, requested: usize, owner: Option<Arc<str>>) {
+        if let Some(Some(l)) = self.live.get_mut(id) {
+            l.requested = requested;
+            l.owner = owner;
+        }
+    }
+
+    /// Every block (a whole segment each) with whether it is small, live ones first.
+    pub(crate) fn walk(&self) -> Vec<(SegId, bool, Vec<BlockSnapshot>)> {
+        let live = self.live.iter().filter_map(|(_, l)| l.as_ref()).map(|l| {
+            let b = BlockSnapshot {
+                offset: 0,
+                size: l.size as u64,
+                requested: l.requested as u64,
+                state: BlockState::Allocated,
+                stream: l.stream,
+                owner: l.owner.as_deref().map(str::to_string),
+            };
+            (l.seg, l.size <= self.small_size, vec![b])
+        });
+        let cached = self.cached.iter().flatten().map(|c| {
+            let b = BlockSnapshot {
+                offset: 0,
+                size: c.size as u64,
+                requested: 0,
+                state: if in_flight(&c.pending) {
+                    BlockState::Pending
+                } else {
+                    BlockState::Free
+                },
+                stream: c.stream,
+                owner: None,
+            };
+            (c.seg, c.size <= self.small_size, vec![b])
+        });
+        live.chain(cached).collect()
     }
 
     /// Returns a block with its view: cached if binned and under the cap, else its segment is
@@ -165,6 +234,7 @@ impl<V> Bins<V> {
                     seg: l.seg,
                     size: l.size,
                     zeroed: false,
+                    stream: l.stream,
                     pending: kept,
                     view,
                 });

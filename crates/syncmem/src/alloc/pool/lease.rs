@@ -18,6 +18,8 @@ pub struct Lease<T: Send + Sync + 'static, V: Send + 'static = ()> {
     pub(super) size: usize,
     pub(super) requested: usize,
     pub(super) zeroed: bool,
+    /// The block is small (see [`crate::alloc::pool::PoolStats::small`]).
+    pub(super) small: bool,
     pub(super) pending: Vec<PendingUse>,
     /// The block's view (`None` only while the pool makes the lease).
     pub(super) view: Option<Box<V>>,
@@ -106,8 +108,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Drop for Lease<T, V> {
     fn drop(&mut self) {
         let pending = std::mem::take(&mut self.pending);
         let view = self.view.take();
-        self.pool
-            .release_block(self.block, self.size, self.requested, pending, view);
+        let sizes = (self.size, self.requested, self.small);
+        self.pool.release_block(self.block, sizes, pending, view);
     }
 }
 

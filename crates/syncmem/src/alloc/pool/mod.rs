@@ -41,8 +41,10 @@ pub mod host;
 mod lease;
 mod pending;
 mod slab;
+pub mod snapshot;
 pub mod stats;
 mod strategy;
+pub mod summary;
 #[cfg(test)]
 mod tests;
 
@@ -59,8 +61,12 @@ pub use event::{PoolEvent, PoolObserver};
 pub use host::{HostAllocation, HostPool};
 pub use lease::Lease;
 pub use pending::Fence;
-pub(crate) use pending::{merge_one, merge_pending, usable_by, PendingUse};
-pub use stats::{Gauge, PoolStats};
+pub(crate) use pending::{in_flight, merge_one, merge_pending, usable_by, PendingUse};
+pub use snapshot::{
+    BlockSnapshot, BlockState, MemorySnapshot, PoolSnapshot, SegmentSnapshot, SizeClass,
+};
+pub use stats::{Gauge, PoolStats, SizeStats};
+pub use summary::MemorySummary;
 
 pub use crate::backend::RawStorage;
 
@@ -106,9 +112,17 @@ impl Hasher for IdHasher {
 /// A map keyed by pool ids ([`BlockId`], [`SegId`]).
 pub(crate) type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 
+/// A segment the pool holds.
+struct Seg<T> {
+    seg: Arc<T>,
+    size: usize,
+    /// It serves small blocks.
+    small: bool,
+}
+
 struct Inner<T, V> {
     core: Core<V>,
-    segments: IdMap<(Arc<T>, usize)>,
+    segments: IdMap<Seg<T>>,
     next_seg: SegId,
     c: Counters,
     observer: Option<Arc<dyn PoolObserver>>,
@@ -233,6 +247,22 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         stream: StreamId,
         source: &S,
     ) -> Result<Lease<T, V>> {
+        self.alloc_labelled(bytes, stream, source, None)
+    }
+
+    /// [`Pool::alloc`] for an owner named `owner` (a tensor's or blob's name): the pool keeps
+    /// the name with the block while it is handed out, for [memory snapshots](Pool::snapshot).
+    /// The name is shared, not copied.
+    ///
+    /// # Errors
+    /// As [`Pool::alloc`].
+    pub fn alloc_labelled<S: RawStorage<Segment = T, View = V> + ?Sized>(
+        self: &Arc<Self>,
+        bytes: usize,
+        stream: StreamId,
+        source: &S,
+        owner: Option<&Arc<str>>,
+    ) -> Result<Lease<T, V>> {
         let mut inner = self.inner.lock();
         let overflow = || Error::SizeOverflow {
             what: format!("{bytes} bytes rounded for pool {}", self.label),
@@ -291,18 +321,22 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                 };
                 let sid = inner.next_seg;
                 inner.next_seg += 1;
-                inner.segments.insert(sid, (Arc::new(seg), seg_size));
-                inner.c.backend_allocs += 1;
-                inner.c.segments += 1;
-                inner.c.reserved.add(seg_size as u64);
-                inner.emit(&self.label, PoolEvent::SegmentAlloc { bytes: seg_size });
                 let grant = inner
                     .core
                     .add_segment(sid, seg_size, bytes, rounded, stream);
+                let seg = Seg {
+                    seg: Arc::new(seg),
+                    size: seg_size,
+                    small: grant.small,
+                };
+                inner.segments.insert(sid, seg);
+                inner.c.backend_allocs += 1;
+                inner.c.on_segment(seg_size as u64, grant.small, true);
+                inner.emit(&self.label, PoolEvent::SegmentAlloc { bytes: seg_size });
                 (grant, false)
             }
         };
-        let seg = &inner.segments[&grant.seg].0;
+        let seg = &inner.segments[&grant.seg].seg;
         let segment = NonNull::from(&**seg);
         let view = match grant.view {
             Some(v) => v,
@@ -320,10 +354,12 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                 }
             },
         };
+        inner.core.tag(grant.block, bytes, owner.cloned());
         inner.c.allocations += 1;
         inner.c.cache_hits += u64::from(hit);
-        inner.c.allocated.add(grant.size as u64);
-        inner.c.requested.add(bytes as u64);
+        inner
+            .c
+            .on_alloc(grant.size as u64, bytes as u64, grant.small);
         inner.emit(
             &self.label,
             PoolEvent::Alloc {
@@ -342,6 +378,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             size: grant.size,
             requested: bytes,
             zeroed: grant.zeroed,
+            small: grant.small,
             pending: grant.pending,
             view: Some(view),
         })
@@ -355,21 +392,19 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         }
     }
 
-    /// Gives back block `block` of `size` bytes (`requested` asked for) with its uses in flight
-    /// and its view.
+    /// Gives back block `block` of `size` bytes (`requested` asked for; `small` as handed out)
+    /// with its uses in flight and its view.
     pub(super) fn release_block(
         &self,
         block: BlockId,
-        size: usize,
-        requested: usize,
+        (size, requested, small): (usize, usize, bool),
         pending: Vec<PendingUse>,
         view: Option<Box<V>>,
     ) {
         let released = {
             let mut inner = self.inner.lock();
             inner.c.frees += 1;
-            inner.c.allocated.sub(size as u64);
-            inner.c.requested.sub(requested as u64);
+            inner.c.on_free(size as u64, requested as u64, small);
             inner.emit(&self.label, PoolEvent::Free { size, block });
             let segs = inner.core.free(block, pending, view);
             if segs.is_empty() {
@@ -389,10 +424,9 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         for (sid, size) in segs {
             if let Some(s) = inner.segments.remove(&sid) {
                 inner.c.backend_frees += 1;
-                inner.c.segments -= 1;
-                inner.c.reserved.sub(size as u64);
+                inner.c.on_segment(size as u64, s.small, false);
                 inner.emit(&self.label, PoolEvent::SegmentFree { bytes: size });
-                out.push(s);
+                out.push((s.seg, s.size));
             }
         }
         out
@@ -433,14 +467,25 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
 
     /// A reading of the statistics.
     pub fn stats(&self) -> PoolStats {
-        let inner = self.inner.lock();
+        self.stats_of(&self.inner.lock())
+    }
+
+    fn stats_of(&self, inner: &Inner<T, V>) -> PoolStats {
         let c = &inner.c;
+        let [small_inactive, large_inactive, inactive] = inner.core.inactive_split();
+        let [mut small, mut large] = c.by_size;
+        small.inactive_split = small_inactive;
+        large.inactive_split = large_inactive;
         PoolStats {
             label: self.label.clone(),
             kind: self.config.kind,
             allocated: c.allocated,
             requested: c.requested,
             reserved: c.reserved,
+            inactive_split: inactive,
+            small,
+            large,
+            small_size: self.config.small_size as u64,
             segments: c.segments,
             allocations: c.allocations,
             frees: c.frees,
@@ -460,7 +505,38 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
 
     /// Resets the peaks to the current values.
     pub fn reset_peak(&self) {
-        self.inner.lock().c.reset_peaks();
+        let mut inner = self.inner.lock();
+        inner.c.reset_peaks();
+        inner.core.reset_peaks();
+    }
+
+    /// Every segment of the pool and every block in it (size, offset, state, stream, owner),
+    /// with the statistics of the same instant. Walks every block under the pool's lock: a
+    /// tool for reports, not for every step.
+    pub fn snapshot(&self) -> PoolSnapshot {
+        let inner = self.inner.lock();
+        let mut segments: Vec<SegmentSnapshot> = inner
+            .core
+            .walk()
+            .into_iter()
+            .map(|(id, small, blocks)| SegmentSnapshot {
+                id,
+                size: inner.segments.get(&id).map_or(0, |s| s.size as u64),
+                class: if small {
+                    SizeClass::Small
+                } else {
+                    SizeClass::Large
+                },
+                blocks,
+            })
+            .collect();
+        segments.sort_unstable_by_key(|s| s.id);
+        PoolSnapshot {
+            label: self.label.clone(),
+            kind: self.config.kind,
+            stats: self.stats_of(&inner),
+            segments,
+        }
     }
 
     /// True when no block is handed out.

@@ -72,3 +72,8 @@ pub(crate) fn usable_by(pending: &[PendingUse], stream: StreamId) -> bool {
         .iter()
         .all(|p| p.stream == stream || p.fence.is_complete())
 }
+
+/// True when some of these uses may still be running (a cheap check: see [`Fence::poll`]).
+pub(crate) fn in_flight(pending: &[PendingUse]) -> bool {
+    pending.iter().any(|p| !p.fence.poll())
+}

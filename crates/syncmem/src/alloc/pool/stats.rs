@@ -1,35 +1,59 @@
-//! Statistics of one pool: bytes (current and peak), counts, cache hits, backend calls, the
-//! largest free block and fragmentation.
+//! Statistics of one pool: bytes (current, peak and cumulative; small and large blocks apart),
+//! counts, cache hits, backend calls, the largest free block and fragmentation.
 
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::config::PoolKind;
 use crate::alloc::stats::human_bytes;
 
-/// A byte count with its high-water mark.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+/// A byte count with its high-water mark and its cumulative movements (PyTorch's `current`,
+/// `peak`, `allocated` and `freed` of a memory statistic).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Gauge {
     /// Bytes now.
     pub current: u64,
     /// Highest `current` since creation or the last peak reset.
     pub peak: u64,
+    /// Bytes added since creation (cumulative; never reset).
+    pub allocated: u64,
+    /// Bytes removed since creation (cumulative; never reset): `allocated - freed` is
+    /// `current`.
+    pub freed: u64,
 }
 
 impl Gauge {
     pub(crate) fn add(&mut self, n: u64) {
         self.current = self.current.saturating_add(n);
         self.peak = self.peak.max(self.current);
+        self.allocated = self.allocated.saturating_add(n);
     }
 
     pub(crate) fn sub(&mut self, n: u64) {
         self.current = self.current.saturating_sub(n);
+        self.freed = self.freed.saturating_add(n);
     }
 
     pub(crate) fn reset_peak(&mut self) {
         self.peak = self.current;
     }
+}
+
+/// The byte gauges of one size class (small or large blocks).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SizeStats {
+    /// Bytes in blocks handed out.
+    pub allocated: Gauge,
+    /// Bytes callers asked for.
+    pub requested: Gauge,
+    /// Bytes in segments held from the backend.
+    pub reserved: Gauge,
+    /// Bytes in free blocks inside segments that also hold other blocks (see
+    /// [`PoolStats::inactive_split`]).
+    pub inactive_split: Gauge,
+    /// Segments held now.
+    pub segments: u64,
 }
 
 /// Live counters of a pool, kept under the pool's lock.
@@ -38,6 +62,9 @@ pub(crate) struct Counters {
     pub(crate) allocated: Gauge,
     pub(crate) requested: Gauge,
     pub(crate) reserved: Gauge,
+    /// Small and large blocks apart (`[small, large]`; no inactive-split figures: the core
+    /// keeps those).
+    pub(crate) by_size: [SizeStats; 2],
     pub(crate) segments: u64,
     pub(crate) allocations: u64,
     pub(crate) frees: u64,
@@ -55,6 +82,47 @@ impl Counters {
         self.allocated.reset_peak();
         self.requested.reset_peak();
         self.reserved.reset_peak();
+        for s in &mut self.by_size {
+            s.allocated.reset_peak();
+            s.requested.reset_peak();
+            s.reserved.reset_peak();
+        }
+    }
+
+    /// Counts a block of `size` bytes (`requested` asked for) of size class `small` handed out.
+    #[inline]
+    pub(crate) fn on_alloc(&mut self, size: u64, requested: u64, small: bool) {
+        self.allocated.add(size);
+        self.requested.add(requested);
+        let c = &mut self.by_size[usize::from(!small)];
+        c.allocated.add(size);
+        c.requested.add(requested);
+    }
+
+    /// Counts a block given back (as in [`Counters::on_alloc`]).
+    #[inline]
+    pub(crate) fn on_free(&mut self, size: u64, requested: u64, small: bool) {
+        self.allocated.sub(size);
+        self.requested.sub(requested);
+        let c = &mut self.by_size[usize::from(!small)];
+        c.allocated.sub(size);
+        c.requested.sub(requested);
+    }
+
+    /// Counts a segment of `size` bytes made (`add`) or given back.
+    pub(crate) fn on_segment(&mut self, size: u64, small: bool, add: bool) {
+        let c = &mut self.by_size[usize::from(!small)];
+        if add {
+            self.reserved.add(size);
+            c.reserved.add(size);
+            self.segments += 1;
+            c.segments += 1;
+        } else {
+            self.reserved.sub(size);
+            c.reserved.sub(size);
+            self.segments -= 1;
+            c.segments -= 1;
+        }
     }
 }
 
@@ -62,8 +130,12 @@ impl Counters {
 ///
 /// `allocated` counts whole blocks handed out (requests rounded up: 512-B multiples, a bin,
 /// or a whole unsplit block); `requested` counts what callers asked for; `reserved` counts
-/// segments held from the backend, so `reserved - allocated` is cached free memory.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// segments held from the backend, so `reserved - allocated` is cached free memory, of which
+/// `inactive_split` sits in segments that also hold other blocks. [`PoolStats::small`] and
+/// [`PoolStats::large`] split the figures by block size (blocks up to
+/// [`PoolStats::small_size`] bytes, and larger), as PyTorch's small and large pools;
+/// [`PoolStats::summary`] prints them as `torch.cuda.memory_summary()` does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolStats {
     /// Memory space: `host`, `opencl:0`, `opencl:0 pinned`, ...
     pub label: String,
@@ -75,6 +147,17 @@ pub struct PoolStats {
     pub requested: Gauge,
     /// Bytes in segments held from the backend.
     pub reserved: Gauge,
+    /// Bytes in free blocks inside segments that also hold other blocks: cached, but neither
+    /// given back to the backend nor usable by a request larger than the block (PyTorch's
+    /// inactive split blocks). Only the caching pool splits segments; elsewhere 0.
+    pub inactive_split: Gauge,
+    /// The figures of small blocks (the caching pool's small pool; elsewhere blocks up to
+    /// [`PoolStats::small_size`]).
+    pub small: SizeStats,
+    /// The figures of large blocks.
+    pub large: SizeStats,
+    /// Blocks up to this many bytes are small.
+    pub small_size: u64,
     /// Segments held now.
     pub segments: u64,
     /// Blocks handed out.
@@ -204,10 +287,12 @@ mod tests {
         g.add(5);
         g.sub(12);
         assert_eq!((g.current, g.peak), (3, 15));
+        assert_eq!((g.allocated, g.freed), (15, 12), "cumulative");
         g.reset_peak();
         assert_eq!(g.peak, 3);
-        g.sub(100);
-        assert_eq!(g.current, 0, "saturates");
+        assert_eq!(g.allocated, 15, "a peak reset keeps the cumulative figures");
+        g.sub(3);
+        assert_eq!((g.current, g.freed), (0, 15));
     }
 
     #[test]
@@ -218,6 +303,10 @@ mod tests {
             allocated: Gauge::default(),
             requested: Gauge::default(),
             reserved: Gauge::default(),
+            inactive_split: Gauge::default(),
+            small: SizeStats::default(),
+            large: SizeStats::default(),
+            small_size: 1 << 20,
             segments: 0,
             allocations: 0,
             frees: 0,

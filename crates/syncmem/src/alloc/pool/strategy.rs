@@ -1,8 +1,12 @@
 //! Dispatch over the three pool strategies: caching (best fit), binned, none (direct).
 
+use std::sync::Arc;
+
 use super::arena::Arena;
 use super::binned::Bins;
 use super::config::{PoolConfig, PoolKind};
+use super::snapshot::{BlockSnapshot, BlockState};
+use super::stats::Gauge;
 use super::{BlockId, IdMap, PendingUse, SegId, StreamId};
 
 /// A block handed out by a core.
@@ -18,15 +22,28 @@ pub(crate) struct Grant<V> {
     /// Uses of the block still in flight, on the stream it is handed to (or complete): they
     /// go back to the pool with the block, with the new user's own.
     pub(crate) pending: Vec<PendingUse>,
+    /// The block is small (the caching pool's small pool; elsewhere at most `small_size`).
+    pub(crate) small: bool,
+}
+
+/// A block of the `none` pool (a whole segment).
+struct DirectBlock {
+    seg: SegId,
+    size: usize,
+    stream: StreamId,
+    requested: usize,
+    owner: Option<Arc<str>>,
 }
 
 /// `none`: one segment per block.
-#[derive(Default)]
 pub(crate) struct Direct {
-    live: IdMap<(SegId, usize)>,
+    live: IdMap<DirectBlock>,
     next_id: BlockId,
+    small_size: usize,
 }
 
+// One per pool: boxing the arena would add a pointer chase to every allocation.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Core<V> {
     Caching(Arena<V>),
     Binned(Bins<V>),
@@ -38,7 +55,11 @@ impl<V> Core<V> {
         match cfg.kind {
             PoolKind::Caching => Core::Caching(Arena::new(cfg)),
             PoolKind::Binned => Core::Binned(Bins::new(cfg)),
-            PoolKind::None => Core::Direct(Direct::default()),
+            PoolKind::None => Core::Direct(Direct {
+                live: IdMap::default(),
+                next_id: 0,
+                small_size: cfg.small_size,
+            }),
         }
     }
 
@@ -85,10 +106,19 @@ impl<V> Core<V> {
     ) -> Grant<V> {
         match self {
             Core::Caching(a) => a.add_segment(seg, size, rounded, stream),
-            Core::Binned(b) => b.add_segment(seg, size, bytes),
+            Core::Binned(b) => b.add_segment(seg, size, bytes, stream),
             Core::Direct(d) => {
                 d.next_id += 1;
-                d.live.insert(d.next_id, (seg, size));
+                d.live.insert(
+                    d.next_id,
+                    DirectBlock {
+                        seg,
+                        size,
+                        stream,
+                        requested: 0,
+                        owner: None,
+                    },
+                );
                 Grant {
                     block: d.next_id,
                     seg,
@@ -97,6 +127,7 @@ impl<V> Core<V> {
                     zeroed: true,
                     view: None,
                     pending: Vec::new(),
+                    small: size <= d.small_size,
                 }
             }
         }
@@ -115,7 +146,12 @@ impl<V> Core<V> {
             Core::Caching(a) => a.free(block, pending, view),
             Core::Binned(b) => b.free(block, pending, view),
             // The segment goes with the block: so does its view.
-            Core::Direct(d) => d.live.remove(&block).into_iter().collect(),
+            Core::Direct(d) => d
+                .live
+                .remove(&block)
+                .map(|b| (b.seg, b.size))
+                .into_iter()
+                .collect(),
         }
     }
 
@@ -150,6 +186,61 @@ impl<V> Core<V> {
             Core::Caching(a) => a.largest_free(),
             Core::Binned(b) => b.largest_free(),
             Core::Direct(_) => 0,
+        }
+    }
+}
+
+impl<V> Core<V> {
+    /// Records what block `block`, just handed out, was asked for, and by whom.
+    #[inline]
+    pub(crate) fn tag(&mut self, block: BlockId, requested: usize, owner: Option<Arc<str>>) {
+        match self {
+            Core::Caching(a) => a.tag(block, requested, owner),
+            Core::Binned(b) => b.tag(block, requested, owner),
+            Core::Direct(d) => {
+                if let Some(b) = d.live.get_mut(&block) {
+                    b.requested = requested;
+                    b.owner = owner;
+                }
+            }
+        }
+    }
+
+    /// Bytes of free blocks sharing their segment with other blocks: `[small, large, both]`.
+    pub(crate) fn inactive_split(&self) -> [Gauge; 3] {
+        match self {
+            Core::Caching(a) => a.inactive_split(),
+            _ => [Gauge::default(); 3],
+        }
+    }
+
+    /// Resets the peaks the core keeps.
+    pub(crate) fn reset_peaks(&mut self) {
+        if let Core::Caching(a) = self {
+            a.reset_peaks();
+        }
+    }
+
+    /// Every segment (with whether it serves small blocks) and its blocks in address order.
+    pub(crate) fn walk(&self) -> Vec<(SegId, bool, Vec<BlockSnapshot>)> {
+        match self {
+            Core::Caching(a) => a.walk(),
+            Core::Binned(b) => b.walk(),
+            Core::Direct(d) => d
+                .live
+                .values()
+                .map(|b| {
+                    let block = BlockSnapshot {
+                        offset: 0,
+                        size: b.size as u64,
+                        requested: b.requested as u64,
+                        state: BlockState::Allocated,
+                        stream: b.stream,
+                        owner: b.owner.as_deref().map(str::to_string),
+                    };
+                    (b.seg, b.size <= d.small_size, vec![block])
+                })
+                .collect(),
         }
     }
 }

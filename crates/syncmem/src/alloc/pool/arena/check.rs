@@ -14,6 +14,7 @@ impl<V> Arena<V> {
     pub(crate) fn check(&self) {
         let mut free = [0u64; 2];
         let mut reserved = [0u64; 2];
+        let mut inactive = [0u64; 2];
         let mut listed: Vec<BlockId> = self.front.entries().iter().map(|e| e.2).collect();
         listed.sort_unstable();
         let mut cached = Vec::new();
@@ -48,10 +49,22 @@ impl<V> Arena<V> {
                 State::Cached => cached.push(id),
                 State::Allocated => {}
             }
+            if b.state != State::Allocated && b.is_split() {
+                inactive[pool_index(b.small)] += b.size as u64;
+            }
+            if b.state != State::Allocated {
+                assert!(b.owner.is_none(), "a free block has no owner");
+            }
         }
         cached.sort_unstable();
         assert_eq!(cached, listed, "cached blocks are exactly the listed ones");
         assert_eq!(free, self.free_bytes);
         assert_eq!(reserved, self.reserved);
+        assert_eq!(
+            inactive,
+            [self.inactive[0].current, self.inactive[1].current],
+            "inactive split bytes"
+        );
+        assert_eq!(self.inactive[2].current, inactive[0] + inactive[1]);
     }
 }

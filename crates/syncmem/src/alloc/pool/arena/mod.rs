@@ -29,12 +29,15 @@
 #[cfg(test)]
 mod check;
 mod release;
+mod walk;
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use super::config::PoolConfig;
 use super::front::Front;
 use super::slab::Slab;
+use super::stats::Gauge;
 use super::strategy::Grant;
 use super::{merge_pending, usable_by, BlockId, PendingUse, SegId, StreamId};
 
@@ -64,6 +67,16 @@ struct Block<V> {
     /// The backend view of the block, kept while the block is free for its next user; dropped
     /// when the block is split or merged (its placement changes) or its segment is released.
     view: Option<Box<V>>,
+    /// While handed out: the bytes asked for and the owner's name, if given (snapshots).
+    requested: usize,
+    owner: Option<Arc<str>>,
+}
+
+impl<V> Block<V> {
+    /// True when the block shares its segment with other blocks.
+    fn is_split(&self) -> bool {
+        self.prev.is_some() || self.next.is_some()
+    }
 }
 
 /// How segments grow: see [`Arena::segment_size`].
@@ -96,6 +109,9 @@ pub(crate) struct Arena<V> {
     front: Front,
     /// Bytes of segments held: `[small pool, large pool]`.
     reserved: [u64; 2],
+    /// Bytes of free blocks (in the free sets or on the lists) that share their segment with
+    /// other blocks: `[small pool, large pool, both]`.
+    inactive: [Gauge; 3],
 }
 
 fn pool_index(small: bool) -> usize {
@@ -125,6 +141,38 @@ impl<V> Arena<V> {
             free_bytes: [0, 0],
             front: Front::default(),
             reserved: [0, 0],
+            inactive: [Gauge::default(); 3],
+        }
+    }
+
+    /// Counts `size` bytes of a free block of pool `small` into (`add`) or out of the
+    /// inactive-split gauges.
+    fn inactive(&mut self, small: bool, size: usize, add: bool) {
+        let n = size as u64;
+        for i in [pool_index(small), 2] {
+            if add {
+                self.inactive[i].add(n);
+            } else {
+                self.inactive[i].sub(n);
+            }
+        }
+    }
+
+    /// The inactive-split gauges: `[small pool, large pool, both]`.
+    pub(crate) fn inactive_split(&self) -> [Gauge; 3] {
+        self.inactive
+    }
+
+    /// Resets the peaks of the inactive-split gauges.
+    pub(crate) fn reset_peaks(&mut self) {
+        self.inactive.iter_mut().for_each(Gauge::reset_peak);
+    }
+
+    /// Records what block `id`, just handed out, was asked for, and by whom.
+    pub(crate) fn tag(&mut self, id: BlockId, requested: usize, owner: Option<Arc<str>>) {
+        if let Some(b) = self.blocks.get_mut(id) {
+            b.requested = requested;
+            b.owner = owner;
         }
     }
 
@@ -178,6 +226,13 @@ impl<V> Arena<V> {
     }
 
     fn take_cached(&mut self, id: BlockId, stream: StreamId) -> Grant<V> {
+        let (small, size, split) = {
+            let b = &self.blocks[id];
+            (b.small, b.size, b.is_split())
+        };
+        if split {
+            self.inactive(small, size, false);
+        }
         let b = &mut self.blocks[id];
         debug_assert_eq!(b.state, State::Cached);
         b.state = State::Allocated;
@@ -194,6 +249,7 @@ impl<V> Arena<V> {
             zeroed: std::mem::replace(&mut b.zeroed, false),
             view: b.view.take(),
             pending,
+            small,
         }
     }
 
@@ -242,6 +298,8 @@ impl<V> Arena<V> {
             stream,
             pending: Vec::new(),
             view: None,
+            requested: 0,
+            owner: None,
         });
         self.link_free(id);
         self.carve(id, rounded, stream)
@@ -259,10 +317,13 @@ impl<V> Arena<V> {
     /// Takes free block `id` for a request of `rounded` bytes on `stream`.
     fn carve(&mut self, id: BlockId, rounded: usize, stream: StreamId) -> Grant<V> {
         self.unlink_free(id);
-        let (size, small) = {
+        let (size, small, split) = {
             let b = &self.blocks[id];
-            (b.size, b.small)
+            (b.size, b.small, b.is_split())
         };
+        if split {
+            self.inactive(small, size, false);
+        }
         if self.should_split(size, rounded, small) {
             let b = &mut self.blocks[id];
             // Both parts keep the uses in flight.
@@ -280,6 +341,8 @@ impl<V> Arena<V> {
                 stream: b.stream,
                 pending,
                 view: None,
+                requested: 0,
+                owner: None,
             };
             let next = rest.next;
             let rest_id = self.blocks.insert(rest);
@@ -287,6 +350,8 @@ impl<V> Arena<V> {
                 self.blocks[n].prev = Some(rest_id);
             }
             self.link_free(rest_id);
+            // The rest shares its segment with the block handed out.
+            self.inactive(small, size - rounded, true);
             let b = &mut self.blocks[id];
             b.next = Some(rest_id);
             b.size = rounded;
@@ -309,6 +374,7 @@ impl<V> Arena<V> {
             zeroed,
             view: b.view.take(),
             pending,
+            small,
         }
     }
 
@@ -332,6 +398,8 @@ impl<V> Arena<V> {
             return Vec::new();
         }
         b.view = view;
+        b.owner = None;
+        b.requested = 0;
         b.pending.clear();
         if !pending.is_empty() {
             merge_pending(&mut b.pending, pending);
@@ -344,8 +412,11 @@ impl<V> Arena<V> {
         };
         if let (Some(stream), true) = (stream, class_limit > 0) {
             b.state = State::Cached;
-            let size = b.size;
-            if b.small && size <= class_limit {
+            let (size, small, split) = (b.size, b.small, b.is_split());
+            if split {
+                self.inactive(small, size, true);
+            }
+            if small && size <= class_limit {
                 self.front.push(stream, size / round, size, id);
             } else if let Some((old, _)) = self.front.push_large(stream, size, id) {
                 self.settle(old);
@@ -368,19 +439,33 @@ impl<V> Arena<V> {
     /// Puts block `id` (handed out or cached, not in the free sets) into the arena, merged
     /// with its free neighbours.
     fn settle(&mut self, id: BlockId) {
+        let b = &self.blocks[id];
+        if b.state == State::Cached && b.is_split() {
+            // Counted while on a list; counted again below as what it merges into.
+            self.inactive(b.small, b.size, false);
+        }
         self.blocks[id].state = State::Free;
         let mut cur = id;
         let free = |a: &Self, b: Option<BlockId>| b.filter(|&b| a.blocks[b].state == State::Free);
+        // A free neighbour shares its segment with `id`: it was counted.
         if let Some(p) = free(self, self.blocks[cur].prev) {
             self.unlink_free(p);
+            let (small, size) = (self.blocks[p].small, self.blocks[p].size);
+            self.inactive(small, size, false);
             self.absorb(p, cur);
             cur = p;
         }
         if let Some(n) = free(self, self.blocks[cur].next) {
             self.unlink_free(n);
+            let (small, size) = (self.blocks[n].small, self.blocks[n].size);
+            self.inactive(small, size, false);
             self.absorb(cur, n);
         }
         self.link_free(cur);
+        let b = &self.blocks[cur];
+        if b.is_split() {
+            self.inactive(b.small, b.size, true);
+        }
     }
 
     /// Moves every block of the exact-size lists into the arena.

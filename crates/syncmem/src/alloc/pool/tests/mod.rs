@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use super::*;
 
 mod sizing;
+mod snapshot;
 mod views;
 
 const KIB: usize = 1 << 10;
