@@ -193,6 +193,7 @@ fn record(args: &RecordArgs) -> anyhow::Result<()> {
         plan: true,
         no_plan: false,
         json: true,
+        snapshot: None,
     };
     // Fail on an unwritable path before training.
     std::fs::File::create(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
