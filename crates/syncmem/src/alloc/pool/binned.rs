@@ -18,7 +18,7 @@ use super::slab::Slab;
 use std::sync::Arc;
 
 use super::snapshot::{BlockSnapshot, BlockState};
-use super::strategy::Grant;
+use super::strategy::{Grant, Request};
 use super::{in_flight, merge_pending, usable_by, BlockId, PendingUse, SegId, StreamId};
 
 struct Cached<V> {
@@ -110,8 +110,9 @@ impl<V> Bins<V> {
     }
 
     /// A cached block of the request's bin usable by `stream`, most recently freed first.
-    pub(crate) fn find(&mut self, bytes: usize, stream: StreamId) -> Option<Grant<V>> {
-        let (Some(bin), _) = self.bin_for(bytes) else {
+    pub(crate) fn find(&mut self, req: Request<'_>) -> Option<Grant<V>> {
+        let stream = req.stream;
+        let (Some(bin), _) = self.bin_for(req.requested) else {
             return None;
         };
         let list = &mut self.cached[bin];
@@ -125,8 +126,8 @@ impl<V> Bins<V> {
             size: c.size,
             bin: Some(bin),
             stream,
-            requested: 0,
-            owner: None,
+            requested: req.requested,
+            owner: req.owner.cloned(),
         });
         let mut pending = c.pending;
         pending.retain(|p| !p.fence.poll());
@@ -143,22 +144,16 @@ impl<V> Bins<V> {
     }
 
     /// Registers a fresh (zeroed) segment made for a request of `bytes` as a live block.
-    pub(crate) fn add_segment(
-        &mut self,
-        seg: SegId,
-        size: usize,
-        bytes: usize,
-        stream: StreamId,
-    ) -> Grant<V> {
-        let (bin, _) = self.bin_for(bytes);
+    pub(crate) fn add_segment(&mut self, seg: SegId, size: usize, req: Request<'_>) -> Grant<V> {
+        let (bin, _) = self.bin_for(req.requested);
         self.live_bytes += size as u64;
         let id = self.live.insert(Some(Live {
             seg,
             size,
             bin,
-            stream,
-            requested: 0,
-            owner: None,
+            stream: req.stream,
+            requested: req.requested,
+            owner: req.owner.cloned(),
         }));
         Grant {
             block: id,
@@ -169,14 +164,6 @@ impl<V> Bins<V> {
             view: None,
             pending: Vec::new(),
             small: size <= self.small_size,
-        }
-    }
-
-    /// Records what block `id`, just handed out, was asked for, and by whom.
-    pub(crate) fn tag(&mut self, id: BlockId, requested: usize, owner: Option<Arc<str>>) {
-        if let Some(Some(l)) = self.live.get_mut(id) {
-            l.requested = requested;
-            l.owner = owner;
         }
     }
 

@@ -73,8 +73,9 @@ pub use crate::backend::RawStorage;
 use crate::alloc::stats::human_bytes;
 use crate::alloc::trace::hub;
 use crate::error::{Error, Result};
+use slab::Slab;
 use stats::Counters;
-use strategy::Core;
+use strategy::{Core, Request};
 
 /// Identifies a stream for stream-ordered reuse; [`HOST_STREAM`] for host-side memory.
 pub type StreamId = u64;
@@ -122,8 +123,8 @@ struct Seg<T> {
 
 struct Inner<T, V> {
     core: Core<V>,
-    segments: IdMap<Seg<T>>,
-    next_seg: SegId,
+    /// The segments, by id (a slot: no hashing on the way to a block's segment).
+    segments: Slab<Seg<T>>,
     c: Counters,
     observer: Option<Arc<dyn PoolObserver>>,
     /// The trace source of a process pool (a device's pools, the global host pool): its events
@@ -191,8 +192,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             budget,
             inner: Mutex::new(Inner {
                 core: Core::new(&config),
-                segments: IdMap::default(),
-                next_seg: 1,
+                segments: Slab::default(),
                 c: Counters::default(),
                 observer: None,
                 source: None,
@@ -230,7 +230,10 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     /// Bytes of blocks handed out and of segments held, now.
     pub(crate) fn gauges(&self) -> (u64, u64) {
         let inner = self.inner.lock();
-        (inner.c.allocated.current, inner.c.reserved.current)
+        (
+            inner.c.allocated.all().current,
+            inner.c.reserved.all().current,
+        )
     }
 
     /// Hands out a block of at least `bytes` bytes for work on `stream`: a cached block when
@@ -268,7 +271,12 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             what: format!("{bytes} bytes rounded for pool {}", self.label),
         };
         let rounded = inner.core.round(bytes).ok_or_else(overflow)?;
-        let (grant, hit) = match inner.core.find(bytes, rounded, stream) {
+        let req = Request {
+            stream,
+            requested: bytes,
+            owner,
+        };
+        let (grant, hit) = match inner.core.find(rounded, req) {
             Some(g) => (g, true),
             None => {
                 // Growing: first give back idle memory the request cannot use, then size the
@@ -319,24 +327,20 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                         return Err(e);
                     }
                 };
-                let sid = inner.next_seg;
-                inner.next_seg += 1;
-                let grant = inner
-                    .core
-                    .add_segment(sid, seg_size, bytes, rounded, stream);
-                let seg = Seg {
+                let sid = inner.segments.insert(Seg {
                     seg: Arc::new(seg),
                     size: seg_size,
-                    small: grant.small,
-                };
-                inner.segments.insert(sid, seg);
+                    small: false,
+                });
+                let grant = inner.core.add_segment(sid, seg_size, rounded, req);
+                inner.segments[sid].small = grant.small;
                 inner.c.backend_allocs += 1;
                 inner.c.on_segment(seg_size as u64, grant.small, true);
                 inner.emit(&self.label, PoolEvent::SegmentAlloc { bytes: seg_size });
                 (grant, false)
             }
         };
-        let seg = &inner.segments[&grant.seg].seg;
+        let seg = &inner.segments[grant.seg].seg;
         let segment = NonNull::from(&**seg);
         let view = match grant.view {
             Some(v) => v,
@@ -354,7 +358,6 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                 }
             },
         };
-        inner.core.tag(grant.block, bytes, owner.cloned());
         inner.c.allocations += 1;
         inner.c.cache_hits += u64::from(hit);
         inner
@@ -422,7 +425,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     ) -> Vec<(Arc<T>, usize)> {
         let mut out = Vec::with_capacity(segs.len());
         for (sid, size) in segs {
-            if let Some(s) = inner.segments.remove(&sid) {
+            if let Some(s) = inner.segments.remove(sid) {
                 inner.c.backend_frees += 1;
                 inner.c.on_segment(size as u64, s.small, false);
                 inner.emit(&self.label, PoolEvent::SegmentFree { bytes: size });
@@ -472,21 +475,18 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
 
     fn stats_of(&self, inner: &Inner<T, V>) -> PoolStats {
         let c = &inner.c;
-        let [small_inactive, large_inactive, inactive] = inner.core.inactive_split();
-        let [mut small, mut large] = c.by_size;
-        small.inactive_split = small_inactive;
-        large.inactive_split = large_inactive;
+        let inactive = inner.core.inactive_split();
         PoolStats {
             label: self.label.clone(),
             kind: self.config.kind,
-            allocated: c.allocated,
-            requested: c.requested,
-            reserved: c.reserved,
-            inactive_split: inactive,
-            small,
-            large,
+            allocated: c.allocated.all(),
+            requested: c.requested.all(),
+            reserved: c.reserved.all(),
+            inactive_split: inactive.all(),
+            small: c.size_stats(true, inactive.small()),
+            large: c.size_stats(false, inactive.large()),
             small_size: self.config.small_size as u64,
-            segments: c.segments,
+            segments: c.segments[0] + c.segments[1],
             allocations: c.allocations,
             frees: c.frees,
             cache_hits: c.cache_hits,
@@ -521,7 +521,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             .into_iter()
             .map(|(id, small, blocks)| SegmentSnapshot {
                 id,
-                size: inner.segments.get(&id).map_or(0, |s| s.size as u64),
+                size: inner.segments.get(id).map_or(0, |s| s.size as u64),
                 class: if small {
                     SizeClass::Small
                 } else {
@@ -541,7 +541,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
 
     /// True when no block is handed out.
     pub fn is_idle(&self) -> bool {
-        self.inner.lock().c.allocated.current == 0
+        self.inner.lock().c.allocated.all().current == 0
     }
 
     pub(crate) fn note_retry(&self) {

@@ -24,15 +24,22 @@ pub struct Gauge {
 }
 
 impl Gauge {
+    // On every allocation and free: kept to a few instructions (byte counts of one process
+    // never reach 2^64, so the additions need no saturation).
+    #[inline]
     pub(crate) fn add(&mut self, n: u64) {
-        self.current = self.current.saturating_add(n);
-        self.peak = self.peak.max(self.current);
-        self.allocated = self.allocated.saturating_add(n);
+        let current = self.current.wrapping_add(n);
+        self.current = current;
+        if current > self.peak {
+            self.peak = current;
+        }
+        self.allocated = self.allocated.wrapping_add(n);
     }
 
+    #[inline]
     pub(crate) fn sub(&mut self, n: u64) {
         self.current = self.current.saturating_sub(n);
-        self.freed = self.freed.saturating_add(n);
+        self.freed = self.freed.wrapping_add(n);
     }
 
     pub(crate) fn reset_peak(&mut self) {
@@ -56,16 +63,67 @@ pub struct SizeStats {
     pub segments: u64,
 }
 
+/// A byte gauge kept for small and large blocks apart, with the peak of their sum: the figures
+/// of both together are derived ([`SplitGauge::all`]), so an update touches one class and
+/// one peak.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct SplitGauge {
+    /// `[small, large]`.
+    class: [Gauge; 2],
+    /// The highest sum of both classes' `current`.
+    peak: u64,
+}
+
+impl SplitGauge {
+    #[inline]
+    pub(crate) fn add(&mut self, small: bool, n: u64) {
+        self.class[usize::from(!small)].add(n);
+        let total = self.class[0].current.wrapping_add(self.class[1].current);
+        if total > self.peak {
+            self.peak = total;
+        }
+    }
+
+    #[inline]
+    pub(crate) fn sub(&mut self, small: bool, n: u64) {
+        self.class[usize::from(!small)].sub(n);
+    }
+
+    /// The small blocks' gauge.
+    pub(crate) fn small(&self) -> Gauge {
+        self.class[0]
+    }
+
+    /// The large blocks' gauge.
+    pub(crate) fn large(&self) -> Gauge {
+        self.class[1]
+    }
+
+    /// Both classes together.
+    pub(crate) fn all(&self) -> Gauge {
+        let [s, l] = self.class;
+        Gauge {
+            current: s.current + l.current,
+            peak: self.peak,
+            allocated: s.allocated.wrapping_add(l.allocated),
+            freed: s.freed.wrapping_add(l.freed),
+        }
+    }
+
+    pub(crate) fn reset_peak(&mut self) {
+        self.class.iter_mut().for_each(Gauge::reset_peak);
+        self.peak = self.class[0].current + self.class[1].current;
+    }
+}
+
 /// Live counters of a pool, kept under the pool's lock.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    pub(crate) allocated: Gauge,
-    pub(crate) requested: Gauge,
-    pub(crate) reserved: Gauge,
-    /// Small and large blocks apart (`[small, large]`; no inactive-split figures: the core
-    /// keeps those).
-    pub(crate) by_size: [SizeStats; 2],
-    pub(crate) segments: u64,
+    pub(crate) allocated: SplitGauge,
+    pub(crate) requested: SplitGauge,
+    pub(crate) reserved: SplitGauge,
+    /// Segments held: `[small, large]`.
+    pub(crate) segments: [u64; 2],
     pub(crate) allocations: u64,
     pub(crate) frees: u64,
     pub(crate) cache_hits: u64,
@@ -82,46 +140,43 @@ impl Counters {
         self.allocated.reset_peak();
         self.requested.reset_peak();
         self.reserved.reset_peak();
-        for s in &mut self.by_size {
-            s.allocated.reset_peak();
-            s.requested.reset_peak();
-            s.reserved.reset_peak();
-        }
     }
 
     /// Counts a block of `size` bytes (`requested` asked for) of size class `small` handed out.
     #[inline]
     pub(crate) fn on_alloc(&mut self, size: u64, requested: u64, small: bool) {
-        self.allocated.add(size);
-        self.requested.add(requested);
-        let c = &mut self.by_size[usize::from(!small)];
-        c.allocated.add(size);
-        c.requested.add(requested);
+        self.allocated.add(small, size);
+        self.requested.add(small, requested);
     }
 
     /// Counts a block given back (as in [`Counters::on_alloc`]).
     #[inline]
     pub(crate) fn on_free(&mut self, size: u64, requested: u64, small: bool) {
-        self.allocated.sub(size);
-        self.requested.sub(requested);
-        let c = &mut self.by_size[usize::from(!small)];
-        c.allocated.sub(size);
-        c.requested.sub(requested);
+        self.allocated.sub(small, size);
+        self.requested.sub(small, requested);
     }
 
     /// Counts a segment of `size` bytes made (`add`) or given back.
     pub(crate) fn on_segment(&mut self, size: u64, small: bool, add: bool) {
-        let c = &mut self.by_size[usize::from(!small)];
+        let i = usize::from(!small);
         if add {
-            self.reserved.add(size);
-            c.reserved.add(size);
-            self.segments += 1;
-            c.segments += 1;
+            self.reserved.add(small, size);
+            self.segments[i] += 1;
         } else {
-            self.reserved.sub(size);
-            c.reserved.sub(size);
-            self.segments -= 1;
-            c.segments -= 1;
+            self.reserved.sub(small, size);
+            self.segments[i] -= 1;
+        }
+    }
+
+    /// The figures of one size class, with `inactive_split` (kept by the core).
+    pub(crate) fn size_stats(&self, small: bool, inactive_split: Gauge) -> SizeStats {
+        let pick = |g: &SplitGauge| if small { g.small() } else { g.large() };
+        SizeStats {
+            allocated: pick(&self.allocated),
+            requested: pick(&self.requested),
+            reserved: pick(&self.reserved),
+            inactive_split,
+            segments: self.segments[usize::from(!small)],
         }
     }
 }

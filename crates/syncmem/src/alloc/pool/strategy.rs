@@ -6,8 +6,17 @@ use super::arena::Arena;
 use super::binned::Bins;
 use super::config::{PoolConfig, PoolKind};
 use super::snapshot::{BlockSnapshot, BlockState};
-use super::stats::Gauge;
+use super::stats::SplitGauge;
 use super::{BlockId, IdMap, PendingUse, SegId, StreamId};
+
+/// Who a block is for: the stream, the bytes asked for and the owner's name (kept with the
+/// block while it is handed out, for snapshots).
+#[derive(Clone, Copy)]
+pub(crate) struct Request<'a> {
+    pub(crate) stream: StreamId,
+    pub(crate) requested: usize,
+    pub(crate) owner: Option<&'a Arc<str>>,
+}
 
 /// A block handed out by a core.
 pub(crate) struct Grant<V> {
@@ -82,31 +91,27 @@ impl<V> Core<V> {
         }
     }
 
+    /// A cached block for `req` (`rounded`: its block size).
     #[inline]
-    pub(crate) fn find(
-        &mut self,
-        bytes: usize,
-        rounded: usize,
-        stream: StreamId,
-    ) -> Option<Grant<V>> {
+    pub(crate) fn find(&mut self, rounded: usize, req: Request<'_>) -> Option<Grant<V>> {
         match self {
-            Core::Caching(a) => a.find(rounded, stream),
-            Core::Binned(b) => b.find(bytes, stream),
+            Core::Caching(a) => a.find(rounded, req),
+            Core::Binned(b) => b.find(req),
             Core::Direct(_) => None,
         }
     }
 
+    /// Adds a fresh segment `seg` of `size` bytes and hands out a block of it for `req`.
     pub(crate) fn add_segment(
         &mut self,
         seg: SegId,
         size: usize,
-        bytes: usize,
         rounded: usize,
-        stream: StreamId,
+        req: Request<'_>,
     ) -> Grant<V> {
         match self {
-            Core::Caching(a) => a.add_segment(seg, size, rounded, stream),
-            Core::Binned(b) => b.add_segment(seg, size, bytes, stream),
+            Core::Caching(a) => a.add_segment(seg, size, rounded, req),
+            Core::Binned(b) => b.add_segment(seg, size, req),
             Core::Direct(d) => {
                 d.next_id += 1;
                 d.live.insert(
@@ -114,9 +119,9 @@ impl<V> Core<V> {
                     DirectBlock {
                         seg,
                         size,
-                        stream,
-                        requested: 0,
-                        owner: None,
+                        stream: req.stream,
+                        requested: req.requested,
+                        owner: req.owner.cloned(),
                     },
                 );
                 Grant {
@@ -191,26 +196,11 @@ impl<V> Core<V> {
 }
 
 impl<V> Core<V> {
-    /// Records what block `block`, just handed out, was asked for, and by whom.
-    #[inline]
-    pub(crate) fn tag(&mut self, block: BlockId, requested: usize, owner: Option<Arc<str>>) {
-        match self {
-            Core::Caching(a) => a.tag(block, requested, owner),
-            Core::Binned(b) => b.tag(block, requested, owner),
-            Core::Direct(d) => {
-                if let Some(b) = d.live.get_mut(&block) {
-                    b.requested = requested;
-                    b.owner = owner;
-                }
-            }
-        }
-    }
-
-    /// Bytes of free blocks sharing their segment with other blocks: `[small, large, both]`.
-    pub(crate) fn inactive_split(&self) -> [Gauge; 3] {
+    /// Bytes of free blocks sharing their segment with other blocks.
+    pub(crate) fn inactive_split(&self) -> SplitGauge {
         match self {
             Core::Caching(a) => a.inactive_split(),
-            _ => [Gauge::default(); 3],
+            _ => SplitGauge::default(),
         }
     }
 

@@ -37,8 +37,8 @@ use std::sync::Arc;
 use super::config::PoolConfig;
 use super::front::Front;
 use super::slab::Slab;
-use super::stats::Gauge;
-use super::strategy::Grant;
+use super::stats::SplitGauge;
+use super::strategy::{Grant, Request};
 use super::{merge_pending, usable_by, BlockId, PendingUse, SegId, StreamId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,8 +110,8 @@ pub(crate) struct Arena<V> {
     /// Bytes of segments held: `[small pool, large pool]`.
     reserved: [u64; 2],
     /// Bytes of free blocks (in the free sets or on the lists) that share their segment with
-    /// other blocks: `[small pool, large pool, both]`.
-    inactive: [Gauge; 3],
+    /// other blocks.
+    inactive: SplitGauge,
 }
 
 fn pool_index(small: bool) -> usize {
@@ -141,39 +141,29 @@ impl<V> Arena<V> {
             free_bytes: [0, 0],
             front: Front::default(),
             reserved: [0, 0],
-            inactive: [Gauge::default(); 3],
+            inactive: SplitGauge::default(),
         }
     }
 
+    #[inline]
     /// Counts `size` bytes of a free block of pool `small` into (`add`) or out of the
     /// inactive-split gauges.
     fn inactive(&mut self, small: bool, size: usize, add: bool) {
-        let n = size as u64;
-        for i in [pool_index(small), 2] {
-            if add {
-                self.inactive[i].add(n);
-            } else {
-                self.inactive[i].sub(n);
-            }
+        if add {
+            self.inactive.add(small, size as u64);
+        } else {
+            self.inactive.sub(small, size as u64);
         }
     }
 
-    /// The inactive-split gauges: `[small pool, large pool, both]`.
-    pub(crate) fn inactive_split(&self) -> [Gauge; 3] {
+    /// The inactive-split gauge.
+    pub(crate) fn inactive_split(&self) -> SplitGauge {
         self.inactive
     }
 
-    /// Resets the peaks of the inactive-split gauges.
+    /// Resets the peaks of the inactive-split gauge.
     pub(crate) fn reset_peaks(&mut self) {
-        self.inactive.iter_mut().for_each(Gauge::reset_peak);
-    }
-
-    /// Records what block `id`, just handed out, was asked for, and by whom.
-    pub(crate) fn tag(&mut self, id: BlockId, requested: usize, owner: Option<Arc<str>>) {
-        if let Some(b) = self.blocks.get_mut(id) {
-            b.requested = requested;
-            b.owner = owner;
-        }
+        self.inactive.reset_peak();
     }
 
     /// The block size for a request (`None` on overflow). `round` is a power of two.
@@ -207,25 +197,28 @@ impl<V> Arena<V> {
     /// then the best fit in the arena (split if worth it). On a miss, the lists are flushed into
     /// the arena and the best fit is tried again, so that the pool only grows when merged free
     /// memory cannot serve the request either.
-    pub(crate) fn find(&mut self, rounded: usize, stream: StreamId) -> Option<Grant<V>> {
+    pub(crate) fn find(&mut self, rounded: usize, req: Request<'_>) -> Option<Grant<V>> {
+        let stream = req.stream;
         if rounded <= self.class_limit {
             if let Some(id) = self.front.pop(stream, rounded / self.round, rounded) {
-                return Some(self.take_cached(id, stream));
+                return Some(self.take_cached(id, req));
             }
         } else if let Some(id) = self.front.pop_large(stream, rounded) {
-            return Some(self.take_cached(id, stream));
+            return Some(self.take_cached(id, req));
         }
-        if let Some(g) = self.best_fit(rounded, stream) {
+        if let Some(g) = self.best_fit(rounded, req) {
             return Some(g);
         }
         if !self.front.is_empty() {
             self.flush_front();
-            return self.best_fit(rounded, stream);
+            return self.best_fit(rounded, req);
         }
         None
     }
 
-    fn take_cached(&mut self, id: BlockId, stream: StreamId) -> Grant<V> {
+    // Always inlined: the fast path of every small allocation.
+    #[inline(always)]
+    fn take_cached(&mut self, id: BlockId, req: Request<'_>) -> Grant<V> {
         let (small, size, split) = {
             let b = &self.blocks[id];
             (b.small, b.size, b.is_split())
@@ -236,11 +229,15 @@ impl<V> Arena<V> {
         let b = &mut self.blocks[id];
         debug_assert_eq!(b.state, State::Cached);
         b.state = State::Allocated;
-        b.stream = stream;
+        b.stream = req.stream;
+        b.requested = req.requested;
+        b.owner = req.owner.cloned();
         // Uses in flight are all on `stream` (the list's): the new user's work follows them on
         // the stream, and they go back with the block.
         let mut pending = std::mem::take(&mut b.pending);
-        pending.retain(|p| !p.fence.poll());
+        if !pending.is_empty() {
+            pending.retain(|p| !p.fence.poll());
+        }
         Grant {
             block: id,
             seg: b.seg,
@@ -253,7 +250,7 @@ impl<V> Arena<V> {
         }
     }
 
-    fn best_fit(&mut self, rounded: usize, stream: StreamId) -> Option<Grant<V>> {
+    fn best_fit(&mut self, rounded: usize, req: Request<'_>) -> Option<Grant<V>> {
         let small = rounded <= self.small_size;
         let mut pick = None;
         for &(size, id) in self.free[pool_index(small)].range((rounded, 0)..) {
@@ -267,22 +264,22 @@ impl<V> Arena<V> {
                     break;
                 }
             }
-            if usable_by(&self.blocks[id].pending, stream) {
+            if usable_by(&self.blocks[id].pending, req.stream) {
                 pick = Some(id);
                 break;
             }
         }
-        pick.map(|id| self.carve(id, rounded, stream))
+        pick.map(|id| self.carve(id, rounded, req))
     }
 
     /// Adds a fresh (zeroed) segment of `size` bytes and carves `rounded` bytes from it for
-    /// `stream`.
+    /// `req`.
     pub(crate) fn add_segment(
         &mut self,
         seg: SegId,
         size: usize,
         rounded: usize,
-        stream: StreamId,
+        req: Request<'_>,
     ) -> Grant<V> {
         let small = rounded <= self.small_size;
         self.reserved[pool_index(small)] += size as u64;
@@ -295,14 +292,14 @@ impl<V> Arena<V> {
             state: State::Free,
             small,
             zeroed: true,
-            stream,
+            stream: req.stream,
             pending: Vec::new(),
             view: None,
             requested: 0,
             owner: None,
         });
         self.link_free(id);
-        self.carve(id, rounded, stream)
+        self.carve(id, rounded, req)
     }
 
     fn should_split(&self, size: usize, rounded: usize, small: bool) -> bool {
@@ -314,8 +311,8 @@ impl<V> Arena<V> {
         }
     }
 
-    /// Takes free block `id` for a request of `rounded` bytes on `stream`.
-    fn carve(&mut self, id: BlockId, rounded: usize, stream: StreamId) -> Grant<V> {
+    /// Takes free block `id` for `req`, of `rounded` bytes.
+    fn carve(&mut self, id: BlockId, rounded: usize, req: Request<'_>) -> Grant<V> {
         self.unlink_free(id);
         let (size, small, split) = {
             let b = &self.blocks[id];
@@ -360,11 +357,15 @@ impl<V> Arena<V> {
         }
         let b = &mut self.blocks[id];
         b.state = State::Allocated;
-        b.stream = stream;
+        b.stream = req.stream;
+        b.requested = req.requested;
+        b.owner = req.owner.cloned();
         // The uses in flight (on `stream`, or complete: the block is usable by `stream`) go
         // with the block: a free with no work of its own must not forget them.
         let mut pending = std::mem::take(&mut b.pending);
-        pending.retain(|p| !p.fence.poll());
+        if !pending.is_empty() {
+            pending.retain(|p| !p.fence.poll());
+        }
         let zeroed = std::mem::replace(&mut b.zeroed, false);
         Grant {
             block: id,
@@ -428,6 +429,7 @@ impl<V> Arena<V> {
     }
 
     /// Segments to give back when the cached bytes exceed the cap.
+    #[inline]
     fn over_cap(&mut self) -> Vec<(SegId, usize)> {
         if self.free_bytes() > self.max_cached {
             self.release_free_segments(false, self.max_cached)
