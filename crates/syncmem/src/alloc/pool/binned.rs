@@ -130,7 +130,9 @@ impl<V> Bins<V> {
             owner: req.owner.cloned(),
         });
         let mut pending = c.pending;
-        pending.retain(|p| !p.fence.poll());
+        if !pending.is_empty() {
+            pending.retain(|p| !p.fence.poll());
+        }
         Some(Grant {
             block: c.id,
             seg: c.seg,

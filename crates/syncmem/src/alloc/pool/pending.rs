@@ -54,7 +54,9 @@ pub(crate) fn merge_pending(into: &mut Vec<PendingUse>, more: Vec<PendingUse>) {
             merge_one(into, p);
         }
     }
-    into.retain(|p| !p.fence.poll());
+    if !into.is_empty() {
+        into.retain(|p| !p.fence.poll());
+    }
 }
 
 /// Adds `p` to `into`, keeping only the newest fence per stream (no pruning).
