@@ -97,7 +97,9 @@ pub mod tensor;
 pub mod testing;
 pub mod workspace;
 
-pub use alloc::pool::{HostPool, MemoryCap, PoolConfig, PoolKind, PoolStats};
+pub use alloc::pool::{
+    HostPool, MemoryCap, MemorySnapshot, MemorySummary, PoolConfig, PoolKind, PoolStats,
+};
 pub use alloc::stats::{CopyStats, Direction, MemStats, Snapshot};
 
 pub use blob::Blob;
@@ -137,4 +139,24 @@ pub fn stats() -> Snapshot {
         host_waits: alloc::stats::host_waits(),
         pools,
     }
+}
+
+/// Every segment of every pool of the process, and every block in it, as
+/// `torch.cuda.memory_snapshot()` reports them: the host pool, then each opened device's device
+/// pool and pinned host pool (pools not used yet are left out; detached devices have
+/// [`Device::pool_snapshots`]). Each block has its size, offset, state (allocated, free, or
+/// cached with work pending), stream, and the name of the tensor or blob that holds it when
+/// known (see [`alloc::pool::snapshot`]); each pool its statistics of the same instant.
+/// Serializes to JSON ([`MemorySnapshot::to_json`]).
+///
+/// It walks every block under each pool's lock: a tool for reports, not for every step.
+pub fn memory_snapshot() -> MemorySnapshot {
+    let mut pools: Vec<_> = alloc::pool::HostPool::global_if_initialised()
+        .map(HostPool::snapshot)
+        .into_iter()
+        .collect();
+    for d in device::registry_discovered() {
+        pools.extend(d.pool_snapshots());
+    }
+    MemorySnapshot { pools }
 }

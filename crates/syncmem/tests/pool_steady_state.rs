@@ -1,12 +1,13 @@
 //! Once a program has allocated every size it uses, a cycle of pool allocations and frees
 //! costs no heap allocation: the host pool serves small blocks from exact-size free lists and
-//! keeps its bookkeeping in place. A counting global allocator (per thread, since tests run in
-//! parallel) checks it.
+//! keeps its bookkeeping in place; a device pool also keeps each block's view, and a block
+//! freed with no work pending goes back without a fence. A counting global allocator (per
+//! thread, since tests run in parallel) checks it.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use syncmem::{HostPool, PoolConfig, PoolKind};
+use syncmem::{Device, HostPool, PoolConfig, PoolKind};
 
 thread_local! {
     static ALLOCS: Cell<usize> = const { Cell::new(0) };
@@ -90,6 +91,41 @@ fn binned_pool_cycles_allocate_nothing() {
     let sizes = [64, 512, 4096, 4096, 5000, 65_536, 300_000];
     assert_eq!(heap_allocs_of_cycles(PoolKind::Binned, &sizes, 1000), 0);
 }
+
+/// Heap allocations of `cycles` cycles of `Device::alloc_pooled` of `sizes` and drop, after one
+/// warm-up cycle, on a detached handle of `dev` (its own pool).
+fn device_allocs_of_cycles(dev: &Device, sizes: &[usize], cycles: usize) -> usize {
+    let dev = dev.detached();
+    let stream = dev.default_stream().unwrap();
+    let mut keep = Vec::with_capacity(sizes.len());
+    let cycle = |keep: &mut Vec<_>| {
+        for &s in sizes {
+            keep.push(dev.alloc_pooled(s, &stream).unwrap());
+        }
+        while !keep.is_empty() {
+            let i = keep.len() / 2;
+            drop(keep.swap_remove(i));
+        }
+    };
+    cycle(&mut keep);
+    let before = allocs();
+    for _ in 0..cycles {
+        cycle(&mut keep);
+    }
+    allocs() - before
+}
+
+fn device_pool_cycles_allocate_nothing(dev: &Device) {
+    let sizes = [512, 4096, 4096, 5000, 300_000, 3 << 20, 64 << 20];
+    assert_eq!(
+        device_allocs_of_cycles(dev, &sizes, 200),
+        0,
+        "{}",
+        dev.label()
+    );
+}
+
+syncmem::for_each_device!(device_pool_cycles_allocate_nothing);
 
 #[test]
 fn the_counter_counts() {

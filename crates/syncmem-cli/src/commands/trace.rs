@@ -194,6 +194,7 @@ fn record(args: &RecordArgs) -> anyhow::Result<()> {
         no_plan: false,
         no_fuse: !d.fuse,
         json: true,
+        snapshot: None,
     };
     // Fail on an unwritable path before training.
     std::fs::File::create(&args.out).with_context(|| format!("creating {}", args.out.display()))?;

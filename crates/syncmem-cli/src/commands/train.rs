@@ -2,6 +2,7 @@
 //! activations on the device, and reports where memory lives and what was copied.
 
 mod report;
+mod snapshot;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -107,6 +108,12 @@ pub struct Args {
     /// Print one JSON object instead of the text report (no progress bar; schema: `--help`).
     #[arg(long)]
     pub json: bool,
+
+    /// Write a memory snapshot (every segment and block of every pool, with the tensor or blob
+    /// that owns each block) to this JSON file, taken after the step at which the device
+    /// pool's peak last rose (schema: `--help`).
+    #[arg(long, value_name = "FILE")]
+    pub snapshot: Option<PathBuf>,
 }
 
 const AFTER_HELP: &str = "\
@@ -118,7 +125,8 @@ measured on one step with and without it, in fresh workspaces.
 
 Human output: one line per epoch (mean loss and accuracy of its steps, seconds), the final loss
 and accuracy over the whole dataset, a table of blobs (type, dims, bytes, capacity, head, copies
-made by each buffer), transfers, memory peaks per device and the memory saved by planning.
+made by each buffer), transfers, memory peaks per device, the memory summary of the device pool
+(in the style of torch.cuda.memory_summary(), with a legend) and the memory saved by planning.
 
 JSON output (--json), one object:
   {\"device\": string, \"note\": string | null,
@@ -144,11 +152,27 @@ JSON output (--json), one object:
       \"host_to_device\", \"device_to_host\"}],
    \"memory\": [{\"label\", \"in_use\", \"peak\"}]  (host, then each device; peaks since setup),
    \"saved\": {\"file\", \"tensors\": [names]} | null  (the parameters written by --save),
+   \"memory_summary\": {...} | null  (the device pool at the end, as the human summary shows it:
+      \"label\", \"kind\", \"small_size\" (blocks up to it are small), then \"allocated\",
+      \"requested\", \"reserved\", \"inactive_split\", each {\"all\", \"small\", \"large\"} of
+      {\"current\", \"peak\", \"allocated\", \"freed\"} bytes (peaks since training started;
+      allocated and freed are cumulative), \"segments\": {\"all\", \"small\", \"large\"},
+      \"allocations\", \"frees\", \"cache_hits\", \"backend_allocs\", \"backend_frees\",
+      \"alloc_retries\", \"ooms\", \"free_bytes\", \"largest_free_block\", \"cap\" (null: none),
+      \"direct_bytes\"),
    \"planning\": {\"enabled\", \"unplanned_peak\", \"planned_peak\", \"saved\" (tensor bytes on the
       device at the peak of one step), \"device_peak_unplanned\", \"device_peak_planned\" (the
       device allocator's peak), \"planned_blobs\", \"slots\",
       \"shared\": {slot name: [blob names it holds, in order]}}}
-Accuracies are fractions (0-1); bytes are integers.";
+Accuracies are fractions (0-1); bytes are integers.
+
+--snapshot FILE writes one JSON object: {\"device\", \"step\" (the step after which it was
+taken, counted over all epochs from 1), \"pools\": [{\"label\", \"kind\", \"stats\" (the pool's
+statistics at that instant), \"segments\": [{\"id\", \"size\", \"class\": \"small\" | \"large\",
+\"blocks\": [{\"offset\", \"size\", \"requested\", \"state\": \"allocated\" | \"free\" |
+\"pending\" (cached, work queued before its free may still run), \"stream\", \"owner\" (the
+tensor or blob holding it) | null}]}]}]}: the host pool, then the device's device and pinned
+pools (those used).";
 
 /// Runs `syncmem train`.
 pub fn run(args: &Args) -> anyhow::Result<()> {
@@ -191,6 +215,10 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
         );
     }
     let (dev, note) = pick_device(args.device)?;
+    let mut peak_snapshot = match &args.snapshot {
+        Some(path) => Some(snapshot::PeakSnapshot::new(path, &dev)?),
+        None => None,
+    };
     let (data, source) = match &args.data {
         Some(path) => (load_dataset(path)?, path.display().to_string()),
         None => (
@@ -244,6 +272,10 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
                 |_| at_start.set(crate::heap::allocations()),
                 |_, _| {
                     heap.record(crate::heap::allocations() - at_start.get());
+                    // Outside the step's count: what it allocates is not the step's.
+                    if let Some(p) = &mut peak_snapshot {
+                        p.after_step();
+                    }
                     bar.inc(1);
                 },
             )
@@ -288,6 +320,9 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
         process,
         planning: &planning,
     });
+    if let Some(p) = peak_snapshot {
+        p.write()?;
+    }
     if let Some(path) = &args.save {
         // After the report, which shows the parameters where training left them.
         let params: Vec<&str> = trainer.nets().params.iter().map(String::as_str).collect();

@@ -3,7 +3,9 @@
 //! - [`HostBlock`]: aligned, zeroed host memory (the host allocator).
 //! - [`pool`]: caching pools (PyTorch-style best fit, CUB-style bins, or none) for host memory,
 //!   pinned host memory and device memory, with statistics, a memory cap and the
-//!   out-of-memory path.
+//!   out-of-memory path; [`pool::summary`] prints a pool's statistics as
+//!   `torch.cuda.memory_summary()` does, and [`pool::snapshot`] lists every segment and block
+//!   with its owner ([`crate::memory_snapshot`]).
 //! - Pinned host and device memory come from [`crate::Device::alloc_pinned`] and
 //!   [`crate::Device::alloc`] (direct) or from the device's pools.
 //! - [`trace`]: record allocations, frees, copies and evictions per device ([`Trace`],

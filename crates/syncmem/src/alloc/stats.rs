@@ -34,7 +34,10 @@ impl MemCounters {
     pub fn on_alloc(&self, bytes: usize) {
         let bytes = bytes as u64;
         let now = self.in_use.fetch_add(bytes, Relaxed) + bytes;
-        self.peak.fetch_max(now, Relaxed);
+        // A read is cheaper than a read-modify-write, and the peak rarely moves.
+        if now > self.peak.load(Relaxed) {
+            self.peak.fetch_max(now, Relaxed);
+        }
         self.allocs.fetch_add(1, Relaxed);
     }
 
@@ -349,9 +352,21 @@ impl fmt::Display for Snapshot {
                 p.fragmentation()
             )?;
         }
+        for line in POOL_LEGEND {
+            writeln!(f, "{line}")?;
+        }
         Ok(())
     }
 }
+
+/// The legend under the pool table of [`Snapshot`]'s `Display`.
+const POOL_LEGEND: [&str; 5] = [
+    "  hits: allocations served from cached blocks, without a backend call",
+    "  backend a/f: segments made by the backend / given back to it",
+    "  largest: the largest free block in the pool (the biggest request it serves without",
+    "    a backend call); frag: fragmentation of the free bytes, 1 - largest / free",
+    "    (0: the free memory is one block; near 1: it is scattered in small blocks)",
+];
 
 /// Formats a byte count with a binary unit (`1.5 MiB`).
 pub fn human_bytes(b: u64) -> String {

@@ -1,11 +1,12 @@
 //! [`DeviceBuffer`]: device memory of one device, direct or a block of its pool.
 
 use std::fmt;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::stream::StreamFence;
+use super::stream::{StreamFence, UnboundStream};
 use super::usage::{Point, Uses};
 use super::{Device, Stream};
 use crate::alloc::pool::Lease;
@@ -18,8 +19,25 @@ pub(crate) enum Release {
     /// Nothing can be in flight on the memory: the block is free for every stream at once.
     Idle,
     /// Work may be in flight on this stream: the block is reusable at once there; other
-    /// streams reuse it once an event recorded there (lazily, see `StreamFence`) completes.
-    Record(Stream),
+    /// streams reuse it once the commands recorded on the buffer completed, and, when the
+    /// buffer's native handle was handed out (work may have been queued outside the crate),
+    /// once an event recorded there (lazily, see `StreamFence`) completes.
+    Record(UnboundStream),
+    /// [`Release::Record`] for the device's default stream, which the device keeps (no
+    /// reference count taken per buffer).
+    RecordDefault,
+}
+
+impl Release {
+    /// [`Release::Record`] for `stream`.
+    pub(crate) fn record(stream: &Stream) -> Self {
+        let default = stream.device().default_unbound();
+        if default.is_some_and(|d| d.id() == stream.id()) {
+            Release::RecordDefault
+        } else {
+            Release::Record(stream.unbound())
+        }
+    }
 }
 
 /// Where a buffer's memory comes from.
@@ -27,10 +45,11 @@ enum Origin {
     /// Nothing allocated (length 0).
     Empty,
     /// A backend allocation of its own, charged to the device's cap.
-    Direct,
-    /// A block of the device pool (the memory is a view: a sub-buffer / pointer into it).
+    Direct(RawMem),
+    /// A block of the device pool. The memory is the block's view (a sub-buffer / pointer into
+    /// its segment), which the lease holds and gives back to the pool with the block.
     Pooled {
-        lease: Lease<RawMem>,
+        lease: Lease<RawMem, RawMem>,
         release: Release,
     },
 }
@@ -42,11 +61,13 @@ enum Origin {
 pub struct DeviceBuffer {
     device: Device,
     len: usize,
-    /// `None` when `len == 0`: nothing is allocated.
-    pub(crate) raw: Option<RawMem>,
+    /// The memory (`Empty` when `len == 0`: nothing is allocated).
     origin: Origin,
     /// The commands queued on the memory that may still run (see [`super::usage`]).
     uses: Mutex<Uses>,
+    /// The native handle was handed out (`as_opencl`, `as_cuda`): work the crate does not see
+    /// may be queued on the memory.
+    exposed: AtomicBool,
 }
 
 impl DeviceBuffer {
@@ -54,9 +75,9 @@ impl DeviceBuffer {
         Self {
             device: device.clone(),
             len: 0,
-            raw: None,
             origin: Origin::Empty,
             uses: Mutex::default(),
+            exposed: AtomicBool::new(false),
         }
     }
 
@@ -82,12 +103,14 @@ impl DeviceBuffer {
         device.shared.memory.alloc_direct(device, len)
     }
 
-    /// A pooled allocation (see [`Device::alloc_pooled`]).
+    /// A pooled allocation (see [`Device::alloc_pooled`]) for `owner` (a buffer's label, kept
+    /// with the block for memory snapshots).
     pub(crate) fn pooled(
         device: &Device,
         len: usize,
         stream: &Stream,
         release: Release,
+        owner: Option<&Arc<str>>,
     ) -> Result<Self> {
         if !stream.device().same(device) {
             return Err(Error::DeviceMismatch {
@@ -103,7 +126,7 @@ impl DeviceBuffer {
         device
             .shared
             .memory
-            .alloc_pooled(device, len, stream, release)
+            .alloc_pooled(device, len, stream, release, owner)
     }
 
     /// Wraps a direct backend allocation (already charged to the cap).
@@ -112,27 +135,45 @@ impl DeviceBuffer {
         Self {
             device: device.clone(),
             len,
-            raw: Some(raw),
-            origin: Origin::Direct,
+            origin: Origin::Direct(raw),
             uses: Mutex::default(),
+            exposed: AtomicBool::new(false),
         }
     }
 
-    /// Wraps a pool block and the view of it.
+    /// Wraps a pool block, whose view (held by the lease) is the buffer's memory.
     pub(crate) fn from_pool(
         device: &Device,
         len: usize,
-        view: RawMem,
-        lease: Lease<RawMem>,
+        lease: Lease<RawMem, RawMem>,
         release: Release,
     ) -> Self {
+        debug_assert!(lease.view().is_some(), "a device pool lease holds its view");
         device.shared.mem.on_alloc(len);
         Self {
             device: device.clone(),
             len,
-            raw: Some(view),
             origin: Origin::Pooled { lease, release },
             uses: Mutex::default(),
+            exposed: AtomicBool::new(false),
+        }
+    }
+
+    /// The memory (`None` when `len == 0`).
+    #[inline]
+    pub(crate) fn raw(&self) -> Option<&RawMem> {
+        match &self.origin {
+            Origin::Empty => None,
+            Origin::Direct(m) => Some(m),
+            Origin::Pooled { lease, .. } => lease.view(),
+        }
+    }
+
+    fn raw_mut(&mut self) -> Option<&mut RawMem> {
+        match &mut self.origin {
+            Origin::Empty => None,
+            Origin::Direct(m) => Some(m),
+            Origin::Pooled { lease, .. } => lease.view_mut(),
         }
     }
 
@@ -164,23 +205,34 @@ impl DeviceBuffer {
     }
 
     /// The OpenCL memory object, to pass to kernels (`None` for other backends or length 0).
+    /// A pooled buffer's is a sub-buffer of the block, which may be larger than `len()`. Work
+    /// queued on it through the buffer's own stream is covered when a pooled buffer is freed
+    /// (an event is recorded there before another stream reuses the block); announce work on
+    /// other queues with events.
     #[cfg(feature = "opencl")]
     #[cfg_attr(docsrs, doc(cfg(feature = "opencl")))]
     pub fn as_opencl(&self) -> Option<&opencl3::memory::Buffer<u8>> {
-        self.raw.as_ref().and_then(RawMem::as_opencl)
+        self.exposed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.raw().and_then(RawMem::as_opencl)
     }
 
-    /// The CUDA device memory, to pass to kernels (`None` for other backends or length 0).
+    /// The CUDA device memory, to pass to kernels (`None` for other backends or length 0). A
+    /// pooled buffer's covers the block, which may be larger than `len()`; work queued through
+    /// it is covered as for [`DeviceBuffer::as_opencl`].
     #[cfg(feature = "cuda")]
     #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
     pub fn as_cuda(&self) -> Option<&cudarc::driver::CudaSlice<u8>> {
-        self.raw.as_ref().and_then(RawMem::as_cuda)
+        self.exposed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.raw().and_then(RawMem::as_cuda)
     }
 
     /// The bytes of a `cpu`-device buffer (`None` for other backends).
     pub fn as_cpu_slice(&self) -> Option<&[u8]> {
-        match self.raw.as_ref() {
-            Some(m) => m.as_cpu().map(|m| m.as_slice()),
+        match self.raw() {
+            // A pooled buffer's view covers its whole block.
+            Some(m) => m.as_cpu().map(|m| &m.as_slice()[..self.len]),
             None if self.device.backend() == BackendKind::Cpu => Some(&[]),
             None => None,
         }
@@ -189,8 +241,9 @@ impl DeviceBuffer {
     /// The bytes of a `cpu`-device buffer, mutably (`None` for other backends).
     pub fn as_cpu_slice_mut(&mut self) -> Option<&mut [u8]> {
         let cpu = self.device.backend() == BackendKind::Cpu;
-        match self.raw.as_mut() {
-            Some(m) => m.as_cpu_mut().map(|m| m.as_mut_slice()),
+        let len = self.len;
+        match self.raw_mut() {
+            Some(m) => m.as_cpu_mut().map(|m| &mut m.as_mut_slice()[..len]),
             None if cpu => Some(&mut []),
             None => None,
         }
@@ -241,42 +294,49 @@ impl DeviceBuffer {
 
     /// Start of a `cpu`-device buffer's memory (`None` for other backends or length 0).
     pub(crate) fn cpu_ptr(&self) -> Option<*mut u8> {
-        self.raw
-            .as_ref()
-            .and_then(RawMem::as_cpu)
-            .map(|m| m.as_ptr())
+        self.raw().and_then(RawMem::as_cpu).map(|m| m.as_ptr())
     }
 }
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        let Some(raw) = self.raw.take() else {
-            return;
-        };
-        self.device.shared.mem.on_free(self.len);
-        // The view (or the allocation) goes first; a pool block is given back after it.
-        drop(raw);
-        match std::mem::replace(&mut self.origin, Origin::Empty) {
+        match &mut self.origin {
             Origin::Empty => {}
-            Origin::Direct => self.device.shared.memory.uncharge(self.len),
-            Origin::Pooled { mut lease, release } => {
-                // The commands recorded on the block: reusable at once by their own streams, by
-                // the others once they are done.
+            Origin::Direct(_) => {
+                self.device.shared.mem.on_free(self.len);
+                // The allocation goes first, then its bytes are given back to the cap.
+                drop(std::mem::replace(&mut self.origin, Origin::Empty));
+                self.device.shared.memory.uncharge(self.len);
+            }
+            Origin::Pooled { lease, release } => {
+                self.device.shared.mem.on_free(self.len);
+                // The commands recorded on the block and not known complete: reusable at once
+                // by their own streams, by the others once they are done. A block with none
+                // goes back with no fence at all (no allocation, nothing to wait for).
                 let uses = self.uses.get_mut();
                 uses.prune();
                 for p in uses.points() {
                     lease.add_pending(p.id, Arc::new(p.clone()));
                 }
-                // Work queued on the buffer's own stream outside the crate (through the native
-                // queue) is covered by a fence recorded there when another stream wants the
-                // block. The cpu backend finishes every operation before returning: nothing is
-                // ever in flight there.
-                if let Release::Record(stream) = release {
-                    if !stream.raw.is_cpu() {
-                        lease.add_pending(stream.id(), Arc::new(StreamFence::new(&stream)));
+                // Work queued on the buffer's own stream outside the crate (through a native
+                // handle handed out) is covered by a fence recorded there when another stream
+                // wants the block. The cpu backend finishes every operation before returning:
+                // nothing is ever in flight there.
+                if *self.exposed.get_mut() {
+                    let stream = match release {
+                        Release::Idle => None,
+                        Release::Record(s) => Some(&*s),
+                        Release::RecordDefault => self.device.default_unbound(),
+                    };
+                    if let Some(s) = stream.filter(|s| !s.is_cpu()) {
+                        lease.add_pending(s.id(), Arc::new(StreamFence::new(s)));
                     }
                 }
-                drop(lease);
+                // The view stays with the block for its next user.
+                if let Some(view) = lease.view_mut() {
+                    view.recycle();
+                }
+                // The lease gives the block back when the field is dropped, right after this.
             }
         }
     }

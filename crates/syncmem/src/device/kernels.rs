@@ -373,7 +373,7 @@ impl<'a> Kernels<'a> {
 
 /// The backend memory of an operand checked to be non-empty.
 fn mem(b: &DeviceBuffer) -> Result<&RawMem> {
-    b.raw.as_ref().ok_or_else(|| Error::InvalidState {
+    b.raw().ok_or_else(|| Error::InvalidState {
         op: "kernel launch",
         buffer: format!("{b:?}"),
         reason: "the operand has no memory".into(),
@@ -382,5 +382,5 @@ fn mem(b: &DeviceBuffer) -> Result<&RawMem> {
 
 /// The backend memory of an operand that may be empty.
 fn opt(b: Option<&DeviceBuffer>) -> Option<&RawMem> {
-    b.and_then(|b| b.raw.as_ref())
+    b.and_then(|b| b.raw())
 }

@@ -12,7 +12,7 @@ use crate::SyncedMemory;
 /// Weak references to a device's state and to its two pools.
 struct Watch {
     shared: Weak<DeviceShared>,
-    pool: Weak<Pool<RawMem>>,
+    pool: Weak<Pool<RawMem, RawMem>>,
     pinned: Weak<Pool<RawPinned>>,
 }
 

@@ -36,13 +36,13 @@ use crate::alloc::pool::config::{
     check_env, PoolConfig, DEVICE_POOL_CONF_ENV, DEVICE_POOL_ENV, PINNED_POOL_CONF_ENV,
     PINNED_POOL_ENV,
 };
-use crate::alloc::pool::{Budget, Pool, PoolStats, RawStorage, HOST_STREAM};
+use crate::alloc::pool::{Budget, Lease, Pool, PoolSnapshot, PoolStats, StreamId, HOST_STREAM};
 use crate::backend::dispatch::{PinnedStorage, RawMem, RawPinned};
 use crate::error::{Error, Result};
 
 /// Memory management state of one device.
 pub(crate) struct DeviceMemory {
-    pool: RwLock<Option<Arc<Pool<RawMem>>>>,
+    pool: RwLock<Option<Arc<Pool<RawMem, RawMem>>>>,
     pinned: RwLock<Option<Arc<Pool<RawPinned>>>>,
     budget: Arc<Budget>,
     /// Bytes of live direct allocations (charged to `budget` too).
@@ -76,7 +76,7 @@ fn max_segment(dev: &Device) -> usize {
 
 impl DeviceMemory {
     /// The device pool, made from the environment on first use.
-    pub(crate) fn pool(&self, dev: &Device) -> Result<Arc<Pool<RawMem>>> {
+    pub(crate) fn pool(&self, dev: &Device) -> Result<Arc<Pool<RawMem, RawMem>>> {
         if let Some(p) = &*self.pool.read() {
             return Ok(p.clone());
         }
@@ -91,7 +91,7 @@ impl DeviceMemory {
         Ok(p)
     }
 
-    fn make_pool(&self, dev: &Device, mut cfg: PoolConfig) -> Result<Arc<Pool<RawMem>>> {
+    fn make_pool(&self, dev: &Device, mut cfg: PoolConfig) -> Result<Arc<Pool<RawMem, RawMem>>> {
         cfg.round = cfg
             .round
             .max(dev.shared.raw.sub_align())
@@ -110,7 +110,7 @@ impl DeviceMemory {
     }
 
     /// The device pool if it exists.
-    pub(crate) fn current_pool(&self) -> Option<Arc<Pool<RawMem>>> {
+    pub(crate) fn current_pool(&self) -> Option<Arc<Pool<RawMem, RawMem>>> {
         self.pool.read().clone()
     }
 
@@ -204,6 +204,19 @@ impl DeviceMemory {
         })
     }
 
+    /// Snapshots of the device pool (with the direct bytes) and of the pinned pool, those that
+    /// exist.
+    pub(crate) fn snapshots(&self) -> Vec<PoolSnapshot> {
+        let mut out = Vec::new();
+        if let Some(p) = self.current_pool() {
+            let mut s = p.snapshot();
+            s.stats.direct_bytes = self.direct.load(Relaxed);
+            out.push(s);
+        }
+        out.extend(self.current_pinned_pool().map(|p| p.snapshot()));
+        out
+    }
+
     /// Gives back `bytes` of a direct allocation.
     pub(crate) fn uncharge(&self, bytes: usize) {
         self.direct.fetch_sub(bytes as u64, Relaxed);
@@ -230,37 +243,58 @@ impl DeviceMemory {
         })
     }
 
-    /// A pooled allocation of `len >= 1` bytes for work on `stream`.
+    /// A pooled allocation of `len >= 1` bytes for work on `stream`, for `owner` (a buffer's
+    /// label, kept with the block for memory snapshots).
     pub(crate) fn alloc_pooled(
         &self,
         dev: &Device,
         len: usize,
         stream: &Stream,
         release: Release,
+        owner: Option<&Arc<str>>,
     ) -> Result<DeviceBuffer> {
-        let pool = self.pool(dev)?;
+        let lease = self.lease(dev, len, stream.id(), owner)?;
+        Ok(DeviceBuffer::from_pool(dev, len, lease, release))
+    }
+
+    /// A block of the device pool with its view (a sub-buffer, an offset pointer): made by the
+    /// pool the first time the block is handed out, reused while the block keeps its placement.
+    fn lease(
+        &self,
+        dev: &Device,
+        len: usize,
+        stream: StreamId,
+        owner: Option<&Arc<str>>,
+    ) -> Result<Lease<RawMem, RawMem>> {
         let storage = &dev.shared.raw;
+        // The common case: the pool exists and has room. It is used under the read lock (no
+        // reference count taken); the lease holds the pool from then on.
+        if let Some(pool) = &*self.pool.read() {
+            match pool.alloc_labelled(len, stream, storage, owner) {
+                Err(e) if e.is_out_of_memory() => {}
+                r => return r,
+            }
+        }
+        let pool = self.pool(dev)?;
         self.with_retries(dev, len, || {
-            let lease = pool.alloc(len, stream.id(), storage)?;
-            let view = storage.view(&lease.segment_arc(), lease.offset(), len)?;
-            Ok(DeviceBuffer::from_pool(
-                dev,
-                len,
-                view,
-                lease,
-                release.clone(),
-            ))
+            pool.alloc_labelled(len, stream, storage, owner)
         })
     }
 
-    /// A pooled pinned host block of `len >= 1` bytes (zero only when its lease says so).
-    pub(crate) fn alloc_pinned(&self, dev: &Device, len: usize) -> Result<PinnedBuffer> {
+    /// A pooled pinned host block of `len >= 1` bytes (zero only when its lease says so), for
+    /// `owner` (as in [`DeviceMemory::alloc_pooled`]).
+    pub(crate) fn alloc_pinned(
+        &self,
+        dev: &Device,
+        len: usize,
+        owner: Option<&Arc<str>>,
+    ) -> Result<PinnedBuffer> {
         let pool = self.pinned_pool(dev)?;
         let source = PinnedStorage(&dev.shared.raw);
-        let lease = match pool.alloc(len, HOST_STREAM, &source) {
+        let lease = match pool.alloc_labelled(len, HOST_STREAM, &source, owner) {
             Err(e) if e.is_out_of_memory() && pool.empty_cache() > 0 => {
                 pool.note_retry();
-                pool.alloc(len, HOST_STREAM, &source)
+                pool.alloc_labelled(len, HOST_STREAM, &source, owner)
             }
             r => r,
         }

@@ -60,7 +60,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
 
-use crate::alloc::pool::{PoolConfig, PoolStats};
+use crate::alloc::pool::{PoolConfig, PoolSnapshot, PoolStats};
 use crate::alloc::stats::{MemCounters, MemStats};
 use crate::backend::dispatch::RawDevice;
 use crate::error::{BackendKind, Error, Result};
@@ -243,7 +243,7 @@ impl Device {
     /// # Errors
     /// As [`Device::alloc`]; [`Error::DeviceMismatch`] for a stream of another device.
     pub fn alloc_pooled(&self, bytes: usize, stream: &Stream) -> Result<DeviceBuffer> {
-        DeviceBuffer::pooled(self, bytes, stream, Release::Record(stream.clone()))
+        DeviceBuffer::pooled(self, bytes, stream, Release::record(stream), None)
     }
 
     /// Replaces the device pool by one built from `config` (kind, sizes, memory cap). Use it
@@ -261,6 +261,14 @@ impl Device {
     /// Statistics of the device pool (`None` before its first use).
     pub fn pool_stats(&self) -> Option<PoolStats> {
         self.shared.memory.stats()
+    }
+
+    /// Snapshots of the device pool and of the pinned host pool (those used so far): every
+    /// segment and block, with its state, stream and owner (see
+    /// [`crate::alloc::pool::snapshot`]). [`crate::memory_snapshot`] takes them for every device
+    /// opened; this one also serves detached devices.
+    pub fn pool_snapshots(&self) -> Vec<PoolSnapshot> {
+        self.shared.memory.snapshots()
     }
 
     /// Statistics of the pinned host pool (`None` before its first use).
@@ -339,6 +347,14 @@ impl Device {
                 code: -1,
                 message: reason.clone(),
             })
+    }
+
+    /// The default stream without its device handle, once made.
+    pub(crate) fn default_unbound(&self) -> Option<&UnboundStream> {
+        self.shared
+            .default_stream
+            .get()
+            .and_then(|r| r.as_ref().ok())
     }
 
     /// Creates a new stream (an in-order queue).

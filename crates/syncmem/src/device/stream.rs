@@ -34,6 +34,16 @@ pub(crate) struct UnboundStream {
 }
 
 impl UnboundStream {
+    /// The stream's id ([`Stream::id`]).
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// True for a `cpu`-device stream (whose work is done when it returns).
+    pub(crate) fn is_cpu(&self) -> bool {
+        self.raw.is_cpu()
+    }
+
     /// The stream again, on `device` (the device it was made on).
     pub(crate) fn bind(&self, device: &Device) -> Stream {
         Stream {
@@ -45,6 +55,14 @@ impl UnboundStream {
 }
 
 impl Stream {
+    /// A copy of the queue without the device handle (see [`UnboundStream`]).
+    pub(crate) fn unbound(&self) -> UnboundStream {
+        UnboundStream {
+            raw: self.raw.clone(),
+            id: self.id,
+        }
+    }
+
     /// The queue without the device handle (see [`UnboundStream`]).
     pub(crate) fn unbind(self) -> UnboundStream {
         UnboundStream {
@@ -183,7 +201,7 @@ impl Stream {
     ) -> Result<()> {
         self.check_buffer(dst, "write")?;
         check_range_with(|| format!("write into {dst:?}"), offset, len, dst.len())?;
-        let Some(mem) = dst.raw.as_ref().filter(|_| len > 0) else {
+        let Some(mem) = dst.raw().filter(|_| len > 0) else {
             return Ok(());
         };
         dst.order_before(self, true)?;
@@ -209,7 +227,7 @@ impl Stream {
     ) -> Result<()> {
         self.check_buffer(src, "read")?;
         check_range_with(|| format!("read from {src:?}"), offset, len, src.len())?;
-        let Some(mem) = src.raw.as_ref().filter(|_| len > 0) else {
+        let Some(mem) = src.raw().filter(|_| len > 0) else {
             return Ok(());
         };
         src.order_before(self, false)?;
@@ -251,7 +269,7 @@ impl Stream {
         self.check_buffer(dst, "copy")?;
         check_range_with(|| format!("copy from {src:?}"), src_offset, len, src.len())?;
         check_range_with(|| format!("copy into {dst:?}"), dst_offset, len, dst.len())?;
-        let (Some(s_mem), Some(d_mem)) = (src.raw.as_ref(), dst.raw.as_ref()) else {
+        let (Some(s_mem), Some(d_mem)) = (src.raw(), dst.raw()) else {
             return Ok(());
         };
         if len == 0 {
@@ -283,7 +301,7 @@ impl Stream {
     ) -> Result<()> {
         self.check_buffer(dst, "fill")?;
         check_range_with(|| format!("fill of {dst:?}"), offset, len, dst.len())?;
-        let Some(mem) = dst.raw.as_ref().filter(|_| len > 0) else {
+        let Some(mem) = dst.raw().filter(|_| len > 0) else {
             return Ok(());
         };
         dst.order_before(self, true)?;
@@ -364,7 +382,7 @@ pub(crate) struct StreamFence {
 }
 
 impl StreamFence {
-    pub(crate) fn new(stream: &Stream) -> Self {
+    pub(crate) fn new(stream: &UnboundStream) -> Self {
         Self {
             raw: stream.raw.clone(),
             event: OnceLock::new(),

@@ -51,7 +51,7 @@ impl SyncedMemory {
         self.check_len("set_host_ptr", len)?;
         let ptr = NonNull::new(ptr).ok_or_else(|| Error::InvalidState {
             op: "set_host_ptr",
-            buffer: self.label.clone(),
+            buffer: self.label.to_string(),
             reason: "null pointer".into(),
         })?;
         self.adopt_host(HostMem::External { ptr, _owner: None })
@@ -105,7 +105,7 @@ impl SyncedMemory {
         // The access lock is held exclusively and no guard exists, so this is the only Arc.
         let buf = Arc::try_unwrap(arc).map_err(|_| Error::InvalidState {
             op: "take_device_data",
-            buffer: self.label.clone(),
+            buffer: self.label.to_string(),
             reason: "device mirror still referenced".into(),
         })?;
         core.valid = if core.valid.has(Place::Host) {

@@ -45,7 +45,7 @@ impl SyncedMemory {
                 let mut p = d
                     .shared
                     .memory
-                    .alloc_pinned(d, self.size)
+                    .alloc_pinned(d, self.size, Some(&self.label))
                     .map_err(|e| self.named(e))?;
                 if zero && !p.was_zeroed() {
                     p.as_mut_slice().fill(0);
@@ -55,7 +55,7 @@ impl SyncedMemory {
             (Some(d), true) => HostMem::Pinned(d.alloc_pinned(0)?),
             _ => {
                 let mut h = HostPool::global()
-                    .and_then(|p| p.alloc(self.size))
+                    .and_then(|p| p.alloc_labelled(self.size, Some(&self.label)))
                     .map_err(|e| self.named(e))?;
                 if zero {
                     h.zero();
@@ -76,7 +76,8 @@ impl SyncedMemory {
         }
         let device = self.device.as_ref().ok_or_else(|| self.no_device())?;
         let stream = self.pick_stream(None)?;
-        let buf = DeviceBuffer::pooled(device, self.size, &stream, Release::Record(stream.clone()))
+        let release = Release::record(&stream);
+        let buf = DeviceBuffer::pooled(device, self.size, &stream, release, Some(&self.label))
             .map_err(|e| self.named(e))?;
         let bytes = buf.len();
         let buf = Arc::new(buf);

@@ -206,7 +206,8 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 /// `Send + Sync`: share it with `&` or `Arc` across threads; readers run concurrently, writers
 /// exclusively. See the [module docs](self) for the access rules.
 pub struct SyncedMemory {
-    label: String,
+    /// Shared with the pools, which keep it with the blocks of the mirrors (snapshots).
+    label: Arc<str>,
     size: usize,
     device: Option<Device>,
     stream: Option<Stream>,
@@ -241,7 +242,7 @@ impl SyncedMemory {
 
     fn build(size: usize, device: Option<Device>) -> Self {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let label = format!("synced#{id}");
+        let label: Arc<str> = format!("synced#{id}").into();
         Self {
             shared: Arc::new(Shared {
                 access: RwLock::new(()),
@@ -255,7 +256,7 @@ impl SyncedMemory {
                     pending: None,
                     host_busy: None,
                 }),
-                label: Mutex::new(label.clone()),
+                label: Mutex::new(label.to_string()),
                 device: device.clone(),
             }),
             label,
@@ -267,10 +268,12 @@ impl SyncedMemory {
         }
     }
 
-    /// Names the buffer in errors and reports (e.g. the blob name).
+    /// Names the buffer in errors and reports (e.g. the blob name), and the blocks its mirrors
+    /// get from the pools, in memory snapshots (mirrors allocated before keep the old name).
     pub fn with_label(mut self, label: impl Into<String>) -> Self {
-        self.label = label.into();
-        self.shared.label.lock().clone_from(&self.label);
+        let label: String = label.into();
+        self.label = label.as_str().into();
+        *self.shared.label.lock() = label;
         self
     }
 

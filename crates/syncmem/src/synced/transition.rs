@@ -218,21 +218,21 @@ impl SyncedMemory {
 
     pub(super) fn busy(&self, reason: &'static str) -> Error {
         Error::Busy {
-            buffer: self.label.clone(),
+            buffer: self.label.to_string(),
             reason,
         }
     }
 
     pub(super) fn no_device(&self) -> Error {
         Error::NoDevice {
-            buffer: self.label.clone(),
+            buffer: self.label.to_string(),
         }
     }
 
     pub(super) fn no_host(&self) -> Error {
         Error::InvalidState {
             op: "host access",
-            buffer: self.label.clone(),
+            buffer: self.label.to_string(),
             reason: "host mirror missing while marked current".into(),
         }
     }
@@ -240,7 +240,7 @@ impl SyncedMemory {
     pub(super) fn uninit(&self, op: &'static str) -> Error {
         Error::InvalidState {
             op,
-            buffer: self.label.clone(),
+            buffer: self.label.to_string(),
             reason: "the buffer is uninitialized: there is no data to transfer".into(),
         }
     }

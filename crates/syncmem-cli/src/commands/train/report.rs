@@ -7,7 +7,7 @@ use syncmem::alloc::stats::{human_bytes, CopyDir};
 use syncmem::net::memory::{blob_report, BlobInfo};
 use syncmem::net::mlp::Dataset;
 use syncmem::net::train::{EpochStats, PlanningComparison, TrainConfig, Trainer, Transfers};
-use syncmem::{CopyStats, Device};
+use syncmem::{CopyStats, Device, MemorySummary};
 
 /// Heap allocations of the training steps, as the hooks around each step saw them.
 #[derive(Debug, Default, Clone, Copy)]
@@ -70,6 +70,8 @@ pub(super) struct Report {
     memory: Vec<MemRow>,
     saved: Option<Saved>,
     planning: PlanningRow,
+    /// The device pool's figures (the summary printed in the human report).
+    memory_summary: Option<MemorySummary>,
 }
 
 /// The parameters written by `--save`.
@@ -289,6 +291,7 @@ pub(super) fn build(r: Run<'_>) -> Report {
         memory: memory_rows(),
         saved: None,
         planning: planning_row(r.trainer, r.planning),
+        memory_summary: r.device.pool_stats().map(|s| s.summary()),
     }
 }
 
@@ -458,6 +461,10 @@ impl Report {
                 human_bytes(m.in_use),
                 human_bytes(m.peak)
             );
+        }
+        if let Some(s) = &r.memory_summary {
+            outln!("\nmemory summary of the device pool (peaks since training started)");
+            out!("{s}");
         }
         let p = &r.planning;
         let pct = if p.unplanned_peak > 0 {

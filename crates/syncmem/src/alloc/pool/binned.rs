@@ -15,31 +15,45 @@
 
 use super::config::PoolConfig;
 use super::slab::Slab;
-use super::strategy::Grant;
-use super::{merge_pending, usable_by, BlockId, PendingUse, SegId, StreamId};
+use std::sync::Arc;
 
-struct Cached {
+use super::snapshot::{BlockSnapshot, BlockState};
+use super::strategy::{Grant, Request};
+use super::{in_flight, merge_pending, usable_by, BlockId, PendingUse, SegId, StreamId};
+
+struct Cached<V> {
     id: BlockId,
     seg: SegId,
     size: usize,
     zeroed: bool,
+    /// The stream it was last handed out for.
+    stream: StreamId,
     pending: Vec<PendingUse>,
+    /// The block's view, handed to its next user (a block is a whole segment: its placement
+    /// never changes).
+    view: Option<Box<V>>,
 }
 
 struct Live {
     seg: SegId,
     size: usize,
     bin: Option<usize>,
+    stream: StreamId,
+    /// Bytes asked for and the owner's name, if given (snapshots).
+    requested: usize,
+    owner: Option<Arc<str>>,
 }
 
-/// Bin bookkeeping of the binned pool.
-pub(crate) struct Bins {
+/// Bin bookkeeping of the binned pool, keeping each cached block's view (`V`).
+pub(crate) struct Bins<V> {
     /// Every bin size, ascending.
     sizes: Vec<usize>,
     max_cached: u64,
     max_idle_percent: Option<u64>,
+    /// Blocks up to this size are small.
+    small_size: usize,
     /// Cached blocks per bin (index into `sizes`), most recently freed last.
-    cached: Vec<Vec<Cached>>,
+    cached: Vec<Vec<Cached<V>>>,
     cached_bytes: u64,
     /// Bytes of blocks handed out.
     live_bytes: u64,
@@ -70,7 +84,7 @@ fn bin_sizes(cfg: &PoolConfig) -> Vec<usize> {
     out
 }
 
-impl Bins {
+impl<V> Bins<V> {
     pub(crate) fn new(cfg: &PoolConfig) -> Self {
         let sizes = bin_sizes(cfg);
         Self {
@@ -78,6 +92,7 @@ impl Bins {
             sizes,
             max_cached: cfg.effective_max_cached_bytes(),
             max_idle_percent: cfg.max_idle_percent.map(u64::from),
+            small_size: cfg.small_size,
             cached_bytes: 0,
             live_bytes: 0,
             live: Slab::default(),
@@ -95,8 +110,9 @@ impl Bins {
     }
 
     /// A cached block of the request's bin usable by `stream`, most recently freed first.
-    pub(crate) fn find(&mut self, bytes: usize, stream: StreamId) -> Option<Grant> {
-        let (Some(bin), _) = self.bin_for(bytes) else {
+    pub(crate) fn find(&mut self, req: Request<'_>) -> Option<Grant<V>> {
+        let stream = req.stream;
+        let (Some(bin), _) = self.bin_for(req.requested) else {
             return None;
         };
         let list = &mut self.cached[bin];
@@ -109,32 +125,89 @@ impl Bins {
             seg: c.seg,
             size: c.size,
             bin: Some(bin),
+            stream,
+            requested: req.requested,
+            owner: req.owner.cloned(),
         });
+        let mut pending = c.pending;
+        if !pending.is_empty() {
+            pending.retain(|p| !p.fence.poll());
+        }
         Some(Grant {
             block: c.id,
             seg: c.seg,
             offset: 0,
             size: c.size,
             zeroed: c.zeroed,
+            view: c.view,
+            pending,
+            small: c.size <= self.small_size,
         })
     }
 
     /// Registers a fresh (zeroed) segment made for a request of `bytes` as a live block.
-    pub(crate) fn add_segment(&mut self, seg: SegId, size: usize, bytes: usize) -> Grant {
-        let (bin, _) = self.bin_for(bytes);
+    pub(crate) fn add_segment(&mut self, seg: SegId, size: usize, req: Request<'_>) -> Grant<V> {
+        let (bin, _) = self.bin_for(req.requested);
         self.live_bytes += size as u64;
-        let id = self.live.insert(Some(Live { seg, size, bin }));
+        let id = self.live.insert(Some(Live {
+            seg,
+            size,
+            bin,
+            stream: req.stream,
+            requested: req.requested,
+            owner: req.owner.cloned(),
+        }));
         Grant {
             block: id,
             seg,
             offset: 0,
             size,
             zeroed: true,
+            view: None,
+            pending: Vec::new(),
+            small: size <= self.small_size,
         }
     }
 
-    /// Returns a block: cached if binned and under the cap, else its segment is given back.
-    pub(crate) fn free(&mut self, id: BlockId, pending: Vec<PendingUse>) -> Vec<(SegId, usize)> {
+    /// Every block (a whole segment each) with whether it is small, live ones first.
+    pub(crate) fn walk(&self) -> Vec<(SegId, bool, Vec<BlockSnapshot>)> {
+        let live = self.live.iter().filter_map(|(_, l)| l.as_ref()).map(|l| {
+            let b = BlockSnapshot {
+                offset: 0,
+                size: l.size as u64,
+                requested: l.requested as u64,
+                state: BlockState::Allocated,
+                stream: l.stream,
+                owner: l.owner.as_deref().map(str::to_string),
+            };
+            (l.seg, l.size <= self.small_size, vec![b])
+        });
+        let cached = self.cached.iter().flatten().map(|c| {
+            let b = BlockSnapshot {
+                offset: 0,
+                size: c.size as u64,
+                requested: 0,
+                state: if in_flight(&c.pending) {
+                    BlockState::Pending
+                } else {
+                    BlockState::Free
+                },
+                stream: c.stream,
+                owner: None,
+            };
+            (c.seg, c.size <= self.small_size, vec![b])
+        });
+        live.chain(cached).collect()
+    }
+
+    /// Returns a block with its view: cached if binned and under the cap, else its segment is
+    /// given back (and the view dropped).
+    pub(crate) fn free(
+        &mut self,
+        id: BlockId,
+        pending: Vec<PendingUse>,
+        view: Option<Box<V>>,
+    ) -> Vec<(SegId, usize)> {
         let Some(l) = self.live.get_mut(id).and_then(Option::take) else {
             return Vec::new();
         };
@@ -150,7 +223,9 @@ impl Bins {
                     seg: l.seg,
                     size: l.size,
                     zeroed: false,
+                    stream: l.stream,
                     pending: kept,
+                    view,
                 });
                 Vec::new()
             }
@@ -239,7 +314,7 @@ mod tests {
 
     #[test]
     fn four_divisions_per_power_of_two() {
-        let b = Bins::new(&PoolConfig::new(PoolKind::Binned));
+        let b = Bins::<()>::new(&PoolConfig::new(PoolKind::Binned));
         assert_eq!(&b.sizes[..6], &[256, 320, 384, 448, 512, 640]);
         assert_eq!(*b.sizes.last().unwrap(), 1 << 30);
         assert_eq!(b.bin_for(1), (Some(0), 256));
@@ -248,11 +323,11 @@ mod tests {
         assert_eq!(b.bin_for(3 << 20).1, 3 << 20, "so are 1.5 x powers of two");
         assert_eq!(b.bin_for((1 << 30) + 1), (None, (1 << 30) + 1));
         // CUB's bins: growth 8, no divisions.
-        let cub = Bins::new(&PoolConfig::new(PoolKind::Binned).with_bins(8, 3, 10));
+        let cub = Bins::<()>::new(&PoolConfig::new(PoolKind::Binned).with_bins(8, 3, 10));
         assert_eq!(&cub.sizes[..3], &[512, 4096, 32768]);
         assert_eq!(cub.sizes.len(), 8);
         // Divisions that do not divide a step evenly round up; duplicates go.
-        let odd = Bins::new(
+        let odd = Bins::<()>::new(
             &PoolConfig::new(PoolKind::Binned)
                 .with_bins(2, 0, 2)
                 .with_bin_divisions(3),

@@ -39,7 +39,9 @@ const GIB: u64 = 1 << 30;
 const TIB: u64 = 1 << 40;
 
 /// How a pool serves requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum PoolKind {
     /// No caching: every request is one backend allocation, freed when released.

@@ -8,6 +8,11 @@
 //! frees costs O(1) and allocates nothing. Reuse on the list's own stream needs no fence check:
 //! the stream runs in order.
 //!
+//! Larger blocks get a short list of their own: the [`LARGE_SLOTS`] most recently freed, each
+//! reused by the next request of exactly its size on its stream (a program that frees and
+//! allocates the same big buffer again, step after step, so never searches the arena); when the
+//! list is full, its oldest block goes into the arena.
+//!
 //! The lists hold block ids only; the blocks stay in the arena, marked cached, so the arena's
 //! invariants (segments tiled by blocks) hold throughout. When the arena cannot serve a request
 //! without a new segment, and before any segment is given back, the lists are flushed: every
@@ -23,10 +28,23 @@ struct StreamLists {
     lists: Vec<Vec<BlockId>>,
 }
 
+/// How many large blocks (above the size-class limit) the large list holds.
+pub(crate) const LARGE_SLOTS: usize = 4;
+
+/// A large block on the large list.
+#[derive(Clone, Copy)]
+struct Large {
+    stream: StreamId,
+    size: usize,
+    id: BlockId,
+}
+
 /// Exact-size free lists per stream.
 #[derive(Default)]
 pub(crate) struct Front {
     streams: Vec<StreamLists>,
+    /// Large blocks, most recently freed last (at most [`LARGE_SLOTS`]).
+    large: Vec<Large>,
     /// Blocks on all lists.
     count: usize,
     /// Bytes of the blocks on all lists.
@@ -82,6 +100,45 @@ impl Front {
         lists[class].push(id);
     }
 
+    /// Takes the large block of exactly `size` bytes most recently freed for `stream`.
+    #[inline]
+    pub(crate) fn pop_large(&mut self, stream: StreamId, size: usize) -> Option<BlockId> {
+        let pos = self
+            .large
+            .iter()
+            .rposition(|l| l.size == size && l.stream == stream)?;
+        let l = self.large.remove(pos);
+        self.count -= 1;
+        self.bytes -= size as u64;
+        Some(l.id)
+    }
+
+    /// Puts large block `id` of `size` bytes on the large list of `stream`. When the list was
+    /// full, returns its oldest block, which the caller puts into the arena.
+    #[inline]
+    pub(crate) fn push_large(
+        &mut self,
+        stream: StreamId,
+        size: usize,
+        id: BlockId,
+    ) -> Option<(BlockId, usize)> {
+        let out = if self.large.len() >= LARGE_SLOTS {
+            let old = self.large.remove(0);
+            self.count -= 1;
+            self.bytes -= old.size as u64;
+            Some((old.id, old.size))
+        } else {
+            if self.large.capacity() == 0 {
+                self.large.reserve_exact(LARGE_SLOTS);
+            }
+            None
+        };
+        self.large.push(Large { stream, size, id });
+        self.count += 1;
+        self.bytes += size as u64;
+        out
+    }
+
     /// Empties every list (keeping their capacity) and returns the blocks they held.
     pub(crate) fn drain(&mut self) -> Vec<BlockId> {
         let mut out = Vec::with_capacity(self.count);
@@ -90,6 +147,7 @@ impl Front {
                 out.append(l);
             }
         }
+        out.extend(self.large.drain(..).map(|l| l.id));
         self.count = 0;
         self.bytes = 0;
         out
@@ -105,6 +163,11 @@ impl Front {
         self.bytes
     }
 
+    /// The largest block on the large list.
+    pub(crate) fn largest_large(&self) -> Option<usize> {
+        self.large.iter().map(|l| l.size).max()
+    }
+
     /// The largest class with a block on some list.
     pub(crate) fn largest_class(&self) -> Option<usize> {
         if self.count == 0 {
@@ -116,7 +179,7 @@ impl Front {
             .max()
     }
 
-    /// Every listed block with its stream and class (tests).
+    /// Every listed block with its stream and class (`usize::MAX`: the large list; tests).
     #[cfg(test)]
     pub(crate) fn entries(&self) -> Vec<(StreamId, usize, BlockId)> {
         let mut v = Vec::new();
@@ -125,6 +188,7 @@ impl Front {
                 v.extend(l.iter().map(|&id| (s.stream, c, id)));
             }
         }
+        v.extend(self.large.iter().map(|l| (l.stream, usize::MAX, l.id)));
         v
     }
 }
@@ -157,5 +221,41 @@ mod tests {
         assert!(f.is_empty());
         assert_eq!(f.bytes(), 0);
         assert_eq!(f.pop(1, 2, 1024), None);
+    }
+
+    #[test]
+    fn the_large_list_keeps_the_newest_blocks_and_matches_exactly() {
+        let mut f = Front::default();
+        for (i, size) in [4 << 20, 8 << 20, 4 << 20, 16 << 20]
+            .into_iter()
+            .enumerate()
+        {
+            assert_eq!(f.push_large(1, size, i as BlockId), None);
+        }
+        assert_eq!(f.bytes(), 32 << 20);
+        assert_eq!(f.largest_large(), Some(16 << 20));
+        assert_eq!(
+            f.pop_large(2, 4 << 20),
+            None,
+            "another stream's block is not shared"
+        );
+        assert_eq!(f.pop_large(1, 6 << 20), None, "sizes match exactly");
+        assert_eq!(
+            f.pop_large(1, 4 << 20),
+            Some(2),
+            "most recently freed first"
+        );
+        assert_eq!(f.push_large(2, 32 << 20, 4), None);
+        assert_eq!(
+            f.push_large(2, 32 << 20, 5),
+            Some((0, 4 << 20)),
+            "a full list gives up its oldest block"
+        );
+        assert_eq!(f.bytes(), (8 + 16 + 32 + 32) << 20);
+        let mut rest = f.drain();
+        rest.sort_unstable();
+        assert_eq!(rest, [1, 3, 4, 5]);
+        assert!(f.is_empty());
+        assert_eq!(f.bytes(), 0);
     }
 }

@@ -16,7 +16,7 @@
 use std::sync::{Arc, OnceLock};
 
 use super::config::{PoolConfig, HOST_POOL_CONF_ENV, HOST_POOL_ENV};
-use super::{Budget, Lease, Pool, PoolStats, HOST_STREAM};
+use super::{Budget, Lease, Pool, PoolSnapshot, PoolStats, HOST_STREAM};
 use crate::alloc::stats::HOST;
 use crate::alloc::{HostBlock, HOST_ALIGN};
 use crate::error::{Error, Result};
@@ -91,6 +91,15 @@ impl HostPool {
     /// [`Error::OutOfMemory`] (the system allocator or the pool's cap refused),
     /// [`Error::SizeOverflow`].
     pub fn alloc(&self, len: usize) -> Result<HostAllocation> {
+        self.alloc_labelled(len, None)
+    }
+
+    /// [`HostPool::alloc`] for an owner named `owner` (a tensor's or blob's name), which the
+    /// pool keeps with the block for [memory snapshots](super::Pool::snapshot).
+    ///
+    /// # Errors
+    /// As [`HostPool::alloc`].
+    pub fn alloc_labelled(&self, len: usize, owner: Option<&Arc<str>>) -> Result<HostAllocation> {
         if len == 0 {
             return Ok(HostAllocation {
                 lease: None,
@@ -98,9 +107,9 @@ impl HostPool {
                 counted: false,
             });
         }
-        let lease = match self.pool.alloc(len, HOST_STREAM, &source) {
+        let lease = match self.pool.alloc_labelled(len, HOST_STREAM, &source, owner) {
             Ok(l) => l,
-            Err(e) => self.retry(len, e)?,
+            Err(e) => self.retry(len, owner, e)?,
         };
         if self.counted {
             HOST.on_alloc(len);
@@ -115,10 +124,10 @@ impl HostPool {
     /// After a failed allocation: when out of memory, gives the cache back to the system and
     /// tries once more; a failure for good is reported to the pool's observers.
     #[cold]
-    fn retry(&self, len: usize, e: Error) -> Result<Lease<HostBlock>> {
+    fn retry(&self, len: usize, owner: Option<&Arc<str>>, e: Error) -> Result<Lease<HostBlock>> {
         let r = if e.is_out_of_memory() && self.pool.empty_cache() > 0 {
             self.pool.note_retry();
-            self.pool.alloc(len, HOST_STREAM, &source)
+            self.pool.alloc_labelled(len, HOST_STREAM, &source, owner)
         } else {
             Err(e)
         };
@@ -140,6 +149,11 @@ impl HostPool {
     /// Statistics of the pool.
     pub fn stats(&self) -> PoolStats {
         self.pool.stats()
+    }
+
+    /// Every segment and block of the pool (see [`super::Pool::snapshot`]).
+    pub fn snapshot(&self) -> PoolSnapshot {
+        self.pool.snapshot()
     }
 
     /// Releases cached free segments (see [`Pool::trim`]). Returns the bytes released.

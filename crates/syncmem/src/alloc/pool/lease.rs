@@ -5,10 +5,11 @@ use std::sync::Arc;
 
 use super::{merge_one, BlockId, Fence, PendingUse, Pool, StreamId};
 
-/// A block of a [`Pool`]: `len()` bytes at `offset()` in `segment()`. Given back to the pool,
-/// with its pending uses, when dropped.
-pub struct Lease<T: Send + Sync + 'static> {
-    pub(super) pool: Arc<Pool<T>>,
+/// A block of a [`Pool`]: `len()` bytes at `offset()` in `segment()`, with the block's view
+/// (see [Views](Pool#views)). Given back to the pool, with its pending uses and its view, when
+/// dropped.
+pub struct Lease<T: Send + Sync + 'static, V: Send + 'static = ()> {
+    pub(super) pool: Arc<Pool<T, V>>,
     /// The segment holding the block: the value inside an `Arc` the pool holds for as long as
     /// a block of the segment is handed out (so no reference count is taken per lease).
     pub(super) segment: NonNull<T>,
@@ -17,17 +18,22 @@ pub struct Lease<T: Send + Sync + 'static> {
     pub(super) size: usize,
     pub(super) requested: usize,
     pub(super) zeroed: bool,
+    /// The block is small (see [`crate::alloc::pool::PoolStats::small`]).
+    pub(super) small: bool,
     pub(super) pending: Vec<PendingUse>,
+    /// The block's view (`None` only while the pool makes the lease).
+    pub(super) view: Option<Box<V>>,
 }
 
 // SAFETY: a lease is an owner of a block like a `Box`, and shares the segment (`T: Send +
 // Sync`) like an `Arc<T>` would: `segment` points into an `Arc<T>` that the pool (kept alive by
-// `pool`) holds while the block is handed out, and only `&T` is ever made from it.
-unsafe impl<T: Send + Sync + 'static> Send for Lease<T> {}
-// SAFETY: as for Send; `&Lease` hands out only `&T` and plain values.
-unsafe impl<T: Send + Sync + 'static> Sync for Lease<T> {}
+// `pool`) holds while the block is handed out, and only `&T` is ever made from it. The view is
+// owned (`V: Send`).
+unsafe impl<T: Send + Sync + 'static, V: Send + 'static> Send for Lease<T, V> {}
+// SAFETY: as for Send; `&Lease` hands out only `&T`, `&V` (`V: Sync`) and plain values.
+unsafe impl<T: Send + Sync + 'static, V: Send + Sync + 'static> Sync for Lease<T, V> {}
 
-impl<T: Send + Sync + 'static> Lease<T> {
+impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
     /// The segment holding the block.
     pub fn segment(&self) -> &T {
         // SAFETY: the pool keeps the segment's `Arc` (and so the `T` it points to) until every
@@ -82,20 +88,32 @@ impl<T: Send + Sync + 'static> Lease<T> {
     }
 
     /// The pool the block belongs to.
-    pub fn pool(&self) -> &Arc<Pool<T>> {
+    pub fn pool(&self) -> &Arc<Pool<T, V>> {
         &self.pool
     }
-}
 
-impl<T: Send + Sync + 'static> Drop for Lease<T> {
-    fn drop(&mut self) {
-        let pending = std::mem::take(&mut self.pending);
-        self.pool
-            .release_block(self.block, self.size, self.requested, pending);
+    /// The block's view (see [Views](Pool#views)): made for the whole block, so it may be
+    /// larger than `len()`. It goes back to the pool with the block, for the block's next user.
+    pub fn view(&self) -> Option<&V> {
+        self.view.as_deref()
+    }
+
+    /// The block's view, mutably (e.g. to ready it for the block's next user).
+    pub fn view_mut(&mut self) -> Option<&mut V> {
+        self.view.as_deref_mut()
     }
 }
 
-impl<T: Send + Sync + 'static> std::fmt::Debug for Lease<T> {
+impl<T: Send + Sync + 'static, V: Send + 'static> Drop for Lease<T, V> {
+    fn drop(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        let view = self.view.take();
+        let sizes = (self.size, self.requested, self.small);
+        self.pool.release_block(self.block, sizes, pending, view);
+    }
+}
+
+impl<T: Send + Sync + 'static, V: Send + 'static> std::fmt::Debug for Lease<T, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lease")
             .field("pool", &self.pool.label)

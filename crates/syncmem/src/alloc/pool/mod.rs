@@ -33,39 +33,49 @@
 
 mod arena;
 mod binned;
+mod budget;
 pub mod config;
+mod event;
 mod front;
 pub mod host;
 mod lease;
 mod pending;
 mod slab;
+pub mod snapshot;
 pub mod stats;
 mod strategy;
+pub mod summary;
 #[cfg(test)]
 mod tests;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+pub use budget::Budget;
 pub use config::{MemoryCap, PoolConfig, PoolKind};
+pub use event::{PoolEvent, PoolObserver};
 pub use host::{HostAllocation, HostPool};
 pub use lease::Lease;
 pub use pending::Fence;
-pub(crate) use pending::{merge_one, merge_pending, usable_by, PendingUse};
-pub use stats::{Gauge, PoolStats};
+pub(crate) use pending::{in_flight, merge_one, merge_pending, usable_by, PendingUse};
+pub use snapshot::{
+    BlockSnapshot, BlockState, MemorySnapshot, PoolSnapshot, SegmentSnapshot, SizeClass,
+};
+pub use stats::{Gauge, PoolStats, SizeStats};
+pub use summary::MemorySummary;
 
 pub use crate::backend::RawStorage;
 
 use crate::alloc::stats::human_bytes;
 use crate::alloc::trace::hub;
 use crate::error::{Error, Result};
+use slab::Slab;
 use stats::Counters;
-use strategy::Core;
+use strategy::{Core, Request};
 
 /// Identifies a stream for stream-ordered reuse; [`HOST_STREAM`] for host-side memory.
 pub type StreamId = u64;
@@ -103,112 +113,18 @@ impl Hasher for IdHasher {
 /// A map keyed by pool ids ([`BlockId`], [`SegId`]).
 pub(crate) type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 
-/// A byte budget shared by a pool's segments and direct allocations of the same memory.
-#[derive(Debug)]
-pub struct Budget {
-    cap: AtomicU64,
-    used: AtomicU64,
+/// A segment the pool holds.
+struct Seg<T> {
+    seg: Arc<T>,
+    size: usize,
+    /// It serves small blocks.
+    small: bool,
 }
 
-impl Budget {
-    /// A budget of `cap` bytes (`None`: unlimited).
-    pub fn new(cap: Option<u64>) -> Self {
-        Self {
-            cap: AtomicU64::new(cap.unwrap_or(u64::MAX)),
-            used: AtomicU64::new(0),
-        }
-    }
-
-    /// The cap, if any.
-    pub fn cap(&self) -> Option<u64> {
-        Some(self.cap.load(Relaxed)).filter(|&c| c != u64::MAX)
-    }
-
-    /// Changes the cap (bytes already charged stay charged).
-    pub fn set_cap(&self, cap: Option<u64>) {
-        self.cap.store(cap.unwrap_or(u64::MAX), Relaxed);
-    }
-
-    /// Bytes charged now.
-    pub fn used(&self) -> u64 {
-        self.used.load(Relaxed)
-    }
-
-    /// Charges `n` bytes if they fit under the cap.
-    pub fn try_take(&self, n: u64) -> bool {
-        let cap = self.cap.load(Relaxed);
-        self.used
-            .fetch_update(Relaxed, Relaxed, |u| u.checked_add(n).filter(|&t| t <= cap))
-            .is_ok()
-    }
-
-    /// Gives back `n` charged bytes.
-    pub fn give(&self, n: u64) {
-        let _ = self
-            .used
-            .fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(n)));
-    }
-}
-
-/// What a pool tells its observer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum PoolEvent {
-    /// A block was handed out.
-    Alloc {
-        /// Bytes asked for.
-        requested: usize,
-        /// Block size.
-        size: usize,
-        /// Served from cached memory.
-        cache_hit: bool,
-        /// The block's id in the pool (unique among live blocks; reused after a free).
-        block: u64,
-        /// The stream the block was allocated for.
-        stream: StreamId,
-    },
-    /// A block was given back.
-    Free {
-        /// Block size.
-        size: usize,
-        /// The block's id in the pool (as in its [`PoolEvent::Alloc`]).
-        block: u64,
-    },
-    /// A segment was made by the backend.
-    SegmentAlloc {
-        /// Its size.
-        bytes: usize,
-    },
-    /// A segment was given back to the backend.
-    SegmentFree {
-        /// Its size.
-        bytes: usize,
-    },
-    /// A clean device mirror was dropped to make room.
-    Evict {
-        /// The buffer's label.
-        label: String,
-        /// Bytes freed.
-        bytes: usize,
-    },
-    /// An allocation failed for good.
-    OutOfMemory {
-        /// Bytes asked for.
-        requested: usize,
-    },
-}
-
-/// Sees a pool's events (the trace hook). Called with the pool's lock held: it must not
-/// allocate from the same pool.
-pub trait PoolObserver: Send + Sync {
-    /// One event of the pool labelled `pool`.
-    fn on_event(&self, pool: &str, event: &PoolEvent);
-}
-
-struct Inner<T> {
-    core: Core,
-    segments: IdMap<(Arc<T>, usize)>,
-    next_seg: SegId,
+struct Inner<T, V> {
+    core: Core<V>,
+    /// The segments, by id (a slot: no hashing on the way to a block's segment).
+    segments: Slab<Seg<T>>,
     c: Counters,
     observer: Option<Arc<dyn PoolObserver>>,
     /// The trace source of a process pool (a device's pools, the global host pool): its events
@@ -216,7 +132,7 @@ struct Inner<T> {
     source: Option<u64>,
 }
 
-impl<T> Inner<T> {
+impl<T, V> Inner<T, V> {
     /// Reports `ev`; costs two tests when nobody observes the pool.
     #[inline]
     fn emit(&self, label: &str, ev: PoolEvent) {
@@ -240,15 +156,24 @@ impl<T> Inner<T> {
 
 /// A caching pool of blocks carved from segments of type `T`. Thread-safe; share it in an
 /// `Arc` (leases keep their pool alive).
-pub struct Pool<T: Send + Sync + 'static> {
+///
+/// # Views
+///
+/// `V` is the [`RawStorage::View`] of the storage the pool allocates from (an OpenCL
+/// sub-buffer, a CUDA pointer offset; `()` for storages without views). A block's view is made
+/// the first time the block is handed out, for the whole block, and lives as long as the
+/// block's placement (segment, offset, size): the lease holds it ([`Lease::view`]) and gives it
+/// back with the block, and a later allocation of the same block gets the same view. A split or merge drops the views of the blocks involved, and a
+/// released segment the views of its blocks, so a view always describes exactly its block.
+pub struct Pool<T: Send + Sync + 'static, V: Send + 'static = ()> {
     label: String,
     config: PoolConfig,
     max_segment: usize,
     budget: Arc<Budget>,
-    inner: Mutex<Inner<T>>,
+    inner: Mutex<Inner<T, V>>,
 }
 
-impl<T: Send + Sync + 'static> Pool<T> {
+impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     /// A pool labelled `label` (used in statistics and errors), charging `budget` for its
     /// segments, whose segments never exceed `max_segment` bytes.
     ///
@@ -267,8 +192,7 @@ impl<T: Send + Sync + 'static> Pool<T> {
             budget,
             inner: Mutex::new(Inner {
                 core: Core::new(&config),
-                segments: IdMap::default(),
-                next_seg: 1,
+                segments: Slab::default(),
                 c: Counters::default(),
                 observer: None,
                 source: None,
@@ -306,27 +230,53 @@ impl<T: Send + Sync + 'static> Pool<T> {
     /// Bytes of blocks handed out and of segments held, now.
     pub(crate) fn gauges(&self) -> (u64, u64) {
         let inner = self.inner.lock();
-        (inner.c.allocated.current, inner.c.reserved.current)
+        (
+            inner.c.allocated.all().current,
+            inner.c.reserved.all().current,
+        )
     }
 
     /// Hands out a block of at least `bytes` bytes for work on `stream`: a cached block when
-    /// one fits, else a new segment from `source` (charged to the budget first).
+    /// one fits, else a new segment from `source` (charged to the budget first). The lease
+    /// holds the block's view: the one the block kept from its last use, or a new one from
+    /// `source` (see [Views](Pool#views)).
     ///
     /// # Errors
     /// [`Error::OutOfMemory`] when the budget or the backend refuses, [`Error::SizeOverflow`]
-    /// when rounding overflows, or the source's error.
-    pub fn alloc<S: RawStorage<Segment = T> + ?Sized>(
+    /// when rounding overflows, or the source's error (making a segment or a view).
+    pub fn alloc<S: RawStorage<Segment = T, View = V> + ?Sized>(
         self: &Arc<Self>,
         bytes: usize,
         stream: StreamId,
         source: &S,
-    ) -> Result<Lease<T>> {
+    ) -> Result<Lease<T, V>> {
+        self.alloc_labelled(bytes, stream, source, None)
+    }
+
+    /// [`Pool::alloc`] for an owner named `owner` (a tensor's or blob's name): the pool keeps
+    /// the name with the block while it is handed out, for [memory snapshots](Pool::snapshot).
+    /// The name is shared, not copied.
+    ///
+    /// # Errors
+    /// As [`Pool::alloc`].
+    pub fn alloc_labelled<S: RawStorage<Segment = T, View = V> + ?Sized>(
+        self: &Arc<Self>,
+        bytes: usize,
+        stream: StreamId,
+        source: &S,
+        owner: Option<&Arc<str>>,
+    ) -> Result<Lease<T, V>> {
         let mut inner = self.inner.lock();
         let overflow = || Error::SizeOverflow {
             what: format!("{bytes} bytes rounded for pool {}", self.label),
         };
         let rounded = inner.core.round(bytes).ok_or_else(overflow)?;
-        let (grant, hit) = match inner.core.find(bytes, rounded, stream) {
+        let req = Request {
+            stream,
+            requested: bytes,
+            owner,
+        };
+        let (grant, hit) = match inner.core.find(rounded, req) {
             Some(g) => (g, true),
             None => {
                 // Growing: first give back idle memory the request cannot use, then size the
@@ -377,23 +327,42 @@ impl<T: Send + Sync + 'static> Pool<T> {
                         return Err(e);
                     }
                 };
-                let sid = inner.next_seg;
-                inner.next_seg += 1;
-                inner.segments.insert(sid, (Arc::new(seg), seg_size));
+                let sid = inner.segments.insert(Seg {
+                    seg: Arc::new(seg),
+                    size: seg_size,
+                    small: false,
+                });
+                let grant = inner.core.add_segment(sid, seg_size, rounded, req);
+                inner.segments[sid].small = grant.small;
                 inner.c.backend_allocs += 1;
-                inner.c.segments += 1;
-                inner.c.reserved.add(seg_size as u64);
+                inner.c.on_segment(seg_size as u64, grant.small, true);
                 inner.emit(&self.label, PoolEvent::SegmentAlloc { bytes: seg_size });
-                let grant = inner
-                    .core
-                    .add_segment(sid, seg_size, bytes, rounded, stream);
                 (grant, false)
             }
         };
+        let seg = &inner.segments[grant.seg].seg;
+        let segment = NonNull::from(&**seg);
+        let view = match grant.view {
+            Some(v) => v,
+            None => match source.view(seg, grant.offset, grant.size) {
+                // Boxed: the view moves with the block at the cost of a pointer.
+                Ok(v) => Box::new(v),
+                Err(e) => {
+                    // The block goes back unused, with its uses in flight (a new segment stays
+                    // cached).
+                    let segs = inner.core.free(grant.block, grant.pending, None);
+                    let segs = self.take_segments(&mut inner, segs);
+                    drop(inner);
+                    self.drop_segments(segs);
+                    return Err(e);
+                }
+            },
+        };
         inner.c.allocations += 1;
         inner.c.cache_hits += u64::from(hit);
-        inner.c.allocated.add(grant.size as u64);
-        inner.c.requested.add(bytes as u64);
+        inner
+            .c
+            .on_alloc(grant.size as u64, bytes as u64, grant.small);
         inner.emit(
             &self.label,
             PoolEvent::Alloc {
@@ -404,7 +373,6 @@ impl<T: Send + Sync + 'static> Pool<T> {
                 stream,
             },
         );
-        let segment = NonNull::from(&*inner.segments[&grant.seg].0);
         Ok(Lease {
             pool: self.clone(),
             segment,
@@ -413,7 +381,9 @@ impl<T: Send + Sync + 'static> Pool<T> {
             size: grant.size,
             requested: bytes,
             zeroed: grant.zeroed,
-            pending: Vec::new(),
+            small: grant.small,
+            pending: grant.pending,
+            view: Some(view),
         })
     }
 
@@ -425,21 +395,21 @@ impl<T: Send + Sync + 'static> Pool<T> {
         }
     }
 
-    /// Gives back block `block` of `size` bytes (`requested` asked for) with its uses in flight.
+    /// Gives back block `block` of `size` bytes (`requested` asked for; `small` as handed out)
+    /// with its uses in flight and its view.
     pub(super) fn release_block(
         &self,
         block: BlockId,
-        size: usize,
-        requested: usize,
+        (size, requested, small): (usize, usize, bool),
         pending: Vec<PendingUse>,
+        view: Option<Box<V>>,
     ) {
         let released = {
             let mut inner = self.inner.lock();
             inner.c.frees += 1;
-            inner.c.allocated.sub(size as u64);
-            inner.c.requested.sub(requested as u64);
+            inner.c.on_free(size as u64, requested as u64, small);
             inner.emit(&self.label, PoolEvent::Free { size, block });
-            let segs = inner.core.free(block, pending);
+            let segs = inner.core.free(block, pending, view);
             if segs.is_empty() {
                 return;
             }
@@ -450,17 +420,16 @@ impl<T: Send + Sync + 'static> Pool<T> {
 
     fn take_segments(
         &self,
-        inner: &mut Inner<T>,
+        inner: &mut Inner<T, V>,
         segs: Vec<(SegId, usize)>,
     ) -> Vec<(Arc<T>, usize)> {
         let mut out = Vec::with_capacity(segs.len());
         for (sid, size) in segs {
-            if let Some(s) = inner.segments.remove(&sid) {
+            if let Some(s) = inner.segments.remove(sid) {
                 inner.c.backend_frees += 1;
-                inner.c.segments -= 1;
-                inner.c.reserved.sub(size as u64);
+                inner.c.on_segment(size as u64, s.small, false);
                 inner.emit(&self.label, PoolEvent::SegmentFree { bytes: size });
-                out.push(s);
+                out.push((s.seg, s.size));
             }
         }
         out
@@ -501,15 +470,23 @@ impl<T: Send + Sync + 'static> Pool<T> {
 
     /// A reading of the statistics.
     pub fn stats(&self) -> PoolStats {
-        let inner = self.inner.lock();
+        self.stats_of(&self.inner.lock())
+    }
+
+    fn stats_of(&self, inner: &Inner<T, V>) -> PoolStats {
         let c = &inner.c;
+        let inactive = inner.core.inactive_split();
         PoolStats {
             label: self.label.clone(),
             kind: self.config.kind,
-            allocated: c.allocated,
-            requested: c.requested,
-            reserved: c.reserved,
-            segments: c.segments,
+            allocated: c.allocated.all(),
+            requested: c.requested.all(),
+            reserved: c.reserved.all(),
+            inactive_split: inactive.all(),
+            small: c.size_stats(true, inactive.small()),
+            large: c.size_stats(false, inactive.large()),
+            small_size: self.config.small_size as u64,
+            segments: c.segments[0] + c.segments[1],
             allocations: c.allocations,
             frees: c.frees,
             cache_hits: c.cache_hits,
@@ -528,12 +505,43 @@ impl<T: Send + Sync + 'static> Pool<T> {
 
     /// Resets the peaks to the current values.
     pub fn reset_peak(&self) {
-        self.inner.lock().c.reset_peaks();
+        let mut inner = self.inner.lock();
+        inner.c.reset_peaks();
+        inner.core.reset_peaks();
+    }
+
+    /// Every segment of the pool and every block in it (size, offset, state, stream, owner),
+    /// with the statistics of the same instant. Walks every block under the pool's lock: a
+    /// tool for reports, not for every step.
+    pub fn snapshot(&self) -> PoolSnapshot {
+        let inner = self.inner.lock();
+        let mut segments: Vec<SegmentSnapshot> = inner
+            .core
+            .walk()
+            .into_iter()
+            .map(|(id, small, blocks)| SegmentSnapshot {
+                id,
+                size: inner.segments.get(id).map_or(0, |s| s.size as u64),
+                class: if small {
+                    SizeClass::Small
+                } else {
+                    SizeClass::Large
+                },
+                blocks,
+            })
+            .collect();
+        segments.sort_unstable_by_key(|s| s.id);
+        PoolSnapshot {
+            label: self.label.clone(),
+            kind: self.config.kind,
+            stats: self.stats_of(&inner),
+            segments,
+        }
     }
 
     /// True when no block is handed out.
     pub fn is_idle(&self) -> bool {
-        self.inner.lock().c.allocated.current == 0
+        self.inner.lock().c.allocated.all().current == 0
     }
 
     pub(crate) fn note_retry(&self) {
@@ -560,7 +568,7 @@ impl<T: Send + Sync + 'static> Pool<T> {
     }
 }
 
-impl<T: Send + Sync + 'static> std::fmt::Debug for Pool<T> {
+impl<T: Send + Sync + 'static, V: Send + 'static> std::fmt::Debug for Pool<T, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pool")
             .field("label", &self.label)

@@ -54,7 +54,9 @@ pub(crate) fn merge_pending(into: &mut Vec<PendingUse>, more: Vec<PendingUse>) {
             merge_one(into, p);
         }
     }
-    into.retain(|p| !p.fence.poll());
+    if !into.is_empty() {
+        into.retain(|p| !p.fence.poll());
+    }
 }
 
 /// Adds `p` to `into`, keeping only the newest fence per stream (no pruning).
@@ -71,4 +73,9 @@ pub(crate) fn usable_by(pending: &[PendingUse], stream: StreamId) -> bool {
     pending
         .iter()
         .all(|p| p.stream == stream || p.fence.is_complete())
+}
+
+/// True when some of these uses may still be running (a cheap check: see [`Fence::poll`]).
+pub(crate) fn in_flight(pending: &[PendingUse]) -> bool {
+    pending.iter().any(|p| !p.fence.poll())
 }

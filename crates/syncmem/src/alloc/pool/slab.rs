@@ -52,7 +52,6 @@ impl<T> Slab<T> {
     }
 
     /// Every stored value with its id.
-    #[cfg(test)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = (BlockId, &T)> {
         self.slots
             .iter()

@@ -1,30 +1,45 @@
-//! Statistics of one pool: bytes (current and peak), counts, cache hits, backend calls, the
-//! largest free block and fragmentation.
+//! Statistics of one pool: bytes (current, peak and cumulative; small and large blocks apart),
+//! counts, cache hits, backend calls, the largest free block and fragmentation.
 
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::config::PoolKind;
 use crate::alloc::stats::human_bytes;
 
-/// A byte count with its high-water mark.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+/// A byte count with its high-water mark and its cumulative movements (PyTorch's `current`,
+/// `peak`, `allocated` and `freed` of a memory statistic).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Gauge {
     /// Bytes now.
     pub current: u64,
     /// Highest `current` since creation or the last peak reset.
     pub peak: u64,
+    /// Bytes added since creation (cumulative; never reset).
+    pub allocated: u64,
+    /// Bytes removed since creation (cumulative; never reset): `allocated - freed` is
+    /// `current`.
+    pub freed: u64,
 }
 
 impl Gauge {
+    // On every allocation and free: kept to a few instructions (byte counts of one process
+    // never reach 2^64, so the additions need no saturation).
+    #[inline]
     pub(crate) fn add(&mut self, n: u64) {
-        self.current = self.current.saturating_add(n);
-        self.peak = self.peak.max(self.current);
+        let current = self.current.wrapping_add(n);
+        self.current = current;
+        if current > self.peak {
+            self.peak = current;
+        }
+        self.allocated = self.allocated.wrapping_add(n);
     }
 
+    #[inline]
     pub(crate) fn sub(&mut self, n: u64) {
         self.current = self.current.saturating_sub(n);
+        self.freed = self.freed.wrapping_add(n);
     }
 
     pub(crate) fn reset_peak(&mut self) {
@@ -32,13 +47,83 @@ impl Gauge {
     }
 }
 
+/// The byte gauges of one size class (small or large blocks).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SizeStats {
+    /// Bytes in blocks handed out.
+    pub allocated: Gauge,
+    /// Bytes callers asked for.
+    pub requested: Gauge,
+    /// Bytes in segments held from the backend.
+    pub reserved: Gauge,
+    /// Bytes in free blocks inside segments that also hold other blocks (see
+    /// [`PoolStats::inactive_split`]).
+    pub inactive_split: Gauge,
+    /// Segments held now.
+    pub segments: u64,
+}
+
+/// A byte gauge kept for small and large blocks apart, with the peak of their sum: the figures
+/// of both together are derived ([`SplitGauge::all`]), so an update touches one class and
+/// one peak.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct SplitGauge {
+    /// `[small, large]`.
+    class: [Gauge; 2],
+    /// The highest sum of both classes' `current`.
+    peak: u64,
+}
+
+impl SplitGauge {
+    #[inline]
+    pub(crate) fn add(&mut self, small: bool, n: u64) {
+        self.class[usize::from(!small)].add(n);
+        let total = self.class[0].current.wrapping_add(self.class[1].current);
+        if total > self.peak {
+            self.peak = total;
+        }
+    }
+
+    #[inline]
+    pub(crate) fn sub(&mut self, small: bool, n: u64) {
+        self.class[usize::from(!small)].sub(n);
+    }
+
+    /// The small blocks' gauge.
+    pub(crate) fn small(&self) -> Gauge {
+        self.class[0]
+    }
+
+    /// The large blocks' gauge.
+    pub(crate) fn large(&self) -> Gauge {
+        self.class[1]
+    }
+
+    /// Both classes together.
+    pub(crate) fn all(&self) -> Gauge {
+        let [s, l] = self.class;
+        Gauge {
+            current: s.current + l.current,
+            peak: self.peak,
+            allocated: s.allocated.wrapping_add(l.allocated),
+            freed: s.freed.wrapping_add(l.freed),
+        }
+    }
+
+    pub(crate) fn reset_peak(&mut self) {
+        self.class.iter_mut().for_each(Gauge::reset_peak);
+        self.peak = self.class[0].current + self.class[1].current;
+    }
+}
+
 /// Live counters of a pool, kept under the pool's lock.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    pub(crate) allocated: Gauge,
-    pub(crate) requested: Gauge,
-    pub(crate) reserved: Gauge,
-    pub(crate) segments: u64,
+    pub(crate) allocated: SplitGauge,
+    pub(crate) requested: SplitGauge,
+    pub(crate) reserved: SplitGauge,
+    /// Segments held: `[small, large]`.
+    pub(crate) segments: [u64; 2],
     pub(crate) allocations: u64,
     pub(crate) frees: u64,
     pub(crate) cache_hits: u64,
@@ -56,14 +141,56 @@ impl Counters {
         self.requested.reset_peak();
         self.reserved.reset_peak();
     }
+
+    /// Counts a block of `size` bytes (`requested` asked for) of size class `small` handed out.
+    #[inline]
+    pub(crate) fn on_alloc(&mut self, size: u64, requested: u64, small: bool) {
+        self.allocated.add(small, size);
+        self.requested.add(small, requested);
+    }
+
+    /// Counts a block given back (as in [`Counters::on_alloc`]).
+    #[inline]
+    pub(crate) fn on_free(&mut self, size: u64, requested: u64, small: bool) {
+        self.allocated.sub(small, size);
+        self.requested.sub(small, requested);
+    }
+
+    /// Counts a segment of `size` bytes made (`add`) or given back.
+    pub(crate) fn on_segment(&mut self, size: u64, small: bool, add: bool) {
+        let i = usize::from(!small);
+        if add {
+            self.reserved.add(small, size);
+            self.segments[i] += 1;
+        } else {
+            self.reserved.sub(small, size);
+            self.segments[i] -= 1;
+        }
+    }
+
+    /// The figures of one size class, with `inactive_split` (kept by the core).
+    pub(crate) fn size_stats(&self, small: bool, inactive_split: Gauge) -> SizeStats {
+        let pick = |g: &SplitGauge| if small { g.small() } else { g.large() };
+        SizeStats {
+            allocated: pick(&self.allocated),
+            requested: pick(&self.requested),
+            reserved: pick(&self.reserved),
+            inactive_split,
+            segments: self.segments[usize::from(!small)],
+        }
+    }
 }
 
 /// A reading of one pool (see [`crate::stats`], [`crate::Device::pool_stats`]).
 ///
 /// `allocated` counts whole blocks handed out (requests rounded up: 512-B multiples, a bin,
 /// or a whole unsplit block); `requested` counts what callers asked for; `reserved` counts
-/// segments held from the backend, so `reserved - allocated` is cached free memory.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// segments held from the backend, so `reserved - allocated` is cached free memory, of which
+/// `inactive_split` sits in segments that also hold other blocks. [`PoolStats::small`] and
+/// [`PoolStats::large`] split the figures by block size (blocks up to
+/// [`PoolStats::small_size`] bytes, and larger), as PyTorch's small and large pools;
+/// [`PoolStats::summary`] prints them as `torch.cuda.memory_summary()` does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolStats {
     /// Memory space: `host`, `opencl:0`, `opencl:0 pinned`, ...
     pub label: String,
@@ -75,6 +202,17 @@ pub struct PoolStats {
     pub requested: Gauge,
     /// Bytes in segments held from the backend.
     pub reserved: Gauge,
+    /// Bytes in free blocks inside segments that also hold other blocks: cached, but neither
+    /// given back to the backend nor usable by a request larger than the block (PyTorch's
+    /// inactive split blocks). Only the caching pool splits segments; elsewhere 0.
+    pub inactive_split: Gauge,
+    /// The figures of small blocks (the caching pool's small pool; elsewhere blocks up to
+    /// [`PoolStats::small_size`]).
+    pub small: SizeStats,
+    /// The figures of large blocks.
+    pub large: SizeStats,
+    /// Blocks up to this many bytes are small.
+    pub small_size: u64,
     /// Segments held now.
     pub segments: u64,
     /// Blocks handed out.
@@ -204,10 +342,12 @@ mod tests {
         g.add(5);
         g.sub(12);
         assert_eq!((g.current, g.peak), (3, 15));
+        assert_eq!((g.allocated, g.freed), (15, 12), "cumulative");
         g.reset_peak();
         assert_eq!(g.peak, 3);
-        g.sub(100);
-        assert_eq!(g.current, 0, "saturates");
+        assert_eq!(g.allocated, 15, "a peak reset keeps the cumulative figures");
+        g.sub(3);
+        assert_eq!((g.current, g.freed), (0, 15));
     }
 
     #[test]
@@ -218,6 +358,10 @@ mod tests {
             allocated: Gauge::default(),
             requested: Gauge::default(),
             reserved: Gauge::default(),
+            inactive_split: Gauge::default(),
+            small: SizeStats::default(),
+            large: SizeStats::default(),
+            small_size: 1 << 20,
             segments: 0,
             allocations: 0,
             frees: 0,

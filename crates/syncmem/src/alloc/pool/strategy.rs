@@ -1,38 +1,74 @@
 //! Dispatch over the three pool strategies: caching (best fit), binned, none (direct).
 
+use std::sync::Arc;
+
 use super::arena::Arena;
 use super::binned::Bins;
 use super::config::{PoolConfig, PoolKind};
+use super::snapshot::{BlockSnapshot, BlockState};
+use super::stats::SplitGauge;
 use super::{BlockId, IdMap, PendingUse, SegId, StreamId};
 
+/// Who a block is for: the stream, the bytes asked for and the owner's name (kept with the
+/// block while it is handed out, for snapshots).
+#[derive(Clone, Copy)]
+pub(crate) struct Request<'a> {
+    pub(crate) stream: StreamId,
+    pub(crate) requested: usize,
+    pub(crate) owner: Option<&'a Arc<str>>,
+}
+
 /// A block handed out by a core.
-pub(crate) struct Grant {
+pub(crate) struct Grant<V> {
     pub(crate) block: BlockId,
     pub(crate) seg: SegId,
     pub(crate) offset: usize,
     pub(crate) size: usize,
     pub(crate) zeroed: bool,
+    /// The view the block kept from its last use, if its placement (segment, offset, size) has
+    /// not changed since.
+    pub(crate) view: Option<Box<V>>,
+    /// Uses of the block still in flight, on the stream it is handed to (or complete): they
+    /// go back to the pool with the block, with the new user's own.
+    pub(crate) pending: Vec<PendingUse>,
+    /// The block is small (the caching pool's small pool; elsewhere at most `small_size`).
+    pub(crate) small: bool,
+}
+
+/// A block of the `none` pool (a whole segment).
+struct DirectBlock {
+    seg: SegId,
+    size: usize,
+    stream: StreamId,
+    requested: usize,
+    owner: Option<Arc<str>>,
 }
 
 /// `none`: one segment per block.
-#[derive(Default)]
 pub(crate) struct Direct {
-    live: IdMap<(SegId, usize)>,
+    live: IdMap<DirectBlock>,
     next_id: BlockId,
+    small_size: usize,
 }
 
-pub(crate) enum Core {
-    Caching(Arena),
-    Binned(Bins),
+// One per pool: boxing the arena would add a pointer chase to every allocation.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Core<V> {
+    Caching(Arena<V>),
+    Binned(Bins<V>),
     Direct(Direct),
 }
 
-impl Core {
+impl<V> Core<V> {
     pub(crate) fn new(cfg: &PoolConfig) -> Self {
         match cfg.kind {
             PoolKind::Caching => Core::Caching(Arena::new(cfg)),
             PoolKind::Binned => Core::Binned(Bins::new(cfg)),
-            PoolKind::None => Core::Direct(Direct::default()),
+            PoolKind::None => Core::Direct(Direct {
+                live: IdMap::default(),
+                next_id: 0,
+                small_size: cfg.small_size,
+            }),
         }
     }
 
@@ -55,46 +91,72 @@ impl Core {
         }
     }
 
+    /// A cached block for `req` (`rounded`: its block size).
     #[inline]
-    pub(crate) fn find(&mut self, bytes: usize, rounded: usize, stream: StreamId) -> Option<Grant> {
+    pub(crate) fn find(&mut self, rounded: usize, req: Request<'_>) -> Option<Grant<V>> {
         match self {
-            Core::Caching(a) => a.find(rounded, stream),
-            Core::Binned(b) => b.find(bytes, stream),
+            Core::Caching(a) => a.find(rounded, req),
+            Core::Binned(b) => b.find(req),
             Core::Direct(_) => None,
         }
     }
 
+    /// Adds a fresh segment `seg` of `size` bytes and hands out a block of it for `req`.
     pub(crate) fn add_segment(
         &mut self,
         seg: SegId,
         size: usize,
-        bytes: usize,
         rounded: usize,
-        stream: StreamId,
-    ) -> Grant {
+        req: Request<'_>,
+    ) -> Grant<V> {
         match self {
-            Core::Caching(a) => a.add_segment(seg, size, rounded, stream),
-            Core::Binned(b) => b.add_segment(seg, size, bytes),
+            Core::Caching(a) => a.add_segment(seg, size, rounded, req),
+            Core::Binned(b) => b.add_segment(seg, size, req),
             Core::Direct(d) => {
                 d.next_id += 1;
-                d.live.insert(d.next_id, (seg, size));
+                d.live.insert(
+                    d.next_id,
+                    DirectBlock {
+                        seg,
+                        size,
+                        stream: req.stream,
+                        requested: req.requested,
+                        owner: req.owner.cloned(),
+                    },
+                );
                 Grant {
                     block: d.next_id,
                     seg,
                     offset: 0,
                     size,
                     zeroed: true,
+                    view: None,
+                    pending: Vec::new(),
+                    small: size <= d.small_size,
                 }
             }
         }
     }
 
+    /// Gives back `block` with its uses in flight and its view (kept while the block keeps its
+    /// placement). Returns the segments to release.
     #[inline]
-    pub(crate) fn free(&mut self, block: BlockId, pending: Vec<PendingUse>) -> Vec<(SegId, usize)> {
+    pub(crate) fn free(
+        &mut self,
+        block: BlockId,
+        pending: Vec<PendingUse>,
+        view: Option<Box<V>>,
+    ) -> Vec<(SegId, usize)> {
         match self {
-            Core::Caching(a) => a.free(block, pending),
-            Core::Binned(b) => b.free(block, pending),
-            Core::Direct(d) => d.live.remove(&block).into_iter().collect(),
+            Core::Caching(a) => a.free(block, pending, view),
+            Core::Binned(b) => b.free(block, pending, view),
+            // The segment goes with the block: so does its view.
+            Core::Direct(d) => d
+                .live
+                .remove(&block)
+                .map(|b| (b.seg, b.size))
+                .into_iter()
+                .collect(),
         }
     }
 
@@ -129,6 +191,46 @@ impl Core {
             Core::Caching(a) => a.largest_free(),
             Core::Binned(b) => b.largest_free(),
             Core::Direct(_) => 0,
+        }
+    }
+}
+
+impl<V> Core<V> {
+    /// Bytes of free blocks sharing their segment with other blocks.
+    pub(crate) fn inactive_split(&self) -> SplitGauge {
+        match self {
+            Core::Caching(a) => a.inactive_split(),
+            _ => SplitGauge::default(),
+        }
+    }
+
+    /// Resets the peaks the core keeps.
+    pub(crate) fn reset_peaks(&mut self) {
+        if let Core::Caching(a) = self {
+            a.reset_peaks();
+        }
+    }
+
+    /// Every segment (with whether it serves small blocks) and its blocks in address order.
+    pub(crate) fn walk(&self) -> Vec<(SegId, bool, Vec<BlockSnapshot>)> {
+        match self {
+            Core::Caching(a) => a.walk(),
+            Core::Binned(b) => b.walk(),
+            Core::Direct(d) => d
+                .live
+                .values()
+                .map(|b| {
+                    let block = BlockSnapshot {
+                        offset: 0,
+                        size: b.size as u64,
+                        requested: b.requested as u64,
+                        state: BlockState::Allocated,
+                        stream: b.stream,
+                        owner: b.owner.as_deref().map(str::to_string),
+                    };
+                    (b.seg, b.size <= d.small_size, vec![block])
+                })
+                .collect(),
         }
     }
 }

@@ -50,6 +50,16 @@ impl CuMem {
         self.ptr + off as sys::CUdeviceptr
     }
 
+    /// Waits for the streams of other devices that queued work on this memory, and forgets them.
+    pub(crate) fn drain_foreign(&mut self) {
+        for stream in self.foreign.get_mut().drain(..) {
+            drain_stream(&stream);
+            let other = stream.context().clone();
+            drop(stream);
+            let _ = other.check_err();
+        }
+    }
+
     /// Remembers that `stream` (of another device) has queued work on this memory.
     pub(super) fn note_foreign(&self, stream: &Arc<CudaStream>) {
         if stream.context().ordinal() == self.shared.ordinal {
@@ -73,12 +83,7 @@ impl Drop for CuMem {
         if self.parent.is_some() {
             // A view: its memory goes back to the pool, which orders reuse on the allocation
             // stream with events. Peer streams are not covered by those events: drain them.
-            for stream in self.foreign.get_mut().drain(..) {
-                drain_stream(&stream);
-                let other = stream.context().clone();
-                drop(stream);
-                let _ = other.check_err();
-            }
+            self.drain_foreign();
             // SAFETY: `slice` is taken exactly once, here, and never used again.
             let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
             // `leak` hands back the pointer without freeing it (the segment owns the memory).

@@ -191,6 +191,18 @@ impl RawMem {
     pub(crate) fn len(&self) -> usize {
         each!(self, RawMem, m => m.len())
     }
+
+    /// Readies a pool block's view for the block's next user, as dropping it would have: the
+    /// CUDA backend drains the streams of other devices that copied from or into it (the pool's
+    /// events do not cover them). Nothing to do elsewhere.
+    pub(crate) fn recycle(&mut self) {
+        match self {
+            #[cfg(feature = "cuda")]
+            RawMem::Cuda(m) => m.drain_foreign(),
+            #[allow(unreachable_patterns)]
+            _ => {}
+        }
+    }
 }
 
 impl RawPinned {

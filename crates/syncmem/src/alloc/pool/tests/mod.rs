@@ -6,6 +6,8 @@ use std::sync::{Arc, Mutex as StdMutex};
 use super::*;
 
 mod sizing;
+mod snapshot;
+mod views;
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -41,7 +43,7 @@ fn caching() -> Arc<Pool<Fake>> {
     pool(pytorch())
 }
 
-fn check(p: &Pool<Fake>) {
+fn check<V: Send + 'static>(p: &Pool<Fake, V>) {
     if let Core::Caching(a) = &p.inner.lock().core {
         a.check();
     }

@@ -1,11 +1,13 @@
 //! The `caching` core: PyTorch's best-fit allocator with block splitting and merging, as pure
-//! bookkeeping of (segment, offset, size), with exact-size free lists in front of it for small
-//! blocks. It never touches memory; [`super::Pool`] owns the segments.
+//! bookkeeping of (segment, offset, size), with exact-size free lists in front of it. It never
+//! touches memory; [`super::Pool`] owns the segments (and the views it keeps with free blocks).
 //!
 //! - Requests round up to a multiple of `round` (512 B).
 //! - A freed block of at most `size_class_limit` bytes goes on the exact-size free list of its
 //!   stream ([`super::front`]): the next request of that size on that stream takes it back in
-//!   O(1). Everything else, and a list miss, goes through the best-fit arena below.
+//!   O(1). A larger one goes on the short list of recently freed large blocks, reused by a
+//!   request of exactly its size on its stream. A list miss goes through the best-fit arena
+//!   below; with `size_class_limit` 0 every block does.
 //! - Requests up to `small_size` (1 MiB) use the small pool, larger ones the large pool; each
 //!   pool grows by segments sized to the job ([`Arena::segment_size`]): at least the request
 //!   and `min_segment`, at least a `growth` share of what the pool already reserves, at most
@@ -24,12 +26,19 @@
 //!   the arena (see [`super::front`]); wholly free segments that no pending work needs can be
 //!   given back before growing ([`Arena::idle_segments`]).
 
+#[cfg(test)]
+mod check;
+mod release;
+mod walk;
+
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use super::config::PoolConfig;
 use super::front::Front;
 use super::slab::Slab;
-use super::strategy::Grant;
+use super::stats::SplitGauge;
+use super::strategy::{Grant, Request};
 use super::{merge_pending, usable_by, BlockId, PendingUse, SegId, StreamId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +51,7 @@ enum State {
     Cached,
 }
 
-struct Block {
+struct Block<V> {
     seg: SegId,
     offset: usize,
     size: usize,
@@ -55,6 +64,19 @@ struct Block {
     /// The stream the block was last handed out for.
     stream: StreamId,
     pending: Vec<PendingUse>,
+    /// The backend view of the block, kept while the block is free for its next user; dropped
+    /// when the block is split or merged (its placement changes) or its segment is released.
+    view: Option<Box<V>>,
+    /// While handed out: the bytes asked for and the owner's name, if given (snapshots).
+    requested: usize,
+    owner: Option<Arc<str>>,
+}
+
+impl<V> Block<V> {
+    /// True when the block shares its segment with other blocks.
+    fn is_split(&self) -> bool {
+        self.prev.is_some() || self.next.is_some()
+    }
 }
 
 /// How segments grow: see [`Arena::segment_size`].
@@ -68,8 +90,8 @@ struct Growth {
     percent: u64,
 }
 
-/// Best-fit bookkeeping of the caching pool.
-pub(crate) struct Arena {
+/// Best-fit bookkeeping of the caching pool, keeping each free block's view (`V`).
+pub(crate) struct Arena<V> {
     round: usize,
     small_size: usize,
     class_limit: usize,
@@ -78,7 +100,7 @@ pub(crate) struct Arena {
     max_non_split_rounding: usize,
     max_cached: u64,
     max_idle_percent: Option<u64>,
-    blocks: Slab<Block>,
+    blocks: Slab<Block<V>>,
     /// Free blocks: `[small pool, large pool]`, ordered by (size, id).
     free: [BTreeSet<(usize, BlockId)>; 2],
     /// Bytes in the free sets: `[small pool, large pool]` (the lists' bytes are
@@ -87,13 +109,16 @@ pub(crate) struct Arena {
     front: Front,
     /// Bytes of segments held: `[small pool, large pool]`.
     reserved: [u64; 2],
+    /// Bytes of free blocks (in the free sets or on the lists) that share their segment with
+    /// other blocks.
+    inactive: SplitGauge,
 }
 
 fn pool_index(small: bool) -> usize {
     usize::from(!small)
 }
 
-impl Arena {
+impl<V> Arena<V> {
     pub(crate) fn new(cfg: &PoolConfig) -> Self {
         Self {
             round: cfg.round,
@@ -116,7 +141,29 @@ impl Arena {
             free_bytes: [0, 0],
             front: Front::default(),
             reserved: [0, 0],
+            inactive: SplitGauge::default(),
         }
+    }
+
+    #[inline]
+    /// Counts `size` bytes of a free block of pool `small` into (`add`) or out of the
+    /// inactive-split gauges.
+    fn inactive(&mut self, small: bool, size: usize, add: bool) {
+        if add {
+            self.inactive.add(small, size as u64);
+        } else {
+            self.inactive.sub(small, size as u64);
+        }
+    }
+
+    /// The inactive-split gauge.
+    pub(crate) fn inactive_split(&self) -> SplitGauge {
+        self.inactive
+    }
+
+    /// Resets the peaks of the inactive-split gauge.
+    pub(crate) fn reset_peaks(&mut self) {
+        self.inactive.reset_peak();
     }
 
     /// The block size for a request (`None` on overflow). `round` is a power of two.
@@ -147,42 +194,63 @@ impl Arena {
     }
 
     /// A free block for `rounded` bytes usable by `stream`: the stream's exact-size list first,
-    /// then the best fit in the arena (split if worth it). On a miss of a small request, the
-    /// lists are flushed into the arena and the best fit is tried again, so that the pool only
-    /// grows when merged free memory cannot serve the request either.
-    pub(crate) fn find(&mut self, rounded: usize, stream: StreamId) -> Option<Grant> {
+    /// then the best fit in the arena (split if worth it). On a miss, the lists are flushed into
+    /// the arena and the best fit is tried again, so that the pool only grows when merged free
+    /// memory cannot serve the request either.
+    pub(crate) fn find(&mut self, rounded: usize, req: Request<'_>) -> Option<Grant<V>> {
+        let stream = req.stream;
         if rounded <= self.class_limit {
             if let Some(id) = self.front.pop(stream, rounded / self.round, rounded) {
-                return Some(self.take_cached(id, stream));
+                return Some(self.take_cached(id, req));
             }
+        } else if let Some(id) = self.front.pop_large(stream, rounded) {
+            return Some(self.take_cached(id, req));
         }
-        if let Some(g) = self.best_fit(rounded, stream) {
+        if let Some(g) = self.best_fit(rounded, req) {
             return Some(g);
         }
-        if rounded <= self.small_size && !self.front.is_empty() {
+        if !self.front.is_empty() {
             self.flush_front();
-            return self.best_fit(rounded, stream);
+            return self.best_fit(rounded, req);
         }
         None
     }
 
-    fn take_cached(&mut self, id: BlockId, stream: StreamId) -> Grant {
+    // Always inlined: the fast path of every small allocation.
+    #[inline(always)]
+    fn take_cached(&mut self, id: BlockId, req: Request<'_>) -> Grant<V> {
+        let (small, size, split) = {
+            let b = &self.blocks[id];
+            (b.small, b.size, b.is_split())
+        };
+        if split {
+            self.inactive(small, size, false);
+        }
         let b = &mut self.blocks[id];
         debug_assert_eq!(b.state, State::Cached);
         b.state = State::Allocated;
-        b.stream = stream;
-        // Uses in flight are all on `stream` (the list's): clear them, keeping the capacity.
-        b.pending.clear();
+        b.stream = req.stream;
+        b.requested = req.requested;
+        b.owner = req.owner.cloned();
+        // Uses in flight are all on `stream` (the list's): the new user's work follows them on
+        // the stream, and they go back with the block.
+        let mut pending = std::mem::take(&mut b.pending);
+        if !pending.is_empty() {
+            pending.retain(|p| !p.fence.poll());
+        }
         Grant {
             block: id,
             seg: b.seg,
             offset: b.offset,
             size: b.size,
             zeroed: std::mem::replace(&mut b.zeroed, false),
+            view: b.view.take(),
+            pending,
+            small,
         }
     }
 
-    fn best_fit(&mut self, rounded: usize, stream: StreamId) -> Option<Grant> {
+    fn best_fit(&mut self, rounded: usize, req: Request<'_>) -> Option<Grant<V>> {
         let small = rounded <= self.small_size;
         let mut pick = None;
         for &(size, id) in self.free[pool_index(small)].range((rounded, 0)..) {
@@ -196,23 +264,23 @@ impl Arena {
                     break;
                 }
             }
-            if usable_by(&self.blocks[id].pending, stream) {
+            if usable_by(&self.blocks[id].pending, req.stream) {
                 pick = Some(id);
                 break;
             }
         }
-        pick.map(|id| self.carve(id, rounded, stream))
+        pick.map(|id| self.carve(id, rounded, req))
     }
 
     /// Adds a fresh (zeroed) segment of `size` bytes and carves `rounded` bytes from it for
-    /// `stream`.
+    /// `req`.
     pub(crate) fn add_segment(
         &mut self,
         seg: SegId,
         size: usize,
         rounded: usize,
-        stream: StreamId,
-    ) -> Grant {
+        req: Request<'_>,
+    ) -> Grant<V> {
         let small = rounded <= self.small_size;
         self.reserved[pool_index(small)] += size as u64;
         let id = self.blocks.insert(Block {
@@ -224,11 +292,14 @@ impl Arena {
             state: State::Free,
             small,
             zeroed: true,
-            stream,
+            stream: req.stream,
             pending: Vec::new(),
+            view: None,
+            requested: 0,
+            owner: None,
         });
         self.link_free(id);
-        self.carve(id, rounded, stream)
+        self.carve(id, rounded, req)
     }
 
     fn should_split(&self, size: usize, rounded: usize, small: bool) -> bool {
@@ -240,18 +311,21 @@ impl Arena {
         }
     }
 
-    /// Takes free block `id` for a request of `rounded` bytes on `stream`.
-    fn carve(&mut self, id: BlockId, rounded: usize, stream: StreamId) -> Grant {
+    /// Takes free block `id` for `req`, of `rounded` bytes.
+    fn carve(&mut self, id: BlockId, rounded: usize, req: Request<'_>) -> Grant<V> {
         self.unlink_free(id);
-        let (size, small) = {
+        let (size, small, split) = {
             let b = &self.blocks[id];
-            (b.size, b.small)
+            (b.size, b.small, b.is_split())
         };
+        if split {
+            self.inactive(small, size, false);
+        }
         if self.should_split(size, rounded, small) {
             let b = &mut self.blocks[id];
-            // The rest keeps the uses in flight (the block's own list is cleared below).
-            let mut pending = std::mem::take(&mut b.pending);
-            pending.retain(|p| !p.fence.poll());
+            // Both parts keep the uses in flight.
+            b.pending.retain(|p| !p.fence.poll());
+            let pending = b.pending.clone();
             let rest = Block {
                 seg: b.seg,
                 offset: b.offset + rounded,
@@ -263,6 +337,9 @@ impl Arena {
                 zeroed: b.zeroed,
                 stream: b.stream,
                 pending,
+                view: None,
+                requested: 0,
+                owner: None,
             };
             let next = rest.next;
             let rest_id = self.blocks.insert(rest);
@@ -270,14 +347,25 @@ impl Arena {
                 self.blocks[n].prev = Some(rest_id);
             }
             self.link_free(rest_id);
+            // The rest shares its segment with the block handed out.
+            self.inactive(small, size - rounded, true);
             let b = &mut self.blocks[id];
             b.next = Some(rest_id);
             b.size = rounded;
+            // A view of the whole block would reach into the rest.
+            b.view = None;
         }
         let b = &mut self.blocks[id];
         b.state = State::Allocated;
-        b.stream = stream;
-        b.pending.clear();
+        b.stream = req.stream;
+        b.requested = req.requested;
+        b.owner = req.owner.cloned();
+        // The uses in flight (on `stream`, or complete: the block is usable by `stream`) go
+        // with the block: a free with no work of its own must not forget them.
+        let mut pending = std::mem::take(&mut b.pending);
+        if !pending.is_empty() {
+            pending.retain(|p| !p.fence.poll());
+        }
         let zeroed = std::mem::replace(&mut b.zeroed, false);
         Grant {
             block: id,
@@ -285,14 +373,23 @@ impl Arena {
             offset: b.offset,
             size: b.size,
             zeroed,
+            view: b.view.take(),
+            pending,
+            small,
         }
     }
 
-    /// Returns block `id` with the uses still in flight on it: onto its stream's exact-size
-    /// list when it is small and its pending uses are all on one stream, else into the arena,
-    /// merged with free neighbours. Gives back the segments to release when cached bytes exceed
-    /// the configured cap.
-    pub(crate) fn free(&mut self, id: BlockId, pending: Vec<PendingUse>) -> Vec<(SegId, usize)> {
+    /// Returns block `id` with the uses still in flight on it and its view: onto its stream's
+    /// exact-size list (small blocks) or the large list when its pending uses are all on one
+    /// stream, else into the arena, merged with free neighbours (a merge drops the views of the
+    /// blocks merged).
+    /// Gives back the segments to release when cached bytes exceed the configured cap.
+    pub(crate) fn free(
+        &mut self,
+        id: BlockId,
+        pending: Vec<PendingUse>,
+        view: Option<Box<V>>,
+    ) -> Vec<(SegId, usize)> {
         let (round, class_limit) = (self.round, self.class_limit);
         let Some(b) = self.blocks.get_mut(id) else {
             return Vec::new();
@@ -301,29 +398,38 @@ impl Arena {
         if b.state != State::Allocated {
             return Vec::new();
         }
+        b.view = view;
+        b.owner = None;
+        b.requested = 0;
         b.pending.clear();
         if !pending.is_empty() {
             merge_pending(&mut b.pending, pending);
         }
-        if b.small && b.size <= class_limit {
-            // One pending use per stream: at most one entry means at most one stream.
-            let stream = match b.pending.as_slice() {
-                [] => Some(b.stream),
-                [p] => Some(p.stream),
-                _ => None,
-            };
-            if let Some(stream) = stream {
-                b.state = State::Cached;
-                let size = b.size;
-                self.front.push(stream, size / round, size, id);
-                return self.over_cap();
+        // One pending use per stream: at most one entry means at most one stream.
+        let stream = match b.pending.as_slice() {
+            [] => Some(b.stream),
+            [p] => Some(p.stream),
+            _ => None,
+        };
+        if let (Some(stream), true) = (stream, class_limit > 0) {
+            b.state = State::Cached;
+            let (size, small, split) = (b.size, b.small, b.is_split());
+            if split {
+                self.inactive(small, size, true);
             }
+            if small && size <= class_limit {
+                self.front.push(stream, size / round, size, id);
+            } else if let Some((old, _)) = self.front.push_large(stream, size, id) {
+                self.settle(old);
+            }
+            return self.over_cap();
         }
         self.settle(id);
         self.over_cap()
     }
 
     /// Segments to give back when the cached bytes exceed the cap.
+    #[inline]
     fn over_cap(&mut self) -> Vec<(SegId, usize)> {
         if self.free_bytes() > self.max_cached {
             self.release_free_segments(false, self.max_cached)
@@ -335,19 +441,33 @@ impl Arena {
     /// Puts block `id` (handed out or cached, not in the free sets) into the arena, merged
     /// with its free neighbours.
     fn settle(&mut self, id: BlockId) {
+        let b = &self.blocks[id];
+        if b.state == State::Cached && b.is_split() {
+            // Counted while on a list; counted again below as what it merges into.
+            self.inactive(b.small, b.size, false);
+        }
         self.blocks[id].state = State::Free;
         let mut cur = id;
         let free = |a: &Self, b: Option<BlockId>| b.filter(|&b| a.blocks[b].state == State::Free);
+        // A free neighbour shares its segment with `id`: it was counted.
         if let Some(p) = free(self, self.blocks[cur].prev) {
             self.unlink_free(p);
+            let (small, size) = (self.blocks[p].small, self.blocks[p].size);
+            self.inactive(small, size, false);
             self.absorb(p, cur);
             cur = p;
         }
         if let Some(n) = free(self, self.blocks[cur].next) {
             self.unlink_free(n);
+            let (small, size) = (self.blocks[n].small, self.blocks[n].size);
+            self.inactive(small, size, false);
             self.absorb(cur, n);
         }
         self.link_free(cur);
+        let b = &self.blocks[cur];
+        if b.is_split() {
+            self.inactive(b.small, b.size, true);
+        }
     }
 
     /// Moves every block of the exact-size lists into the arena.
@@ -367,73 +487,9 @@ impl Arena {
         l.size += r.size;
         l.next = r.next;
         l.zeroed &= r.zeroed;
+        // Neither view describes the merged block.
+        l.view = None;
         merge_pending(&mut l.pending, r.pending);
-    }
-
-    /// Segments to give back before the pool grows by a segment for `rounded` bytes: wholly
-    /// free segments of the request's pool (small or large) that no pending work needs (the
-    /// request fits none of them, or it would have been served), largest first, while that
-    /// pool's free bytes exceed `max_idle_percent` % of the bytes it has handed out. A program
-    /// whose demand moves on (bigger batches, other shapes) so keeps little memory it no longer
-    /// uses, and the pool never gives back memory it would not have to reserve again anyway.
-    pub(crate) fn idle_segments(&mut self, rounded: usize) -> Vec<(SegId, usize)> {
-        let Some(percent) = self.max_idle_percent else {
-            return Vec::new();
-        };
-        self.flush_front();
-        let p = pool_index(rounded <= self.small_size);
-        let in_use = self.reserved[p] - self.free_bytes[p];
-        self.release_whole(Some(p), false, in_use.saturating_mul(percent) / 100)
-    }
-
-    /// Removes whole free segments (largest first) until at most `keep` free bytes remain.
-    /// Segments with uses in flight are waited for when `wait`, else skipped. The exact-size
-    /// lists are flushed into the arena first.
-    pub(crate) fn release_free_segments(&mut self, wait: bool, keep: u64) -> Vec<(SegId, usize)> {
-        self.flush_front();
-        self.release_whole(None, wait, keep)
-    }
-
-    /// Removes whole free segments of pool `pool` (`None`: both), largest first, until at most
-    /// `keep` free bytes remain in it; pending uses as in
-    /// [`Arena::release_free_segments`].
-    fn release_whole(&mut self, pool: Option<usize>, wait: bool, keep: u64) -> Vec<(SegId, usize)> {
-        let free_now = |a: &Self| match pool {
-            Some(p) => a.free_bytes[p],
-            None => a.free_bytes[0] + a.free_bytes[1],
-        };
-        if free_now(self) <= keep {
-            return Vec::new();
-        }
-        let mut whole: Vec<(usize, BlockId)> = self
-            .free
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| pool.map_or(true, |p| p == i))
-            .flat_map(|(_, s)| s.iter().copied())
-            .filter(|&(_, id)| {
-                let b = &self.blocks[id];
-                b.prev.is_none() && b.next.is_none()
-            })
-            .collect();
-        whole.sort_unstable_by(|a, b| b.cmp(a));
-        let mut out = Vec::new();
-        for (size, id) in whole {
-            if free_now(self) <= keep {
-                break;
-            }
-            let b = &self.blocks[id];
-            if wait {
-                b.pending.iter().for_each(|p| p.fence.wait());
-            } else if !b.pending.iter().all(|p| p.fence.is_complete()) {
-                continue;
-            }
-            self.unlink_free(id);
-            let b = self.blocks.remove(id).expect("listed block");
-            self.reserved[pool_index(b.small)] -= size as u64;
-            out.push((b.seg, size));
-        }
-        out
     }
 
     /// Bytes in free blocks (in the arena and on the exact-size lists).
@@ -446,7 +502,8 @@ impl Arena {
         let listed = self
             .front
             .largest_class()
-            .map_or(0, |c| (c * self.round) as u64);
+            .map_or(0, |c| (c * self.round) as u64)
+            .max(self.front.largest_large().unwrap_or(0) as u64);
         self.free
             .iter()
             .filter_map(|s| s.last().map(|&(size, _)| size as u64))
@@ -466,59 +523,6 @@ impl Arena {
         if self.free[pool_index(b.small)].remove(&(b.size, id)) {
             self.free_bytes[pool_index(b.small)] -= b.size as u64;
         }
-    }
-
-    /// Blocks on the exact-size lists (tests).
-    #[cfg(test)]
-    pub(crate) fn listed(&self) -> usize {
-        self.front.entries().len()
-    }
-
-    /// Checks the invariants (tests): blocks of a segment tile it, free sets and lists match
-    /// the blocks' states, reserved bytes match the segments.
-    #[cfg(test)]
-    pub(crate) fn check(&self) {
-        let mut free = [0u64; 2];
-        let mut reserved = [0u64; 2];
-        let mut listed: Vec<BlockId> = self.front.entries().iter().map(|e| e.2).collect();
-        listed.sort_unstable();
-        let mut cached = Vec::new();
-        for (id, b) in self.blocks.iter() {
-            if b.prev.is_none() {
-                let mut size = 0;
-                let mut cur = Some(id);
-                while let Some(c) = cur {
-                    size += self.blocks[c].size as u64;
-                    cur = self.blocks[c].next;
-                }
-                reserved[pool_index(b.small)] += size;
-            }
-            if let Some(n) = b.next {
-                let nb = &self.blocks[n];
-                assert_eq!(nb.prev, Some(id));
-                assert_eq!(nb.offset, b.offset + b.size);
-                assert_eq!(nb.seg, b.seg);
-                assert!(
-                    b.state != State::Free || nb.state != State::Free,
-                    "two free neighbours not merged"
-                );
-            }
-            let mut streams: Vec<_> = b.pending.iter().map(|p| p.stream).collect();
-            streams.sort_unstable();
-            streams.dedup();
-            assert_eq!(streams.len(), b.pending.len(), "one pending use per stream");
-            let in_set = self.free[pool_index(b.small)].contains(&(b.size, id));
-            assert_eq!(in_set, b.state == State::Free);
-            match b.state {
-                State::Free => free[pool_index(b.small)] += b.size as u64,
-                State::Cached => cached.push(id),
-                State::Allocated => {}
-            }
-        }
-        cached.sort_unstable();
-        assert_eq!(cached, listed, "cached blocks are exactly the listed ones");
-        assert_eq!(free, self.free_bytes);
-        assert_eq!(reserved, self.reserved);
     }
 }
 

@@ -1,0 +1,73 @@
+//! Giving memory back: whole free segments released before the pool grows, under the cap on
+//! cached bytes, or on request.
+
+use super::{pool_index, Arena};
+use crate::alloc::pool::{BlockId, SegId};
+
+impl<V> Arena<V> {
+    /// Segments to give back before the pool grows by a segment for `rounded` bytes: wholly
+    /// free segments of the request's pool (small or large) that no pending work needs (the
+    /// request fits none of them, or it would have been served), largest first, while that
+    /// pool's free bytes exceed `max_idle_percent` % of the bytes it has handed out. A program
+    /// whose demand moves on (bigger batches, other shapes) so keeps little memory it no longer
+    /// uses, and the pool never gives back memory it would not have to reserve again anyway.
+    pub(crate) fn idle_segments(&mut self, rounded: usize) -> Vec<(SegId, usize)> {
+        let Some(percent) = self.max_idle_percent else {
+            return Vec::new();
+        };
+        self.flush_front();
+        let p = pool_index(rounded <= self.small_size);
+        let in_use = self.reserved[p] - self.free_bytes[p];
+        self.release_whole(Some(p), false, in_use.saturating_mul(percent) / 100)
+    }
+
+    /// Removes whole free segments (largest first) until at most `keep` free bytes remain.
+    /// Segments with uses in flight are waited for when `wait`, else skipped. The exact-size
+    /// lists are flushed into the arena first.
+    pub(crate) fn release_free_segments(&mut self, wait: bool, keep: u64) -> Vec<(SegId, usize)> {
+        self.flush_front();
+        self.release_whole(None, wait, keep)
+    }
+
+    /// Removes whole free segments of pool `pool` (`None`: both), largest first, until at most
+    /// `keep` free bytes remain in it; pending uses as in
+    /// [`Arena::release_free_segments`].
+    fn release_whole(&mut self, pool: Option<usize>, wait: bool, keep: u64) -> Vec<(SegId, usize)> {
+        let free_now = |a: &Self| match pool {
+            Some(p) => a.free_bytes[p],
+            None => a.free_bytes[0] + a.free_bytes[1],
+        };
+        if free_now(self) <= keep {
+            return Vec::new();
+        }
+        let mut whole: Vec<(usize, BlockId)> = self
+            .free
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| pool.map_or(true, |p| p == i))
+            .flat_map(|(_, s)| s.iter().copied())
+            .filter(|&(_, id)| {
+                let b = &self.blocks[id];
+                b.prev.is_none() && b.next.is_none()
+            })
+            .collect();
+        whole.sort_unstable_by(|a, b| b.cmp(a));
+        let mut out = Vec::new();
+        for (size, id) in whole {
+            if free_now(self) <= keep {
+                break;
+            }
+            let b = &self.blocks[id];
+            if wait {
+                b.pending.iter().for_each(|p| p.fence.wait());
+            } else if !b.pending.iter().all(|p| p.fence.is_complete()) {
+                continue;
+            }
+            self.unlink_free(id);
+            let b = self.blocks.remove(id).expect("listed block");
+            self.reserved[pool_index(b.small)] -= size as u64;
+            out.push((b.seg, size));
+        }
+        out
+    }
+}
