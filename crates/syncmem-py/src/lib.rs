@@ -12,7 +12,7 @@
 //! | `arrays` | NumPy arrays into tensors and back (one copy, or none) |
 //! | `views` | host views that keep the buffer alive; the writable-view guard |
 //! | `dlpack` | DLPack export and import |
-//! | `stats` | `memory_stats`, `memory_summary`, `memory_snapshot`, `copy_stats` |
+//! | `stats` | `memory_stats`, `memory_summary`, `memory_snapshot`, `pool_snapshot`, `copy_stats` |
 //!
 //! No Rust panic crosses into Python: PyO3 turns a panic inside a call into an exception, and
 //! the library returns errors rather than panicking; the DLPack deleters, called from C, catch
@@ -52,6 +52,7 @@ fn syncmem_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stats::memory_stats, m)?)?;
     m.add_function(wrap_pyfunction!(stats::memory_summary, m)?)?;
     m.add_function(wrap_pyfunction!(stats::memory_snapshot, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::pool_snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(stats::copy_stats, m)?)?;
     m.add_function(wrap_pyfunction!(stats::empty_cache, m)?)?;
     m.add_function(wrap_pyfunction!(stats::reset_peak_memory_stats, m)?)?;

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use syncmem::alloc::pool::{Gauge, SizeStats};
 use syncmem::{HostPool, PoolStats, Snapshot, Tensor};
 
 use crate::device::{device_arg, opened};
@@ -27,18 +28,45 @@ fn key_label(label: &str) -> String {
     label.replace(' ', "_")
 }
 
+/// The four figures of each byte gauge (`current`, `peak`, cumulative `allocated` and
+/// `freed`) of `pools`, summed, under `"{stat}.{scope}.{figure}"`. A sum of peaks bounds the
+/// peak of the sum from above when pools peaked at different times; for one pool it is exact.
+fn add_gauges(
+    out: &mut BTreeMap<String, u64>,
+    scope: &str,
+    pools: &[&PoolStats],
+    class: &dyn Fn(&PoolStats) -> [Gauge; 4],
+) {
+    let stats = [
+        "allocated_bytes",
+        "requested_bytes",
+        "reserved_bytes",
+        "inactive_split_bytes",
+    ];
+    for (i, stat) in stats.iter().enumerate() {
+        let sum = |f: &dyn Fn(&Gauge) -> u64| pools.iter().map(|p| f(&class(p)[i])).sum::<u64>();
+        out.insert(format!("{stat}.{scope}.current"), sum(&|g| g.current));
+        out.insert(format!("{stat}.{scope}.peak"), sum(&|g| g.peak));
+        out.insert(format!("{stat}.{scope}.allocated"), sum(&|g| g.allocated));
+        out.insert(format!("{stat}.{scope}.freed"), sum(&|g| g.freed));
+    }
+}
+
+fn all_gauges(p: &PoolStats) -> [Gauge; 4] {
+    [p.allocated, p.requested, p.reserved, p.inactive_split]
+}
+
+fn size_gauges(s: &SizeStats) -> [Gauge; 4] {
+    [s.allocated, s.requested, s.reserved, s.inactive_split]
+}
+
 fn add_pool(out: &mut BTreeMap<String, u64>, scope: &str, pools: &[&PoolStats]) {
+    add_gauges(out, scope, pools, &all_gauges);
     let sum = |f: &dyn Fn(&PoolStats) -> u64| pools.iter().map(|p| f(p)).sum::<u64>();
     let mut put = |k: &str, v: u64| {
         out.insert(k.replace("{}", scope), v);
     };
-    put("allocated_bytes.{}.current", sum(&|p| p.allocated.current));
-    put("allocated_bytes.{}.peak", sum(&|p| p.allocated.peak));
-    put("reserved_bytes.{}.current", sum(&|p| p.reserved.current));
-    put("reserved_bytes.{}.peak", sum(&|p| p.reserved.peak));
-    put("requested_bytes.{}.current", sum(&|p| p.requested.current));
-    put("requested_bytes.{}.peak", sum(&|p| p.requested.peak));
-    put("inactive_split_bytes.{}.current", sum(&|p| p.free_bytes));
+    put("cached_free_bytes.{}.current", sum(&|p| p.free_bytes));
     put("segment.{}.current", sum(&|p| p.segments));
     put("allocation.{}.allocated", sum(&|p| p.allocations));
     put("allocation.{}.freed", sum(&|p| p.frees));
@@ -63,8 +91,12 @@ fn add_pool(out: &mut BTreeMap<String, u64>, scope: &str, pools: &[&PoolStats]) 
 
 /// The memory statistics of every pool (or of `device`'s pools) as a flat dict, in the shape
 /// of `torch.cuda.memory_stats()`: `"allocated_bytes.all.current"`, `"reserved_bytes.all.peak"`,
-/// `"num_alloc_retries.all"`, `"num_ooms.all"`, ... summed over the pools, the same keys
-/// per pool with its label in place of `all` (`"allocated_bytes.opencl:0.current"`,
+/// `"num_alloc_retries.all"`, `"num_ooms.all"`, ... summed over the pools. Each byte statistic
+/// (`allocated_bytes`, `requested_bytes`, `reserved_bytes`, `inactive_split_bytes`) has
+/// `current`, `peak`, and the cumulative `allocated` and `freed`, also for small and large
+/// blocks apart (`"allocated_bytes.small_pool.current"`, `"reserved_bytes.large_pool.freed"`);
+/// `"cached_free_bytes.all.current"` counts every free cached byte (whole free segments too).
+/// The same keys per pool with its label in place of `all` (`"allocated_bytes.opencl:0.current"`,
 /// `"allocated_bytes.host.current"`, `"allocated_bytes.opencl:0_pinned.current"`), the bytes
 /// each memory space holds (`"in_use_bytes.host.current"`, `".peak"`, `"num_allocs.host"`,
 /// `"num_frees.host"`), and the copies by direction (`"copies.host_to_device.count"`,
@@ -78,7 +110,10 @@ pub fn memory_stats(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResu
     };
     let s = py.detach(|| filtered(label.as_deref()));
     let mut out = BTreeMap::new();
-    add_pool(&mut out, "all", &s.pools.iter().collect::<Vec<_>>());
+    let all: Vec<&PoolStats> = s.pools.iter().collect();
+    add_pool(&mut out, "all", &all);
+    add_gauges(&mut out, "small_pool", &all, &|p| size_gauges(&p.small));
+    add_gauges(&mut out, "large_pool", &all, &|p| size_gauges(&p.large));
     for p in &s.pools {
         add_pool(&mut out, &key_label(&p.label), &[p]);
     }
@@ -174,8 +209,8 @@ struct Entry {
     dict: Py<PyDict>,
 }
 
-/// Every live buffer the process can name, as a list of dicts (until the pools can list their
-/// blocks themselves): each tensor buffer reachable from a workspace made in Python (`owners`:
+/// Every live buffer the process can name, as a list of dicts (the buffers' view; the pools'
+/// view, block by block, is `pool_snapshot()`): each tensor buffer reachable from a workspace made in Python (`owners`:
 /// `"workspace:blob"` names; `label`, `device`, `dtype`, `shape`, `nbytes`, `capacity_bytes`,
 /// `head`, `host_allocated`, `device_allocated`, `views`), buffers kept alive only by host
 /// views (`owners`: `["host view"]`), and device mirrors no workspace names (`owners`: `[]`).
@@ -277,6 +312,30 @@ pub fn memory_snapshot(py: Python<'_>) -> PyResult<Vec<Py<PyDict>>> {
             Ok(e.dict)
         })
         .collect()
+}
+
+/// Every block of every pool, as `torch.cuda.memory._snapshot()` lists them: `{"pools":
+/// [{"label", "kind", "stats", "segments": [{"id", "size", "class", "blocks":
+/// [{"offset", "size", "requested", "state", "stream", "owner"}]}]}]}`, with `state` one of
+/// `"allocated"`, `"free"`, `"pending"` (cached, with queued work that may still use it) and
+/// `owner` the name of the tensor or blob that holds the block when known. `device` keeps only
+/// that device's pools. It walks every block under each pool's lock: a tool for reports.
+#[pyfunction]
+#[pyo3(signature = (device = None))]
+pub fn pool_snapshot(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
+    let label = match device {
+        Some(d) if !d.is_none() => Some(device_arg(Some(d), None)?.label().to_string()),
+        _ => None,
+    };
+    let json = py.detach(|| {
+        let mut snap = syncmem::memory_snapshot();
+        if let Some(dev) = &label {
+            snap.pools
+                .retain(|p| p.label == *dev || p.label.starts_with(&format!("{dev} ")));
+        }
+        snap.to_json()
+    });
+    Ok(py.import("json")?.call_method1("loads", (json,))?.unbind())
 }
 
 /// Every copy the process made between host and device memory, by direction:

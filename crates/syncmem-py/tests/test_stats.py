@@ -40,8 +40,23 @@ def test_memory_stats_count_what_is_fed(device):
     assert "allocated_bytes.host.current" not in mine
     assert mine["allocated_bytes.all.current"] == sum(
         v for k, v in mine.items() if k.startswith("allocated_bytes.") and k.endswith(".current")
-        and ".all." not in k
+        and ".all." not in k and "_pool." not in k
     )
+    # Small and large blocks apart add up to all of them, figure by figure.
+    for stat in ["allocated_bytes", "requested_bytes", "reserved_bytes", "inactive_split_bytes"]:
+        for fig in ["current", "peak", "allocated", "freed"]:
+            small, large = after[f"{stat}.small_pool.{fig}"], after[f"{stat}.large_pool.{fig}"]
+            if fig != "peak":  # a peak of the sum is not the sum of the peaks
+                assert small + large == after[f"{stat}.all.{fig}"], (stat, fig)
+    assert (after["allocated_bytes.all.allocated"] - after["allocated_bytes.all.freed"]
+            == after["allocated_bytes.all.current"])
+    # Blocks up to 1 MiB are small (as in PyTorch), bigger ones large.
+    ws.feed_blob("huge", numpy.ones(MiB, "float32"))
+    bigger = syncmem.memory_stats()
+    grown_large = (bigger["allocated_bytes.large_pool.allocated"]
+                   - after["allocated_bytes.large_pool.allocated"])
+    assert grown_large >= 4 * MiB
+    assert bigger["allocated_bytes.small_pool.allocated"] >= MiB
 
 
 def test_copy_stats_process_and_tensor(device):
@@ -94,6 +109,36 @@ def test_memory_snapshot_names_buffers_and_owners(device):
     assert orphans and orphans[0]["device"] == str(device) and orphans[0]["capacity_bytes"] == 32
     del t, v
     gc.collect()
+
+
+def test_pool_snapshot_lists_blocks_with_owners(device):
+    ws = syncmem.Workspace(device=device, name="blocks")
+    ws.feed_blob("weights", numpy.ones(3 * MiB // 4, "float32"))
+    ws.tensor("weights").to_device()
+    label = str(device)
+    snap = syncmem.pool_snapshot(device)
+    assert snap["pools"] and all(
+        p["label"] == label or p["label"].startswith(label + " ") for p in snap["pools"]
+    )
+    pool = next(p for p in snap["pools"] if p["label"] == label)
+    blocks = [b for seg in pool["segments"] for b in seg["blocks"]]
+    mine = [b for b in blocks if b["owner"] == "weights" and b["state"] == "allocated"]
+    assert mine and mine[0]["requested"] == 3 * MiB and mine[0]["size"] >= 3 * MiB
+    # The blocks tile their segments, and the segments add up to the pool's reserved bytes.
+    for seg in pool["segments"]:
+        assert sum(b["size"] for b in seg["blocks"]) == seg["size"]
+    assert sum(seg["size"] for seg in pool["segments"]) == pool["stats"]["reserved"]["current"]
+    assert {b["state"] for b in blocks} <= {"allocated", "free", "pending"}
+    # Once the tensor is gone its block is no longer handed out to it.
+    ws.clear()
+    gc.collect()
+    after = syncmem.pool_snapshot(device)
+    still = [
+        b for p in after["pools"] if p["label"] == label for seg in p["segments"]
+        for b in seg["blocks"] if b["owner"] == "weights" and b["state"] == "allocated"
+    ]
+    assert still == []
+    assert "host" in {p["label"] for p in syncmem.pool_snapshot()["pools"]}
 
 
 def test_empty_cache_and_peaks(device):

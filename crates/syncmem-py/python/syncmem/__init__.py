@@ -61,6 +61,7 @@ from ._native import (
     memory_stats,
     memory_summary,
     operator_types,
+    pool_snapshot,
     reset_peak_memory_stats,
 )
 
@@ -99,6 +100,7 @@ __all__ = [
     "memory_summary",
     "nets",
     "operator_types",
+    "pool_snapshot",
     "remove_blob",
     "rename_blob",
     "reset_peak_memory_stats",

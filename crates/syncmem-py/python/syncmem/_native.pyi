@@ -248,6 +248,9 @@ def memory_summary(device: DeviceLike = None) -> str:
 def memory_snapshot() -> List[Dict[str, Any]]:
     """Every live buffer with its size, device, head and owners."""
 
+def pool_snapshot(device: DeviceLike = None) -> Dict[str, Any]:
+    """Every segment and block of every pool: size, offset, state, stream, owner; pool stats."""
+
 def copy_stats() -> Dict[str, Dict[str, int]]:
     """Every host/device copy of the process, by direction."""
 
