@@ -127,7 +127,8 @@ fn no_plan_keeps_every_blob() {
         .is_some_and(|n| n.starts_with("__shared_"))));
 }
 
-/// FC + Relu are fused by default (no pre-activation blob); `--no-fuse` writes `fc1` and `fc2`
+/// FC + Relu and FCGradient + ReluGradient are fused by default (no pre-activation blob, no
+/// gradient of a ReLU output); `--no-fuse` writes `fc1`, `fc2`, `relu1_grad` and `relu2_grad`
 /// again, and the results are the same bit for bit.
 #[test]
 fn no_fuse_writes_the_pre_activations_with_the_same_results() {
@@ -147,7 +148,7 @@ fn no_fuse_writes_the_pre_activations_with_the_same_results() {
             .iter()
             .any(|b| b["name"] == name)
     };
-    for pre in ["fc1", "fc2"] {
+    for pre in ["fc1", "fc2", "relu1_grad", "relu2_grad"] {
         assert!(!has(&fused, pre) && has(&unfused, pre), "{pre}");
     }
     assert!(has(&fused, "fc3"), "the last FC feeds no Relu");

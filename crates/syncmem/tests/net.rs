@@ -411,8 +411,9 @@ fn planning_keeps_training_results(dev: &Device) {
     assert_eq!(runs[0], runs[1]);
 }
 
-/// Trains with and without fusing FC + Relu, planned and not: the same losses and weights, bit
-/// for bit; the fused nets run two operators fewer and never write the pre-activations.
+/// Trains with and without fusing FC + Relu and FCGradient + ReluGradient, planned and not:
+/// the same losses and weights, bit for bit; the fused nets run four operators fewer and never
+/// write the pre-activations or the ReLU outputs' gradients.
 fn fusion_keeps_training_results(dev: &Device) {
     let data = spirals();
     let mut runs = Vec::new();
@@ -433,12 +434,19 @@ fn fusion_keeps_training_results(dev: &Device) {
             .collect();
         let net = t.train_net();
         let fused = net.fusion().map_or(0, |f| f.fused.len());
+        let fused_grads = net.fusion().map_or(0, |f| f.fused_grads.len());
         assert_eq!(fused, if fuse { 2 } else { 0 });
-        assert_eq!(net.run_def().ops.len() + fused, net.def().ops.len());
-        let relus = net.run_def().ops.iter().filter(|o| o.op_type == "Relu");
-        assert_eq!(relus.count(), if fuse { 0 } else { 2 });
-        for pre in ["fc1", "fc2"] {
-            assert_eq!(t.workspace().has_blob(pre), !fuse && !plan, "{pre}");
+        assert_eq!(fused_grads, if fuse { 2 } else { 0 });
+        assert_eq!(
+            net.run_def().ops.len() + fused + fused_grads,
+            net.def().ops.len()
+        );
+        for ty in ["Relu", "ReluGradient"] {
+            let n = net.run_def().ops.iter().filter(|o| o.op_type == ty);
+            assert_eq!(n.count(), if fuse { 0 } else { 2 }, "{ty}");
+        }
+        for gone in ["fc1", "fc2", "relu1_grad", "relu2_grad"] {
+            assert_eq!(t.workspace().has_blob(gone), !fuse && !plan, "{gone}");
         }
         runs.push((losses, weights));
     }

@@ -314,7 +314,11 @@ pub(crate) trait BackendKernels {
     /// Builds (or finds) the math kernels of element type `kind` (`f32` or `f64`).
     fn prepare_math(&self, kind: ScalarKind) -> Result<()>;
 
-    /// `C = op(A)·op(B) (+ bias)`, then `max(C, 0)` when [`Gemm::relu`]; `m, n >= 1` (`a` and `b` are empty only when `k == 0`).
+    /// `C = op(A)·op(B) (+ bias)`, then `max(C, 0)` when [`Gemm::relu`], then, with `mask`
+    /// (`[m, n]`, aliasing nothing written), `C[i,j] = mask[i*n + j] > 0 ? C[i,j] : 0` (a fused
+    /// ReLU gradient, the select of [`BackendKernels::relu_grad`]); `m, n >= 1` (`a` and `b`
+    /// are empty only when `k == 0`).
+    #[allow(clippy::too_many_arguments)]
     fn gemm(
         &self,
         s: &Self::Stream,
@@ -323,6 +327,7 @@ pub(crate) trait BackendKernels {
         b: Buf<'_, Self::Mem>,
         c: &Self::Mem,
         bias: Buf<'_, Self::Mem>,
+        mask: Buf<'_, Self::Mem>,
     ) -> Result<()>;
 
     /// `out[j] = sum_i x[i*cols + j]`; `cols >= 1` (`x` empty only when `rows == 0`).

@@ -137,7 +137,8 @@ impl<'a> Kernels<'a> {
         d.prepare_math(s, kind)
     }
 
-    /// `C[m,n] = op(A)·op(B) (+ bias[col])` in `f32` (see [`Gemm`]).
+    /// `C[m,n] = op(A)·op(B) (+ bias[col])` in `f32` (see [`Gemm`]), then, with `mask`
+    /// (`[m, n]`, not `c`), `C = mask > 0 ? C : 0` (a fused ReLU gradient).
     pub(crate) fn gemm(
         &self,
         g: Gemm,
@@ -145,6 +146,7 @@ impl<'a> Kernels<'a> {
         b: &DeviceBuffer,
         c: &DeviceBuffer,
         bias: Option<&DeviceBuffer>,
+        mask: Option<&DeviceBuffer>,
     ) -> Result<()> {
         const F: usize = 4;
         let (m, n, k) = (g.m, g.n, g.k);
@@ -155,11 +157,15 @@ impl<'a> Kernels<'a> {
             Some(x) => self.check(x, n, F, op("gemm", "bias"))?,
             None => None,
         };
+        let mask = match mask {
+            Some(x) => self.check(x, m.saturating_mul(n), F, op("gemm", "mask"))?,
+            None => None,
+        };
         let Some(c) = c else {
             return Ok(());
         };
-        self.queue(&[a, b, bias], &[Some(c)], |d, s| {
-            d.gemm(s, &g, opt(a), opt(b), mem(c)?, opt(bias))
+        self.queue(&[a, b, bias, mask], &[Some(c)], |d, s| {
+            d.gemm(s, &g, opt(a), opt(b), mem(c)?, opt(bias), opt(mask))
         })
     }
 

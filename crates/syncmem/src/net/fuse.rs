@@ -17,8 +17,9 @@
 //!   external input or output of the net, or a name in `keep`);
 //! - no operator between `i` and `j` reads or writes `r` (the fused `FC` writes `r` at `i`).
 //!
-//! [`NetOptions::fuse`](super::NetOptions::fuse) turns the rewrite on for a net (before memory
-//! planning); the training loop uses it unless
+//! [`NetOptions::fuse`](super::NetOptions::fuse) turns the rewrites of [`fuse_net`] on for a
+//! net (this one, then the backward fusion of [`super::fuse_grad`]; before memory planning);
+//! the training loop uses it unless
 //! [`TrainConfig::fuse`](super::train::TrainConfig::fuse) is off (`syncmem train --no-fuse`).
 //!
 //! ```
@@ -41,13 +42,33 @@ use std::collections::BTreeSet;
 use super::NetDef;
 use crate::ops::OperatorDef;
 
-/// A net after [`fuse_fc_relu`].
+/// A net after [`fuse_fc_relu`] or [`fuse_net`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Fusion {
     /// The rewritten def (external inputs and outputs as in the original).
     pub def: NetDef,
     /// The pairs fused, as (pre-activation blob removed, ReLU output now written by the `FC`).
     pub fused: Vec<(String, String)>,
+    /// The `FCGradient` + `ReluGradient` pairs fused (see [`super::fuse_grad`]), as (input
+    /// gradient blob removed, `ReluGradient` output now written by the `FCGradient`).
+    pub fused_grads: Vec<(String, String)>,
+}
+
+/// Every fusion of a net: [`fuse_fc_relu`], then each `FCGradient` + `ReluGradient` pair
+/// (see [`super::fuse_grad`]). Names in `keep` are never removed.
+pub fn fuse_net(def: &NetDef, keep: &[String]) -> Fusion {
+    let mut f = fuse_fc_relu(def, keep);
+    let protected = protected(def, keep);
+    f.fused_grads = super::fuse_grad::fuse_relu_grad(&mut f.def.ops, &protected);
+    f
+}
+
+/// The names a rewrite never removes: external inputs and outputs, and `keep`.
+fn protected(def: &NetDef, keep: &[String]) -> BTreeSet<String> {
+    let mut protected: BTreeSet<String> = def.inputs().into_iter().collect();
+    protected.extend(def.outputs());
+    protected.extend(keep.iter().cloned());
+    protected
 }
 
 fn is_fc(op: &OperatorDef) -> bool {
@@ -65,9 +86,7 @@ fn touches(op: &OperatorDef, name: &str) -> bool {
 /// Fuses every `FC` + `Relu` pair of `def` that the [module rules](self) allow; names in `keep`
 /// are never removed.
 pub fn fuse_fc_relu(def: &NetDef, keep: &[String]) -> Fusion {
-    let mut protected: BTreeSet<String> = def.inputs().into_iter().collect();
-    protected.extend(def.outputs());
-    protected.extend(keep.iter().cloned());
+    let protected = protected(def, keep);
     let mut ops = def.ops.clone();
     let mut fused = Vec::new();
     let mut i = 0;
@@ -86,7 +105,11 @@ pub fn fuse_fc_relu(def: &NetDef, keep: &[String]) -> Fusion {
     // The protected names stay what they were, whatever the rewrite removed.
     out.external_inputs = Some(def.inputs());
     out.external_outputs = Some(def.outputs());
-    Fusion { def: out, fused }
+    Fusion {
+        def: out,
+        fused,
+        fused_grads: Vec::new(),
+    }
 }
 
 /// The index of the `Relu` that the `FC` at `i` fuses with, if any.

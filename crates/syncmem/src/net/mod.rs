@@ -28,7 +28,7 @@
 //! | [`Net`] | a net built for a device: its operators and a [`Context`] |
 //! | `Workspace` net methods | `create_net`, `get_net`, `run_net`, `delete_net`, `nets`, `run_net_once` |
 //! | [`plan`] | memory planning: intermediate blobs whose lifetimes do not overlap share buffers |
-//! | [`fuse`] | operator fusion: an `FC` read only by a following `Relu` becomes one fused `FC` |
+//! | [`fuse`], [`fuse_grad`] | operator fusion: an `FC` read only by a following `Relu` becomes one fused `FC`; an `FCGradient` whose `dX` only a `ReluGradient` reads applies the mask itself |
 //! | [`memory`] | where each blob lives, bytes per side, peaks measured while a net runs |
 //! | [`mlp`], [`train`] | a multilayer perceptron as nets of operators, datasets, a training loop |
 //!
@@ -45,6 +45,7 @@
 
 mod def;
 pub mod fuse;
+pub mod fuse_grad;
 pub mod memory;
 pub mod mlp;
 pub mod plan;
@@ -52,7 +53,7 @@ pub mod train;
 mod workspace_nets;
 
 pub use def::NetDef;
-pub use fuse::{fuse_fc_relu, Fusion};
+pub use fuse::{fuse_fc_relu, fuse_net, Fusion};
 pub use plan::{plan_memory, MemoryPlan, PlanOptions};
 
 use std::fmt;
@@ -82,8 +83,10 @@ pub struct NetOptions {
     /// away either.
     pub plan: PlanOptions,
     /// Fuse each `FC` whose output only a following `Relu` reads into one `FC` that applies
-    /// the ReLU (see [`fuse`]), before planning. Off by default: the pre-activation blob is no
-    /// longer written.
+    /// the ReLU (see [`fuse`]), and each `FCGradient` whose input gradient only a following
+    /// `ReluGradient` reads into one `FCGradient` that applies the mask (see [`fuse_grad`]),
+    /// before planning ([`fuse_net`]). Off by default: the blobs fused away are no longer
+    /// written.
     pub fuse: bool,
     /// Seed of the net's context (random fills); `None` draws one.
     pub seed: Option<u64>,
@@ -173,7 +176,7 @@ impl Net {
     /// construction failed (unknown type, bad arguments); an error of the planner; a backend
     /// error creating the context.
     pub fn build(def: &NetDef, device: &Device, opts: &NetOptions) -> Result<Net> {
-        let fusion = opts.fuse.then(|| fuse_fc_relu(def, &opts.plan.keep));
+        let fusion = opts.fuse.then(|| fuse_net(def, &opts.plan.keep));
         let base = fusion.as_ref().map_or(def, |f| &f.def);
         let plan = if opts.plan_memory {
             Some(plan_memory(base, &opts.plan)?)

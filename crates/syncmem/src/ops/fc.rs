@@ -8,6 +8,10 @@
 //! `FC` with `relu = 1` writes `max(X·Wᵀ + b, 0)`: the GEMM applies the ReLU as it stores each
 //! result, bit for bit what `FC` then `Relu` give, in one pass and without the pre-activation
 //! blob. Its gradient is `ReluGradient` (which needs only the output) then `FCGradient`.
+//!
+//! `FCGradient` with a fourth input `R` (dims of `X`) writes `dX = (dY·W) · [R > 0]`: the GEMM
+//! applies the mask as it stores, bit for bit `FCGradient` then `ReluGradient` with `Y = R`
+//! (a fused FCGradient + ReluGradient, see [`crate::net::fuse`]).
 
 use super::access::{check_context, shape_error, In, Out, What};
 use super::args::Args;
@@ -30,13 +34,23 @@ struct Fc {
 }
 
 fn build(def: &OperatorDef, device: &Device, gradient: bool) -> Result<Box<dyn Operator>> {
-    let outputs = if gradient { (2, 3) } else { (1, 1) };
+    let (inputs, outputs) = if gradient {
+        ((3, 4), (2, 3))
+    } else {
+        ((3, 3), (1, 1))
+    };
     let known: &[&str] = if gradient {
         &["axis", "axis_w"]
     } else {
         &["axis", "axis_w", "relu"]
     };
-    let args = Args::check(def, (3, 3), outputs, known)?;
+    let args = Args::check(def, inputs, outputs, known)?;
+    if def.inputs.len() == 4 && def.outputs.len() != 3 {
+        return Err(super::args::invalid(
+            def,
+            "a fourth input (the ReLU mask of dX) needs the output dX".to_string(),
+        ));
+    }
     let relu = match args.i64_or("relu", 0)? {
         0 => false,
         1 => true,
@@ -154,6 +168,7 @@ impl Operator for Fc {
             wi.buffer(),
             y.buffer(),
             Some(bi.buffer()),
+            None,
         )
     }
 }
@@ -184,16 +199,45 @@ impl Fc {
         let dyi = In::<f32>::open(dy, dev, What::input(def, 2))?;
         let dw = Out::<f32>::overwrite(io.output(0)?, w.dims(), dev)?;
         let db = Out::<f32>::overwrite(io.output(1)?, &[m], dev)?;
+        let mask = match def.inputs.len() {
+            4 => {
+                let r = io.input(3)?;
+                if r.dims() != x.dims() {
+                    return Err(shape_error(
+                        What::input(def, 3),
+                        r.dims(),
+                        format!("the ReLU mask must have the dims of X {:?}", x.dims()),
+                    ));
+                }
+                Some(In::<f32>::open(r, dev, What::input(def, 3))?)
+            }
+            _ => None,
+        };
         let dx = match def.outputs.len() {
             3 => Some(Out::<f32>::overwrite(io.output(2)?, x.dims(), dev)?),
             _ => None,
         };
         let kern = ctx.kernels();
         let (xb, wb, dyb) = (xi.buffer(), wi.buffer(), dyi.buffer());
-        kern.gemm(gemm((true, false), (m, k, n)), dyb, xb, dw.buffer(), None)?;
+        kern.gemm(
+            gemm((true, false), (m, k, n)),
+            dyb,
+            xb,
+            dw.buffer(),
+            None,
+            None,
+        )?;
         kern.col_sum(n, m, dyb, db.buffer())?;
         if let Some(dx) = &dx {
-            kern.gemm(gemm((false, false), (n, k, m)), dyb, wb, dx.buffer(), None)?;
+            let mask = mask.as_ref().map(In::buffer);
+            kern.gemm(
+                gemm((false, false), (n, k, m)),
+                dyb,
+                wb,
+                dx.buffer(),
+                None,
+                mask,
+            )?;
         }
         Ok(())
     }

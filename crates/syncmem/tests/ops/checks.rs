@@ -81,10 +81,22 @@ fn errors_name_the_operator_and_the_blob(dev: &Device) {
             .arg("min", 2)
             .arg("max", 1),
         OperatorDef::new("FC", &["x", "w"], &["y"]),
+        // A ReLU mask without the dX it applies to.
+        OperatorDef::new("FCGradient", &["x", "w", "dy", "m"], &["dw", "db"]),
     ] {
         let e = create_operator(&bad, dev).err().unwrap();
         assert!(e.to_string().contains(&bad.op_type), "{e}");
     }
+    // A ReLU mask whose dims are not X's.
+    put(&ws, dev, "dy3", &[4, 3], &data(12, 4));
+    put(&ws, dev, "m", &[5, 4], &data(20, 5));
+    let masked = OperatorDef::new("FCGradient", &["x", "w", "dy3", "m"], &["dw", "db", "dx"]);
+    let e = err(&masked);
+    let s = e.to_string();
+    assert!(
+        matches!(e, Error::InvalidShape { .. }) && s.contains("\"m\"") && s.contains("[4, 5]"),
+        "{s}"
+    );
     assert!(registered_types().contains(&"SoftmaxWithLossGradient"));
 
     // A tensor of another device is refused, naming the blob.
@@ -235,7 +247,8 @@ fn cpu_and_cuda_agree_on_skinny_and_fused_fc() {
 
 /// `FC` (plain and with `relu = 1`) and `FCGradient` at the shapes of a small MLP's layers
 /// (batch 64, 2 features, 3 classes, hidden widths around the GEMM blocks), on `dev` against
-/// `cpu`; the fused `FC` equals `FC` then `Relu` on the same device, bit for bit.
+/// `cpu`; the fused `FC` equals `FC` then `Relu`, and `FCGradient` with a ReLU mask equals
+/// `FCGradient` then `ReluGradient`, on the same device, bit for bit.
 #[cfg(any(feature = "opencl", feature = "cuda"))]
 fn cpu_and_device_agree_on_skinny_and_fused_fc(dev: &Device) {
     let op = OperatorDef::new;
@@ -255,14 +268,21 @@ fn cpu_and_device_agree_on_skinny_and_fused_fc(dev: &Device) {
             ("w", vec![m, k], data(m * k, 32)),
             ("b", vec![m], data(m, 33)),
             ("dy", vec![n, m], data(n * m, 34)),
+            ("mask", vec![n, k], data(n * k, 35)),
         ];
         let defs = [
             op("FC", &["x", "w", "b"], &["y"]),
             op("Relu", &["y"], &["r"]),
             op("FC", &["x", "w", "b"], &["fused"]).arg("relu", 1),
             op("FCGradient", &["x", "w", "dy"], &["dw", "db", "dx"]),
+            op("ReluGradient", &["mask", "dx"], &["dxr"]),
+            op(
+                "FCGradient",
+                &["x", "w", "dy", "mask"],
+                &["dw2", "db2", "dxm"],
+            ),
         ];
-        let outs = ["y", "r", "fused", "dw", "db", "dx"];
+        let outs = ["y", "r", "fused", "dw", "db", "dx", "dxr", "dxm"];
         let a = run_on(&Device::cpu(), 5, &inputs, &defs, &outs);
         let b = run_on(dev, 5, &inputs, &defs, &outs);
         for ((name, x), y) in outs.iter().zip(&a).zip(&b) {
@@ -275,6 +295,16 @@ fn cpu_and_device_agree_on_skinny_and_fused_fc(dev: &Device) {
             assert!(
                 same,
                 "fused FC differs from FC + Relu on {dev} at {n} {k} {m}"
+            );
+            let (r, fused) = (&run[6], &run[7]);
+            if r.len() > 8 {
+                // The mask both keeps and clears values.
+                assert!(r.contains(&0.0) && r.iter().any(|&v| v != 0.0));
+            }
+            let same = r.iter().zip(fused).all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(
+                same,
+                "masked FCGradient differs from FCGradient + ReluGradient on {dev} at {n} {k} {m}"
             );
         }
     }

@@ -88,6 +88,7 @@ impl BackendKernels for CpuDevice {
         b: Buf<'_, CpuMem>,
         c: &CpuMem,
         bias: Buf<'_, CpuMem>,
+        mask: Buf<'_, CpuMem>,
     ) -> Result<()> {
         let (m, n, k) = (g.m, g.n, g.k);
         let a = view_opt::<f32>(a, m * k)?;
@@ -105,6 +106,9 @@ impl BackendKernels for CpuDevice {
         math::gemm((g.ta, g.tb), (m, n, k), a, b, beta, c)?;
         if g.relu {
             math::relu_in_place(c);
+        }
+        if let Some(mask) = mask {
+            math::relu_grad_in_place(view::<f32>(mask, m * n)?, c);
         }
         Ok(())
     }

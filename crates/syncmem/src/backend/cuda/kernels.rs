@@ -92,9 +92,18 @@ impl BackendKernels for CuDevice {
         b: Buf<'_, CuMem>,
         c: &CuMem,
         bias: Buf<'_, CuMem>,
+        mask: Buf<'_, CuMem>,
     ) -> Result<()> {
         let ks = self.kernel_cache().ops(self)?;
-        let args = args::gemm(self.label(), g, opt(a), opt(b), ptr(c), opt(bias))?;
+        let args = args::gemm(
+            self.label(),
+            g,
+            opt(a),
+            opt(b),
+            ptr(c),
+            opt(bias),
+            opt(mask),
+        )?;
         let cfg = LaunchConfig {
             grid_dim: gemm_grid(g.m, g.n),
             block_dim: (GEMM_THREADS.0, GEMM_THREADS.1, 1),

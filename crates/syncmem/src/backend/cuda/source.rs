@@ -34,7 +34,8 @@ pub(super) const OPS: &str = r#"
 #define SM_NAN __int_as_float(0x7fc00000)
 
 /* C[M,N] = op(A)[M,K] * op(B)[K,N], then bias[n] added when flags bit 0, and the ReLU when
- * flags bit 1 (a fused FC + Relu), with the select of sm_relu: NaN and -0 become 0.
+ * flags bit 1 (a fused FC + Relu), with the select of sm_relu: NaN and -0 become 0; then, when
+ * flags bit 2, the mask of a fused ReLU gradient: the value where mask[m*N + n] > 0, else 0.
  *   op(A)[m,k] = ta ? A[k*M + m] : A[m*K + k]
  *   op(B)[k,n] = tb ? B[n*K + k] : B[k*N + n]
  * At each K step the block copies a SM_TM x SM_TK tile of op(A) and a SM_TK x SM_TN tile of
@@ -47,7 +48,7 @@ pub(super) const OPS: &str = r#"
 extern "C" __global__ void sm_gemm(unsigned int M, unsigned int N, unsigned int K,
                                    unsigned int ta, unsigned int tb, const float* A,
                                    const float* B, float* C, const float* bias,
-                                   unsigned int flags) {
+                                   const float* mask, unsigned int flags) {
     __shared__ float As[SM_TK][SM_TM + 1];
     __shared__ float Bs[SM_TK][SM_TN + 1];
     const unsigned int tx = threadIdx.x;
@@ -131,8 +132,10 @@ extern "C" __global__ void sm_gemm(unsigned int M, unsigned int N, unsigned int 
             for (int j = 0; j < SM_RN; ++j) {
                 const unsigned int gn = n0 + tx + j * SM_BX;
                 if (gm < M && gn < N) {
+                    const size_t at = (size_t)gm * N + gn;
                     float v = (flags & 1u) ? acc[i][j] + bias[gn] : acc[i][j];
-                    C[(size_t)gm * N + gn] = (flags & 2u) ? (v > 0.0f ? v : 0.0f) : v;
+                    v = (flags & 2u) ? (v > 0.0f ? v : 0.0f) : v;
+                    C[at] = (flags & 4u) ? (mask[at] > 0.0f ? v : 0.0f) : v;
                 }
             }
         }

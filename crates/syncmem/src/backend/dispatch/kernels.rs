@@ -78,6 +78,7 @@ impl RawDevice {
     }
 
     /// See [`BackendKernels::gemm`].
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn gemm(
         &self,
         s: &RawStream,
@@ -86,6 +87,7 @@ impl RawDevice {
         b: RawBuf<'_>,
         c: &RawMem,
         bias: RawBuf<'_>,
+        mask: RawBuf<'_>,
     ) -> Result<()> {
         dispatch!(self, s, |d, s, m| d.gemm(
             s,
@@ -93,7 +95,8 @@ impl RawDevice {
             opt(a, m, self)?,
             opt(b, m, self)?,
             req(c, m, self)?,
-            opt(bias, m, self)?
+            opt(bias, m, self)?,
+            opt(mask, m, self)?
         ))
     }
 

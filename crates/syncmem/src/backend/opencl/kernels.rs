@@ -65,8 +65,14 @@ impl ClDevice {
     }
 }
 
-/// The operands of a GEMM: `A`, `B`, `C`, bias.
-type GemmOperands<'a> = (Buf<'a, ClMem>, Buf<'a, ClMem>, &'a ClMem, Buf<'a, ClMem>);
+/// The operands of a GEMM: `A`, `B`, `C`, bias, mask.
+type GemmOperands<'a> = (
+    Buf<'a, ClMem>,
+    Buf<'a, ClMem>,
+    &'a ClMem,
+    Buf<'a, ClMem>,
+    Buf<'a, ClMem>,
+);
 
 impl ClDevice {
     /// [`BackendKernels::gemm`] with the register-blocked kernels (`blocked`) or the tiled one
@@ -75,11 +81,19 @@ impl ClDevice {
         &self,
         s: &ClStream,
         g: &Gemm,
-        (a, b, c, bias): GemmOperands<'_>,
+        (a, b, c, bias, mask): GemmOperands<'_>,
         blocked: bool,
     ) -> Result<()> {
         let ks = self.kernel_cache().ops(self)?;
-        let args = args::gemm(self.label(), g, opt(a), opt(b), mem(c), opt(bias))?;
+        let args = args::gemm(
+            self.label(),
+            g,
+            opt(a),
+            opt(b),
+            mem(c),
+            opt(bias),
+            opt(mask),
+        )?;
         let (slot, global, local) = ks.gemm_launch(g, blocked);
         let grid = Grid {
             global: &global,
@@ -106,9 +120,10 @@ impl BackendKernels for ClDevice {
         b: Buf<'_, ClMem>,
         c: &ClMem,
         bias: Buf<'_, ClMem>,
+        mask: Buf<'_, ClMem>,
     ) -> Result<()> {
         let blocked = self.kernel_cache().ops(self)?.register_blocked;
-        self.gemm_on(s, g, (a, b, c, bias), blocked)
+        self.gemm_on(s, g, (a, b, c, bias, mask), blocked)
     }
 
     fn col_sum(

@@ -24,12 +24,17 @@ pub(super) const OPS: &str = r#"
 #define WG_SIZE (RTSM * RTSN)
 
 /* The GEMM epilogue: v (+ bias[n] when flags bit 0), then the ReLU when flags bit 1 (a fused
- * FC + Relu), with the select of sm_relu: NaN and -0 become 0, bit for bit as unfused. */
+ * FC + Relu), with the select of sm_relu: NaN and -0 become 0, bit for bit as unfused; then,
+ * when flags bit 2, the ReLU gradient's mask (a fused FCGradient + ReluGradient): v where
+ * mask[m*N + n] > 0, else 0, the select of sm_relu_grad. */
 #define SM_BIAS 1u
 #define SM_RELU 2u
-inline float sm_epilogue(float v, __global const float* bias, const uint n, const uint flags) {
+#define SM_MASK 4u
+inline float sm_epilogue(float v, __global const float* bias, __global const float* mask,
+                         const size_t at, const uint n, const uint flags) {
     v = (flags & SM_BIAS) ? v + bias[n] : v;
-    return (flags & SM_RELU) ? (v > 0.0f ? v : 0.0f) : v;
+    v = (flags & SM_RELU) ? (v > 0.0f ? v : 0.0f) : v;
+    return (flags & SM_MASK) ? (mask[at] > 0.0f ? v : 0.0f) : v;
 }
 
 /* C[M,N] = op(A)[M,K] * op(B)[K,N], then the epilogue (bias, ReLU) of `flags`.
@@ -44,7 +49,7 @@ inline float sm_epilogue(float v, __global const float* bias, const uint n, cons
 __kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
 void sm_gemm(const uint M, const uint N, const uint K, const uint ta, const uint tb,
              __global const float* A, __global const float* B, __global float* C,
-             __global const float* bias, const uint flags) {
+             __global const float* bias, __global const float* mask, const uint flags) {
     __local float As[TSK * TSM];
     __local float Bs[TSK * TSN];
     const uint lc = get_local_id(0);
@@ -107,7 +112,8 @@ void sm_gemm(const uint M, const uint N, const uint K, const uint ta, const uint
         for (uint j = 0; j < WPTN; ++j) {
             const uint gn = n0 + lc * WPTN + j;
             if (gm < M && gn < N) {
-                C[(size_t)gm * N + gn] = sm_epilogue(acc[i][j], bias, gn, flags);
+                const size_t at = (size_t)gm * N + gn;
+                C[at] = sm_epilogue(acc[i][j], bias, mask, at, gn, flags);
             }
         }
     }
@@ -125,7 +131,8 @@ void sm_gemm(const uint M, const uint N, const uint K, const uint ta, const uint
 #define SM_RB_M 8
 inline void sm_gemm_rb(const uint M, const uint N, const uint K, const bool TA, const bool TB,
                        __global const float* A, __global const float* B, __global float* C,
-                       __global const float* bias, const uint flags) {
+                       __global const float* bias, __global const float* mask,
+                       const uint flags) {
     const uint n0 = get_global_id(0) * 16;
     const uint m0 = get_global_id(1) * SM_RB_M;
     if (n0 >= N || m0 >= M) {
@@ -185,6 +192,10 @@ inline void sm_gemm_rb(const uint M, const uint N, const uint K, const bool TA, 
                 if (flags & SM_RELU) {
                     v = select((float16)(0.0f), v, v > 0.0f);
                 }
+                if (flags & SM_MASK) {
+                    const float16 y = vload16(0, mask + (size_t)(m0 + i) * N + n0);
+                    v = select((float16)(0.0f), v, y > 0.0f);
+                }
                 vstore16(v, 0, C + (size_t)(m0 + i) * N + n0);
             }
         }
@@ -195,9 +206,9 @@ inline void sm_gemm_rb(const uint M, const uint N, const uint K, const bool TA, 
         if (i < mm) {
             float t[16];
             vstore16(acc[i], 0, t);
-            __global float* c = C + (size_t)(m0 + i) * N + n0;
+            const size_t row = (size_t)(m0 + i) * N + n0;
             for (uint j = 0; j < nn; ++j) {
-                c[j] = sm_epilogue(t[j], bias, n0 + j, flags);
+                C[row + j] = sm_epilogue(t[j], bias, mask, row + j, n0 + j, flags);
             }
         }
     }
@@ -206,8 +217,9 @@ inline void sm_gemm_rb(const uint M, const uint N, const uint K, const bool TA, 
 #define SM_GEMM_RB(NAME, TA, TB)                                                              \
 __kernel void NAME(const uint M, const uint N, const uint K, const uint ta, const uint tb,    \
                    __global const float* A, __global const float* B, __global float* C,       \
-                   __global const float* bias, const uint flags) {                            \
-    sm_gemm_rb(M, N, K, TA, TB, A, B, C, bias, flags);                                        \
+                   __global const float* bias, __global const float* mask,                   \
+                   const uint flags) {                                                        \
+    sm_gemm_rb(M, N, K, TA, TB, A, B, C, bias, mask, flags);                                  \
 }
 SM_GEMM_RB(sm_gemm_rb_nn, false, false)
 SM_GEMM_RB(sm_gemm_rb_tn, true, false)

@@ -170,8 +170,13 @@ fn both_gemm_kernels_match_the_host_gemm() {
             let (da, db, dbias) = (upload(&a), upload(&b), upload(&bias));
             for blocked in [true, false] {
                 let c = upload(&vec![f32::NAN; m * n]);
-                cl.gemm_on(&s, &g, (Some(&da), Some(&db), &c, Some(&dbias)), blocked)
-                    .unwrap();
+                cl.gemm_on(
+                    &s,
+                    &g,
+                    (Some(&da), Some(&db), &c, Some(&dbias), None),
+                    blocked,
+                )
+                .unwrap();
                 let mut got = vec![0f32; m * n];
                 // SAFETY: `got` has room for the `4 * m * n` bytes read; the read is blocking.
                 unsafe { s.read(&c, 0, got.as_mut_ptr().cast(), m * n * 4, true) }.unwrap();
