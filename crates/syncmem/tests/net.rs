@@ -411,9 +411,9 @@ fn planning_keeps_training_results(dev: &Device) {
     assert_eq!(runs[0], runs[1]);
 }
 
-/// Trains with and without fusing FC + Relu and FCGradient + ReluGradient, planned and not:
-/// the same losses and weights, bit for bit; the fused nets run four operators fewer and never
-/// write the pre-activations or the ReLU outputs' gradients.
+/// Trains with and without fusing FC + Relu, FCGradient + ReluGradient and the SGD updates,
+/// planned and not: the same losses and weights, bit for bit; the fused nets run nine
+/// operators fewer and never write the pre-activations or the ReLU outputs' gradients.
 fn fusion_keeps_training_results(dev: &Device) {
     let data = spirals();
     let mut runs = Vec::new();
@@ -437,13 +437,16 @@ fn fusion_keeps_training_results(dev: &Device) {
         let fused_grads = net.fusion().map_or(0, |f| f.fused_grads.len());
         assert_eq!(fused, if fuse { 2 } else { 0 });
         assert_eq!(fused_grads, if fuse { 2 } else { 0 });
+        let fused_updates = net.fusion().map_or(0, |f| f.fused_updates);
+        assert_eq!(fused_updates, if fuse { 6 } else { 0 });
+        let merged = fused_updates.saturating_sub(1);
         assert_eq!(
-            net.run_def().ops.len() + fused + fused_grads,
+            net.run_def().ops.len() + fused + fused_grads + merged,
             net.def().ops.len()
         );
-        for ty in ["Relu", "ReluGradient"] {
+        for (ty, fused, unfused) in [("Relu", 0, 2), ("ReluGradient", 0, 2), ("SGD", 1, 6)] {
             let n = net.run_def().ops.iter().filter(|o| o.op_type == ty);
-            assert_eq!(n.count(), if fuse { 0 } else { 2 }, "{ty}");
+            assert_eq!(n.count(), if fuse { fused } else { unfused }, "{ty}");
         }
         for gone in ["fc1", "fc2", "relu1_grad", "relu2_grad"] {
             assert_eq!(t.workspace().has_blob(gone), !fuse && !plan, "{gone}");

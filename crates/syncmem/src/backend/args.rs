@@ -6,7 +6,7 @@
 use crate::dtype::{Float, ScalarKind};
 use crate::error::{Error, Result};
 
-use super::Gemm;
+use super::{Gemm, AXPY_MULTI};
 
 /// One kernel argument; `P` is the backend's device pointer.
 #[derive(Debug, Clone, Copy)]
@@ -182,6 +182,25 @@ pub(crate) fn accuracy<P: DevicePtr>(
 /// `sm_axpy(n, a, x, y)`.
 pub(crate) fn axpy<P: DevicePtr, F: Float>(n: usize, a: F, x: P, y: P) -> [KArg<P>; 4] {
     [KArg::U64(n as u64), value(a), KArg::Ptr(x), KArg::Ptr(y)]
+}
+
+/// `sm_axpy_multi(a, count, n0..n7, x0, y0, ..., x7, y7)` for 1 to [`AXPY_MULTI`] pairs
+/// `(n, x, y)`; the pairs not given are empty (length 0, null pointers).
+pub(crate) fn axpy_multi<P: DevicePtr, F: Float>(
+    a: F,
+    pairs: &[(usize, P, P)],
+) -> [KArg<P>; 2 + 3 * AXPY_MULTI] {
+    debug_assert!((1..=AXPY_MULTI).contains(&pairs.len()));
+    let mut args = [KArg::Ptr(P::NULL); 2 + 3 * AXPY_MULTI];
+    args[0] = value(a);
+    args[1] = KArg::U32(pairs.len().min(AXPY_MULTI) as u32);
+    for i in 0..AXPY_MULTI {
+        let (n, x, y) = pairs.get(i).copied().unwrap_or((0, P::NULL, P::NULL));
+        args[2 + i] = KArg::U64(n as u64);
+        args[2 + AXPY_MULTI + 2 * i] = KArg::Ptr(x);
+        args[3 + AXPY_MULTI + 2 * i] = KArg::Ptr(y);
+    }
+    args
 }
 
 /// `sm_scale(n, a, x)`.

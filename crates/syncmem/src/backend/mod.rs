@@ -276,6 +276,9 @@ pub(crate) struct Gemm {
     pub(crate) relu: bool,
 }
 
+/// The most `(n, x, y)` pairs of one [`BackendKernels::axpy_multi`] call (one launch).
+pub(crate) const AXPY_MULTI: usize = 8;
+
 /// The reductions of [`BackendKernels::reduce_partials`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reduce {
@@ -406,6 +409,16 @@ pub(crate) trait BackendKernels {
         a: F,
         x: &Self::Mem,
         y: &Self::Mem,
+    ) -> Result<()>;
+
+    /// `y[..n] += a * x[..n]` for each `(n, x, y)` of `pairs` (1 to [`AXPY_MULTI`] of them, each
+    /// `n >= 1`, no `y` aliasing another operand), in one launch on a device: bit for bit one
+    /// [`BackendKernels::axpy`] per pair.
+    fn axpy_multi<F: Float>(
+        &self,
+        s: &Self::Stream,
+        a: F,
+        pairs: &[(usize, &Self::Mem, &Self::Mem)],
     ) -> Result<()>;
 
     /// `x[..n] *= a`, `n >= 1`.

@@ -10,7 +10,9 @@ use std::fmt;
 
 use super::{DeviceBuffer, Stream};
 use crate::backend::dispatch::{RawDevice, RawMem, RawStream};
-use crate::backend::{BadLabel, Gemm, Reduce};
+use smallvec::SmallVec;
+
+use crate::backend::{BadLabel, Gemm, Reduce, AXPY_MULTI};
 use crate::dtype::{Float, ScalarKind};
 use crate::error::{Error, Result};
 
@@ -344,6 +346,41 @@ impl<'a> Kernels<'a> {
         self.queue(&[Some(x)], &[Some(y)], |d, s| {
             d.axpy(s, n, a, mem(x)?, mem(y)?)
         })
+    }
+
+    /// `y_i[..n_i] += a * x_i[..n_i]` for each `(n_i, x_i, y_i)` of `pairs`, bit for bit as one
+    /// [`Kernels::axpy`] per pair, in one launch per [`AXPY_MULTI`] pairs. No `y_i` may be
+    /// another pair's `x` or `y` (each is held through its own write guard).
+    pub(crate) fn axpy_multi<F: Float>(
+        &self,
+        a: F,
+        pairs: &[(usize, &DeviceBuffer, &DeviceBuffer)],
+    ) -> Result<()> {
+        let size = std::mem::size_of::<F>();
+        for chunk in pairs.chunks(AXPY_MULTI) {
+            let mut checked: SmallVec<[(usize, &DeviceBuffer, &DeviceBuffer); AXPY_MULTI]> =
+                SmallVec::new();
+            for &(n, x, y) in chunk {
+                if n > 0 {
+                    let x = self.need(x, n, size, op("axpy_multi", "x"))?;
+                    let y = self.need(y, n, size, op("axpy_multi", "y"))?;
+                    checked.push((n, x, y));
+                }
+            }
+            if checked.is_empty() {
+                continue;
+            }
+            let reads: SmallVec<[_; AXPY_MULTI]> = checked.iter().map(|p| Some(p.1)).collect();
+            let writes: SmallVec<[_; AXPY_MULTI]> = checked.iter().map(|p| Some(p.2)).collect();
+            self.queue(&reads, &writes, |d, s| {
+                let mut raw: SmallVec<[(usize, &RawMem, &RawMem); AXPY_MULTI]> = SmallVec::new();
+                for &(n, x, y) in &checked {
+                    raw.push((n, mem(x)?, mem(y)?));
+                }
+                d.axpy_multi(s, a, &raw)
+            })?;
+        }
+        Ok(())
     }
 
     /// `x[..n] *= a`.

@@ -18,7 +18,8 @@
 //! - no operator between `i` and `j` reads or writes `r` (the fused `FC` writes `r` at `i`).
 //!
 //! [`NetOptions::fuse`](super::NetOptions::fuse) turns the rewrites of [`fuse_net`] on for a
-//! net (this one, then the backward fusion of [`super::fuse_grad`]; before memory planning);
+//! net (this one, then the backward fusion of [`super::fuse_grad`] and the update fusion of
+//! [`super::fuse_sgd`]; before memory planning);
 //! the training loop uses it unless
 //! [`TrainConfig::fuse`](super::train::TrainConfig::fuse) is off (`syncmem train --no-fuse`).
 //!
@@ -52,14 +53,18 @@ pub struct Fusion {
     /// The `FCGradient` + `ReluGradient` pairs fused (see [`super::fuse_grad`]), as (input
     /// gradient blob removed, `ReluGradient` output now written by the `FCGradient`).
     pub fused_grads: Vec<(String, String)>,
+    /// How many `SGD` operators merged into multi-parameter ones (see [`super::fuse_sgd`]).
+    pub fused_updates: usize,
 }
 
 /// Every fusion of a net: [`fuse_fc_relu`], then each `FCGradient` + `ReluGradient` pair
-/// (see [`super::fuse_grad`]). Names in `keep` are never removed.
+/// (see [`super::fuse_grad`]), then the runs of `SGD`s (see [`super::fuse_sgd`]). Names in
+/// `keep` are never removed.
 pub fn fuse_net(def: &NetDef, keep: &[String]) -> Fusion {
     let mut f = fuse_fc_relu(def, keep);
     let protected = protected(def, keep);
     f.fused_grads = super::fuse_grad::fuse_relu_grad(&mut f.def.ops, &protected);
+    f.fused_updates = super::fuse_sgd::fuse_sgd(&mut f.def.ops);
     f
 }
 
@@ -109,6 +114,7 @@ pub fn fuse_fc_relu(def: &NetDef, keep: &[String]) -> Fusion {
         def: out,
         fused,
         fused_grads: Vec::new(),
+        fused_updates: 0,
     }
 }
 

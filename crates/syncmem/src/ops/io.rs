@@ -23,7 +23,7 @@ use crate::workspace::{BlobRef, Workspace};
 
 /// The lists of one run live on the stack: operators have a handful of inputs and outputs, and
 /// a step of a net runs without a heap allocation.
-type Small<T> = SmallVec<[T; 8]>;
+type Small<T> = SmallVec<[T; 16]>;
 
 /// The distinct blobs of one run, and which inputs and outputs map to which.
 pub(crate) struct Blobs<'d> {

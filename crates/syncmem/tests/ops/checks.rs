@@ -110,7 +110,78 @@ fn errors_name_the_operator_and_the_blob(dev: &Device) {
     }
 }
 
-syncmem::for_each_device!(errors_name_the_operator_and_the_blob);
+/// One `SGD` over several (parameter, gradient) pairs (one launch on a device, plus one per
+/// large parameter on OpenCL) updates each parameter bit for bit as one `SGD` per pair does;
+/// bad pair lists are refused.
+fn multi_parameter_sgd_equals_one_sgd_per_parameter(dev: &Device) {
+    let ctx = Context::with_seed(dev, 1).unwrap();
+    let sizes = [1usize, 3, 64, 4096, 257, 20000, 2, 17];
+    let run_with = |merged: bool, pairs: usize| -> Vec<Vec<f32>> {
+        let ws = Workspace::new();
+        for (i, &n) in sizes[..pairs].iter().enumerate() {
+            put(&ws, dev, &format!("p{i}"), &[n], &data(n, 40 + i as u64));
+            put(&ws, dev, &format!("g{i}"), &[n], &data(n, 60 + i as u64));
+        }
+        let names: Vec<(String, String)> = (0..pairs)
+            .map(|i| (format!("p{i}"), format!("g{i}")))
+            .collect();
+        if merged {
+            let inputs: Vec<&str> = names
+                .iter()
+                .flat_map(|(p, g)| [p.as_str(), g.as_str()])
+                .collect();
+            ok(
+                &ws,
+                &ctx,
+                OperatorDef::new("SGD", &inputs, &[]).arg("lr", 0.37),
+            );
+        } else {
+            for (p, g) in &names {
+                ok(
+                    &ws,
+                    &ctx,
+                    OperatorDef::new("SGD", &[p, g], &[p]).arg("lr", 0.37),
+                );
+            }
+        }
+        names.iter().map(|(p, _)| get(&ws, p)).collect()
+    };
+    for pairs in [2, 5, sizes.len()] {
+        let (a, b) = (run_with(false, pairs), run_with(true, pairs));
+        for (x, y) in a.iter().zip(&b) {
+            let same = x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(
+                same && x.len() == y.len(),
+                "{pairs} pairs on {}",
+                dev.label()
+            );
+        }
+    }
+    for bad in [
+        OperatorDef::new("SGD", &["a", "ga", "b"], &[]).arg("lr", 0.1),
+        OperatorDef::new("SGD", &["a", "ga", "b", "gb"], &["a"]).arg("lr", 0.1),
+        OperatorDef::new("SGD", &["a", "ga", "b", "gb"], &["a", "gb"]).arg("lr", 0.1),
+    ] {
+        let e = create_operator(&bad, dev).err().unwrap();
+        assert!(e.to_string().contains("SGD"), "{e}");
+    }
+    // A gradient that is another pair's parameter would be read and written at once.
+    let ws = Workspace::new();
+    put(&ws, dev, "a", &[2], &[1.0f32, 2.0]);
+    put(&ws, dev, "b", &[2], &[1.0f32, 2.0]);
+    let e = run(
+        &ws,
+        &ctx,
+        &OperatorDef::new("SGD", &["a", "b", "b", "a"], &[]).arg("lr", 0.1),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("\"b\""), "{e}");
+}
+
+syncmem::for_each_device!(
+    errors_name_the_operator_and_the_blob,
+    multi_parameter_sgd_equals_one_sgd_per_parameter
+);
 
 // ----- cpu against each accelerator ---------------------------------------------------------------
 

@@ -246,6 +246,18 @@ impl BackendKernels for CpuDevice {
         math::axpy(a, xs, ys)
     }
 
+    fn axpy_multi<F: Float>(
+        &self,
+        s: &CpuStream,
+        a: F,
+        pairs: &[(usize, &CpuMem, &CpuMem)],
+    ) -> Result<()> {
+        for &(n, x, y) in pairs {
+            self.axpy(s, n, a, x, y)?;
+        }
+        Ok(())
+    }
+
     fn scale<F: Float>(&self, _: &CpuStream, n: usize, a: F, x: &CpuMem) -> Result<()> {
         // SAFETY: `x` is the one operand, held exclusively.
         math::scale(a, unsafe { view_mut::<F>(x, n)? });

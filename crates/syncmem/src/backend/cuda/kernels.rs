@@ -30,7 +30,7 @@ use super::launch::{blocks_for, launch, linear, Arg, MAX_BLOCKS, MAX_GRID_Y};
 use super::source::{BLOCK, GEMM_THREADS, MATH_BLOCK, TILE_M, TILE_N};
 use super::{CuDevice, CuMem, CuStream};
 use crate::backend::args;
-use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce};
+use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce, AXPY_MULTI};
 use crate::dtype::{Float, ScalarKind};
 use crate::error::Result;
 
@@ -207,6 +207,30 @@ impl BackendKernels for CuDevice {
         let args = args::axpy(n, a, ptr(x), ptr(y));
         let cfg = linear(blocks_for(n, MATH_BLOCK, MAX_BLOCKS), MATH_BLOCK);
         self.run(s, "sm_axpy", &ks.typed(F::KIND).axpy, &args, cfg)
+    }
+
+    fn axpy_multi<F: Float>(
+        &self,
+        s: &CuStream,
+        a: F,
+        pairs: &[(usize, &CuMem, &CuMem)],
+    ) -> Result<()> {
+        let ks = self.kernel_cache().math(self)?;
+        let mut raw = [(0, 0u64, 0u64); AXPY_MULTI];
+        let count = pairs.len().min(AXPY_MULTI);
+        for (r, &(n, x, y)) in raw.iter_mut().zip(pairs) {
+            *r = (n, ptr(x), ptr(y));
+        }
+        let longest = pairs.iter().map(|p| p.0).max().unwrap_or(1);
+        let cfg = linear(blocks_for(longest, MATH_BLOCK, MAX_BLOCKS), MATH_BLOCK);
+        let args = args::axpy_multi(a, &raw[..count]);
+        self.run(
+            s,
+            "sm_axpy_multi",
+            &ks.typed(F::KIND).axpy_multi,
+            &args,
+            cfg,
+        )
     }
 
     fn scale<F: Float>(&self, s: &CuStream, n: usize, a: F, x: &CuMem) -> Result<()> {

@@ -50,7 +50,13 @@ pub(super) const OP_KERNELS: [&str; 8] = [
 
 /// The math kernels of one element type, without their `_f32` / `_f64` suffix.
 #[cfg(test)]
-pub(super) const MATH_KERNELS: [&str; 4] = ["sm_axpy", "sm_scale", "sm_asum", "sm_sumsq"];
+pub(super) const MATH_KERNELS: [&str; 5] = [
+    "sm_axpy",
+    "sm_axpy_multi",
+    "sm_scale",
+    "sm_asum",
+    "sm_sumsq",
+];
 
 /// The operator kernels of one device (the functions keep their module alive).
 pub(super) struct OpKernels {
@@ -67,6 +73,7 @@ pub(super) struct OpKernels {
 /// The math kernels of one element type.
 pub(super) struct TypedKernels {
     pub(super) axpy: CudaFunction,
+    pub(super) axpy_multi: CudaFunction,
     pub(super) scale: CudaFunction,
     pub(super) asum: CudaFunction,
     pub(super) sumsq: CudaFunction,
@@ -249,6 +256,7 @@ fn build_math(dev: &CuDevice) -> Result<MathKernels> {
         let typed = |suf: &str| -> Result<TypedKernels> {
             Ok(TypedKernels {
                 axpy: f(&format!("sm_axpy_{suf}"))?,
+                axpy_multi: f(&format!("sm_axpy_multi_{suf}"))?,
                 scale: f(&format!("sm_scale_{suf}"))?,
                 asum: f(&format!("sm_asum_{suf}"))?,
                 sumsq: f(&format!("sm_sumsq_{suf}"))?,

@@ -287,6 +287,13 @@ pub(super) const MATH_BLOCK: u32 = 256;
 pub(super) const MATH: &str = r#"
 #define SM_BLOCK 256
 
+/* One pair of sm_axpy_multi: the grid-stride loop of sm_axpy over it. */
+#define SM_AXPY_PAIR(N, X, Y)                                                                \
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;   \
+         i < (N); i += (unsigned long long)gridDim.x * blockDim.x) {                         \
+        (Y)[i] += a * (X)[i];                                                                \
+    }
+
 #define SM_KERNELS(T, SUF)                                                                   \
 extern "C" __global__ void sm_axpy_##SUF(unsigned long long n, T a, const T* x, T* y) {      \
     for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;   \
@@ -299,6 +306,23 @@ extern "C" __global__ void sm_scale_##SUF(unsigned long long n, T a, T* x) {    
          i < n; i += (unsigned long long)gridDim.x * blockDim.x) {                           \
         x[i] *= a;                                                                           \
     }                                                                                        \
+}                                                                                            \
+extern "C" __global__ void sm_axpy_multi_##SUF(                                              \
+    T a, unsigned int count, unsigned long long n0, unsigned long long n1,                   \
+    unsigned long long n2, unsigned long long n3, unsigned long long n4,                     \
+    unsigned long long n5, unsigned long long n6, unsigned long long n7,                     \
+    const T* x0, T* y0, const T* x1, T* y1,                                                  \
+    const T* x2, T* y2, const T* x3, T* y3,                                                  \
+    const T* x4, T* y4, const T* x5, T* y5,                                                  \
+    const T* x6, T* y6, const T* x7, T* y7) {                                                \
+    SM_AXPY_PAIR(n0, x0, y0)                                                                 \
+    SM_AXPY_PAIR(n1, x1, y1)                                                                 \
+    SM_AXPY_PAIR(n2, x2, y2)                                                                 \
+    SM_AXPY_PAIR(n3, x3, y3)                                                                 \
+    SM_AXPY_PAIR(n4, x4, y4)                                                                 \
+    SM_AXPY_PAIR(n5, x5, y5)                                                                 \
+    SM_AXPY_PAIR(n6, x6, y6)                                                                 \
+    SM_AXPY_PAIR(n7, x7, y7)                                                                 \
 }                                                                                            \
 SM_REDUCE(T, sm_asum_##SUF, fabs(v))                                                         \
 SM_REDUCE(T, sm_sumsq_##SUF, v * v)

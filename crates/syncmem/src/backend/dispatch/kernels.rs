@@ -3,7 +3,9 @@
 //! per kernel. Memory of another backend is a [`crate::Error::DeviceMismatch`].
 
 use super::{mismatch, RawDevice, RawMem, RawStream};
-use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce};
+use smallvec::SmallVec;
+
+use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce, AXPY_MULTI};
 use crate::dtype::{Float, ScalarKind};
 use crate::error::Result;
 
@@ -236,6 +238,22 @@ impl RawDevice {
             req(x, m, self)?,
             req(y, m, self)?
         ))
+    }
+
+    /// See [`BackendKernels::axpy_multi`]: 1 to [`AXPY_MULTI`] pairs.
+    pub(crate) fn axpy_multi<F: Float>(
+        &self,
+        s: &RawStream,
+        a: F,
+        pairs: &[(usize, &RawMem, &RawMem)],
+    ) -> Result<()> {
+        dispatch!(self, s, |d, s, m| {
+            let mut raw: SmallVec<[_; AXPY_MULTI]> = SmallVec::new();
+            for &(n, x, y) in pairs.iter().take(AXPY_MULTI) {
+                raw.push((n, req(x, m, self)?, req(y, m, self)?));
+            }
+            d.axpy_multi(s, a, &raw)
+        })
     }
 
     /// See [`BackendKernels::scale`].

@@ -8,7 +8,7 @@ use opencl3::types::cl_mem;
 use super::launch::{groups_for, launch, Arg, Grid, Slot};
 use super::{ClDevice, ClMem, ClStream};
 use crate::backend::args;
-use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce};
+use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce, AXPY_MULTI};
 use crate::dtype::{Float, ScalarKind};
 use crate::error::Result;
 
@@ -16,6 +16,9 @@ use crate::error::Result;
 const MAX_LOCAL_REDUCE: usize = 256;
 /// Most work-groups launched for an element-wise kernel (a grid-stride loop covers the rest).
 const MAX_GROUPS_ELEMENTWISE: usize = 1024;
+/// Pairs of [`BackendKernels::axpy_multi`] of at least this many elements get an `sm_axpy`
+/// launch of their own.
+const AXPY_MULTI_LARGE: usize = 1 << 14;
 /// Most work-groups (partial sums) launched for a reduction.
 const MAX_GROUPS_REDUCE: usize = 256;
 
@@ -233,6 +236,39 @@ impl BackendKernels for ClDevice {
     fn axpy<F: Float>(&self, s: &ClStream, n: usize, a: F, x: &ClMem, y: &ClMem) -> Result<()> {
         let ks = self.kernel_cache().math(self, F::KIND)?;
         self.run_elementwise(s, &ks.axpy, n, &args::axpy(n, a, mem(x), mem(y)))
+    }
+
+    fn axpy_multi<F: Float>(
+        &self,
+        s: &ClStream,
+        a: F,
+        pairs: &[(usize, &ClMem, &ClMem)],
+    ) -> Result<()> {
+        let ks = self.kernel_cache().math(self, F::KIND)?;
+        let slot = &ks.axpy_multi;
+        let mut raw = [(0, std::ptr::null_mut(), std::ptr::null_mut()); AXPY_MULTI];
+        let mut count = 0;
+        for &(n, x, y) in pairs.iter().take(AXPY_MULTI) {
+            if n >= AXPY_MULTI_LARGE {
+                // Large enough that a launch of its own costs little next to the work, which
+                // `sm_axpy` does faster.
+                self.axpy(s, n, a, x, y)?;
+            } else {
+                raw[count] = (n, mem(x), mem(y));
+                count += 1;
+            }
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        let longest = raw[..count].iter().map(|p| p.0).max().unwrap_or(1);
+        // A work-item takes blocks of 8 elements.
+        self.run_elementwise(
+            s,
+            slot,
+            longest.div_ceil(8),
+            &args::axpy_multi(a, &raw[..count]),
+        )
     }
 
     fn scale<F: Float>(&self, s: &ClStream, n: usize, a: F, x: &ClMem) -> Result<()> {

@@ -143,6 +143,7 @@ pub(super) fn rb_global(m: usize, n: usize) -> [usize; 2] {
 /// The math kernels of one device and element type.
 pub(super) struct MathKernels {
     pub(super) axpy: Slot,
+    pub(super) axpy_multi: Slot,
     pub(super) scale: Slot,
     pub(super) asum: Slot,
     pub(super) sumsq: Slot,
@@ -290,6 +291,7 @@ fn build_math(dev: &ClDevice, ty: &str) -> Result<MathKernels> {
     let slot = |name| Slot::new(&program, dev.device_id(), name, label);
     Ok(MathKernels {
         axpy: slot("sm_axpy")?,
+        axpy_multi: slot("sm_axpy_multi")?,
         scale: slot("sm_scale")?,
         asum: slot("sm_asum")?,
         sumsq: slot("sm_sumsq")?,

@@ -373,6 +373,42 @@ __kernel void sm_scale(const ulong n, const T a, __global T* x) {
     }
 }
 
+/* y_p[i] += a * x_p[i] for each pair p (at most 8, count of them given, the others of length
+ * 0) of one launch: every work-item takes blocks of 8 elements of each pair in turn (one vector
+ * of 8, or the elements of a last partial block one by one), a grid-stride loop over blocks.
+ * Each element gets the expression of sm_axpy, so the results are those of one sm_axpy per pair,
+ * bit for bit (a multi-tensor SGD). */
+#define SM_AXPY_PAIR(N, X, Y)                                                             \
+    for (ulong b = get_global_id(0); b * 8 < (N); b += get_global_size(0)) {              \
+        if (b * 8 + 8 <= (N)) {                                                           \
+            vstore8(vload8(b, Y) + a * vload8(b, X), b, Y);                               \
+        } else {                                                                          \
+            for (ulong i = b * 8; i < (N); ++i) {                                         \
+                (Y)[i] += a * (X)[i];                                                     \
+            }                                                                             \
+        }                                                                                 \
+    }
+__kernel void sm_axpy_multi(const T a, const uint count,
+                            const ulong n0, const ulong n1, const ulong n2, const ulong n3,
+                            const ulong n4, const ulong n5, const ulong n6, const ulong n7,
+                            __global const T* x0, __global T* y0,
+                            __global const T* x1, __global T* y1,
+                            __global const T* x2, __global T* y2,
+                            __global const T* x3, __global T* y3,
+                            __global const T* x4, __global T* y4,
+                            __global const T* x5, __global T* y5,
+                            __global const T* x6, __global T* y6,
+                            __global const T* x7, __global T* y7) {
+    SM_AXPY_PAIR(n0, x0, y0)
+    SM_AXPY_PAIR(n1, x1, y1)
+    SM_AXPY_PAIR(n2, x2, y2)
+    SM_AXPY_PAIR(n3, x3, y3)
+    SM_AXPY_PAIR(n4, x4, y4)
+    SM_AXPY_PAIR(n5, x5, y5)
+    SM_AXPY_PAIR(n6, x6, y6)
+    SM_AXPY_PAIR(n7, x7, y7)
+}
+
 /* One partial sum per work-group. The local size is a power of two. */
 #define SM_REDUCE(NAME, EXPR)                                                             \
 __kernel void NAME(const ulong n, __global const T* x, __global T* partial,             \
