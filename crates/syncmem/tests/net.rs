@@ -411,9 +411,10 @@ fn planning_keeps_training_results(dev: &Device) {
     assert_eq!(runs[0], runs[1]);
 }
 
-/// Trains with and without fusing FC + Relu, FCGradient + ReluGradient and the SGD updates,
-/// planned and not: the same losses and weights, bit for bit; the fused nets run nine
-/// operators fewer and never write the pre-activations or the ReLU outputs' gradients.
+/// Trains with and without fusing FC + Relu, FCGradient + ReluGradient, the SGD updates and
+/// the loss with its accuracy and gradient, planned and not: the same losses, accuracies and
+/// weights, bit for bit; the fused nets run eleven operators fewer and never write the
+/// pre-activations or the ReLU outputs' gradients.
 fn fusion_keeps_training_results(dev: &Device) {
     let data = spirals();
     let mut runs = Vec::new();
@@ -423,8 +424,11 @@ fn fusion_keeps_training_results(dev: &Device) {
             ..small(plan)
         };
         let mut t = Trainer::new(dev, &data, &cfg).unwrap();
-        let losses: Vec<u64> = (0..2)
-            .map(|_| t.run_epoch().unwrap().loss.to_bits())
+        let losses: Vec<(u64, u64)> = (0..2)
+            .map(|_| {
+                let e = t.run_epoch().unwrap();
+                (e.loss.to_bits(), e.accuracy.to_bits())
+            })
             .collect();
         let weights: Vec<Vec<f32>> = t
             .nets()
@@ -440,11 +444,19 @@ fn fusion_keeps_training_results(dev: &Device) {
         let fused_updates = net.fusion().map_or(0, |f| f.fused_updates);
         assert_eq!(fused_updates, if fuse { 6 } else { 0 });
         let merged = fused_updates.saturating_sub(1);
+        let fused_losses = net.fusion().map_or(0, |f| f.fused_losses);
+        assert_eq!(fused_losses, if fuse { 2 } else { 0 });
         assert_eq!(
-            net.run_def().ops.len() + fused + fused_grads + merged,
+            net.run_def().ops.len() + fused + fused_grads + merged + fused_losses,
             net.def().ops.len()
         );
-        for (ty, fused, unfused) in [("Relu", 0, 2), ("ReluGradient", 0, 2), ("SGD", 1, 6)] {
+        for (ty, fused, unfused) in [
+            ("Relu", 0, 2),
+            ("ReluGradient", 0, 2),
+            ("SGD", 1, 6),
+            ("Accuracy", 0, 1),
+            ("SoftmaxWithLossGradient", 0, 1),
+        ] {
             let n = net.run_def().ops.iter().filter(|o| o.op_type == ty);
             assert_eq!(n.count(), if fuse { fused } else { unfused }, "{ty}");
         }

@@ -102,8 +102,9 @@ pub struct Args {
 
     /// Do not fuse operators (fused by default, with the same results bit for bit): FC + Relu
     /// into one FC that applies the ReLU in its GEMM, FCGradient + ReluGradient into one
-    /// FCGradient that applies the ReLU mask in its dX GEMM, and the SGD updates into one SGD
-    /// over every parameter (one launch).
+    /// FCGradient that applies the ReLU mask in its dX GEMM, the SGD updates into one SGD over
+    /// every parameter (one launch), and SoftmaxWithLoss + Accuracy + SoftmaxWithLossGradient
+    /// into one SoftmaxWithLoss.
     #[arg(long = "no-fuse")]
     pub no_fuse: bool,
 
@@ -128,9 +129,11 @@ measured on one step with and without it, in fresh workspaces.
 Fusion (on by default, off with --no-fuse; the results are the same bit for bit): each FC whose
 output only a Relu reads applies the ReLU in its GEMM (no fc1, fc2 blobs), and each FCGradient
 whose dX only a ReluGradient reads applies the ReLU mask in its dX GEMM (no relu1_grad,
-relu2_grad blobs), and the six SGD updates run as one SGD over every (parameter, gradient) pair,
+relu2_grad blobs), the six SGD updates run as one SGD over every (parameter, gradient) pair,
 one kernel launch on a device (a parameter of 16384 values or more gets a launch of its own on
-OpenCL): nine kernel launches fewer per step at hidden 64.
+OpenCL), and the Accuracy and SoftmaxWithLossGradient run inside the SoftmaxWithLoss (one pass
+over the rows): 8 operators and 13 kernel launches per step at hidden 64, against 19 and 24
+unfused.
 
 Human output: one line per epoch (mean loss and accuracy of its steps, seconds), the final loss
 and accuracy over the whole dataset, a table of blobs (type, dims, bytes, capacity, head, copies

@@ -122,7 +122,9 @@ pub(crate) fn fill<P: DevicePtr>(n: usize, v: f32, y: P) -> [KArg<P>; 3] {
     [KArg::U64(n as u64), KArg::F32(v), KArg::Ptr(y)]
 }
 
-/// `sm_softmax_loss(N, C, X, labels, P, loss)`.
+/// `sm_softmax_loss(N, C, X, labels, P, loss, A, top_k, dX, flags)`: `flags` bit 0 writes the
+/// accuracy into `A`, bit 1 the gradient into `dX`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn softmax_loss<P: DevicePtr>(
     label: &str,
     (rows, cols): (usize, usize),
@@ -130,7 +132,10 @@ pub(crate) fn softmax_loss<P: DevicePtr>(
     labels: Option<P>,
     p: Option<P>,
     loss: P,
-) -> Result<[KArg<P>; 6]> {
+    accuracy: Option<(usize, P)>,
+    grad: Option<P>,
+) -> Result<[KArg<P>; 10]> {
+    let top_k = accuracy.map_or(1, |a| a.0);
     Ok([
         u32_arg(rows, "rows", label)?,
         u32_arg(cols, "classes", label)?,
@@ -138,6 +143,10 @@ pub(crate) fn softmax_loss<P: DevicePtr>(
         ptr(labels),
         ptr(p),
         KArg::Ptr(loss),
+        ptr(accuracy.map(|a| a.1)),
+        u32_arg(top_k, "top_k", label)?,
+        ptr(grad),
+        KArg::U32(u32::from(accuracy.is_some()) | (u32::from(grad.is_some()) << 1)),
     ])
 }
 

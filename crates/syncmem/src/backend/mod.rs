@@ -276,6 +276,26 @@ pub(crate) struct Gemm {
     pub(crate) relu: bool,
 }
 
+/// What [`BackendKernels::softmax_loss`] also computes in its pass over the rows (a fused
+/// SoftmaxWithLoss + Accuracy + SoftmaxWithLossGradient), from the probabilities it writes.
+#[derive(Debug)]
+pub(crate) struct SoftmaxExtra<'a, M> {
+    /// `(top_k >= 1, out)`: the accuracy of the probabilities into `out[0]`, as
+    /// [`BackendKernels::accuracy`] computes it.
+    pub(crate) accuracy: Option<(usize, &'a M)>,
+    /// `dx = (p - onehot(labels)) / rows`, as [`BackendKernels::softmax_loss_grad`] without
+    /// `dloss` computes it (`rows x cols` elements).
+    pub(crate) grad: Option<&'a M>,
+}
+
+impl<M> Clone for SoftmaxExtra<'_, M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<M> Copy for SoftmaxExtra<'_, M> {}
+
 /// The most `(n, x, y)` pairs of one [`BackendKernels::axpy_multi`] call (one launch).
 pub(crate) const AXPY_MULTI: usize = 8;
 
@@ -360,7 +380,8 @@ pub(crate) trait BackendKernels {
     fn fill_f32(&self, s: &Self::Stream, n: usize, value: f32, y: &Self::Mem) -> Result<()>;
 
     /// Row-wise softmax of `x[rows, cols]` into `p` and the mean cross-entropy against
-    /// `labels` into `loss[0]` (0 for no rows); `cols >= 1`.
+    /// `labels` into `loss[0]` (0 for no rows), then what `extra` asks for, bit for bit what
+    /// the separate kernels give; `cols >= 1`, `p` given whenever `extra.grad` is (`rows >= 1`).
     #[allow(clippy::too_many_arguments)]
     fn softmax_loss(
         &self,
@@ -371,6 +392,7 @@ pub(crate) trait BackendKernels {
         labels: Buf<'_, Self::Mem>,
         p: Buf<'_, Self::Mem>,
         loss: &Self::Mem,
+        extra: SoftmaxExtra<'_, Self::Mem>,
     ) -> Result<Option<BadLabel>>;
 
     /// `dx = (p - onehot(labels)) * dloss / rows` (`dloss = dloss[0]`, or 1 without it);

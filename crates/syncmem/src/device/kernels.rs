@@ -12,7 +12,7 @@ use super::{DeviceBuffer, Stream};
 use crate::backend::dispatch::{RawDevice, RawMem, RawStream};
 use smallvec::SmallVec;
 
-use crate::backend::{BadLabel, Gemm, Reduce, AXPY_MULTI};
+use crate::backend::{BadLabel, Gemm, Reduce, SoftmaxExtra, AXPY_MULTI};
 use crate::dtype::{Float, ScalarKind};
 use crate::error::{Error, Result};
 
@@ -228,8 +228,9 @@ impl<'a> Kernels<'a> {
         self.queue(&[], &[Some(y)], |d, s| d.fill_f32(s, n, value, mem(y)?))
     }
 
-    /// Softmax of `x[rows, cols]` into `p`, mean cross-entropy into `loss[0]`. `Some` when a
-    /// label is out of range and the backend could tell (the `cpu` device).
+    /// Softmax of `x[rows, cols]` into `p`, mean cross-entropy into `loss[0]`, and what
+    /// `extra` asks for in the same pass (the accuracy of `p`, the gradient with `dloss = 1`).
+    /// `Some` when a label is out of range and the backend could tell (the `cpu` device).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn softmax_loss(
         &self,
@@ -239,6 +240,7 @@ impl<'a> Kernels<'a> {
         labels: &DeviceBuffer,
         p: &DeviceBuffer,
         loss: &DeviceBuffer,
+        extra: SoftmaxExtra<'_, DeviceBuffer>,
     ) -> Result<Option<BadLabel>> {
         let k = "softmax_loss";
         let cells = rows.saturating_mul(cols);
@@ -246,10 +248,28 @@ impl<'a> Kernels<'a> {
         let labels = self.check(labels, rows, 4, op(k, "labels"))?;
         let p = self.check(p, cells, 4, op(k, "p"))?;
         let loss = self.need(loss, 1, 4, op(k, "loss"))?;
+        let acc = match extra.accuracy {
+            Some((top_k, a)) => Some((top_k.max(1), self.need(a, 1, 4, op(k, "accuracy"))?)),
+            None => None,
+        };
+        // No rows: no gradient to write (as `softmax_loss_grad`).
+        let grad = match extra.grad {
+            Some(g) => self.check(g, cells, 4, op(k, "dx"))?,
+            None => None,
+        };
         if cols == 0 && rows > 0 {
             return Err(self.no_classes(k));
         }
-        self.queue(&[x, labels], &[p, Some(loss)], |d, s| {
+        let writes = [p, Some(loss), acc.map(|a| a.1), grad];
+        self.queue(&[x, labels], &writes, |d, s| {
+            let accuracy = match acc {
+                Some((top_k, a)) => Some((top_k, mem(a)?)),
+                None => None,
+            };
+            let extra = SoftmaxExtra {
+                accuracy,
+                grad: opt(grad),
+            };
             d.softmax_loss(
                 s,
                 rows,
@@ -258,6 +278,7 @@ impl<'a> Kernels<'a> {
                 opt(labels),
                 opt(p),
                 mem(loss)?,
+                extra,
             )
         })
     }

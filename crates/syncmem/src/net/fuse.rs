@@ -18,8 +18,8 @@
 //! - no operator between `i` and `j` reads or writes `r` (the fused `FC` writes `r` at `i`).
 //!
 //! [`NetOptions::fuse`](super::NetOptions::fuse) turns the rewrites of [`fuse_net`] on for a
-//! net (this one, then the backward fusion of [`super::fuse_grad`] and the update fusion of
-//! [`super::fuse_sgd`]; before memory planning);
+//! net (this one, then the backward fusion of [`super::fuse_grad`], the update fusion of
+//! [`super::fuse_sgd`] and the loss fusion of [`super::fuse_loss`]; before memory planning);
 //! the training loop uses it unless
 //! [`TrainConfig::fuse`](super::train::TrainConfig::fuse) is off (`syncmem train --no-fuse`).
 //!
@@ -55,16 +55,21 @@ pub struct Fusion {
     pub fused_grads: Vec<(String, String)>,
     /// How many `SGD` operators merged into multi-parameter ones (see [`super::fuse_sgd`]).
     pub fused_updates: usize,
+    /// How many `Accuracy` and `SoftmaxWithLossGradient` operators run inside a
+    /// `SoftmaxWithLoss` (see [`super::fuse_loss`]).
+    pub fused_losses: usize,
 }
 
 /// Every fusion of a net: [`fuse_fc_relu`], then each `FCGradient` + `ReluGradient` pair
-/// (see [`super::fuse_grad`]), then the runs of `SGD`s (see [`super::fuse_sgd`]). Names in
+/// (see [`super::fuse_grad`]), then the runs of `SGD`s (see [`super::fuse_sgd`]), then the
+/// `Accuracy` and the gradient of each `SoftmaxWithLoss` (see [`super::fuse_loss`]). Names in
 /// `keep` are never removed.
 pub fn fuse_net(def: &NetDef, keep: &[String]) -> Fusion {
     let mut f = fuse_fc_relu(def, keep);
     let protected = protected(def, keep);
     f.fused_grads = super::fuse_grad::fuse_relu_grad(&mut f.def.ops, &protected);
     f.fused_updates = super::fuse_sgd::fuse_sgd(&mut f.def.ops);
+    f.fused_losses = super::fuse_loss::fuse_loss(&mut f.def.ops);
     f
 }
 
@@ -115,6 +120,7 @@ pub fn fuse_fc_relu(def: &NetDef, keep: &[String]) -> Fusion {
         fused,
         fused_grads: Vec::new(),
         fused_updates: 0,
+        fused_losses: 0,
     }
 }
 

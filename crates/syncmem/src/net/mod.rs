@@ -28,7 +28,7 @@
 //! | [`Net`] | a net built for a device: its operators and a [`Context`] |
 //! | `Workspace` net methods | `create_net`, `get_net`, `run_net`, `delete_net`, `nets`, `run_net_once` |
 //! | [`plan`] | memory planning: intermediate blobs whose lifetimes do not overlap share buffers |
-//! | [`fuse`], [`fuse_grad`], [`fuse_sgd`] | operator fusion: an `FC` read only by a following `Relu` becomes one fused `FC`; an `FCGradient` whose `dX` only a `ReluGradient` reads applies the mask itself; consecutive `SGD`s become one multi-parameter `SGD` |
+//! | [`fuse`], [`fuse_grad`], [`fuse_sgd`], [`fuse_loss`] | operator fusion: an `FC` read only by a following `Relu` becomes one fused `FC`; an `FCGradient` whose `dX` only a `ReluGradient` reads applies the mask itself; consecutive `SGD`s become one multi-parameter `SGD`; the `Accuracy` and gradient of a `SoftmaxWithLoss` run inside it |
 //! | [`memory`] | where each blob lives, bytes per side, peaks measured while a net runs |
 //! | [`mlp`], [`train`] | a multilayer perceptron as nets of operators, datasets, a training loop |
 //!
@@ -46,6 +46,7 @@
 mod def;
 pub mod fuse;
 pub mod fuse_grad;
+pub mod fuse_loss;
 pub mod fuse_sgd;
 pub mod memory;
 pub mod mlp;
@@ -86,8 +87,9 @@ pub struct NetOptions {
     /// Fuse each `FC` whose output only a following `Relu` reads into one `FC` that applies
     /// the ReLU (see [`fuse`]), and each `FCGradient` whose input gradient only a following
     /// `ReluGradient` reads into one `FCGradient` that applies the mask (see [`fuse_grad`]),
-    /// and consecutive `SGD`s into one that updates every parameter in one launch (see
-    /// [`fuse_sgd`]), before planning ([`fuse_net`]). Off by default: the blobs fused away are
+    /// consecutive `SGD`s into one that updates every parameter in one launch (see
+    /// [`fuse_sgd`]), and a `SoftmaxWithLoss` with the `Accuracy` and gradient that read its
+    /// probabilities (see [`fuse_loss`]), before planning ([`fuse_net`]). Off by default: the blobs fused away are
     /// no longer written.
     pub fuse: bool,
     /// Seed of the net's context (random fills); `None` draws one.

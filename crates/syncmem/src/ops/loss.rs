@@ -4,6 +4,11 @@
 //! accuracy are 0-dimensional `f32` tensors written on the device, so a training loop reads
 //! back only those scalars.
 //!
+//! `SoftmaxWithLoss` with `accuracy_top_k = K` also writes the `Accuracy` (top K) of its
+//! probabilities as output 2, and with `gradient = 1` the `SoftmaxWithLossGradient` (with
+//! `dLoss = 1`) as its last output, in the same pass over the rows, bit for bit what the
+//! separate operators give (see `net::fuse_loss`).
+//!
 //! An out-of-range label is an error naming the row on the `cpu` device, and on OpenCL and CUDA
 //! whenever the labels' host copy is current (checked there without any copy). When the labels
 //! live only on the device, checking would need a read-back: the kernels then make the loss, the
@@ -15,7 +20,7 @@ use super::fc::split;
 use super::io::{Blobs, Io};
 use super::{Operator, OperatorDef};
 use crate::backend::cpu::math::check_labels as host_check_labels;
-use crate::backend::BadLabel;
+use crate::backend::{BadLabel, SoftmaxExtra};
 use crate::context::Context;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -25,9 +30,16 @@ use crate::workspace::Workspace;
 
 #[derive(Clone, Copy)]
 enum Kind {
-    Forward,
+    /// With `accuracy_top_k`, output 2 is the accuracy; with `gradient = 1`, the last output is
+    /// the gradient of the loss (with `dLoss = 1`): both from the same pass.
+    Forward {
+        top_k: Option<usize>,
+        gradient: bool,
+    },
     Gradient,
-    Accuracy { top_k: usize },
+    Accuracy {
+        top_k: usize,
+    },
 }
 
 struct LossOp {
@@ -41,8 +53,50 @@ pub(crate) fn build_softmax_with_loss(
     def: &OperatorDef,
     device: &Device,
 ) -> Result<Box<dyn Operator>> {
-    let args = Args::check(def, (2, 2), (2, 2), &["axis"])?;
-    op(def, device, args.i64_or("axis", 1)?, Kind::Forward)
+    let args = Args::check(def, (2, 2), (2, 4), &["axis", "accuracy_top_k", "gradient"])?;
+    let top_k = match def.args.contains_key("accuracy_top_k") {
+        true => Some(top_k_of(def, args.i64_or("accuracy_top_k", 1)?)?),
+        false => None,
+    };
+    let gradient = match args.i64_or("gradient", 0)? {
+        0 => false,
+        1 => true,
+        v => {
+            return Err(invalid(
+                def,
+                format!("argument \"gradient\" must be 0 or 1, got {v}"),
+            ))
+        }
+    };
+    let want = 2 + usize::from(top_k.is_some()) + usize::from(gradient);
+    if def.outputs.len() != want {
+        return Err(invalid(
+            def,
+            format!(
+                "writes P, the loss{}{}: {want} outputs, got {}",
+                if top_k.is_some() {
+                    ", the accuracy"
+                } else {
+                    ""
+                },
+                if gradient { ", dX" } else { "" },
+                def.outputs.len()
+            ),
+        ));
+    }
+    op(
+        def,
+        device,
+        args.i64_or("axis", 1)?,
+        Kind::Forward { top_k, gradient },
+    )
+}
+
+fn top_k_of(def: &OperatorDef, top_k: i64) -> Result<usize> {
+    usize::try_from(top_k)
+        .ok()
+        .filter(|&k| k >= 1)
+        .ok_or_else(|| invalid(def, format!("top_k must be at least 1, got {top_k}")))
 }
 
 pub(crate) fn build_softmax_with_loss_gradient(
@@ -55,11 +109,7 @@ pub(crate) fn build_softmax_with_loss_gradient(
 
 pub(crate) fn build_accuracy(def: &OperatorDef, device: &Device) -> Result<Box<dyn Operator>> {
     let args = Args::check(def, (2, 2), (1, 1), &["top_k"])?;
-    let top_k = args.i64_or("top_k", 1)?;
-    let top_k = usize::try_from(top_k)
-        .ok()
-        .filter(|&k| k >= 1)
-        .ok_or_else(|| invalid(def, format!("top_k must be at least 1, got {top_k}")))?;
+    let top_k = top_k_of(def, args.i64_or("top_k", 1)?)?;
     op(def, device, 1, Kind::Accuracy { top_k })
 }
 
@@ -125,7 +175,7 @@ impl Operator for LossOp {
         let mut locked = blobs.lock();
         let mut io = locked.io(ctx.device())?;
         match self.kind {
-            Kind::Forward => self.forward(ctx, &mut io),
+            Kind::Forward { top_k, gradient } => self.forward(ctx, &mut io, top_k, gradient),
             Kind::Gradient => self.gradient(ctx, &mut io),
             Kind::Accuracy { top_k } => self.accuracy(ctx, &mut io, top_k),
         }
@@ -133,7 +183,13 @@ impl Operator for LossOp {
 }
 
 impl LossOp {
-    fn forward(&self, ctx: &Context, io: &mut Io<'_>) -> Result<()> {
+    fn forward(
+        &self,
+        ctx: &Context,
+        io: &mut Io<'_>,
+        top_k: Option<usize>,
+        gradient: bool,
+    ) -> Result<()> {
         let def = io.def();
         let dev = ctx.device();
         let (x, labels) = (io.input(0)?, io.input(1)?);
@@ -143,6 +199,21 @@ impl LossOp {
         let li = In::<i32>::open(labels, dev, What::input(def, 1))?;
         let p = Out::<f32>::overwrite(io.output(0)?, x.dims(), dev)?;
         let loss = Out::<f32>::overwrite(io.output(1)?, &[], dev)?;
+        let acc = match top_k {
+            Some(k) => Some((k, Out::<f32>::overwrite(io.output(2)?, &[], dev)?)),
+            None => None,
+        };
+        let dx = match gradient {
+            true => {
+                let j = def.outputs.len() - 1;
+                Some(Out::<f32>::overwrite(io.output(j)?, x.dims(), dev)?)
+            }
+            false => None,
+        };
+        let extra = SoftmaxExtra {
+            accuracy: acc.as_ref().map(|(k, a)| (*k, a.buffer())),
+            grad: dx.as_ref().map(Out::buffer),
+        };
         let seen = ctx.kernels().softmax_loss(
             n,
             c,
@@ -150,6 +221,7 @@ impl LossOp {
             li.buffer(),
             p.buffer(),
             loss.buffer(),
+            extra,
         )?;
         labels_ok(def, c, seen)
     }

@@ -178,9 +178,72 @@ fn multi_parameter_sgd_equals_one_sgd_per_parameter(dev: &Device) {
     assert!(e.to_string().contains("\"b\""), "{e}");
 }
 
+/// `SoftmaxWithLoss` with `accuracy_top_k` and `gradient = 1` writes, in one pass, what
+/// `SoftmaxWithLoss`, `Accuracy` and `SoftmaxWithLossGradient` write, bit for bit; a wrong
+/// output count is refused.
+fn fused_loss_equals_the_three_operators(dev: &Device) {
+    let ctx = Context::with_seed(dev, 1).unwrap();
+    for (rows, cols, top_k) in [(33, 10, 1), (33, 10, 3), (1, 1, 1), (33, 3, 2)] {
+        let ws = Workspace::new();
+        put(&ws, dev, "x", &[rows, cols], &data(rows * cols, 7));
+        let labels: Vec<i32> = (0..rows as i32).map(|i| i * 7 % cols as i32).collect();
+        put(&ws, dev, "l", &[rows], &labels);
+        let sm = |outs: &[&str]| OperatorDef::new("SoftmaxWithLoss", &["x", "l"], outs);
+        ok(&ws, &ctx, sm(&["p", "loss"]));
+        ok(
+            &ws,
+            &ctx,
+            OperatorDef::new("Accuracy", &["p", "l"], &["acc"]).arg("top_k", top_k),
+        );
+        ok(
+            &ws,
+            &ctx,
+            OperatorDef::new("SoftmaxWithLossGradient", &["p", "l"], &["dx"]),
+        );
+        let fused = sm(&["p2", "loss2", "acc2", "dx2"])
+            .arg("accuracy_top_k", top_k)
+            .arg("gradient", 1);
+        ok(&ws, &ctx, fused);
+        for (a, b) in [
+            ("p", "p2"),
+            ("loss", "loss2"),
+            ("acc", "acc2"),
+            ("dx", "dx2"),
+        ] {
+            let (x, y) = (get(&ws, a), get(&ws, b));
+            let same =
+                x.len() == y.len() && x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(
+                same,
+                "{a} vs {b} at {rows}x{cols} top {top_k} on {}",
+                dev.label()
+            );
+        }
+        // Only one of the two.
+        ok(&ws, &ctx, sm(&["p3", "loss3", "dx3"]).arg("gradient", 1));
+        ok(
+            &ws,
+            &ctx,
+            sm(&["p4", "loss4", "acc4"]).arg("accuracy_top_k", top_k),
+        );
+        assert_eq!(get(&ws, "dx"), get(&ws, "dx3"));
+        assert_eq!(get(&ws, "acc"), get(&ws, "acc4"));
+    }
+    for bad in [
+        OperatorDef::new("SoftmaxWithLoss", &["x", "l"], &["p", "loss", "a"]),
+        OperatorDef::new("SoftmaxWithLoss", &["x", "l"], &["p", "loss"]).arg("gradient", 1),
+        OperatorDef::new("SoftmaxWithLoss", &["x", "l"], &["p", "loss", "a"])
+            .arg("accuracy_top_k", 0),
+    ] {
+        let e = create_operator(&bad, dev).err().unwrap();
+        assert!(e.to_string().contains("SoftmaxWithLoss"), "{e}");
+    }
+}
+
 syncmem::for_each_device!(
     errors_name_the_operator_and_the_blob,
-    multi_parameter_sgd_equals_one_sgd_per_parameter
+    multi_parameter_sgd_equals_one_sgd_per_parameter,
+    fused_loss_equals_the_three_operators
 );
 
 // ----- cpu against each accelerator ---------------------------------------------------------------

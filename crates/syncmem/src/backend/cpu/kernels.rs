@@ -5,7 +5,7 @@ use bytemuck::Pod;
 
 use super::math;
 use super::{CpuDevice, CpuMem, CpuStream};
-use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce};
+use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce, SoftmaxExtra};
 use crate::dtype::{Float, ScalarKind};
 use crate::error::{Error, Result};
 
@@ -168,30 +168,42 @@ impl BackendKernels for CpuDevice {
 
     fn softmax_loss(
         &self,
-        _: &CpuStream,
+        s: &CpuStream,
         rows: usize,
         cols: usize,
         x: Buf<'_, CpuMem>,
         labels: Buf<'_, CpuMem>,
         p: Buf<'_, CpuMem>,
         loss: &CpuMem,
+        extra: SoftmaxExtra<'_, CpuMem>,
     ) -> Result<Option<BadLabel>> {
-        let xs = view_opt::<f32>(x, rows * cols)?;
-        let ls = view_opt::<i32>(labels, rows)?;
-        let ps: &mut [f32] = match p {
-            // SAFETY: `p` is an output, held exclusively, aliasing no input or `loss`.
-            Some(p) => unsafe { view_mut(p, rows * cols)? },
-            None => &mut [],
-        };
-        match math::softmax_loss(rows, cols, xs, ls, ps) {
-            Ok(v) => {
-                // SAFETY: `loss` is an output, held exclusively, aliasing nothing else.
-                let out = unsafe { view_mut::<f32>(loss, 1)? };
-                out[0] = v;
-                Ok(None)
+        {
+            let xs = view_opt::<f32>(x, rows * cols)?;
+            let ls = view_opt::<i32>(labels, rows)?;
+            let ps: &mut [f32] = match p {
+                // SAFETY: `p` is an output, held exclusively, aliasing no input or `loss`.
+                Some(p) => unsafe { view_mut(p, rows * cols)? },
+                None => &mut [],
+            };
+            match math::softmax_loss(rows, cols, xs, ls, ps) {
+                Ok(v) => {
+                    // SAFETY: `loss` is an output, held exclusively, aliasing nothing else.
+                    let out = unsafe { view_mut::<f32>(loss, 1)? };
+                    out[0] = v;
+                }
+                Err(bad) => return Ok(Some(bad)),
             }
-            Err(bad) => Ok(Some(bad)),
         }
+        // The rest reads the probabilities just written, as the separate kernels would.
+        if let Some((top_k, out)) = extra.accuracy {
+            if let Some(bad) = self.accuracy(s, rows, cols, top_k, p, labels, out)? {
+                return Ok(Some(bad));
+            }
+        }
+        if let (Some(dx), Some(p), Some(labels)) = (extra.grad, p, labels) {
+            return self.softmax_loss_grad(s, rows, cols, p, labels, None, dx);
+        }
+        Ok(None)
     }
 
     fn softmax_loss_grad(

@@ -30,7 +30,7 @@ use super::launch::{blocks_for, launch, linear, Arg, MAX_BLOCKS, MAX_GRID_Y};
 use super::source::{BLOCK, GEMM_THREADS, MATH_BLOCK, TILE_M, TILE_N};
 use super::{CuDevice, CuMem, CuStream};
 use crate::backend::args;
-use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce, AXPY_MULTI};
+use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce, SoftmaxExtra, AXPY_MULTI};
 use crate::dtype::{Float, ScalarKind};
 use crate::error::Result;
 
@@ -156,10 +156,13 @@ impl BackendKernels for CuDevice {
         labels: Buf<'_, CuMem>,
         p: Buf<'_, CuMem>,
         loss: &CuMem,
+        extra: SoftmaxExtra<'_, CuMem>,
     ) -> Result<Option<BadLabel>> {
         let ks = self.kernel_cache().ops(self)?;
         let (l, rc) = (self.label(), (rows, cols));
-        let args = args::softmax_loss(l, rc, opt(x), opt(labels), opt(p), ptr(loss))?;
+        let acc = extra.accuracy.map(|(k, a)| (k, ptr(a)));
+        let (x, labels, p, grad) = (opt(x), opt(labels), opt(p), opt(extra.grad));
+        let args = args::softmax_loss(l, rc, x, labels, p, ptr(loss), acc, grad)?;
         let cfg = linear(1, BLOCK);
         self.run(s, "sm_softmax_loss", &ks.softmax_loss, &args, cfg)?;
         Ok(None)

@@ -197,13 +197,18 @@ __device__ float sm_block_sum(float acc, float* scratch) {
     return scratch[0];
 }
 
-/* One block. Row i: P = softmax(X) with the row maximum subtracted first; its loss is
+/* One block (fused with the accuracy and the gradient as sm_softmax_loss of the OpenCL
+ * source: flags bit 0 writes the accuracy of P into A[0], bit 1 dX = (P - onehot) / N).
+ * Row i: P = softmax(X) with the row maximum subtracted first; its loss is
  * log(sum exp(x - max)) - (x[label] - max) = -log P[label], without ever taking log(0).
  * An out-of-range label makes the loss NaN (checking would need a read-back).
  * loss[0] = mean over the rows (0 when N == 0). */
 extern "C" __global__ void sm_softmax_loss(unsigned int N, unsigned int C, const float* X,
-                                           const int* labels, float* P, float* loss) {
+                                           const int* labels, float* P, float* loss, float* A,
+                                           unsigned int top_k, float* dX, unsigned int flags) {
     __shared__ float scratch[SM_BLOCK];
+    const float scale = 1.0f / (float)N;
+    float right = 0.0f;
     float acc = 0.0f;
     for (unsigned long long i = threadIdx.x; i < N; i += blockDim.x) {
         const float* x = X + i * C;
@@ -223,11 +228,44 @@ extern "C" __global__ void sm_softmax_loss(unsigned int N, unsigned int C, const
             p[j] *= inv;
         }
         const int l = labels[i];
-        acc += (l >= 0 && (unsigned int)l < C) ? logf(s) - (x[l] - m) : SM_NAN;
+        const bool ok = l >= 0 && (unsigned int)l < C;
+        acc += ok ? logf(s) - (x[l] - m) : SM_NAN;
+        if (flags & 1u) {
+            if (!ok) {
+                right += SM_NAN;
+            } else {
+                const float v = p[l];
+                unsigned int greater = 0;
+                for (unsigned int j = 0; j < C && greater < top_k; ++j) {
+                    greater += p[j] > v ? 1 : 0;
+                }
+                right += greater < top_k ? 1.0f : 0.0f;
+            }
+        }
+        if (flags & 2u) {
+            float* dx = dX + i * C;
+            for (unsigned int j = 0; j < C; ++j) {
+                float g = p[j];
+                if (!ok) {
+                    g = SM_NAN;
+                } else if ((unsigned int)l == j) {
+                    g -= 1.0f;
+                }
+                dx[j] = g * scale;
+            }
+        }
     }
     const float total = sm_block_sum(acc, scratch);
     if (threadIdx.x == 0) {
         loss[0] = N > 0 ? total / (float)N : 0.0f;
+    }
+    if (flags & 1u) {
+        /* Every thread has read scratch[0] before it is written again. */
+        __syncthreads();
+        const float correct = sm_block_sum(right, scratch);
+        if (threadIdx.x == 0) {
+            A[0] = N > 0 ? correct / (float)N : 0.0f;
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 use super::{mismatch, RawDevice, RawMem, RawStream};
 use smallvec::SmallVec;
 
-use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce, AXPY_MULTI};
+use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce, SoftmaxExtra, AXPY_MULTI};
 use crate::dtype::{Float, ScalarKind};
 use crate::error::Result;
 
@@ -164,16 +164,26 @@ impl RawDevice {
         labels: RawBuf<'_>,
         p: RawBuf<'_>,
         loss: &RawMem,
+        extra: SoftmaxExtra<'_, RawMem>,
     ) -> Result<Option<BadLabel>> {
-        dispatch!(self, s, |d, s, m| d.softmax_loss(
-            s,
-            rows,
-            cols,
-            opt(x, m, self)?,
-            opt(labels, m, self)?,
-            opt(p, m, self)?,
-            req(loss, m, self)?
-        ))
+        dispatch!(self, s, |d, s, m| {
+            let accuracy = match extra.accuracy {
+                Some((k, a)) => Some((k, req(a, m, self)?)),
+                None => None,
+            };
+            let grad = opt(extra.grad, m, self)?;
+            let extra = SoftmaxExtra { accuracy, grad };
+            d.softmax_loss(
+                s,
+                rows,
+                cols,
+                opt(x, m, self)?,
+                opt(labels, m, self)?,
+                opt(p, m, self)?,
+                req(loss, m, self)?,
+                extra,
+            )
+        })
     }
 
     /// See [`BackendKernels::softmax_loss_grad`].

@@ -8,7 +8,7 @@ use opencl3::types::cl_mem;
 use super::launch::{groups_for, launch, Arg, Grid, Slot};
 use super::{ClDevice, ClMem, ClStream};
 use crate::backend::args;
-use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce, AXPY_MULTI};
+use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce, SoftmaxExtra, AXPY_MULTI};
 use crate::dtype::{Float, ScalarKind};
 use crate::error::Result;
 
@@ -174,6 +174,7 @@ impl BackendKernels for ClDevice {
         labels: Buf<'_, ClMem>,
         p: Buf<'_, ClMem>,
         loss: &ClMem,
+        extra: SoftmaxExtra<'_, ClMem>,
     ) -> Result<Option<BadLabel>> {
         let ks = self.kernel_cache().ops(self)?;
         let args = args::softmax_loss(
@@ -183,6 +184,8 @@ impl BackendKernels for ClDevice {
             opt(labels),
             opt(p),
             mem(loss),
+            extra.accuracy.map(|(k, a)| (k, mem(a))),
+            opt(extra.grad),
         )?;
         self.run_one_group(s, &ks.softmax_loss, &args)?;
         Ok(None)

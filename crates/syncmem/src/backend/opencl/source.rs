@@ -283,10 +283,16 @@ float sm_group_sum(float acc, __local float* scratch) {
 /* One work-group. Row i: P = softmax(X) with the row maximum subtracted first; its loss is
  * log(sum exp(x - max)) - (x[label] - max) = -log P[label], without ever taking log(0).
  * An out-of-range label makes the loss NaN (checking would need a read-back).
- * loss[0] = mean over the rows (0 when N == 0). */
+ * loss[0] = mean over the rows (0 when N == 0). In the same pass (a fused SoftmaxWithLoss +
+ * Accuracy + SoftmaxWithLossGradient), on the P just written, with the expressions of
+ * sm_accuracy and sm_softmax_loss_grad (bit for bit theirs): the accuracy of P into A[0] when
+ * flags bit 0, and dX = (P - onehot(label)) / N when flags bit 1. */
 __kernel void sm_softmax_loss(const uint N, const uint C, __global const float* X,
                               __global const int* labels, __global float* P,
-                              __global float* loss, __local float* scratch) {
+                              __global float* loss, __global float* A, const uint top_k,
+                              __global float* dX, const uint flags, __local float* scratch) {
+    const float scale = 1.0f / (float)N;
+    float right = 0.0f;
     float acc = 0.0f;
     for (uint i = get_local_id(0); i < N; i += get_local_size(0)) {
         __global const float* x = X + (size_t)i * C;
@@ -306,11 +312,44 @@ __kernel void sm_softmax_loss(const uint N, const uint C, __global const float* 
             p[j] *= inv;
         }
         const int l = labels[i];
-        acc += (l >= 0 && (uint)l < C) ? log(s) - (x[l] - m) : NAN;
+        const bool ok = l >= 0 && (uint)l < C;
+        acc += ok ? log(s) - (x[l] - m) : NAN;
+        if (flags & 1u) {
+            if (!ok) {
+                right += NAN;
+            } else {
+                const float v = p[l];
+                uint greater = 0;
+                for (uint j = 0; j < C && greater < top_k; ++j) {
+                    greater += p[j] > v ? 1 : 0;
+                }
+                right += greater < top_k ? 1.0f : 0.0f;
+            }
+        }
+        if (flags & 2u) {
+            __global float* dx = dX + (size_t)i * C;
+            for (uint j = 0; j < C; ++j) {
+                float g = p[j];
+                if (!ok) {
+                    g = NAN;
+                } else if ((uint)l == j) {
+                    g -= 1.0f;
+                }
+                dx[j] = g * scale;
+            }
+        }
     }
     const float total = sm_group_sum(acc, scratch);
     if (get_local_id(0) == 0) {
         loss[0] = N > 0 ? total / (float)N : 0.0f;
+    }
+    if (flags & 1u) {
+        /* Every work-item has read scratch[0] before it is written again. */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const float correct = sm_group_sum(right, scratch);
+        if (get_local_id(0) == 0) {
+            A[0] = N > 0 ? correct / (float)N : 0.0f;
+        }
     }
 }
 
