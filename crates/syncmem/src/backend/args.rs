@@ -57,8 +57,9 @@ pub(crate) fn value<P, F: Float>(a: F) -> KArg<P> {
     }
 }
 
-/// `sm_gemm(M, N, K, ta, tb, A, B, C, bias, mask, flags)`: `flags` bit 0 adds the bias, bit 1
-/// applies the ReLU ([`Gemm::relu`]), bit 2 the mask of a fused ReLU gradient.
+/// `sm_gemm(M, N, K, ta, tb, A, B, C, bias, mask, sum, flags)`: `flags` bit 0 adds the bias,
+/// bit 1 applies the ReLU ([`Gemm::relu`]), bit 2 the mask of a fused ReLU gradient, bit 3
+/// writes the column sums of `A` into `sum` (a fused bias gradient).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm<P: DevicePtr>(
     label: &str,
@@ -68,7 +69,8 @@ pub(crate) fn gemm<P: DevicePtr>(
     c: P,
     bias: Option<P>,
     mask: Option<P>,
-) -> Result<[KArg<P>; 11]> {
+    sum: Option<P>,
+) -> Result<[KArg<P>; 12]> {
     Ok([
         u32_arg(g.m, "GEMM M", label)?,
         u32_arg(g.n, "GEMM N", label)?,
@@ -80,8 +82,12 @@ pub(crate) fn gemm<P: DevicePtr>(
         KArg::Ptr(c),
         ptr(bias),
         ptr(mask),
+        ptr(sum),
         KArg::U32(
-            u32::from(bias.is_some()) | (u32::from(g.relu) << 1) | (u32::from(mask.is_some()) << 2),
+            u32::from(bias.is_some())
+                | (u32::from(g.relu) << 1)
+                | (u32::from(mask.is_some()) << 2)
+                | (u32::from(sum.is_some()) << 3),
         ),
     ])
 }
@@ -247,18 +253,20 @@ mod tests {
             k: 0,
             relu: false,
         };
-        let a = gemm::<u64>("x", &g, None, None, 9, Some(5), None).unwrap();
+        let a = gemm::<u64>("x", &g, None, None, 9, Some(5), None, None).unwrap();
         assert!(matches!(a[3], KArg::U32(1)) && matches!(a[4], KArg::U32(0)));
         assert!(matches!(a[5], KArg::Ptr(0)) && matches!(a[7], KArg::Ptr(9)));
         assert!(matches!(a[8], KArg::Ptr(5)) && matches!(a[9], KArg::Ptr(0)));
-        assert!(matches!(a[10], KArg::U32(1)));
+        assert!(matches!(a[10], KArg::Ptr(0)) && matches!(a[11], KArg::U32(1)));
         let relu = Gemm { relu: true, ..g };
-        let r = gemm::<u64>("x", &relu, None, None, 9, None, None).unwrap();
-        assert!(matches!(r[8], KArg::Ptr(0)) && matches!(r[10], KArg::U32(2)));
-        let r = gemm::<u64>("x", &relu, None, None, 9, Some(5), None).unwrap();
-        assert!(matches!(r[10], KArg::U32(3)));
-        let r = gemm::<u64>("x", &g, None, None, 9, None, Some(6)).unwrap();
-        assert!(matches!(r[9], KArg::Ptr(6)) && matches!(r[10], KArg::U32(4)));
+        let r = gemm::<u64>("x", &relu, None, None, 9, None, None, None).unwrap();
+        assert!(matches!(r[8], KArg::Ptr(0)) && matches!(r[11], KArg::U32(2)));
+        let r = gemm::<u64>("x", &relu, None, None, 9, Some(5), None, None).unwrap();
+        assert!(matches!(r[11], KArg::U32(3)));
+        let r = gemm::<u64>("x", &g, None, None, 9, None, Some(6), None).unwrap();
+        assert!(matches!(r[9], KArg::Ptr(6)) && matches!(r[11], KArg::U32(4)));
+        let r = gemm::<u64>("x", &g, None, None, 9, None, None, Some(7)).unwrap();
+        assert!(matches!(r[10], KArg::Ptr(7)) && matches!(r[11], KArg::U32(8)));
         let s = softmax_loss_grad::<u64>("x", (1, 2), 1, 2, None, 3).unwrap();
         assert!(matches!(s[4], KArg::Ptr(0)) && matches!(s[5], KArg::U32(0)));
         assert!(matches!(value::<u64, f64>(0.5), KArg::F64(v) if v == 0.5));

@@ -340,7 +340,10 @@ pub(crate) trait BackendKernels {
     /// `C = op(A)·op(B) (+ bias)`, then `max(C, 0)` when [`Gemm::relu`], then, with `mask`
     /// (`[m, n]`, aliasing nothing written), `C[i,j] = mask[i*n + j] > 0 ? C[i,j] : 0` (a fused
     /// ReLU gradient, the select of [`BackendKernels::relu_grad`]); `m, n >= 1` (`a` and `b`
-    /// are empty only when `k == 0`).
+    /// are empty only when `k == 0`). With `sum` (`[m]`, only when [`Gemm::ta`], aliasing no
+    /// other operand), the same launch also writes `sum[i] = Σ_l A[l*m + i]`, the column sums
+    /// of `A` as stored (the bias gradient of an `FCGradient`, whose `dW = dYᵀ·X`), bit for
+    /// bit what [`BackendKernels::col_sum`] writes for `(k, m, A)`.
     #[allow(clippy::too_many_arguments)]
     fn gemm(
         &self,
@@ -351,6 +354,7 @@ pub(crate) trait BackendKernels {
         c: &Self::Mem,
         bias: Buf<'_, Self::Mem>,
         mask: Buf<'_, Self::Mem>,
+        sum: Buf<'_, Self::Mem>,
     ) -> Result<()>;
 
     /// `out[j] = sum_i x[i*cols + j]`; `cols >= 1` (`x` empty only when `rows == 0`).

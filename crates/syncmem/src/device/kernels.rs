@@ -140,7 +140,10 @@ impl<'a> Kernels<'a> {
     }
 
     /// `C[m,n] = op(A)·op(B) (+ bias[col])` in `f32` (see [`Gemm`]), then, with `mask`
-    /// (`[m, n]`, not `c`), `C = mask > 0 ? C : 0` (a fused ReLU gradient).
+    /// (`[m, n]`, not `c`), `C = mask > 0 ? C : 0` (a fused ReLU gradient); with `sum` (`[m]`,
+    /// only when `g.ta`, aliasing no other operand), also `sum[i] = Σ_l A[l*m + i]` in the same
+    /// launch, bit for bit what [`Kernels::col_sum`] writes for `(k, m, A)`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn gemm(
         &self,
         g: Gemm,
@@ -149,9 +152,11 @@ impl<'a> Kernels<'a> {
         c: &DeviceBuffer,
         bias: Option<&DeviceBuffer>,
         mask: Option<&DeviceBuffer>,
+        sum: Option<&DeviceBuffer>,
     ) -> Result<()> {
         const F: usize = 4;
         let (m, n, k) = (g.m, g.n, g.k);
+        let a_full = a;
         let a = self.check(a, m.saturating_mul(k), F, op("gemm", "A"))?;
         let b = self.check(b, k.saturating_mul(n), F, op("gemm", "B"))?;
         let c = self.check(c, m.saturating_mul(n), F, op("gemm", "C"))?;
@@ -163,11 +168,36 @@ impl<'a> Kernels<'a> {
             Some(x) => self.check(x, m.saturating_mul(n), F, op("gemm", "mask"))?,
             None => None,
         };
-        let Some(c) = c else {
-            return Ok(());
+        let sum_full = sum;
+        let sum = match sum {
+            Some(_) if !g.ta => {
+                return Err(Error::InvalidState {
+                    op: "gemm",
+                    buffer: op("gemm", "sum").to_string(),
+                    reason: "the column sums of A need A stored transposed".into(),
+                })
+            }
+            Some(x) => self.check(x, m, F, op("gemm", "sum"))?,
+            None => None,
         };
-        self.queue(&[a, b, bias, mask], &[Some(c)], |d, s| {
-            d.gemm(s, &g, opt(a), opt(b), mem(c)?, opt(bias), opt(mask))
+        let Some(c) = c else {
+            // No product (n == 0): the sums, if any, on their own.
+            return match sum_full {
+                Some(out) if sum.is_some() => self.col_sum(k, m, a_full, out),
+                _ => Ok(()),
+            };
+        };
+        self.queue(&[a, b, bias, mask], &[Some(c), sum], |d, s| {
+            d.gemm(
+                s,
+                &g,
+                opt(a),
+                opt(b),
+                mem(c)?,
+                opt(bias),
+                opt(mask),
+                opt(sum),
+            )
         })
     }
 

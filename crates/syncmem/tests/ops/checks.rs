@@ -382,7 +382,8 @@ fn cpu_and_cuda_agree_on_skinny_and_fused_fc() {
 /// `FC` (plain and with `relu = 1`) and `FCGradient` at the shapes of a small MLP's layers
 /// (batch 64, 2 features, 3 classes, hidden widths around the GEMM blocks), on `dev` against
 /// `cpu`; the fused `FC` equals `FC` then `Relu`, and `FCGradient` with a ReLU mask equals
-/// `FCGradient` then `ReluGradient`, on the same device, bit for bit.
+/// `FCGradient` then `ReluGradient`, on the same device, bit for bit; the device's `db` is the
+/// column sums of `dY` added row by row in `f32`, bit for bit.
 #[cfg(any(feature = "opencl", feature = "cuda"))]
 fn cpu_and_device_agree_on_skinny_and_fused_fc(dev: &Device) {
     let op = OperatorDef::new;
@@ -423,6 +424,17 @@ fn cpu_and_device_agree_on_skinny_and_fused_fc(dev: &Device) {
             let what = format!("{name} at N={n} K={k} M={m}: cpu vs {}", dev.label());
             assert_close(&what, x, y, 1e-4, 1e-5);
         }
+        // On the device, db (written by the dW GEMM's launch) is the column sums of dY in
+        // f32, row by row: bit for bit what a separate column-sum kernel writes.
+        let dy = &inputs[3].2;
+        let sums: Vec<f32> = (0..m)
+            .map(|j| (0..n).fold(0.0f32, |s, i| s + dy[i * m + j]))
+            .collect();
+        let same = sums
+            .iter()
+            .zip(&b[4])
+            .all(|(p, q)| p.to_bits() == q.to_bits());
+        assert!(same, "db on {} at {n} {k} {m}", dev.label());
         for (run, dev) in [(&a, "cpu"), (&b, dev.label())] {
             let (r, fused) = (&run[1], &run[2]);
             let same = r.iter().zip(fused).all(|(p, q)| p.to_bits() == q.to_bits());

@@ -89,6 +89,7 @@ impl BackendKernels for CpuDevice {
         c: &CpuMem,
         bias: Buf<'_, CpuMem>,
         mask: Buf<'_, CpuMem>,
+        sum: Buf<'_, CpuMem>,
     ) -> Result<()> {
         let (m, n, k) = (g.m, g.n, g.k);
         let a = view_opt::<f32>(a, m * k)?;
@@ -109,6 +110,11 @@ impl BackendKernels for CpuDevice {
         }
         if let Some(mask) = mask {
             math::relu_grad_in_place(view::<f32>(mask, m * n)?, c);
+        }
+        if let Some(sum) = sum {
+            // Nothing to save on the host: the column sums as `col_sum` computes them.
+            // SAFETY: `sum` is an output held exclusively, aliasing no other operand.
+            math::col_sum(k, m, a, unsafe { view_mut::<f32>(sum, m)? });
         }
         Ok(())
     }

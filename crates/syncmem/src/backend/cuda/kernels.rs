@@ -93,6 +93,7 @@ impl BackendKernels for CuDevice {
         c: &CuMem,
         bias: Buf<'_, CuMem>,
         mask: Buf<'_, CuMem>,
+        sum: Buf<'_, CuMem>,
     ) -> Result<()> {
         let ks = self.kernel_cache().ops(self)?;
         let args = args::gemm(
@@ -103,6 +104,7 @@ impl BackendKernels for CuDevice {
             ptr(c),
             opt(bias),
             opt(mask),
+            opt(sum),
         )?;
         let cfg = LaunchConfig {
             grid_dim: gemm_grid(g.m, g.n),

@@ -36,6 +36,9 @@ pub(super) const OPS: &str = r#"
 /* C[M,N] = op(A)[M,K] * op(B)[K,N], then bias[n] added when flags bit 0, and the ReLU when
  * flags bit 1 (a fused FC + Relu), with the select of sm_relu: NaN and -0 become 0; then, when
  * flags bit 2, the mask of a fused ReLU gradient: the value where mask[m*N + n] > 0, else 0.
+ * When flags bit 3 (a fused bias gradient, with ta), the blocks of the first column tile also
+ * write sum[m] = sum_k op(A)[m,k], the column sums of A as stored, one accumulator per row, k
+ * ascending: the order of sm_col_sum, so bit for bit its result.
  *   op(A)[m,k] = ta ? A[k*M + m] : A[m*K + k]
  *   op(B)[k,n] = tb ? B[n*K + k] : B[k*N + n]
  * At each K step the block copies a SM_TM x SM_TK tile of op(A) and a SM_TK x SM_TN tile of
@@ -48,7 +51,7 @@ pub(super) const OPS: &str = r#"
 extern "C" __global__ void sm_gemm(unsigned int M, unsigned int N, unsigned int K,
                                    unsigned int ta, unsigned int tb, const float* A,
                                    const float* B, float* C, const float* bias,
-                                   const float* mask, unsigned int flags) {
+                                   const float* mask, float* sum, unsigned int flags) {
     __shared__ float As[SM_TK][SM_TM + 1];
     __shared__ float Bs[SM_TK][SM_TN + 1];
     const unsigned int tx = threadIdx.x;
@@ -136,6 +139,18 @@ extern "C" __global__ void sm_gemm(unsigned int M, unsigned int N, unsigned int 
                     float v = (flags & 1u) ? acc[i][j] + bias[gn] : acc[i][j];
                     v = (flags & 2u) ? (v > 0.0f ? v : 0.0f) : v;
                     C[at] = (flags & 4u) ? (mask[at] > 0.0f ? v : 0.0f) : v;
+                }
+            }
+        }
+        if ((flags & 8u) && blockIdx.x == 0u) {
+            for (unsigned int r = tid; r < SM_TM; r += SM_THREADS) {
+                const unsigned int gm = m0 + r;
+                if (gm < M) {
+                    float s = 0.0f;
+                    for (unsigned int k = 0; k < K; ++k) {
+                        s += ta ? A[(size_t)k * M + gm] : A[(size_t)gm * K + k];
+                    }
+                    sum[gm] = s;
                 }
             }
         }

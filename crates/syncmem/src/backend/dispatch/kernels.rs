@@ -90,6 +90,7 @@ impl RawDevice {
         c: &RawMem,
         bias: RawBuf<'_>,
         mask: RawBuf<'_>,
+        sum: RawBuf<'_>,
     ) -> Result<()> {
         dispatch!(self, s, |d, s, m| d.gemm(
             s,
@@ -98,7 +99,8 @@ impl RawDevice {
             opt(b, m, self)?,
             req(c, m, self)?,
             opt(bias, m, self)?,
-            opt(mask, m, self)?
+            opt(mask, m, self)?,
+            opt(sum, m, self)?
         ))
     }
 

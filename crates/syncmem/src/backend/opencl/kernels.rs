@@ -68,11 +68,12 @@ impl ClDevice {
     }
 }
 
-/// The operands of a GEMM: `A`, `B`, `C`, bias, mask.
+/// The operands of a GEMM: `A`, `B`, `C`, bias, mask, column sums of `A`.
 type GemmOperands<'a> = (
     Buf<'a, ClMem>,
     Buf<'a, ClMem>,
     &'a ClMem,
+    Buf<'a, ClMem>,
     Buf<'a, ClMem>,
     Buf<'a, ClMem>,
 );
@@ -84,7 +85,7 @@ impl ClDevice {
         &self,
         s: &ClStream,
         g: &Gemm,
-        (a, b, c, bias, mask): GemmOperands<'_>,
+        (a, b, c, bias, mask, sum): GemmOperands<'_>,
         blocked: bool,
     ) -> Result<()> {
         let ks = self.kernel_cache().ops(self)?;
@@ -96,6 +97,7 @@ impl ClDevice {
             mem(c),
             opt(bias),
             opt(mask),
+            opt(sum),
         )?;
         let (slot, global, local) = ks.gemm_launch(g, blocked);
         let grid = Grid {
@@ -124,9 +126,10 @@ impl BackendKernels for ClDevice {
         c: &ClMem,
         bias: Buf<'_, ClMem>,
         mask: Buf<'_, ClMem>,
+        sum: Buf<'_, ClMem>,
     ) -> Result<()> {
         let blocked = self.kernel_cache().ops(self)?.register_blocked;
-        self.gemm_on(s, g, (a, b, c, bias, mask), blocked)
+        self.gemm_on(s, g, (a, b, c, bias, mask, sum), blocked)
     }
 
     fn col_sum(

@@ -30,6 +30,10 @@ pub(super) const OPS: &str = r#"
 #define SM_BIAS 1u
 #define SM_RELU 2u
 #define SM_MASK 4u
+/* flags bit 3 (a fused bias gradient, with ta): the GEMM's launch also writes
+ * sum[m] = sum_k A[k*M + m], the column sums of A as stored, in the order of sm_col_sum (one
+ * accumulator per column, k ascending), so bit for bit its result. */
+#define SM_SUM 8u
 inline float sm_epilogue(float v, __global const float* bias, __global const float* mask,
                          const size_t at, const uint n, const uint flags) {
     v = (flags & SM_BIAS) ? v + bias[n] : v;
@@ -49,7 +53,8 @@ inline float sm_epilogue(float v, __global const float* bias, __global const flo
 __kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
 void sm_gemm(const uint M, const uint N, const uint K, const uint ta, const uint tb,
              __global const float* A, __global const float* B, __global float* C,
-             __global const float* bias, __global const float* mask, const uint flags) {
+             __global const float* bias, __global const float* mask, __global float* sum,
+             const uint flags) {
     __local float As[TSK * TSM];
     __local float Bs[TSK * TSN];
     const uint lc = get_local_id(0);
@@ -117,6 +122,20 @@ void sm_gemm(const uint M, const uint N, const uint K, const uint ta, const uint
             }
         }
     }
+    /* The column sums of A for this work-group's rows, by the work-groups of the first
+     * column tile. */
+    if ((flags & SM_SUM) && get_group_id(0) == 0) {
+        for (uint r = tid; r < TSM; r += WG_SIZE) {
+            const uint gm = m0 + r;
+            if (gm < M) {
+                float s = 0.0f;
+                for (uint k = 0; k < K; ++k) {
+                    s += ta ? A[(size_t)k * M + gm] : A[(size_t)gm * K + k];
+                }
+                sum[gm] = s;
+            }
+        }
+    }
 }
 
 /* Register-blocked GEMM for CPU devices (no local memory, no barrier): a work-item computes
@@ -132,7 +151,7 @@ void sm_gemm(const uint M, const uint N, const uint K, const uint ta, const uint
 inline void sm_gemm_rb(const uint M, const uint N, const uint K, const bool TA, const bool TB,
                        __global const float* A, __global const float* B, __global float* C,
                        __global const float* bias, __global const float* mask,
-                       const uint flags) {
+                       __global float* sum, const uint flags) {
     const uint n0 = get_global_id(0) * 16;
     const uint m0 = get_global_id(1) * SM_RB_M;
     if (n0 >= N || m0 >= M) {
@@ -140,6 +159,24 @@ inline void sm_gemm_rb(const uint M, const uint N, const uint K, const bool TA, 
     }
     const uint nn = min(16u, N - n0);
     const uint mm = min((uint)SM_RB_M, M - m0);
+    if (TA && (flags & SM_SUM) && n0 == 0) {
+        /* The column sums of A for this work-item's rows, by the work-items of the first
+         * column block: one accumulator per row of C, k ascending (sm_col_sum's order). */
+        float s[SM_RB_M];
+#pragma unroll
+        for (uint i = 0; i < SM_RB_M; ++i) {
+            s[i] = 0.0f;
+        }
+        for (uint k = 0; k < K; ++k) {
+#pragma unroll
+            for (uint i = 0; i < SM_RB_M; ++i) {
+                s[i] += i < mm ? A[(size_t)k * M + m0 + i] : 0.0f;
+            }
+        }
+        for (uint i = 0; i < mm; ++i) {
+            sum[m0 + i] = s[i];
+        }
+    }
     float16 acc[SM_RB_M];
 #pragma unroll
     for (uint i = 0; i < SM_RB_M; ++i) {
@@ -218,8 +255,8 @@ inline void sm_gemm_rb(const uint M, const uint N, const uint K, const bool TA, 
 __kernel void NAME(const uint M, const uint N, const uint K, const uint ta, const uint tb,    \
                    __global const float* A, __global const float* B, __global float* C,       \
                    __global const float* bias, __global const float* mask,                   \
-                   const uint flags) {                                                        \
-    sm_gemm_rb(M, N, K, TA, TB, A, B, C, bias, mask, flags);                                  \
+                   __global float* sum, const uint flags) {                                   \
+    sm_gemm_rb(M, N, K, TA, TB, A, B, C, bias, mask, sum, flags);                             \
 }
 SM_GEMM_RB(sm_gemm_rb_nn, false, false)
 SM_GEMM_RB(sm_gemm_rb_tn, true, false)

@@ -119,11 +119,12 @@ fn opencl_error_mapping() {
 
 /// Both OpenCL GEMMs (register-blocked and tiled) against the host GEMM, for every transpose
 /// pair, with and without bias and ReLU, at sizes off every tile and block and at skinny
-/// shapes; the device's default choice is one of them.
+/// shapes; the device's default choice is one of them. With `A` transposed, the same launch
+/// also writes the column sums of `A`, bit for bit those of the `col_sum` kernel.
 #[test]
 fn both_gemm_kernels_match_the_host_gemm() {
     use crate::backend::cpu::math;
-    use crate::backend::{BackendStream, Gemm};
+    use crate::backend::{BackendKernels, BackendStream, Gemm};
     let Some(dev) = opencl_or_skip("both_gemm_kernels_match_the_host_gemm") else {
         return;
     };
@@ -168,18 +169,39 @@ fn both_gemm_kernels_match_the_host_gemm() {
                 math::relu_in_place(&mut want);
             }
             let (da, db, dbias) = (upload(&a), upload(&b), upload(&bias));
+            let read = |mem: &super::ClMem, len: usize| {
+                let mut got = vec![0f32; len];
+                // SAFETY: `got` has room for the `4 * len` bytes read; the read is blocking.
+                unsafe { s.read(mem, 0, got.as_mut_ptr().cast(), len * 4, true) }.unwrap();
+                got
+            };
+            let want_sum = ta.then(|| {
+                let out = upload(&vec![f32::NAN; m]);
+                cl.col_sum(&s, k, m, Some(&da), &out).unwrap();
+                read(&out, m)
+            });
             for blocked in [true, false] {
                 let c = upload(&vec![f32::NAN; m * n]);
+                let sum = ta.then(|| upload(&vec![f32::NAN; m]));
                 cl.gemm_on(
                     &s,
                     &g,
-                    (Some(&da), Some(&db), &c, Some(&dbias), None),
+                    (Some(&da), Some(&db), &c, Some(&dbias), None, sum.as_ref()),
                     blocked,
                 )
                 .unwrap();
-                let mut got = vec![0f32; m * n];
-                // SAFETY: `got` has room for the `4 * m * n` bytes read; the read is blocking.
-                unsafe { s.read(&c, 0, got.as_mut_ptr().cast(), m * n * 4, true) }.unwrap();
+                if let (Some(sum), Some(want)) = (&sum, &want_sum) {
+                    let got = read(sum, m);
+                    let same = got
+                        .iter()
+                        .zip(want)
+                        .all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(
+                        same,
+                        "{g:?}, blocked {blocked}: sums {got:?}, want {want:?}"
+                    );
+                }
+                let got = read(&c, m * n);
                 for (i, (x, y)) in got.iter().zip(&want).enumerate() {
                     assert!(
                         (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
