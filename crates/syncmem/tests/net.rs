@@ -412,9 +412,9 @@ fn planning_keeps_training_results(dev: &Device) {
 }
 
 /// Trains with and without fusing FC + Relu, FCGradient + ReluGradient, the SGD updates and
-/// the loss with its accuracy and gradient, planned and not: the same losses, accuracies and
-/// weights, bit for bit; the fused nets run eleven operators fewer and never write the
-/// pre-activations or the ReLU outputs' gradients.
+/// the loss with its accuracy and gradient, and the bias gradients inside the `dW` GEMMs,
+/// planned and not: the same losses, accuracies and weights, bit for bit; the fused nets run
+/// eleven operators fewer and never write the pre-activations or the ReLU outputs' gradients.
 fn fusion_keeps_training_results(dev: &Device) {
     let data = spirals();
     let mut runs = Vec::new();
@@ -446,6 +446,13 @@ fn fusion_keeps_training_results(dev: &Device) {
         let merged = fused_updates.saturating_sub(1);
         let fused_losses = net.fusion().map_or(0, |f| f.fused_losses);
         assert_eq!(fused_losses, if fuse { 2 } else { 0 });
+        let fused_bias_grads = net.fusion().map_or(0, |f| f.fused_bias_grads);
+        assert_eq!(fused_bias_grads, if fuse { 3 } else { 0 });
+        let db_in_gemm =
+            net.run_def().ops.iter().filter(|o| {
+                o.op_type == "FCGradient" && o.args.get("db_in_gemm") == Some(&1.into())
+            });
+        assert_eq!(db_in_gemm.count(), fused_bias_grads);
         assert_eq!(
             net.run_def().ops.len() + fused + fused_grads + merged + fused_losses,
             net.def().ops.len()

@@ -19,7 +19,8 @@
 //!
 //! [`NetOptions::fuse`](super::NetOptions::fuse) turns the rewrites of [`fuse_net`] on for a
 //! net (this one, then the backward fusion of [`super::fuse_grad`], the update fusion of
-//! [`super::fuse_sgd`] and the loss fusion of [`super::fuse_loss`]; before memory planning);
+//! [`super::fuse_sgd`], the loss fusion of [`super::fuse_loss`] and the bias gradients in the
+//! `dW` GEMMs; before memory planning);
 //! the training loop uses it unless
 //! [`TrainConfig::fuse`](super::train::TrainConfig::fuse) is off (`syncmem train --no-fuse`).
 //!
@@ -58,18 +59,29 @@ pub struct Fusion {
     /// How many `Accuracy` and `SoftmaxWithLossGradient` operators run inside a
     /// `SoftmaxWithLoss` (see [`super::fuse_loss`]).
     pub fused_losses: usize,
+    /// How many `FCGradient`s write their bias gradient in their `dW` GEMM's launch
+    /// (`db_in_gemm = 1`, see [`fuse_net`]).
+    pub fused_bias_grads: usize,
 }
 
 /// Every fusion of a net: [`fuse_fc_relu`], then each `FCGradient` + `ReluGradient` pair
 /// (see [`super::fuse_grad`]), then the runs of `SGD`s (see [`super::fuse_sgd`]), then the
-/// `Accuracy` and the gradient of each `SoftmaxWithLoss` (see [`super::fuse_loss`]). Names in
-/// `keep` are never removed.
+/// `Accuracy` and the gradient of each `SoftmaxWithLoss` (see [`super::fuse_loss`]), and every
+/// `FCGradient` computes its bias gradient in its `dW` GEMM's launch (`db_in_gemm = 1`: the
+/// column sums of `dY`, bit for bit those of a separate launch). Names in `keep` are never
+/// removed.
 pub fn fuse_net(def: &NetDef, keep: &[String]) -> Fusion {
     let mut f = fuse_fc_relu(def, keep);
     let protected = protected(def, keep);
     f.fused_grads = super::fuse_grad::fuse_relu_grad(&mut f.def.ops, &protected);
     f.fused_updates = super::fuse_sgd::fuse_sgd(&mut f.def.ops);
     f.fused_losses = super::fuse_loss::fuse_loss(&mut f.def.ops);
+    for op in &mut f.def.ops {
+        if op.op_type == "FCGradient" && !op.args.contains_key("db_in_gemm") {
+            op.args.insert("db_in_gemm".into(), 1.into());
+            f.fused_bias_grads += 1;
+        }
+    }
     f
 }
 
@@ -121,6 +133,7 @@ pub fn fuse_fc_relu(def: &NetDef, keep: &[String]) -> Fusion {
         fused_grads: Vec::new(),
         fused_updates: 0,
         fused_losses: 0,
+        fused_bias_grads: 0,
     }
 }
 

@@ -3,8 +3,9 @@
 //! `X` is viewed as `[N, K]` by flattening its dims before `axis` into `N` and the rest into
 //! `K`; `W` as `[M, K]` around `axis_w`. `Y = X·Wᵀ + b` has `X`'s dims before `axis`, then `M`.
 //! The gradient computes `dW = dYᵀ·X` (dims of `W`), `db = Σ_rows dY` (`[M]`) and, with a third
-//! output, `dX = dY·W` (dims of `X`). The `dW` GEMM's launch also writes `db` (it reads `dY`
-//! anyway), bit for bit the column sums a separate launch would write: one launch fewer.
+//! output, `dX = dY·W` (dims of `X`). With `db_in_gemm = 1` the `dW` GEMM's launch also writes
+//! `db` (it reads `dY` anyway), bit for bit the column sums a separate launch writes: one launch
+//! fewer (a fused bias gradient, see [`crate::net::fuse`]).
 //!
 //! `FC` with `relu = 1` writes `max(X·Wᵀ + b, 0)`: the GEMM applies the ReLU as it stores each
 //! result, bit for bit what `FC` then `Relu` give, in one pass and without the pre-activation
@@ -31,6 +32,8 @@ struct Fc {
     axis: i64,
     axis_w: i64,
     relu: bool,
+    /// `FCGradient` with `db_in_gemm = 1`: the `dW` GEMM's launch also writes `db`.
+    db_in_gemm: bool,
     gradient: bool,
 }
 
@@ -41,7 +44,7 @@ fn build(def: &OperatorDef, device: &Device, gradient: bool) -> Result<Box<dyn O
         ((3, 3), (1, 1))
     };
     let known: &[&str] = if gradient {
-        &["axis", "axis_w"]
+        &["axis", "axis_w", "db_in_gemm"]
     } else {
         &["axis", "axis_w", "relu"]
     };
@@ -52,22 +55,23 @@ fn build(def: &OperatorDef, device: &Device, gradient: bool) -> Result<Box<dyn O
             "a fourth input (the ReLU mask of dX) needs the output dX".to_string(),
         ));
     }
-    let relu = match args.i64_or("relu", 0)? {
-        0 => false,
-        1 => true,
-        v => {
-            return Err(super::args::invalid(
-                def,
-                format!("argument \"relu\" must be 0 or 1, got {v}"),
-            ))
-        }
+    let flag = |name: &str| match args.i64_or(name, 0)? {
+        0 => Ok(false),
+        1 => Ok(true),
+        v => Err(super::args::invalid(
+            def,
+            format!("argument \"{name}\" must be 0 or 1, got {v}"),
+        )),
     };
+    let relu = flag("relu")?;
+    let db_in_gemm = flag("db_in_gemm")?;
     Ok(Box::new(Fc {
         def: def.clone(),
         device: device.clone(),
         axis: args.i64_or("axis", 1)?,
         axis_w: args.i64_or("axis_w", 1)?,
         relu,
+        db_in_gemm,
         gradient,
     }))
 }
@@ -221,8 +225,9 @@ impl Fc {
         };
         let kern = ctx.kernels();
         let (xb, wb, dyb) = (xi.buffer(), wi.buffer(), dyi.buffer());
-        // db = the column sums of dY, written by the dW GEMM's launch (which reads dY as its
-        // transposed A).
+        // db = the column sums of dY: with `db_in_gemm`, written by the dW GEMM's launch
+        // (which reads dY as its transposed A), bit for bit the same.
+        let db_sum = self.db_in_gemm.then(|| db.buffer());
         kern.gemm(
             gemm((true, false), (m, k, n)),
             dyb,
@@ -230,8 +235,11 @@ impl Fc {
             dw.buffer(),
             None,
             None,
-            Some(db.buffer()),
+            db_sum,
         )?;
+        if !self.db_in_gemm {
+            kern.col_sum(n, m, dyb, db.buffer())?;
+        }
         if let Some(dx) = &dx {
             let mask = mask.as_ref().map(In::buffer);
             kern.gemm(
@@ -254,8 +262,8 @@ mod tests {
     use crate::tensor::Tensor;
     use crate::{Context, Workspace};
 
-    /// `FCGradient` queues one kernel launch per GEMM on a device: the `dW` GEMM's launch also
-    /// writes `db`.
+    /// `FCGradient` with `db_in_gemm = 1` queues one kernel launch per GEMM on a device: the
+    /// `dW` GEMM's launch also writes `db`; without it, one more for `db`.
     #[test]
     fn fc_gradient_writes_db_in_the_dw_launch() {
         let Some(dev) = crate::testing::opencl_or_skip("fc_gradient_writes_db_in_the_dw_launch")
@@ -270,8 +278,14 @@ mod tests {
             let t = Tensor::from_slice(&dims, &vals, Some(&dev)).unwrap();
             ws.create_blob(name).unwrap().write().reset(t);
         }
-        for (outputs, launches) in [(&["dw", "db"][..], 1), (&["dw", "db", "dx"][..], 2)] {
-            let def = OperatorDef::new("FCGradient", &["x", "w", "dy"], outputs);
+        for (outputs, fused, launches) in [
+            (&["dw", "db"][..], 1, 1),
+            (&["dw", "db", "dx"][..], 1, 2),
+            (&["dw", "db"][..], 0, 2),
+            (&["dw", "db", "dx"][..], 0, 3),
+        ] {
+            let def =
+                OperatorDef::new("FCGradient", &["x", "w", "dy"], outputs).arg("db_in_gemm", fused);
             let op = create_operator(&def, &dev).unwrap();
             // The first run moves the inputs to the device and allocates the outputs.
             op.run(&ws, &ctx).unwrap();
@@ -289,7 +303,8 @@ mod tests {
             let t = Tensor::from_slice(&dims, &vals, Some(&dev)).unwrap();
             ws.create_blob(name).unwrap().write().reset(t);
         }
-        let def = OperatorDef::new("FCGradient", &["x0", "w0", "dy0"], &["dw0", "db0"]);
+        let def = OperatorDef::new("FCGradient", &["x0", "w0", "dy0"], &["dw0", "db0"])
+            .arg("db_in_gemm", 1);
         create_operator(&def, &dev).unwrap().run(&ws, &ctx).unwrap();
         let db = ws.get_blob("db0").unwrap();
         let db = db.read();

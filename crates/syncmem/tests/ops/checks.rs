@@ -382,8 +382,9 @@ fn cpu_and_cuda_agree_on_skinny_and_fused_fc() {
 /// `FC` (plain and with `relu = 1`) and `FCGradient` at the shapes of a small MLP's layers
 /// (batch 64, 2 features, 3 classes, hidden widths around the GEMM blocks), on `dev` against
 /// `cpu`; the fused `FC` equals `FC` then `Relu`, and `FCGradient` with a ReLU mask equals
-/// `FCGradient` then `ReluGradient`, on the same device, bit for bit; the device's `db` is the
-/// column sums of `dY` added row by row in `f32`, bit for bit.
+/// `FCGradient` then `ReluGradient`, on the same device, bit for bit; the device's `db`, from
+/// its own launch or the `dW` GEMM's (`db_in_gemm`), is the column sums of `dY` added row by
+/// row in `f32`, bit for bit.
 #[cfg(any(feature = "opencl", feature = "cuda"))]
 fn cpu_and_device_agree_on_skinny_and_fused_fc(dev: &Device) {
     let op = OperatorDef::new;
@@ -415,26 +416,26 @@ fn cpu_and_device_agree_on_skinny_and_fused_fc(dev: &Device) {
                 "FCGradient",
                 &["x", "w", "dy", "mask"],
                 &["dw2", "db2", "dxm"],
-            ),
+            )
+            .arg("db_in_gemm", 1),
         ];
-        let outs = ["y", "r", "fused", "dw", "db", "dx", "dxr", "dxm"];
+        let outs = ["y", "r", "fused", "dw", "db", "dx", "dxr", "dxm", "db2"];
         let a = run_on(&Device::cpu(), 5, &inputs, &defs, &outs);
         let b = run_on(dev, 5, &inputs, &defs, &outs);
         for ((name, x), y) in outs.iter().zip(&a).zip(&b) {
             let what = format!("{name} at N={n} K={k} M={m}: cpu vs {}", dev.label());
             assert_close(&what, x, y, 1e-4, 1e-5);
         }
-        // On the device, db (written by the dW GEMM's launch) is the column sums of dY in
-        // f32, row by row: bit for bit what a separate column-sum kernel writes.
+        // On the device, db (a column-sum launch) and db2 (written by the dW GEMM's launch) are
+        // the column sums of dY in f32, row by row, bit for bit.
         let dy = &inputs[3].2;
         let sums: Vec<f32> = (0..m)
             .map(|j| (0..n).fold(0.0f32, |s, i| s + dy[i * m + j]))
             .collect();
-        let same = sums
-            .iter()
-            .zip(&b[4])
-            .all(|(p, q)| p.to_bits() == q.to_bits());
-        assert!(same, "db on {} at {n} {k} {m}", dev.label());
+        for db in [&b[4], &b[8]] {
+            let same = sums.iter().zip(db).all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(same, "db on {} at {n} {k} {m}", dev.label());
+        }
         for (run, dev) in [(&a, "cpu"), (&b, dev.label())] {
             let (r, fused) = (&run[1], &run[2]);
             let same = r.iter().zip(fused).all(|(p, q)| p.to_bits() == q.to_bits());
