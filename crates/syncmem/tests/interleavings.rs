@@ -85,12 +85,19 @@ struct Live {
     host_newer: bool,
     /// An upload of the host mirror is queued behind a closed gate: dropping the buffer waits.
     upload_held: bool,
+    /// The streams (0 and 1) that queued commands on this buffer since the gates last opened.
+    used: [bool; 2],
 }
 
 /// The gates of one case, shared with its watchdog.
 #[derive(Default)]
 struct Gates {
     held: Mutex<[Option<Arc<Gate>>; 2]>,
+    /// Streams blocked without a gate of their own: they wait, on the device, for work of a
+    /// held stream (a kernel reading a buffer the held stream writes, a guard ordered after
+    /// the held stream's commands on its buffer). Over-approximated: any command on a buffer
+    /// a blocked stream used since the gates opened blocks the stream that queues it.
+    tainted: Mutex<[bool; 2]>,
     fired: AtomicBool,
 }
 
@@ -103,7 +110,21 @@ impl Gates {
     }
 
     fn is_held(&self, s: usize) -> bool {
-        self.held.lock().unwrap()[s].is_some()
+        self.held.lock().unwrap()[s].is_some() || self.tainted.lock().unwrap()[s]
+    }
+
+    /// Notes commands queued on stream `s` that touch `lives`: `s` is blocked from now on if
+    /// one of them has work on a blocked stream.
+    fn queue_on(&self, s: usize, lives: &mut [&mut Live]) {
+        let blocked = lives
+            .iter()
+            .any(|l| (0..2).any(|t| l.used[t] && self.is_held(t)));
+        if blocked {
+            self.tainted.lock().unwrap()[s] = true;
+        }
+        for l in lives.iter_mut() {
+            l.used[s] = true;
+        }
     }
 
     /// Opens every gate (an operation that waits for the device comes next).
@@ -113,8 +134,10 @@ impl Gates {
                 g.open();
             }
         }
+        *self.tainted.lock().unwrap() = [false; 2];
         for l in slots.iter_mut().flatten() {
             l.upload_held = false;
+            l.used = [false; 2];
         }
     }
 
@@ -124,6 +147,18 @@ impl Gates {
         for g in self.held.lock().unwrap().iter().flatten() {
             g.open();
         }
+    }
+}
+
+/// The live buffers of two different slots, both present.
+fn two_mut(slots: &mut [Option<Live>], x: usize, y: usize) -> (&mut Live, &mut Live) {
+    let (lo, hi) = (x.min(y), x.max(y));
+    let (a, b) = slots.split_at_mut(hi);
+    let (l, h) = (a[lo].as_mut().unwrap(), b[0].as_mut().unwrap());
+    if x < y {
+        (l, h)
+    } else {
+        (h, l)
     }
 }
 
@@ -229,6 +264,7 @@ fn run_ops(
                     stream,
                     host_newer: true,
                     upload_held: false,
+                    used: [false; 2],
                 });
             }
             Op::Drop { slot } => slots[slot] = None,
@@ -254,6 +290,7 @@ fn run_ops(
             Op::Scale { slot, a } => {
                 if let Some(l) = &mut slots[slot] {
                     let n = l.model.len();
+                    gates.queue_on(l.stream, &mut [&mut *l]);
                     device_access(l, gates);
                     kernels::scale(n, a, &mut l.mem.device_mut().unwrap()).unwrap();
                     l.model.iter_mut().for_each(|v| *v *= a);
@@ -265,6 +302,14 @@ fn run_ops(
                 }
                 if slots[x].is_none() || slots[y].is_none() {
                     continue;
+                }
+                // The guard of `x` orders its stream after the other streams' work on `x`;
+                // the kernel runs on `y`'s stream, after `x`'s writer.
+                {
+                    let (lx, ly) = two_mut(&mut slots, x, y);
+                    let (sx, sy) = (lx.stream, ly.stream);
+                    gates.queue_on(sx, &mut [&mut *lx]);
+                    gates.queue_on(sy, &mut [&mut *lx, &mut *ly]);
                 }
                 for i in [x, y] {
                     device_access(slots[i].as_mut().unwrap(), gates);
@@ -314,7 +359,7 @@ fn run_ops(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
 
     #[test]
     fn queued_work_matches_the_host_model(ops in prop::collection::vec(op(), 1..40)) {
@@ -328,4 +373,46 @@ proptest! {
         ];
         run(&dev, &streams, &ops)?;
     }
+}
+
+/// A stream that waits on the device for a held stream holds what is queued on it after: the
+/// upload of a new buffer on it is behind the gate, so dropping that buffer waits (the model
+/// opens the gates first; before the model knew it, this case tripped the watchdog).
+#[test]
+fn a_stream_waiting_for_a_held_stream_holds_its_later_uploads() {
+    let Some(dev) = syncmem::testing::opencl_or_skip("queued interleavings") else {
+        return;
+    };
+    let streams = [
+        dev.new_stream().unwrap(),
+        dev.new_stream().unwrap(),
+        dev.new_stream().unwrap(),
+    ];
+    let ops = [
+        Op::Hold { stream: 0 },
+        Op::Alloc {
+            slot: 0,
+            size: 0,
+            stream: 0,
+            seed: 1,
+        },
+        Op::Scale { slot: 0, a: 2.0 },
+        Op::Alloc {
+            slot: 1,
+            size: 0,
+            stream: 1,
+            seed: 2,
+        },
+        Op::Axpy { x: 0, y: 1, a: 1.0 },
+        Op::Alloc {
+            slot: 2,
+            size: 0,
+            stream: 1,
+            seed: 3,
+        },
+        Op::Scale { slot: 2, a: 2.0 },
+        Op::Drop { slot: 2 },
+        Op::HostRead { slot: 1 },
+    ];
+    run(&dev, &streams, &ops).unwrap();
 }
