@@ -7,27 +7,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{ok, run_into_closed_stdout};
-
-/// A file in the temporary directory, removed when dropped.
-struct TempPath(PathBuf);
-
-impl TempPath {
-    fn new(what: &str) -> TempPath {
-        TempPath(
-            std::env::temp_dir().join(format!("syncmem-cli-pipe-{}-{what}", std::process::id())),
-        )
-    }
-    fn arg(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for TempPath {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
+use common::{ok, run_into_closed_stdout, TempPath};
 
 fn fixture() -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -38,7 +18,7 @@ fn fixture() -> String {
 
 #[test]
 fn closed_stdout_is_a_normal_end() {
-    let trace = TempPath::new("trace.jsonl");
+    let trace = TempPath::new("pipe", "trace.jsonl");
     ok(&[
         "trace",
         "record",
@@ -48,7 +28,7 @@ fn closed_stdout_is_a_normal_end() {
         trace.arg(),
         "--json",
     ]);
-    let out2 = TempPath::new("trace2.jsonl");
+    let out2 = TempPath::new("pipe", "trace2.jsonl");
     let inspect = fixture();
     let commands: Vec<Vec<&str>> = vec![
         vec!["devices"],

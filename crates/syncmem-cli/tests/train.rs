@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{f, json as train_json, run as syncmem, u};
+use common::{f, json as train_json, run as syncmem, u, TempPath};
 use serde_json::Value;
 
 /// The checks every report must pass: shape of the JSON, copies per step, heads, planning.
@@ -217,30 +217,14 @@ fn bad_input_fails_with_a_message() {
     }
 }
 
-/// A path in the temporary directory, removed when dropped.
-struct TempPath(std::path::PathBuf);
-
-impl TempPath {
-    fn new(what: &str) -> TempPath {
-        TempPath(std::env::temp_dir().join(format!(
-            "syncmem-cli-train-{}-{what}.safetensors",
-            std::process::id()
-        )))
-    }
-    fn arg(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for TempPath {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
+/// A temporary file of this test.
+fn temp(name: &str) -> TempPath {
+    TempPath::new("train", &format!("{name}.safetensors"))
 }
 
 #[test]
 fn save_writes_the_parameters_for_inspect() {
-    let file = TempPath::new("weights");
+    let file = temp("weights");
     let r = train_json(&[
         "train",
         "--device",
@@ -324,7 +308,7 @@ fn data_file(what: &str, tensors: &[(&str, safetensors::Dtype, Vec<usize>, Vec<u
         .iter()
         .map(|(n, d, s, b)| (*n, TensorView::new(*d, s.clone(), b).unwrap()))
         .collect();
-    let file = TempPath::new(what);
+    let file = temp(what);
     std::fs::write(&file.0, safetensors::serialize(views, None).unwrap()).unwrap();
     file
 }

@@ -4,33 +4,17 @@
 
 mod common;
 
-use common::{json as train_json, ok, run as syncmem, u};
+use common::{json as train_json, ok, run as syncmem, u, TempPath};
 use serde_json::Value;
 
-/// A path in the temporary directory, removed when dropped.
-struct TempPath(std::path::PathBuf);
-
-impl TempPath {
-    fn new(what: &str) -> TempPath {
-        TempPath(std::env::temp_dir().join(format!(
-            "syncmem-cli-snapshot-{}-{what}.json",
-            std::process::id()
-        )))
-    }
-    fn arg(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for TempPath {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
+/// A temporary file of this test.
+fn temp(name: &str) -> TempPath {
+    TempPath::new("snapshot", &format!("{name}.json"))
 }
 
 /// Trains one epoch on `device` with `--snapshot`; checks the file against the report.
 fn snapshot_names_blobs(device: &str) {
-    let file = TempPath::new(&device.replace(':', "-"));
+    let file = temp(&device.replace(':', "-"));
     let r = train_json(&[
         "train",
         "--device",

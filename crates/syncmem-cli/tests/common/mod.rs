@@ -82,3 +82,27 @@ pub fn u(v: &Value) -> u64 {
 pub fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
+
+/// A file in the temporary directory named after the test file (`syncmem-cli-TEST-PID-NAME`),
+/// removed when dropped.
+pub struct TempPath(pub std::path::PathBuf);
+
+impl TempPath {
+    /// `name` under the test's prefix `test` (a file extension goes in `name`).
+    pub fn new(test: &str, name: &str) -> TempPath {
+        TempPath(
+            std::env::temp_dir().join(format!("syncmem-cli-{test}-{}-{name}", std::process::id())),
+        )
+    }
+
+    /// The path as a command-line argument.
+    pub fn arg(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
