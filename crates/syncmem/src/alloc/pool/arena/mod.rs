@@ -226,14 +226,23 @@ impl<V> Arena<V> {
         if split {
             self.inactive(small, size, false);
         }
+        debug_assert_eq!(self.blocks[id].state, State::Cached);
+        // Uses in flight are all on `stream` (the list's): the new user's work follows them on
+        // the stream, and they go back with the block.
+        self.grant(id, small, req)
+    }
+
+    /// Marks block `id` handed out for `req` and gives it, with its view and the uses still
+    /// in flight on it (on `req`'s stream, or complete: the block is usable by that stream;
+    /// they go back with the block, so a free with no work of its own does not forget them).
+    /// Always inlined: part of the fast path of [`Self::take_cached`].
+    #[inline(always)]
+    fn grant(&mut self, id: BlockId, small: bool, req: Request<'_>) -> Grant<V> {
         let b = &mut self.blocks[id];
-        debug_assert_eq!(b.state, State::Cached);
         b.state = State::Allocated;
         b.stream = req.stream;
         b.requested = req.requested;
         b.owner = req.owner.cloned();
-        // Uses in flight are all on `stream` (the list's): the new user's work follows them on
-        // the stream, and they go back with the block.
         let mut pending = std::mem::take(&mut b.pending);
         if !pending.is_empty() {
             pending.retain(|p| !p.fence.poll());
@@ -355,28 +364,7 @@ impl<V> Arena<V> {
             // A view of the whole block would reach into the rest.
             b.view = None;
         }
-        let b = &mut self.blocks[id];
-        b.state = State::Allocated;
-        b.stream = req.stream;
-        b.requested = req.requested;
-        b.owner = req.owner.cloned();
-        // The uses in flight (on `stream`, or complete: the block is usable by `stream`) go
-        // with the block: a free with no work of its own must not forget them.
-        let mut pending = std::mem::take(&mut b.pending);
-        if !pending.is_empty() {
-            pending.retain(|p| !p.fence.poll());
-        }
-        let zeroed = std::mem::replace(&mut b.zeroed, false);
-        Grant {
-            block: id,
-            seg: b.seg,
-            offset: b.offset,
-            size: b.size,
-            zeroed,
-            view: b.view.take(),
-            pending,
-            small,
-        }
+        self.grant(id, small, req)
     }
 
     /// Returns block `id` with the uses still in flight on it and its view: onto its stream's
