@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # Installs the OpenCL runtime syncmem's device tests and demo use: the ICD loader and PoCL, the
-# CPU OpenCL driver. Idempotent and non-interactive; Debian/Ubuntu (apt) only.
+# CPU OpenCL driver. With --with-browser, also Chromium, which the memory page's test renders
+# the page in (headless). Idempotent and non-interactive; Debian/Ubuntu (apt) only.
 set -euo pipefail
 
 packages=(ocl-icd-libopencl1 pocl-opencl-icd)
+for arg in "$@"; do
+    case "$arg" in
+        --with-browser) packages+=(chromium) ;;
+        *) echo "setup: unknown option $arg (known: --with-browser)" >&2; exit 2 ;;
+    esac
+done
 
 installed() {
     [ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null || true)" = "installed" ]

@@ -208,11 +208,9 @@ pub fn gemm_row(dev: &Device, h: usize, quick: bool, peak: &PeakRow) -> Result<G
 /// Training errors.
 pub fn train_row(dev: &Device, h: usize, quick: bool) -> Result<TrainRow> {
     let data = Dataset::spirals(1000, 3, 0.2, 0);
-    let cfg = TrainConfig {
-        hidden: vec![h, h],
-        batch: BATCH,
-        ..TrainConfig::default()
-    };
+    let cfg = TrainConfig::default()
+        .with_hidden(vec![h, h])
+        .with_batch(BATCH);
     let mut cpu = Trainer::new(&Device::cpu(), &data, &cfg)?;
     let mut other = Trainer::new(dev, &data, &cfg)?;
     // One epoch each first: kernels built, buffers allocated, caches warm.

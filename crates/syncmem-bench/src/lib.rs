@@ -16,6 +16,7 @@ pub mod raw;
 mod rawcl;
 pub mod replay;
 pub mod rows;
+pub mod user;
 
 use std::fmt;
 
@@ -133,7 +134,7 @@ pub fn step_count() -> usize {
     STEPS.len() + compute::STEPS.len()
 }
 
-const STEPS: [&str; 15] = [
+const STEPS: [&str; 17] = [
     "host pool 4 KiB",
     "host pool 4 KiB vs malloc",
     "host pool 1 MiB",
@@ -146,13 +147,15 @@ const STEPS: [&str; 15] = [
     "synced round trip 64 MiB",
     "synced round trip 64 MiB pinned",
     "host read access",
+    "user kernel launch",
+    "train epoch LeakyRelu vs Relu",
     "trace replay train h64",
     "trace replay train h256",
     "trace replay train h1024",
 ];
 
 /// The notes printed under the table: what the baselines are.
-const BASELINES: [&str; 5] = [
+const BASELINES: [&str; 7] = [
     "host pool rows: a private caching HostPool against the system allocator at the pool's \
      alignment (64 B); `vs malloc` at the system's own (16 B), which the pool does not offer",
     "host pool 64 MiB: neither side touches the memory; `touched` writes every page on both \
@@ -162,6 +165,13 @@ const BASELINES: [&str; 5] = [
     "synced round trips: the same host memory on both sides (the host allocator's pageable \
      memory, or the device's pinned memory)",
     "host read access: per call, through SyncedMemory::host() against indexing a slice",
+    "user kernel launch: a one-float kernel through UserKernel::launch (checks, ordering, the \
+     launch recorded on its buffer) against clSetKernelArg + clEnqueueNDRangeKernel on the same \
+     queue (cpu: the closure called directly), never waited for, the queue held behind a user \
+     event while a sample is timed (queuing cost only); goal: ours <= 1.2 x plain, ratio >= 0.83",
+    "epoch LeakyRelu: the custom_operator example's epoch (LeakyRelu and its gradient as \
+     user kernels, which no fusion pass knows) against the built-in Relu net as syncmem train \
+     runs it (fused), and unfused; goal: <= 1.3 x the fused Relu epoch, ratio >= 0.77",
 ];
 
 /// Printed when a device row against the raw call misses its goal.
@@ -276,7 +286,9 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
                 skipped.push(format!("device rows on {}: {e}", opts.device));
             }
         }
-        Err(e) => skipped.push(format!("device pool and round trip rows ({spec}): {e}")),
+        Err(e) => skipped.push(format!(
+            "device pool, round trip and user kernel rows ({spec}): {e}"
+        )),
     }
     while p.step < after_device {
         p.next();
@@ -286,6 +298,21 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
         samples,
         batch: if opts.quick { 10_000 } else { 100_000 },
     })?);
+    p.next();
+    // Without the device, the note above covers these rows too.
+    if let Ok(d) = &dev {
+        match user::launch_row(d, small) {
+            Ok(r) => rows.push(r),
+            Err(e) => skipped.push(format!("user kernel launch row on {}: {e}", opts.device)),
+        }
+    }
+    p.next();
+    if let Ok(d) = &dev {
+        match user::epoch_rows(d, opts.quick) {
+            Ok(r) => rows.extend(r),
+            Err(e) => skipped.push(format!("LeakyRelu epoch rows on {}: {e}", opts.device)),
+        }
+    }
     let mut replay = Vec::new();
     for (name, text) in replay::TRACES {
         p.next();

@@ -8,7 +8,7 @@
 
 use std::alloc::Layout;
 
-use syncmem::{BackendKind, Device, Error, Result, Stream};
+use syncmem::{BackendKind, Device, Error, OomReport, Result, Stream};
 
 /// One raw allocation and free of `bytes` bytes on a device, repeatable.
 pub struct RawCycle {
@@ -60,11 +60,7 @@ pub fn raw_cycle(dev: &Device, stream: &Stream, bytes: usize) -> Result<RawCycle
                     unsafe {
                         let p = std::alloc::alloc_zeroed(layout);
                         if p.is_null() {
-                            return Err(Error::OutOfMemory {
-                                device: label.clone(),
-                                requested: bytes,
-                                detail: String::new(),
-                            });
+                            return Err(OomReport::new(label.clone(), bytes, "").into());
                         }
                         std::alloc::dealloc(std::hint::black_box(p), layout);
                     }

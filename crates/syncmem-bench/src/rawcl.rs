@@ -70,3 +70,95 @@ pub(crate) fn trivial_kernel_ns(
     time(true)?; // warm-up: the runtime compiles the kernel for its work-group size here
     Ok((time(true)?, time(false)?))
 }
+
+/// The trivial kernel built in the context of `queue` (a syncmem stream's command queue), to
+/// be enqueued there with plain OpenCL: the baseline of the user-kernel launch row.
+pub(crate) fn trivial_kernel_on(queue: &CommandQueue) -> Result<Kernel, String> {
+    use opencl3::program::{build_program, create_program_with_source, release_program};
+    let err = |what: &str, c: i32| format!("{what}: {}", opencl3::error_codes::ClError(c));
+    let context = queue
+        .context()
+        .map_err(|e| format!("clGetCommandQueueInfo: {e}"))?;
+    let device = queue
+        .device()
+        .map_err(|e| format!("clGetCommandQueueInfo: {e}"))?;
+    let program = create_program_with_source(context, &[SOURCE])
+        .map_err(|c| err("clCreateProgramWithSource", c))?;
+    let built = build_program(program, &[device], c"", None, ptr::null_mut())
+        .map_err(|c| err("clBuildProgram", c))
+        .and_then(|()| {
+            opencl3::kernel::create_kernel(program, c"sm_bench_trivial")
+                .map_err(|c| err("clCreateKernel", c))
+        });
+    // SAFETY: the one reference clCreateProgramWithSource gave; the kernel keeps its own.
+    let _ = unsafe { release_program(program) };
+    Ok(Kernel::new(built?))
+}
+
+/// Sets the kernel's one argument to `buf` and enqueues it (one work-item) on `queue`: the
+/// plain OpenCL a launch costs, without waiting.
+pub(crate) fn enqueue_trivial(
+    queue: &CommandQueue,
+    kernel: &Kernel,
+    buf: &opencl3::memory::Buffer<u8>,
+) -> Result<(), String> {
+    // SAFETY: the kernel's one argument is a global float buffer of the queue's context, which
+    // `buf` is (a syncmem buffer of that queue's device, kept alive by the caller until the
+    // queue finishes); one work-item.
+    unsafe {
+        ExecuteKernel::new(kernel)
+            .set_arg(buf)
+            .set_global_work_size(1)
+            .set_local_work_size(1)
+            .enqueue_nd_range(queue)
+    }
+    .map(drop)
+    .map_err(|e| format!("clEnqueueNDRangeKernel: {e}"))
+}
+
+/// A user event with a barrier waiting on it, queued on a command queue: commands queued after
+/// it wait until [`Hold::release`], so that timing them measures the host's queuing cost only
+/// (no worker thread runs a kernel meanwhile).
+pub(crate) struct Hold {
+    event: opencl3::types::cl_event,
+    released: bool,
+    _barrier: opencl3::event::Event,
+}
+
+impl Hold {
+    /// Holds `queue`.
+    pub(crate) fn new(queue: &CommandQueue) -> Result<Hold, String> {
+        let context = queue
+            .context()
+            .map_err(|e| format!("clGetCommandQueueInfo: {e}"))?;
+        let event = opencl3::event::create_user_event(context)
+            .map_err(|e| format!("clCreateUserEvent: {e}"))?;
+        // SAFETY: the wait list holds one live event, released only in Drop (after the
+        // barrier has been let through).
+        let barrier = unsafe { queue.enqueue_barrier_with_wait_list(&[event]) }
+            .map_err(|e| format!("clEnqueueBarrierWithWaitList: {e}"))?;
+        Ok(Hold {
+            event,
+            released: false,
+            _barrier: barrier,
+        })
+    }
+
+    /// Lets the queue run.
+    pub(crate) fn release(&mut self) -> Result<(), String> {
+        if !std::mem::replace(&mut self.released, true) {
+            opencl3::event::set_user_event_status(self.event, opencl3::event::CL_COMPLETE)
+                .map_err(|e| format!("clSetUserEventStatus: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        // Never leave the queue blocked.
+        let _ = self.release();
+        // SAFETY: the one reference clCreateUserEvent gave, released once.
+        let _ = unsafe { opencl3::event::release_event(self.event) };
+    }
+}

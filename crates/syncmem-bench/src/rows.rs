@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use syncmem::alloc::pool::{HostPool, PoolConfig, PoolKind};
 use syncmem::alloc::HostBlock;
-use syncmem::{Device, Error, Result, SyncedMemory};
+use syncmem::{Device, Error, OomReport, Result, SyncedMemory};
 
 use crate::raw::raw_cycle;
 use crate::{size_name, Row};
@@ -57,11 +57,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn host_oom(bytes: usize) -> Error {
-    Error::OutOfMemory {
-        device: "host".into(),
-        requested: bytes,
-        detail: " (system allocator)".into(),
-    }
+    OomReport::new("host", bytes, "system allocator").into()
 }
 
 fn touch_pages(p: *mut u8, len: usize) {

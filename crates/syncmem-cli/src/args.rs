@@ -44,6 +44,20 @@ pub fn positive_int(s: &str) -> Result<usize, String> {
     }
 }
 
+/// Most epochs a training command runs: far more than any run of the built-in model needs,
+/// and small enough that the per-epoch report stays in memory.
+pub const MAX_EPOCHS: usize = 1_000_000;
+
+/// A number of epochs: an integer from 1 to [`MAX_EPOCHS`].
+pub fn epochs(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<u128>() {
+        Ok(n) if (1..=MAX_EPOCHS as u128).contains(&n) => Ok(n as usize),
+        _ => Err(format!(
+            "must be a positive integer of at most {MAX_EPOCHS}, got {s:?}"
+        )),
+    }
+}
+
 /// An integer of at least 0 (a seed).
 pub fn non_negative_int(s: &str) -> Result<u64, String> {
     s.trim()

@@ -4,6 +4,7 @@ mod args;
 #[macro_use]
 mod commands;
 mod heap;
+mod page;
 
 use std::process::ExitCode;
 
@@ -53,9 +54,11 @@ fn main() -> ExitCode {
             None => e.exit(),
         },
     };
-    // A bad pool variable fails every command at once, naming the variable, even when the pool
-    // it configures is never used.
-    if let Err(e) = syncmem::alloc::pool::config::check_env() {
+    // A bad pool or zero-copy variable fails every command at once, naming the variable, even
+    // when what it configures is never used.
+    if let Err(e) = syncmem::alloc::pool::config::check_env()
+        .and_then(|()| syncmem::device::zero_copy::check_env())
+    {
         eprintln!("syncmem: error: {e}");
         return ExitCode::FAILURE;
     }

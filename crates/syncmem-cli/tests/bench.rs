@@ -24,6 +24,9 @@ fn bench_quick_json_has_ratios() {
         "synced round trip 64 MiB",
         "synced round trip 64 MiB pinned",
         "host read access",
+        "user kernel launch",
+        "epoch LeakyRelu vs Relu",
+        "epoch LeakyRelu vs Relu unfused",
     ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
@@ -40,6 +43,8 @@ fn bench_quick_json_has_ratios() {
         let goal = match name {
             "host pool 4 KiB" | "device pool 4 KiB" | "device pool 64 MiB" => Some(1.0),
             "synced round trip 64 MiB" | "synced round trip 64 MiB pinned" => Some(0.95),
+            "user kernel launch" => Some(syncmem_bench::user::LAUNCH_GOAL),
+            "epoch LeakyRelu vs Relu" => Some(syncmem_bench::user::EPOCH_GOAL),
             _ => None,
         };
         assert_eq!(r["goal"].as_f64(), goal, "{r}");

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{fails, json, ok};
+use common::{fails, json, json_env, ok, zero_copy_by_default};
 
 /// Caffe's table: (call, copy, head after) for steps 1-9.
 const EXPECTED: [(&str, &str, &str); 9] = [
@@ -19,11 +19,25 @@ const EXPECTED: [(&str, &str, &str); 9] = [
 
 /// Runs `demo --json` on `device` with a buffer of `bytes` and checks Caffe's table.
 fn check_demo(device: &str, bytes: u64) {
+    // Two mirrors: Caffe's copies. Zero-copy (the default where the device shares host
+    // memory): the same heads, a zero-copy sync where Caffe copies.
+    check_demo_with(device, bytes, "off");
+    check_demo_with(device, bytes, "auto");
+}
+
+fn check_demo_with(device: &str, bytes: u64, zero_copy: &str) {
     let n = bytes.to_string();
-    let v = json(&["demo", "--device", device, "--json", "--bytes", &n]);
+    let args = ["demo", "--device", device, "--json", "--bytes", &n];
+    let v = json_env(&args, &[("SYNCMEM_ZERO_COPY", zero_copy)]);
+    let shared = zero_copy == "auto" && zero_copy_by_default(device);
     let steps = v.as_array().expect("a JSON array");
     assert_eq!(steps.len(), 9, "{v:#}");
     for (i, (s, (call, copy, head))) in steps.iter().zip(EXPECTED).enumerate() {
+        let copy = if shared && copy != "none" {
+            "mapped"
+        } else {
+            copy
+        };
         let obj = s.as_object().expect("an object per step");
         let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
         keys.sort_unstable();
@@ -126,7 +140,14 @@ fn demo_on_cuda_follows_caffes_table() {
 fn demo_human_output() {
     let out = ok(&["demo", "--device", "cpu", "--bytes", "4096"]);
     assert!(out.starts_with("syncmem demo on cpu"), "{out}");
-    for want in ["mutable_gpu_data", "device_to_host", "synced", "copies"] {
+    for want in [
+        "mutable_gpu_data",
+        "zero-copy (in-place)",
+        "mapped",
+        "this buffer: 0 copies (0 B), 4 zero-copy syncs (16.0 KiB)",
+        "synced",
+        "copies",
+    ] {
         assert!(out.contains(want), "{want} missing:\n{out}");
     }
 }

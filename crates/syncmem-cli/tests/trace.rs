@@ -4,7 +4,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{fails, json, run_env as syncmem, u};
+use common::{fails, json, run_env as syncmem, u, zero_copy_by_default};
 use serde_json::Value;
 
 /// A fresh directory for one test.
@@ -47,21 +47,55 @@ fn record_and_replay(device: &str) {
             .any(|l| l["op"] == "alloc" && l["device"] == device && u(&l["size"]) == 24 * 24 * 4),
         "no 24 x 24 weights"
     );
+    // Copies, zero-copy syncs, spills and refills: each a `copy` line of its direction.
     assert_eq!(
         count("copy"),
-        ["host_to_device", "device_to_host", "device_to_device"]
-            .iter()
-            .map(|d| u(&s["copies"][d]["count"]))
-            .sum::<u64>()
+        [
+            "host_to_device",
+            "device_to_host",
+            "device_to_device",
+            "mapped",
+            "spilled",
+            "refilled"
+        ]
+        .iter()
+        .map(|d| u(&s["copies"][d]["count"]))
+        .sum::<u64>()
     );
+    assert_eq!(count("segment_alloc"), u(&s["segment_allocs"]));
+    assert_eq!(count("segment_free"), u(&s["segment_frees"]));
+    assert!(u(&s["segment_allocs"]) > 0, "{s}");
     assert_eq!(
-        count("alloc") + count("free") + count("copy") + count("evict") + count("oom"),
+        count("alloc")
+            + count("free")
+            + count("segment_alloc")
+            + count("segment_free")
+            + count("copy")
+            + count("evict")
+            + count("oom"),
         lines.len() as u64
     );
-    // The run uploads its data and parameters and reads back the loss each step; everything
-    // it allocates it frees.
-    assert!(u(&s["copies"]["host_to_device"]["count"]) > 0, "{s}");
-    assert!(u(&s["copies"]["device_to_host"]["count"]) > 0, "{s}");
+    // Every line has its time, in order; training steps are marked.
+    let times: Vec<u64> = lines.iter().map(|l| u(&l["t_us"])).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]));
+    assert!(lines.iter().any(|l| l["step"] == 1), "no step marked");
+    // Blocks name their owners: the weights of the second layer are `fc2_w`.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["op"] == "alloc" && l["owner"] == "fc2_w"),
+        "no block owned by fc2_w"
+    );
+    // The run uploads its data and parameters and reads back the loss each step (copies, or
+    // zero-copy syncs where the device shares host memory); everything it allocates it frees.
+    let moved = |d: &str| u(&s["copies"][d]["count"]);
+    if zero_copy_by_default(device) {
+        assert!(moved("mapped") > 0, "{s}");
+        assert_eq!(moved("host_to_device") + moved("device_to_host"), 0, "{s}");
+    } else {
+        assert!(moved("host_to_device") > 0, "{s}");
+        assert!(moved("device_to_host") > 0, "{s}");
+    }
     assert!(u(&s["allocs"]) > 0);
     assert_eq!(u(&s["allocs"]), u(&s["frees"]), "{s}");
     let copy_bytes: u64 = lines
@@ -80,8 +114,12 @@ fn record_and_replay(device: &str) {
         .iter()
         .map(|d| d["device"].as_str().unwrap())
         .collect();
-    assert!(
-        devices.contains(&device) && devices.contains(&"host"),
+    // Host mirrors come from the host pool, where a buffer keeps two (with zero-copy, the
+    // training allocates none at all).
+    assert!(devices.contains(&device), "{devices:?}");
+    assert_eq!(
+        devices.contains(&"host"),
+        !zero_copy_by_default(device),
         "{devices:?}"
     );
     let per_device: u64 = r["devices"]
@@ -126,7 +164,8 @@ fn record_and_replay(device: &str) {
     assert!(u(&caching["cache_hits"]) > 0, "{caching}");
     assert!(u(&caching["backend_calls"]) < u(&none["backend_calls"]));
 
-    // Under a 4 KiB cap per device pool, the device runs out of memory; the host does not.
+    // Under a 4 KiB cap per device pool, the device runs out of memory; the host (where the
+    // run used host mirrors at all) does not.
     let v = json(&[
         "trace", "replay", f, "--pool", "binned", "--cap", "4KiB", "--json",
     ]);
@@ -136,8 +175,9 @@ fn record_and_replay(device: &str) {
     let dev_row = rows.iter().find(|r| r["device"] == device).unwrap();
     assert!(u(&dev_row["ooms"]) > 0, "{dev_row}");
     assert!(u(&dev_row["peak_reserved"]) <= 4096, "{dev_row}");
-    let host_row = rows.iter().find(|r| r["device"] == "host").unwrap();
-    assert_eq!(u(&host_row["ooms"]), 0);
+    if let Some(host_row) = rows.iter().find(|r| r["device"] == "host") {
+        assert_eq!(u(&host_row["ooms"]), 0);
+    }
 
     // The text table.
     let out = common::run(&["trace", "replay", f]);
@@ -275,7 +315,29 @@ fn syncmem_trace_records_any_command() {
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
         .filter(|l| l["op"] == "copy")
         .collect();
-    // Caffe's sequence copies the buffer up and back down.
+    // Caffe's sequence syncs the buffer up and back down: without a copy on the cpu device,
+    // whose buffers share the host's memory.
+    let syncs = copies
+        .iter()
+        .filter(|c| c["direction"] == "mapped" && u(&c["bytes"]) == 4099 && c["device"] == "cpu")
+        .count();
+    assert_eq!((syncs, copies.len()), (4, 4), "{copies:?}");
+    // With two mirrors, copies up and down.
+    let file = dir.join("demo-copies.jsonl");
+    let out = syncmem(
+        &["demo", "--device", "cpu", "--json", "--bytes", "4099"],
+        &[
+            ("SYNCMEM_TRACE", file.as_os_str()),
+            ("SYNCMEM_ZERO_COPY", std::ffi::OsStr::new("off")),
+        ],
+    );
+    assert!(out.status.success());
+    let text = std::fs::read_to_string(&file).unwrap();
+    let copies: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|l| l["op"] == "copy")
+        .collect();
     for dir in ["host_to_device", "device_to_host"] {
         assert!(
             copies

@@ -2,11 +2,13 @@
 
 mod common;
 
-use common::{f, json as train_json, run as syncmem, u, TempPath};
+use common::{f, json as train_json, json_env, run as syncmem, u, zero_copy_by_default, TempPath};
 use serde_json::Value;
 
 /// The checks every report must pass: shape of the JSON, copies per step, heads, planning.
-fn check_report(r: &Value, device: &str, epochs: usize) {
+/// `shared`: the run's buffers share memory with the host (zero-copy): every transfer is a
+/// zero-copy sync, no byte is copied.
+fn check_report(r: &Value, device: &str, epochs: usize, shared: bool) {
     assert_eq!(r["device"], device);
     assert_eq!(r["data"]["source"], "spirals");
     assert_eq!(u(&r["data"]["samples"]), 3000);
@@ -32,20 +34,32 @@ fn check_report(r: &Value, device: &str, epochs: usize) {
         assert_eq!(u(&t[key]["host_to_device"]["count"]), 0, "{key}: {t}");
         assert_eq!(u(&t[key]["device_to_device"]["count"]), 0, "{key}: {t}");
     }
-    assert_eq!(u(&t["per_step"]["device_to_host"]["count"]), 2, "{t}");
-    assert_eq!(u(&t["per_step"]["device_to_host"]["bytes"]), 8, "{t}");
-    assert_eq!(u(&t["max_step"]["device_to_host"]["count"]), 2, "{t}");
+    // The loss and the accuracy come back each step: two 4-byte copies, or two zero-copy
+    // syncs and not a byte copied (in setup either: the batches are uploaded by syncs).
+    let back = if shared { "mapped" } else { "device_to_host" };
+    assert_eq!(u(&t["per_step"][back]["count"]), 2, "{t}");
+    assert_eq!(u(&t["per_step"][back]["bytes"]), 8, "{t}");
+    assert_eq!(u(&t["max_step"][back]["count"]), 2, "{t}");
+    let up = if shared { "mapped" } else { "host_to_device" };
     assert!(
-        u(&t["setup"]["host_to_device"]["count"]) > 0,
-        "batches uploaded once"
+        u(&t["setup"][up]["count"]) > 0,
+        "batches uploaded once: {t}"
     );
-    // Every copy of the process during the steps, operators included: only the two scalars.
+    if shared {
+        for key in ["setup", "training"] {
+            for dir in ["host_to_device", "device_to_host", "device_to_device"] {
+                assert_eq!(u(&t[key][dir]["bytes"]), 0, "{key} {dir}: {t}");
+            }
+        }
+    }
+    // Every transfer of the process during the steps, operators included: only the two
+    // scalars.
     let steps = u(&t["steps"]);
     let pt = &t["process_training"];
     assert_eq!(u(&pt["host_to_device"]["count"]), 0, "{t}");
     assert_eq!(u(&pt["device_to_device"]["count"]), 0, "{t}");
-    assert_eq!(u(&pt["device_to_host"]["count"]), 2 * steps, "{t}");
-    assert_eq!(u(&pt["device_to_host"]["bytes"]), 8 * steps, "{t}");
+    assert_eq!(u(&pt[back]["count"]), 2 * steps, "{t}");
+    assert_eq!(u(&pt[back]["bytes"]), 8 * steps, "{t}");
 
     let blobs = r["blobs"].as_array().expect("blobs array");
     let blob = |name: &str| {
@@ -91,9 +105,14 @@ fn check_report(r: &Value, device: &str, epochs: usize) {
 #[test]
 fn train_on_cpu_reports_json() {
     let r = train_json(&["train", "--device", "cpu", "--epochs", "2", "--json"]);
-    check_report(&r, "cpu", 2);
+    check_report(&r, "cpu", 2, zero_copy_by_default("cpu"));
     assert!(r["note"].is_null());
     assert_eq!(r["settings"]["plan"], true);
+    // Two mirrors: the same run with copies.
+    let args = ["train", "--device", "cpu", "--epochs", "2", "--json"];
+    let off = json_env(&args, &[("SYNCMEM_ZERO_COPY", "off")]);
+    check_report(&off, "cpu", 2, false);
+    assert_eq!(off["final"], r["final"], "the same results either way");
 }
 
 #[cfg(feature = "opencl")]
@@ -104,7 +123,11 @@ fn train_on_opencl_reports_json() {
     };
     let label = dev.label().to_string();
     let r = train_json(&["train", "--device", &label, "--epochs", "2", "--json"]);
-    check_report(&r, &label, 2);
+    check_report(&r, &label, 2, zero_copy_by_default(&label));
+    let args = ["train", "--device", &label, "--epochs", "2", "--json"];
+    let off = json_env(&args, &[("SYNCMEM_ZERO_COPY", "off")]);
+    check_report(&off, &label, 2, false);
+    assert_eq!(off["final"], r["final"], "the same results either way");
 }
 
 #[test]

@@ -1,9 +1,9 @@
 //! NumPy arrays into tensors (feeding: one copy, or none) and tensors into new arrays
 //! (fetching: one copy, from whichever side is newest).
 
-use numpy::npyffi::NPY_ARRAY_WRITEABLE;
 use numpy::npyffi::{
-    get_type_object, npy_intp, NpyTypes, NPY_ARRAY_ALIGNED, NPY_ARRAY_C_CONTIGUOUS, PY_ARRAY_API,
+    get_type_object, npy_intp, NpyTypes, NPY_ARRAY_ALIGNED, NPY_ARRAY_C_CONTIGUOUS,
+    NPY_ARRAY_OWNDATA, NPY_ARRAY_WRITEABLE, PY_ARRAY_API,
 };
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -13,7 +13,7 @@ use syncmem::{DType, Device, Error, Head, Tensor};
 
 use crate::dtypes::{self, Fed};
 use crate::errors::{to_py, InvalidStateError, OrRaise, ShapeError, TypeMismatchError};
-use crate::views;
+use crate::views::{self, PyHostView};
 
 /// The NumPy array for `value`: itself when it is an array, else `numpy.asarray(value)`.
 pub fn as_array<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyUntypedArray>> {
@@ -25,16 +25,17 @@ pub fn as_array<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyUntyped
     Ok(a.cast_into::<PyUntypedArray>()?)
 }
 
-/// Host memory of a NumPy array adopted by a tensor (`feed_blob(copy=False)`): the array is
-/// kept alive until the tensor lets go of the buffer.
+/// Host memory of a NumPy array adopted by a tensor (`feed_blob(copy=False)`): `_owner` is a
+/// private array that owns the memory (see [`take_over`]); the memory lives until the tensor
+/// and every array over it are gone.
 struct ArrayOwner {
-    _array: Py<PyAny>,
+    _owner: Py<PyAny>,
     ptr: *mut u8,
     len: usize,
 }
 
-// SAFETY: `ptr` is the data of the array `_array` keeps alive (a NumPy array's data does not
-// move while the array lives and no resize is possible while a reference is held elsewhere);
+// SAFETY: `ptr` is the data of the array `_owner` keeps alive (a NumPy array's data does not
+// move while the array lives: `_owner` is never handed to Python, so nothing resizes it);
 // `Py<PyAny>` is Send + Sync and is released through PyO3's reference pool when dropped
 // without the interpreter attached.
 unsafe impl Send for ArrayOwner {}
@@ -46,7 +47,7 @@ impl AsMut<[u8]> for ArrayOwner {
         if self.len == 0 {
             return &mut [];
         }
-        // SAFETY: `ptr` is valid for `len` bytes for as long as `_array` lives (see above).
+        // SAFETY: `ptr` is valid for `len` bytes for as long as `_owner` lives (see above).
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
@@ -160,6 +161,171 @@ fn temporary_array<'py>(
     }
 }
 
+/// `PyArrayObject_fields` of NumPy 1.22 and later: the fields of `numpy`'s
+/// [`PyArrayObject`](numpy::npyffi::PyArrayObject), then `_buffer_info` and `mem_handler` (the
+/// capsule of the allocator that frees the data of an array that owns it).
+#[repr(C)]
+struct ArrayFields {
+    head: numpy::npyffi::PyArrayObject,
+    _buffer_info: *mut std::ffi::c_void,
+    mem_handler: *mut pyo3::ffi::PyObject,
+}
+
+/// NumPy's C API feature version of 1.22, the first with `mem_handler`.
+const NPY_1_22_API_VERSION: std::ffi::c_uint = 0x0000_000f;
+
+fn fields(a: &Bound<'_, PyAny>) -> *mut ArrayFields {
+    a.as_ptr().cast()
+}
+
+fn base_of<'py>(a: &Bound<'py, PyUntypedArray>) -> Option<Bound<'py, PyAny>> {
+    // SAFETY: `as_array_ptr` is a live array object; `base` is a borrowed reference or null.
+    let base = unsafe { (*a.as_array_ptr()).fields.base };
+    // SAFETY: a non-null `base` is a live object the array holds a reference to.
+    (!base.is_null()).then(|| unsafe { Bound::from_borrowed_ptr(a.py(), base) })
+}
+
+fn owns_data(a: &Bound<'_, PyUntypedArray>) -> bool {
+    // SAFETY: `as_array_ptr` is a live array object.
+    let flags = unsafe { (*a.as_array_ptr()).fields.flags };
+    flags & NPY_ARRAY_OWNDATA != 0 && base_of(a).is_none()
+}
+
+/// The array whose memory `copy=False` takes over: `arr` itself when it owns its memory, or
+/// the array it views when it covers all of it (a reshape). Refused: memory that already
+/// belongs to a tensor, a view of part of an array, memory NumPy does not own.
+fn memory_owner<'py>(
+    arr: &Bound<'py, PyUntypedArray>,
+    label: &str,
+) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let refuse = |why: String| {
+        InvalidStateError::new_err(format!(
+            "blob {label:?}: copy=False cannot adopt this array: {why}. Feed it with copy=True \
+             (one copy)"
+        ))
+    };
+    // A view of a tensor, or of an array adopted before, has a HostView down its bases.
+    let mut base = base_of(arr);
+    for _ in 0..2 {
+        let Some(b) = base else { break };
+        if let Ok(view) = b.cast::<PyHostView>() {
+            let tensor = view.get().buffer_label().to_string();
+            return Err(refuse(format!(
+                "its memory already belongs to the tensor {tensor:?} (a blob's host mirror); \
+                 share that tensor instead: feed_blob(name, ws.tensor({tensor:?}))"
+            )));
+        }
+        base = b.cast::<PyUntypedArray>().ok().and_then(|a| base_of(a));
+    }
+    if owns_data(arr) {
+        return Ok(arr.clone());
+    }
+    let Some(base) = base_of(arr) else {
+        return Err(refuse(
+            "NumPy does not own its memory (it was made over memory from elsewhere)".into(),
+        ));
+    };
+    match base.cast::<PyUntypedArray>() {
+        Ok(b) if owns_data(b) => {
+            if data_ptr(b) == data_ptr(arr) && nbytes(b) == nbytes(arr) {
+                Ok(b.clone())
+            } else {
+                Err(refuse(format!(
+                    "it is a view of part of another array ({} of its {} bytes), which could \
+                     still write the memory",
+                    nbytes(arr),
+                    nbytes(b)
+                )))
+            }
+        }
+        _ => Err(refuse(format!(
+            "NumPy does not own its memory: it belongs to a {} object, which could still \
+             write it",
+            base.get_type().name()?
+        ))),
+    }
+}
+
+/// A read-only array over the memory of `owner` (which owns it), not owning it yet.
+fn private_array<'py>(
+    py: Python<'py>,
+    owner: &Bound<'py, PyUntypedArray>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let o = owner.as_array_ptr();
+    // SAFETY: `o` is a live array: its descr is a live dtype (the new array steals the new
+    // reference), `nd`, `dimensions` and `strides` describe its data, which it owns and keeps
+    // while `owner` lives; the new array only points at it (no NPY_ARRAY_OWNDATA, no
+    // NPY_ARRAY_WRITEABLE) until `take_over` hands it the ownership.
+    unsafe {
+        let f = &(*o).fields;
+        pyo3::ffi::Py_INCREF(f.descr.cast());
+        let raw = PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            get_type_object(py, NpyTypes::PyArray_Type),
+            f.descr,
+            f.nd,
+            f.dimensions,
+            f.strides,
+            f.data.cast(),
+            0,
+            std::ptr::null_mut(),
+        );
+        Bound::from_owned_ptr_or_err(py, raw)
+    }
+}
+
+/// `InvalidStateError` unless `owner` (which owns its memory) holds the capsule of the
+/// allocator its memory came from. Call it only with NumPy 1.22 or later.
+fn check_allocator(owner: &Bound<'_, PyUntypedArray>, label: &str) -> PyResult<()> {
+    let o = fields(owner.as_any());
+    // SAFETY: `o` is a live array of NumPy 1.22 or later, with the layout of `ArrayFields`;
+    // `mem_handler` is null or a live object.
+    let valid = unsafe {
+        let handler = (*o).mem_handler;
+        !handler.is_null() && pyo3::ffi::PyCapsule_IsValid(handler, c"mem_handler".as_ptr()) == 1
+    };
+    if valid {
+        Ok(())
+    } else {
+        Err(InvalidStateError::new_err(format!(
+            "blob {label:?}: copy=False cannot adopt this array: its memory has no NumPy \
+             allocator to be freed with. Feed it with copy=True (one copy)"
+        )))
+    }
+}
+
+/// Moves the ownership of `owner`'s memory to `private` (made by [`private_array`] over it):
+/// `private` frees it with NumPy's allocator when it goes; `owner` becomes a read-only view
+/// whose base is `base` (a [`PyHostView`]), which exposes no writable buffer, so NumPy refuses
+/// to make `owner`, or any view of it, writable again. Call it after [`check_allocator`].
+fn take_over(
+    owner: &Bound<'_, PyUntypedArray>,
+    private: &Bound<'_, PyAny>,
+    base: Bound<'_, PyHostView>,
+) -> PyResult<()> {
+    let (o, p) = (fields(owner.as_any()), fields(private));
+    // SAFETY: `o` and `p` are live arrays of NumPy 1.22 or later (checked by the caller), so
+    // their objects have the layout of `ArrayFields`. `o` has no base (it owns its memory): it
+    // takes `base`, whose reference `PyArray_SetBaseObject` steals (and releases on failure,
+    // when nothing else has changed). Then the allocator capsule moves with the data: `p` owns
+    // both and frees the data through it (NumPy's deallocator does, for an array with
+    // NPY_ARRAY_OWNDATA), `o` neither (NumPy frees nothing of an array without
+    // NPY_ARRAY_OWNDATA). `p` describes the same dtype and dims as `o`, so it frees as many
+    // bytes as `o` was allocated. No Python code runs in between.
+    unsafe {
+        let base = base.into_any().into_ptr();
+        if PY_ARRAY_API.PyArray_SetBaseObject(owner.py(), o.cast(), base) != 0 {
+            return Err(PyErr::fetch(owner.py()));
+        }
+        (*p).mem_handler = std::mem::replace(&mut (*o).mem_handler, std::ptr::null_mut());
+        (*p).head.fields.flags |= NPY_ARRAY_OWNDATA;
+        (*o).head.fields.flags &= !(NPY_ARRAY_OWNDATA | NPY_ARRAY_WRITEABLE);
+    }
+    Ok(())
+}
+
+/// `feed_blob(copy=False)`: the tensor takes the array's memory over (see [`take_over`]); the
+/// array, and its base when it views all of it, become read-only views of the host mirror.
 fn adopt_array(
     arr: &Bound<'_, PyUntypedArray>,
     dims: &[usize],
@@ -168,6 +334,7 @@ fn adopt_array(
     device: &Device,
     behaved: bool,
 ) -> PyResult<Tensor> {
+    let py = arr.py();
     if !behaved {
         return Err(ShapeError::new_err(format!(
             "blob {label:?}: copy=False needs a C-contiguous, aligned array in native byte order \
@@ -175,6 +342,7 @@ fn adopt_array(
             arr.strides()
         )));
     }
+    let owner = memory_owner(arr, label)?;
     if !arr
         .getattr("flags")?
         .getattr("writeable")?
@@ -185,16 +353,29 @@ fn adopt_array(
              mirror, which syncmem writes when it copies back from the device"
         )));
     }
-    let owner = ArrayOwner {
-        _array: arr.clone().into_any().unbind(),
+    // SAFETY: a call into NumPy's C API, which is loaded (`arr` is an array).
+    let version = unsafe { PY_ARRAY_API.PyArray_GetNDArrayCFeatureVersion(py) };
+    if version < NPY_1_22_API_VERSION {
+        return Err(InvalidStateError::new_err(format!(
+            "blob {label:?}: copy=False needs NumPy 1.22 or later (C API version {version:#x}); \
+             feed with copy=True"
+        )));
+    }
+    check_allocator(&owner, label)?;
+    let private = private_array(py, &owner)?;
+    let memory = ArrayOwner {
+        _owner: private.clone().unbind(),
         ptr: data_ptr(arr),
         len: nbytes(arr),
     };
     let mut t = Tensor::on(Some(device)).with_label(label);
     t.resize(dims).or_raise()?;
-    t.adopt_bytes(dtype, owner).or_raise()?;
-    // Writes through the caller's array would bypass the head state: it becomes read-only.
-    arr.call_method1("setflags", (false,))?;
+    t.adopt_bytes(dtype, memory).or_raise()?;
+    let view = py.detach(|| views::HostView::read_only(&t, &format!("blob {label:?}")))?;
+    take_over(&owner, &private, PyHostView::wrap(py, view)?)?;
+    if !arr.is(&owner) {
+        arr.call_method1("setflags", (false,))?;
+    }
     Ok(t)
 }
 

@@ -3,7 +3,7 @@
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
-use syncmem::{BackendKind, Device};
+use syncmem::{BackendKind, Device, ZeroCopy};
 
 use crate::errors::{DeviceError, OrRaise};
 
@@ -115,6 +115,31 @@ impl PyDevice {
     #[getter]
     fn memory_cap(&self) -> Option<u64> {
         self.dev.memory_cap()
+    }
+
+    /// The zero-copy setting: `"auto"` (the default, or `SYNCMEM_ZERO_COPY`'s value), `"off"`
+    /// or `"map"`. Where the device's memory is host memory (`cpu`, PoCL, integrated GPUs) a
+    /// tensor then keeps one allocation for both sides and nothing is copied between them.
+    /// Setting it (`dev.zero_copy = "off"`) applies to the tensors whose memory is allocated
+    /// from then on; a value other than `auto`, `off` or `map` raises `ConfigError`.
+    #[getter]
+    fn zero_copy(&self) -> &'static str {
+        self.dev.zero_copy().as_str()
+    }
+
+    #[setter]
+    fn set_zero_copy(&self, setting: &str) -> PyResult<()> {
+        let z: ZeroCopy = setting.parse().or_raise()?;
+        self.dev.set_zero_copy(z);
+        Ok(())
+    }
+
+    /// How host and device share a tensor's memory under the current setting: `"in-place"`
+    /// (the host uses the device memory directly), `"map"` (the host maps and unmaps it), or
+    /// `None` (two copies, as on a discrete GPU or with zero-copy off).
+    #[getter]
+    fn zero_copy_protocol(&self) -> Option<&'static str> {
+        self.dev.zero_copy_protocol().map(|p| p.as_str())
     }
 
     /// Waits until every command queued on the device's default stream is done (the GIL is

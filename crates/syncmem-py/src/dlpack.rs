@@ -381,7 +381,7 @@ pub fn from_dlpack(
             data: parsed.data,
             len: parsed.nbytes,
         };
-        let aligned = (parsed.data as usize) % parsed.dtype.align() == 0;
+        let aligned = (parsed.data as usize).is_multiple_of(parsed.dtype.align());
         let mut tensor = Tensor::on(Some(&target));
         tensor.resize(&parsed.dims).or_raise()?;
         if flags & FLAG_READ_ONLY != 0 || !aligned {

@@ -12,7 +12,11 @@
 //! | `arrays` | NumPy arrays into tensors and back (one copy, or none) |
 //! | `views` | host views that keep the buffer alive; the writable-view guard |
 //! | `dlpack` | DLPack export and import |
-//! | `stats` | `memory_stats`, `memory_summary`, `memory_snapshot`, `pool_snapshot`, `copy_stats` |
+//! | `stats` | `memory_stats` (its keys in one table), `memory_allocated` and the other `torch.cuda` functions, `copy_stats` |
+//! | `report` | `memory_summary`, `memory_snapshot`, `pool_snapshot` |
+//! | `torch_snapshot` | the pools in PyTorch's snapshot format (`memory_snapshot(format="torch")`) |
+//! | `raw_kernel` | `RawKernel`: kernels from OpenCL C or CUDA C source, called as CuPy's |
+//! | `operators` | `register_operator`: operator types run by a Python function (`cpu`) |
 //!
 //! No Rust panic crosses into Python: PyO3 turns a panic inside a call into an exception, and
 //! the library returns errors rather than panicking; the DLPack deleters, called from C, catch
@@ -25,8 +29,12 @@ mod device;
 mod dlpack;
 mod dtypes;
 mod errors;
+mod operators;
+mod raw_kernel;
+mod report;
 mod stats;
 mod tensor;
+mod torch_snapshot;
 mod views;
 mod workspace;
 
@@ -50,12 +58,19 @@ fn syncmem_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device::backends, m)?)?;
     m.add_function(wrap_pyfunction!(dlpack::from_dlpack, m)?)?;
     m.add_function(wrap_pyfunction!(stats::memory_stats, m)?)?;
-    m.add_function(wrap_pyfunction!(stats::memory_summary, m)?)?;
-    m.add_function(wrap_pyfunction!(stats::memory_snapshot, m)?)?;
-    m.add_function(wrap_pyfunction!(stats::pool_snapshot, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::memory_allocated, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::max_memory_allocated, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::memory_reserved, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::max_memory_reserved, m)?)?;
+    m.add_function(wrap_pyfunction!(report::memory_summary, m)?)?;
+    m.add_function(wrap_pyfunction!(report::memory_snapshot, m)?)?;
+    m.add_function(wrap_pyfunction!(report::pool_snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(stats::copy_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(torch_snapshot::torch_snapshot_pickle, m)?)?;
     m.add_function(wrap_pyfunction!(stats::empty_cache, m)?)?;
     m.add_function(wrap_pyfunction!(stats::reset_peak_memory_stats, m)?)?;
     m.add_function(wrap_pyfunction!(operator_types, m)?)?;
+    m.add_class::<raw_kernel::PyRawKernel>()?;
+    m.add_function(wrap_pyfunction!(operators::register_operator, m)?)?;
     Ok(())
 }

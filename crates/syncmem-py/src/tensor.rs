@@ -63,6 +63,9 @@ pub fn copy_stats_dict(py: Python<'_>, c: &CopyStats) -> PyResult<Py<PyAny>> {
         ("host_to_device", c.host_to_device),
         ("device_to_host", c.device_to_host),
         ("device_to_device", c.device_to_device),
+        ("mapped", c.mapped),
+        ("spilled", c.spilled),
+        ("refilled", c.refilled),
     ] {
         let e = PyDict::new(py);
         e.set_item("count", dir.count)?;

@@ -292,6 +292,18 @@ impl PyHostView {
     }
 }
 
+impl PyHostView {
+    /// The Python object owning `view`: a NumPy array's `base`.
+    pub fn wrap(py: Python<'_>, view: HostView) -> PyResult<Bound<'_, PyHostView>> {
+        Bound::new(py, PyHostView { view })
+    }
+
+    /// The buffer's label.
+    pub fn buffer_label(&self) -> &str {
+        self.view.label()
+    }
+}
+
 /// A NumPy array over `view`'s memory, owning the view through its `base`.
 pub fn to_numpy(py: Python<'_>, view: HostView) -> PyResult<Bound<'_, PyAny>> {
     let what = format!("tensor {}", view.label());
@@ -311,7 +323,7 @@ pub fn to_numpy(py: Python<'_>, view: HostView) -> PyResult<Bound<'_, PyAny>> {
         flags |= NPY_ARRAY_WRITEABLE;
     }
     let ptr = view.ptr;
-    let owner = Bound::new(py, PyHostView { view })?;
+    let owner = PyHostView::wrap(py, view)?;
     // SAFETY: `ptr` addresses the view's `nbytes` bytes, C-contiguous elements of `descr` with
     // `dims` (the host mirror, aligned for its type); the memory stays valid while `owner`
     // lives, and `owner` becomes the array's base below (or the array is dropped on error).

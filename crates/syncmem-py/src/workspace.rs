@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use syncmem::net::{NetDef, NetOptions};
@@ -14,6 +14,11 @@ use crate::device::{device_arg, remember, PyDevice};
 use crate::errors::{to_py, OrRaise};
 use crate::tensor::PyTensor;
 use crate::{arrays, views};
+
+/// Most ancestors a workspace made from Python may have. Python frees a chain of parents one
+/// C stack frame per workspace (50,000 nested `Workspace(parent)` crashed at exit); the library
+/// itself walks and drops chains of any depth in loops.
+const MAX_DEPTH: usize = 1000;
 
 /// Workspaces made from Python, for the memory snapshot.
 static LIVE: Mutex<Vec<(String, Weak<Workspace>)>> = Mutex::new(Vec::new());
@@ -36,12 +41,15 @@ pub fn live() -> Vec<(String, Arc<Workspace>)> {
 /// another (default `cpu`). A child made with `parent=` sees every blob of its parent it does
 /// not define itself; with `blob_mapping={"local": "parent_name"}` it sees only those, under
 /// local names. Long calls (`run_net`, `save`, `load`, feeding and fetching) release the GIL.
+/// A workspace has at most 1000 ancestors (`ValueError` beyond).
 #[pyclass(module = "syncmem", name = "Workspace", frozen)]
 pub struct PyWorkspace {
     pub ws: Arc<Workspace>,
     name: String,
     device: Device,
     parent: Option<Py<PyWorkspace>>,
+    /// Ancestors: 0 without a parent.
+    depth: usize,
 }
 
 impl PyWorkspace {
@@ -94,6 +102,12 @@ impl PyWorkspace {
         blob_mapping: Option<std::collections::BTreeMap<String, String>>,
         name: Option<String>,
     ) -> PyResult<Self> {
+        let depth = parent.as_ref().map_or(0, |p| p.get().depth + 1);
+        if depth > MAX_DEPTH {
+            return Err(PyValueError::new_err(format!(
+                "a workspace may have at most {MAX_DEPTH} ancestors; this one would have {depth}"
+            )));
+        }
         let parent_ws = parent.as_ref().map(|p| p.get().ws.clone());
         let default_dev = parent.as_ref().map(|p| p.get().device.clone());
         let device = device_arg(device, default_dev.as_ref())?;
@@ -123,6 +137,7 @@ impl PyWorkspace {
             name,
             device,
             parent,
+            depth,
         })
     }
 
@@ -151,11 +166,22 @@ impl PyWorkspace {
     ///
     /// `value` is a NumPy array, anything `numpy.asarray` accepts, or a `syncmem.Tensor`
     /// (whose buffer is then shared, not copied, when it is on the same device). With `copy`
-    /// (the default) the elements are copied once into the host mirror. `copy=False` adopts the
-    /// array's memory as the host mirror: no copy; the tensor keeps the array alive, and the
-    /// array is marked read-only (write through `tensor(name).numpy(writable=True)` instead).
-    /// It needs a C-contiguous, aligned, native-order, writable array (`ShapeError` or
-    /// `InvalidStateError` otherwise). Unsupported dtypes raise `TypeMismatchError`.
+    /// (the default) the elements are copied once into the host mirror.
+    ///
+    /// `copy=False` takes the array's memory over as the host mirror, without a copy: syncmem
+    /// owns it from then on and frees it when the tensor and every array over it are gone.
+    /// The array (and its base, when it is a view of all of it, such as `a.reshape(...)`)
+    /// becomes a read-only view of the host mirror, like `tensor(name).numpy()`, and NumPy
+    /// refuses to make it writable again (`setflags(write=True)` and resizing raise
+    /// `ValueError`); write through `tensor(name).numpy(writable=True)` instead. It takes a
+    /// C-contiguous, aligned, native-order array (`ShapeError` otherwise) that is writable and
+    /// owns its memory, or views all of an array that does; it refuses (`InvalidStateError`)
+    /// a view of part of an array (the rest of the base could still write it), memory NumPy
+    /// does not own (`frombuffer`, `memmap`, DLPack imports), and memory that already belongs
+    /// to a tensor (an array adopted before, `numpy()` views): feed those with `copy=True`, or
+    /// share a tensor with `feed_blob(name, ws.tensor(other))`. Views of the array taken
+    /// before the call (`v = a[1:]`) keep their own writable flag: NumPy does not track them,
+    /// so do not write through them. Unsupported dtypes raise `TypeMismatchError`.
     #[pyo3(signature = (name, value, device = None, copy = true))]
     fn feed_blob(
         &self,

@@ -33,6 +33,25 @@ def opencl():
 
 
 @pytest.fixture
+def two_mirrors():
+    """Zero-copy off on `cpu` and `opencl:0` during the test (restored after), so that tensors
+    keep a host and a device mirror with copies between them, as on a discrete GPU: for the
+    tests of copies, of the host pool and of its snapshots. test_zero_copy.py tests the
+    default, where these devices share one allocation between the sides."""
+    devices = [syncmem.Device("cpu")]
+    try:
+        devices.append(syncmem.Device("opencl:0"))
+    except syncmem.DeviceError:
+        pass  # the tests that need it skip or fail on their own
+    before = [(d, d.zero_copy) for d in devices]
+    for d in devices:
+        d.zero_copy = "off"
+    yield
+    for d, setting in before:
+        d.zero_copy = setting
+
+
+@pytest.fixture
 def ws(device):
     """A fresh workspace on `device`."""
     return syncmem.Workspace(device=device)

@@ -40,4 +40,10 @@ def test_stubs_cover_the_native_module():
         obj = getattr(native, name)
         if inspect.isclass(obj) and not issubclass(obj, BaseException):
             assert set(public_members(obj)) <= members, (name, set(public_members(obj)) - members)
+    # Exception classes: the stub names the same bases, in the same order.
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and issubclass(getattr(native, node.name), BaseException):
+            obj = getattr(native, node.name)
+            bases = [b.__name__ for b in obj.__bases__]
+            assert [ast.unparse(b) for b in node.bases] == bases, node.name
     assert pathlib.Path(syncmem.__file__).with_name("py.typed").exists()

@@ -1,6 +1,8 @@
-"""Every library error arrives as a SyncmemError subclass with the library's message; bad
-input raises, never crashes the interpreter."""
+"""Every library error arrives as a SyncmemError subclass with the library's message, which
+also derives from the matching builtin exception; bad input raises, never crashes the
+interpreter."""
 
+import errno
 import json
 import os
 import struct
@@ -29,11 +31,89 @@ CLASSES = [
 ]
 
 
+# Each class and the builtin it also derives from, so that `except KeyError` (say) works.
+BUILTINS = {
+    syncmem.OutOfMemoryError: MemoryError,
+    syncmem.DeviceError: RuntimeError,
+    syncmem.ShapeError: ValueError,
+    syncmem.TypeMismatchError: TypeError,
+    syncmem.NotFoundError: KeyError,
+    syncmem.AlreadyExistsError: ValueError,
+    syncmem.BusyError: RuntimeError,
+    syncmem.InvalidStateError: ValueError,
+    syncmem.ConfigError: ValueError,
+    syncmem.FileError: OSError,
+    syncmem.FormatError: ValueError,
+}
+
+
 def test_hierarchy():
     assert issubclass(syncmem.SyncmemError, Exception)
+    assert set(BUILTINS) == set(CLASSES)
     for cls in CLASSES:
         assert issubclass(cls, syncmem.SyncmemError) and cls.__module__ == "syncmem"
-        assert cls.__doc__
+        assert issubclass(cls, BUILTINS[cls]), cls
+        assert cls.__doc__ and BUILTINS[cls].__name__ in cls.__doc__
+        assert getattr(syncmem, cls.__name__) is cls
+
+
+def _missing_file(ws, tmp_path):
+    ws.load(tmp_path / "missing.safetensors")
+
+
+def _corrupt_file(ws, tmp_path):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}")
+    ws.load(bad)
+
+
+def _writable_view_then_device(ws, tmp_path):
+    view = ws.tensor("x").numpy(writable=True)
+    ws.tensor("x").to_device()
+    del view
+
+
+def _rename_onto_a_blob(ws, tmp_path):
+    ws.feed_blob("y", [2.0])
+    ws.rename_blob("x", "y")
+
+
+# A real failure of each kind, caught by the builtin alone.
+RAISES = [
+    (syncmem.NotFoundError, lambda ws, tmp: ws.tensor("nothing")),
+    (syncmem.NotFoundError, lambda ws, tmp: ws.run_net("missing")),
+    (syncmem.NotFoundError, lambda ws, tmp: syncmem.get_workspace("no such workspace")),
+    (syncmem.FileError, _missing_file),
+    (syncmem.FormatError, _corrupt_file),
+    (syncmem.ShapeError, lambda ws, tmp: ws.feed_blob("s", numpy.ones((2, 2))[:, 0], copy=False)),
+    (syncmem.TypeMismatchError, lambda ws, tmp: ws.feed_blob("c", numpy.zeros(2, "complex64"))),
+    (syncmem.InvalidStateError, lambda ws, tmp: ws.create_net("{not json")),
+    (syncmem.AlreadyExistsError, _rename_onto_a_blob),
+    (syncmem.DeviceError, lambda ws, tmp: syncmem.Device("bogus")),
+    (syncmem.DeviceError, lambda ws, tmp: syncmem.memory_stats("opencl:42")),
+    (syncmem.BusyError, _writable_view_then_device),
+]
+
+
+@pytest.mark.parametrize(
+    "cls, call", RAISES, ids=[f"{c.__name__}-{i}" for i, (c, _) in enumerate(RAISES)]
+)
+def test_each_error_is_caught_as_its_builtin(cls, call, ws, tmp_path):
+    ws.feed_blob("x", [1.0])
+    builtin = BUILTINS[cls]
+    with pytest.raises(builtin) as caught:
+        call(ws, tmp_path)
+    e = caught.value
+    assert type(e) is cls and isinstance(e, syncmem.SyncmemError), type(e)
+    # The message is the library's, as it is (a KeyError would otherwise show it quoted).
+    assert str(e) == e.args[0] and not str(e).startswith("'"), str(e)
+
+
+def test_file_errors_carry_the_errno(ws, tmp_path):
+    with pytest.raises(OSError) as caught:
+        ws.load(tmp_path / "missing.safetensors")
+    assert caught.value.errno == errno.ENOENT
+    assert "missing.safetensors" in str(caught.value)
 
 
 @pytest.mark.parametrize(
@@ -158,7 +238,8 @@ def test_out_of_memory_is_an_exception(device):
         ws.feed_blob("big", numpy.ones(4 << 20, "uint8"))
         try:
             ws.tensor("big").to_device()
-        except syncmem.OutOfMemoryError as e:
+        except MemoryError as e:
+            assert isinstance(e, syncmem.OutOfMemoryError), type(e)
             print("OOM:", e)
         """,
         env={"SYNCMEM_POOL_CONF": "memory_cap=1MiB"},
@@ -173,7 +254,8 @@ def test_config_errors():
         import numpy, syncmem
         try:
             syncmem.Workspace().feed_blob("x", numpy.ones(4))
-        except syncmem.SyncmemError as e:
+        except ValueError as e:
+            assert isinstance(e, syncmem.SyncmemError), type(e)
             print(type(e).__name__, e)
         """,
         env={"SYNCMEM_HOST_POOL_CONF": "memory_cap=banana"},

@@ -10,8 +10,12 @@ import threading
 import time
 
 import numpy
+import pytest
 import syncmem
 from conftest import relu_net
+
+# Copies and the host pool: measured with two mirrors (see conftest.two_mirrors).
+pytestmark = pytest.mark.usefixtures("two_mirrors")
 
 STEPS = 200
 ELEMENTS = 1 << 14  # per step: 64 KiB drawn on the host and copied

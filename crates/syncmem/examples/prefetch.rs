@@ -10,9 +10,13 @@
 //! `prefetch_to_device` queues the copy and returns at once; the buffer remembers the copy in
 //! flight. An access that conflicts with it (a device access, a host write) first waits for
 //! it, a host read does not; no access copies the data a second time.
+//!
+//! Where the device's memory is host memory (the cpu, PoCL) buffers share one allocation by
+//! default and there is nothing to prefetch; this example turns zero-copy off to show the
+//! copies a discrete GPU makes.
 
 use syncmem::synced::PendingKind;
-use syncmem::{BackendKind, Device, Head, SyncedMemory};
+use syncmem::{BackendKind, Device, Head, SyncedMemory, ZeroCopy};
 
 /// The device named by the first argument (`cpu`, `opencl:0`, `cuda:0`), else the first
 /// OpenCL device, else the cpu (host memory standing in for device memory).
@@ -32,6 +36,8 @@ const BYTES: usize = 8 << 20;
 fn main() -> syncmem::Result<()> {
     let dev = pick_device()?;
     println!("device {dev}: {}", dev.info().name);
+    // Two mirrors even where the device could share host memory: there is data to copy.
+    dev.set_zero_copy(ZeroCopy::Off);
     // The buffers work on the device's default stream; copies go on a second one.
     let copy_stream = dev.new_stream()?;
 

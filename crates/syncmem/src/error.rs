@@ -2,6 +2,11 @@
 
 use std::fmt;
 
+mod oom;
+
+pub(crate) use oom::human as human_bytes;
+pub use oom::{OomReport, OomRetry};
+
 /// Result alias used throughout the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -76,15 +81,12 @@ pub enum Error {
         available: usize,
     },
 
-    /// An allocation failed for lack of memory.
-    #[error("out of memory on {device}: requested {requested} bytes{detail}")]
+    /// An allocation failed for lack of memory: the request, the device, the cap, the usage
+    /// and the largest holders, as data ([`OomReport`]; the message is its `Display`).
+    #[error("{report}")]
     OutOfMemory {
-        /// Device label (`host`, `opencl:0`, ...).
-        device: String,
-        /// Bytes requested.
-        requested: usize,
-        /// Extra context (already formatted, may be empty).
-        detail: String,
+        /// What was asked for and what the allocator found.
+        report: Box<OomReport>,
     },
 
     /// A call into a backend API failed.
@@ -267,6 +269,34 @@ pub enum Error {
         reason: String,
     },
 
+    /// A kernel of the user ([`crate::device::UserKernel`]) cannot take the launch as asked:
+    /// a wrong number of arguments, a buffer where the kernel takes a scalar (or the reverse),
+    /// a scalar of another type, a buffer of another device, a buffer written and passed
+    /// twice, a grid the kernel cannot run. `index` is the argument (`None`: the whole list or
+    /// the grid).
+    #[error("kernel {kernel:?}{}: {reason}", argument_text(*index))]
+    KernelArgument {
+        /// The kernel's name.
+        kernel: String,
+        /// The argument, from 0.
+        index: Option<usize>,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// The source of a kernel of the user failed to compile for a device.
+    #[error("kernel {kernel:?} failed to build for {device}: {reason}; build log:\n{log}")]
+    KernelBuild {
+        /// The kernel's name.
+        kernel: String,
+        /// The device label.
+        device: String,
+        /// The failing call and its status.
+        reason: String,
+        /// The compiler's log (may be empty).
+        log: String,
+    },
+
     /// An operation this backend or device does not support.
     #[error("unsupported on {device}: {what}")]
     Unsupported {
@@ -282,6 +312,28 @@ impl Error {
     pub fn is_out_of_memory(&self) -> bool {
         matches!(self, Error::OutOfMemory { .. })
     }
+
+    /// The report of an [`Error::OutOfMemory`] (also inside an [`Error::OperatorFailed`]).
+    pub fn oom_report(&self) -> Option<&OomReport> {
+        match self {
+            Error::OutOfMemory { report } => Some(report),
+            Error::OperatorFailed { error, .. } => error.oom_report(),
+            _ => None,
+        }
+    }
+}
+
+impl From<OomReport> for Error {
+    fn from(report: OomReport) -> Self {
+        Error::OutOfMemory {
+            report: Box::new(report),
+        }
+    }
+}
+
+/// `", argument 2"` for [`Error::KernelArgument`], nothing without an argument.
+fn argument_text(index: Option<usize>) -> String {
+    index.map_or_else(String::new, |i| format!(", argument {i}"))
 }
 
 /// `a * b` for sizes, as an error that says what overflowed.

@@ -10,11 +10,14 @@
 //! assert_eq!(buf.head(), Head::Uninitialized);
 //!
 //! buf.host_mut()?.fill(7);                          // host mirror allocated, head = host
-//! let on_device = buf.device()?;                    // copied host -> device once, head = synced
+//! let on_device = buf.device()?;                    // made current on the device, head = synced
 //! drop(on_device);
 //! assert_eq!(buf.head(), Head::Synced);
-//! assert_eq!(buf.host()?[0], 7);                    // no copy: both sides are current
-//! assert_eq!(buf.copy_stats().host_to_device.count, 1);
+//! assert_eq!(buf.host()?[0], 7);                    // nothing to do: both sides are current
+//! // One transfer: a host-to-device copy, or, where host and device share memory (the `cpu`
+//! // device, PoCL, integrated GPUs), a zero-copy sync that moves no byte.
+//! let s = buf.copy_stats();
+//! assert_eq!(s.host_to_device.count + s.mapped.count, 1);
 //! println!("{}", syncmem::stats());
 //! # Ok(())
 //! # }
@@ -25,7 +28,15 @@
 //! The repository's `crates/syncmem/examples` hold runnable programs (`cargo run -p syncmem
 //! --example NAME [-- DEVICE]`): `quick_start` (Caffe's nine-step sequence with its copies),
 //! `prefetch` (copies on a second stream), `pools` (choosing and configuring a pool, its
-//! statistics) and `workspace_net` (a workspace with nets, saved and loaded as safetensors).
+//! statistics), `workspace_net` (a workspace with nets, saved and loaded as safetensors) and
+//! `custom_operator` (an operator of your own with its kernels, registered and trained).
+//!
+//! # Kernels and operators of your own
+//!
+//! [`device::UserKernel`] compiles a kernel from OpenCL C or CUDA C source once per device (or
+//! takes a Rust closure over host slices for `cpu`); [`kernels::launch`] runs it on tensors and
+//! [`SyncedMemory`] buffers through their guards, checked, queued and ordered like the crate's
+//! own kernels. [`ops::register_operator`] adds an operator type to the registry that nets read.
 //!
 //! # Tensors by name
 //!
@@ -53,7 +64,7 @@
 //!
 //! | layer | role |
 //! |---|---|
-//! | `error`, [`dtype`] | [`Error`] and [`Result`]; element types ([`DType`], [`Element`], the math scalars) |
+//! | `error`, [`dtype`], [`file`](mod@file) | [`Error`] and [`Result`]; element types ([`DType`], [`Element`], the math scalars); atomic file writes and bounded reads |
 //! | `backend` (crate-private) | one folder per backend (`cpu`, `opencl`, `cuda`): discovery, raw memory, streams, events, kernel sources, programs, launches; all FFI; one `match` per method in `backend::dispatch` |
 //! | [`alloc`] | host blocks, caching pools over any [`alloc::pool::RawStorage`], statistics, traces |
 //! | [`device`] | [`Device`], [`DeviceBuffer`], [`Stream`], [`Event`], [`PinnedBuffer`]: pools and caps per device, the out-of-memory path, checked kernel calls |
@@ -85,6 +96,7 @@ pub mod context;
 pub mod device;
 pub mod dtype;
 mod error;
+pub mod file;
 pub mod kernels;
 pub mod net;
 pub mod ops;
@@ -106,9 +118,10 @@ pub use blob::Blob;
 pub use context::Context;
 pub use device::{
     Device, DeviceBuffer, DeviceInfo, DeviceSpec, Event, LiveBuffer, PinnedBuffer, Stream,
+    ZeroCopy, ZeroCopyProtocol,
 };
 pub use dtype::{DType, Element, PodElement};
-pub use error::{BackendKind, Error, Result};
+pub use error::{BackendKind, Error, OomReport, OomRetry, Result};
 pub use param::ParamBlob;
 pub use synced::{Head, SyncedMemory};
 pub use tensor::{ShrinkPolicy, Tensor};
@@ -138,6 +151,19 @@ pub fn stats() -> Snapshot {
         copies: alloc::stats::COPIES.snapshot(),
         host_waits: alloc::stats::host_waits(),
         pools,
+    }
+}
+
+/// Resets every peak [`stats`] reads to the current value: host memory, the host pool, and each
+/// device opened so far (device memory, pinned host memory, their pools; see
+/// [`Device::reset_peak_stats`]). Cumulative counts (allocations, frees, copies) are kept.
+pub fn reset_peak_stats() {
+    alloc::stats::HOST.reset_peak();
+    if let Some(p) = alloc::pool::HostPool::global_if_initialised() {
+        p.reset_peak();
+    }
+    for d in device::registry_discovered() {
+        d.reset_peak_stats();
     }
 }
 

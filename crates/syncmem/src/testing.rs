@@ -132,3 +132,37 @@ pub fn nvrtc_or_skip(test: &str) -> bool {
     eprintln!("SKIPPED {test}: libnvrtc not found (set {REQUIRE_NVRTC}=1 to make this a failure)");
     false
 }
+
+/// Checks the transfers a buffer (or a run) made, as `dev` counts them: `host_to_device` and
+/// `device_to_host` syncs, each a copy in its direction where the buffers of `dev` keep two
+/// mirrors, or a zero-copy sync ([`crate::CopyStats::mapped`], and no copy at all) where they
+/// share memory ([`Device::zero_copy_protocol`]). `what` names the check in the message.
+///
+/// # Panics
+/// When the figures differ (this is a test helper).
+pub fn assert_syncs(
+    dev: &Device,
+    stats: &crate::CopyStats,
+    host_to_device: u64,
+    device_to_host: u64,
+    what: &str,
+) {
+    let got = (
+        stats.host_to_device.count,
+        stats.device_to_host.count,
+        stats.mapped.count,
+    );
+    let want = if dev.zero_copy_protocol().is_some() {
+        (0, 0, host_to_device + device_to_host)
+    } else {
+        (host_to_device, device_to_host, 0)
+    };
+    assert_eq!(
+        got,
+        want,
+        "{what} on {} (zero-copy {}): (host-to-device copies, device-to-host copies, zero-copy \
+         syncs)",
+        dev.label(),
+        dev.zero_copy()
+    );
+}

@@ -1,5 +1,5 @@
-//! Package metadata of both crates, as crates.io and docs.rs read it, and the feature badges
-//! of feature-gated public items on docs.rs.
+//! Package metadata of both crates, as crates.io and docs.rs read it, the license texts every
+//! package ships, and the feature badges of feature-gated public items on docs.rs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -99,6 +99,81 @@ fn every_crate_has_complete_metadata() {
         serde_json::json!(["--cfg", "docsrs"]),
         "{docs_rs}"
     );
+}
+
+/// The license texts every copy of the software must carry.
+const LICENSES: [&str; 2] = ["LICENSE-MIT", "LICENSE-APACHE"];
+
+/// Each published crate's package holds both license texts (as `cargo package --list` lists
+/// it), the same as the repository's; the Python package names them in `license-files`, so
+/// that its wheel carries them too (CI also checks the built wheel's files).
+#[test]
+fn published_packages_ship_the_license_texts() {
+    let root = workspace_root();
+    let read =
+        |p: &Path| std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let m = metadata();
+    let mut published = Vec::new();
+    for p in m["packages"].as_array().expect("packages") {
+        let name = p["name"].as_str().unwrap();
+        if p["publish"] == serde_json::json!([]) {
+            continue; // publish = false
+        }
+        published.push(name);
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = Command::new(cargo)
+            .args([
+                "package",
+                "--list",
+                "--offline",
+                "--allow-dirty",
+                "-p",
+                name,
+            ])
+            .current_dir(&root)
+            .output()
+            .expect("run cargo package --list");
+        let listed = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "cargo package --list -p {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let dir = Path::new(p["manifest_path"].as_str().unwrap())
+            .parent()
+            .unwrap();
+        for license in LICENSES {
+            assert!(
+                listed.lines().any(|l| l == license),
+                "{name}: {license} is not in the package:\n{listed}"
+            );
+            assert_eq!(
+                read(&dir.join(license)),
+                read(&root.join(license)),
+                "{name}: {license}"
+            );
+        }
+    }
+    published.sort_unstable();
+    assert_eq!(published, ["syncmem", "syncmem-cli"]);
+
+    let py = root.join("crates/syncmem-py");
+    let pyproject = read(&py.join("pyproject.toml"));
+    let files = pyproject
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("license-files = "))
+        .expect("pyproject.toml: license-files");
+    for license in LICENSES {
+        assert!(
+            files.contains(&format!("\"{license}\"")),
+            "license-files: {files}"
+        );
+        assert_eq!(
+            read(&py.join(license)),
+            read(&root.join(license)),
+            "syncmem-py: {license}"
+        );
+    }
 }
 
 /// Every `.rs` file under `dir`.

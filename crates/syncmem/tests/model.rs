@@ -1,8 +1,10 @@
 //! Model-based property test of `SyncedMemory`: random sequences of accesses on one buffer,
 //! checked after every step against a small independent reference model of Caffe's
-//! SyncedMemory (valid set, allocation flags, contents, copy counts).
+//! SyncedMemory (valid set, allocation flags, contents, copy counts), with two mirrors and, where
+//! the device allows it, with zero-copy (one allocation for both sides; every sync counted as a
+//! zero-copy sync instead of a copy).
 //!
-//! Runs on the `cpu` device (64 cases) and on OpenCL (32 cases).
+//! Runs on the `cpu` device (64 cases per mode) and on OpenCL (32 cases per mode).
 
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -23,10 +25,20 @@ struct Model {
     data: Vec<u8>,
     h2d: u64,
     d2h: u64,
+    /// Zero-copy syncs.
+    mapped: u64,
+    /// The buffer's first allocation will be shared by both sides (zero-copy).
+    zero_copy: bool,
+    /// Both sides are one allocation: syncs move no byte.
+    shared: bool,
 }
 
 impl Model {
     fn new(len: usize) -> Self {
+        Self::with_zero_copy(len, false)
+    }
+
+    fn with_zero_copy(len: usize, zero_copy: bool) -> Self {
         Self {
             len,
             host_valid: false,
@@ -37,6 +49,19 @@ impl Model {
             data: vec![0; len],
             h2d: 0,
             d2h: 0,
+            mapped: 0,
+            // Empty buffers allocate nothing to share.
+            zero_copy: zero_copy && len > 0,
+            shared: false,
+        }
+    }
+
+    /// A zero-copy buffer's first allocation, whichever side asks, is both sides'.
+    fn first_allocation(&mut self) {
+        if self.zero_copy && !self.host_alloc && !self.dev_alloc {
+            self.shared = true;
+            self.host_alloc = true;
+            self.dev_alloc = true;
         }
     }
 
@@ -49,21 +74,26 @@ impl Model {
         }
     }
 
-    /// Copies of 0 bytes are not counted.
+    /// Copies of 0 bytes are not counted; shared memory syncs instead of copying.
     fn copied_h2d(&mut self) {
-        if self.len > 0 {
+        if self.shared {
+            self.mapped += 1;
+        } else if self.len > 0 {
             self.h2d += 1;
         }
     }
 
     fn copied_d2h(&mut self) {
-        if self.len > 0 {
+        if self.shared {
+            self.mapped += 1;
+        } else if self.len > 0 {
             self.d2h += 1;
         }
     }
 
     /// `host()` / `host_mut()`.
     fn host_access(&mut self, write: bool) {
+        self.first_allocation();
         self.host_alloc = true;
         if !self.host_valid {
             if self.dev_valid {
@@ -78,6 +108,7 @@ impl Model {
 
     /// `device()` / `device_mut()`.
     fn device_access(&mut self, write: bool) {
+        self.first_allocation();
         self.dev_alloc = true;
         if !self.dev_valid {
             if self.host_valid {
@@ -91,6 +122,7 @@ impl Model {
     }
 
     fn host_overwrite(&mut self, bytes: Vec<u8>) {
+        self.first_allocation();
         self.host_alloc = true;
         self.host_valid = true;
         self.dev_valid = false;
@@ -98,6 +130,7 @@ impl Model {
     }
 
     fn device_overwrite(&mut self, bytes: Vec<u8>) {
+        self.first_allocation();
         self.dev_alloc = true;
         self.dev_valid = true;
         self.host_valid = false;
@@ -132,6 +165,10 @@ impl Model {
     }
 
     fn set_host_data(&mut self, bytes: Vec<u8>) {
+        // Adopted memory is never shared: the buffer keeps two mirrors from now on (the device
+        // mirror keeps the shared memory as a mirror of its own).
+        self.shared = false;
+        self.zero_copy = false;
         self.host_alloc = true;
         self.host_valid = true;
         self.dev_valid = false;
@@ -263,6 +300,7 @@ fn check_state(m: &SyncedMemory, model: &Model, ctx: &str) -> Result<(), TestCas
         "{}: device-to-host copies",
         ctx
     );
+    prop_assert_eq!(s.mapped.count, model.mapped, "{}: zero-copy syncs", ctx);
     prop_assert_eq!(
         s.device_to_device.count,
         0,
@@ -398,9 +436,14 @@ fn peek(m: &SyncedMemory, model: &Model, ctx: &str) -> Result<(), TestCaseError>
     check_state(m, model, &format!("{ctx} (after peek)"))
 }
 
-fn run_case(dev: &Device, len: usize, steps: &[Step]) -> Result<(), TestCaseError> {
-    let m = SyncedMemory::new(len, dev);
-    let mut model = Model::new(len);
+fn run_case(
+    dev: &Device,
+    len: usize,
+    steps: &[Step],
+    zero_copy: bool,
+) -> Result<(), TestCaseError> {
+    let m = SyncedMemory::new(len, dev).with_zero_copy(zero_copy);
+    let mut model = Model::with_zero_copy(len, zero_copy && dev.zero_copy_protocol().is_some());
     check_state(&m, &model, "fresh buffer")?;
     for (i, step) in steps.iter().enumerate() {
         let ctx = format!("step {i} ({:?}, len {len})", step.op);
@@ -439,13 +482,19 @@ fn synced_memory_matches_model(dev: &Device) {
         failure_persistence: None,
         ..Config::default()
     });
-    match runner.run(&case_strategy(), |(len, steps)| run_case(dev, len, &steps)) {
-        Ok(()) => {}
-        Err(TestError::Fail(why, (len, steps))) => panic!(
-            "{}: model mismatch: {why}\nminimal case: len {len}, steps:\n{steps:#?}",
-            dev.label()
-        ),
-        Err(e) => panic!("{}: {e}", dev.label()),
+    for zero_copy in [false, true] {
+        let run = runner.run(&case_strategy(), |(len, steps)| {
+            run_case(dev, len, &steps, zero_copy)
+        });
+        match run {
+            Ok(()) => {}
+            Err(TestError::Fail(why, (len, steps))) => panic!(
+                "{} (zero-copy {zero_copy}): model mismatch: {why}\nminimal case: len {len}, \
+                 steps:\n{steps:#?}",
+                dev.label()
+            ),
+            Err(e) => panic!("{}: {e}", dev.label()),
+        }
     }
 }
 

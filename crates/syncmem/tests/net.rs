@@ -375,15 +375,14 @@ fn spirals() -> Dataset {
 }
 
 fn small(plan: bool) -> TrainConfig {
-    TrainConfig {
-        hidden: vec![32, 32],
-        epochs: 3,
-        batch: 32,
-        lr: 0.5,
-        seed: 5,
-        plan,
-        fuse: true,
-    }
+    TrainConfig::default()
+        .with_hidden(vec![32, 32])
+        .with_epochs(3)
+        .with_batch(32)
+        .with_lr(0.5)
+        .with_seed(5)
+        .with_plan(plan)
+        .with_fuse(true)
 }
 
 fn host_f32(ws: &Workspace, name: &str) -> Vec<f32> {
@@ -419,10 +418,7 @@ fn fusion_keeps_training_results(dev: &Device) {
     let data = spirals();
     let mut runs = Vec::new();
     for (fuse, plan) in [(false, false), (true, false), (true, true)] {
-        let cfg = TrainConfig {
-            fuse,
-            ..small(plan)
-        };
+        let cfg = small(plan).with_fuse(fuse);
         let mut t = Trainer::new(dev, &data, &cfg).unwrap();
         let losses: Vec<(u64, u64)> = (0..2)
             .map(|_| {
@@ -488,10 +484,7 @@ fn planning_lowers_the_peak(dev: &Device) {
     let mlp = Mlp::new(&[2, 32, 32, 3], 0.5).unwrap();
     let plan = plan_memory(
         &mlp.nets("m").train,
-        &PlanOptions {
-            sizes: mlp.blob_bytes(32),
-            ..PlanOptions::default()
-        },
+        &PlanOptions::new().with_sizes(mlp.blob_bytes(32)),
     )
     .unwrap();
     let (before, after) = plan.estimated_bytes;

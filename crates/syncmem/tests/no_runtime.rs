@@ -36,8 +36,7 @@ fn cpu_round_trip() {
     m.device_mut().unwrap().fill(9).unwrap();
     assert_eq!(&*m.host().unwrap(), &[9u8; 333][..]);
     assert_eq!(m.head(), Head::Synced);
-    let s = m.copy_stats();
-    assert_eq!((s.host_to_device.count, s.device_to_host.count), (1, 1));
+    syncmem::testing::assert_syncs(&cpu, &m.copy_stats(), 1, 1, "round trip");
 }
 
 /// The probe line of `backend`, checked to report `err` as the reason it has no devices.
@@ -95,7 +94,7 @@ fn child_no_opencl_runtime() {
     let all = Device::all(BackendKind::OpenCl).expect_err("no runtime");
     assert_eq!(all.to_string(), e.to_string());
     assert!(
-        Device::first_accelerator().map_or(true, |d| d.backend() != BackendKind::OpenCl),
+        Device::first_accelerator().is_none_or(|d| d.backend() != BackendKind::OpenCl),
         "first_accelerator found an OpenCL device"
     );
     let skipped = std::panic::catch_unwind(|| syncmem::testing::opencl_or_skip("child"));
@@ -222,7 +221,7 @@ fn no_cuda_driver_gives_clean_errors() {
     let all = Device::all(BackendKind::Cuda).expect_err("no driver");
     assert_eq!(all.to_string(), e.to_string());
     assert!(
-        Device::first_accelerator().map_or(true, |d| d.backend() != BackendKind::Cuda),
+        Device::first_accelerator().is_none_or(|d| d.backend() != BackendKind::Cuda),
         "first_accelerator found a CUDA device"
     );
     probe_reports(BackendKind::Cuda, &e);

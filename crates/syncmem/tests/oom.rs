@@ -1,18 +1,21 @@
 //! Out of memory under a device memory cap, end to end (on `cpu` and on OpenCL/PoCL): cached
-//! blocks are freed first, then clean device mirrors are dropped, and only then does an
-//! allocation fail, with a report naming the biggest holders. No data is ever lost.
+//! blocks are freed first, then clean device mirrors are dropped, then dirty ones spilled (see
+//! tests/spill.rs), and only then does an allocation fail, with a report naming the biggest
+//! holders. No data is ever lost. The buffers here keep two mirrors (zero-copy off): a
+//! zero-copy buffer has no clean mirror to drop, only memory to spill.
 //!
 //! PoCL creates buffers lazily and reports gigabytes, so a real out-of-memory would not be
 //! deterministic; the cap, enforced by the pool, is. Every test works on its own
 //! `Device::detached()` handle with its own pool and cap.
 
-use syncmem::{Device, Error, Head, MemoryCap, PoolConfig, SyncedMemory};
+use syncmem::{Device, Error, Head, MemoryCap, PoolConfig, SyncedMemory, ZeroCopy};
 
 const MIB: usize = 1 << 20;
 const BUF: usize = 16 * MIB;
 
 fn capped(dev: &Device, cap: usize) -> Device {
     let d = dev.detached();
+    d.set_zero_copy(ZeroCopy::Off);
     d.set_pool(PoolConfig::default().with_memory_cap(MemoryCap::Bytes(cap as u64)))
         .unwrap();
     assert_eq!(d.memory_cap(), Some(cap as u64));
@@ -94,9 +97,11 @@ fn clean_mirrors_are_dropped_to_make_room(dev: &Device) {
     assert!(d.last_oom_report().is_none(), "no allocation failed");
 }
 
-fn dirty_buffers_fill_the_cap_and_the_error_names_them(dev: &Device) {
+fn dirty_buffers_held_by_guards_fill_the_cap_and_the_error_names_them(dev: &Device) {
     let d = capped(dev, 64 * MIB);
     let bufs = four_dirty(&d);
+    // Guards hold every buffer: nothing may be dropped or spilled.
+    let guards: Vec<_> = bufs.iter().map(|m| m.device().unwrap()).collect();
     let e = SyncedMemory::new(BUF, &d).with_label("one-too-many");
     e.host_mut().unwrap().fill(1);
     let err = e.device().unwrap_err();
@@ -109,8 +114,8 @@ fn dirty_buffers_fill_the_cap_and_the_error_names_them(dev: &Device) {
         "largest free block 0 B",
         "cap 64.0 MiB",
         "biggest holders",
-        "dirty0 (16.0 MiB, device)",
-        "dirty3 (16.0 MiB, device)",
+        "dirty0 (16.0 MiB)",
+        "dirty3 (16.0 MiB)",
         "one-too-many",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in: {text}");
@@ -123,20 +128,38 @@ fn dirty_buffers_fill_the_cap_and_the_error_names_them(dev: &Device) {
     assert!(!e.device_allocated());
     let report = d.last_oom_report().unwrap();
     assert_eq!((report.requested, report.holders.len()), (BUF, 4));
-    assert!(report
-        .holders
+    assert!(report.holders.iter().all(|(_, bytes)| *bytes == BUF));
+    // The error carries the same figures as data.
+    let carried = err.oom_report().expect("an out-of-memory report");
+    assert_eq!(carried.holders, report.holders);
+    assert_eq!(carried.cap, Some(64 * MIB as u64));
+    assert_eq!(carried.allocated, Some(64 * MIB as u64));
+    assert_eq!(carried.reserved, Some(64 * MIB as u64));
+    assert_eq!(carried.purpose.as_deref(), Some("buffer one-too-many"));
+    // Every holder is dirty (head at the device): none could be dropped.
+    assert!(d
+        .live_buffers()
         .iter()
         .all(|h| h.head == Some(Head::AtDevice)));
-    assert!(report.evicted.is_empty());
+    let retry = report.retry.as_ref().expect("the out-of-memory path ran");
+    assert!(retry.evicted.is_empty() && retry.spilled.is_empty());
     let s = d.pool_stats().unwrap();
-    assert_eq!((s.ooms, s.evictions), (1, 0));
+    assert_eq!((s.ooms, s.evictions, s.spills), (1, 0, 0));
+    drop(guards);
+    // Free now: the least recently used dirty mirrors are spilled, twice the request's worth.
+    assert_eq!(device_bytes(&e), vec![1u8; BUF]);
+    let s = d.pool_stats().unwrap();
+    assert_eq!(
+        (s.evictions, s.spills, s.spilled_bytes),
+        (0, 2, 2 * BUF as u64),
+        "{s}"
+    );
+    let spilled: Vec<_> = bufs.iter().map(|m| m.device_allocated()).collect();
+    assert_eq!(spilled, [false, false, true, true]);
     // Nothing was lost.
     for (i, m) in bufs.iter().enumerate() {
         assert!(m.host().unwrap().iter().all(|&b| b == 0x10 + i as u8));
     }
-    // Now every mirror is clean (Synced): the same request succeeds by dropping one.
-    assert_eq!(device_bytes(&e), vec![1u8; BUF]);
-    assert_eq!(d.pool_stats().unwrap().evictions, 1);
 }
 
 fn buffers_in_use_are_skipped(dev: &Device) {
@@ -147,7 +170,8 @@ fn buffers_in_use_are_skipped(dev: &Device) {
     let e = SyncedMemory::new(BUF, &d).with_label("waiting");
     let err = e.device_mut().unwrap_err();
     assert!(err.is_out_of_memory(), "{err}");
-    assert!(err.to_string().contains("(16.0 MiB, synced)"), "{err}");
+    assert!(err.to_string().contains("(16.0 MiB)"), "{err}");
+    assert_eq!(err.oom_report().unwrap().holders.len(), 4, "{err}");
     assert_eq!(d.pool_stats().unwrap().evictions, 0);
     drop(guards);
     e.device_mut().unwrap().fill(2).unwrap();
@@ -259,7 +283,7 @@ fn threads_under_pressure_neither_deadlock_nor_lose_data(dev: &Device) {
 
 syncmem::for_each_device!(
     clean_mirrors_are_dropped_to_make_room,
-    dirty_buffers_fill_the_cap_and_the_error_names_them,
+    dirty_buffers_held_by_guards_fill_the_cap_and_the_error_names_them,
     buffers_in_use_are_skipped,
     cached_blocks_go_before_mirrors,
     direct_allocations_share_the_cap,

@@ -230,7 +230,10 @@ fn pinned_host_mirrors_come_from_the_pinned_pool(dev: &Device) {
 }
 
 fn pools_report_in_stats(dev: &Device) {
-    let m = SyncedMemory::new(4096, dev).with_label("reported");
+    // Two mirrors, so that the host pool is used too.
+    let m = SyncedMemory::new(4096, dev)
+        .with_zero_copy(false)
+        .with_label("reported");
     m.host_mut().unwrap().fill(1);
     drop(m.device().unwrap());
     let snap = syncmem::stats();

@@ -52,7 +52,9 @@ fn with_watchdog<R>(gate: &Gate, body: impl FnOnce() -> R) -> R {
 }
 
 fn filled(dev: &Device, stream: &Stream, label: &str, value: f32) -> SyncedMemory {
+    // Two mirrors: the uploads these tests hold behind gates are copies.
     let m = SyncedMemory::new(ELEMS * 4, dev)
+        .with_zero_copy(false)
         .with_stream(stream)
         .unwrap()
         .with_label(label);
@@ -205,4 +207,94 @@ fn native_work_on_a_guard_stream_follows_kernels_of_other_streams() {
     gate.open();
     let y = ws.fetch::<f32>("y").unwrap();
     assert!(y.iter().all(|&v| v == 5.0), "y = {:?}", &y[..4]);
+}
+
+/// Where the old owner's work came from: a crate kernel, or a command queued natively through
+/// the guard's handles (the block then goes back with a fence for its stream, not a point).
+#[derive(Clone, Copy, PartialEq)]
+enum OldWork {
+    Kernel,
+    Native,
+}
+
+/// `old` (on `s1`, gated) is written on the device by `work` and dropped at once; `new`, the
+/// same size on the same stream, takes its block, is written from the host and uploaded on
+/// another stream `s2`. The upload must run after the old work; nothing waits on the host.
+/// Returns the device contents of `new`.
+fn reused_then_prefetched_elsewhere(dev: &Device, work: OldWork) -> Vec<f32> {
+    let s1 = dev.new_stream().unwrap();
+    let s2 = dev.new_stream().unwrap();
+    let old = filled(dev, &s1, "old", 1.0);
+    drop(old.device().unwrap());
+    s1.synchronize().unwrap();
+    let hits = dev.pool_stats().map_or(0, |s| s.cache_hits);
+    let gate = Gate::block(&s1);
+    let (new, waited) = with_watchdog(&gate, || {
+        {
+            let mut g = old.device_mut().unwrap();
+            match work {
+                OldWork::Kernel => kernels::scale(ELEMS, 3.0f32, &mut g).unwrap(),
+                OldWork::Native => {
+                    let queue = g.stream().as_opencl().expect("an OpenCL stream");
+                    let mem = g.buffer().as_opencl().expect("an OpenCL buffer");
+                    let three = 3.0f32;
+                    // SAFETY: the pattern outlives the call (OpenCL copies it when
+                    // enqueueing); the buffer is the guard's, valid for `len` bytes; the
+                    // returned event is released once.
+                    unsafe {
+                        let ev = enqueue_fill_buffer(
+                            queue.get(),
+                            mem.get(),
+                            std::ptr::from_ref(&three).cast(),
+                            4,
+                            0,
+                            old.len(),
+                            0,
+                            std::ptr::null(),
+                        )
+                        .expect("clEnqueueFillBuffer");
+                        release_event(ev).expect("clReleaseEvent");
+                    }
+                }
+            }
+        }
+        drop(old);
+        let new = filled(dev, &s1, "new", 7.0);
+        new.prefetch_to_device(Some(&s2)).unwrap();
+        let waited = gate.is_open();
+        (new, waited)
+    });
+    assert!(!waited, "a call waited for the gated work");
+    let reused = dev.pool_stats().map_or(0, |s| s.cache_hits) - hits;
+    assert!(
+        reused >= 1,
+        "the freed block was not handed to the new buffer"
+    );
+    gate.open();
+    new.wait().unwrap();
+    dev.synchronize().unwrap();
+    device_values(&new)
+}
+
+/// The defect this guards against: the block went to `new` at once (its own stream) and the
+/// upload on `s2` ran before the old kernel, which then overwrote it (the device read 3.0).
+#[test]
+fn a_reused_block_orders_an_upload_on_another_stream_after_the_old_kernels() {
+    let Some(dev) = syncmem::testing::opencl_or_skip("reused block, upload elsewhere") else {
+        return;
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let values = reused_then_prefetched_elsewhere(&dev, OldWork::Kernel);
+    assert!(values.iter().all(|&v| v == 7.0), "new = {:?}", &values[..4]);
+}
+
+/// The same with the old owner's work queued natively on its guard's stream.
+#[test]
+fn a_reused_block_orders_an_upload_on_another_stream_after_old_native_work() {
+    let Some(dev) = syncmem::testing::opencl_or_skip("reused block after native work") else {
+        return;
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let values = reused_then_prefetched_elsewhere(&dev, OldWork::Native);
+    assert!(values.iter().all(|&v| v == 7.0), "new = {:?}", &values[..4]);
 }

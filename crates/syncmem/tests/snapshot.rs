@@ -96,7 +96,7 @@ fn allocated_blocks_name_their_tensor(dev: &Device) {
     assert!(sum.to_string().contains(&format!("pool {}", d.label())));
 
     // JSON round trip.
-    let all = MemorySnapshot { pools: snaps };
+    let all = MemorySnapshot::new(snaps);
     let back: MemorySnapshot = serde_json::from_str(&all.to_json()).unwrap();
     assert_eq!(back, all);
 

@@ -4,6 +4,12 @@
 use syncmem::{CopyStats, Device, Direction, Error, Head, SyncedMemory};
 
 /// The copy one call made, read from the buffer's counters.
+/// A buffer with two mirrors (zero-copy off): these are Caffe's tests of the copying protocol.
+/// The same sequences with zero-copy are in tests/zero_copy.rs.
+fn mem(size: usize, dev: &Device) -> SyncedMemory {
+    SyncedMemory::new(size, dev).with_zero_copy(false)
+}
+
 fn copy_since(buf: &SyncedMemory, before: &CopyStats) -> Option<(Direction, u64)> {
     let d = buf.copy_stats().since(before);
     assert!(
@@ -26,16 +32,16 @@ fn device_bytes(buf: &SyncedMemory) -> Vec<u8> {
 // ----- Caffe's test_syncedmem.cpp ------------------------------------------------------------
 
 fn test_initialization(dev: &Device) {
-    let m = SyncedMemory::new(10, dev);
+    let m = mem(10, dev);
     assert_eq!(m.head(), Head::Uninitialized);
     assert_eq!(m.len(), 10);
-    let p = Box::new(SyncedMemory::new(10 * std::mem::size_of::<f32>(), dev));
+    let p = Box::new(mem(10 * std::mem::size_of::<f32>(), dev));
     assert_eq!(p.len(), 40);
     assert!(!m.host_allocated() && !m.device_allocated());
 }
 
 fn test_allocation_cpu_gpu(dev: &Device) {
-    let m = SyncedMemory::new(10, dev);
+    let m = mem(10, dev);
     assert_eq!(m.host().unwrap().len(), 10);
     assert_eq!(m.device().unwrap().buffer().len(), 10);
     assert_eq!(m.host_mut().unwrap().len(), 10);
@@ -44,7 +50,7 @@ fn test_allocation_cpu_gpu(dev: &Device) {
 }
 
 fn test_allocation_cpu(dev: &Device) {
-    let m = SyncedMemory::new(10, dev);
+    let m = mem(10, dev);
     assert_eq!(m.host().unwrap().len(), 10);
     assert_eq!(m.host_mut().unwrap().len(), 10);
     assert!(m.host_allocated());
@@ -55,7 +61,7 @@ fn test_allocation_cpu(dev: &Device) {
 }
 
 fn test_allocation_gpu(dev: &Device) {
-    let m = SyncedMemory::new(10, dev);
+    let m = mem(10, dev);
     assert_eq!(m.device().unwrap().buffer().len(), 10);
     assert_eq!(m.device_mut().unwrap().buffer().len(), 10);
     assert!(m.device_allocated());
@@ -66,7 +72,7 @@ fn test_allocation_gpu(dev: &Device) {
 }
 
 fn test_cpu_write(dev: &Device) {
-    let m = SyncedMemory::new(10, dev);
+    let m = mem(10, dev);
     {
         let mut h = m.host_mut().unwrap();
         assert_eq!(m.head(), Head::AtHost);
@@ -82,7 +88,7 @@ fn test_cpu_write(dev: &Device) {
 }
 
 fn test_gpu_read(dev: &Device) {
-    let m = SyncedMemory::new(10, dev);
+    let m = mem(10, dev);
     m.host_mut().unwrap().fill(1);
     assert_eq!(m.head(), Head::AtHost);
     drop(m.device().unwrap());
@@ -97,7 +103,7 @@ fn test_gpu_read(dev: &Device) {
 }
 
 fn test_gpu_write(dev: &Device) {
-    let m = SyncedMemory::new(10, dev);
+    let m = mem(10, dev);
     m.device_mut().unwrap().fill(1).unwrap();
     assert_eq!(m.head(), Head::AtDevice);
     assert!(m.host().unwrap().iter().all(|&b| b == 1));
@@ -133,7 +139,7 @@ fn canonical_nine_steps(dev: &Device) {
     use Call::*;
     use Direction::*;
     const N: usize = 4096;
-    let m = SyncedMemory::new(N, dev);
+    let m = mem(N, dev);
     // The blob's data starts with head at host.
     m.host_mut().unwrap().fill(3);
     let steps: [(Call, Option<Direction>, Head); 9] = [
@@ -168,7 +174,7 @@ fn canonical_nine_steps(dev: &Device) {
 
 /// Brings a fresh buffer to `head` with known contents (host bytes 5 / device bytes 5).
 fn at(dev: &Device, head: Head, n: usize) -> SyncedMemory {
-    let m = SyncedMemory::new(n, dev);
+    let m = mem(n, dev);
     match head {
         Head::Uninitialized => {}
         Head::AtHost => m.host_mut().unwrap().fill(5),
@@ -298,7 +304,7 @@ fn set_device_data_row(dev: &Device) {
 fn prefetch_rows(dev: &Device) {
     const N: usize = 1 << 16;
     // Uninitialized: nothing to push (Caffe: fatal CHECK; here an error).
-    let m = SyncedMemory::new(N, dev);
+    let m = mem(N, dev);
     assert!(matches!(
         m.prefetch_to_device(None),
         Err(Error::InvalidState { .. })
@@ -377,7 +383,7 @@ fn overwrite_skips_copy_and_fill(dev: &Device) {
 }
 
 fn size_zero(dev: &Device) {
-    let m = SyncedMemory::new(0, dev);
+    let m = mem(0, dev);
     assert!(m.host().unwrap().is_empty());
     assert_eq!(m.head(), Head::AtHost);
     assert_eq!(m.device().unwrap().buffer().len(), 0);
@@ -394,7 +400,7 @@ fn size_zero(dev: &Device) {
 
 fn external_host_memory(dev: &Device) {
     // Owned external memory: the Vec moves in, no copy; to_cpu from the device writes into it.
-    let m = SyncedMemory::new(16, dev);
+    let m = mem(16, dev);
     m.set_host_data((0u8..16).collect::<Vec<u8>>()).unwrap();
     assert_eq!(m.host().unwrap()[15], 15);
     m.device_mut().unwrap().fill(3).unwrap();
@@ -414,7 +420,7 @@ fn external_host_memory(dev: &Device) {
     );
     // Raw, non-owned memory.
     let mut raw = vec![1u8; 16];
-    let m = SyncedMemory::new(16, dev);
+    let m = mem(16, dev);
     // SAFETY: `raw` outlives `m` (dropped first below) and is not touched while adopted.
     unsafe { m.set_host_ptr(raw.as_mut_ptr(), raw.len()).unwrap() };
     m.device_mut().unwrap().fill(2).unwrap();
@@ -429,7 +435,7 @@ fn external_host_memory(dev: &Device) {
 
 fn pinned_host_mirror(dev: &Device) {
     let before = dev.pinned_stats();
-    let m = SyncedMemory::new(1 << 20, dev).with_pinned_host(true);
+    let m = mem(1 << 20, dev).with_pinned_host(true);
     m.host_mut().unwrap().fill(11);
     let during = dev.pinned_stats();
     assert!(
@@ -446,7 +452,7 @@ fn device_errors(dev: &Device) {
     assert!(matches!(m.device_mut(), Err(Error::NoDevice { .. })));
     assert_eq!(m.host().unwrap().len(), 8);
     // Foreign device buffer size mismatch.
-    let m = SyncedMemory::new(8, dev).with_label("weights");
+    let m = mem(8, dev).with_label("weights");
     let e = m.set_device_data(dev.alloc(4).unwrap()).unwrap_err();
     assert!(e.to_string().contains("weights"), "{e}");
     // try_ accessors report a conflicting guard instead of waiting.
@@ -464,7 +470,7 @@ fn overflowing_sizes_are_errors(dev: &Device) {
     let e = SyncedMemory::with_elements(usize::MAX / 2, 4, Some(dev)).unwrap_err();
     assert!(matches!(e, Error::SizeOverflow { .. }), "{e}");
     // A size no device can hold: an error, not an abort.
-    let m = SyncedMemory::new(usize::MAX / 2, dev);
+    let m = mem(usize::MAX / 2, dev);
     assert!(m.device().is_err());
     assert!(m.host().is_err());
     assert_eq!(

@@ -44,9 +44,19 @@ fn assert_uniform(bytes: &[u8], want: u8, what: &str) {
 // ----- (a) one buffer, many threads ------------------------------------------------------------
 
 fn shared_buffer_readers_see_whole_writes(dev: &Device) {
+    // Two mirrors, then zero-copy (one allocation: the threads race on the same memory).
+    shared_buffer_with(dev, false);
+    shared_buffer_with(dev, true);
+}
+
+fn shared_buffer_with(dev: &Device, zero_copy: bool) {
     const LEN: usize = 64 * 1024 + 3;
     const OPS: usize = 250;
-    let m = Arc::new(SyncedMemory::new(LEN, dev).with_label("shared"));
+    let m = Arc::new(
+        SyncedMemory::new(LEN, dev)
+            .with_zero_copy(zero_copy)
+            .with_label("shared"),
+    );
     // The value of the last whole-buffer write. Written only under a write guard, read only
     // under a read guard, so it cannot change while a reader looks at the buffer.
     let last = Arc::new(AtomicU8::new(1));
@@ -135,6 +145,16 @@ fn shared_buffer_readers_see_whole_writes(dev: &Device) {
     drop(g);
     assert_eq!(m.head(), Head::Synced);
     let s = m.copy_stats();
+    if m.zero_copy_protocol().is_some() {
+        // Shared memory: no copy at all, every transfer a whole-buffer sync.
+        assert_eq!(s.total_count(), 0, "{s:?}");
+        assert!(
+            s.mapped.count > 0,
+            "2000 mixed accesses made no sync: {s:?}"
+        );
+        assert_eq!(s.mapped.bytes, s.mapped.count * LEN as u64, "{s:?}");
+        return;
+    }
     for (name, d) in [("h2d", s.host_to_device), ("d2h", s.device_to_host)] {
         assert!(
             d.count > 0,
@@ -176,7 +196,8 @@ fn round(m: &SyncedMemory, v: u8, what: &str) {
     m.host_mut().unwrap().fill(v ^ 2);
     assert_eq!(m.head(), Head::AtHost);
     // AtHost -> prefetch to device: copy H2D (queued), Synced.
-    assert!(m.prefetch_to_device(None).unwrap().is_some());
+    let queued = m.prefetch_to_device(None).unwrap();
+    assert_eq!(queued.is_some(), m.zero_copy_protocol().is_none());
     assert_eq!(m.head(), Head::Synced);
     // Device write waits for the copy: no copy, AtDevice.
     m.device_mut()
@@ -185,7 +206,9 @@ fn round(m: &SyncedMemory, v: u8, what: &str) {
         .unwrap();
     assert_eq!(m.head(), Head::AtDevice);
     // AtDevice -> prefetch to host: copy D2H (queued), Synced.
-    assert!(m.prefetch_to_host(None).unwrap().is_some());
+    // A copy is queued (nothing where the sides share memory).
+    let queued = m.prefetch_to_host(None).unwrap();
+    assert_eq!(queued.is_some(), m.zero_copy_protocol().is_none());
     assert!(
         m.prefetch_to_host(None).unwrap().is_none(),
         "host already current"
@@ -222,7 +245,10 @@ fn own_buffers_exact_copy_counts(dev: &Device) {
             let start = &start;
             scope.spawn(move || {
                 let len = 1000 + t * 517;
-                let mut m = SyncedMemory::new(len, dev).with_label(format!("own#{t}"));
+                // Every other pair of threads keeps two mirrors.
+                let mut m = SyncedMemory::new(len, dev)
+                    .with_zero_copy(t % 4 < 2)
+                    .with_label(format!("own#{t}"));
                 if t % 2 == 1 {
                     // Half the threads copy on a stream of their own.
                     m = m.with_stream(&dev.new_stream().unwrap()).unwrap();
@@ -236,16 +262,23 @@ fn own_buffers_exact_copy_counts(dev: &Device) {
                 }
                 let s = m.copy_stats();
                 let len = len as u64;
+                // With shared memory, the same transfers as zero-copy syncs.
+                let (h2d, d2h, mapped) = if m.zero_copy_protocol().is_some() {
+                    (0, 0, 5 * ROUNDS)
+                } else {
+                    (2 * ROUNDS, 3 * ROUNDS, 0)
+                };
                 assert_eq!(
                     (s.host_to_device.count, s.host_to_device.bytes),
-                    (2 * ROUNDS, 2 * ROUNDS * len),
+                    (h2d, h2d * len),
                     "thread {t}: host-to-device copies"
                 );
                 assert_eq!(
                     (s.device_to_host.count, s.device_to_host.bytes),
-                    (3 * ROUNDS, 3 * ROUNDS * len),
+                    (d2h, d2h * len),
                     "thread {t}: device-to-host copies"
                 );
+                assert_eq!((s.mapped.count, s.mapped.bytes), (mapped, mapped * len));
                 assert_eq!(s.device_to_device.count, 0);
                 assert_uniform(
                     &m.host().unwrap(),

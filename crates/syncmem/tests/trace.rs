@@ -20,7 +20,12 @@ fn copies(t: &Trace) -> Vec<(Direction, usize, String)> {
                 direction,
                 bytes,
                 device,
-            } => Some((direction, bytes, device)),
+                stream,
+            } => {
+                // Every copy names the stream that made it.
+                assert!(stream.is_some(), "{direction} of {bytes} bytes on {device}");
+                Some((direction, bytes, device))
+            }
             _ => None,
         })
         .collect()
@@ -45,9 +50,13 @@ fn freed(t: &Trace, id: u64) -> bool {
         .any(|e| matches!(e, TraceEvent::Free { id: i, .. } if *i == id))
 }
 
-/// A host -> device -> host round trip of a `bytes`-byte buffer.
+/// A host -> device -> host round trip of a `bytes`-byte buffer with two mirrors (copies).
 fn round_trip(d: &Device, bytes: usize) {
-    let m = SyncedMemory::new(bytes, d).with_label("round-trip");
+    round_trip_of(SyncedMemory::new(bytes, d).with_zero_copy(false));
+}
+
+fn round_trip_of(m: SyncedMemory) {
+    let m = m.with_label("round-trip");
     m.host_mut().unwrap().fill(3);
     drop(m.device().unwrap()); // host to device
     m.device_mut().unwrap().fill(9).unwrap(); // a fill on the device: no copy
@@ -127,7 +136,9 @@ fn eviction_under_a_cap_is_recorded_and_replayed(dev: &Device) {
     let guard = trace.attach_device_only(&d);
     let bufs: Vec<SyncedMemory> = (0..4)
         .map(|i| {
-            let m = SyncedMemory::new(BUF, &d).with_label(format!("synced{i}"));
+            let m = SyncedMemory::new(BUF, &d)
+                .with_zero_copy(false)
+                .with_label(format!("synced{i}"));
             m.host_mut().unwrap().fill(i as u8 + 1);
             drop(m.device().unwrap());
             assert_eq!(m.head(), Head::Synced);
@@ -135,7 +146,9 @@ fn eviction_under_a_cap_is_recorded_and_replayed(dev: &Device) {
         })
         .collect();
     // A fifth buffer needs room: one clean mirror goes.
-    let extra = SyncedMemory::new(BUF, &d).with_label("extra");
+    let extra = SyncedMemory::new(BUF, &d)
+        .with_zero_copy(false)
+        .with_label("extra");
     extra.device_mut().unwrap().fill(0xEE).unwrap();
     drop(guard);
     assert_eq!(d.pool_stats().unwrap().evictions, 1);
@@ -162,10 +175,7 @@ fn eviction_under_a_cap_is_recorded_and_replayed(dev: &Device) {
     assert_eq!(copies(&trace).len(), 4, "four uploads, nothing else");
 
     // Replayed under the same cap, the recorded frees make room: no out-of-memory.
-    let opts = |cap: usize| ReplayOptions {
-        cap: Some(cap as u64),
-        host_cap: None,
-    };
+    let opts = |cap: usize| ReplayOptions::new().with_cap(Some(cap as u64));
     let r = replay_with(&trace, &PoolConfig::default(), &opts(64 * MIB)).unwrap();
     let rd = r.device(&label).unwrap();
     assert_eq!((rd.ooms, rd.allocations), (0, 5), "{rd:?}");
@@ -192,7 +202,31 @@ fn attach_all_sees_this_device(dev: &Device) {
     }
 }
 
+/// Zero-copy syncs are traced as such (`mapped`), with their bytes, and as no copy.
+fn zero_copy_syncs_are_recorded(dev: &Device) {
+    const N: usize = 40_000;
+    let d = dev.detached();
+    if d.zero_copy_protocol().is_none() {
+        return;
+    }
+    let trace = Arc::new(Trace::new());
+    let guard = trace.attach_device_only(&d);
+    round_trip_of(SyncedMemory::new(N, &d));
+    drop(guard);
+    let label = d.label().to_string();
+    assert_eq!(
+        copies(&trace),
+        vec![
+            (Direction::Mapped, N, label.clone()),
+            (Direction::Mapped, N, label),
+        ]
+    );
+    let s = trace.summary();
+    assert_eq!((s.copies.total_count(), s.copies.mapped.count), (0, 2));
+}
+
 syncmem::for_each_device!(
+    zero_copy_syncs_are_recorded,
     copies_of_a_round_trip_are_recorded,
     attach_records_the_host_pool_too,
     attach_covers_a_pool_set_later,

@@ -39,16 +39,19 @@ then steps 1-9 call gpu_data, cpu_data, mutable_gpu_data, mutable_gpu_data, cpu_
 mutable_cpu_data, mutable_gpu_data, mutable_cpu_data. Each mutable_gpu_data writes on the device
 (a fill), step 7 writes a new pattern on the host, and the host bytes seen at steps 5 and 9
 must equal what the device wrote (and at step 2, the step-0 pattern), or the command fails.
-The copy of each step is read from the buffer's copy counters, not assumed.
+The transfer of each step is read from the buffer's copy counters, not assumed. Where host and
+device share memory (zero-copy, the default on the cpu device and on CPU OpenCL devices such as
+PoCL; SYNCMEM_ZERO_COPY=off turns it off), the steps that copy with two mirrors show \"mapped\":
+the stale side was made current without a copy.
 
-Human output: a header naming the device, a table of steps 0-9, then the process's memory and
-copy statistics.
+Human output: a header naming the device and how its buffers share memory, a table of steps
+0-9, the buffer's copies and zero-copy syncs, then the process's memory and copy statistics.
 
 JSON output (--json): one array of exactly nine objects, steps 1-9 (step 0 is not included):
   {\"step\": integer 1-9,
    \"call\": \"gpu_data\" | \"cpu_data\" | \"mutable_gpu_data\" | \"mutable_cpu_data\",
-   \"copy\": \"none\" | \"host_to_device\" | \"device_to_host\",
-   \"bytes\": integer   bytes copied by the step (0 when copy is \"none\"),
+   \"copy\": \"none\" | \"host_to_device\" | \"device_to_host\" | \"mapped\",
+   \"bytes\": integer   bytes copied (or synced, for \"mapped\") by the step (0 for \"none\"),
    \"head\": \"uninitialized\" | \"host\" | \"device\" | \"synced\"   head after the step}";
 
 /// Caffe's accessors (the variant names are Caffe's method names).
@@ -118,6 +121,7 @@ fn copy_between(before: &CopyStats, after: &CopyStats) -> (String, u64) {
         Direction::HostToDevice,
         Direction::DeviceToHost,
         Direction::DeviceToDevice,
+        Direction::Mapped,
     ] {
         let c = delta.get(d);
         if c.count > 0 {
@@ -256,7 +260,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         args.bytes,
         human_bytes(args.bytes as u64)
     );
-    outln!("Caffe's SyncedMemory sequence; step 0 puts the data at the host.");
+    let sharing = match buf.zero_copy_protocol() {
+        Some(p) => format!("zero-copy ({p}): host and device share the buffer's memory"),
+        None => "two mirrors: transfers are copies".to_string(),
+    };
+    outln!("Caffe's SyncedMemory sequence; step 0 puts the data at the host; {sharing}.");
     outln!();
     outln!(
         "{:>4}  {:<16}  {:<14}  {:>12}  {:<13}  what the demo did",
@@ -279,6 +287,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
     outln!();
     outln!("data check: the host saw every device write (steps 5 and 9): ok");
+    let s = buf.copy_stats();
+    outln!(
+        "this buffer: {} copies ({}), {} zero-copy syncs ({})",
+        s.total_count(),
+        human_bytes(s.total_bytes()),
+        s.mapped.count,
+        human_bytes(s.mapped.bytes)
+    );
     outln!();
     outln!("memory and copies in this process (buffer still alive):");
     out!("{}", syncmem::stats());

@@ -17,7 +17,9 @@ pub struct Args {
 
 const JSON_SCHEMA: &str = "\
 Names and metadata that hold control or other unprintable characters are shown quoted and
-escaped in the table (\"two\\nlines\"); the JSON output holds them as they are.
+escaped in the table (\"two\\nlines\"); the JSON output holds them as they are. Table cells
+longer than 80 characters (a long name, a shape of many dims) are cut with an ellipsis (…);
+the JSON output keeps them whole.
 
 Only the header is read; its offsets are checked against the file's size, so a truncated or
 corrupt file is an error (exit status 1, message on stderr).
@@ -94,6 +96,19 @@ fn text_cell(s: &str) -> String {
     }
 }
 
+/// Longest cell of the table, in characters: a longer one is cut and ends with `…`.
+const MAX_CELL: usize = 80;
+
+/// `cell` cut to [`MAX_CELL`] characters, the last one an ellipsis when it was cut.
+fn fit(cell: String) -> String {
+    match cell.char_indices().nth(MAX_CELL - 1) {
+        Some((end, _)) if cell[end..].chars().nth(1).is_some() => {
+            format!("{}…", &cell[..end])
+        }
+        _ => cell,
+    }
+}
+
 fn shape_cell(shape: &[usize]) -> String {
     let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
     format!("[{}]", dims.join(", "))
@@ -118,9 +133,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         .iter()
         .map(|t| {
             [
-                text_cell(&t.name),
-                dtype_cell(t),
-                shape_cell(&t.shape),
+                fit(text_cell(&t.name)),
+                fit(dtype_cell(t)),
+                fit(shape_cell(&t.shape)),
                 t.nbytes.to_string(),
             ]
         })

@@ -32,6 +32,7 @@ pub mod demo;
 pub mod devices;
 pub mod inspect;
 pub mod trace;
+pub mod trace_files;
 pub mod train;
 
 use std::io::{ErrorKind, Write};

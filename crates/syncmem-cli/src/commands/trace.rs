@@ -28,6 +28,12 @@ enum Command {
     /// Replay a recorded trace with one fresh pool per recorded device, for each pool kind,
     /// and compare peak memory, backend calls, cache hits and out-of-memory counts.
     Replay(ReplayArgs),
+    /// Write a self-contained HTML page of a trace: memory over time per pool, the peak and
+    /// the blocks alive at it with their owners, copies and other transfers, failures.
+    View(super::trace_files::ViewArgs),
+    /// Write a trace as a snapshot in PyTorch's format (a pickle that PyTorch's memory
+    /// viewer and `python -m torch.cuda._memory_viz` open).
+    ExportTorch(super::trace_files::ExportArgs),
 }
 
 /// Arguments of `syncmem trace record`.
@@ -39,12 +45,12 @@ struct RecordArgs {
     #[arg(long, value_name = "D", value_parser = crate::args::device)]
     device: Option<DeviceSpec>,
 
-    /// Passes over the data.
+    /// Passes over the data (at most 1000000).
     #[arg(
         long,
         value_name = "N",
         default_value_t = 1,
-        value_parser = crate::args::positive_int,
+        value_parser = crate::args::epochs,
         allow_negative_numbers = true
     )]
     epochs: usize,
@@ -59,6 +65,11 @@ struct RecordArgs {
     )]
     hidden: usize,
 
+    /// Cap the device's memory during the run (as `syncmem train --memory-cap`): the trace
+    /// records its spills and refills.
+    #[arg(long, value_name = "SIZE", value_parser = crate::args::size)]
+    memory_cap: Option<u64>,
+
     /// The trace file to write (JSON lines).
     #[arg(long, value_name = "FILE", default_value = "syncmem-trace.jsonl")]
     out: PathBuf,
@@ -70,18 +81,31 @@ struct RecordArgs {
 
 const RECORD_HELP: &str = "\
 Each line of the file is one event:
-  {\"op\":\"alloc\",\"id\",\"size\",\"stream\",\"device\"}   a block from a pool
+  {\"op\":\"alloc\",\"id\",\"size\",\"stream\",\"device\",\"owner\",
+   \"place\": {\"segment\",\"offset\",\"size\"}}          a block from a pool, the tensor or blob
+                                                    it went to, where it lies (rounded size)
   {\"op\":\"free\",\"id\",\"device\"}                      its return
-  {\"op\":\"copy\",\"direction\",\"bytes\",\"device\"}       host_to_device, device_to_host or
-                                                    device_to_device, by a stream of device
+  {\"op\":\"segment_alloc\",\"segment\",\"size\",\"stream\",\"device\"}
+  {\"op\":\"segment_free\",\"segment\",\"size\",\"device\"}  memory a pool took from / gave
+                                                    back to the system
+  {\"op\":\"copy\",\"direction\",\"bytes\",\"device\",\"stream\"}
+                                                    host_to_device, device_to_host or
+                                                    device_to_device, by a stream of device;
+                                                    mapped (a zero-copy sync: no byte copied),
+                                                    spill or refill (under a memory cap)
   {\"op\":\"evict\",\"label\",\"bytes\",\"device\"}          a clean device mirror dropped
   {\"op\":\"oom\",\"size\",\"device\"}                     an allocation refused for good
-`device` is the pool's label: `opencl:0` (device memory), `opencl:0 pinned`, `host`.
+`device` is the pool's label: `opencl:0` (device memory), `opencl:0 pinned`, `host`. Every
+line also has \"t_us\" (microseconds since the trace began) and, during a training step,
+\"step\" (from 1). `syncmem trace view FILE` draws the trace as a page;
+`syncmem trace export-torch FILE` writes it for PyTorch's memory viewer.
 
 JSON output (--json): {\"file\", \"device\", \"epochs\", \"hidden\", \"summary\", \"devices\":
 [{\"device\", \"summary\"}]}, each summary {\"events\", \"allocs\", \"alloc_bytes\", \"frees\",
+\"segment_allocs\", \"segment_frees\",
 \"copies\": {\"host_to_device\": {\"count\", \"bytes\"}, \"device_to_host\",
-\"device_to_device\"}, \"evictions\", \"evicted_bytes\", \"ooms\", \"devices\"}.";
+\"device_to_device\", \"mapped\", \"spilled\", \"refilled\"}, \"evictions\", \"evicted_bytes\",
+\"ooms\", \"devices\"}.";
 
 /// Arguments of `syncmem trace replay`.
 #[derive(clap::Args)]
@@ -151,6 +175,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     match &args.command {
         Command::Record(a) => record(a),
         Command::Replay(a) => replay(a),
+        Command::View(a) => super::trace_files::view(a),
+        Command::ExportTorch(a) => super::trace_files::export_torch(a),
     }
 }
 
@@ -195,9 +221,13 @@ fn record(args: &RecordArgs) -> anyhow::Result<()> {
         no_fuse: !d.fuse,
         json: true,
         snapshot: None,
+        memory_cap: args.memory_cap,
+        memory_html: None,
     };
-    // Fail on an unwritable path before training.
-    std::fs::File::create(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    // Fail on a path that cannot be written before training (without opening it: a FIFO would
+    // block until a reader came).
+    syncmem::file::check_target(&args.out)
+        .with_context(|| format!("--out {}", args.out.display()))?;
     let trace = Arc::new(Trace::new());
     let guard = trace.attach_all();
     let device = train::train_quietly(&train_args).context("the traced training run")?;
@@ -320,10 +350,9 @@ fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
         })?],
     };
     let trace = Trace::load_file(&args.file)?;
-    let opts = ReplayOptions {
-        cap: args.cap,
-        host_cap: args.host_cap,
-    };
+    let opts = ReplayOptions::new()
+        .with_cap(args.cap)
+        .with_host_cap(args.host_cap);
     let mut rows = Vec::new();
     for kind in kinds {
         let r = replay_with(&trace, &PoolConfig::new(kind), &opts)

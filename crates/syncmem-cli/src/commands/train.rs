@@ -6,10 +6,12 @@ mod snapshot;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
+use syncmem::alloc::trace::Trace;
 use syncmem::dtype::DType;
 use syncmem::net::mlp::Dataset;
 use syncmem::net::train::{compare_planning, TrainConfig, Trainer};
@@ -32,12 +34,12 @@ pub struct Args {
     #[arg(long, value_name = "D", value_parser = crate::args::device)]
     pub device: Option<DeviceSpec>,
 
-    /// Passes over the data.
+    /// Passes over the data (at most 1000000).
     #[arg(
         long,
         value_name = "N",
         default_value_t = TrainConfig::default().epochs,
-        value_parser = crate::args::positive_int,
+        value_parser = crate::args::epochs,
         allow_negative_numbers = true
     )]
     pub epochs: usize,
@@ -112,11 +114,25 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
 
+    /// Cap the device's memory (units as every size argument: `64KiB`, `1.5M`): the device pool
+    /// makes room by dropping clean mirrors and spilling dirty ones to the host, and brings
+    /// them back when they are used again; the report counts spills and refills per step. A
+    /// cap too small for one step's working set fails with an out-of-memory error naming the
+    /// request, the cap and the largest holders.
+    #[arg(long, value_name = "SIZE", value_parser = crate::args::size)]
+    pub memory_cap: Option<u64>,
+
     /// Write a memory snapshot (every segment and block of every pool, with the tensor or blob
     /// that owns each block) to this JSON file, taken after the step at which the device
     /// pool's peak last rose (schema: `--help`).
     #[arg(long, value_name = "FILE")]
     pub snapshot: Option<PathBuf>,
+
+    /// Record the run (the device's pools, the host pool, every copy) and write its memory
+    /// page to this HTML file, as `syncmem trace view` draws it: memory over time, the peak
+    /// and the blocks alive at it with their owners, the steps, the copies.
+    #[arg(long, value_name = "FILE")]
+    pub memory_html: Option<PathBuf>,
 }
 
 const AFTER_HELP: &str = "\
@@ -151,10 +167,15 @@ JSON output (--json), one object:
    \"transfers\": {\"steps\": count, \"setup\", \"training\", \"per_step\", \"max_step\", \"eval\",
       \"process_training\", \"process\"},
       each but steps a {\"host_to_device\": {\"count\", \"bytes\"}, \"device_to_host\": {...},
-      \"device_to_device\": {...}}: copies during setup (the run's buffers), all steps, one
-      step on average, the worst step (the process's copy counters while a step runs), the
-      final evaluation (the run's buffers); then every copy the process made during the steps
-      and during the whole run,
+      \"device_to_device\": {...}, \"mapped\", \"spilled\", \"refilled\"}: copies during setup
+      (the run's buffers), all steps, one step on average, the worst step (the copies of the
+      thread running a step), the final evaluation (the run's buffers); then every copy the
+      process made during the steps and during the whole run; \"mapped\" counts zero-copy
+      syncs (host and device share the memory: no byte copied), \"spilled\" and \"refilled\"
+      the dirty mirrors written back to the host under --memory-cap and brought back,
+   \"memory_cap\": {\"cap\": bytes | null, \"spills_per_step\", \"spilled_bytes_per_step\",
+      \"refills_per_step\", \"refilled_bytes_per_step\", \"spills\", \"refills\"} (during the
+      steps; fractions per step),
    \"waits\": {\"per_step\", \"max_step\", \"total\"}: host waits on device work during the
       steps (event waits, blocking reads, queue finishes; counted by the library),
    \"heap_allocations\": {\"per_step\", \"max_step\" (over the steps after the first),
@@ -162,7 +183,7 @@ JSON output (--json), one object:
       binary's global allocator counts them),
    \"blobs\": [{\"name\", \"dtype\", \"dims\", \"bytes\", \"capacity\", \"head\": \"host\" | \"device\" |
       \"synced\" | \"uninitialized\" | \"none\", \"host\": bool, \"device\": bool (mirror allocated),
-      \"host_to_device\", \"device_to_host\"}],
+      \"host_to_device\", \"device_to_host\", \"mapped\"}],
    \"memory\": [{\"label\", \"in_use\", \"peak\"}]  (host, then each device; peaks since setup),
    \"saved\": {\"file\", \"tensors\": [names]} | null  (the parameters written by --save),
    \"memory_summary\": {...} | null  (the device pool at the end, as the human summary shows it:
@@ -206,7 +227,12 @@ pub fn train_quietly(args: &Args) -> anyhow::Result<String> {
 /// Trains and builds the report; `human` prints the header, a progress bar on a terminal and a
 /// line per epoch.
 fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
-    ensure!(args.epochs >= 1, "--epochs must be at least 1");
+    ensure!(
+        (1..=crate::args::MAX_EPOCHS).contains(&args.epochs),
+        "--epochs must be from 1 to {}, got {}",
+        crate::args::MAX_EPOCHS,
+        args.epochs
+    );
     ensure!(args.batch >= 1, "--batch must be at least 1");
     ensure!(args.hidden >= 1, "--hidden must be at least 1");
     ensure!(
@@ -216,18 +242,20 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
     );
     if let Some(path) = &args.save {
         // Fail on a path that cannot be written before training, not after.
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        ensure!(
-            dir.is_dir(),
-            "--save {}: the directory {} does not exist",
-            path.display(),
-            dir.display()
-        );
+        syncmem::file::check_target(path).with_context(|| format!("--save {}", path.display()))?;
+    }
+    if let Some(path) = &args.memory_html {
+        super::trace_files::check_dir("--memory-html", path)?;
     }
     let (dev, note) = pick_device(args.device)?;
+    if let Some(cap) = args.memory_cap {
+        ensure!(cap > 0, "--memory-cap must be at least 1 byte");
+        // The pool the environment asks for, capped.
+        let config = syncmem::alloc::pool::config::device_pool_from_env()
+            .context("--memory-cap: the device pool settings")?;
+        dev.set_pool(config.with_memory_cap(syncmem::MemoryCap::Bytes(cap)))
+            .with_context(|| format!("--memory-cap on {}", dev.label()))?;
+    }
     let mut peak_snapshot = match &args.snapshot {
         Some(path) => Some(snapshot::PeakSnapshot::new(path, &dev)?),
         None => None,
@@ -239,15 +267,14 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
             "spirals".to_string(),
         ),
     };
-    let cfg = TrainConfig {
-        hidden: vec![args.hidden; 2],
-        epochs: args.epochs,
-        batch: args.batch,
-        lr: args.lr,
-        seed: args.seed,
-        plan: !args.no_plan,
-        fuse: !args.no_fuse,
-    };
+    let cfg = TrainConfig::default()
+        .with_hidden(vec![args.hidden; 2])
+        .with_epochs(args.epochs)
+        .with_batch(args.batch)
+        .with_lr(args.lr)
+        .with_seed(args.seed)
+        .with_plan(!args.no_plan)
+        .with_fuse(!args.no_fuse);
     if human {
         if let Some(n) = &note {
             outln!("note: {n}");
@@ -269,13 +296,24 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
     }
 
     let planning = compare_planning(&dev, &data, &cfg).context("measuring memory planning")?;
+    // The page shows the run from empty pools: what the planning measurement left cached goes
+    // back first.
+    let recording = args.memory_html.as_ref().map(|_| {
+        dev.empty_cache();
+        if let Ok(host) = syncmem::HostPool::global() {
+            host.empty_cache();
+        }
+        let trace = Arc::new(Trace::new());
+        trace.attach(&dev)
+    });
     let process_before = syncmem::stats().copies;
     dev.reset_peak_stats();
     let start = Instant::now();
     let mut trainer = Trainer::new(&dev, &data, &cfg).context("setting up training")?;
-    let steps = (trainer.batch_count() * cfg.epochs) as u64;
+    let steps = (trainer.batch_count() as u64).saturating_mul(cfg.epochs as u64);
     let bar = progress_bar(!human, steps);
-    let mut epochs = Vec::with_capacity(cfg.epochs);
+    // Grown as epochs end: never sized from the user's number up front.
+    let mut epochs = Vec::new();
     // Heap allocations of each step: counted between the hooks around it.
     let mut heap = report::HeapSteps::default();
     for e in 0..cfg.epochs {
@@ -344,6 +382,27 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
             .save(path, Some(&params))
             .with_context(|| format!("--save: saving the parameters to {}", path.display()))?;
         report.set_saved(path.display().to_string(), saved);
+    }
+    if let (Some(guard), Some(path)) = (recording, &args.memory_html) {
+        // The run's buffers go back with the trainer: their frees belong on the page.
+        drop(trainer);
+        let trace = guard.detach();
+        let title = format!(
+            "syncmem train on {}: {} epoch(s) of batches of {}, hidden width {}",
+            dev.label(),
+            cfg.epochs,
+            cfg.batch,
+            args.hidden
+        );
+        let size = super::trace_files::write_page(&trace, &title, path)?;
+        if human {
+            outln!(
+                "memory page of the run ({} events, {}): {}",
+                trace.len(),
+                syncmem::alloc::stats::human_bytes(size as u64),
+                path.display()
+            );
+        }
     }
     Ok(report)
 }

@@ -8,11 +8,14 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-/// Runs `syncmem args` with extra environment variables. `SYNCMEM_TRACE` is removed from the
-/// inherited environment, so a caller's setting cannot change what a test sees.
+/// Runs `syncmem args` with extra environment variables. `SYNCMEM_TRACE` and
+/// `SYNCMEM_ZERO_COPY` are removed from the inherited environment, so a caller's setting cannot
+/// change what a test sees (a test that wants one passes it).
 pub fn run_env<V: AsRef<OsStr>>(args: &[&str], env: &[(&str, V)]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_syncmem"));
-    c.args(args).env_remove("SYNCMEM_TRACE");
+    c.args(args)
+        .env_remove("SYNCMEM_TRACE")
+        .env_remove("SYNCMEM_ZERO_COPY");
     for (k, v) in env {
         c.env(k, v);
     }
@@ -35,6 +38,35 @@ pub fn run_into_closed_stdout(args: &[&str]) -> Output {
         .expect("run the syncmem binary")
 }
 
+/// Runs `syncmem args` with its address space limited to `mib` MiB (`ulimit -v`), so that a
+/// runaway allocation fails at once instead of exhausting the machine. Unix only (`sh`).
+#[cfg(unix)]
+pub fn run_limited(args: &[&str], mib: u64) -> Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -v {}; exec \"$0\" \"$@\"", mib * 1024))
+        .arg(env!("CARGO_BIN_EXE_syncmem"))
+        .args(args)
+        .env_remove("SYNCMEM_TRACE")
+        .output()
+        .expect("run the syncmem binary under sh")
+}
+
+/// Requires `out` to be a clean failure, as bad input gets: exit status 1, no panic, one line
+/// on stderr; returns stderr.
+pub fn refused(what: &str, out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{what}: {}\n{stderr}",
+        out.status
+    );
+    assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{what}: {stderr}");
+    stderr
+}
+
 /// Runs `syncmem args`.
 pub fn run(args: &[&str]) -> Output {
     run_env::<&str>(args, &[])
@@ -47,6 +79,19 @@ pub fn ok(args: &[&str]) -> String {
     assert!(
         out.status.success(),
         "syncmem {args:?} failed ({}):\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// As [`ok`], with extra environment variables.
+pub fn ok_env(args: &[&str], env: &[(&str, &str)]) -> String {
+    let out = run_env(args, env);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "syncmem {args:?} {env:?} failed ({}):\nstdout:\n{stdout}\nstderr:\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
@@ -67,9 +112,27 @@ pub fn fails(args: &[&str]) -> String {
 
 /// Runs `syncmem args`, requires success and one JSON document on stdout.
 pub fn json(args: &[&str]) -> Value {
-    let stdout = ok(args);
+    json_env(args, &[])
+}
+
+/// As [`json`], with extra environment variables.
+pub fn json_env(args: &[&str], env: &[(&str, &str)]) -> Value {
+    let out = run_env(args, env);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "syncmem {args:?} {env:?} failed ({}):\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_str(&stdout)
         .unwrap_or_else(|e| panic!("syncmem {args:?}: stdout is not JSON ({e}):\n{stdout}"))
+}
+
+/// True when the buffers of `device` share memory with the host by default (zero-copy `auto`).
+pub fn zero_copy_by_default(device: &str) -> bool {
+    syncmem::Device::open(device)
+        .is_ok_and(|d| syncmem::ZeroCopy::Auto.protocol_for(d.info()).is_some())
 }
 
 /// `v` as an unsigned integer.

@@ -21,16 +21,28 @@ Without copies:
 - ``ws.tensor(name).numpy()`` is a NumPy view of the host mirror that keeps the buffer alive
   (read-only; ``writable=True`` for a writable one, during which device access to that buffer
   raises ``BusyError``);
-- ``ws.feed_blob(name, array, copy=False)`` adopts the array's memory as the host mirror;
+- ``ws.feed_blob(name, array, copy=False)`` takes the array's memory over as the host
+  mirror: the array becomes a read-only view of it that NumPy will not make writable again;
 - ``numpy.from_dlpack(tensor)`` and ``syncmem.from_dlpack(obj)`` exchange host memory through
   DLPack.
 
-Every error is a subclass of ``SyncmemError`` carrying the library's message.
+Memory statistics as ``torch.cuda`` names them: ``memory_stats(device=None)`` (the README lists
+every key), ``memory_allocated``, ``max_memory_allocated``, ``memory_reserved``,
+``max_memory_reserved``, ``reset_peak_memory_stats``, ``empty_cache`` and
+``memory_summary(device=None, abbreviated=False)``; ``memory_snapshot()`` and
+``pool_snapshot()`` list every buffer and every pool block.
+
+Every error is a subclass of ``SyncmemError`` carrying the library's message, and of the
+matching builtin exception: ``NotFoundError`` is a ``KeyError``, ``FileError`` an ``OSError``,
+``OutOfMemoryError`` a ``MemoryError``, ``TypeMismatchError`` a ``TypeError``, ``DeviceError``
+and ``BusyError`` are ``RuntimeError``s, the others (bad shapes, values, files, configurations)
+``ValueError``s.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -57,7 +69,10 @@ from ._native import (
     devices,
     empty_cache,
     from_dlpack,
-    memory_snapshot,
+    max_memory_allocated,
+    max_memory_reserved,
+    memory_allocated,
+    memory_reserved,
     memory_stats,
     memory_summary,
     operator_types,
@@ -95,6 +110,10 @@ __all__ = [
     "get_workspace",
     "has_blob",
     "load",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
     "memory_snapshot",
     "memory_stats",
     "memory_summary",
@@ -111,6 +130,11 @@ __all__ = [
     "switch_workspace",
     "workspaces",
 ]
+
+# Kernels and operators of your own.
+from ._native import RawKernel, register_operator  # noqa: E402
+
+__all__ += ["RawKernel", "register_operator"]
 
 __version__ = "0.1.0"
 
@@ -147,7 +171,9 @@ def get_workspace(name: Optional[str] = None) -> Workspace:
         try:
             return _workspaces[name]
         except KeyError:
-            raise NotFoundError(f"workspace {name!r} not found (workspaces: {workspaces()})")
+            raise NotFoundError(
+                f"workspace {name!r} not found (workspaces: {workspaces()})"
+            ) from None
 
 
 def workspaces() -> List[str]:
@@ -250,3 +276,21 @@ def load(
 ) -> List[str]:
     """``Workspace.load`` on the current workspace (safetensors)."""
     return _ws().load(path, None if names is None else list(names), device=device)
+
+
+def memory_snapshot(format: Optional[str] = None) -> Any:
+    """Every live buffer with its size, device, head and owners (a list of dicts).
+
+    ``format="torch"``: instead, every segment and block of every pool now as the dict that
+    ``torch.cuda.memory._snapshot()`` returns (``segments`` with their ``blocks`` and the owner
+    of each in its ``frames``; ``device_traces``, empty; ``device_labels``, the pool of each
+    device number). PyTorch's memory viewer opens it once pickled with a protocol it reads::
+
+        with open("snapshot.pickle", "wb") as f:
+            pickle.dump(syncmem.memory_snapshot(format="torch"), f, protocol=4)
+    """
+    if format is None:
+        return _native.memory_snapshot()
+    if format == "torch":
+        return pickle.loads(_native.torch_snapshot_pickle())
+    raise ValueError(f"memory_snapshot: unknown format {format!r} (known: None, 'torch')")

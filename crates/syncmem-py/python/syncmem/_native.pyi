@@ -1,7 +1,7 @@
 """Type stubs of the native module ``syncmem._native`` (re-exported by ``syncmem``)."""
 
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy
 
@@ -10,42 +10,45 @@ NetLike = Union[str, Dict[str, Any]]
 PathLike = Union[str, "os.PathLike[str]"]
 
 class SyncmemError(Exception):
-    """Base class of every error syncmem raises; the message is the library's own."""
+    """Base class of every error syncmem raises; the message is the library's own. Each
+    subclass also derives from the matching builtin exception."""
 
-class OutOfMemoryError(SyncmemError):
+class OutOfMemoryError(SyncmemError, MemoryError):
     """An allocation failed for lack of memory (after freeing caches and clean mirrors)."""
 
-class DeviceError(SyncmemError):
+class DeviceError(SyncmemError, RuntimeError):
     """A bad device string, a missing backend or runtime, no such device, a failed backend
     call, a device mismatch, or an operation the device does not support."""
 
-class ShapeError(SyncmemError):
+class ShapeError(SyncmemError, ValueError):
     """Wrong dims, sizes that differ or overflow, an out-of-bounds range, or an array layout
     (not C-contiguous) that cannot be used without a copy."""
 
-class TypeMismatchError(SyncmemError):
+class TypeMismatchError(SyncmemError, TypeError):
     """An element type that differs from the one stored or asked for, or has no equivalent."""
 
-class NotFoundError(SyncmemError):
-    """A blob, net, workspace, tensor in a file, or operator type that does not exist."""
+class NotFoundError(SyncmemError, KeyError):
+    """A blob, net, workspace, tensor in a file, or operator type that does not exist (its
+    message is shown without the quotes of a plain ``KeyError``)."""
 
-class AlreadyExistsError(SyncmemError):
+class AlreadyExistsError(SyncmemError, ValueError):
     """A blob or net that already exists where a new one was to be made."""
 
-class BusyError(SyncmemError):
+class BusyError(SyncmemError, RuntimeError):
     """Device access to a buffer while a writable host view of it is alive."""
 
-class InvalidStateError(SyncmemError):
+class InvalidStateError(SyncmemError, ValueError):
     """An operation not valid in the object's state (uninitialised tensor, no data yet, a net
-    definition that does not parse, a read-only array given with ``copy=False``)."""
+    definition that does not parse, an array that ``feed_blob(copy=False)`` cannot adopt)."""
 
-class ConfigError(SyncmemError):
+class ConfigError(SyncmemError, ValueError):
     """An invalid memory pool configuration."""
 
-class FileError(SyncmemError):
-    """Reading or writing a file failed."""
+class FileError(SyncmemError, OSError):
+    """Reading or writing a file failed; ``errno`` is the operating system's error number when
+    there is one."""
 
-class FormatError(SyncmemError):
+class FormatError(SyncmemError, ValueError):
     """A file that is not valid safetensors."""
 
 class Device:
@@ -77,6 +80,15 @@ class Device:
     @property
     def memory_cap(self) -> Optional[int]:
         """The memory cap of the device's pool in bytes, or ``None``."""
+    @property
+    def zero_copy(self) -> str:
+        """``"auto"``, ``"off"`` or ``"map"``; settable (``ConfigError`` for another value),
+        for the memory allocated from then on."""
+    @zero_copy.setter
+    def zero_copy(self, setting: str) -> None: ...
+    @property
+    def zero_copy_protocol(self) -> Optional[str]:
+        """``"in-place"``, ``"map"``, or ``None`` when tensors keep two copies."""
     def synchronize(self) -> None:
         """Waits for the work queued on the default stream (GIL released)."""
     def empty_cache(self) -> int:
@@ -179,7 +191,18 @@ class Workspace:
         self, name: str, value: Any, device: DeviceLike = None, copy: bool = True
     ) -> None:
         """Puts ``value`` (array-like or ``Tensor``) in blob ``name``: one copy, or none with
-        ``copy=False`` (the array's memory becomes the host mirror and is marked read-only)."""
+        ``copy=False``.
+
+        ``copy=False`` takes the array's memory over as the host mirror: syncmem owns it from
+        then on. The array (and its base when it views all of it, e.g. ``a.reshape(...)``)
+        becomes a read-only view whose ``base`` is a ``HostView``; NumPy refuses to make it
+        writable again or to resize it (``ValueError``). Write through
+        ``tensor(name).numpy(writable=True)``. It needs a C-contiguous, aligned, native-order
+        array (``ShapeError``) that is writable and owns its memory or views all of an array
+        that does (``InvalidStateError`` for a view of part of an array, for memory NumPy does
+        not own such as ``frombuffer`` or ``memmap``, and for memory that already belongs to a
+        tensor). Views taken from the array before the call keep their writable flag (NumPy
+        does not track them): do not write through them."""
     def fetch_blob(self, name: str, copy: bool = True) -> numpy.ndarray:
         """A copy of the blob's elements from the newest side; ``copy=False``: a read-only
         view."""
@@ -240,13 +263,36 @@ def from_dlpack(obj: Any, device: DeviceLike = None) -> Tensor:
     """A tensor on ``device`` (default ``cpu``) whose host mirror is the producer's memory."""
 
 def memory_stats(device: DeviceLike = None) -> Dict[str, int]:
-    """Flat statistics dict in ``torch.cuda.memory_stats`` shape."""
+    """A flat dict of ints with ``torch.cuda.memory_stats``'s keys
+    (``"allocated_bytes.all.current"``, ``"active_bytes.all.peak"``, ``"allocation.all.peak"``,
+    ``"num_ooms"``, ...; the README lists every key). With ``device``, ``all``,
+    ``small_pool``, ``large_pool`` and the counts without a scope cover its memory pool, the
+    keys per pool and per memory space its pools and spaces; without, every pool and space."""
 
-def memory_summary(device: DeviceLike = None) -> str:
-    """A readable report of memory, copies, pools, device mirrors and host views."""
+def memory_allocated(device: DeviceLike = None) -> int:
+    """Bytes in blocks handed out now (``"allocated_bytes.all.current"``)."""
+
+def max_memory_allocated(device: DeviceLike = None) -> int:
+    """The most bytes handed out at once since the start or the last peak reset
+    (``"allocated_bytes.all.peak"``)."""
+
+def memory_reserved(device: DeviceLike = None) -> int:
+    """Bytes in segments held from the backend now (``"reserved_bytes.all.current"``)."""
+
+def max_memory_reserved(device: DeviceLike = None) -> int:
+    """The most bytes held in segments at once since the start or the last peak reset
+    (``"reserved_bytes.all.peak"``)."""
+
+def memory_summary(device: DeviceLike = None, abbreviated: bool = False) -> str:
+    """For each pool, the table ``torch.cuda.memory_summary`` prints (the library's
+    ``MemorySummary``; ``abbreviated`` leaves out the small and large block rows), then memory
+    per space, copies, device mirrors and host views alive."""
 
 def memory_snapshot() -> List[Dict[str, Any]]:
     """Every live buffer with its size, device, head and owners."""
+
+def torch_snapshot_pickle() -> bytes:
+    """The pools now as a pickle of ``torch.cuda.memory._snapshot()``'s dict (protocol 3)."""
 
 def pool_snapshot(device: DeviceLike = None) -> Dict[str, Any]:
     """Every segment and block of every pool: size, offset, state, stream, owner; pool stats."""
@@ -257,8 +303,30 @@ def copy_stats() -> Dict[str, Dict[str, int]]:
 def empty_cache() -> int:
     """Gives cached free blocks of every pool back; returns the bytes released."""
 
-def reset_peak_memory_stats() -> None:
-    """Resets the peak counters of every pool opened."""
+def reset_peak_memory_stats(device: DeviceLike = None) -> None:
+    """Resets every peak to the current value: of ``device`` (its memory, pinned memory and
+    pools), or of the whole process (host memory and pool too). Totals are kept."""
 
 def operator_types() -> List[str]:
     """The operator types nets can use."""
+
+class RawKernel:
+    """A kernel from OpenCL C or CUDA C source, called as CuPy's: ``kernel(grid, block, args)``
+    with tensors and NumPy scalars (or Python numbers, typed by the kernel's parameters)."""
+
+    def __init__(
+        self, source: str, name: str, backend: Optional[str] = None, options: str = ""
+    ) -> None: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def backend(self) -> str: ...
+    def compile(self, device: DeviceLike) -> None: ...
+    def __call__(self, grid: Any, block: Any, args: Sequence[Any]) -> None: ...
+
+def register_operator(
+    op_type: str,
+    func: Callable[[List[Any], List[Any]], None],
+    gradient: Optional[str] = None,
+    shapes: Optional[Callable[[List[Tuple[int, ...]]], List[Sequence[int]]]] = None,
+) -> None: ...

@@ -3,6 +3,7 @@
 //! Counters are plain atomics updated with `Relaxed` ordering: cheap enough to stay on in
 //! production. A [`Snapshot`] (from [`crate::stats`]) reads them all and prints readably.
 
+use std::cell::Cell;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -12,7 +13,7 @@ use super::pool::PoolStats;
 
 /// Live counters for one memory space (host, or one device, or one device's pinned memory).
 #[derive(Debug, Default)]
-pub struct MemCounters {
+pub(crate) struct MemCounters {
     in_use: AtomicU64,
     peak: AtomicU64,
     allocs: AtomicU64,
@@ -64,8 +65,9 @@ impl MemCounters {
     }
 }
 
-/// A reading of [`MemCounters`].
+/// A reading of one memory space's counters (kept by the crate; see [`crate::stats`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct MemStats {
     /// Memory space (`host`, `opencl:0`, `opencl:0 pinned`, ...).
     pub label: String,
@@ -79,9 +81,11 @@ pub struct MemStats {
     pub frees: u64,
 }
 
-/// Direction of a copy between host and device memory.
+/// What moved a buffer's data between host and device memory: a copy in one direction, a
+/// zero-copy sync, or the write-back and return of a spilled mirror.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Direction {
     /// Host memory to device memory.
     HostToDevice,
@@ -89,16 +93,46 @@ pub enum Direction {
     DeviceToHost,
     /// Device memory to device memory.
     DeviceToDevice,
+    /// A zero-copy sync: host and device share the memory, and the side that was stale became
+    /// current without a copy (a map or an unmap where the device needs one, nothing
+    /// otherwise; see [`crate::device::zero_copy`]).
+    Mapped,
+    /// A dirty device mirror written back to the host to make room on the device (a spill).
+    Spill,
+    /// A spilled buffer brought back to the device by its next device access.
+    Refill,
 }
 
 impl Direction {
-    /// `host_to_device`, `device_to_host` or `device_to_device`.
+    /// Every kind, in the order of [`CopyStats`]'s fields.
+    pub const ALL: [Direction; 6] = [
+        Direction::HostToDevice,
+        Direction::DeviceToHost,
+        Direction::DeviceToDevice,
+        Direction::Mapped,
+        Direction::Spill,
+        Direction::Refill,
+    ];
+
+    /// `host_to_device`, `device_to_host`, `device_to_device`, `mapped`, `spill` or `refill`.
     pub fn as_str(self) -> &'static str {
         match self {
             Direction::HostToDevice => "host_to_device",
             Direction::DeviceToHost => "device_to_host",
             Direction::DeviceToDevice => "device_to_device",
+            Direction::Mapped => "mapped",
+            Direction::Spill => "spill",
+            Direction::Refill => "refill",
         }
+    }
+
+    /// True for the copies proper (host to device, device to host, device to device): the
+    /// kinds that move bytes to keep the mirrors coherent.
+    pub fn is_copy(self) -> bool {
+        matches!(
+            self,
+            Direction::HostToDevice | Direction::DeviceToHost | Direction::DeviceToDevice
+        )
     }
 }
 
@@ -108,19 +142,22 @@ impl fmt::Display for Direction {
     }
 }
 
+/// Number of [`Direction`]s.
+const KINDS: usize = Direction::ALL.len();
+
 /// Live copy counters by direction.
 #[derive(Debug, Default)]
-pub struct CopyCounters {
-    counts: [AtomicU64; 3],
-    bytes: [AtomicU64; 3],
+pub(crate) struct CopyCounters {
+    counts: [AtomicU64; KINDS],
+    bytes: [AtomicU64; KINDS],
 }
 
 impl CopyCounters {
     /// New zeroed counters.
     pub const fn new() -> Self {
         Self {
-            counts: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
-            bytes: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
+            counts: [const { AtomicU64::new(0) }; KINDS],
+            bytes: [const { AtomicU64::new(0) }; KINDS],
         }
     }
 
@@ -129,6 +166,9 @@ impl CopyCounters {
             Direction::HostToDevice => 0,
             Direction::DeviceToHost => 1,
             Direction::DeviceToDevice => 2,
+            Direction::Mapped => 3,
+            Direction::Spill => 4,
+            Direction::Refill => 5,
         }
     }
 
@@ -141,18 +181,13 @@ impl CopyCounters {
 
     /// Reads the counters.
     pub fn snapshot(&self) -> CopyStats {
-        let r = |d| {
+        CopyStats::from_fn(|d| {
             let i = Self::index(d);
             CopyDir {
                 count: self.counts[i].load(Relaxed),
                 bytes: self.bytes[i].load(Relaxed),
             }
-        };
-        CopyStats {
-            host_to_device: r(Direction::HostToDevice),
-            device_to_host: r(Direction::DeviceToHost),
-            device_to_device: r(Direction::DeviceToDevice),
-        }
+        })
     }
 }
 
@@ -165,8 +200,11 @@ pub struct CopyDir {
     pub bytes: u64,
 }
 
-/// A reading of [`CopyCounters`].
+/// A reading of copy counters (of the process, of a thread, or of one buffer): copies by
+/// direction, zero-copy syncs, spills and refills.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+#[non_exhaustive]
 pub struct CopyStats {
     /// Host to device.
     pub host_to_device: CopyDir,
@@ -174,47 +212,94 @@ pub struct CopyStats {
     pub device_to_host: CopyDir,
     /// Device to device.
     pub device_to_device: CopyDir,
+    /// Zero-copy syncs: a stale side made current without a copy ([`Direction::Mapped`]).
+    pub mapped: CopyDir,
+    /// Dirty device mirrors written back to the host to make room ([`Direction::Spill`]).
+    pub spilled: CopyDir,
+    /// Spilled buffers brought back to the device ([`Direction::Refill`]).
+    pub refilled: CopyDir,
 }
 
 impl CopyStats {
+    /// The figures of `f(direction)` for every direction.
+    pub fn from_fn(mut f: impl FnMut(Direction) -> CopyDir) -> CopyStats {
+        CopyStats {
+            host_to_device: f(Direction::HostToDevice),
+            device_to_host: f(Direction::DeviceToHost),
+            device_to_device: f(Direction::DeviceToDevice),
+            mapped: f(Direction::Mapped),
+            spilled: f(Direction::Spill),
+            refilled: f(Direction::Refill),
+        }
+    }
+
     /// The counts for one direction.
     pub fn get(&self, d: Direction) -> CopyDir {
         match d {
             Direction::HostToDevice => self.host_to_device,
             Direction::DeviceToHost => self.device_to_host,
             Direction::DeviceToDevice => self.device_to_device,
+            Direction::Mapped => self.mapped,
+            Direction::Spill => self.spilled,
+            Direction::Refill => self.refilled,
         }
     }
 
-    /// Total number of copies in all directions.
+    /// The counts for one direction, mutably.
+    pub fn get_mut(&mut self, d: Direction) -> &mut CopyDir {
+        match d {
+            Direction::HostToDevice => &mut self.host_to_device,
+            Direction::DeviceToHost => &mut self.device_to_host,
+            Direction::DeviceToDevice => &mut self.device_to_device,
+            Direction::Mapped => &mut self.mapped,
+            Direction::Spill => &mut self.spilled,
+            Direction::Refill => &mut self.refilled,
+        }
+    }
+
+    /// Total number of copies proper, in all three directions (zero-copy syncs, spills and
+    /// refills are not copies: see their own fields).
     pub fn total_count(&self) -> u64 {
         self.host_to_device.count + self.device_to_host.count + self.device_to_device.count
     }
 
+    /// Total bytes of the copies proper, in all three directions.
+    pub fn total_bytes(&self) -> u64 {
+        self.host_to_device.bytes + self.device_to_host.bytes + self.device_to_device.bytes
+    }
+
     /// Difference `self - earlier`, per direction (saturating).
     pub fn since(&self, earlier: &CopyStats) -> CopyStats {
-        let d = |a: CopyDir, b: CopyDir| CopyDir {
-            count: a.count.saturating_sub(b.count),
-            bytes: a.bytes.saturating_sub(b.bytes),
-        };
-        CopyStats {
-            host_to_device: d(self.host_to_device, earlier.host_to_device),
-            device_to_host: d(self.device_to_host, earlier.device_to_host),
-            device_to_device: d(self.device_to_device, earlier.device_to_device),
-        }
+        CopyStats::from_fn(|d| {
+            let (a, b) = (self.get(d), earlier.get(d));
+            CopyDir {
+                count: a.count.saturating_sub(b.count),
+                bytes: a.bytes.saturating_sub(b.bytes),
+            }
+        })
+    }
+
+    /// Sum `self + other`, per direction (saturating).
+    pub fn plus(&self, other: &CopyStats) -> CopyStats {
+        CopyStats::from_fn(|d| {
+            let (a, b) = (self.get(d), other.get(d));
+            CopyDir {
+                count: a.count.saturating_add(b.count),
+                bytes: a.bytes.saturating_add(b.bytes),
+            }
+        })
     }
 }
 
 impl fmt::Display for CopyStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (name, c) in [
-            ("host_to_device", self.host_to_device),
-            ("device_to_host", self.device_to_host),
-            ("device_to_device", self.device_to_device),
-        ] {
+        for d in Direction::ALL {
+            let c = self.get(d);
+            let what = if d.is_copy() { "copies" } else { "times" };
             writeln!(
                 f,
-                "  {name:<17} {:>8} copies {:>14}",
+                "  {:<17} {:>8} {what:<6} {:>14}",
+                d.as_str(),
                 c.count,
                 human_bytes(c.bytes)
             )?;
@@ -227,7 +312,7 @@ impl fmt::Display for CopyStats {
 /// not complete yet, blocking copies and queue finishes on a device that runs asynchronously
 /// (never on the `cpu` device, whose work is done when it returns).
 #[derive(Debug, Default)]
-pub struct WaitCounter(AtomicU64);
+pub(crate) struct WaitCounter(AtomicU64);
 
 impl WaitCounter {
     /// A counter at zero (usable in a `static`).
@@ -256,6 +341,66 @@ pub fn host_waits() -> u64 {
     WAITS.get()
 }
 
+/// The copies and host waits of the calling thread (see [`thread_copies`]).
+struct ThreadCounters {
+    counts: [Cell<u64>; KINDS],
+    bytes: [Cell<u64>; KINDS],
+    waits: Cell<u64>,
+}
+
+thread_local! {
+    static THREAD: ThreadCounters = const {
+        ThreadCounters {
+            counts: [const { Cell::new(0) }; KINDS],
+            bytes: [const { Cell::new(0) }; KINDS],
+            waits: Cell::new(0),
+        }
+    };
+}
+
+/// Counts a copy made through a stream: in the process's counters and the calling thread's.
+pub(crate) fn count_copy(d: Direction, bytes: usize) {
+    COPIES.record(d, bytes);
+    let i = CopyCounters::index(d);
+    // A thread being torn down counts in the process's counters only.
+    let _ = THREAD.try_with(|t| {
+        t.counts[i].set(t.counts[i].get() + 1);
+        t.bytes[i].set(t.bytes[i].get() + bytes as u64);
+    });
+}
+
+/// Counts a host wait on device work: in the process's counter and the calling thread's.
+pub(crate) fn count_wait() {
+    WAITS.count();
+    let _ = THREAD.try_with(|t| t.waits.set(t.waits.get() + 1));
+}
+
+/// The copies the calling thread made through syncmem streams so far (every direction).
+///
+/// Unlike the process's counters ([`crate::stats`]), work other threads do at the same time
+/// does not count here: take a reading before and after a piece of work that runs on one
+/// thread (a training step, say) to count exactly its copies. A copy is counted by the thread
+/// that queues it, whenever it completes.
+pub fn thread_copies() -> CopyStats {
+    THREAD
+        .try_with(|t| {
+            CopyStats::from_fn(|d| {
+                let i = CopyCounters::index(d);
+                CopyDir {
+                    count: t.counts[i].get(),
+                    bytes: t.bytes[i].get(),
+                }
+            })
+        })
+        .unwrap_or_default()
+}
+
+/// The host waits on device work of the calling thread so far (see [`host_waits`] and
+/// [`thread_copies`]).
+pub fn thread_host_waits() -> u64 {
+    THREAD.try_with(|t| t.waits.get()).unwrap_or(0)
+}
+
 /// Counters for host memory made by [`crate::alloc::HostBlock`].
 pub(crate) static HOST: MemCounters = MemCounters::new();
 /// Every copy made through a [`crate::Stream`].
@@ -263,6 +408,7 @@ pub(crate) static COPIES: CopyCounters = CopyCounters::new();
 
 /// A reading of every counter in the process: see [`crate::stats`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct Snapshot {
     /// Host memory (aligned host allocator).
     pub host: MemStats,
@@ -370,18 +516,7 @@ const POOL_LEGEND: [&str; 5] = [
 
 /// Formats a byte count with a binary unit (`1.5 MiB`).
 pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
+    crate::error::human_bytes(b)
 }
 
 #[cfg(test)]

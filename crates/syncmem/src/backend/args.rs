@@ -57,6 +57,20 @@ pub(crate) fn value<P, F: Float>(a: F) -> KArg<P> {
     }
 }
 
+/// A scalar argument of a user's kernel, by its bits: signed integers go as the unsigned word
+/// of their size (a kernel argument is its bytes).
+pub(crate) fn scalar<P>(s: super::user::ScalarArg) -> KArg<P> {
+    use super::user::ScalarArg as S;
+    match s {
+        S::I32(v) => KArg::U32(v as u32),
+        S::U32(v) => KArg::U32(v),
+        S::I64(v) => KArg::U64(v as u64),
+        S::U64(v) => KArg::U64(v),
+        S::F32(v) => KArg::F32(v),
+        S::F64(v) => KArg::F64(v),
+    }
+}
+
 /// `sm_gemm(M, N, K, ta, tb, A, B, C, bias, mask, sum, flags)`: `flags` bit 0 adds the bias,
 /// bit 1 applies the ReLU ([`Gemm::relu`]), bit 2 the mask of a fused ReLU gradient, bit 3
 /// writes the column sums of `A` into `sum` (a fused bias gradient).

@@ -4,6 +4,8 @@
 //! A build runs at most once at a time per slot; a failed build is not kept, so the next call
 //! tries again (a runtime that appears later, a transient out-of-memory).
 
+use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -47,6 +49,27 @@ impl<T> BuildOnce<T> {
     #[allow(dead_code)]
     pub(crate) fn get(&self) -> Option<Arc<T>> {
         self.slot.lock().clone()
+    }
+}
+
+/// Values built once per key (the user's kernels: by source, by name), each in a
+/// [`BuildOnce`] of its own: a build for one key never waits for another key's.
+pub(crate) struct BuildMap<K, T> {
+    slots: Mutex<HashMap<K, Arc<BuildOnce<T>>>>,
+}
+
+impl<K, T> Default for BuildMap<K, T> {
+    fn default() -> Self {
+        Self {
+            slots: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<K: Eq + Hash, T> BuildMap<K, T> {
+    /// The slot of `key` (made empty on first use).
+    pub(crate) fn slot(&self, key: K) -> Arc<BuildOnce<T>> {
+        self.slots.lock().entry(key).or_default().clone()
     }
 }
 

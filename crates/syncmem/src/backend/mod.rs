@@ -20,6 +20,7 @@ pub(crate) mod dispatch;
 pub(crate) mod opencl;
 #[cfg(any(feature = "opencl", feature = "cuda"))]
 pub(crate) mod timeline;
+pub(crate) mod user;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use crate::error::{BackendKind, Result};
 
 /// Facts about one device.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeviceInfo {
     /// The backend.
     pub backend: BackendKind,
@@ -44,6 +46,12 @@ pub struct DeviceInfo {
     pub max_alloc: u64,
     /// True when device memory is host memory (integrated GPUs, CPU OpenCL drivers).
     pub host_unified: bool,
+    /// True when the host may read and write device memory made over host memory directly,
+    /// once the device work on it is done, with no map call in between: the `cpu` device, CPU
+    /// OpenCL devices, integrated CUDA devices (mapped pinned memory). Other host-unified
+    /// devices (integrated GPUs under OpenCL) need a buffer mapped for host access and
+    /// unmapped for device access.
+    pub host_coherent: bool,
 }
 
 impl DeviceInfo {
@@ -54,6 +62,17 @@ impl DeviceInfo {
             b => format!("{b}:{}", self.ordinal),
         }
     }
+}
+
+/// What the host may do with a mapping of device memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MapAccess {
+    /// Read only: the device may still read the memory while it is mapped.
+    Read,
+    /// Read and write.
+    ReadWrite,
+    /// Write every byte: the previous contents need not be kept.
+    Overwrite,
 }
 
 /// Raw memory a pool carves its blocks from: the backend allocation behind a caching pool

@@ -26,6 +26,8 @@ pub(crate) const RING: usize = 64;
 /// The sequence numbers and recent events of one in-order stream.
 pub(crate) struct Timeline<E> {
     ring: Mutex<Ring<E>>,
+    /// `Ring::last`, readable without the lock (written under it).
+    last: AtomicU64,
     /// Every command with a sequence number up to this one is complete.
     done: AtomicU64,
 }
@@ -44,6 +46,7 @@ impl<E: BackendEvent> Default for Timeline<E> {
                 last: 0,
                 slots: (0..RING).map(|_| None).collect(),
             }),
+            last: AtomicU64::new(0),
             done: AtomicU64::new(0),
         }
     }
@@ -65,6 +68,7 @@ impl<E: BackendEvent> Timeline<E> {
             r.last += 1;
             seq = r.last;
             old = r.slots[slot(seq)].replace(event);
+            self.last.store(seq, Ordering::Release);
         }
         // The event it replaces is released outside the lock.
         drop(old);
@@ -79,9 +83,10 @@ impl<E: BackendEvent> Timeline<E> {
         Ok(seq)
     }
 
-    /// The sequence number of the newest command (0 when none was enqueued).
+    /// The sequence number of the newest command (0 when none was enqueued): without the lock
+    /// (a launch reads it right after queueing, to record its point on its buffers).
     pub(crate) fn last(&self) -> u64 {
-        self.ring.lock().last
+        self.last.load(Ordering::Acquire)
     }
 
     /// The watermark: every command up to it is known to be complete.

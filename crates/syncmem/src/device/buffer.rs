@@ -1,5 +1,6 @@
 //! [`DeviceBuffer`]: device memory of one device, direct or a block of its pool.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -9,9 +10,9 @@ use parking_lot::Mutex;
 use super::stream::{StreamFence, UnboundStream};
 use super::usage::{Point, Uses};
 use super::{Device, Stream};
-use crate::alloc::pool::Lease;
+use crate::alloc::pool::{Fence, Lease};
 use crate::backend::dispatch::RawMem;
-use crate::error::{BackendKind, Error, Result};
+use crate::error::{BackendKind, Error, OomReport, Result};
 
 /// What to do when a pooled buffer is freed.
 #[derive(Clone)]
@@ -64,7 +65,7 @@ pub struct DeviceBuffer {
     /// The memory (`Empty` when `len == 0`: nothing is allocated).
     origin: Origin,
     /// The commands queued on the memory that may still run (see [`super::usage`]).
-    uses: Mutex<Uses>,
+    pub(super) uses: Mutex<Uses>,
     /// The native handle was handed out (`as_opencl`, `as_cuda`): work the crate does not see
     /// may be queued on the memory.
     exposed: AtomicBool,
@@ -85,11 +86,13 @@ impl DeviceBuffer {
     pub(crate) fn check_max(device: &Device, len: usize) -> Result<()> {
         let max = device.info().max_alloc;
         if (len as u64) > max {
-            return Err(Error::OutOfMemory {
-                device: device.label().to_string(),
-                requested: len,
-                detail: format!(" (above the device's largest single allocation, {max} bytes)"),
-            });
+            return Err(OomReport::new(
+                device.label(),
+                len,
+                format!("above the device's largest single allocation, {max} bytes"),
+            )
+            .with_max_alloc(max)
+            .into());
         }
         Ok(())
     }
@@ -150,11 +153,12 @@ impl DeviceBuffer {
     ) -> Self {
         debug_assert!(lease.view().is_some(), "a device pool lease holds its view");
         device.shared.mem.on_alloc(len);
+        let uses = Mutex::new(inherited_uses(&lease));
         Self {
             device: device.clone(),
             len,
             origin: Origin::Pooled { lease, release },
-            uses: Mutex::default(),
+            uses,
             exposed: AtomicBool::new(false),
         }
     }
@@ -174,6 +178,15 @@ impl DeviceBuffer {
             Origin::Empty => None,
             Origin::Direct(m) => Some(m),
             Origin::Pooled { lease, .. } => lease.view_mut(),
+        }
+    }
+
+    /// True for a block of a fresh pool segment, never handed out before (see
+    /// [`DeviceBuffer::known_zero`]).
+    pub(crate) fn lease_zeroed(&self) -> bool {
+        match &self.origin {
+            Origin::Pooled { lease, .. } => lease.zeroed(),
+            _ => false,
         }
     }
 
@@ -208,7 +221,9 @@ impl DeviceBuffer {
     /// A pooled buffer's is a sub-buffer of the block, which may be larger than `len()`. Work
     /// queued on it through the buffer's own stream is covered when a pooled buffer is freed
     /// (an event is recorded there before another stream reuses the block); announce work on
-    /// other queues with events.
+    /// other queues with events. To run a kernel of your own, prefer
+    /// [`crate::device::UserKernel`]: it orders the launch after every other stream's work on
+    /// its buffers and records it on each, which native work cannot do.
     #[cfg(feature = "opencl")]
     #[cfg_attr(docsrs, doc(cfg(feature = "opencl")))]
     pub fn as_opencl(&self) -> Option<&opencl3::memory::Buffer<u8>> {
@@ -296,6 +311,31 @@ impl DeviceBuffer {
     pub(crate) fn cpu_ptr(&self) -> Option<*mut u8> {
         self.raw().and_then(RawMem::as_cpu).map(|m| m.as_ptr())
     }
+}
+
+/// The uses of a block's new owner: the work of its previous owners still in flight. The pool
+/// hands a block out at once to a request on the stream of that work (a stream runs in order),
+/// but the new owner's first command may run on another stream: it must wait for that work on
+/// the device, as it would for a write of its own.
+fn inherited_uses(lease: &Lease<RawMem, RawMem>) -> Uses {
+    let mut uses = Uses::default();
+    for (stream, fence) in lease.pending() {
+        let any: &dyn Any = &**fence;
+        let point = if let Some(p) = any.downcast_ref::<Point>() {
+            (!p.is_done()).then(|| p.clone())
+        } else if let Some(f) = any.downcast_ref::<StreamFence>() {
+            // Work queued natively on the stream: a marker after it stands for it.
+            f.point_now(stream)
+        } else {
+            // A fence the device layer does not make (a user's event): wait for it.
+            Fence::wait(&**fence);
+            None
+        };
+        if let Some(displaced) = point.and_then(|p| uses.inherit(p)) {
+            let _ = displaced.wait();
+        }
+    }
+    uses
 }
 
 impl Drop for DeviceBuffer {

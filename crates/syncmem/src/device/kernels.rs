@@ -64,7 +64,7 @@ impl<'a> Kernels<'a> {
     /// Queues one kernel with `launch`: first orders it after the commands of other streams
     /// it must follow (writers of what it reads; writers and readers of what it writes), then
     /// records it on every buffer it reads or writes. Returns at once.
-    fn queue<R>(
+    pub(super) fn queue<R>(
         &self,
         reads: &[Option<&DeviceBuffer>],
         writes: &[Option<&DeviceBuffer>],

@@ -20,8 +20,14 @@
 //!    copy is current), largest first, one at a time, retrying after each. Buffers in use (a
 //!    guard alive, a transfer in flight, their lock held) are skipped; dirty data (head at
 //!    device) is never dropped;
-//! 3. failing with [`Error::OutOfMemory`] whose detail is an [`OomReport`]: requested,
-//!    allocated, reserved, largest free block, fragmentation, the cap, and the biggest holders.
+//! 3. spilling dirty mirrors (and zero-copy buffers) to the host, least recently used first:
+//!    each is written back to a host mirror and its device memory freed, about twice the
+//!    request at a time before the next attempt. Buffers a guard holds are never spilled, nor
+//!    buffers with queued work, except in a last round that waits for that work to finish
+//!    first. The next device access brings a spilled buffer back (a refill);
+//! 4. failing with [`Error::OutOfMemory`] carrying an [`OomReport`]: requested, allocated,
+//!    reserved, largest free block, fragmentation, the cap, the biggest holders, and what the
+//!    path dropped and spilled.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
@@ -30,15 +36,16 @@ use parking_lot::{Mutex, RwLock};
 
 use super::buffer::Release;
 use super::mirror::{live_buffers, LiveBuffer, Mirrors};
-use super::oom::OomReport;
+use super::zero_copy::ZeroCopySetting;
 use super::{Device, DeviceBuffer, PinnedBuffer, Stream};
 use crate::alloc::pool::config::{
     check_env, PoolConfig, DEVICE_POOL_CONF_ENV, DEVICE_POOL_ENV, PINNED_POOL_CONF_ENV,
     PINNED_POOL_ENV,
 };
 use crate::alloc::pool::{Budget, Lease, Pool, PoolSnapshot, PoolStats, StreamId, HOST_STREAM};
-use crate::backend::dispatch::{PinnedStorage, RawMem, RawPinned};
-use crate::error::{Error, Result};
+use crate::backend::dispatch::{PinnedStorage, RawMem, RawPinned, UnifiedStorage};
+use crate::backend::RawStorage;
+use crate::error::{Error, OomReport, OomRetry, Result};
 
 /// Memory management state of one device.
 pub(crate) struct DeviceMemory {
@@ -52,6 +59,8 @@ pub(crate) struct DeviceMemory {
     last_oom: Mutex<Option<OomReport>>,
     /// This device's trace source: its pools and copies report under it to attached traces.
     trace_source: u64,
+    /// Whether buffers share one allocation between host and device (see [`super::zero_copy`]).
+    pub(crate) zero_copy: ZeroCopySetting,
 }
 
 impl Default for DeviceMemory {
@@ -64,6 +73,7 @@ impl Default for DeviceMemory {
             mirrors: OnceLock::new(),
             last_oom: Mutex::new(None),
             trace_source: crate::alloc::trace::hub::new_source(),
+            zero_copy: ZeroCopySetting::default(),
         }
     }
 }
@@ -190,6 +200,13 @@ impl DeviceMemory {
             .map_or_else(Vec::new, |m| live_buffers(m.as_ref()))
     }
 
+    /// Counts a spilled mirror brought back to this device (see [`crate::SyncedMemory`]).
+    pub(crate) fn note_refill(&self, bytes: usize) {
+        if let Some(p) = self.current_pool() {
+            p.note_refill(bytes);
+        }
+    }
+
     /// The most recent out-of-memory report.
     pub(crate) fn last_oom(&self) -> Option<OomReport> {
         self.last_oom.lock().clone()
@@ -259,6 +276,9 @@ impl DeviceMemory {
 
     /// A block of the device pool with its view (a sub-buffer, an offset pointer): made by the
     /// pool the first time the block is handed out, reused while the block keeps its placement.
+    ///
+    /// Where buffers share memory with the host ([`super::zero_copy`]), new segments are
+    /// memory the host can use in place, so that every block has a host address.
     fn lease(
         &self,
         dev: &Device,
@@ -266,7 +286,22 @@ impl DeviceMemory {
         stream: StreamId,
         owner: Option<&Arc<str>>,
     ) -> Result<Lease<RawMem, RawMem>> {
-        let storage = &dev.shared.raw;
+        let raw = &dev.shared.raw;
+        if self.zero_copy.get().protocol_for(dev.info()).is_some() {
+            self.lease_from(dev, len, stream, owner, &UnifiedStorage(raw))
+        } else {
+            self.lease_from(dev, len, stream, owner, raw)
+        }
+    }
+
+    fn lease_from<S: RawStorage<Segment = RawMem, View = RawMem>>(
+        &self,
+        dev: &Device,
+        len: usize,
+        stream: StreamId,
+        owner: Option<&Arc<str>>,
+        storage: &S,
+    ) -> Result<Lease<RawMem, RawMem>> {
         // The common case: the pool exists and has room. It is used under the read lock (no
         // reference count taken); the lease holds the pool from then on.
         if let Some(pool) = &*self.pool.read() {
@@ -307,19 +342,22 @@ impl DeviceMemory {
     }
 
     fn cap_refusal(&self, dev: &Device, len: usize) -> Error {
-        Error::OutOfMemory {
-            device: dev.label().to_string(),
-            requested: len,
-            detail: format!(
-                " (the cap of {} bytes would be exceeded: {} bytes reserved)",
-                self.budget.cap().unwrap_or(u64::MAX),
-                self.budget.used()
+        let (cap, used) = (self.budget.cap(), self.budget.used());
+        OomReport::new(
+            dev.label(),
+            len,
+            format!(
+                "the cap of {} bytes would be exceeded: {used} bytes reserved",
+                cap.unwrap_or(u64::MAX)
             ),
-        }
+        )
+        .with_cap(cap)
+        .with_usage(None, Some(used))
+        .into()
     }
 
     /// Runs `attempt`; on out-of-memory frees cached blocks, then drops clean mirrors one at a
-    /// time, retrying after each step; finally reports.
+    /// time, then spills dirty ones, retrying after each step; finally reports.
     fn with_retries<R>(
         &self,
         dev: &Device,
@@ -328,7 +366,7 @@ impl DeviceMemory {
     ) -> Result<R> {
         let mut cause = match attempt() {
             Ok(r) => return Ok(r),
-            Err(e) if e.is_out_of_memory() => cause_of(&e),
+            Err(Error::OutOfMemory { report }) => report,
             Err(e) => return Err(e),
         };
         let pool = self.current_pool();
@@ -343,7 +381,7 @@ impl DeviceMemory {
         if released > 0 {
             match attempt() {
                 Ok(r) => return Ok(r),
-                Err(e) if e.is_out_of_memory() => cause = cause_of(&e),
+                Err(Error::OutOfMemory { report }) => cause = report,
                 Err(e) => return Err(e),
             }
         }
@@ -353,7 +391,7 @@ impl DeviceMemory {
         } else {
             self.mirrors.get().map_or_else(Vec::new, |m| m.candidates())
         };
-        for (item, _) in candidates {
+        for (item, _) in &candidates {
             let Some(bytes) = item.try_evict() else {
                 continue;
             };
@@ -365,60 +403,90 @@ impl DeviceMemory {
             released += release();
             match attempt() {
                 Ok(r) => return Ok(r),
-                Err(e) if e.is_out_of_memory() => cause = cause_of(&e),
+                Err(Error::OutOfMemory { report }) => cause = report,
                 Err(e) => return Err(e),
             }
         }
-        let mut stats = match &pool {
+        // Spill: dirty mirrors written back to the host, least recently used first; first those
+        // with nothing queued, then, in a last round, waiting for their queued work. Each batch
+        // frees about twice the request before the next attempt, so that the next request does
+        // not spill again at once.
+        let mut spilled = Vec::new();
+        let mut by_age: Vec<_> = candidates.into_iter().map(|(item, _)| item).collect();
+        by_age.sort_by_key(|item| item.last_use());
+        for wait in [false, true] {
+            let mut batch = 0usize;
+            for item in &by_age {
+                let Some(freed) = item.try_spill(wait) else {
+                    continue;
+                };
+                let (label, bytes) = (item.label_now(), freed.bytes);
+                if freed.spilled {
+                    if let Some(p) = &pool {
+                        p.note_spill(bytes);
+                    }
+                    spilled.push((label, bytes));
+                } else {
+                    // A clean or stale mirror the eviction could not have (still in use then).
+                    if let Some(p) = &pool {
+                        p.note_eviction(&label, bytes);
+                    }
+                    evicted.push((label, bytes));
+                }
+                batch += bytes;
+                if batch / 2 < requested {
+                    continue;
+                }
+                batch = 0;
+                released += release();
+                match attempt() {
+                    Ok(r) => return Ok(r),
+                    Err(Error::OutOfMemory { report }) => cause = report,
+                    Err(e) => return Err(e),
+                }
+            }
+            if batch > 0 {
+                released += release();
+                match attempt() {
+                    Ok(r) => return Ok(r),
+                    Err(Error::OutOfMemory { report }) => cause = report,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        let stats = match &pool {
             Some(p) => {
                 p.note_oom(requested);
                 p.stats()
             }
-            None => {
-                return Err(Error::OutOfMemory {
-                    device: dev.label().to_string(),
-                    requested,
-                    detail: format!(" ({cause})"),
-                })
-            }
+            None => return Err(Error::OutOfMemory { report: cause }),
         };
-        let mut holders = self.live_buffers();
-        holders.truncate(8);
-        stats.direct_bytes = self.direct.load(Relaxed);
-        let report = OomReport {
-            device: dev.label().to_string(),
-            requested,
-            pool: stats,
-            device_total: dev.info().total_memory,
-            released_cache: released,
-            evicted,
-            holders,
-            cause,
+        let holders = self
+            .live_buffers()
+            .into_iter()
+            .take(8)
+            .map(|h| (h.label, usize::try_from(h.bytes).unwrap_or(usize::MAX)))
+            .collect();
+        let mut retry = OomRetry::new(stats.kind.to_string(), dev.info().total_memory);
+        retry.direct = self.direct.load(Relaxed);
+        retry.free = stats.free_bytes;
+        retry.largest_free_block = stats.largest_free_block;
+        retry.released_cache = released;
+        retry.evicted = evicted;
+        retry.spilled = spilled;
+        let last = if cause.cause.is_empty() {
+            "the backend refused".to_string()
+        } else {
+            std::mem::take(&mut cause.cause)
         };
-        let detail = format!(" ({report})");
-        *self.last_oom.lock() = Some(report);
-        Err(Error::OutOfMemory {
-            device: dev.label().to_string(),
-            requested,
-            detail,
-        })
-    }
-}
-
-fn cause_of(e: &Error) -> String {
-    match e {
-        Error::OutOfMemory { detail, .. } => {
-            let d = detail.trim();
-            let d = d
-                .strip_prefix('(')
-                .and_then(|d| d.strip_suffix(')'))
-                .unwrap_or(d);
-            if d.is_empty() {
-                "the backend refused".to_string()
-            } else {
-                d.to_string()
-            }
-        }
-        e => e.to_string(),
+        // The last refusal's own figures (a cap, the largest allocation) are kept.
+        let mut report = OomReport::new(dev.label(), requested, last)
+            .with_cap(self.budget.cap())
+            .with_usage(Some(stats.allocated.current), Some(stats.reserved.current))
+            .with_holders(holders)
+            .with_retry(retry);
+        report.max_alloc = cause.max_alloc;
+        *self.last_oom.lock() = Some(report.clone());
+        Err(report.into())
     }
 }

@@ -45,17 +45,36 @@ impl fmt::Display for Head {
 
 /// A device mirror the out-of-memory path may drop.
 pub(crate) trait Evictable: Send + Sync {
-    /// Drops the device mirror if the host copy is current too (head [`Head::Synced`]) and no
-    /// guard or transfer uses the buffer; never waits for a lock. Returns the bytes freed.
+    /// Drops the device mirror if the host copy is current (head [`Head::Synced`], or
+    /// [`Head::AtHost`]: the device mirror is stale) and no guard or transfer uses the buffer;
+    /// never waits for a lock. Returns the bytes freed.
     fn try_evict(&self) -> Option<usize>;
+    /// Frees the device mirror when nothing holds the buffer, never waiting for a lock:
+    /// written back to the host first when only the device holds the data (or the host shares
+    /// the device's memory), dropped as it is when the host is current. Without `wait`, a
+    /// buffer with queued work is skipped; with it, the work is waited for first.
+    fn try_spill(&self, wait: bool) -> Option<Freed>;
+    /// When the device mirror was last used (larger is more recent): spills go least recently
+    /// used first.
+    fn last_use(&self) -> u64;
     /// The head now, or `None` when the buffer is busy (its state lock is held).
     fn head_now(&self) -> Option<Head>;
     /// The buffer's label.
     fn label_now(&self) -> String;
 }
 
+/// A device mirror freed by [`Evictable::try_spill`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Freed {
+    /// Device bytes freed.
+    pub(crate) bytes: usize,
+    /// The data was written back to the host (a spill), not just dropped (an eviction).
+    pub(crate) spilled: bool,
+}
+
 /// A live device mirror of a [`crate::SyncedMemory`] (see [`crate::Device::live_buffers`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LiveBuffer {
     /// The buffer's label.
     pub label: String,

@@ -29,32 +29,39 @@
 mod buffer;
 #[cfg(test)]
 mod device_tests;
+mod in_place;
 mod isolated;
 mod kernels;
 #[cfg(test)]
 mod lifetime_tests;
 mod memory;
 mod mirror;
-mod oom;
 mod pinned;
 mod registry;
 mod stream;
 mod trace;
 mod usage;
+mod user_kernel;
+pub mod zero_copy;
 
 pub use crate::backend::DeviceInfo;
+pub use crate::error::{OomReport, OomRetry};
 pub use buffer::DeviceBuffer;
 pub(crate) use buffer::Release;
+pub(crate) use in_place::MapAccess;
 pub(crate) use kernels::Kernels;
-pub(crate) use mirror::{Evictable, Mirrors};
+pub(crate) use mirror::{Evictable, Freed, Mirrors};
 pub use mirror::{Head, LiveBuffer};
-pub use oom::OomReport;
 pub use pinned::PinnedBuffer;
 pub(crate) use registry::discovered as registry_discovered;
 pub use registry::{probe, BackendReport};
 use stream::UnboundStream;
 pub use stream::{Event, Stream};
 pub(crate) use usage::Point;
+pub use user_kernel::{
+    Grid, HostArgs, HostKernelFn, KernelArg, KernelParam, ScalarArg, ScalarType, UserKernel,
+};
+pub use zero_copy::{ZeroCopy, ZeroCopyProtocol};
 
 use std::fmt;
 use std::str::FromStr;
@@ -289,6 +296,36 @@ impl Device {
         let m = &self.shared.memory;
         m.current_pool().map_or(0, |p| p.empty_cache())
             + m.current_pinned_pool().map_or(0, |p| p.empty_cache())
+    }
+
+    /// Sets whether the buffers of this device share one allocation between host and device
+    /// where its memory is host memory (see [`zero_copy`]): for the mirrors allocated from now
+    /// on (a buffer keeps the way it was allocated until its device mirror goes). The default
+    /// is `SYNCMEM_ZERO_COPY`'s value, or [`ZeroCopy::Auto`].
+    ///
+    /// Shared buffers need pool segments the host can use in place. A change between sharing
+    /// and two mirrors therefore empties the device pool's cache ([`Device::empty_cache`]),
+    /// so that new buffers get segments of the new kind; a buffer placed later in a segment of
+    /// the old kind that still held live blocks keeps two mirrors (correct, with copies). Set
+    /// it before the device's first allocations to avoid that.
+    pub fn set_zero_copy(&self, setting: ZeroCopy) {
+        let before = self.zero_copy_protocol().is_some();
+        self.shared.memory.zero_copy.set(setting);
+        if before != self.zero_copy_protocol().is_some() {
+            self.empty_cache();
+        }
+    }
+
+    /// The zero-copy setting of this device (see [`Device::set_zero_copy`]).
+    pub fn zero_copy(&self) -> ZeroCopy {
+        self.shared.memory.zero_copy.get()
+    }
+
+    /// How buffers allocated now share memory between host and device on this device, or
+    /// `None` when they keep two mirrors (zero-copy off, or a device whose memory is not host
+    /// memory).
+    pub fn zero_copy_protocol(&self) -> Option<ZeroCopyProtocol> {
+        self.zero_copy().protocol_for(self.info())
     }
 
     /// The memory cap in bytes, if one is set (by [`Device::set_pool`] or `SYNCMEM_POOL_CONF`).

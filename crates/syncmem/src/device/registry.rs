@@ -60,6 +60,7 @@ pub(crate) fn devices(backend: BackendKind) -> Result<Vec<Device>> {
     };
     if compiled {
         check_env()?;
+        super::zero_copy::check_env()?;
     }
     match backend {
         BackendKind::Cpu => Ok(vec![cpu()]),

@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use super::usage::Point;
 use super::{Device, DeviceBuffer};
 use crate::alloc::pool::Fence;
-use crate::alloc::stats::{Direction, COPIES, WAITS};
+use crate::alloc::stats::{count_copy, count_wait, Direction};
 use crate::alloc::trace::hub as trace_hub;
 use crate::backend::dispatch::{RawEvent, RawStream};
 use crate::error::{check_range_with, Error, Result};
@@ -90,7 +90,7 @@ impl Stream {
         &self.device
     }
 
-    fn check_buffer(&self, buf: &DeviceBuffer, op: &'static str) -> Result<()> {
+    pub(super) fn check_buffer(&self, buf: &DeviceBuffer, op: &'static str) -> Result<()> {
         if buf.device().backend() != self.device.backend() {
             return Err(Error::DeviceMismatch {
                 op,
@@ -159,11 +159,11 @@ impl Stream {
     /// Counts a copy made on this stream in the always-on counters and, when a trace is
     /// attached anywhere (one relaxed atomic load otherwise), reports it to the traces
     /// attached to this device.
-    fn count_copy(&self, d: Direction, len: usize) {
-        COPIES.record(d, len);
+    pub(super) fn count_copy(&self, d: Direction, len: usize) {
+        count_copy(d, len);
         if trace_hub::active() {
             let source = self.device.shared.memory.trace_source();
-            trace_hub::copy(source, self.device.label(), d, len);
+            trace_hub::copy(source, self.device.label(), self.id, d, len);
         }
     }
 
@@ -183,9 +183,9 @@ impl Stream {
     }
 
     /// Counts a host wait on this stream's work (never on the `cpu` stream).
-    fn count_wait(&self) {
+    pub(super) fn count_wait(&self) {
         if !self.raw.is_cpu() {
-            WAITS.count();
+            count_wait();
         }
     }
 
@@ -199,6 +199,23 @@ impl Stream {
         len: usize,
         blocking: bool,
     ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.write_counted(dst, offset, src, len, blocking, Direction::HostToDevice) }
+    }
+
+    /// [`Stream::write_raw`], counted as `kind` (a refill is a copy to the device too).
+    ///
+    /// # Safety
+    /// As [`Stream::write_raw`].
+    pub(crate) unsafe fn write_counted(
+        &self,
+        dst: &DeviceBuffer,
+        offset: usize,
+        src: *const u8,
+        len: usize,
+        blocking: bool,
+        kind: Direction,
+    ) -> Result<()> {
         self.check_buffer(dst, "write")?;
         check_range_with(|| format!("write into {dst:?}"), offset, len, dst.len())?;
         let Some(mem) = dst.raw().filter(|_| len > 0) else {
@@ -211,7 +228,7 @@ impl Stream {
         if blocking {
             self.count_wait();
         }
-        self.count_copy(Direction::HostToDevice, len);
+        self.count_copy(kind, len);
         Ok(())
     }
 
@@ -225,6 +242,23 @@ impl Stream {
         len: usize,
         blocking: bool,
     ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.read_counted(src, offset, dst, len, blocking, Direction::DeviceToHost) }
+    }
+
+    /// [`Stream::read_raw`], counted as `kind` (a spill is a copy to the host too).
+    ///
+    /// # Safety
+    /// As [`Stream::read_raw`].
+    pub(crate) unsafe fn read_counted(
+        &self,
+        src: &DeviceBuffer,
+        offset: usize,
+        dst: *mut u8,
+        len: usize,
+        blocking: bool,
+        kind: Direction,
+    ) -> Result<()> {
         self.check_buffer(src, "read")?;
         check_range_with(|| format!("read from {src:?}"), offset, len, src.len())?;
         let Some(mem) = src.raw().filter(|_| len > 0) else {
@@ -237,7 +271,7 @@ impl Stream {
         if blocking {
             self.count_wait();
         }
-        self.count_copy(Direction::DeviceToHost, len);
+        self.count_copy(kind, len);
         Ok(())
     }
 
@@ -389,6 +423,23 @@ impl StreamFence {
         }
     }
 
+    /// A point after everything queued on the stream so far, work queued outside the crate
+    /// included: a marker is queued now. `None` when the marker could not be queued (the
+    /// stream was drained instead, so nothing of it is left to follow).
+    pub(crate) fn point_now(&self, id: u64) -> Option<Point> {
+        match self.raw.record() {
+            Ok(_) => Some(Point {
+                stream: self.raw.clone(),
+                id,
+                seq: self.raw.last_seq(),
+            }),
+            Err(_) => {
+                let _ = synchronize_raw(&self.raw);
+                None
+            }
+        }
+    }
+
     /// The event, recorded on first use (`None`: recording failed, so the stream was drained
     /// instead).
     fn event(&self) -> Option<&Event> {
@@ -406,8 +457,7 @@ impl StreamFence {
 
 impl Fence for StreamFence {
     fn is_complete(&self) -> bool {
-        self.event()
-            .map_or(true, |e| e.is_complete().unwrap_or(true))
+        self.event().is_none_or(|e| e.is_complete().unwrap_or(true))
     }
     fn wait(&self) {
         if let Some(e) = self.event() {
@@ -436,7 +486,7 @@ impl Event {
     /// A backend error (including an error of the work before the event).
     pub fn wait(&self) -> Result<()> {
         if !matches!(self.raw, RawEvent::Cpu(_)) && !self.raw.is_complete().unwrap_or(false) {
-            WAITS.count();
+            count_wait();
         }
         self.raw.wait()
     }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::Device;
-use crate::alloc::trace::{Trace, TraceGuard};
+use crate::alloc::trace::{hub, Trace, TraceGuard};
 
 impl Trace {
     /// Records `device`: allocations, frees and evictions of its device pool and of its pinned
@@ -21,5 +21,17 @@ impl Trace {
     /// (other users of the host pool in the process do not show up).
     pub fn attach_device_only(self: &Arc<Self>, device: &Device) -> TraceGuard {
         self.attach_source(device.shared.memory.trace_source(), false)
+    }
+}
+
+impl Device {
+    /// Marks the step the program is in (`None`: none) on every trace recording this device
+    /// ([`Trace::set_step`]): the events recorded from now on carry it. The training loop
+    /// (the trainer's `step`) marks each of its steps. Costs one relaxed atomic
+    /// load while no trace is attached.
+    pub fn mark_trace_step(&self, step: Option<u64>) {
+        if hub::active() {
+            hub::mark_step(self.shared.memory.trace_source(), step);
+        }
     }
 }

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use crate::alloc::pool::Fence;
-use crate::alloc::stats::WAITS;
+use crate::alloc::stats::count_wait;
 use crate::backend::dispatch::RawStream;
 use crate::error::Result;
 
@@ -42,7 +42,7 @@ impl Point {
     /// The error of the command (or of one before it on its stream).
     pub(crate) fn wait(&self) -> Result<()> {
         if self.stream.wait_done(self.seq)? {
-            WAITS.count();
+            count_wait();
         }
         Ok(())
     }
@@ -115,6 +115,32 @@ impl Uses {
         self.write = Some(point);
         self.reads = [None, None];
         self.more.clear();
+    }
+
+    /// Records work of a previous owner of the memory (a pooled block handed out again) that
+    /// may still run: every command of another stream on the memory, a read included, must
+    /// follow it, as it follows a write. Of two such points of one stream the newer is kept.
+    /// Returns the point it displaces when one of another stream is already recorded (the
+    /// caller waits for it: a block comes back with work of one stream at most).
+    pub(crate) fn inherit(&mut self, point: Point) -> Option<Point> {
+        match &mut self.write {
+            None => {
+                self.write = Some(point);
+                None
+            }
+            Some(w) if w.id == point.id => {
+                if w.seq < point.seq {
+                    *w = point;
+                }
+                None
+            }
+            Some(_) => Some(point),
+        }
+    }
+
+    /// The last writer, if recorded.
+    pub(crate) fn writer(&self) -> Option<&Point> {
+        self.write.as_ref()
     }
 
     /// Every point still recorded.

@@ -24,6 +24,14 @@
 //! A failed build (or a device without `cl_khr_fp64`, for `f64`) is not kept: the next call
 //! tries again.
 //!
+//! # Kernels of your own
+//!
+//! [`launch`] runs a [`UserKernel`] (OpenCL C, CUDA C, or a host closure on `cpu`) on
+//! [`SyncedMemory`](crate::SyncedMemory) buffers and [`Tensor`](crate::Tensor)s, each taken
+//! through its guard ([`Arg::read`], [`Arg::write`], [`Arg::overwrite`]), so that the head
+//! state machine makes exactly the copies needed, and orders and records the launch as the
+//! crate's own kernels are.
+//!
 //! # Element types
 //!
 //! [`Scalar`] lists the element types of [`ParamBlob`](crate::param::ParamBlob) (`f32`, `f64`,
@@ -36,8 +44,12 @@ use crate::device::{Device, DeviceBuffer};
 use crate::error::{Error, Result};
 use crate::synced::{DeviceRead, DeviceWrite};
 
+mod launch;
+
 pub use crate::backend::cpu::math as host;
+pub use crate::device::{Grid, UserKernel};
 pub use crate::dtype::{Float, Scalar, ScalarKind};
+pub use launch::{launch, Arg, Buffer, BufferMut};
 
 /// The four operations, for error messages and dispatch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,7 +22,7 @@ fn touches(op: &OperatorDef, name: &str) -> bool {
 }
 
 fn axis_one(op: &OperatorDef) -> bool {
-    op.args.get("axis").map_or(true, |v| v.as_i64() == Some(1))
+    op.args.get("axis").is_none_or(|v| v.as_i64() == Some(1))
 }
 
 /// The softmax at `i` (unfused yet), if it can take in operators.

@@ -20,7 +20,7 @@ use crate::ops::OperatorDef;
 const MAX_PAIRS: usize = crate::backend::AXPY_MULTI;
 
 fn is_sgd(op: &OperatorDef) -> bool {
-    op.op_type == "SGD" && !op.inputs.is_empty() && op.inputs.len() % 2 == 0
+    op.op_type == "SGD" && !op.inputs.is_empty() && op.inputs.len().is_multiple_of(2)
 }
 
 /// True when `op` can join a group holding `params` and `grads` (then adds its names).

@@ -22,6 +22,7 @@ use crate::workspace::Workspace;
 
 /// Where one tensor blob lives.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct BlobInfo {
     /// The blob's name.
     pub name: String,
@@ -143,6 +144,7 @@ pub fn blob_sizes<S: AsRef<str>>(ws: &Workspace, names: &[S]) -> BTreeMap<String
 
 /// The memory of one measured run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RunMemory {
     /// Tensor storage bytes before the run.
     pub before: SideBytes,

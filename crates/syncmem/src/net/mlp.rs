@@ -5,7 +5,9 @@
 //!   for each bias;
 //! - `train`: forward (`FC`, `Relu`, ..., `FC`, `SoftmaxWithLoss`, `Accuracy`), backward
 //!   (`SoftmaxWithLossGradient`, then `FCGradient` and `ReluGradient` down to the first layer,
-//!   which computes no input gradient) and update (`SGD` on every parameter, in place);
+//!   which computes no input gradient) and update (`SGD` on every parameter, in place); with
+//!   [`Mlp::with_activation`], another registered activation and its gradient replace `Relu`
+//!   and `ReluGradient`;
 //! - `eval`: the forward part only.
 //!
 //! Blob names: `data` (`f32 [N, features]`), `label` (`i32 [N]`), parameters `fcK_w`, `fcK_b`,
@@ -44,11 +46,17 @@ pub struct Dataset {
 }
 
 impl Dataset {
+    /// Most classes a dataset may have (labels `0..MAX_CLASSES`). The classifier's output layer
+    /// has one row of weights per class, so a label of a few million (a typo, a hostile file)
+    /// would ask for gigabytes of weights.
+    pub const MAX_CLASSES: usize = 1 << 16;
+
     /// A dataset from features and labels.
     ///
     /// # Errors
     /// [`Error::InvalidShape`] when `features` is 0, `x.len() != y.len() * features`, the set is
-    /// empty, a label is negative or a feature is not finite.
+    /// empty, a label is negative or at least [`Dataset::MAX_CLASSES`], or a feature is not
+    /// finite.
     pub fn new(x: Vec<f32>, y: Vec<i32>, features: usize) -> Result<Self> {
         let bad = |reason: String| Error::InvalidShape {
             what: "dataset".into(),
@@ -66,6 +74,14 @@ impl Dataset {
         }
         if let Some(l) = y.iter().find(|&&l| l < 0) {
             return Err(bad(format!("labels must be >= 0, found {l}")));
+        }
+        if let Some(l) = y.iter().find(|&&l| l as usize >= Self::MAX_CLASSES) {
+            return Err(bad(format!(
+                "label {l} would make {} classes; at most {} are supported (labels 0 to {})",
+                *l as usize + 1,
+                Self::MAX_CLASSES,
+                Self::MAX_CLASSES - 1
+            )));
         }
         if x.iter().any(|v| !v.is_finite()) {
             return Err(bad("features must be finite".into()));
@@ -127,13 +143,15 @@ fn normal(rng: &mut StdRng) -> f32 {
 }
 
 /// A fully connected classifier: `widths[0]` inputs, hidden layers `widths[1..n-1]` with
-/// ReLU, `widths[n-1]` classes.
+/// ReLU (or another activation, [`Mlp::with_activation`]), `widths[n-1]` classes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Mlp {
     /// Layer widths, input first, classes last.
     pub widths: Vec<usize>,
     /// SGD learning rate.
     pub lr: f32,
+    /// The activation's operator type and its gradient's.
+    activation: (String, String),
 }
 
 /// The nets of an [`Mlp`] (see the [module docs](self)).
@@ -173,7 +191,39 @@ impl Mlp {
         Ok(Self {
             widths: widths.to_vec(),
             lr,
+            activation: ("Relu".into(), "ReluGradient".into()),
         })
+    }
+
+    /// The MLP with `op_type` as the activation of its hidden layers instead of `Relu`: any
+    /// registered operator type ([`crate::ops::register_operator`]) with a gradient, which
+    /// the backward pass uses. The activation takes `X` and writes `Y`; its gradient, as
+    /// `ReluGradient`, takes `Y` and `dY` and writes `dX`. The blobs keep their names
+    /// (`reluK`, `reluK_grad`).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when `op_type` is not registered; [`Error::InvalidState`] when it
+    /// was registered without a gradient.
+    pub fn with_activation(mut self, op_type: &str) -> Result<Self> {
+        if !crate::ops::is_registered(op_type) {
+            return Err(Error::NotFound {
+                kind: "operator type",
+                name: op_type.to_string(),
+                detail: " (the activation of an MLP must be registered)".into(),
+            });
+        }
+        let gradient = crate::ops::gradient_of(op_type).ok_or_else(|| Error::InvalidState {
+            op: "Mlp::with_activation",
+            buffer: format!("operator type {op_type:?}"),
+            reason: "it was registered without a gradient, which the backward pass needs".into(),
+        })?;
+        self.activation = (op_type.to_string(), gradient.to_string());
+        Ok(self)
+    }
+
+    /// The activation's operator type (`Relu` unless [`Mlp::with_activation`] set another).
+    pub fn activation(&self) -> &str {
+        &self.activation.0
     }
 
     /// Number of layers with parameters.
@@ -235,7 +285,7 @@ impl Mlp {
             if k > 1 {
                 train.ops.push(
                     OperatorDef::new(
-                        "ReluGradient",
+                        &self.activation.1,
                         &[&input, &grad(&input)],
                         &[&grad(&fc(k - 1))],
                     )
@@ -277,7 +327,9 @@ impl Mlp {
                     .named(&format!("fc{k}")),
             );
             if k < layers {
-                ops.push(OperatorDef::new("Relu", &[&fc(k)], &[&relu(k)]).named(&relu(k)));
+                ops.push(
+                    OperatorDef::new(&self.activation.0, &[&fc(k)], &[&relu(k)]).named(&relu(k)),
+                );
             }
         }
         ops.push(

@@ -52,6 +52,7 @@ pub mod memory;
 pub mod mlp;
 pub mod plan;
 pub mod train;
+mod train_config;
 mod workspace_nets;
 
 pub use def::NetDef;

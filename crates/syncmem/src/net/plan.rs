@@ -49,6 +49,7 @@ use crate::error::Result;
 
 /// Options of [`plan_memory`].
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct PlanOptions {
     /// Blob names never to share, in addition to the net's external inputs and outputs.
     pub keep: Vec<String>,
@@ -56,8 +57,30 @@ pub struct PlanOptions {
     pub sizes: BTreeMap<String, usize>,
 }
 
+impl PlanOptions {
+    /// No blob kept apart, no sizes known (the default).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The same options with `keep` as the blobs never to share.
+    #[must_use]
+    pub fn with_keep(mut self, keep: Vec<String>) -> Self {
+        self.keep = keep;
+        self
+    }
+
+    /// The same options with the bytes of each blob.
+    #[must_use]
+    pub fn with_sizes(mut self, sizes: BTreeMap<String, usize>) -> Self {
+        self.sizes = sizes;
+        self
+    }
+}
+
 /// A planned net: the rewritten def and how names were mapped.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct MemoryPlan {
     /// The def with intermediate blob names replaced by slot names.
     pub def: NetDef,

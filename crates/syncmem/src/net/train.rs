@@ -8,7 +8,9 @@
 //! loss by a copy queued first, the accuracy by a blocking read behind it, so the host waits
 //! once per step (on a device that runs asynchronously; never on `cpu`). Per step: zero
 //! host-to-device copies, two 4-byte device-to-host copies, one host wait, which
-//! [`Trainer::transfers`] counts from the process's counters (no walk over the blobs), and no
+//! [`Trainer::transfers`] counts from the calling thread's counters
+//! ([`crate::alloc::stats::thread_copies`]: no walk over the blobs, and the work of other
+//! threads, another trainer's say, does not count), and no
 //! heap allocation of the library's own once the first step has run (on `cpu`, the GEMM
 //! library allocates its packing buffers inside each large enough product).
 //!
@@ -26,14 +28,22 @@ use rand::SeedableRng;
 use super::memory::{measure_run, RunMemory};
 use super::mlp::{Dataset, Mlp, MlpNets, ACCURACY, DATA, LABEL, LOSS};
 use super::{Net, NetOptions, PlanOptions};
-use crate::alloc::stats::{host_waits, CopyDir, CopyStats, COPIES};
+use crate::alloc::stats::{thread_copies, thread_host_waits, CopyDir, CopyStats, COPIES};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use crate::workspace::Workspace;
 
-/// Settings of a training run.
+/// Settings of a training run: [`TrainConfig::default`] and the `with_*` methods make one.
+///
+/// ```
+/// use syncmem::net::train::TrainConfig;
+///
+/// let cfg = TrainConfig::default().with_hidden(vec![32, 32]).with_epochs(3);
+/// assert_eq!((cfg.hidden.as_slice(), cfg.epochs, cfg.batch), (&[32, 32][..], 3, 64));
+/// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct TrainConfig {
     /// Hidden layer widths.
     pub hidden: Vec<usize>,
@@ -69,6 +79,7 @@ impl Default for TrainConfig {
 
 /// Loss and accuracy of one epoch (means over its samples).
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct EpochStats {
     /// Epoch number, from 1.
     pub epoch: usize,
@@ -85,6 +96,7 @@ pub struct EpochStats {
 /// Host waits on device work during training steps (see
 /// [`crate::alloc::stats::host_waits`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Waits {
     /// During all training steps.
     pub total: u64,
@@ -107,11 +119,12 @@ impl Waits {
 
 /// Copies between host and device made by the trainer's buffers, and host waits.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Transfers {
     /// During [`Trainer::new`]: batch uploads, initial weights.
     pub setup: CopyStats,
-    /// During all training steps (every copy of the process while a step runs: the trainer
-    /// runs its steps on one thread, so other threads' copies would count here too).
+    /// During all training steps: the copies the thread running a step queued while it ran
+    /// (a step runs on one thread; what other threads copy meanwhile does not count).
     pub steps: CopyStats,
     /// During the last training step.
     pub last_step: CopyStats,
@@ -121,10 +134,10 @@ pub struct Transfers {
     pub step_count: u64,
     /// During evaluations.
     pub eval: CopyStats,
-    /// Every copy the process made during training steps, whoever made it (operators too):
-    /// the same counter as `steps` (kept for readers of older reports).
+    /// Every copy the process made while training steps ran, whichever thread made it (other
+    /// threads' work included: compare with `steps`).
     pub process_steps: CopyStats,
-    /// Host waits on device work during training steps.
+    /// Host waits on device work of the thread running the steps, during training steps.
     pub waits: Waits,
 }
 
@@ -157,6 +170,53 @@ impl Trainer {
     /// [`Error::InvalidState`] for a batch size of 0, the errors of [`Mlp::new`], and device
     /// or operator errors from uploading the data and running the init net.
     pub fn new(device: &Device, data: &Dataset, cfg: &TrainConfig) -> Result<Self> {
+        let mut widths = vec![data.features];
+        widths.extend(&cfg.hidden);
+        widths.push(data.classes.max(1));
+        let mlp = Mlp::new(&widths, cfg.lr)?;
+        let nets = mlp.nets("mlp");
+        Self::build(device, data, cfg, mlp, nets)
+    }
+
+    /// Sets up training of `mlp` with nets of its own, e.g. read from JSON files
+    /// ([`super::NetDef::from_file`]) or built with another activation
+    /// ([`Mlp::with_activation`]): they must use the blob names of [`Mlp::nets`] (`data`,
+    /// `label`, the parameters, `loss`, `accuracy`; the intermediate blobs are the nets' own).
+    /// The widths and the learning rate are `mlp`'s (`cfg.hidden` and `cfg.lr` are not used);
+    /// the batches, seed, planning and fusion are `cfg`'s.
+    ///
+    /// # Errors
+    /// [`Error::InvalidShape`] when `mlp`'s first width is not the data's features or its last
+    /// is not the data's classes; as [`Trainer::new`]; the errors of building the nets (an
+    /// operator type that is not registered, bad arguments).
+    pub fn with_nets(
+        device: &Device,
+        data: &Dataset,
+        cfg: &TrainConfig,
+        mlp: Mlp,
+        nets: MlpNets,
+    ) -> Result<Self> {
+        let (first, last) = (mlp.widths[0], mlp.widths[mlp.widths.len() - 1]);
+        if first != data.features || last != data.classes.max(1) {
+            return Err(Error::InvalidShape {
+                what: "MLP".into(),
+                shape: format!("{:?}", mlp.widths),
+                reason: format!(
+                    "the data has {} features and {} classes",
+                    data.features, data.classes
+                ),
+            });
+        }
+        Self::build(device, data, cfg, mlp, nets)
+    }
+
+    fn build(
+        device: &Device,
+        data: &Dataset,
+        cfg: &TrainConfig,
+        mlp: Mlp,
+        nets: MlpNets,
+    ) -> Result<Self> {
         if cfg.batch == 0 {
             return Err(Error::InvalidState {
                 op: "Trainer::new",
@@ -164,11 +224,6 @@ impl Trainer {
                 reason: "the batch size must be at least 1".into(),
             });
         }
-        let mut widths = vec![data.features];
-        widths.extend(&cfg.hidden);
-        widths.push(data.classes.max(1));
-        let mlp = Mlp::new(&widths, cfg.lr)?;
-        let nets = mlp.nets("mlp");
         let mut rng = StdRng::seed_from_u64(cfg.seed);
         let mut order: Vec<usize> = (0..data.len()).collect();
         order.shuffle(&mut rng);
@@ -292,15 +347,19 @@ impl Trainer {
                 size: self.batches.len(),
             });
         }
-        let before = COPIES.snapshot();
-        let waits_before = host_waits();
+        // The events of traces recording the device carry the step (counted from 1).
+        self.device
+            .mark_trace_step(Some(self.transfers.step_count + 1));
+        let process_before = COPIES.snapshot();
+        let before = thread_copies();
+        let waits_before = thread_host_waits();
         self.feed(i)?;
         self.train.run(&self.ws)?;
         let (loss, acc) = self.read_scalars()?;
-        let d = COPIES.snapshot().since(&before);
-        let w = host_waits() - waits_before;
+        let d = thread_copies().since(&before);
+        let w = thread_host_waits() - waits_before;
         let tr = &mut self.transfers;
-        tr.process_steps = add(tr.process_steps, d);
+        tr.process_steps = add(tr.process_steps, COPIES.snapshot().since(&process_before));
         tr.steps = add(tr.steps, d);
         tr.last_step = d;
         tr.max_step = max(tr.max_step, d);
@@ -371,6 +430,8 @@ impl Trainer {
     /// # Errors
     /// The errors of [`Net::run`].
     pub fn evaluate(&mut self) -> Result<(f64, f64)> {
+        // Not a training step.
+        self.device.mark_trace_step(None);
         let before = self.copy_totals();
         let (mut loss, mut acc) = (0.0f64, 0.0f64);
         for i in 0..self.batches.len() {
@@ -472,6 +533,7 @@ impl Trainer {
 /// Peak memory of the first training step with and without planning, each in a fresh
 /// workspace on one batch of `data`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PlanningComparison {
     /// Without planning.
     pub unplanned: RunMemory,
@@ -534,25 +596,15 @@ pub fn compare_planning(
 }
 
 fn add(a: CopyStats, b: CopyStats) -> CopyStats {
-    let f = |x: CopyDir, y: CopyDir| CopyDir {
-        count: x.count + y.count,
-        bytes: x.bytes + y.bytes,
-    };
-    CopyStats {
-        host_to_device: f(a.host_to_device, b.host_to_device),
-        device_to_host: f(a.device_to_host, b.device_to_host),
-        device_to_device: f(a.device_to_device, b.device_to_device),
-    }
+    a.plus(&b)
 }
 
 fn max(a: CopyStats, b: CopyStats) -> CopyStats {
-    let f = |x: CopyDir, y: CopyDir| CopyDir {
-        count: x.count.max(y.count),
-        bytes: x.bytes.max(y.bytes),
-    };
-    CopyStats {
-        host_to_device: f(a.host_to_device, b.host_to_device),
-        device_to_host: f(a.device_to_host, b.device_to_host),
-        device_to_device: f(a.device_to_device, b.device_to_device),
-    }
+    CopyStats::from_fn(|d| {
+        let (x, y) = (a.get(d), b.get(d));
+        CopyDir {
+            count: x.count.max(y.count),
+            bytes: x.bytes.max(y.bytes),
+        }
+    })
 }

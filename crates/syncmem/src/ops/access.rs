@@ -217,15 +217,22 @@ impl<'a, T: Element + Pod> Out<'a, T> {
     }
 
     /// The elements, when the device memory is directly addressable by the host (the `cpu`
-    /// device): values can be written in place instead of uploaded.
-    pub(crate) fn host_view_mut(&mut self) -> Option<&mut [T]> {
+    /// device, zero-copy memory shared in place): values can be written in place instead of
+    /// uploaded (after the device work queued on the memory).
+    ///
+    /// # Errors
+    /// The error of device work that failed.
+    pub(crate) fn host_view_mut(&mut self) -> Result<Option<&mut [T]>> {
         let len = self.len;
         let bytes = match &mut self.mem {
-            Mem::Guard(g) => g.cpu_slice_mut()?,
-            _ => return Some(&mut []),
+            Mem::Guard(g) => match g.host_slice_mut()? {
+                Some(b) => b,
+                None => return Ok(None),
+            },
+            _ => return Ok(Some(&mut [])),
         };
-        let n = len.checked_mul(std::mem::size_of::<T>())?;
-        bytemuck::try_cast_slice_mut(bytes.get_mut(..n)?).ok()
+        let n = len.checked_mul(std::mem::size_of::<T>());
+        Ok(n.and_then(|n| bytemuck::try_cast_slice_mut(bytes.get_mut(..n)?).ok()))
     }
 
     /// Copies `values` (one per element) into the device mirror, blocking.

@@ -5,14 +5,20 @@ use serde_json::Value;
 use super::OperatorDef;
 use crate::error::{Error, Result};
 
-/// The checked view of a def's arguments.
-pub(crate) struct Args<'a> {
+/// The checked view of a def's arguments, for operator builders (the built-in ones and the
+/// user's, see [`super::register_operator`]): arity, known argument names, typed values.
+/// Every error is an [`Error::InvalidState`] naming the operator.
+pub struct Args<'a> {
     def: &'a OperatorDef,
 }
 
 impl<'a> Args<'a> {
-    /// Checks the arity and that every argument is one of `known`.
-    pub(crate) fn check(
+    /// Checks the arity (`(min, max)` inputs and outputs), that every argument is one of
+    /// `known`, and that no blob name is empty.
+    ///
+    /// # Errors
+    /// [`Error::InvalidState`] naming the operator and what is wrong.
+    pub fn check(
         def: &'a OperatorDef,
         inputs: (usize, usize),
         outputs: (usize, usize),
@@ -64,7 +70,10 @@ impl<'a> Args<'a> {
     }
 
     /// A finite number, or `default` when absent.
-    pub(crate) fn f32_or(&self, key: &str, default: f32) -> Result<f32> {
+    ///
+    /// # Errors
+    /// [`Error::InvalidState`] when the argument is not a finite number.
+    pub fn f32_or(&self, key: &str, default: f32) -> Result<f32> {
         match self.get(key) {
             None => Ok(default),
             Some(v) => match v.as_f64() {
@@ -75,7 +84,10 @@ impl<'a> Args<'a> {
     }
 
     /// A finite number that must be present.
-    pub(crate) fn f32_required(&self, key: &str) -> Result<f32> {
+    ///
+    /// # Errors
+    /// [`Error::InvalidState`] when the argument is absent or not a finite number.
+    pub fn f32_required(&self, key: &str) -> Result<f32> {
         if self.get(key).is_none() {
             return Err(invalid(self.def, format!("argument {key:?} is required")));
         }
@@ -83,7 +95,10 @@ impl<'a> Args<'a> {
     }
 
     /// An integer, or `default` when absent.
-    pub(crate) fn i64_or(&self, key: &str, default: i64) -> Result<i64> {
+    ///
+    /// # Errors
+    /// [`Error::InvalidState`] when the argument is not an integer.
+    pub fn i64_or(&self, key: &str, default: i64) -> Result<i64> {
         match self.get(key) {
             None => Ok(default),
             Some(v) => v.as_i64().ok_or_else(|| self.wrong(key, "an integer", v)),
@@ -91,7 +106,10 @@ impl<'a> Args<'a> {
     }
 
     /// A string, or `default` when absent.
-    pub(crate) fn str_or(&self, key: &str, default: &'a str) -> Result<&'a str> {
+    ///
+    /// # Errors
+    /// [`Error::InvalidState`] when the argument is not a string.
+    pub fn str_or(&self, key: &str, default: &'a str) -> Result<&'a str> {
         match self.get(key) {
             None => Ok(default),
             Some(v) => v.as_str().ok_or_else(|| self.wrong(key, "a string", v)),
@@ -99,7 +117,10 @@ impl<'a> Args<'a> {
     }
 
     /// A list of non-negative integers (a shape), when present.
-    pub(crate) fn dims(&self, key: &str) -> Result<Option<Vec<usize>>> {
+    ///
+    /// # Errors
+    /// [`Error::InvalidState`] when the argument is not such a list.
+    pub fn dims(&self, key: &str) -> Result<Option<Vec<usize>>> {
         let Some(v) = self.get(key) else {
             return Ok(None);
         };

@@ -190,7 +190,7 @@ impl Operator for Fill {
         let what = What::output(&self.def, 0);
         if let Kind::ConstantInt(v) = self.kind {
             let mut out = Out::<i32>::overwrite(t, &dims, dev)?;
-            if let Some(values) = out.host_view_mut() {
+            if let Some(values) = out.host_view_mut()? {
                 values.fill(v);
                 return Ok(());
             }
@@ -200,9 +200,10 @@ impl Operator for Fill {
         if let Kind::Constant(v) = self.kind {
             return ctx.kernels().fill_f32(out.len(), v, out.buffer());
         }
-        // Memory the host addresses directly (the `cpu` device) gets its values in place;
-        // elsewhere they are drawn into a host vector and uploaded with one write.
-        if let Some(values) = out.host_view_mut() {
+        // Memory the host addresses directly (the `cpu` device, zero-copy memory) gets its
+        // values in place; elsewhere they are drawn into a host vector and uploaded with one
+        // write.
+        if let Some(values) = out.host_view_mut()? {
             return self.generate(&dims, ctx, values);
         }
         let mut values = vec![0.0f32; out.len()];

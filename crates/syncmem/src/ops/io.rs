@@ -263,6 +263,71 @@ impl<'g> Io<'g> {
     }
 }
 
+/// The tensors of one run of an operator, for operators defined outside the crate (see
+/// [`with_io`]): inputs shared, outputs exclusive, checked as the built-in operators' are.
+pub struct OperatorIo<'g> {
+    io: Io<'g>,
+}
+
+impl<'g> OperatorIo<'g> {
+    /// The def being run.
+    pub fn def(&self) -> &'g OperatorDef {
+        self.io.def()
+    }
+
+    /// Input `i`: a tensor on the run's device, with a shape. For an input computed in place,
+    /// use the output it shares its blob with ([`OperatorIo::in_place`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidState`] for an input that is absent or in place.
+    pub fn input(&self, i: usize) -> Result<&'g Tensor> {
+        self.io.input(i)
+    }
+
+    /// The output that input `i` shares its blob with (an allowed in-place pair), if any.
+    pub fn in_place(&self, i: usize) -> Option<usize> {
+        self.io.in_place(i)
+    }
+
+    /// Output `j`, once: the blob's tensor of the run's device (a fresh tensor when the blob
+    /// held something else or a tensor of another device, as Caffe2's `GetMutable`). Resize it
+    /// and set its element type before writing it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidState`] for an output that is absent or was taken already.
+    pub fn output(&mut self, j: usize) -> Result<&'g mut Tensor> {
+        self.io.output(j)
+    }
+}
+
+/// Runs `f` with the tensors of one run of operator `def` on `device`, as the built-in
+/// operators do: the inputs are looked up (they must exist) and the outputs created in `ws`;
+/// every distinct blob is locked once (read locks for inputs, a write lock for a blob written),
+/// in the order of the blobs' addresses, so that operators running on several threads cannot
+/// deadlock; each input must hold an initialised tensor on `device`. `in_place` lists the
+/// (input, output) pairs that may name the same blob; any other pair sharing a blob or a
+/// storage is an error. The locks are released when `f` returns.
+///
+/// # Errors
+/// [`Error::NotFound`] for a missing input blob; [`Error::TypeMismatch`],
+/// [`Error::DeviceMismatch`] or [`Error::InvalidState`] for an input that is not an initialised
+/// tensor on `device`; [`Error::InvalidState`] for a blob shared against `in_place`; the error
+/// of `f`. Every message names the operator and the blob.
+pub fn with_io<R>(
+    ws: &Workspace,
+    def: &OperatorDef,
+    device: &Device,
+    in_place: &[(usize, usize)],
+    f: impl FnOnce(&mut OperatorIo<'_>) -> Result<R>,
+) -> Result<R> {
+    let blobs = Blobs::resolve(ws, def, in_place)?;
+    let mut locked = blobs.lock();
+    let mut io = OperatorIo {
+        io: locked.io(device)?,
+    };
+    f(&mut io)
+}
+
 /// Two views of one storage in a run would wait on each other (a read guard and a write
 /// guard, or two write guards, of the same SyncedMemory): refuse tensors that share storage.
 fn check_storage_aliasing(

@@ -60,7 +60,7 @@
 //! |---|---|
 //! | `cpu` | loops and `matrixmultiply` over the `cpu` device's memory (the tensors' device mirror, so the same head transitions as on an accelerator) |
 //! | `opencl:N` | OpenCL C kernels built once per device and cached; GEMM is tiled in local memory (see below) |
-//! | `cuda:N` | CUDA C kernels compiled by NVRTC at first use (`libnvrtc` loaded at run time; absent: [`Error::RuntimeUnavailable`] from [`Operator::run`]), loaded once per device and cached, launched on the context's stream; GEMM is tiled in shared memory (see below). **Untested on hardware**: they have never run on a GPU (this project's CI has none), only been built |
+//! | `cuda:N` | CUDA C kernels compiled by NVRTC at first use (`libnvrtc` loaded at run time; absent: [`Error::RuntimeUnavailable`](crate::Error::RuntimeUnavailable) from [`Operator::run`]), loaded once per device and cached, launched on the context's stream; GEMM is tiled in shared memory (see below). **Untested on hardware**: they have never run on a GPU (this project's CI has none), only been built |
 //!
 //! Every operator has finished its device work when [`Operator::run`] returns.
 //!
@@ -79,6 +79,17 @@
 //! walks K in steps of 16, both operand tiles staged in shared memory (zero-padded), each thread
 //! accumulating a 4 × 4 block in registers. The grid has one block per column tile and up to
 //! 65535 blocks along the rows, each looping over further row tiles, so any size works.
+//!
+//! # Operators of your own
+//!
+//! [`register_operator`] adds an operator type (and the name of its gradient's type) to the
+//! registry that [`create_operator`] reads, from any crate (Caffe2's `REGISTER_CPU_OPERATOR`,
+//! `REGISTER_GRADIENT`); the types above are registered through the same call. A registered
+//! type is built, run, planned and fused like a built-in one: nets (and JSON nets) use it by
+//! name, and [`crate::net::mlp::Mlp::with_activation`] trains with it. Its builder checks the
+//! def with [`Args`]; its [`Operator::run`] reaches its tensors with [`with_io`] (the lookups,
+//! locks and checks of the built-in operators) and launches kernels of its own with
+//! [`crate::kernels::launch`]. The `custom_operator` example defines `LeakyRelu` this way.
 //!
 //! # Blobs, locks, in-place
 //!
@@ -101,14 +112,21 @@ mod fc;
 mod fill;
 mod io;
 mod loss;
+mod registry;
 mod relu;
 mod sgd;
+
+pub use args::Args;
+pub use io::{with_io, OperatorIo};
+pub use registry::{
+    create_operator, gradient_of, is_registered, register_operator, registered_types,
+    OperatorBuilder,
+};
 
 use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
-use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::workspace::Workspace;
 
 /// The description of one operator: its type, the blobs it reads and writes, and arguments.
@@ -181,96 +199,6 @@ pub trait Operator: Send + Sync {
     ///
     /// # Errors
     /// Missing or mistyped blobs, shape mismatches, device errors; a context on another device
-    /// than the one the operator was built for ([`Error::DeviceMismatch`]).
+    /// than the one the operator was built for ([`Error::DeviceMismatch`](crate::Error::DeviceMismatch)).
     fn run(&self, ws: &Workspace, ctx: &Context) -> Result<()>;
-}
-
-/// One registered operator type: its name and its builder.
-struct Entry {
-    name: &'static str,
-    build: fn(&OperatorDef, &Device) -> Result<Box<dyn Operator>>,
-}
-
-const REGISTRY: &[Entry] = &[
-    Entry {
-        name: "ConstantFill",
-        build: fill::build_constant,
-    },
-    Entry {
-        name: "UniformFill",
-        build: fill::build_uniform,
-    },
-    Entry {
-        name: "GaussianFill",
-        build: fill::build_gaussian,
-    },
-    Entry {
-        name: "XavierFill",
-        build: fill::build_xavier,
-    },
-    Entry {
-        name: "MSRAFill",
-        build: fill::build_msra,
-    },
-    Entry {
-        name: "FC",
-        build: fc::build_fc,
-    },
-    Entry {
-        name: "FCGradient",
-        build: fc::build_fc_gradient,
-    },
-    Entry {
-        name: "Relu",
-        build: relu::build_relu,
-    },
-    Entry {
-        name: "ReluGradient",
-        build: relu::build_relu_gradient,
-    },
-    Entry {
-        name: "SoftmaxWithLoss",
-        build: loss::build_softmax_with_loss,
-    },
-    Entry {
-        name: "SoftmaxWithLossGradient",
-        build: loss::build_softmax_with_loss_gradient,
-    },
-    Entry {
-        name: "Accuracy",
-        build: loss::build_accuracy,
-    },
-    Entry {
-        name: "SGD",
-        build: sgd::build_sgd,
-    },
-];
-
-/// Builds the operator `def` for `device`.
-///
-/// # Errors
-/// [`Error::NotFound`] for an unknown operator type (the message lists the known ones);
-/// [`Error::InvalidState`] for a wrong number of inputs or outputs, an unknown argument, or an
-/// argument of the wrong kind. Every message names the operator.
-pub fn create_operator(def: &OperatorDef, device: &Device) -> Result<Box<dyn Operator>> {
-    let Some(entry) = REGISTRY.iter().find(|e| e.name == def.op_type) else {
-        return Err(Error::NotFound {
-            kind: "operator type",
-            name: def.op_type.clone(),
-            detail: format!(
-                "{} (known types: {})",
-                def.name
-                    .as_ref()
-                    .map(|n| format!(" for operator {n:?}"))
-                    .unwrap_or_default(),
-                registered_types().join(", ")
-            ),
-        });
-    };
-    (entry.build)(def, device)
-}
-
-/// The operator types [`create_operator`] knows.
-pub fn registered_types() -> Vec<&'static str> {
-    REGISTRY.iter().map(|e| e.name).collect()
 }

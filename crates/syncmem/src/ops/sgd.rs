@@ -37,7 +37,7 @@ struct Sgd {
 pub(crate) fn build_sgd(def: &OperatorDef, device: &Device) -> Result<Box<dyn Operator>> {
     let args = Args::check(def, (2, 2 * SGD_MAX_PAIRS), (0, SGD_MAX_PAIRS), &["lr"])?;
     let lr = args.f32_required("lr")?;
-    if def.inputs.len() % 2 != 0 {
+    if !def.inputs.len().is_multiple_of(2) {
         return Err(invalid(
             def,
             format!(

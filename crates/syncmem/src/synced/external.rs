@@ -78,6 +78,8 @@ impl SyncedMemory {
         let _lock = self.lock_write(None)?;
         let mut core = self.shared.core.lock();
         self.finish_pending(&mut core)?;
+        // Shared memory goes with the old device mirror: the adopted buffer holds the data now.
+        self.unshare(&mut core)?;
         core.release_device(self.device.as_ref());
         core.dev = Some(Arc::new(buf));
         core.dev_owned = false;

@@ -95,10 +95,14 @@ impl Drop for CoreGuard<'_> {
 }
 
 impl Core {
-    /// The host mirror's start when it is current and nothing is in flight, else null.
+    /// The host mirror's start when it is current and nothing is in flight, else null (also
+    /// for shared memory that must be mapped first: see [`super::shared`]).
     fn current_host(&self) -> *mut u8 {
+        let ready = self.zc.is_none_or(|z| z.host_ready());
         match (&self.host, &self.pending) {
-            (Some(h), None) if self.valid.has(super::state::Place::Host) => HostMem::ptr(h),
+            (Some(h), None) if ready && self.valid.has(super::state::Place::Host) => {
+                HostMem::ptr(h)
+            }
             _ => ptr::null_mut(),
         }
     }
@@ -114,7 +118,7 @@ mod tests {
 
     #[test]
     fn published_only_while_the_host_is_current_and_idle() {
-        let m = SyncedMemory::new(64, &Device::cpu());
+        let m = SyncedMemory::new(64, &Device::cpu()).with_zero_copy(false);
         assert!(!published(&m), "uninitialized");
         m.host_mut().unwrap().fill(1);
         assert!(published(&m));
@@ -139,5 +143,41 @@ mod tests {
         let mut out = [0u8; 64];
         m.device().unwrap().read_into(&mut out).unwrap();
         assert_eq!(out, [3u8; 64]);
+    }
+
+    /// Shared memory: published while the host side is current, with nothing to wait for; with
+    /// the map protocol only while mapped (a device access unmaps it).
+    #[test]
+    fn shared_memory_is_published_only_when_the_host_may_use_it() {
+        use crate::device::{ZeroCopy, ZeroCopyProtocol};
+        // Isolated devices: `SYNCMEM_ZERO_COPY` may turn the shared ones off.
+        let cpu = Device::cpu().isolated();
+        cpu.set_zero_copy(ZeroCopy::Auto);
+        let m = SyncedMemory::new(64, &cpu);
+        m.host_mut().unwrap().fill(1);
+        assert_eq!(m.zero_copy_protocol(), Some(ZeroCopyProtocol::InPlace));
+        assert!(published(&m));
+        drop(m.device().unwrap());
+        assert!(published(&m), "a device read leaves the host current");
+        m.device_mut().unwrap().fill(2).unwrap();
+        assert!(!published(&m));
+        assert_eq!(&*m.host().unwrap(), &[2u8; 64][..]);
+        assert!(published(&m));
+        let s = m.copy_stats();
+        assert_eq!((s.total_count(), s.mapped.count), (0, 2));
+
+        let Ok(cl) = Device::open("opencl:0") else {
+            return;
+        };
+        let cl = cl.isolated();
+        cl.set_zero_copy(ZeroCopy::Map);
+        let m = SyncedMemory::new(64, &cl);
+        m.host_mut().unwrap().fill(3);
+        assert_eq!(m.zero_copy_protocol(), Some(ZeroCopyProtocol::Map));
+        assert!(published(&m), "mapped for the host write");
+        drop(m.device().unwrap());
+        assert!(!published(&m), "unmapped for the device");
+        assert_eq!(&*m.host().unwrap(), &[3u8; 64][..]);
+        assert!(published(&m), "mapped again");
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::held::{ReadHeld, WriteHeld};
 use super::SyncedMemory;
-use crate::device::{DeviceBuffer, Stream};
+use crate::device::{DeviceBuffer, KernelArg, Stream};
 use crate::error::Result;
 
 /// Shared read access to the host mirror. Derefs to `&[u8]`.
@@ -250,6 +250,40 @@ impl<'a> DeviceWrite<'a> {
         Some(unsafe { std::slice::from_raw_parts_mut(ptr, self.buf.len()) })
     }
 
+    /// The memory, for writing from the host in place of device commands, where the host
+    /// addresses the device memory directly without a map: a `cpu`-device buffer, or a
+    /// zero-copy buffer shared in place ([`crate::ZeroCopyProtocol::InPlace`]). The device work
+    /// queued on the memory is waited for first (a host wait when some is still running), so
+    /// the host writes after it; the head stays at the device. `None` elsewhere (write with
+    /// [`DeviceWrite::write_from`]).
+    ///
+    /// # Errors
+    /// The error of device work that failed.
+    pub fn host_slice_mut(&mut self) -> Result<Option<&mut [u8]>> {
+        if let Some(s) = self.buf.cpu_ptr() {
+            let len = self.buf.len();
+            // SAFETY: a `cpu`-device buffer is host memory valid for `len` initialised bytes,
+            // and its work is done when queued; the exclusive access lock held by this guard
+            // and `&mut self` make this the only view.
+            return Ok(Some(unsafe { std::slice::from_raw_parts_mut(s, len) }));
+        }
+        if self.owner.zero_copy_protocol() != Some(crate::ZeroCopyProtocol::InPlace) {
+            return Ok(None);
+        }
+        let Some(ptr) = self.buf.host_ptr() else {
+            return Ok(None);
+        };
+        self.buf.wait_uses()?;
+        // SAFETY: the buffer's memory is host memory the device uses in place (checked when it
+        // was shared), valid for `len` bytes while the buffer lives; every device command on it
+        // has completed (waited for above), later ones are queued after this guard's writes
+        // (which end when the slice's borrow ends); the exclusive access lock and `&mut self`
+        // make this the only view.
+        Ok(Some(unsafe {
+            std::slice::from_raw_parts_mut(ptr, self.buf.len())
+        }))
+    }
+
     /// Announces work on the device memory queued on `stream` (not the buffer's own): a marker
     /// is queued there (it covers work queued on the native queue too), and the next access to
     /// the buffer waits for it.
@@ -285,5 +319,20 @@ impl fmt::Debug for DeviceWrite<'_> {
         f.debug_struct("DeviceWrite")
             .field("buffer", &self.buf)
             .finish()
+    }
+}
+
+/// The guard's buffer as an argument the kernel reads ([`crate::device::UserKernel::launch`]).
+impl<'a> From<&'a DeviceRead<'_>> for KernelArg<'a> {
+    fn from(g: &'a DeviceRead<'_>) -> Self {
+        KernelArg::read(g.buffer())
+    }
+}
+
+/// The guard's buffer as an argument the kernel writes (and may read): the guard holds it
+/// exclusively, and `&mut` keeps it from being passed twice.
+impl<'a> From<&'a mut DeviceWrite<'_>> for KernelArg<'a> {
+    fn from(g: &'a mut DeviceWrite<'_>) -> Self {
+        KernelArg::written(g.buffer())
     }
 }

@@ -21,6 +21,10 @@ impl Core {
         if let (Some(id), Some(d)) = (self.dev_reg.take(), device) {
             registry::of(d).unregister(id);
         }
+        if self.zc.take().is_some() {
+            // Shared memory: the host side is the device mirror's memory and goes with it.
+            self.host = None;
+        }
         if let Some(mut buf) = self.dev.take() {
             if self.dev_owned && !self.dev_exposed {
                 if let Some(b) = Arc::get_mut(&mut buf) {
@@ -40,37 +44,29 @@ impl SyncedMemory {
         if let Some(h) = &core.host {
             return Ok(h.ptr());
         }
-        let mem = match (&self.device, self.pinned_host) {
-            (Some(d), true) if self.size > 0 => {
-                let mut p = d
-                    .shared
-                    .memory
-                    .alloc_pinned(d, self.size, Some(&self.label))
-                    .map_err(|e| self.named(e))?;
-                if zero && !p.was_zeroed() {
-                    p.as_mut_slice().fill(0);
-                }
-                HostMem::Pinned(p)
-            }
-            (Some(d), true) => HostMem::Pinned(d.alloc_pinned(0)?),
-            _ => {
-                let mut h = HostPool::global()
-                    .and_then(|p| p.alloc_labelled(self.size, Some(&self.label)))
-                    .map_err(|e| self.named(e))?;
-                if zero {
-                    h.zero();
-                }
-                HostMem::Owned(h)
-            }
-        };
+        let mem = new_host_mirror(
+            self.device.as_ref(),
+            self.pinned_host,
+            self.size,
+            &self.label,
+            zero,
+        )
+        .map_err(|e| self.named(e))?;
         let ptr = mem.ptr();
         core.host = Some(mem);
         Ok(ptr)
     }
 
     /// Allocates the device mirror from the device pool if missing, and registers it as
-    /// evictable.
-    pub(super) fn ensure_dev_alloc(&self, core: &mut Core) -> Result<Arc<DeviceBuffer>> {
+    /// evictable; it becomes the buffer's one allocation where zero-copy applies (see
+    /// [`SyncedMemory::share`]), moving an existing host mirror's data in only with
+    /// `replace_host` (the caller holds the exclusive access lock: no host guard can still
+    /// read the old host mirror).
+    pub(super) fn ensure_dev_alloc(
+        &self,
+        core: &mut Core,
+        replace_host: bool,
+    ) -> Result<Arc<DeviceBuffer>> {
         if let Some(d) = &core.dev {
             return Ok(d.clone());
         }
@@ -88,11 +84,55 @@ impl SyncedMemory {
             let weak: Weak<dyn Evictable> = Arc::downgrade(&self.shared) as Weak<dyn Evictable>;
             core.dev_reg = Some(registry::of(device).register(weak, bytes));
         }
+        self.share(core, &buf, replace_host)?;
         Ok(buf)
+    }
+
+    /// Notes a device access, for the order of spills (least recently used first).
+    pub(super) fn note_device_use(&self) {
+        self.shared
+            .last_use
+            .store(super::spill::tick(), std::sync::atomic::Ordering::Relaxed);
     }
 }
 
+/// A host mirror of `size` bytes: from `device`'s pinned pool with `pinned`, else from the host
+/// pool, named `label` in memory snapshots. `zero`: the bytes must read as zeros.
+pub(super) fn new_host_mirror(
+    device: Option<&Device>,
+    pinned: bool,
+    size: usize,
+    label: &Arc<str>,
+    zero: bool,
+) -> Result<HostMem> {
+    Ok(match (device, pinned) {
+        (Some(d), true) if size > 0 => {
+            let mut p = d.shared.memory.alloc_pinned(d, size, Some(label))?;
+            if zero && !p.was_zeroed() {
+                p.as_mut_slice().fill(0);
+            }
+            HostMem::Pinned(p)
+        }
+        (Some(d), true) => HostMem::Pinned(d.alloc_pinned(0)?),
+        _ => {
+            let mut h = HostPool::global().and_then(|p| p.alloc_labelled(size, Some(label)))?;
+            if zero {
+                h.zero();
+            }
+            HostMem::Owned(h)
+        }
+    })
+}
+
 impl Evictable for Shared {
+    fn try_spill(&self, wait: bool) -> Option<crate::device::Freed> {
+        super::spill::spill(self, wait)
+    }
+
+    fn last_use(&self) -> u64 {
+        self.last_use.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn try_evict(&self) -> Option<usize> {
         // Never wait: a buffer whose locks are taken is in use (possibly by the very thread
         // that is allocating), and is skipped.
@@ -104,9 +144,10 @@ impl Evictable for Shared {
             }
             core.finish_pending().ok()?;
         }
-        // Only a clean mirror may go: the host copy must be current too.
-        let clean = core.valid.has(Place::Host) && core.valid.has(Place::Device);
-        if !clean || !core.dev_owned {
+        // Only a clean or stale mirror may go: the host copy must be current, in memory of
+        // its own (a zero-copy buffer's host side is the device mirror: it can only be
+        // spilled).
+        if !core.valid.has(Place::Host) || !core.dev_owned || core.zc.is_some() {
             return None;
         }
         let bytes = core.dev.as_ref()?.len();

@@ -78,6 +78,8 @@ pub(crate) mod held;
 mod memory;
 mod prefetch;
 mod registry;
+mod shared;
+mod spill;
 mod state;
 mod transition;
 
@@ -85,8 +87,8 @@ pub use guard::{DeviceRead, DeviceWrite, HostRead, HostWrite};
 pub use state::{Head, PendingKind};
 
 use std::fmt;
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -111,6 +113,9 @@ enum HostMem {
         /// Keeps the memory alive when the caller gave an owner; `None` for raw pointers.
         _owner: Option<Box<dyn Send + Sync>>,
     },
+    /// The device mirror's own memory, shared with the host (zero-copy, see [`shared`]): owned
+    /// by the device mirror, gone with it.
+    Shared(NonNull<u8>),
 }
 
 // SAFETY: `External.ptr` is memory that `set_host_ptr`'s contract (or the owner's `AsMut`) gives
@@ -125,6 +130,7 @@ impl HostMem {
             HostMem::Owned(b) => b.as_ptr(),
             HostMem::Pinned(p) => p.ptr(),
             HostMem::External { ptr, .. } => ptr.as_ptr(),
+            HostMem::Shared(ptr) => ptr.as_ptr(),
         }
     }
 }
@@ -143,6 +149,11 @@ struct Core {
     /// whatever writes, replaces or frees the host mirror waits for it first. Host reads do
     /// not.
     host_busy: Option<Point>,
+    /// Host and device share the device mirror's memory (zero-copy, see [`shared`]).
+    zc: Option<shared::ZeroCopyState>,
+    /// The device mirror was written back to the host to make room (see [`spill`]): the next
+    /// upload brings it back, and counts as a refill.
+    spilled: bool,
 }
 
 impl Core {
@@ -197,6 +208,17 @@ pub(crate) struct Shared {
     core: CoreCell,
     label: Mutex<String>,
     device: Option<Device>,
+    size: usize,
+    /// Copies made by the buffer's transitions (and spills, refills, zero-copy syncs).
+    copies: CopyCounters,
+    /// Host mirrors come from the device's pinned pool ([`SyncedMemory::with_pinned_host`]).
+    pinned_host: AtomicBool,
+    /// The buffer's stream, for a spill ([`SyncedMemory::with_stream`]; `None`: the device's
+    /// default stream).
+    stream: Mutex<Option<Stream>>,
+    /// When the device mirror was last used (a tick of [`spill::tick`]): spills go least
+    /// recently used first.
+    last_use: AtomicU64,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
@@ -212,8 +234,9 @@ pub struct SyncedMemory {
     device: Option<Device>,
     stream: Option<Stream>,
     pinned_host: bool,
+    /// The buffer may share memory with its device (zero-copy) where the device allows it.
+    zero_copy: bool,
     shared: Arc<Shared>,
-    copies: CopyCounters,
 }
 
 impl SyncedMemory {
@@ -255,16 +278,23 @@ impl SyncedMemory {
                     dev_reg: None,
                     pending: None,
                     host_busy: None,
+                    zc: None,
+                    spilled: false,
                 }),
                 label: Mutex::new(label.to_string()),
                 device: device.clone(),
+                size,
+                copies: CopyCounters::new(),
+                pinned_host: AtomicBool::new(false),
+                stream: Mutex::new(None),
+                last_use: AtomicU64::new(0),
             }),
             label,
             size,
             device,
             stream: None,
             pinned_host: false,
-            copies: CopyCounters::new(),
+            zero_copy: true,
         }
     }
 
@@ -281,7 +311,24 @@ impl SyncedMemory {
     /// ordinary host memory. A policy per buffer: other host allocations are unaffected.
     pub fn with_pinned_host(mut self, pinned: bool) -> Self {
         self.pinned_host = pinned;
+        self.shared.pinned_host.store(pinned, Ordering::Relaxed);
         self
+    }
+
+    /// Whether this buffer may share one allocation with its device where the device's memory
+    /// is host memory (zero-copy, see [`crate::device::zero_copy`]): `true` (the default)
+    /// follows the device's setting, `false` keeps two mirrors and copies between them. Takes
+    /// effect at the next allocation of the device mirror. A buffer with a pinned host mirror
+    /// ([`SyncedMemory::with_pinned_host`]) keeps two mirrors.
+    pub fn with_zero_copy(mut self, zero_copy: bool) -> Self {
+        self.zero_copy = zero_copy;
+        self
+    }
+
+    /// How the host and the device share this buffer's memory, or `None` while it has two
+    /// mirrors (or none yet).
+    pub fn zero_copy_protocol(&self) -> Option<crate::device::ZeroCopyProtocol> {
+        self.shared.core.lock().zc.map(|z| z.protocol)
     }
 
     /// Uses `stream` for this buffer's copies instead of the device's default stream.
@@ -299,6 +346,7 @@ impl SyncedMemory {
             });
         }
         self.stream = Some(stream.clone());
+        *self.shared.stream.lock() = Some(stream.clone());
         Ok(self)
     }
 
@@ -355,7 +403,7 @@ impl SyncedMemory {
 
     /// Copies made by this buffer's transitions, by direction.
     pub fn copy_stats(&self) -> CopyStats {
-        self.copies.snapshot()
+        self.shared.copies.snapshot()
     }
 
     /// True once the host mirror exists.
@@ -372,7 +420,7 @@ impl SyncedMemory {
     pub fn owns_host(&self) -> bool {
         matches!(
             self.shared.core.lock().host,
-            Some(HostMem::Owned(_) | HostMem::Pinned(_))
+            Some(HostMem::Owned(_) | HostMem::Pinned(_) | HostMem::Shared(_))
         )
     }
 
@@ -391,6 +439,15 @@ impl Drop for SyncedMemory {
             let _ = p.point.wait();
         }
         let _ = core.release_host();
+        if core.zc.is_some_and(|z| z.mapped.is_some()) {
+            // The mapping goes before the memory does (the pool hands the block out again).
+            if let (Ok(stream), Some(dev)) = (self.pick_stream(None), core.dev.clone()) {
+                let _ = stream.unmap(
+                    &dev,
+                    core.host.as_ref().map_or(ptr::null_mut(), HostMem::ptr),
+                );
+            }
+        }
         core.release_device(self.device.as_ref());
         core.host = None;
     }

@@ -1,10 +1,11 @@
 //! Asynchronous transfers: copies queued on a stream, waited for by the accesses they conflict
 //! with.
 
+use super::shared::{Mapping, ZeroCopyState};
 use super::state::{Access, Pending, Place};
 use super::{HostMem, PendingKind, SyncedMemory};
 use crate::alloc::stats::Direction;
-use crate::device::{Event, Stream};
+use crate::device::{Event, MapAccess, Stream, ZeroCopyProtocol};
 use crate::error::Result;
 
 #[cfg(doc)]
@@ -17,7 +18,9 @@ impl SyncedMemory {
     /// without waiting (Caffe's `async_gpu_push`). Head reads [`Head::Synced`] at once; the first
     /// access that needs the device data, or a host write, waits for the copy. Host reads do not.
     ///
-    /// Returns the copy's event, or `None` when the device was already current.
+    /// Returns the copy's event, or `None` when the device was already current or no copy is
+    /// needed (zero-copy: the host and the device share the memory; see
+    /// [`crate::device::zero_copy`]).
     ///
     /// # Errors
     /// [`Error::InvalidState`] when the buffer is uninitialized (nothing to push, as in Caffe),
@@ -34,7 +37,17 @@ impl SyncedMemory {
             return Err(self.uninit("prefetch_to_device"));
         }
         let stream = self.pick_stream(stream)?;
-        let dev = self.ensure_dev_alloc(&mut core)?;
+        self.note_device_use();
+        // Under the shared lock: a host reader may still use the host mirror.
+        let dev = self.ensure_dev_alloc(&mut core, false)?;
+        if core.zc.is_some() {
+            // Shared memory (a spilled buffer's data moved in while allocating, if it was one):
+            // nothing to copy, nothing queued but an unmap where the device needs one.
+            if !core.valid.has(Place::Device) {
+                self.shared_device(&mut core, Access::DeviceRead, false, &stream)?;
+            }
+            return Ok(None);
+        }
         let src = core
             .host
             .as_ref()
@@ -60,7 +73,9 @@ impl SyncedMemory {
     /// Queues the device-to-host copy on `stream` and returns without waiting. Host accesses and
     /// device writes wait for it; device reads do not.
     ///
-    /// Returns the copy's event, or `None` when the host was already current.
+    /// Returns the copy's event, or `None` when the host was already current or no copy is
+    /// needed (zero-copy: the host side becomes current once the device work that writes the
+    /// memory is done; host accesses wait for it).
     ///
     /// # Errors
     /// As [`SyncedMemory::prefetch_to_device`].
@@ -75,6 +90,33 @@ impl SyncedMemory {
             return Err(self.uninit("prefetch_to_host"));
         }
         let stream = self.pick_stream(stream)?;
+        if let (Some(state), Some(dev)) = (core.zc, core.dev.clone()) {
+            // Shared memory: the host side is current once the last device writer is done (and,
+            // where the device needs it, the buffer is mapped). Nothing is copied.
+            let point = match state.protocol {
+                ZeroCopyProtocol::InPlace => dev.writer_point(),
+                ZeroCopyProtocol::Map if state.mapped.is_some() => dev.writer_point(),
+                ZeroCopyProtocol::Map => {
+                    let (_, point) = stream.map_queued(&dev, MapAccess::Read)?;
+                    core.zc = Some(ZeroCopyState {
+                        mapped: Some(Mapping::Read),
+                        ..state
+                    });
+                    point
+                }
+            };
+            self.count_on(&stream, Direction::Mapped);
+            match point {
+                Some(point) => {
+                    core.pending = Some(Pending {
+                        kind: PendingKind::ToHost,
+                        point,
+                    })
+                }
+                None => core.valid = core.valid.with(Place::Host),
+            }
+            return Ok(None);
+        }
         let dst = self.ensure_host_alloc(&mut core, false)?;
         let dev = core.dev.clone().ok_or_else(|| self.no_device())?;
         // SAFETY: `dst` is the host mirror, valid for `size` bytes; the host is not valid, so no

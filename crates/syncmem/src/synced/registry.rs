@@ -93,6 +93,12 @@ mod tests {
         fn try_evict(&self) -> Option<usize> {
             None
         }
+        fn try_spill(&self, _: bool) -> Option<crate::device::Freed> {
+            None
+        }
+        fn last_use(&self) -> u64 {
+            0
+        }
         fn head_now(&self) -> Option<Head> {
             Some(Head::Synced)
         }

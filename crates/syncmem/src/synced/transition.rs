@@ -13,6 +13,19 @@ impl SyncedMemory {
     pub(super) fn prepare_host(&self, access: Access, overwrite: bool) -> Result<*mut u8> {
         let mut core = self.shared.core.lock();
         self.settle(&mut core, access)?;
+        if core.host.is_none() && core.dev.is_none() && self.share_protocol().is_some() {
+            // The first allocation of a zero-copy buffer is its one allocation. Where the
+            // device cannot give it (out of memory, a bad pool setting), the host side does not
+            // fail: it gets a mirror of its own, and the buffer keeps two.
+            let _ = self.ensure_dev_alloc(&mut core, false);
+        }
+        if access == Access::HostWrite {
+            // The exclusive lock: a buffer that kept two mirrors may share again.
+            self.reshare(&mut core)?;
+        }
+        if core.zc.is_some() {
+            return self.shared_host(&mut core, access, overwrite);
+        }
         if access == Access::HostWrite || !core.valid.has(Place::Host) {
             // The host mirror is about to be written (by the caller or by a copy from the
             // device): an upload still reading it must end first.
@@ -29,6 +42,8 @@ impl SyncedMemory {
         };
         if access == Access::HostWrite {
             core.valid = Valid::only(Place::Host);
+            // New host data: its next upload is an ordinary copy, not a spilled buffer's.
+            core.spilled = false;
         }
         Ok(ptr)
     }
@@ -43,16 +58,35 @@ impl SyncedMemory {
         }
         let mut core = self.shared.core.lock();
         self.settle(&mut core, access)?;
-        let buf = if overwrite {
-            self.ensure_dev_alloc(&mut core)?
+        self.note_device_use();
+        let stream = self.pick_stream(None)?;
+        // A device write holds the exclusive access lock: no host guard is alive.
+        let exclusive = access == Access::DeviceWrite;
+        if core.dev.is_none() && self.share_protocol().is_some() {
+            if overwrite && matches!(core.host, Some(HostMem::Owned(_))) {
+                // Every byte will be written: the host data need not move into the shared
+                // memory (a spilled buffer overwritten is not refilled).
+                core.release_host()?;
+                core.host = None;
+                core.spilled = false;
+            }
+            // Allocated (and shared, a spilled buffer's data moving in) before anything else.
+            self.ensure_dev_alloc(&mut core, exclusive)?;
+        } else if exclusive {
+            // A buffer that kept two mirrors may share again.
+            self.reshare(&mut core)?;
+        }
+        let buf = if core.zc.is_some() {
+            self.shared_device(&mut core, access, overwrite, &stream)?
+        } else if overwrite {
+            self.ensure_dev_alloc(&mut core, exclusive)?
         } else {
-            self.ensure_dev_valid(&mut core)?
+            self.ensure_dev_valid(&mut core, exclusive)?
         };
         if access == Access::DeviceWrite {
             core.valid = Valid::only(Place::Device);
         }
         core.dev_exposed = true;
-        let stream = self.pick_stream(None)?;
         // Work the caller queues on the guard's stream through the native handles bypasses the
         // buffer's uses: make that stream wait, on the device, for the commands of other
         // streams the access must follow (nothing is queued when there are none).
@@ -86,14 +120,15 @@ impl SyncedMemory {
         Ok(dst)
     }
 
-    /// Makes the device mirror current (Caffe's `to_gpu`).
-    fn ensure_dev_valid(&self, core: &mut Core) -> Result<Arc<DeviceBuffer>> {
+    /// Makes the device mirror current (Caffe's `to_gpu`). `exclusive`: the caller holds the
+    /// exclusive access lock (see [`SyncedMemory::ensure_dev_alloc`]).
+    fn ensure_dev_valid(&self, core: &mut Core, exclusive: bool) -> Result<Arc<DeviceBuffer>> {
         if core.valid.has(Place::Device) {
             return core.dev.clone().ok_or_else(|| self.no_device());
         }
         let fresh = core.valid.is_empty();
         let had = core.dev.is_some();
-        let dev = self.ensure_dev_alloc(core)?;
+        let dev = self.ensure_dev_alloc(core, exclusive)?;
         let stream = self.pick_stream(None)?;
         if fresh {
             // First allocation out of Uninitialized: zero fill (device memory comes dirty),
@@ -109,14 +144,24 @@ impl SyncedMemory {
             .as_ref()
             .map(HostMem::ptr)
             .ok_or_else(|| self.no_host())?;
+        // A spilled buffer coming back is a refill; any other upload a copy.
+        let kind = if core.spilled {
+            Direction::Refill
+        } else {
+            Direction::HostToDevice
+        };
         // SAFETY: `src` is the current host mirror, valid for `size` bytes. The copy is queued,
         // not waited for: until it ends the host mirror is only read (host readers), and
         // whatever writes, replaces or frees it waits for `host_busy` first (`prepare_host`,
         // `adopt_host`, drop). Device work on the mirror is ordered after the copy on the
         // device: the copy is a write use of the buffer.
-        unsafe { stream.write_raw(&dev, 0, src, self.size, false)? };
+        unsafe { stream.write_counted(&dev, 0, src, self.size, false, kind)? };
         core.host_busy = stream.point_now();
-        self.count(Direction::HostToDevice);
+        core.spilled = false;
+        self.count(kind);
+        if kind == Direction::Refill {
+            self.note_refill();
+        }
         core.valid = core.valid.with(Place::Device);
         Ok(dev)
     }
@@ -151,6 +196,9 @@ impl SyncedMemory {
         let _lock = self.lock_write(None)?;
         let mut core = self.shared.core.lock();
         self.finish_pending(&mut core)?;
+        // The adopted memory replaces shared memory as the host side; the device mirror keeps
+        // its memory, stale from now on.
+        self.unshare(&mut core)?;
         core.release_host()?;
         core.host = Some(mem);
         core.valid = Valid::only(Place::Host);
@@ -184,9 +232,16 @@ impl SyncedMemory {
             .default_stream()
     }
 
+    /// Counts a spilled buffer brought back, in its device's pool statistics.
+    pub(super) fn note_refill(&self) {
+        if let Some(d) = &self.device {
+            d.shared.memory.note_refill(self.size);
+        }
+    }
+
     pub(super) fn count(&self, d: Direction) {
         if self.size > 0 {
-            self.copies.record(d, self.size);
+            self.shared.copies.record(d, self.size);
         }
     }
 
@@ -201,19 +256,11 @@ impl SyncedMemory {
         Ok(())
     }
 
-    pub(super) fn named(&self, e: Error) -> Error {
-        match e {
-            Error::OutOfMemory {
-                device,
-                requested,
-                detail,
-            } => Error::OutOfMemory {
-                device,
-                requested,
-                detail: format!("{detail} for buffer {}", self.label),
-            },
-            e => e,
+    pub(super) fn named(&self, mut e: Error) -> Error {
+        if let Error::OutOfMemory { report } = &mut e {
+            report.purpose = Some(format!("buffer {}", self.label));
         }
+        e
     }
 
     pub(super) fn busy(&self, reason: &'static str) -> Error {

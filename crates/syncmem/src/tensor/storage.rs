@@ -10,7 +10,7 @@ use super::Tensor;
 use crate::device::Device;
 use crate::dtype::sealed::Adopted;
 use crate::dtype::{DType, Element, PodElement};
-use crate::error::{checked_mul, Error, Result};
+use crate::error::{checked_mul, Error, OomReport, Result};
 use crate::synced::held::{self, Named, ReadHeld, WriteHeld};
 use crate::synced::SyncedMemory;
 
@@ -119,10 +119,11 @@ impl Storage {
             })));
         }
         let mut v: Vec<String> = Vec::new();
-        v.try_reserve_exact(numel).map_err(|e| Error::OutOfMemory {
-            device: "host".into(),
-            requested: nbytes,
-            detail: format!(" for {numel} String elements of tensor {label} ({e})"),
+        v.try_reserve_exact(numel).map_err(|e| {
+            Error::from(
+                OomReport::new("host", nbytes, e.to_string())
+                    .with_purpose(format!("{numel} String elements of tensor {label}")),
+            )
         })?;
         v.resize(numel, String::new());
         Ok(Self::strings(v, false))
@@ -513,7 +514,7 @@ impl Tensor {
     }
 
     fn check_adopt_ptr(&self, op: &'static str, dtype: DType, addr: usize) -> Result<()> {
-        if addr % dtype.align() != 0 {
+        if !addr.is_multiple_of(dtype.align()) {
             return Err(self.err_state(
                 op,
                 format!(

@@ -16,7 +16,7 @@ use super::storage::{Storage, StringsRead, StringsWrite};
 use super::Tensor;
 use crate::device::{DeviceBuffer, Stream};
 use crate::dtype::{DType, Element};
-use crate::error::{checked_mul, Error, Result};
+use crate::error::{checked_mul, Error, OomReport, Result};
 use crate::synced::held::Named;
 use crate::synced::{DeviceRead, DeviceWrite, HostRead, HostWrite};
 
@@ -202,10 +202,10 @@ macro_rules! device_common {
                 };
                 let n = self.nbytes();
                 let mut bytes = Vec::new();
-                bytes.try_reserve_exact(n).map_err(|e| Error::OutOfMemory {
-                    device: "host".into(),
-                    requested: n,
-                    detail: format!(" for a device read-back ({e})"),
+                bytes.try_reserve_exact(n).map_err(|e| {
+                    Error::from(
+                        OomReport::new("host", n, e.to_string()).with_purpose("a device read-back"),
+                    )
                 })?;
                 bytes.resize(n, 0u8);
                 g.read_into(&mut bytes)?;

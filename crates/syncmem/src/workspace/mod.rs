@@ -87,6 +87,9 @@ pub type BlobRef = Arc<RwLock<Blob>>;
 /// Objects of a higher layer kept by name in a workspace (the nets).
 pub(crate) type NamedObjects = RwLock<BTreeMap<String, Arc<dyn Any + Send + Sync>>>;
 
+/// Local name -> (parent workspace, name in the parent).
+type Forwarded = BTreeMap<String, (Arc<Workspace>, Arc<str>)>;
+
 /// Named blobs, an optional parent, and forwarded names (Caffe2's `Workspace`).
 ///
 /// Tensors by name, one call each:
@@ -120,8 +123,9 @@ pub(crate) type NamedObjects = RwLock<BTreeMap<String, Arc<dyn Any + Send + Sync
 #[derive(Default)]
 pub struct Workspace {
     blobs: RwLock<BTreeMap<String, BlobRef>>,
-    /// Local name -> (parent workspace, name in the parent).
-    forwarded: RwLock<BTreeMap<String, (Arc<Workspace>, String)>>,
+    /// Local name -> (parent workspace, name in the parent). The name is shared, so that a
+    /// lookup through it copies no string.
+    forwarded: RwLock<Forwarded>,
     /// Full fallback for lookups.
     shared: Option<Arc<Workspace>>,
     /// Nets created in this workspace, by name. The net layer above stores its nets here and
@@ -137,10 +141,9 @@ impl Workspace {
 
     /// A workspace that sees every blob of `parent` it does not define itself.
     pub fn with_parent(parent: Arc<Workspace>) -> Self {
-        Self {
-            shared: Some(parent),
-            ..Self::default()
-        }
+        let mut ws = Self::default();
+        ws.shared = Some(parent);
+        ws
     }
 
     /// A workspace that sees only the listed blobs of `parent`, under local names
@@ -180,14 +183,28 @@ impl Workspace {
     }
 
     /// The blob visible as `name`, or `None`.
+    ///
+    /// The chain of parents is walked in a loop (not by recursion), so a chain of any depth
+    /// cannot overflow the stack.
     pub fn try_get_blob(&self, name: &str) -> Option<BlobRef> {
-        if let Some(b) = self.blobs.read().get(name) {
-            return Some(b.clone());
+        // The workspace and name a forwarded name leads to; `None`: `self` and `name`.
+        let mut hop: Option<(Arc<Workspace>, Arc<str>)> = None;
+        loop {
+            let (mut ws, name): (&Workspace, &str) = match &hop {
+                Some((w, n)) => (w, n),
+                None => (self, name),
+            };
+            let next = loop {
+                if let Some(b) = ws.blobs.read().get(name) {
+                    return Some(b.clone());
+                }
+                if let Some((parent, target)) = ws.forwarded.read().get(name) {
+                    break (parent.clone(), target.clone());
+                }
+                ws = ws.shared.as_deref()?;
+            };
+            hop = Some(next);
         }
-        if let Some((parent, target)) = self.forwarded.read().get(name) {
-            return parent.try_get_blob(target);
-        }
-        self.shared.as_ref()?.try_get_blob(name)
     }
 
     /// Returns the blob visible as `name`, creating an empty local one when none is visible
@@ -202,7 +219,7 @@ impl Workspace {
         if let Some((_, target)) = self.forwarded.read().get(name) {
             return Err(Error::NotFound {
                 kind: "blob",
-                name: target.clone(),
+                name: target.to_string(),
                 detail: format!(" in the parent workspace (forwarded as {name:?})"),
             });
         }
@@ -284,7 +301,7 @@ impl Workspace {
                     });
                 }
                 if let Some((p, t)) = fwd.get(local) {
-                    if Arc::ptr_eq(p, parent) && t == target {
+                    if Arc::ptr_eq(p, parent) && **t == *target {
                         continue;
                     }
                     return Err(redefinition(local, target));
@@ -300,7 +317,7 @@ impl Workspace {
         }
         let mut fwd = self.forwarded.write();
         for (local, target) in to_add {
-            fwd.insert(local, (parent.clone(), target));
+            fwd.insert(local, (parent.clone(), target.into()));
         }
         Ok(())
     }
@@ -326,7 +343,7 @@ impl Workspace {
                 .try_get_blob(&target)
                 .ok_or_else(|| Error::NotFound {
                     kind: "blob",
-                    name: target.clone(),
+                    name: target.to_string(),
                     detail: format!(" in the parent workspace (forwarded as {name:?})"),
                 })?;
             let copied = copy(src.read().get::<T>()?)?;
@@ -347,18 +364,45 @@ impl Workspace {
     }
 
     /// Every visible name, sorted, each once: local, forwarded (when the target exists), and
-    /// the parent's.
+    /// the parent's (walked in a loop: a chain of any depth cannot overflow the stack).
     pub fn blobs(&self) -> Vec<String> {
-        let mut all: BTreeSet<String> = self.blobs.read().keys().cloned().collect();
-        for (local, (parent, target)) in self.forwarded.read().iter() {
-            if parent.has_blob(target) {
-                all.insert(local.clone());
+        let mut all: BTreeSet<String> = BTreeSet::new();
+        let mut next = Some(self);
+        while let Some(ws) = next {
+            all.extend(ws.blobs.read().keys().cloned());
+            for (local, (parent, target)) in ws.forwarded.read().iter() {
+                if parent.has_blob(target) {
+                    all.insert(local.clone());
+                }
             }
-        }
-        if let Some(p) = &self.shared {
-            all.extend(p.blobs());
+            next = ws.shared.as_deref();
         }
         all.into_iter().collect()
+    }
+
+    /// The workspaces this one holds (its parent, the targets of its forwarded names), taken
+    /// out so that dropping them is the caller's business.
+    fn take_parents(&mut self) -> impl Iterator<Item = Arc<Workspace>> {
+        let forwarded = std::mem::take(self.forwarded.get_mut());
+        self.shared
+            .take()
+            .into_iter()
+            .chain(forwarded.into_values().map(|(p, _)| p))
+    }
+}
+
+impl Drop for Workspace {
+    /// Drops the chain of parents in a loop: a parent held only by this workspace is taken
+    /// apart here instead of dropping its own parent recursively, so a chain of any depth
+    /// cannot overflow the stack.
+    fn drop(&mut self) {
+        let mut pending: Vec<Arc<Workspace>> = self.take_parents().collect();
+        while let Some(parent) = pending.pop() {
+            // The last holder takes it apart; any other holder just lets go of its count.
+            if let Some(mut ws) = Arc::into_inner(parent) {
+                pending.extend(ws.take_parents());
+            }
+        }
     }
 }
 

@@ -86,7 +86,9 @@ impl Drop for Gate {
 pub fn rig(test: &str) -> Option<(Device, Stream, SyncedMemory)> {
     let dev = syncmem::testing::opencl_or_skip(test)?;
     let stream = dev.new_stream().unwrap();
+    // Two mirrors: these tests hold copies in flight (zero-copy buffers copy nothing).
     let m = SyncedMemory::new(N, &dev)
+        .with_zero_copy(false)
         .with_stream(&stream)
         .unwrap()
         .with_label(test);

@@ -15,7 +15,7 @@ use super::{tensor_values, TempFile};
 /// A safetensors file from a header (JSON, padded to 8 bytes) and the data after it.
 fn raw_file(header: &str, data: &[u8]) -> Vec<u8> {
     let mut h = header.as_bytes().to_vec();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();

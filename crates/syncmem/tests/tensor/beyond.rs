@@ -59,11 +59,11 @@ fn extend_keeps_device_data(dev: &Device) {
     t.extend(2, 50).unwrap(); // 6 rows > 4: reallocates device to device
     assert_eq!((t.dims(), t.capacity_bytes()), (&[6, 2][..], 6 * 2 * 4));
     assert_eq!(t.head(), Some(Head::AtDevice), "no host round trip");
-    assert_eq!(t.copy_stats().total_count(), 0);
+    syncmem::testing::assert_syncs(dev, &t.copy_stats(), 0, 0, "extend");
     let want = [1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0];
     assert_eq!(t.device::<i32>().unwrap().to_vec().unwrap(), want);
     assert_eq!(&*t.host::<i32>().unwrap(), &want);
-    assert_eq!(t.copy_stats().device_to_host.count, 1);
+    syncmem::testing::assert_syncs(dev, &t.copy_stats(), 0, 1, "host read");
 }
 
 fn reserve_keeps_data(dev: &Device) {
@@ -209,15 +209,14 @@ fn copy_from_across_devices() {
         0
     );
     assert_eq!(b.device::<f32>().unwrap().to_vec().unwrap(), vals);
-    assert_eq!(b.copy_stats().host_to_device.count, 1);
+    syncmem::testing::assert_syncs(&cl, &b.copy_stats(), 1, 0, "b on the device");
     // opencl (head at device) -> cpu: exactly one device-to-host copy, from the source.
     let mut c = Tensor::new(&cl);
     c.resize(&[1000]).unwrap();
     c.device_overwrite::<f32>().unwrap().write(&vals).unwrap();
     let mut d = Tensor::new(&cpu);
     d.copy_from(&c).unwrap();
-    let s = c.copy_stats();
-    assert_eq!((s.device_to_host.count, s.host_to_device.count), (1, 0));
+    syncmem::testing::assert_syncs(&cl, &c.copy_stats(), 0, 1, "c read for the copy");
     assert_eq!(
         (c.head(), d.head()),
         (Some(Head::Synced), Some(Head::AtHost))
@@ -241,18 +240,15 @@ fn copy_from_across_devices() {
         0
     );
     assert_eq!(&*f.host::<f32>().unwrap(), &vals[..]);
-    assert_eq!(f.copy_stats().device_to_host.count, 1);
+    syncmem::testing::assert_syncs(&cl, &f.copy_stats(), 0, 1, "f on the host");
     // opencl -> host-only and back.
     let mut h = Tensor::host_only();
     h.copy_from(&f).unwrap();
     let mut g = Tensor::new(&cl);
     g.copy_from(&h).unwrap();
     assert_eq!(g.device::<f32>().unwrap().to_vec().unwrap(), vals);
-    assert_eq!(
-        f.copy_stats().total_count(),
-        1,
-        "f was already synced: no new copy"
-    );
+    // f was already synced: no new transfer.
+    syncmem::testing::assert_syncs(&cl, &f.copy_stats(), 0, 1, "f after the copy back");
 }
 
 syncmem::for_each_device!(

@@ -64,6 +64,7 @@ pub(super) struct Report {
     final_: Final,
     seconds: f64,
     transfers: TransferReport,
+    memory_cap: CapReport,
     waits: WaitReport,
     heap_allocations: HeapReport,
     blobs: Vec<BlobRow>,
@@ -131,6 +132,21 @@ struct Copies {
     host_to_device: Dir,
     device_to_host: Dir,
     device_to_device: Dir,
+    mapped: Dir,
+    spilled: Dir,
+    refilled: Dir,
+}
+
+/// The memory cap and what it cost during the steps.
+#[derive(Serialize)]
+struct CapReport {
+    cap: Option<u64>,
+    spills_per_step: f64,
+    spilled_bytes_per_step: f64,
+    refills_per_step: f64,
+    refilled_bytes_per_step: f64,
+    spills: u64,
+    refills: u64,
 }
 
 /// Host waits on device work during the steps, counted by the library.
@@ -176,6 +192,7 @@ struct BlobRow {
     device: bool,
     host_to_device: Dir,
     device_to_host: Dir,
+    mapped: Dir,
 }
 
 #[derive(Serialize)]
@@ -211,6 +228,9 @@ fn copies(c: CopyStats) -> Copies {
         host_to_device: dir(c.host_to_device),
         device_to_host: dir(c.device_to_host),
         device_to_device: dir(c.device_to_device),
+        mapped: dir(c.mapped),
+        spilled: dir(c.spilled),
+        refilled: dir(c.refilled),
     }
 }
 
@@ -223,6 +243,23 @@ fn per_step(c: CopyStats, steps: u64) -> Copies {
         host_to_device: d(c.host_to_device),
         device_to_host: d(c.device_to_host),
         device_to_device: d(c.device_to_device),
+        mapped: d(c.mapped),
+        spilled: d(c.spilled),
+        refilled: d(c.refilled),
+    }
+}
+
+fn cap_report(cap: Option<u64>, t: &Transfers) -> CapReport {
+    let steps = t.step_count.max(1) as f64;
+    let s = &t.steps;
+    CapReport {
+        cap,
+        spills_per_step: s.spilled.count as f64 / steps,
+        spilled_bytes_per_step: s.spilled.bytes as f64 / steps,
+        refills_per_step: s.refilled.count as f64 / steps,
+        refilled_bytes_per_step: s.refilled.bytes as f64 / steps,
+        spills: s.spilled.count,
+        refills: s.refilled.count,
     }
 }
 
@@ -266,6 +303,7 @@ pub(super) fn build(r: Run<'_>) -> Report {
         },
         seconds: r.seconds,
         transfers: transfer_report(r.trainer.transfers(), r.process),
+        memory_cap: cap_report(r.device.memory_cap(), &r.trainer.transfers()),
         waits: {
             let t = r.trainer.transfers();
             WaitReport {
@@ -320,6 +358,7 @@ fn blob_row(b: &BlobInfo) -> BlobRow {
         device: b.device_allocated,
         host_to_device: dir(b.copies.host_to_device),
         device_to_host: dir(b.copies.device_to_host),
+        mapped: dir(b.copies.mapped),
     }
 }
 
@@ -397,7 +436,7 @@ impl Report {
 
         outln!("\nblobs ({}): where each lives", r.device);
         outln!(
-            "  {:<18} {:<5} {:<10} {:>10} {:>10}  {:<7} {:>6} {:>6}",
+            "  {:<18} {:<5} {:<10} {:>10} {:>10}  {:<7} {:>6} {:>6} {:>6}",
             "name",
             "type",
             "dims",
@@ -405,11 +444,12 @@ impl Report {
             "capacity",
             "head",
             "h->d",
-            "d->h"
+            "d->h",
+            "mapped"
         );
         for b in &r.blobs {
             outln!(
-                "  {:<18} {:<5} {:<10} {:>10} {:>10}  {:<7} {:>6} {:>6}",
+                "  {:<18} {:<5} {:<10} {:>10} {:>10}  {:<7} {:>6} {:>6} {:>6}",
                 b.name,
                 b.dtype.unwrap_or("-"),
                 format!("{:?}", b.dims),
@@ -417,7 +457,8 @@ impl Report {
                 b.capacity,
                 b.head,
                 b.host_to_device.count,
-                b.device_to_host.count
+                b.device_to_host.count,
+                b.mapped.count
             );
         }
 
@@ -433,9 +474,24 @@ impl Report {
             ("process, all", t.process),
         ] {
             outln!(
-                "  {what:<15} host->device {}   device->host {}",
+                "  {what:<15} host->device {}   device->host {}   zero-copy syncs {}",
                 fmt_dir(c.host_to_device),
-                fmt_dir(c.device_to_host)
+                fmt_dir(c.device_to_host),
+                fmt_dir(c.mapped)
+            );
+        }
+        let m = &r.memory_cap;
+        if let Some(cap) = m.cap {
+            outln!(
+                "\nmemory cap {}: {} spills ({}/step, {} per step) and {} refills ({}/step, {} \
+                 per step) during the steps",
+                human_bytes(cap),
+                m.spills,
+                format_args!("{:.2}", m.spills_per_step),
+                human_bytes(m.spilled_bytes_per_step as u64),
+                m.refills,
+                format_args!("{:.2}", m.refills_per_step),
+                human_bytes(m.refilled_bytes_per_step as u64)
             );
         }
 

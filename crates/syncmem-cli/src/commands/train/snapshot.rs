@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{ensure, Context as _};
+use anyhow::Context as _;
 use serde::Serialize;
 use syncmem::{Device, MemorySnapshot};
 
@@ -31,18 +31,11 @@ pub(super) struct PeakSnapshot {
 }
 
 impl PeakSnapshot {
-    /// Checks that `path` can be written (its directory exists) before training.
+    /// Checks that `path` can be written (a regular file or a new one, in a directory that
+    /// exists) before training.
     pub(super) fn new(path: &Path, device: &Device) -> anyhow::Result<Self> {
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        ensure!(
-            dir.is_dir(),
-            "--snapshot {}: the directory {} does not exist",
-            path.display(),
-            dir.display()
-        );
+        syncmem::file::check_target(path)
+            .with_context(|| format!("--snapshot {}", path.display()))?;
         Ok(Self {
             path: path.to_path_buf(),
             device: device.clone(),
@@ -76,8 +69,9 @@ impl PeakSnapshot {
             step,
             snapshot: &snapshot,
         };
-        let json = serde_json::to_string(&file)?;
-        std::fs::write(&self.path, json)
-            .with_context(|| format!("--snapshot: writing {}", self.path.display()))
+        syncmem::file::write_atomic(&self.path, |w| {
+            serde_json::to_writer(w, &file).map_err(std::io::Error::from)
+        })
+        .with_context(|| format!("--snapshot {}", self.path.display()))
     }
 }

@@ -43,6 +43,7 @@ const TIB: u64 = 1 << 40;
     Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
 )]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum PoolKind {
     /// No caching: every request is one backend allocation, freed when released.
     None,
@@ -325,7 +326,7 @@ impl PoolConfig {
         }
         if u64::from(self.bin_growth)
             .checked_pow(self.max_bin)
-            .map_or(true, |b| b > isize::MAX as u64)
+            .is_none_or(|b| b > isize::MAX as u64)
         {
             return Err(invalid("max_bin", "bin_growth^max_bin overflows".into()));
         }
@@ -507,6 +508,15 @@ pub fn check_env() -> Result<()> {
     checked
         .clone()
         .map_err(|(what, reason)| Error::InvalidConfig { what, reason })
+}
+
+/// The device pool configuration `SYNCMEM_DEVICE_POOL` and `SYNCMEM_POOL_CONF` ask for (the
+/// defaults where they are unset).
+///
+/// # Errors
+/// [`Error::InvalidConfig`] naming the variable at fault.
+pub fn device_pool_from_env() -> Result<PoolConfig> {
+    PoolConfig::from_env(DEVICE_POOL_ENV, DEVICE_POOL_CONF_ENV)
 }
 
 fn invalid(what: &str, reason: String) -> Error {

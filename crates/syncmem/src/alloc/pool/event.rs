@@ -1,5 +1,7 @@
 //! What a pool reports: [`PoolEvent`]s, seen by a [`PoolObserver`].
 
+use std::sync::Arc;
+
 use super::StreamId;
 
 /// What a pool tells its observer.
@@ -18,6 +20,13 @@ pub enum PoolEvent {
         block: u64,
         /// The stream the block was allocated for.
         stream: StreamId,
+        /// The pool's id of the segment the block lies in (unique among live segments).
+        segment: u64,
+        /// The block's start in its segment.
+        offset: usize,
+        /// The label of the buffer the block is handed to (a tensor's or blob's name), when
+        /// known.
+        owner: Option<Arc<str>>,
     },
     /// A block was given back.
     Free {
@@ -30,11 +39,17 @@ pub enum PoolEvent {
     SegmentAlloc {
         /// Its size.
         bytes: usize,
+        /// The pool's id of the segment (unique among live segments; reused after a free).
+        segment: u64,
+        /// The stream of the allocation that made it.
+        stream: StreamId,
     },
     /// A segment was given back to the backend.
     SegmentFree {
         /// Its size.
         bytes: usize,
+        /// The pool's id of the segment (as in its [`PoolEvent::SegmentAlloc`]).
+        segment: u64,
     },
     /// A clean device mirror was dropped to make room.
     Evict {

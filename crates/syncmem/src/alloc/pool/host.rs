@@ -131,18 +131,12 @@ impl HostPool {
         } else {
             Err(e)
         };
-        r.map_err(|e| match e {
-            Error::OutOfMemory {
-                requested, detail, ..
-            } => {
+        r.map_err(|mut e| {
+            if let Error::OutOfMemory { report } = &mut e {
                 self.pool.note_oom(len);
-                Error::OutOfMemory {
-                    device: "host".into(),
-                    requested,
-                    detail,
-                }
+                report.device = "host".into();
             }
-            e => e,
+            e
         })
     }
 
@@ -208,7 +202,7 @@ impl HostAllocation {
 
     /// True when the bytes are known to be zero (a fresh segment's, never handed out before).
     pub fn was_zeroed(&self) -> bool {
-        self.lease.as_ref().map_or(true, |l| l.zeroed())
+        self.lease.as_ref().is_none_or(|l| l.zeroed())
     }
 
     /// Makes every byte zero, writing only when they are not known to be zero already.

@@ -87,6 +87,14 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
         self.pending.retain(|p| !p.fence.poll());
     }
 
+    /// The uses still in flight that the block came with: work of its previous owners, queued
+    /// on `stream` (the stream this lease was asked for; the fences of other streams had
+    /// completed when the block was handed out). Whatever touches the block through another
+    /// stream must be ordered after them.
+    pub fn pending(&self) -> impl Iterator<Item = (StreamId, &Arc<dyn Fence>)> {
+        self.pending.iter().map(|p| (p.stream, &p.fence))
+    }
+
     /// The pool the block belongs to.
     pub fn pool(&self) -> &Arc<Pool<T, V>> {
         &self.pool

@@ -17,6 +17,11 @@
 //! freed). A freed block is reused at once by work on the stream of its pending uses
 //! (streams run in order), and by other streams only once the fences have completed.
 //!
+//! A block handed out at once comes with those uses ([`Lease::pending`]): the stream named at
+//! allocation is not always the one that first touches the block, so whoever holds the lease
+//! must order its first work on any other stream after them (the device layer records them as
+//! the new buffer's last writer).
+//!
 //! # Limits
 //!
 //! A [`Budget`] (the memory cap) is charged for every segment before the backend is asked, so a
@@ -72,7 +77,7 @@ pub use crate::backend::RawStorage;
 
 use crate::alloc::stats::human_bytes;
 use crate::alloc::trace::hub;
-use crate::error::{Error, Result};
+use crate::error::{Error, OomReport, Result};
 use slab::Slab;
 use stats::Counters;
 use strategy::{Core, Request};
@@ -133,11 +138,12 @@ struct Inner<T, V> {
 }
 
 impl<T, V> Inner<T, V> {
-    /// Reports `ev`; costs two tests when nobody observes the pool.
+    /// Reports the event `ev` makes; costs two tests when nobody observes the pool (the
+    /// event, which may hold a shared name, is only made for an observer).
     #[inline]
-    fn emit(&self, label: &str, ev: PoolEvent) {
+    fn emit(&self, label: &str, ev: impl FnOnce() -> PoolEvent) {
         if self.observer.is_some() || (self.source.is_some() && hub::active()) {
-            self.emit_observed(label, &ev);
+            self.emit_observed(label, &ev());
         }
     }
 
@@ -294,13 +300,18 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                     seg_size
                 };
                 if seg_size > self.max_segment {
-                    return Err(self.oom(
-                        bytes,
-                        format!(
-                            "a {seg_size}-byte segment exceeds the largest allocation ({} bytes)",
-                            self.max_segment
-                        ),
-                    ));
+                    return Err(self
+                        .oom(
+                            &inner.c,
+                            bytes,
+                            format!(
+                                "a {seg_size}-byte segment exceeds the largest allocation ({} \
+                                 bytes)",
+                                self.max_segment
+                            ),
+                        )
+                        .with_max_alloc(self.max_segment as u64)
+                        .into());
                 }
                 // Near the cap, a tight segment (just the block) may fit where the standard
                 // one (e.g. 20 MiB for a 2 MiB request) does not.
@@ -310,15 +321,18 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                     rounded
                 } else {
                     let cap = self.budget.cap().unwrap_or(u64::MAX);
-                    return Err(self.oom(
-                        bytes,
-                        format!(
-                            "a {} segment would exceed the cap ({} of {} used)",
-                            human_bytes(rounded as u64),
-                            human_bytes(self.budget.used()),
-                            human_bytes(cap)
-                        ),
-                    ));
+                    return Err(self
+                        .oom(
+                            &inner.c,
+                            bytes,
+                            format!(
+                                "a {} segment would exceed the cap ({} of {} used)",
+                                human_bytes(rounded as u64),
+                                human_bytes(self.budget.used()),
+                                human_bytes(cap)
+                            ),
+                        )
+                        .into());
                 };
                 let seg = match source.alloc(seg_size) {
                     Ok(s) => s,
@@ -336,7 +350,11 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                 inner.segments[sid].small = grant.small;
                 inner.c.backend_allocs += 1;
                 inner.c.on_segment(seg_size as u64, grant.small, true);
-                inner.emit(&self.label, PoolEvent::SegmentAlloc { bytes: seg_size });
+                inner.emit(&self.label, || PoolEvent::SegmentAlloc {
+                    bytes: seg_size,
+                    segment: sid,
+                    stream,
+                });
                 (grant, false)
             }
         };
@@ -363,16 +381,16 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         inner
             .c
             .on_alloc(grant.size as u64, bytes as u64, grant.small);
-        inner.emit(
-            &self.label,
-            PoolEvent::Alloc {
-                requested: bytes,
-                size: grant.size,
-                cache_hit: hit,
-                block: grant.block,
-                stream,
-            },
-        );
+        inner.emit(&self.label, || PoolEvent::Alloc {
+            requested: bytes,
+            size: grant.size,
+            cache_hit: hit,
+            block: grant.block,
+            stream,
+            segment: grant.seg,
+            offset: grant.offset,
+            owner: owner.cloned(),
+        });
         Ok(Lease {
             pool: self.clone(),
             segment,
@@ -387,12 +405,14 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         })
     }
 
-    fn oom(&self, bytes: usize, why: String) -> Error {
-        Error::OutOfMemory {
-            device: self.label.clone(),
-            requested: bytes,
-            detail: format!(" ({why})"),
-        }
+    /// The refusal of `bytes` for `why`, with the pool's usage `c` (its lock is held).
+    fn oom(&self, c: &Counters, bytes: usize, why: String) -> OomReport {
+        OomReport::new(self.label.clone(), bytes, why)
+            .with_cap(self.budget.cap())
+            .with_usage(
+                Some(c.allocated.all().current),
+                Some(c.reserved.all().current),
+            )
     }
 
     /// Gives back block `block` of `size` bytes (`requested` asked for; `small` as handed out)
@@ -408,7 +428,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             let mut inner = self.inner.lock();
             inner.c.frees += 1;
             inner.c.on_free(size as u64, requested as u64, small);
-            inner.emit(&self.label, PoolEvent::Free { size, block });
+            inner.emit(&self.label, || PoolEvent::Free { size, block });
             let segs = inner.core.free(block, pending, view);
             if segs.is_empty() {
                 return;
@@ -428,7 +448,10 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             if let Some(s) = inner.segments.remove(sid) {
                 inner.c.backend_frees += 1;
                 inner.c.on_segment(size as u64, s.small, false);
-                inner.emit(&self.label, PoolEvent::SegmentFree { bytes: size });
+                inner.emit(&self.label, || PoolEvent::SegmentFree {
+                    bytes: size,
+                    segment: sid,
+                });
                 out.push((s.seg, s.size));
             }
         }
@@ -487,6 +510,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             large: c.size_stats(false, inactive.large()),
             small_size: self.config.small_size as u64,
             segments: c.segments[0] + c.segments[1],
+            block_count: c.block_count.all(),
+            segment_count: c.segment_count.all(),
             allocations: c.allocations,
             frees: c.frees,
             cache_hits: c.cache_hits,
@@ -498,6 +523,10 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             ooms: c.ooms,
             evictions: c.evictions,
             evicted_bytes: c.evicted_bytes,
+            spills: c.spills,
+            spilled_bytes: c.spilled_bytes,
+            refills: c.refills,
+            refilled_bytes: c.refilled_bytes,
             cap: self.budget.cap(),
             direct_bytes: 0,
         }
@@ -551,20 +580,31 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     pub(crate) fn note_oom(&self, requested: usize) {
         let mut inner = self.inner.lock();
         inner.c.ooms += 1;
-        inner.emit(&self.label, PoolEvent::OutOfMemory { requested });
+        inner.emit(&self.label, || PoolEvent::OutOfMemory { requested });
+    }
+
+    /// Counts a dirty mirror spilled to the host (its write-back is traced as a transfer).
+    pub(crate) fn note_spill(&self, bytes: usize) {
+        let mut inner = self.inner.lock();
+        inner.c.spills += 1;
+        inner.c.spilled_bytes = inner.c.spilled_bytes.saturating_add(bytes as u64);
+    }
+
+    /// Counts a spilled mirror brought back to the device.
+    pub(crate) fn note_refill(&self, bytes: usize) {
+        let mut inner = self.inner.lock();
+        inner.c.refills += 1;
+        inner.c.refilled_bytes = inner.c.refilled_bytes.saturating_add(bytes as u64);
     }
 
     pub(crate) fn note_eviction(&self, label: &str, bytes: usize) {
         let mut inner = self.inner.lock();
         inner.c.evictions += 1;
         inner.c.evicted_bytes += bytes as u64;
-        inner.emit(
-            &self.label,
-            PoolEvent::Evict {
-                label: label.to_string(),
-                bytes,
-            },
-        );
+        inner.emit(&self.label, || PoolEvent::Evict {
+            label: label.to_string(),
+            bytes,
+        });
     }
 }
 

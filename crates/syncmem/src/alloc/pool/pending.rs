@@ -1,13 +1,17 @@
 //! Work still in flight on a freed block: a fence per stream that used it, and when the block
 //! may be handed out again.
 
+use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use super::StreamId;
 
 /// Something that completes: work in flight on a block.
-pub trait Fence: Send + Sync {
+///
+/// A fence is `Any` so that the layer that made it can recognise its own fences on a block it
+/// gets back (a device orders the new owner's first commands after the old owner's work).
+pub trait Fence: Any + Send + Sync {
     /// True once the work has completed. Never blocks for the work (it may queue a marker). An
     /// error of the work counts as completed (it no longer runs).
     fn is_complete(&self) -> bool;

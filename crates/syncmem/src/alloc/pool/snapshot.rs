@@ -23,6 +23,7 @@ use crate::alloc::stats::human_bytes;
 /// What a block is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum BlockState {
     /// Handed out.
     Allocated,
@@ -45,6 +46,7 @@ pub enum SizeClass {
 
 /// One block of a segment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct BlockSnapshot {
     /// Start in its segment.
     pub offset: u64,
@@ -62,6 +64,7 @@ pub struct BlockSnapshot {
 
 /// One segment (a backend allocation) and its blocks, in address order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SegmentSnapshot {
     /// The segment's id in its pool.
     pub id: u64,
@@ -86,6 +89,7 @@ impl SegmentSnapshot {
 
 /// One pool: its statistics and its segments, read at one instant.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PoolSnapshot {
     /// The pool's label (`host`, `opencl:0`, `opencl:0 pinned`, ...).
     pub label: String,
@@ -115,12 +119,18 @@ impl PoolSnapshot {
 /// Every pool of the process (see [`crate::memory_snapshot`]): the host pool, then each opened
 /// device's device pool and pinned host pool (pools not used yet are left out).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct MemorySnapshot {
     /// The pools.
     pub pools: Vec<PoolSnapshot>,
 }
 
 impl MemorySnapshot {
+    /// A snapshot of these pools.
+    pub fn new(pools: Vec<PoolSnapshot>) -> Self {
+        Self { pools }
+    }
+
     /// The pool labelled `label`.
     pub fn pool(&self, label: &str) -> Option<&PoolSnapshot> {
         self.pools.iter().find(|p| p.label == label)

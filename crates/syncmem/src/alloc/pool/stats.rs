@@ -61,6 +61,14 @@ pub struct SizeStats {
     pub inactive_split: Gauge,
     /// Segments held now.
     pub segments: u64,
+    /// Blocks handed out, counted (PyTorch's `allocation` counts): current, peak, and the
+    /// cumulative handed out (`allocated`) and given back (`freed`).
+    #[serde(default)]
+    pub block_count: Gauge,
+    /// Segments held, counted (PyTorch's `segment` counts): current, peak, and the cumulative
+    /// made (`allocated`) and given back (`freed`).
+    #[serde(default)]
+    pub segment_count: Gauge,
 }
 
 /// A byte gauge kept for small and large blocks apart, with the peak of their sum: the figures
@@ -124,6 +132,10 @@ pub(crate) struct Counters {
     pub(crate) reserved: SplitGauge,
     /// Segments held: `[small, large]`.
     pub(crate) segments: [u64; 2],
+    /// Blocks handed out, counted.
+    pub(crate) block_count: SplitGauge,
+    /// Segments held, counted.
+    pub(crate) segment_count: SplitGauge,
     pub(crate) allocations: u64,
     pub(crate) frees: u64,
     pub(crate) cache_hits: u64,
@@ -133,6 +145,10 @@ pub(crate) struct Counters {
     pub(crate) ooms: u64,
     pub(crate) evictions: u64,
     pub(crate) evicted_bytes: u64,
+    pub(crate) spills: u64,
+    pub(crate) spilled_bytes: u64,
+    pub(crate) refills: u64,
+    pub(crate) refilled_bytes: u64,
 }
 
 impl Counters {
@@ -140,6 +156,8 @@ impl Counters {
         self.allocated.reset_peak();
         self.requested.reset_peak();
         self.reserved.reset_peak();
+        self.block_count.reset_peak();
+        self.segment_count.reset_peak();
     }
 
     /// Counts a block of `size` bytes (`requested` asked for) of size class `small` handed out.
@@ -147,6 +165,7 @@ impl Counters {
     pub(crate) fn on_alloc(&mut self, size: u64, requested: u64, small: bool) {
         self.allocated.add(small, size);
         self.requested.add(small, requested);
+        self.block_count.add(small, 1);
     }
 
     /// Counts a block given back (as in [`Counters::on_alloc`]).
@@ -154,6 +173,7 @@ impl Counters {
     pub(crate) fn on_free(&mut self, size: u64, requested: u64, small: bool) {
         self.allocated.sub(small, size);
         self.requested.sub(small, requested);
+        self.block_count.sub(small, 1);
     }
 
     /// Counts a segment of `size` bytes made (`add`) or given back.
@@ -161,9 +181,11 @@ impl Counters {
         let i = usize::from(!small);
         if add {
             self.reserved.add(small, size);
+            self.segment_count.add(small, 1);
             self.segments[i] += 1;
         } else {
             self.reserved.sub(small, size);
+            self.segment_count.sub(small, 1);
             self.segments[i] -= 1;
         }
     }
@@ -177,6 +199,8 @@ impl Counters {
             reserved: pick(&self.reserved),
             inactive_split,
             segments: self.segments[usize::from(!small)],
+            block_count: pick(&self.block_count),
+            segment_count: pick(&self.segment_count),
         }
     }
 }
@@ -191,6 +215,7 @@ impl Counters {
 /// [`PoolStats::small_size`] bytes, and larger), as PyTorch's small and large pools;
 /// [`PoolStats::summary`] prints them as `torch.cuda.memory_summary()` does.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PoolStats {
     /// Memory space: `host`, `opencl:0`, `opencl:0 pinned`, ...
     pub label: String,
@@ -215,6 +240,14 @@ pub struct PoolStats {
     pub small_size: u64,
     /// Segments held now.
     pub segments: u64,
+    /// Blocks handed out, counted: current, peak (of both size classes together), and the
+    /// cumulative handed out and given back (PyTorch's `allocation` counts).
+    #[serde(default)]
+    pub block_count: Gauge,
+    /// Segments held, counted: current, peak, and the cumulative made and given back
+    /// (PyTorch's `segment` counts).
+    #[serde(default)]
+    pub segment_count: Gauge,
     /// Blocks handed out.
     pub allocations: u64,
     /// Blocks given back.
@@ -238,6 +271,14 @@ pub struct PoolStats {
     pub evictions: u64,
     /// Bytes of the mirrors dropped.
     pub evicted_bytes: u64,
+    /// Dirty device mirrors written back to the host and freed to make room (spills).
+    pub spills: u64,
+    /// Bytes of the mirrors spilled.
+    pub spilled_bytes: u64,
+    /// Spilled mirrors brought back to the device by their next device access (refills).
+    pub refills: u64,
+    /// Bytes brought back.
+    pub refilled_bytes: u64,
     /// Most bytes the pool plus direct allocations may reserve, if capped.
     pub cap: Option<u64>,
     /// Bytes of direct (unpooled) allocations counted against the same cap (devices only).
@@ -324,6 +365,16 @@ impl fmt::Display for PoolStats {
             self.evictions,
             human_bytes(self.evicted_bytes)
         )?;
+        if self.spills + self.refills > 0 {
+            write!(
+                f,
+                "; {} spills ({}), {} refills ({})",
+                self.spills,
+                human_bytes(self.spilled_bytes),
+                self.refills,
+                human_bytes(self.refilled_bytes)
+            )?;
+        }
         if self.direct_bytes > 0 {
             write!(f, "; direct {}", human_bytes(self.direct_bytes))?;
         }
@@ -363,6 +414,8 @@ mod tests {
             large: SizeStats::default(),
             small_size: 1 << 20,
             segments: 0,
+            block_count: Gauge::default(),
+            segment_count: Gauge::default(),
             allocations: 0,
             frees: 0,
             cache_hits: 0,
@@ -374,6 +427,10 @@ mod tests {
             ooms: 0,
             evictions: 0,
             evicted_bytes: 0,
+            spills: 0,
+            spilled_bytes: 0,
+            refills: 0,
+            refilled_bytes: 0,
             cap: None,
             direct_bytes: 0,
         };

@@ -35,6 +35,7 @@ pub struct CountSplit {
 /// cumulative (allocated and freed), for all blocks and for small and large blocks apart, then
 /// the counts. `Display` prints it as a table with a legend; it serializes to the same figures.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct MemorySummary {
     /// The pool's label.
     pub label: String,

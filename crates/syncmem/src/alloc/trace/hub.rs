@@ -21,9 +21,12 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use super::Trace;
-use crate::alloc::pool::PoolEvent;
+use crate::alloc::pool::{PoolEvent, StreamId};
 use crate::alloc::stats::Direction;
-use crate::error::{Error, Result};
+use crate::error::Result;
+
+#[cfg(doc)]
+use crate::error::Error;
 
 /// The trace source of the global host pool ([`crate::alloc::pool::HostPool::global`]).
 pub(crate) const HOST_SOURCE: u64 = 0;
@@ -73,10 +76,19 @@ pub(crate) fn active() -> bool {
     ACTIVE.load(Relaxed)
 }
 
-/// Reports a copy made by a stream of the device labelled `label`, of trace source `source`.
-pub(crate) fn copy(source: u64, label: &str, direction: Direction, bytes: usize) {
+/// Reports a copy made by stream `stream` of the device labelled `label`, of trace source
+/// `source`.
+pub(crate) fn copy(source: u64, label: &str, stream: StreamId, direction: Direction, bytes: usize) {
     for a in ATTACHED.read().iter().filter(|a| a.scope.covers(source)) {
-        a.trace.record_copy(label, direction, bytes);
+        a.trace.record_copy(label, stream, direction, bytes);
+    }
+}
+
+/// Marks step `step` on every trace attached to trace source `source` (see
+/// [`Trace::set_step`]).
+pub(crate) fn mark_step(source: u64, step: Option<u64>) {
+    for a in ATTACHED.read().iter().filter(|a| a.scope.covers(source)) {
+        a.trace.set_step(step);
     }
 }
 
@@ -170,10 +182,10 @@ pub struct EnvTrace {
 
 impl EnvTrace {
     /// Starts recording the whole process when [`TRACE_ENV`] names a file (`None` when it is
-    /// unset or empty). The file is created at once, so a bad path fails early.
+    /// unset or empty). The file is written (empty) at once, so a bad path fails early.
     ///
     /// # Errors
-    /// [`Error::Io`] when the file cannot be created.
+    /// [`Error::Io`] when the file cannot be written.
     pub fn from_env() -> Result<Option<EnvTrace>> {
         match std::env::var_os(TRACE_ENV) {
             Some(p) if !p.is_empty() => Self::start(Path::new(&p)).map(Some),
@@ -181,16 +193,14 @@ impl EnvTrace {
         }
     }
 
-    /// Starts recording the whole process into `path` (created at once).
+    /// Starts recording the whole process into `path`, written (empty) at once; both writes go
+    /// through [`crate::file::write_atomic`] (a symbolic link is followed; a directory, a
+    /// device node, a FIFO or a socket is refused).
     ///
     /// # Errors
-    /// [`Error::Io`] when the file cannot be created.
+    /// [`Error::Io`] when the file cannot be written.
     pub fn start(path: &Path) -> Result<EnvTrace> {
-        std::fs::File::create(path).map_err(|error| Error::Io {
-            op: "create",
-            path: path.to_path_buf(),
-            error,
-        })?;
+        crate::file::write_atomic(path, |_| Ok(()))?;
         let trace = Arc::new(Trace::new());
         Ok(EnvTrace {
             path: path.to_path_buf(),

@@ -5,13 +5,14 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{add_copy, invalid, Trace, TraceEvent};
+use super::{add_copy, check_event_size, invalid, Trace, TraceEvent};
 use crate::alloc::pool::{Budget, Lease, Pool, PoolConfig, StreamId};
 use crate::alloc::stats::CopyStats;
 use crate::error::Result;
 
 /// Options of [`replay_with`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ReplayOptions {
     /// A memory cap in bytes for the pool of each device (any label but `host` and those
     /// ending in ` pinned`): an allocation the capped pool cannot serve, even after releasing
@@ -21,12 +22,34 @@ pub struct ReplayOptions {
     pub host_cap: Option<u64>,
 }
 
+impl ReplayOptions {
+    /// No caps (the default).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The same options with a cap for each device pool.
+    #[must_use]
+    pub fn with_cap(mut self, cap: Option<u64>) -> Self {
+        self.cap = cap;
+        self
+    }
+
+    /// The same options with a cap for each host pool.
+    #[must_use]
+    pub fn with_host_cap(mut self, cap: Option<u64>) -> Self {
+        self.host_cap = cap;
+        self
+    }
+}
+
 /// What a replay measured, for one device or in total.
 ///
 /// Two ratios say how well a pool kind fits the program: [`ReplayReport::reserved_per_requested`]
 /// (the headline: memory held for memory asked for) and [`ReplayReport::overhead`] (memory
 /// held for blocks handed out, which hides what rounding to block sizes costs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ReplayReport {
     /// Highest bytes of segments held from the backend (in total: of all pools at once).
     pub peak_reserved: u64,
@@ -85,29 +108,32 @@ impl ReplayReport {
         }
     }
 
+    /// Adds the counts of `o` (saturating: statistics never wrap).
     fn add_counts(&mut self, o: &ReplayReport) {
-        self.backend_calls += o.backend_calls;
-        self.cache_hits += o.cache_hits;
-        self.allocations += o.allocations;
-        self.retries += o.retries;
-        self.ooms += o.ooms;
-        self.oom_bytes += o.oom_bytes;
+        let add = |a: &mut u64, b: u64| *a = a.saturating_add(b);
+        add(&mut self.backend_calls, o.backend_calls);
+        add(&mut self.cache_hits, o.cache_hits);
+        add(&mut self.allocations, o.allocations);
+        add(&mut self.retries, o.retries);
+        add(&mut self.ooms, o.ooms);
+        add(&mut self.oom_bytes, o.oom_bytes);
         for (a, b) in [
             (&mut self.copies.host_to_device, o.copies.host_to_device),
             (&mut self.copies.device_to_host, o.copies.device_to_host),
             (&mut self.copies.device_to_device, o.copies.device_to_device),
         ] {
-            a.count += b.count;
-            a.bytes += b.bytes;
+            add(&mut a.count, b.count);
+            add(&mut a.bytes, b.bytes);
         }
-        self.evictions += o.evictions;
-        self.evicted_bytes += o.evicted_bytes;
-        self.recorded_ooms += o.recorded_ooms;
+        add(&mut self.evictions, o.evictions);
+        add(&mut self.evicted_bytes, o.evicted_bytes);
+        add(&mut self.recorded_ooms, o.recorded_ooms);
     }
 }
 
 /// The replay of one recorded device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct DeviceReplay {
     /// The device (pool label) as recorded: `opencl:0`, `opencl:0 pinned`, `host`.
     pub device: String,
@@ -117,6 +143,7 @@ pub struct DeviceReplay {
 
 /// The result of [`replay_with`]: one report per recorded device and the total.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ReplaySummary {
     /// One entry per device, in order of first appearance in the trace.
     pub devices: Vec<DeviceReplay>,
@@ -170,8 +197,10 @@ pub fn replay(trace: &Trace, config: &PoolConfig) -> Result<ReplayReport> {
 ///
 /// # Errors
 /// [`crate::Error::InvalidConfig`] for an invalid configuration or a trace that frees an
-/// unknown id or allocates an id twice; [`crate::Error::SizeOverflow`] for a size that cannot
-/// be rounded.
+/// unknown id, allocates an id twice, carries an event above [`super::MAX_EVENT_BYTES`] or
+/// allocates more than [`MAX_REPLAY_BYTES`] in all (no real program's trace does; the pools'
+/// statistics could not count it); [`crate::Error::SizeOverflow`] for a size that cannot be
+/// rounded.
 pub fn replay_with(
     trace: &Trace,
     config: &PoolConfig,
@@ -181,11 +210,35 @@ pub fn replay_with(
     trace.with_events(|events| run(events, config, options))
 }
 
+/// Most bytes a replayed trace may allocate in all (4 EiB): the pools' cumulative statistics
+/// stay far from overflowing.
+pub const MAX_REPLAY_BYTES: u64 = 1 << 62;
+
+/// Rejects a trace whose sizes no real program has (see [`replay_with`]).
+fn check_sizes(events: &[TraceEvent]) -> Result<()> {
+    let mut allocated: u128 = 0;
+    for (k, e) in events.iter().enumerate() {
+        check_event_size(e)
+            .map_err(|reason| invalid(format!("trace event {}: {reason}", k + 1)))?;
+        if let TraceEvent::Alloc { size, .. } = e {
+            allocated += *size as u128;
+        }
+    }
+    if allocated > u128::from(MAX_REPLAY_BYTES) {
+        return Err(invalid(format!(
+            "the trace allocates {allocated} bytes in all, more than the {MAX_REPLAY_BYTES} \
+             bytes a replay counts"
+        )));
+    }
+    Ok(())
+}
+
 fn run(
     events: &[TraceEvent],
     config: &PoolConfig,
     options: &ReplayOptions,
 ) -> Result<ReplaySummary> {
+    check_sizes(events)?;
     let source = |b: usize| -> Result<SizeOnly> { Ok(SizeOnly(b)) };
     let mut devs: Vec<DevState> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
@@ -234,6 +287,7 @@ fn run(
                 size,
                 stream,
                 device,
+                ..
             } => {
                 if live.contains_key(id) || refused.contains(id) {
                     return Err(invalid(format!("trace allocates block {id} twice")));
@@ -244,15 +298,15 @@ fn run(
                     Some((lease, retried)) => {
                         d.report.allocations += 1;
                         d.report.retries += u64::from(retried);
-                        d.requested += *size as u64;
+                        d.requested = d.requested.saturating_add(*size as u64);
                         d.report.peak_requested = d.report.peak_requested.max(d.requested);
-                        total_requested += *size as u64;
+                        total_requested = total_requested.saturating_add(*size as u64);
                         total.peak_requested = total.peak_requested.max(total_requested);
                         live.insert(*id, (k, lease));
                     }
                     None => {
                         d.report.ooms += 1;
-                        d.report.oom_bytes += *size as u64;
+                        d.report.oom_bytes = d.report.oom_bytes.saturating_add(*size as u64);
                         refused.insert(*id);
                     }
                 }
@@ -262,25 +316,29 @@ fn run(
                 if let Some((k, lease)) = live.remove(id) {
                     let size = lease.len() as u64;
                     drop(lease);
-                    devs[k].requested -= size;
-                    total_requested -= size;
+                    devs[k].requested = devs[k].requested.saturating_sub(size);
+                    total_requested = total_requested.saturating_sub(size);
                     update(&mut devs[k], &mut total, &mut total_now);
                 } else if !refused.remove(id) {
                     return Err(invalid(format!("trace frees unknown block {id}")));
                 }
             }
+            // The replay's pools make their own segments.
+            TraceEvent::SegmentAlloc { .. } | TraceEvent::SegmentFree { .. } => {}
             TraceEvent::Copy {
                 direction,
                 bytes,
                 device,
+                ..
             } => {
                 let k = dev_of(device, &mut devs)?;
                 add_copy(&mut devs[k].report.copies, *direction, *bytes);
             }
             TraceEvent::Evict { bytes, device, .. } => {
                 let k = dev_of(device, &mut devs)?;
-                devs[k].report.evictions += 1;
-                devs[k].report.evicted_bytes += *bytes as u64;
+                let r = &mut devs[k].report;
+                r.evictions += 1;
+                r.evicted_bytes = r.evicted_bytes.saturating_add(*bytes as u64);
             }
             TraceEvent::Oom { device, .. } => {
                 let k = dev_of(device, &mut devs)?;

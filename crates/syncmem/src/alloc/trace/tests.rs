@@ -19,18 +19,43 @@ fn record_save_load_round_trip() {
     drop(c);
     pool.pool().set_observer(None);
     let ev = trace.events();
-    assert_eq!(ev.len(), 6, "{ev:?}");
+    // The segment the first allocation made, then the six block events.
+    assert_eq!(ev.len(), 7, "{ev:?}");
+    assert!(matches!(
+        &ev[0],
+        TraceEvent::SegmentAlloc { segment: 0, size: 16384, stream: 0, device } if device == "traced"
+    ));
+    let place = |segment, offset, size| {
+        Some(Place {
+            segment,
+            offset,
+            size,
+        })
+    };
     assert!(
-        matches!(&ev[0], TraceEvent::Alloc { id: 0, size: 1000, device, .. } if device == "traced")
+        matches!(&ev[1], TraceEvent::Alloc { id: 0, size: 1000, device, place: p, .. }
+            if device == "traced" && *p == place(0, 0, 1024))
     );
-    assert!(matches!(&ev[2], TraceEvent::Free { id: 0, .. }));
-    assert!(matches!(&ev[5], TraceEvent::Free { id: 2, .. }));
+    assert!(
+        matches!(&ev[2], TraceEvent::Alloc { id: 1, size: 5000, place: p, .. }
+            if *p == place(0, 1024, 5120))
+    );
+    assert!(matches!(&ev[3], TraceEvent::Free { id: 0, .. }));
+    // The freed block is reused in place.
+    assert!(matches!(&ev[4], TraceEvent::Alloc { id: 2, place: p, .. } if *p == place(0, 0, 1024)));
+    assert!(matches!(&ev[6], TraceEvent::Free { id: 2, .. }));
+    // Times are monotonic; no step was marked.
+    let stamps = trace.stamps();
+    assert_eq!(stamps.len(), 7);
+    assert!(stamps.windows(2).all(|w| w[0].t_us <= w[1].t_us));
+    assert!(stamps.iter().all(|s| s.step.is_none()));
 
     let mut bytes = Vec::new();
     trace.save(&mut bytes).unwrap();
-    assert_eq!(String::from_utf8_lossy(&bytes).lines().count(), 6);
+    assert_eq!(String::from_utf8_lossy(&bytes).lines().count(), 7);
     let back = Trace::load(&bytes[..]).unwrap();
     assert_eq!(back.events(), ev);
+    assert_eq!(back.stamps(), stamps);
     let r = replay(&back, &PoolConfig::default()).unwrap();
     assert!(r.cache_hits >= 1, "{r:?}");
 }
@@ -75,6 +100,8 @@ fn alloc(id: u64, size: usize, device: &str) -> TraceEvent {
         size,
         stream: 1,
         device: device.into(),
+        owner: None,
+        place: None,
     }
 }
 
@@ -109,6 +136,7 @@ fn copy_and_evict_lines_round_trip() {
             direction: Direction::HostToDevice,
             bytes: 64,
             device: "cpu".into(),
+            stream: None,
         },
         TraceEvent::Evict {
             label: "w".into(),
@@ -124,11 +152,11 @@ fn copy_and_evict_lines_round_trip() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(
         lines[1],
-        r#"{"op":"copy","direction":"host_to_device","bytes":64,"device":"cpu"}"#
+        r#"{"op":"copy","direction":"host_to_device","bytes":64,"device":"cpu","t_us":0}"#
     );
     assert_eq!(
         lines[2],
-        r#"{"op":"evict","label":"w","bytes":64,"device":"cpu"}"#
+        r#"{"op":"evict","label":"w","bytes":64,"device":"cpu","t_us":0}"#
     );
     assert_eq!(Trace::load(text.as_bytes()).unwrap().events(), events);
     let s = t.summary();
@@ -149,6 +177,7 @@ fn replay_keeps_devices_apart() {
             direction: Direction::DeviceToHost,
             bytes: 10,
             device: "a".into(),
+            stream: None,
         },
         free(0, "a"),
         alloc(1, 3 * MIB, "b"),
@@ -366,15 +395,17 @@ fn out_of_memory_is_recorded_saved_and_counted() {
         size: MIB,
         device: "capped".into(),
     };
-    assert_eq!(trace.events()[1], oom, "{:?}", trace.events());
+    // After the segment and the block.
+    assert_eq!(trace.events()[2], oom, "{:?}", trace.events());
     assert_eq!(oom.kind(), "oom");
     assert_eq!(trace.summary().ooms, 1);
     let mut bytes = Vec::new();
     trace.save(&mut bytes).unwrap();
     let text = String::from_utf8(bytes).unwrap();
-    assert_eq!(
-        text.lines().nth(1),
-        Some(r#"{"op":"oom","size":1048576,"device":"capped"}"#)
+    let line = text.lines().nth(2).unwrap();
+    assert!(
+        line.starts_with(r#"{"op":"oom","size":1048576,"device":"capped","t_us":"#),
+        "{line}"
     );
     let back = Trace::load(text.as_bytes()).unwrap();
     assert_eq!(back.events(), trace.events());

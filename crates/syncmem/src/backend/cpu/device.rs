@@ -23,6 +23,7 @@ impl CpuDevice {
                 total_memory: total_memory(),
                 max_alloc: isize::MAX as u64,
                 host_unified: true,
+                host_coherent: true,
             },
         }
     }

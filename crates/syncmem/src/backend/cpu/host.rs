@@ -12,12 +12,15 @@
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, OomReport, Result};
 
 /// Alignment of every host block: one cache line, enough for any SIMD type in use.
 pub const HOST_ALIGN: usize = 64;
+/// Alignment of the host blocks an OpenCL driver may use in place (`CL_MEM_USE_HOST_PTR`): a
+/// page, as the drivers that share host memory with the device ask.
+#[cfg_attr(not(feature = "opencl"), allow(dead_code))]
+pub const PAGE_ALIGN: usize = 4096;
 const BASE_ALIGN: usize = 16;
-const SLACK: usize = HOST_ALIGN - BASE_ALIGN;
 
 /// An owned, zero-initialised, 64-byte-aligned host allocation.
 pub(crate) struct AlignedBlock {
@@ -40,6 +43,16 @@ impl AlignedBlock {
     /// [`Error::OutOfMemory`] when the system allocator fails, [`Error::SizeOverflow`] when
     /// `len` is too large to describe.
     pub(crate) fn zeroed(len: usize) -> Result<Self> {
+        Self::zeroed_aligned(len, HOST_ALIGN)
+    }
+
+    /// Allocates `len` zeroed bytes aligned to `align` (a power of two, at least 16), the same
+    /// way: `align - 16` bytes of slack, no page touched.
+    ///
+    /// # Errors
+    /// As [`AlignedBlock::zeroed`].
+    pub(crate) fn zeroed_aligned(len: usize, align: usize) -> Result<Self> {
+        debug_assert!(align.is_power_of_two() && align >= BASE_ALIGN);
         if len == 0 {
             return Ok(Self {
                 ptr: aligned_dangling(),
@@ -47,8 +60,9 @@ impl AlignedBlock {
                 base: None,
             });
         }
-        let total = len.checked_add(SLACK).ok_or_else(|| Error::SizeOverflow {
-            what: format!("host allocation of {len} bytes plus {SLACK} bytes of alignment slack"),
+        let slack = align - BASE_ALIGN;
+        let total = len.checked_add(slack).ok_or_else(|| Error::SizeOverflow {
+            what: format!("host allocation of {len} bytes plus {slack} bytes of alignment slack"),
         })?;
         let layout =
             Layout::from_size_align(total, BASE_ALIGN).map_err(|_| Error::SizeOverflow {
@@ -56,14 +70,12 @@ impl AlignedBlock {
             })?;
         // SAFETY: layout has a non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let base = NonNull::new(raw).ok_or_else(|| Error::OutOfMemory {
-            device: "host".into(),
-            requested: len,
-            detail: String::new(),
+        let base = NonNull::new(raw).ok_or_else(|| {
+            Error::from(OomReport::new("host", len, "the system allocator refused"))
         })?;
-        let offset = raw.align_offset(HOST_ALIGN);
-        debug_assert!(offset <= SLACK);
-        // SAFETY: offset <= SLACK, so `raw + offset .. + len` stays inside the `total` bytes.
+        let offset = raw.align_offset(align);
+        debug_assert!(offset <= slack);
+        // SAFETY: offset <= slack, so `raw + offset .. + len` stays inside the `total` bytes.
         let ptr = unsafe { NonNull::new_unchecked(raw.add(offset)) };
         Ok(Self {
             ptr,
@@ -82,7 +94,7 @@ impl AlignedBlock {
         self.len == 0
     }
 
-    /// Start of the block (aligned to [`HOST_ALIGN`]).
+    /// Start of the block (aligned to [`HOST_ALIGN`], or to the alignment asked for).
     pub(crate) fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
@@ -133,6 +145,15 @@ mod tests {
             let b = AlignedBlock::zeroed(len).unwrap();
             assert_eq!(b.as_ptr() as usize % HOST_ALIGN, 0, "len {len}");
             assert_eq!(b.len(), len);
+            assert!(b.as_slice().iter().all(|&x| x == 0), "len {len}");
+        }
+    }
+
+    #[test]
+    fn page_aligned_and_zeroed() {
+        for len in [1usize, 64, 4096, 4097, 1 << 20] {
+            let b = AlignedBlock::zeroed_aligned(len, PAGE_ALIGN).unwrap();
+            assert_eq!(b.as_ptr() as usize % PAGE_ALIGN, 0, "len {len}");
             assert!(b.as_slice().iter().all(|&x| x == 0), "len {len}");
         }
     }

@@ -7,5 +7,6 @@ mod device;
 pub(crate) mod host;
 pub(crate) mod kernels;
 pub mod math;
+pub(crate) mod user;
 
 pub(crate) use device::{total_memory, CpuDevice, CpuEvent, CpuMem, CpuPinned, CpuStream};

@@ -46,6 +46,64 @@ impl CuDevice {
     }
 }
 
+impl CuDevice {
+    /// Device memory the host can use directly, for integrated devices: mapped pinned host
+    /// memory (`cuMemHostAlloc` with `DEVICEMAP | PORTABLE`), used by kernels through its device
+    /// mapping (`cuMemHostGetDevicePointer`). Not zero-filled.
+    pub(crate) fn alloc_unified(&self, bytes: usize) -> Result<CuMem> {
+        let sh = &self.shared;
+        if sh.ctx.is_event_tracking() {
+            // As in `alloc`: `upgrade_device_ptr` would create events with `unwrap`.
+            return Err(Error::Unsupported {
+                device: sh.label.clone(),
+                what: "allocating while cudarc event tracking is enabled on the context"
+                    .to_string(),
+            });
+        }
+        sh.bind()?;
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: the context is current; the memory is left uninitialised.
+        let raw = unsafe { result::malloc_host(bytes, flags) }
+            .map_err(|e| sh.alloc_err("cuMemHostAlloc", "mapped host memory", true, bytes, e))?;
+        let Some(host) = NonNull::new(raw.cast::<u8>()) else {
+            return Err(Error::Backend {
+                backend: BackendKind::Cuda,
+                device: sh.label.clone(),
+                op: "cuMemHostAlloc",
+                code: 0,
+                message: "the driver returned a null pointer".to_string(),
+            });
+        };
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: `raw` is a live DEVICEMAP allocation; `ptr` receives its device address.
+        let status = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut ptr, raw, 0) };
+        if status != sys::CUresult::CUDA_SUCCESS {
+            // SAFETY: `raw` came from cuMemHostAlloc above and nothing else knows it.
+            let _ = unsafe { result::free_host(raw) };
+            return Err(sh.alloc_err(
+                "cuMemHostGetDevicePointer",
+                "mapped host memory",
+                false,
+                bytes,
+                cudarc::driver::DriverError(status),
+            ));
+        }
+        // SAFETY: `ptr` is the device mapping of `bytes` live bytes. Event tracking is disabled
+        // (checked above). The slice is never dropped as such: `CuMem::drop` takes it back with
+        // `leak` and frees the host allocation with cuMemFreeHost.
+        let slice = unsafe { sh.home.upgrade_device_ptr::<u8>(ptr, bytes) };
+        Ok(CuMem {
+            slice: ManuallyDrop::new(slice),
+            ptr,
+            len: bytes,
+            shared: sh.clone(),
+            foreign: Mutex::new(Vec::new()),
+            parent: None,
+            host: Some(host),
+        })
+    }
+}
+
 impl BackendDevice for CuDevice {
     type Mem = CuMem;
     type Pinned = CuPinned;
@@ -85,6 +143,7 @@ impl BackendDevice for CuDevice {
             shared: sh.clone(),
             foreign: Mutex::new(Vec::new()),
             parent: None,
+            host: None,
         })
     }
 
@@ -117,6 +176,10 @@ impl BackendDevice for CuDevice {
             shared: sh.clone(),
             foreign: Mutex::new(Vec::new()),
             parent: Some(keep),
+            // SAFETY: `off < parent.len`: the address stays inside the parent's host mapping.
+            host: parent
+                .host
+                .map(|h| unsafe { NonNull::new_unchecked(h.as_ptr().add(off)) }),
         })
     }
 

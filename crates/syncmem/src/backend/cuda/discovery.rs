@@ -92,6 +92,9 @@ pub(super) fn discover_devices() -> Result<Vec<CuDevice>> {
                 total_memory: total,
                 max_alloc: total,
                 host_unified: integrated,
+                // Mapped pinned memory (`cuMemHostAlloc` with `DEVICEMAP`) needs no map call:
+                // the host uses it directly once the stream's work on it is done.
+                host_coherent: integrated,
             },
         });
     }

@@ -61,7 +61,7 @@ fn col_sum_blocks(cols: usize) -> u32 {
 
 impl CuDevice {
     /// Queues `func` on `s` and returns at once (the command joins the stream's timeline).
-    fn run(
+    pub(super) fn run(
         &self,
         s: &CuStream,
         name: &str,

@@ -28,7 +28,18 @@ pub(crate) struct CuMem {
     pub(super) foreign: Mutex<Vec<Arc<CudaStream>>>,
     /// For a view into a pool segment: the segment (kept alive; this value frees nothing).
     pub(super) parent: Option<KeepAlive>,
+    /// For mapped pinned host memory (`cuMemHostAlloc` with `DEVICEMAP`, see
+    /// `CuDevice::alloc_unified`) and views of it: the host address of the first byte. Such a
+    /// segment is freed with cuMemFreeHost.
+    pub(super) host: Option<NonNull<u8>>,
 }
+
+// SAFETY: the host address is memory of this allocation (mapped pinned memory), freed only by
+// the segment's Drop; it is only handed out as a raw pointer, for the synced layer to use under
+// its own rules. The cudarc handles are thread-safe.
+unsafe impl Send for CuMem {}
+// SAFETY: as for Send.
+unsafe impl Sync for CuMem {}
 
 impl CuMem {
     /// The memory as a cudarc slice, to pass to kernels.
@@ -43,6 +54,12 @@ impl CuMem {
     /// The device address of the first byte, to pass to kernels.
     pub(crate) fn device_ptr(&self) -> u64 {
         self.ptr
+    }
+
+    /// For mapped pinned host memory: the host address of the first byte (the host may use it
+    /// directly once the stream work on it is done).
+    pub(crate) fn host_ptr(&self) -> Option<*mut u8> {
+        self.host.map(NonNull::as_ptr)
     }
 
     /// The device address of byte `off`.
@@ -110,9 +127,20 @@ impl Drop for CuMem {
         // `leak` hands back the pointer without freeing it; with event tracking disabled it
         // has no events to wait on.
         let ptr = slice.leak();
-        // SAFETY: `ptr` came from cuMemAlloc in `CuDevice::alloc`, is freed only here, and no
-        // queued work can still use it (every stream that could was synchronized above).
-        let _ = unsafe { result::free_sync(ptr) };
+        match self.host {
+            Some(host) => {
+                // SAFETY: `host` came from cuMemHostAlloc in `CuDevice::alloc_unified` (the
+                // device address is its mapping), is freed only here, and no queued work can
+                // still use it (every stream that could was synchronized above).
+                let _ = unsafe { result::free_host(host.as_ptr().cast::<c_void>()) };
+            }
+            None => {
+                // SAFETY: `ptr` came from cuMemAlloc in `CuDevice::alloc`, is freed only here,
+                // and no queued work can still use it (every stream that could was synchronized
+                // above).
+                let _ = unsafe { result::free_sync(ptr) };
+            }
+        }
         let _ = ctx.check_err();
     }
 }

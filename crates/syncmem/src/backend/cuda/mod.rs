@@ -48,9 +48,11 @@ mod source;
 mod stream;
 #[cfg(test)]
 mod tests;
+mod user;
 
 pub(crate) use device::CuDevice;
 pub(crate) use discovery::discover;
 pub(crate) use memory::{CuMem, CuPinned};
 pub(crate) use program::KernelCache;
 pub(crate) use stream::{CuEvent, CuStream};
+pub(crate) use user::CuUserKernel;

@@ -100,6 +100,8 @@ impl MathKernels {
 pub(crate) struct KernelCache {
     ops: BuildOnce<OpKernels>,
     math: BuildOnce<MathKernels>,
+    /// The user's kernels (see [`super::user`]).
+    pub(super) user: super::user::UserModules,
 }
 
 impl KernelCache {
@@ -162,7 +164,7 @@ pub(super) fn math_ptx() -> Result<Ptx> {
 
 /// Loads `ptx` into `ctx` and takes what `get` needs from the module, turning a panic inside
 /// cudarc into an error.
-fn load_module<T>(
+pub(super) fn load_module<T>(
     label: &str,
     what: &str,
     ctx: &Arc<CudaContext>,

@@ -8,7 +8,7 @@ use cudarc::driver::result::DriverError;
 use cudarc::driver::sys::CUresult;
 use cudarc::driver::{CudaContext, CudaStream};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, OomReport, Result};
 
 use super::error::*;
 
@@ -94,11 +94,9 @@ impl CuShared {
             Ok((free, total)) if device_memory => format!(", {free} of {total} bytes free"),
             _ => String::new(),
         };
-        Error::OutOfMemory {
-            device: self.label.clone(),
-            requested,
-            detail: format!(" of {what} ({op}{free})"),
-        }
+        OomReport::new(self.label.clone(), requested, format!("{op}{free}"))
+            .with_purpose(what.to_string())
+            .into()
     }
 
     /// How this device's context reaches the memory of device `other`, for error messages.

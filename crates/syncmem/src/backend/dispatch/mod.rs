@@ -5,6 +5,9 @@
 //! The kernels are dispatched the same way in [`kernels`].
 
 mod kernels;
+mod user;
+
+pub(crate) use user::{RawArg, RawUserKernel};
 
 use std::sync::Arc;
 
@@ -15,9 +18,9 @@ use super::cuda::{CuDevice, CuEvent, CuMem, CuPinned, CuStream};
 use super::opencl::{ClDevice, ClEvent, ClMem, ClPinned, ClStream};
 use super::{
     BackendDevice, BackendEvent, BackendMem, BackendPinned, BackendStream, DeviceInfo, KeepAlive,
-    RawStorage,
+    MapAccess, RawStorage,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, OomReport, Result};
 
 /// One device of some backend.
 pub(crate) enum RawDevice {
@@ -104,13 +107,60 @@ impl RawDevice {
         each!(self, RawDevice, d => d.info())
     }
 
+    /// Refuses a request above the device's largest single allocation before any driver sees
+    /// it (a driver may assert instead of failing).
+    fn check_max_alloc(&self, bytes: usize) -> Result<()> {
+        let info = self.info();
+        if bytes as u64 <= info.max_alloc {
+            return Ok(());
+        }
+        Err(OomReport::new(
+            info.label(),
+            bytes,
+            format!(
+                "above the device's largest single allocation, {} bytes",
+                info.max_alloc
+            ),
+        )
+        .with_max_alloc(info.max_alloc)
+        .into())
+    }
+
     /// Allocates `bytes >= 1` of device memory (no zero fill, no accounting).
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] above [`DeviceInfo::max_alloc`] (checked here, before the
+    /// backend is called) or when the backend refuses.
     pub(crate) fn alloc(&self, bytes: usize) -> Result<RawMem> {
+        self.check_max_alloc(bytes)?;
         each!(self, RawDevice, d => d.alloc(bytes), into RawMem)
     }
 
+    /// Allocates `bytes >= 1` of device memory the host can use in place (see
+    /// [`RawMem::host_ptr`]; no accounting): the device's own memory on `cpu`, a buffer over a
+    /// page-aligned host block on OpenCL, mapped pinned memory on CUDA. Only sensible on a
+    /// device whose memory is host memory ([`DeviceInfo::host_unified`]).
+    pub(crate) fn alloc_unified(&self, bytes: usize) -> Result<RawMem> {
+        match self {
+            RawDevice::Cpu(d) => d.alloc(bytes).map(RawMem::Cpu),
+            #[cfg(feature = "opencl")]
+            RawDevice::OpenCl(d) => d.alloc_unified(bytes).map(RawMem::OpenCl),
+            #[cfg(feature = "cuda")]
+            RawDevice::Cuda(d) => d.alloc_unified(bytes).map(RawMem::Cuda),
+        }
+    }
+
     /// Allocates `bytes >= 1` of zero-filled pinned host memory (no accounting).
+    ///
+    /// # Errors
+    /// As [`RawDevice::alloc`]: OpenCL pinned memory is a device buffer
+    /// (`CL_MEM_ALLOC_HOST_PTR`), bound by [`DeviceInfo::max_alloc`]; CUDA's and the host's
+    /// are plain host memory, bound only by what the system gives.
     pub(crate) fn alloc_pinned(&self, bytes: usize) -> Result<RawPinned> {
+        #[cfg(feature = "opencl")]
+        if let RawDevice::OpenCl(_) = self {
+            self.check_max_alloc(bytes)?;
+        }
         each!(self, RawDevice, d => d.alloc_pinned(bytes), into RawPinned)
     }
 
@@ -168,6 +218,23 @@ impl RawStorage for RawDevice {
     }
 }
 
+/// A device's memory that the host can use in place ([`RawDevice::alloc_unified`]), as the
+/// storage of its device pool when buffers share one allocation between host and device.
+pub(crate) struct UnifiedStorage<'a>(pub(crate) &'a RawDevice);
+
+impl RawStorage for UnifiedStorage<'_> {
+    type Segment = RawMem;
+    type View = RawMem;
+
+    fn alloc(&self, bytes: usize) -> Result<RawMem> {
+        self.0.alloc_unified(bytes)
+    }
+
+    fn view(&self, segment: &Arc<RawMem>, offset: usize, len: usize) -> Result<RawMem> {
+        self.0.sub_mem(segment, offset, len)
+    }
+}
+
 /// A device's pinned host memory, as the storage of its pinned pool (blocks are used through
 /// their segment and offset: no views).
 pub(crate) struct PinnedStorage<'a>(pub(crate) &'a RawDevice);
@@ -190,6 +257,44 @@ impl RawMem {
     #[allow(dead_code)]
     pub(crate) fn len(&self) -> usize {
         each!(self, RawMem, m => m.len())
+    }
+
+    /// The host address of the first byte of memory the host can use in place: a `cpu`
+    /// buffer, or memory made by [`RawDevice::alloc_unified`] (and views of it). `None` for
+    /// other device memory.
+    pub(crate) fn host_ptr(&self) -> Option<*mut u8> {
+        match self {
+            RawMem::Cpu(m) => Some(m.as_ptr()),
+            #[cfg(feature = "opencl")]
+            RawMem::OpenCl(m) => m.host_ptr(),
+            #[cfg(feature = "cuda")]
+            RawMem::Cuda(m) => m.host_ptr(),
+        }
+    }
+
+    /// Whether the host may use this memory at [`RawMem::host_ptr`] in place of the device's:
+    /// always for `cpu` memory and CUDA mapped memory; for an OpenCL buffer over a host block,
+    /// when mapping its segment gave the block's address (checked when the segment was made).
+    pub(crate) fn in_place(&self) -> bool {
+        match self {
+            RawMem::Cpu(_) => true,
+            #[cfg(feature = "opencl")]
+            RawMem::OpenCl(m) => m.host_ptr().is_some() && m.in_place() == Some(true),
+            #[cfg(feature = "cuda")]
+            RawMem::Cuda(m) => m.host_ptr().is_some(),
+        }
+    }
+
+    /// True when a new segment of this memory reads as zeros (a `cpu` block, an OpenCL buffer
+    /// over a zeroed host block); CUDA memory is not zero-filled.
+    pub(crate) fn fresh_is_zero(&self) -> bool {
+        match self {
+            RawMem::Cpu(_) => true,
+            #[cfg(feature = "opencl")]
+            RawMem::OpenCl(m) => m.host_ptr().is_some(),
+            #[cfg(feature = "cuda")]
+            RawMem::Cuda(_) => false,
+        }
     }
 
     /// Readies a pool block's view for the block's next user, as dropping it would have: the
@@ -329,6 +434,48 @@ impl RawStream {
             (RawStream::Cuda(s), RawMem::Cuda(m)) => s.fill(m, off, len, value),
             #[allow(unreachable_patterns)]
             _ => Err(mismatch("fill", self.label())),
+        }
+    }
+
+    /// Maps all of `mem` for host access of kind `access` and returns the mapped address with
+    /// the map command's sequence number (usable once that command completes; at once with
+    /// `blocking`). Memory the host uses in place without map calls (`cpu`, CUDA mapped
+    /// memory) maps to its host address, with nothing queued.
+    ///
+    /// # Errors
+    /// A backend error; [`crate::Error::Unsupported`] for memory without a host address.
+    pub(crate) fn map(
+        &self,
+        mem: &RawMem,
+        access: MapAccess,
+        blocking: bool,
+    ) -> Result<(*mut u8, u64)> {
+        match (self, mem) {
+            #[cfg(feature = "opencl")]
+            (RawStream::OpenCl(s), RawMem::OpenCl(m)) => s.map(m, access, blocking),
+            (s, m) => match m.host_ptr() {
+                Some(p) => {
+                    let _ = (access, blocking);
+                    Ok((p, s.last_seq()))
+                }
+                None => Err(mismatch("map", self.label())),
+            },
+        }
+    }
+
+    /// Unmaps the mapping at `ptr` of `mem` made by [`RawStream::map`]: queued; returns the
+    /// command's sequence number (nothing to do for memory the host uses in place).
+    ///
+    /// # Errors
+    /// A backend error.
+    pub(crate) fn unmap(&self, mem: &RawMem, ptr: *mut u8) -> Result<u64> {
+        match (self, mem) {
+            #[cfg(feature = "opencl")]
+            (RawStream::OpenCl(s), RawMem::OpenCl(m)) => s.unmap(m, ptr),
+            (s, _) => {
+                let _ = ptr;
+                Ok(s.last_seq())
+            }
         }
     }
 

@@ -1,21 +1,27 @@
 //! One OpenCL device: allocation of device and pinned memory, and new streams.
 
+use std::ffi::c_void;
 use std::mem::ManuallyDrop;
-use std::ptr;
+use std::ptr::{self, NonNull};
 use std::sync::{Arc, OnceLock};
 
 use opencl3::command_queue as cq;
 use opencl3::context::Context;
 use opencl3::device::Device as ClDeviceId;
 use opencl3::error_codes::ClError;
-use opencl3::memory::{CL_MAP_READ, CL_MAP_WRITE, CL_MEM_ALLOC_HOST_PTR, CL_MEM_READ_WRITE};
+use opencl3::memory::{
+    set_mem_object_destructor_callback, Buffer, CL_MAP_READ, CL_MAP_WRITE, CL_MEM_ALLOC_HOST_PTR,
+    CL_MEM_READ_WRITE, CL_MEM_USE_HOST_PTR,
+};
 use opencl3::types::{cl_mem, CL_BLOCKING};
 
 use super::error::{alloc_error, backend_error};
 use super::handle::{release_event_quietly, ClContext, OwnedBuffer, Queue};
+use super::memory::free_host_block;
 use super::{ClEvent, ClMem, ClPinned, ClStream};
+use crate::backend::cpu::host::{AlignedBlock, PAGE_ALIGN};
 use crate::backend::{BackendDevice, DeviceInfo, KeepAlive};
-use crate::error::Result;
+use crate::error::{Error, OomReport, Result};
 
 /// One OpenCL device, sharing its platform's context.
 pub(crate) struct ClDevice {
@@ -76,6 +82,99 @@ impl ClDevice {
     }
 }
 
+impl ClDevice {
+    /// Device memory the host can use in place: a page-aligned, zeroed host block of `bytes`
+    /// bytes (rounded up to 64) wrapped with `CL_MEM_USE_HOST_PTR`, the rule for zero-copy
+    /// buffers of the drivers that share host memory. The block is freed when OpenCL destroys
+    /// the buffer, after the commands that use it.
+    pub(crate) fn alloc_unified(&self, bytes: usize) -> Result<ClMem> {
+        let rounded = bytes.div_ceil(64).saturating_mul(64);
+        let block = AlignedBlock::zeroed_aligned(rounded, PAGE_ALIGN)?;
+        let host = NonNull::new(block.as_ptr()).ok_or_else(|| {
+            Error::from(OomReport::new(
+                self.label.to_string(),
+                bytes,
+                "no host memory for the buffer",
+            ))
+        })?;
+        // SAFETY: `host` is valid for `rounded >= bytes` bytes and stays allocated until the
+        // destructor callback registered below frees it, which OpenCL calls only once the
+        // buffer (and every sub-buffer and command using it) is gone.
+        let buf = unsafe {
+            Buffer::<u8>::create(
+                &self.ctx.ctx,
+                CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR,
+                bytes,
+                host.as_ptr().cast::<c_void>(),
+            )
+        }
+        .map_err(|ClError(c)| alloc_error(&self.label, "clCreateBuffer", c, bytes))?;
+        let buf = OwnedBuffer {
+            buf: ManuallyDrop::new(buf),
+        };
+        let block = Box::into_raw(Box::new(block));
+        // SAFETY: `free_host_block` takes back exactly this box, once, when the memory object
+        // is destroyed.
+        if let Err(c) = unsafe {
+            set_mem_object_destructor_callback(buf.raw(), free_host_block, block.cast::<c_void>())
+        } {
+            // No callback: release the buffer first (nothing was queued on it), then the block.
+            drop(buf);
+            // SAFETY: the callback was not registered, so the box is still ours alone.
+            drop(unsafe { Box::from_raw(block) });
+            return Err(backend_error(
+                &self.label,
+                "clSetMemObjectDestructorCallback",
+                c,
+            ));
+        }
+        let in_place = OnceLock::new();
+        let _ = in_place.set(self.maps_in_place(&buf, bytes, host.as_ptr())?);
+        Ok(ClMem {
+            buf,
+            len: bytes,
+            ctx: self.ctx.clone(),
+            _parent: None,
+            host: Some(host),
+            in_place,
+        })
+    }
+
+    /// Whether the driver uses a new buffer's host block in place: a blocking map of the whole
+    /// buffer, on the device's internal queue (nothing else is queued there, and nothing has
+    /// used the buffer yet), gives the block's address; the buffer is unmapped again.
+    fn maps_in_place(&self, buf: &OwnedBuffer, bytes: usize, host: *mut u8) -> Result<bool> {
+        let queue = self.map_queue()?;
+        let mut mapped: *mut c_void = ptr::null_mut();
+        // SAFETY: `buf` is a live buffer of `bytes` bytes in the context of `queue`; the map is
+        // blocking, so `mapped` is set (or an error returned) when the call returns.
+        let event = unsafe {
+            cq::enqueue_map_buffer(
+                queue.raw(),
+                buf.raw(),
+                CL_BLOCKING,
+                CL_MAP_READ,
+                0,
+                bytes,
+                &mut mapped,
+                0,
+                ptr::null(),
+            )
+        }
+        .map_err(|c| alloc_error(&self.label, "clEnqueueMapBuffer", c, bytes))?;
+        release_event_quietly(event);
+        // SAFETY: `mapped` is the address the map above returned for `buf`, unmapped once.
+        let event =
+            unsafe { cq::enqueue_unmap_mem_object(queue.raw(), buf.raw(), mapped, 0, ptr::null()) }
+                .map_err(|c| backend_error(&self.label, "clEnqueueUnmapMemObject", c))?;
+        let done = opencl3::event::wait_for_events(&[event])
+            .map_err(|c| backend_error(&self.label, "clWaitForEvents", c));
+        release_event_quietly(event);
+        done?;
+        Ok(mapped.cast::<u8>() == host)
+    }
+}
+
 impl BackendDevice for ClDevice {
     type Mem = ClMem;
     type Pinned = ClPinned;
@@ -92,6 +191,8 @@ impl BackendDevice for ClDevice {
             len: bytes,
             ctx: self.ctx.clone(),
             _parent: None,
+            host: None,
+            in_place: OnceLock::new(),
         })
     }
 
@@ -116,6 +217,12 @@ impl BackendDevice for ClDevice {
             len,
             ctx: self.ctx.clone(),
             _parent: Some(keep),
+            // SAFETY: `off < parent.len`: the address stays inside the parent's host block.
+            host: parent
+                .host
+                .map(|h| unsafe { NonNull::new_unchecked(h.as_ptr().add(off)) }),
+            // A sub-buffer of a buffer over a host block is the same block at an offset.
+            in_place: parent.in_place.clone(),
         })
     }
 

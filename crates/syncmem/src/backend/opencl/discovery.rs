@@ -83,6 +83,12 @@ fn platform_devices(platform: Platform, first_ordinal: usize) -> Result<Vec<ClDe
                 // The spec guarantees at least a quarter of the global memory.
                 max_alloc: device.max_mem_alloc_size().unwrap_or(global / 4),
                 host_unified: device.host_unified_memory().unwrap_or(false),
+                // A CPU device's memory is the host's own: the host may use a buffer over a
+                // host block in place once the device work on it is done, without mapping it.
+                host_coherent: device.host_unified_memory().unwrap_or(false)
+                    && device
+                        .dev_type()
+                        .is_ok_and(|t| t & opencl3::device::CL_DEVICE_TYPE_CPU != 0),
             };
             // CL_DEVICE_MEM_BASE_ADDR_ALIGN is in bits (1024 on PoCL: 128 bytes).
             let base_align = device

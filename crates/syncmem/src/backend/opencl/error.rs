@@ -2,7 +2,7 @@
 
 use opencl3::types::cl_int;
 
-use crate::error::{BackendKind, Error};
+use crate::error::{BackendKind, Error, OomReport};
 
 const CL_MEM_OBJECT_ALLOCATION_FAILURE: cl_int = -4;
 const CL_OUT_OF_RESOURCES: cl_int = -5;
@@ -119,11 +119,12 @@ pub(crate) fn failed_command_error(device: &str, status: cl_int) -> Error {
 /// [`Error::Backend`].
 pub(crate) fn alloc_error(device: &str, op: &'static str, code: cl_int, requested: usize) -> Error {
     if is_oom_code(code) {
-        Error::OutOfMemory {
-            device: device.to_string(),
+        OomReport::new(
+            device,
             requested,
-            detail: format!(" ({op}: {})", cl_error_message(code)),
-        }
+            format!("{op}: {}", cl_error_message(code)),
+        )
+        .into()
     } else {
         backend_error(device, op, code)
     }
@@ -134,14 +135,15 @@ pub(crate) fn alloc_error(device: &str, op: &'static str, code: cl_int, requeste
 /// [`Error::OutOfMemory`]. Anything else is an [`Error::Backend`].
 pub(super) fn enqueue_error(device: &str, op: &'static str, code: cl_int, mem_len: usize) -> Error {
     if code == CL_MEM_OBJECT_ALLOCATION_FAILURE {
-        Error::OutOfMemory {
-            device: device.to_string(),
-            requested: mem_len,
-            detail: format!(
-                " (the buffer is allocated on first use; {op}: {})",
+        OomReport::new(
+            device,
+            mem_len,
+            format!(
+                "the buffer is allocated on first use; {op}: {}",
                 cl_error_message(code)
             ),
-        }
+        )
+        .into()
     } else {
         backend_error(device, op, code)
     }

@@ -39,7 +39,13 @@ fn linear(groups: usize, local: usize) -> ([usize; 1], [usize; 1]) {
 impl ClDevice {
     /// Queues `slot` on `s` and returns at once: the command's event joins the stream's
     /// timeline, where the buffers' users find it.
-    fn run(&self, s: &ClStream, slot: &Slot, args: &[Arg], grid: Grid<'_>) -> Result<()> {
+    pub(super) fn run(
+        &self,
+        s: &ClStream,
+        slot: &Slot,
+        args: &[Arg],
+        grid: Grid<'_>,
+    ) -> Result<()> {
         s.submit(|| launch(self.label(), slot, s.queue().get(), args, &grid))
             .map(drop)
     }

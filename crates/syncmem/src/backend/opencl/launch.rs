@@ -4,6 +4,7 @@
 //! `clSetKernelArg` is not thread-safe on one kernel object, so each kernel sits behind a mutex
 //! held from its first argument to its enqueue (OpenCL captures the arguments at enqueue time).
 
+use std::borrow::Cow;
 use std::mem::ManuallyDrop;
 use std::ptr;
 
@@ -23,7 +24,7 @@ pub(super) const MAX_LOCAL: usize = 256;
 /// One kernel behind its lock, with its name and one-dimensional work-group size.
 pub(super) struct Slot {
     kernel: Mutex<OwnedKernel>,
-    pub(super) name: &'static str,
+    pub(super) name: Cow<'static, str>,
     /// A power of two, at most the kernel's `CL_KERNEL_WORK_GROUP_SIZE` and [`MAX_LOCAL`].
     pub(super) local: usize,
     /// The kernel's own `CL_KERNEL_WORK_GROUP_SIZE`.
@@ -35,10 +36,11 @@ impl Slot {
     pub(super) fn new(
         program: &OwnedProgram,
         device: cl_device_id,
-        name: &'static str,
+        name: impl Into<Cow<'static, str>>,
         label: &str,
     ) -> Result<Self> {
-        let k = Kernel::create(&program.0, name)
+        let name = name.into();
+        let k = Kernel::create(&program.0, &name)
             .map_err(|ClError(c)| backend_error(label, "clCreateKernel", c))?;
         let k = OwnedKernel(ManuallyDrop::new(k));
         let max =
@@ -52,6 +54,13 @@ impl Slot {
             local: 1usize << (usize::BITS - 1 - capped.leading_zeros()),
             max_work_group: max,
         })
+    }
+}
+
+impl Slot {
+    /// Runs `f` on the kernel object, under its lock (for queries such as its arguments).
+    pub(super) fn with_kernel<R>(&self, f: impl FnOnce(&Kernel) -> R) -> R {
+        f(&self.kernel.lock().0)
     }
 }
 

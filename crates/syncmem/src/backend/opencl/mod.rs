@@ -27,6 +27,7 @@ mod source;
 mod stream;
 #[cfg(test)]
 mod tests;
+mod user;
 
 pub(crate) use device::ClDevice;
 pub(crate) use discovery::discover;
@@ -34,6 +35,7 @@ pub(crate) use error::backend_error;
 pub(crate) use memory::{ClMem, ClPinned};
 pub(crate) use program::KernelCache;
 pub(crate) use stream::{ClEvent, ClStream};
+pub(crate) use user::ClUserKernel;
 
 #[allow(dead_code)]
 fn _assert_send_sync() {

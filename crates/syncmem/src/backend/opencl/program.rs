@@ -158,6 +158,8 @@ pub(crate) struct KernelCache {
     ops: BuildOnce<OpKernels>,
     f32: BuildOnce<MathKernels>,
     f64: BuildOnce<MathKernels>,
+    /// The programs of the user's kernels (see [`super::user`]).
+    pub(super) user: super::user::UserPrograms,
 }
 
 impl KernelCache {
@@ -179,22 +181,40 @@ impl KernelCache {
     }
 }
 
-/// Creates and builds `source` with `options` for `dev`; the build log joins the error.
-fn build_program(dev: &ClDevice, source: &str, options: &str, what: &str) -> Result<OwnedProgram> {
+/// Creates and builds `source` with `options` for `dev`; on failure, the error and the build
+/// log (empty when the program was not created).
+pub(super) fn compile_program(
+    dev: &ClDevice,
+    source: &str,
+    options: &str,
+) -> std::result::Result<OwnedProgram, (Error, String)> {
     let label = dev.label();
     let id = dev.device_id();
-    let program = Program::create_from_source(dev.context(), source)
-        .map_err(|ClError(c)| backend_error(label, "clCreateProgramWithSource", c))?;
+    let program = Program::create_from_source(dev.context(), source).map_err(|ClError(c)| {
+        (
+            backend_error(label, "clCreateProgramWithSource", c),
+            String::new(),
+        )
+    })?;
     let mut program = OwnedProgram(ManuallyDrop::new(program));
     if let Err(ClError(code)) = program.0.build(&[id], options) {
         let log = program.0.get_build_log(id).unwrap_or_default();
-        let mut e = backend_error(label, "clBuildProgram", code);
-        if let Error::Backend { message, .. } = &mut e {
-            message.push_str(&format!("; {what} ({options}), build log: {}", log.trim()));
-        }
-        return Err(e);
+        return Err((
+            backend_error(label, "clBuildProgram", code),
+            log.trim().to_string(),
+        ));
     }
     Ok(program)
+}
+
+/// Creates and builds `source` with `options` for `dev`; the build log joins the error.
+fn build_program(dev: &ClDevice, source: &str, options: &str, what: &str) -> Result<OwnedProgram> {
+    compile_program(dev, source, options).map_err(|(mut e, log)| {
+        if let Error::Backend { message, .. } = &mut e {
+            message.push_str(&format!("; {what} ({options}), build log: {log}"));
+        }
+        e
+    })
 }
 
 fn build_ops(dev: &ClDevice) -> Result<OpKernels> {

@@ -5,14 +5,16 @@ use std::ptr;
 use std::sync::Arc;
 
 use opencl3::command_queue::{self as cq, CommandQueue};
-use opencl3::memory::CL_MEM_READ_WRITE;
+use opencl3::memory::{
+    CL_MAP_READ, CL_MAP_WRITE, CL_MAP_WRITE_INVALIDATE_REGION, CL_MEM_READ_WRITE,
+};
 use opencl3::types::{cl_bool, cl_event, cl_int, cl_mem, CL_BLOCKING, CL_NON_BLOCKING};
 
 use super::error::{backend_error, enqueue_error, failed_command_error};
 use super::handle::{ClContext, OwnedBuffer, OwnedEvent, Queue};
 use super::ClMem;
 use crate::backend::timeline::Timeline;
-use crate::backend::{BackendEvent, BackendStream};
+use crate::backend::{BackendEvent, BackendStream, MapAccess};
 use crate::error::{Error, Result};
 
 fn cl_bool_of(blocking: bool) -> cl_bool {
@@ -102,6 +104,65 @@ impl ClStream {
                 )
             }
             .map_err(|c| enqueue_error(&self.label, "clEnqueueCopyBuffer", c, dst_len))
+        })
+    }
+}
+
+impl ClStream {
+    /// Maps all of `mem` for the host, for `access` (`CL_MAP_READ`, `CL_MAP_READ |
+    /// CL_MAP_WRITE`, or `CL_MAP_WRITE_INVALIDATE_REGION`). Returns the mapped address and the
+    /// map command's sequence number; with `blocking`, the mapping is usable when this returns,
+    /// else once that command completes.
+    pub(crate) fn map(
+        &self,
+        mem: &ClMem,
+        access: MapAccess,
+        blocking: bool,
+    ) -> Result<(*mut u8, u64)> {
+        self.check_context(mem, "map")?;
+        let flags = match access {
+            MapAccess::Read => CL_MAP_READ,
+            MapAccess::ReadWrite => CL_MAP_READ | CL_MAP_WRITE,
+            MapAccess::Overwrite => CL_MAP_WRITE_INVALIDATE_REGION,
+        };
+        let mut mapped: *mut c_void = ptr::null_mut();
+        let seq = self.submit_as(blocking, || {
+            // SAFETY: `mem` is a live buffer of this queue's context; the whole buffer is
+            // mapped; `mapped` receives the address (unmapped again by `unmap`).
+            unsafe {
+                cq::enqueue_map_buffer(
+                    self.queue.raw(),
+                    mem.buf.raw(),
+                    cl_bool_of(blocking),
+                    flags,
+                    0,
+                    mem.len,
+                    &mut mapped,
+                    0,
+                    ptr::null(),
+                )
+            }
+            .map_err(|c| enqueue_error(&self.label, "clEnqueueMapBuffer", c, mem.len))
+        })?;
+        Ok((mapped.cast::<u8>(), seq))
+    }
+
+    /// Unmaps the mapping at `ptr` of `mem` made by [`ClStream::map`]: queued, the device may
+    /// use the buffer after it.
+    pub(crate) fn unmap(&self, mem: &ClMem, ptr: *mut u8) -> Result<u64> {
+        self.check_context(mem, "unmap")?;
+        self.submit(|| {
+            // SAFETY: `ptr` is an address `map` returned for `mem`, not unmapped since.
+            unsafe {
+                cq::enqueue_unmap_mem_object(
+                    self.queue.raw(),
+                    mem.buf.raw(),
+                    ptr.cast::<c_void>(),
+                    0,
+                    ptr::null(),
+                )
+            }
+            .map_err(|c| enqueue_error(&self.label, "clEnqueueUnmapMemObject", c, mem.len))
         })
     }
 }

@@ -1,7 +1,7 @@
 //! [`inspect`]: a safetensors file's table of contents, read from its header alone.
 
 use std::collections::BTreeMap;
-use std::io::Read;
+use std::io::{BufReader, ErrorKind, Read};
 use std::path::{Path, PathBuf};
 
 use ::safetensors::tensor::Metadata;
@@ -15,6 +15,7 @@ use crate::error::Error;
 
 /// One tensor listed in a safetensors file's header.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct FileTensor {
     /// Its name.
     pub name: String,
@@ -32,6 +33,7 @@ pub struct FileTensor {
 
 /// The table of contents of a safetensors file (see [`inspect`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct FileInfo {
     /// The file.
     pub path: PathBuf,
@@ -53,7 +55,7 @@ impl FileInfo {
 }
 
 /// Reads the header of the safetensors file `path` and checks it against the file's size,
-/// without reading the tensor data.
+/// without reading the tensor data (a header is at most 100 MB, the format's limit).
 ///
 /// ```
 /// use syncmem::{dtype::DType, workspace::{io, Workspace}};
@@ -78,55 +80,10 @@ impl FileInfo {
 /// header says.
 pub fn inspect(path: impl AsRef<Path>) -> Result<FileInfo> {
     let path = path.as_ref();
-    let mut file = std::fs::File::open(path).map_err(io_error("open", path))?;
+    let file = std::fs::File::open(path).map_err(io_error("open", path))?;
     let file_bytes = file.metadata().map_err(io_error("stat", path))?.len();
-    if file_bytes < 8 {
-        return Err(format_error(
-            path,
-            format!("the file is {file_bytes} bytes, shorter than the 8-byte header length"),
-        ));
-    }
-    let mut len = [0u8; 8];
-    file.read_exact(&mut len).map_err(io_error("read", path))?;
-    let header_bytes = u64::from_le_bytes(len);
-    if header_bytes > MAX_HEADER_BYTES {
-        return Err(format_error(
-            path,
-            format!("the header length {header_bytes} exceeds the {MAX_HEADER_BYTES}-byte limit"),
-        ));
-    }
-    if header_bytes > file_bytes - 8 {
-        return Err(format_error(
-            path,
-            format!(
-                "the header length {header_bytes} runs past the end of the file ({file_bytes} \
-                 bytes): truncated?"
-            ),
-        ));
-    }
-    // At most MAX_HEADER_BYTES (100 MB), so it fits in usize.
-    let mut header = vec![0u8; header_bytes as usize];
-    file.read_exact(&mut header)
-        .map_err(io_error("read", path))?;
-    let header = std::str::from_utf8(&header)
-        .map_err(|e| format_error(path, format!("the header is not UTF-8: {e}")))?;
-    let meta: Metadata = serde_json::from_str(header)
-        .map_err(|e| format_error(path, format!("invalid header: {e}")))?;
-    let data_bytes = file_bytes - 8 - header_bytes;
-    if meta.data_len() as u64 != data_bytes {
-        return Err(format_error(
-            path,
-            format!(
-                "the header describes {} bytes of tensor data but the file holds {data_bytes}{}",
-                meta.data_len(),
-                if (meta.data_len() as u64) > data_bytes {
-                    ": truncated?"
-                } else {
-                    ""
-                }
-            ),
-        ));
-    }
+    let (header_bytes, meta) = read_header(&mut BufReader::new(file), path, Some(file_bytes))?;
+    check_data_len(path, &meta, file_bytes - 8 - header_bytes)?;
     let mut tensors: Vec<FileTensor> = meta
         .tensors()
         .into_iter()
@@ -152,4 +109,86 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<FileInfo> {
         metadata,
         tensors,
     })
+}
+
+/// Reads the 8-byte header length and the JSON header (at most [`MAX_HEADER_BYTES`]) from
+/// `input`, checked against `file_bytes` when the size is known (a regular file). Returns the
+/// header's length and its validated contents (names, element types, shapes, contiguous
+/// offsets).
+pub(super) fn read_header(
+    input: &mut impl Read,
+    path: &Path,
+    file_bytes: Option<u64>,
+) -> Result<(u64, Metadata)> {
+    if let Some(n) = file_bytes.filter(|&n| n < 8) {
+        return Err(format_error(
+            path,
+            format!("the file is {n} bytes, shorter than the 8-byte header length"),
+        ));
+    }
+    let mut len = [0u8; 8];
+    input.read_exact(&mut len).map_err(|e| {
+        if e.kind() == ErrorKind::UnexpectedEof {
+            format_error(path, "the file ends before the 8-byte header length")
+        } else {
+            io_error("read", path)(e)
+        }
+    })?;
+    let header_bytes = u64::from_le_bytes(len);
+    if header_bytes > MAX_HEADER_BYTES {
+        return Err(format_error(
+            path,
+            format!("the header length {header_bytes} exceeds the {MAX_HEADER_BYTES}-byte limit"),
+        ));
+    }
+    if let Some(n) = file_bytes.filter(|&n| header_bytes > n - 8) {
+        return Err(format_error(
+            path,
+            format!(
+                "the header length {header_bytes} runs past the end of the file ({n} bytes): \
+                 truncated?"
+            ),
+        ));
+    }
+    // Read as it arrives (never more than the bounded length), so that a forged length on a
+    // stream costs only what the stream holds.
+    let mut header = Vec::new();
+    input
+        .take(header_bytes)
+        .read_to_end(&mut header)
+        .map_err(io_error("read", path))?;
+    if header.len() as u64 != header_bytes {
+        return Err(format_error(
+            path,
+            format!(
+                "the file ends inside the {header_bytes}-byte header, after {} bytes: truncated?",
+                header.len()
+            ),
+        ));
+    }
+    let header = std::str::from_utf8(&header)
+        .map_err(|e| format_error(path, format!("the header is not UTF-8: {e}")))?;
+    let meta: Metadata = serde_json::from_str(header)
+        .map_err(|e| format_error(path, format!("invalid header: {e}")))?;
+    Ok((header_bytes, meta))
+}
+
+/// Checks that the data section holds exactly the bytes the header describes.
+pub(super) fn check_data_len(path: &Path, meta: &Metadata, data_bytes: u64) -> Result<()> {
+    let described = meta.data_len() as u64;
+    if described == data_bytes {
+        return Ok(());
+    }
+    Err(format_error(
+        path,
+        format!(
+            "the header describes {described} bytes of tensor data but the file holds \
+             {data_bytes}{}",
+            if described > data_bytes {
+                ": truncated?"
+            } else {
+                ""
+            }
+        ),
+    ))
 }

@@ -31,8 +31,11 @@
 //! - only tensors are saved: `String` tensors and other blob types have no safetensors form
 //!   (Caffe2 serialised strings and registered custom types);
 //! - a load validates the whole file and builds every tensor before it touches the workspace,
-//!   so a corrupt or truncated file leaves the workspace unchanged; a save writes a temporary
-//!   file next to the target and renames it, so a failed save leaves an existing file intact.
+//!   so a corrupt or truncated file leaves the workspace unchanged; it streams the file (the
+//!   header is bounded by the format's 100 MB limit), so a huge or endless input (`/dev/zero`)
+//!   is an error, not an exhausted memory; a save writes a temporary file next to the target
+//!   and renames it ([`crate::file::write_atomic`]), so a failed save leaves an existing file
+//!   intact, and refuses a target that is not a regular file (`/dev/null`, a FIFO).
 //!
 //! [safetensors]: https://huggingface.co/docs/safetensors
 
@@ -137,6 +140,16 @@ fn le_to_native(bytes: &[u8], size: usize) -> Cow<'_, [u8]> {
         elem.reverse();
     }
     Cow::Owned(v)
+}
+
+/// [`le_to_native`] in place.
+fn native_in_place(bytes: &mut [u8], size: usize) {
+    if cfg!(target_endian = "little") || size == 1 {
+        return;
+    }
+    for elem in bytes.chunks_exact_mut(size) {
+        elem.reverse();
+    }
 }
 
 #[cfg(test)]

@@ -1,17 +1,20 @@
-//! [`Workspace::save`]: the tensors' host bytes, checked, written through a temporary file.
+//! [`Workspace::save`]: the tensors' host bytes, checked, written through a temporary file
+//! ([`crate::file::write_atomic`]).
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::ops::Deref;
 use std::path::Path;
 
-use ::safetensors::{Dtype, View};
+use ::safetensors::tensor::{Metadata, TensorInfo};
+use ::safetensors::Dtype;
 use parking_lot::RwLockReadGuard;
 
-use super::{file_dtype, file_error, format_error, io_error, le_to_native, METADATA_KEY};
+use super::{file_dtype, file_error, format_error, le_to_native, MAX_HEADER_BYTES, METADATA_KEY};
 use crate::blob::Blob;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::file::{check_target, write_atomic};
 use crate::tensor::{HostBytes, Tensor};
 use crate::workspace::{BlobRef, Workspace};
 
@@ -33,26 +36,11 @@ impl Deref for SaveBytes<'_> {
     }
 }
 
-/// One tensor being saved, as the safetensors writer sees it.
+/// One tensor being saved.
 struct SaveEntry<'a> {
     dtype: Dtype,
     shape: Vec<usize>,
     bytes: SaveBytes<'a>,
-}
-
-impl View for &SaveEntry<'_> {
-    fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.bytes)
-    }
-    fn data_len(&self) -> usize {
-        self.bytes.len()
-    }
 }
 
 fn save_state_error(name: &str, reason: String) -> Error {
@@ -126,31 +114,49 @@ fn not_a_tensor(name: &str, blob: &Blob, path: &Path) -> Error {
     }
 }
 
-/// Writes the file. The safetensors crate writes a temporary file (mode 0600 on Unix) next to
-/// `path` and renames it over `path`; the result gets the permissions of the file it replaces,
-/// or those a plain create gives (the umask's), like any other file the caller writes.
+/// Writes the file as the safetensors crate lays one out (tensors by descending element
+/// alignment, then by name; the header padded with spaces to a multiple of 8 bytes), streamed
+/// through [`write_atomic`]: a temporary file renamed over `path`.
 fn write_file(path: &Path, entries: &[(&str, SaveEntry<'_>)]) -> Result<()> {
-    let (permissions, created) = match std::fs::metadata(path) {
-        Ok(m) => (m.permissions(), false),
-        Err(_) => {
-            let f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(path)
-                .map_err(io_error("create", path))?;
-            let m = f.metadata().map_err(io_error("stat", path))?;
-            (m.permissions(), true)
-        }
-    };
-    if let Err(e) =
-        ::safetensors::serialize_to_file(entries.iter().map(|(n, e)| (*n, e)), None, path)
-    {
-        if created {
-            let _ = std::fs::remove_file(path);
-        }
-        return Err(file_error("write", path, e));
+    let mut order: Vec<&(&str, SaveEntry<'_>)> = entries.iter().collect();
+    order.sort_by(|(ln, l), (rn, r)| r.dtype.cmp(&l.dtype).then(ln.cmp(rn)));
+    let mut infos = Vec::with_capacity(order.len());
+    let mut offset = 0usize;
+    for (name, e) in &order {
+        let end = offset
+            .checked_add(e.bytes.len())
+            .ok_or_else(|| format_error(path, "the tensors hold more bytes than fit in usize"))?;
+        infos.push((
+            name.to_string(),
+            TensorInfo {
+                dtype: e.dtype,
+                shape: e.shape.clone(),
+                data_offsets: (offset, end),
+            },
+        ));
+        offset = end;
     }
-    std::fs::set_permissions(path, permissions).map_err(io_error("set the permissions of", path))
+    let meta = Metadata::new(None, infos).map_err(|e| file_error("write", path, e))?;
+    let mut header = serde_json::to_vec(&meta)
+        .map_err(|e| format_error(path, format!("the header cannot be written: {e}")))?;
+    header.resize(header.len().next_multiple_of(8), b' ');
+    if header.len() as u64 > MAX_HEADER_BYTES {
+        return Err(format_error(
+            path,
+            format!(
+                "the header would be {} bytes, over the format's {MAX_HEADER_BYTES}-byte limit",
+                header.len()
+            ),
+        ));
+    }
+    write_atomic(path, |w| {
+        w.write_all(&(header.len() as u64).to_le_bytes())?;
+        w.write_all(&header)?;
+        for (_, e) in &order {
+            w.write_all(&e.bytes)?;
+        }
+        Ok(())
+    })
 }
 
 impl Workspace {
@@ -161,9 +167,10 @@ impl Workspace {
     /// Each tensor is read from its newest data: when only its device copy is current, it is
     /// copied to the host once (which leaves the host mirror current too). The saved blobs are
     /// read-locked while the file is written, so the file is a consistent snapshot of them.
-    /// The file is written next to `path` and renamed over it, so a failed save leaves an
-    /// existing file as it was; it keeps the permissions of the file it replaces (a new file
-    /// gets those of a plain create).
+    /// The file is written next to `path` and renamed over it ([`write_atomic`]), so a failed
+    /// save leaves an existing file as it was; it keeps the permissions of the file it
+    /// replaces (a new file gets those of a plain create). A symbolic link is followed (its
+    /// target is written); a directory, a device node, a FIFO or a socket at `path` is refused.
     ///
     /// # Errors
     /// - [`Error::NotFound`] for a named blob that does not exist;
@@ -172,9 +179,13 @@ impl Workspace {
     /// - [`Error::InvalidState`] for an uninitialised or never-written tensor, or one without an
     ///   element type; [`Error::AlreadyExists`] for a name given twice; [`Error::Format`] for
     ///   the name `__metadata__`, which the format reserves;
-    /// - [`Error::Io`] when the file cannot be written; a device error from the copy to host.
+    /// - [`Error::Io`] when the file cannot be written, or `path` is not a regular file (a
+    ///   directory, `/dev/null`, a FIFO): nothing is written then; a device error from the
+    ///   copy to host.
     pub fn save(&self, path: impl AsRef<Path>, names: Option<&[&str]>) -> Result<Vec<String>> {
         let path = path.as_ref();
+        // A target that cannot be written fails before any tensor is copied to the host.
+        check_target(path)?;
         let explicit = names.is_some();
         let mut selected: Vec<(String, BlobRef)> = Vec::new();
         match names {

@@ -316,7 +316,7 @@ impl<V> Arena<V> {
         if small {
             rest >= self.round
         } else {
-            self.max_split.map_or(true, |m| rounded < m) && rest > self.small_size
+            self.max_split.is_none_or(|m| rounded < m) && rest > self.small_size
         }
     }
 

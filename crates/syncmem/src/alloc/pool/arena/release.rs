@@ -44,7 +44,7 @@ impl<V> Arena<V> {
             .free
             .iter()
             .enumerate()
-            .filter(|&(i, _)| pool.map_or(true, |p| p == i))
+            .filter(|&(i, _)| pool.is_none_or(|p| p == i))
             .flat_map(|(_, s)| s.iter().copied())
             .filter(|&(_, id)| {
                 let b = &self.blocks[id];

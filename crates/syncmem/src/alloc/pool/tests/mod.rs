@@ -395,13 +395,7 @@ fn budget_caps_segments_exactly() {
     assert_eq!(p.empty_cache(), 4 * MIB as u64);
     assert_eq!(budget.used(), 0);
     // A failing source gives the budget back.
-    let fail = |_: usize| -> Result<Fake> {
-        Err(Error::OutOfMemory {
-            device: "x".into(),
-            requested: 1,
-            detail: String::new(),
-        })
-    };
+    let fail = |_: usize| -> Result<Fake> { Err(crate::OomReport::new("x", 1, "").into()) };
     assert!(p.alloc(1, 1, &fail).is_err());
     assert_eq!(budget.used(), 0);
     // Near the cap a standard 20 MiB segment cannot fit: a tight one is made instead.
@@ -451,49 +445,73 @@ fn observer_sees_every_event() {
     drop(p.alloc(10, 1, &fake).unwrap());
     p.empty_cache();
     let mut ev = log.0.lock().unwrap().clone();
-    // Block ids are the pool's own; check them for consistency, then blank them.
+    // Block and segment ids are the pool's own; check them for consistency, then blank them.
     let mut ids = Vec::new();
+    let mut seg = None;
     for e in &mut ev {
         match e {
-            PoolEvent::Alloc { block, stream, .. } => {
+            PoolEvent::SegmentAlloc {
+                segment, stream, ..
+            } => {
                 assert_eq!(*stream, 1);
+                seg = Some(*segment);
+                *segment = 0;
+            }
+            PoolEvent::Alloc {
+                block,
+                stream,
+                segment,
+                offset,
+                owner,
+                ..
+            } => {
+                assert_eq!((*stream, Some(*segment), *offset), (1, seg, 0));
+                assert!(owner.is_none());
                 ids.push(*block);
                 *block = 0;
+                *segment = 0;
             }
             PoolEvent::Free { block, .. } => {
                 assert_eq!(Some(*block), ids.last().copied());
                 *block = 0;
             }
+            PoolEvent::SegmentFree { segment, .. } => {
+                assert_eq!(Some(*segment), seg);
+                *segment = 0;
+            }
             _ => {}
         }
     }
+    let alloc = |cache_hit| PoolEvent::Alloc {
+        requested: 10,
+        size: 512,
+        cache_hit,
+        block: 0,
+        stream: 1,
+        segment: 0,
+        offset: 0,
+        owner: None,
+    };
+    let free = PoolEvent::Free {
+        size: 512,
+        block: 0,
+    };
     assert_eq!(
         ev,
         vec![
-            PoolEvent::SegmentAlloc { bytes: 2 * MIB },
-            PoolEvent::Alloc {
-                requested: 10,
-                size: 512,
-                cache_hit: false,
-                block: 0,
-                stream: 1,
+            PoolEvent::SegmentAlloc {
+                bytes: 2 * MIB,
+                segment: 0,
+                stream: 1
             },
-            PoolEvent::Free {
-                size: 512,
-                block: 0
+            alloc(false),
+            free.clone(),
+            alloc(true),
+            free,
+            PoolEvent::SegmentFree {
+                bytes: 2 * MIB,
+                segment: 0
             },
-            PoolEvent::Alloc {
-                requested: 10,
-                size: 512,
-                cache_hit: true,
-                block: 0,
-                stream: 1,
-            },
-            PoolEvent::Free {
-                size: 512,
-                block: 0
-            },
-            PoolEvent::SegmentFree { bytes: 2 * MIB },
         ]
     );
 }
@@ -517,7 +535,7 @@ fn random_workload_keeps_invariants() {
             seed ^= seed << 13;
             seed ^= seed >> 7;
             seed ^= seed << 17;
-            if live.len() < 40 && seed % 3 != 0 {
+            if live.len() < 40 && !seed.is_multiple_of(3) {
                 let size = match seed % 5 {
                     0 => (seed >> 8) as usize % 2048 + 1,
                     1 | 2 => (seed >> 8) as usize % (2 * MIB) + 1,

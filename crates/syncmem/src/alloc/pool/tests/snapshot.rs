@@ -139,6 +139,49 @@ fn inactive_split_follows_splits_and_merges() {
 }
 
 #[test]
+fn blocks_and_segments_are_counted_with_peaks() {
+    let g = |current, peak, allocated, freed| Gauge {
+        current,
+        peak,
+        allocated,
+        freed,
+    };
+    let p = pool(pytorch());
+    let a = p.alloc(KIB, 1, &fake).unwrap();
+    let b = p.alloc(KIB, 1, &fake).unwrap();
+    let c = p.alloc(3 * MIB, 1, &fake).unwrap();
+    drop(a);
+    drop(b);
+    let st = consistent(&p).stats;
+    assert_eq!(st.block_count, g(1, 3, 3, 2), "blocks: one left of three");
+    assert_eq!(st.small.block_count, g(0, 2, 2, 2));
+    assert_eq!(st.large.block_count, g(1, 1, 1, 0));
+    assert_eq!(st.block_count.allocated, st.allocations);
+    assert_eq!(st.block_count.freed, st.frees);
+    // Idle segments are kept (this configuration): a 2 MiB and a 20 MiB one.
+    assert_eq!(st.segment_count, g(2, 2, 2, 0));
+    assert_eq!(st.segment_count.current, st.segments);
+    assert_eq!(st.small.segment_count.current, st.small.segments);
+    p.empty_cache();
+    let st = p.stats();
+    assert_eq!(
+        st.segment_count,
+        g(1, 2, 2, 1),
+        "the free small segment went back"
+    );
+    assert_eq!(st.small.segment_count, g(0, 1, 1, 1));
+    // A peak reset brings the count peaks down to what is held now.
+    p.reset_peak();
+    let st = p.stats();
+    assert_eq!(st.block_count, g(1, 1, 3, 2));
+    assert_eq!(st.small.block_count.peak, 0);
+    assert_eq!(st.segment_count, g(1, 1, 2, 1));
+    let d = p.alloc(KIB, 1, &fake).unwrap();
+    assert_eq!(p.stats().block_count.peak, 2);
+    drop((c, d));
+}
+
+#[test]
 fn the_summary_shows_the_statistics() {
     let p = pool(PoolConfig::default());
     let a = p.alloc(3000, 1, &fake).unwrap();

@@ -1,0 +1,123 @@
+//! `syncmem trace view` (the memory page of a trace) and `syncmem trace export-torch` (a
+//! snapshot PyTorch's memory tools open).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{ensure, Context as _};
+use syncmem::alloc::stats::human_bytes;
+use syncmem::alloc::trace::torch::TorchSnapshot;
+use syncmem::alloc::trace::Trace;
+
+/// Arguments of `syncmem trace view`.
+#[derive(clap::Args)]
+#[command(after_long_help = VIEW_HELP)]
+pub struct ViewArgs {
+    /// A trace written by `syncmem trace record`, `SYNCMEM_TRACE` or `Trace::save_file`.
+    #[arg(value_name = "TRACE")]
+    file: PathBuf,
+
+    /// The page to write.
+    #[arg(short, long, value_name = "FILE", default_value = "memory.html")]
+    out: PathBuf,
+
+    /// The page's title (default: `memory of TRACE`).
+    #[arg(long, value_name = "TEXT")]
+    title: Option<String>,
+}
+
+const VIEW_HELP: &str = "\
+The page is one HTML file that needs nothing else (no network, no external scripts or fonts):
+open it in any browser. Per memory pool (each device, its pinned host pool, the host pool):
+allocated and reserved bytes over time with the peak marked and the steps of training drawn;
+copies, evictions and other transfers as marks on the time axis (taller for more bytes);
+out-of-memory failures in red; the blocks alive at the peak, largest first, with the tensor
+or blob that owned each, and their lifetimes. Hover for details. Long traces are drawn in at
+most 1500 spans of time per pool, each keeping its highest and lowest value: no peak is lost.";
+
+/// Arguments of `syncmem trace export-torch`.
+#[derive(clap::Args)]
+#[command(after_long_help = EXPORT_HELP)]
+pub struct ExportArgs {
+    /// A trace written by `syncmem trace record`, `SYNCMEM_TRACE` or `Trace::save_file`.
+    #[arg(value_name = "TRACE")]
+    file: PathBuf,
+
+    /// The snapshot to write (a pickle).
+    #[arg(short, long, value_name = "FILE", default_value = "snapshot.pickle")]
+    out: PathBuf,
+}
+
+const EXPORT_HELP: &str = "\
+Writes what torch.cuda.memory._dump_snapshot() writes: a pickle (protocol 3) of the dict of
+torch.cuda.memory._snapshot(), with the segments and blocks alive at the end of the trace and
+the history of each device (alloc, free_requested, free_completed, segment_alloc,
+segment_free, oom). Open it in PyTorch's memory viewer (drag it onto pytorch.org/memory_viz)
+or run `python -m torch.cuda._memory_viz stats FILE`. Each memory pool is a device: device
+pools first, then pinned pools, then the host pool (the command prints the mapping, and the
+file lists it under `device_labels`). Addresses are made up (OpenCL buffers have none);
+sizes, offsets, streams, times and owners are the trace's. Each block's one frame is
+{filename: pool, line: step, name: owner}.";
+
+/// Fails early, before any work, when the directory of `path` does not exist or `path` is
+/// not a file that can be replaced (a directory, a device node, a FIFO).
+pub fn check_dir(flag: &str, path: &Path) -> anyhow::Result<()> {
+    syncmem::file::check_target(path).with_context(|| format!("{flag} {}", path.display()))?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    ensure!(
+        dir.is_dir(),
+        "{flag} {}: the directory {} does not exist",
+        path.display(),
+        dir.display()
+    );
+    Ok(())
+}
+
+/// Writes the memory page of `trace` into `path`.
+pub fn write_page(trace: &Trace, title: &str, path: &Path) -> anyhow::Result<usize> {
+    let html = crate::page::render(trace, title);
+    syncmem::file::write_atomic(path, |out| out.write_all(html.as_bytes()))
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(html.len())
+}
+
+/// Runs `syncmem trace view`.
+pub fn view(args: &ViewArgs) -> anyhow::Result<()> {
+    check_dir("--out", &args.out)?;
+    let trace = Trace::load_file(&args.file)?;
+    let title = args
+        .title
+        .clone()
+        .unwrap_or_else(|| format!("memory of {}", args.file.display()));
+    let size = write_page(&trace, &title, &args.out)?;
+    outln!(
+        "wrote {} ({}) from {} events of {}",
+        args.out.display(),
+        human_bytes(size as u64),
+        trace.len(),
+        args.file.display()
+    );
+    Ok(())
+}
+
+/// Runs `syncmem trace export-torch`.
+pub fn export_torch(args: &ExportArgs) -> anyhow::Result<()> {
+    check_dir("--out", &args.out)?;
+    let trace = Trace::load_file(&args.file)?;
+    let snap = TorchSnapshot::from_trace(&trace)
+        .with_context(|| format!("converting {}", args.file.display()))?;
+    snap.save_file(&args.out)?;
+    let entries: usize = snap.device_traces.iter().map(Vec::len).sum();
+    outln!(
+        "wrote {}: {} segment(s) alive at the end, {} history entries",
+        args.out.display(),
+        snap.segments.len(),
+        entries
+    );
+    for (i, label) in snap.device_labels.iter().enumerate() {
+        outln!("  device {i}: {label}");
+    }
+    Ok(())
+}

@@ -1,0 +1,415 @@
+//! The memory page (`syncmem trace view`, `syncmem train --memory-html`), checked as a file
+//! and in a real browser: headless Chromium runs its script (no error may reach the console)
+//! and takes a screenshot at 1280x800, which must show the drawing.
+//!
+//! Without Chromium the browser test prints a note and passes, unless
+//! `SYNCMEM_REQUIRE_BROWSER=1` (CI sets it), where a missing browser fails it. The browser is
+//! `$SYNCMEM_CHROMIUM`, else `chromium` or `chromium-browser` on the `PATH` (Debian's package
+//! `chromium`; `scripts/setup.sh --with-browser` installs it). The screenshot is kept as
+//! `target/tmp/memory-page.png` (the README's picture is one).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{ok, ok_env, TempPath};
+
+/// The browser to use, if any.
+fn chromium() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("SYNCMEM_CHROMIUM").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|d| ["chromium", "chromium-browser"].map(|n| d.join(n)))
+        .find(|p| p.is_file())
+}
+
+fn browser_required() -> bool {
+    std::env::var("SYNCMEM_REQUIRE_BROWSER").is_ok_and(|v| v == "1")
+}
+
+/// Runs headless Chromium on `page` with `extra` arguments (a fresh profile, no network, no
+/// background services); returns stdout. Gives up after two minutes (a hung browser).
+fn run_chromium(browser: &Path, page: &Path, extra: &[&str]) -> String {
+    let profile = TempPath::new("memory-page", "profile");
+    // Into files: the dumped page is larger than a pipe holds while nobody reads it.
+    let stdout = TempPath::new("memory-page", "chromium.out");
+    let stderr = TempPath::new("memory-page", "chromium.err");
+    let mut child = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            "--window-size=1280,800",
+        ])
+        .arg(format!("--user-data-dir={}", profile.arg()))
+        .args(extra)
+        .arg(format!("file://{}", page.display()))
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&stdout.0).unwrap())
+        .stderr(std::fs::File::create(&stderr.0).unwrap())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", browser.display()));
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("{} did not finish within two minutes", browser.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = child.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&profile.0);
+    assert!(
+        status.success(),
+        "chromium failed ({status}): {}",
+        std::fs::read_to_string(&stderr.0).unwrap_or_default()
+    );
+    std::fs::read_to_string(&stdout.0).unwrap()
+}
+
+/// The pixels of an 8-bit RGB or RGBA, non-interlaced PNG (what Chromium writes):
+/// (width, height, RGB triples).
+fn decode_png(bytes: &[u8]) -> (usize, usize, Vec<[u8; 3]>) {
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
+    let (mut w, mut h, mut channels) = (0, 0, 0);
+    let mut data = Vec::new();
+    let mut at = 8;
+    while at + 8 <= bytes.len() {
+        let len = u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        let kind = &bytes[at + 4..at + 8];
+        let body = &bytes[at + 8..at + 8 + len];
+        match kind {
+            b"IHDR" => {
+                w = u32::from_be_bytes(body[0..4].try_into().unwrap()) as usize;
+                h = u32::from_be_bytes(body[4..8].try_into().unwrap()) as usize;
+                assert_eq!((body[8], body[12]), (8, 0), "8-bit, not interlaced");
+                channels = match body[9] {
+                    2 => 3,
+                    6 => 4,
+                    t => panic!("PNG colour type {t}"),
+                };
+            }
+            b"IDAT" => data.extend_from_slice(body),
+            _ => {}
+        }
+        at += 12 + len;
+    }
+    let raw = miniz_oxide::inflate::decompress_to_vec_zlib(&data).expect("PNG data inflates");
+    let stride = w * channels;
+    let mut img = vec![0u8; h * stride];
+    for y in 0..h {
+        let row = &raw[y * (stride + 1)..(y + 1) * (stride + 1)];
+        let (filter, src) = (row[0], &row[1..]);
+        for x in 0..stride {
+            let a = if x >= channels {
+                img[y * stride + x - channels]
+            } else {
+                0
+            };
+            let b = if y > 0 { img[(y - 1) * stride + x] } else { 0 };
+            let c = if y > 0 && x >= channels {
+                img[(y - 1) * stride + x - channels]
+            } else {
+                0
+            };
+            let pred = match filter {
+                0 => 0,
+                1 => a,
+                2 => b,
+                3 => ((u16::from(a) + u16::from(b)) / 2) as u8,
+                4 => {
+                    let p = i16::from(a) + i16::from(b) - i16::from(c);
+                    let (pa, pb, pc) = (
+                        (p - i16::from(a)).abs(),
+                        (p - i16::from(b)).abs(),
+                        (p - i16::from(c)).abs(),
+                    );
+                    if pa <= pb && pa <= pc {
+                        a
+                    } else if pb <= pc {
+                        b
+                    } else {
+                        c
+                    }
+                }
+                f => panic!("PNG filter {f}"),
+            };
+            img[y * stride + x] = src[x].wrapping_add(pred);
+        }
+    }
+    let px = img.chunks(channels).map(|p| [p[0], p[1], p[2]]).collect();
+    (w, h, px)
+}
+
+/// Records three epochs of training with `syncmem trace record` and draws them.
+fn recorded_page(name: &str) -> (TempPath, TempPath) {
+    let trace = TempPath::new("memory-page", &format!("{name}.jsonl"));
+    let page = TempPath::new("memory-page", &format!("{name}.html"));
+    // Two mirrors, so that the host pool is used too (with zero-copy, training allocates no
+    // host memory of its own: the page has the device pool only).
+    ok_env(
+        &["trace", "record", "--epochs", "3", "--out", trace.arg()],
+        &[("SYNCMEM_ZERO_COPY", "off")],
+    );
+    let title = "memory of syncmem trace record --epochs 3";
+    ok(&[
+        "trace",
+        "view",
+        trace.arg(),
+        "-o",
+        page.arg(),
+        "--title",
+        title,
+    ]);
+    (trace, page)
+}
+
+/// Checks the page as a file: self-contained, one chart per pool with its series, the peak,
+/// the blocks alive at it with owners.
+fn check_page_file(html: &str, device: &str) {
+    check_pools(html, device, 2);
+}
+
+/// [`check_page_file`] for a page of at least `min_pools` pools: with one, the run was
+/// zero-copy (one mirror per buffer, no host pool, syncs drawn as `mapped` marks); with two
+/// or more, the host pool and the copies both ways are on the page.
+fn check_pools(html: &str, device: &str, min_pools: usize) {
+    for external in ["http://", "https://", "<link", " src=", "@import", "url("] {
+        assert!(
+            !html.contains(external),
+            "the page refers to something outside: {external}"
+        );
+    }
+    let pools = html.matches("<section class=\"pool\"").count();
+    assert!(
+        pools >= min_pools,
+        "{min_pools} pools or more (device, host): {pools}"
+    );
+    assert_eq!(
+        html.matches("class=\"series series-allocated\"").count(),
+        pools
+    );
+    assert_eq!(
+        html.matches("class=\"series series-reserved\"").count(),
+        pools
+    );
+    assert_eq!(html.matches("<g class=\"peak\">").count(), pools);
+    assert!(html.contains(&format!("data-pool=\"{device}\"")));
+    if min_pools >= 2 {
+        assert!(html.contains("data-pool=\"host\""));
+        // Copies as marks with their bytes.
+        assert!(html.contains("data-kind=\"host_to_device\""));
+        assert!(html.contains("data-kind=\"device_to_host\""));
+    } else {
+        assert!(
+            !html.contains("data-pool=\"host\""),
+            "zero-copy: no host pool"
+        );
+        assert!(
+            html.contains("data-kind=\"mapped\""),
+            "zero-copy syncs drawn"
+        );
+        assert!(!html.contains("data-kind=\"host_to_device\""));
+    }
+    // Steps drawn; owners named.
+    assert!(html.contains("<g class=\"steps\"><line"));
+    assert!(
+        html.contains("<td class=\"owner\">fc2_w</td>"),
+        "fc2_w among the blocks"
+    );
+    assert!(html.contains("time since the trace began"));
+}
+
+#[test]
+fn the_page_of_a_training_run_renders_in_a_browser() {
+    let Some(browser) = chromium() else {
+        assert!(
+            !browser_required(),
+            "SYNCMEM_REQUIRE_BROWSER=1 but no Chromium found (set SYNCMEM_CHROMIUM or install \
+             the `chromium` package: scripts/setup.sh --with-browser)"
+        );
+        println!("note: no Chromium found: the memory page was not checked in a browser");
+        return;
+    };
+    let (trace, page) = recorded_page("browser");
+    let html = std::fs::read_to_string(&page.0).unwrap();
+    let first = trace_first_device(&trace.0);
+    check_page_file(&html, &first);
+
+    // The script runs without an error, and the drawing is in the DOM the browser built.
+    let dom = run_chromium(&browser, &page.0, &["--dump-dom"]);
+    assert!(
+        dom.contains("data-ready=\"1\""),
+        "the page's script did not finish"
+    );
+    assert!(
+        dom.contains("data-errors=\"0\""),
+        "errors: {}",
+        errors_of(&dom)
+    );
+    assert!(
+        dom.contains("<pre id=\"errors\"></pre>"),
+        "errors: {}",
+        errors_of(&dom)
+    );
+    assert!(dom.contains("data-render-ms=") && dom.contains("data-loaded-ms="));
+    assert_eq!(
+        dom.matches("class=\"series series-allocated\"").count(),
+        html.matches("class=\"series series-allocated\"").count()
+    );
+
+    // Hovering: a block's row shows its owner, size and lifetime (and marks the lifetime on
+    // the chart); the chart shows the bytes under the pointer. Mouse events are sent by a
+    // script added to a copy of the page, which writes what the tooltip said into the page.
+    let hover = TempPath::new("memory-page", "hover.html");
+    let probe = r##"<script>
+const tip = document.getElementById("tip");
+const move = (el, fx) => {
+  const r = el.getBoundingClientRect();
+  el.dispatchEvent(new MouseEvent("mouseenter", {clientX: r.left + r.width * fx, clientY: r.top + r.height / 2}));
+  el.dispatchEvent(new MouseEvent("mousemove", {clientX: r.left + r.width * fx, clientY: r.top + r.height / 2}));
+  return tip.style.display === "block" ? tip.textContent : "(hidden)";
+};
+const row = document.querySelector("tr.block");
+document.body.dataset.hoverBlock = move(row, 0.5);
+document.body.dataset.hoverLife = document.querySelector("#chart-0 rect.life").getAttribute("width");
+document.body.dataset.hoverChart = move(document.querySelector("#chart-0 rect.hover"), 0.9);
+</script></body>"##;
+    std::fs::write(&hover.0, html.replace("</body>", probe)).unwrap();
+    let dom = run_chromium(&browser, &hover.0, &["--dump-dom"]);
+    assert!(
+        dom.contains("data-errors=\"0\""),
+        "errors: {}",
+        errors_of(&dom)
+    );
+    let attr = |name: &str| {
+        let key = format!("{name}=\"");
+        let start = dom
+            .find(&key)
+            .map(|i| i + key.len())
+            .unwrap_or_else(|| panic!("no {name}"));
+        dom[start..start + dom[start..].find('"').unwrap()].to_string()
+    };
+    let block = attr("data-hover-block");
+    // The first row's owner and size, as the table shows them.
+    let row = &html[html.find("<tr class=\"block\"").unwrap()..];
+    let cell = |from: &str| {
+        let start = row.find(from).unwrap() + from.len();
+        row[start..start + row[start..].find("</td>").unwrap()].to_string()
+    };
+    let (owner, size) = (cell("<td class=\"owner\">"), cell("<td class=\"num\">"));
+    assert!(block.starts_with(&format!("{owner}: {size} (")), "{block}");
+    assert!(
+        block.contains("allocated at") && block.contains("alive"),
+        "{block}"
+    );
+    assert_ne!(
+        attr("data-hover-life"),
+        "0",
+        "the lifetime is marked on the chart"
+    );
+    let chart = attr("data-hover-chart");
+    assert!(
+        chart.contains("allocated") && chart.contains("reserved"),
+        "{chart}"
+    );
+
+    // The same check sees an error when there is one: a page whose script logs one.
+    let broken = TempPath::new("memory-page", "broken.html");
+    let bad = html.replace("</body>", "<script>console.error('boom')</script></body>");
+    std::fs::write(&broken.0, bad).unwrap();
+    let dom = run_chromium(&browser, &broken.0, &["--dump-dom"]);
+    assert!(dom.contains("data-errors=\"1\""), "an error was not caught");
+    assert!(errors_of(&dom).contains("boom"));
+
+    // The screenshot at 1280x800 shows the charts: the allocated area and the reserved line
+    // in their colours, on a page that is not blank.
+    let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("memory-page.png");
+    let _ = std::fs::remove_file(&shot);
+    run_chromium(
+        &browser,
+        &page.0,
+        &[&format!("--screenshot={}", shot.display())],
+    );
+    let (w, h, px) = decode_png(&std::fs::read(&shot).expect("the screenshot"));
+    assert_eq!((w, h), (1280, 800));
+    let count = |rgb: [u8; 3]| {
+        px.iter()
+            .filter(|p| p.iter().zip(rgb).all(|(a, b)| a.abs_diff(b) <= 8))
+            .count()
+    };
+    let white = count([255, 255, 255]);
+    let allocated = count([0xa9, 0xc8, 0xec]);
+    let reserved = count([0xe8, 0x87, 0x1e]);
+    assert!(
+        white < w * h * 95 / 100,
+        "the screenshot is blank: {white} white pixels"
+    );
+    assert!(allocated > 2000, "the allocated area: {allocated} pixels");
+    assert!(reserved > 200, "the reserved line: {reserved} pixels");
+    println!("screenshot: {}", shot.display());
+}
+
+/// The first pool of the trace that is a device (its label).
+fn trace_first_device(trace: &Path) -> String {
+    let text = std::fs::read_to_string(trace).unwrap();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["device"].as_str().map(str::to_string))
+        .find(|d| d != "host" && !d.ends_with(" pinned"))
+        .expect("a device pool in the trace")
+}
+
+/// The text of the page's `#errors` in a dumped DOM.
+fn errors_of(dom: &str) -> String {
+    let start = dom.find("<pre id=\"errors\">").map_or(0, |i| i + 17);
+    let end = dom[start..].find("</pre>").map_or(dom.len(), |i| start + i);
+    dom[start..end].to_string()
+}
+
+#[test]
+fn trace_view_writes_a_self_contained_page() {
+    let (trace, page) = recorded_page("file");
+    let html = std::fs::read_to_string(&page.0).unwrap();
+    check_page_file(&html, &trace_first_device(&trace.0));
+    // A trace that cannot be read: an error naming it, no page.
+    let bad = TempPath::new("memory-page", "bad.jsonl");
+    std::fs::write(&bad.0, "{\"op\":\"alloc\"}\n").unwrap();
+    let out = TempPath::new("memory-page", "bad.html");
+    let err = common::fails(&["trace", "view", bad.arg(), "-o", out.arg()]);
+    assert!(err.contains("line 1"), "{err}");
+    assert!(!out.0.exists());
+    let err = common::fails(&["trace", "view", trace.arg(), "-o", "/no-such-dir/x.html"]);
+    assert!(err.contains("does not exist"), "{err}");
+}
+
+#[test]
+fn train_writes_the_page_of_its_run() {
+    let page = TempPath::new("memory-page", "train.html");
+    let out = ok(&[
+        "train",
+        "--device",
+        "cpu",
+        "--epochs",
+        "2",
+        "--memory-html",
+        page.arg(),
+    ]);
+    assert!(out.contains("memory page of the run"), "{out}");
+    let html = std::fs::read_to_string(&page.0).unwrap();
+    // Zero-copy on cpu: the device pool holds every buffer, the host pool is never used.
+    check_pools(&html, "cpu", 1);
+    assert!(html.contains("syncmem train on cpu: 2 epoch(s)"));
+    let err = common::fails(&["train", "--memory-html", "/no-such-dir/x.html"]);
+    assert!(err.contains("does not exist"), "{err}");
+}

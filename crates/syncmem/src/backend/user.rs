@@ -1,0 +1,406 @@
+//! Kernels the user brings: the types every backend shares. A kernel is compiled from OpenCL C
+//! (`opencl/user.rs`) or CUDA C (`cuda/user.rs`) source once per device, or is a Rust closure
+//! over host slices on the `cpu` device (`cpu/user.rs`); `dispatch/user.rs` picks the backend.
+//! The checks and the ordering of a launch live in the device layer
+//! ([`crate::device::UserKernel`]).
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::cpu::user::HostKernelFn;
+
+/// The geometry of a launch, as CUDA spells it: `blocks` blocks of `threads` threads each, in
+/// up to three dimensions. On OpenCL the global size is `blocks × threads` and the local
+/// (work-group) size `threads`; a host closure on `cpu` gets it as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Grid {
+    /// Blocks (CUDA's grid, OpenCL's number of work-groups) along x, y, z.
+    pub blocks: [u32; 3],
+    /// Threads per block (CUDA's block, OpenCL's work-group size) along x, y, z.
+    pub threads: [u32; 3],
+}
+
+impl Grid {
+    /// `blocks` blocks of `threads` threads, three dimensions.
+    pub fn new(blocks: [u32; 3], threads: [u32; 3]) -> Self {
+        Self { blocks, threads }
+    }
+
+    /// One dimension: `blocks` blocks of `threads` threads.
+    pub fn linear(blocks: u32, threads: u32) -> Self {
+        Self::new([blocks, 1, 1], [threads, 1, 1])
+    }
+
+    /// One dimension, enough blocks of `threads` threads to give every one of `n` elements a
+    /// thread (at least one block; at most `u32::MAX` blocks: use a grid-stride loop beyond).
+    pub fn for_elements(n: usize, threads: u32) -> Self {
+        let t = threads.max(1) as usize;
+        let blocks = n.div_ceil(t).clamp(1, u32::MAX as usize) as u32;
+        Self::linear(blocks, threads)
+    }
+
+    /// Threads per block (the product of [`Grid::threads`]).
+    pub fn threads_per_block(&self) -> u64 {
+        self.threads.iter().map(|&t| u64::from(t)).product()
+    }
+
+    /// Threads of the whole launch.
+    pub fn total_threads(&self) -> u64 {
+        self.threads_per_block()
+            .saturating_mul(self.blocks.iter().map(|&b| u64::from(b)).product())
+    }
+
+    /// The dimensions a launch needs: 3 when z is used, else 2 when y is, else 1.
+    pub fn dims(&self) -> usize {
+        let used = |i: usize| self.blocks[i] > 1 || self.threads[i] > 1;
+        if used(2) {
+            3
+        } else if used(1) {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// `None` when the grid can run, else why not (a zero extent).
+    pub(crate) fn problem(&self) -> Option<String> {
+        if self.blocks.contains(&0) || self.threads.contains(&0) {
+            return Some(format!("the grid {self} has an extent of 0"));
+        }
+        None
+    }
+}
+
+impl fmt::Display for Grid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let [bx, by, bz] = self.blocks;
+        let [tx, ty, tz] = self.threads;
+        write!(f, "({bx}, {by}, {bz}) blocks of ({tx}, {ty}, {tz}) threads")
+    }
+}
+
+/// The type of a scalar argument, named as OpenCL C names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ScalarType {
+    /// `int` (`i32`).
+    I32,
+    /// `uint`, `unsigned int` (`u32`).
+    U32,
+    /// `long`, `long long` (`i64`).
+    I64,
+    /// `ulong`, `unsigned long long` (`u64`).
+    U64,
+    /// `float` (`f32`).
+    F32,
+    /// `double` (`f64`).
+    F64,
+}
+
+impl ScalarType {
+    /// The OpenCL C name (`int`, `uint`, `long`, `ulong`, `float`, `double`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ScalarType::I32 => "int",
+            ScalarType::U32 => "uint",
+            ScalarType::I64 => "long",
+            ScalarType::U64 => "ulong",
+            ScalarType::F32 => "float",
+            ScalarType::F64 => "double",
+        }
+    }
+
+    /// Bytes of a value.
+    pub fn size(self) -> usize {
+        match self {
+            ScalarType::I32 | ScalarType::U32 | ScalarType::F32 => 4,
+            _ => 8,
+        }
+    }
+
+    /// The type of an OpenCL C or CUDA C type name (`float`, `unsigned int`, `uint32_t`, ...).
+    #[cfg_attr(not(feature = "opencl"), allow(dead_code))]
+    pub(crate) fn from_c_name(name: &str) -> Option<Self> {
+        let words: Vec<&str> = name
+            .split_whitespace()
+            .filter(|w| !matches!(*w, "const" | "volatile" | "__private" | "private"))
+            .collect();
+        Some(match words.join(" ").as_str() {
+            "int" | "signed int" | "signed" | "int32_t" => ScalarType::I32,
+            "uint" | "unsigned int" | "unsigned" | "uint32_t" => ScalarType::U32,
+            "long" | "long long" | "long int" | "long long int" | "int64_t" => ScalarType::I64,
+            "ulong"
+            | "unsigned long"
+            | "unsigned long long"
+            | "unsigned long int"
+            | "unsigned long long int"
+            | "uint64_t"
+            | "size_t" => ScalarType::U64,
+            "float" => ScalarType::F32,
+            "double" => ScalarType::F64,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for ScalarType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A scalar argument of a launch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ScalarArg {
+    /// `int`.
+    I32(i32),
+    /// `uint`.
+    U32(u32),
+    /// `long`.
+    I64(i64),
+    /// `ulong`.
+    U64(u64),
+    /// `float`.
+    F32(f32),
+    /// `double`.
+    F64(f64),
+}
+
+impl ScalarArg {
+    /// Its type.
+    pub fn scalar_type(&self) -> ScalarType {
+        match self {
+            ScalarArg::I32(_) => ScalarType::I32,
+            ScalarArg::U32(_) => ScalarType::U32,
+            ScalarArg::I64(_) => ScalarType::I64,
+            ScalarArg::U64(_) => ScalarType::U64,
+            ScalarArg::F32(_) => ScalarType::F32,
+            ScalarArg::F64(_) => ScalarType::F64,
+        }
+    }
+}
+
+/// A parameter of a compiled kernel, as the backend reports it: OpenCL's kernel argument
+/// information (the program is built with `-cl-kernel-arg-info`), the parameter list of the
+/// PTX that NVRTC wrote for CUDA. A host closure reports none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KernelParam {
+    /// A pointer to device memory (`__global`, `__constant`): pass a buffer. `read_only` when
+    /// it is declared `const` or `__constant`.
+    Buffer {
+        /// Declared `const` or `__constant`.
+        read_only: bool,
+    },
+    /// A scalar of this type.
+    Scalar(ScalarType),
+    /// A 32-bit integer (CUDA: the PTX does not tell `int` from `unsigned int`).
+    Int32,
+    /// A 64-bit word: a pointer (pass a buffer) or a 64-bit integer (CUDA: the PTX does not
+    /// tell them apart).
+    Word64,
+    /// A `__local` pointer (OpenCL): launches cannot pass one (declare the array in the
+    /// kernel's body instead).
+    Local,
+    /// Any other parameter, with its type as the compiler reports it.
+    Other(String),
+}
+
+/// An argument as [`KernelParam::accepts`] sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum ArgShape {
+    Buffer,
+    Scalar(ScalarType),
+}
+
+impl ArgShape {
+    fn describe(self) -> String {
+        match self {
+            ArgShape::Buffer => "a buffer".to_string(),
+            ArgShape::Scalar(t) => format!("a {t} scalar"),
+        }
+    }
+}
+
+impl KernelParam {
+    /// `None` when `arg` fits the parameter, else why not.
+    pub(crate) fn accepts(&self, arg: ArgShape) -> Option<String> {
+        let ok = match (self, arg) {
+            (KernelParam::Buffer { .. }, ArgShape::Buffer) => true,
+            (KernelParam::Scalar(t), ArgShape::Scalar(a)) => *t == a,
+            (KernelParam::Int32, ArgShape::Scalar(a)) => {
+                matches!(a, ScalarType::I32 | ScalarType::U32)
+            }
+            (KernelParam::Word64, ArgShape::Buffer) => true,
+            (KernelParam::Word64, ArgShape::Scalar(a)) => {
+                matches!(a, ScalarType::I64 | ScalarType::U64)
+            }
+            (KernelParam::Other(_), _) => true,
+            _ => false,
+        };
+        if ok {
+            return None;
+        }
+        Some(format!(
+            "the kernel takes {self}, the launch passes {}",
+            arg.describe()
+        ))
+    }
+}
+
+impl fmt::Display for KernelParam {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KernelParam::Buffer { read_only: true } => f.write_str("a read-only buffer"),
+            KernelParam::Buffer { read_only: false } => f.write_str("a buffer"),
+            KernelParam::Scalar(t) => write!(f, "a {t} scalar"),
+            KernelParam::Int32 => f.write_str("a 32-bit integer"),
+            KernelParam::Word64 => f.write_str("a buffer or a 64-bit integer"),
+            KernelParam::Local => f.write_str("a __local pointer (not supported by launches)"),
+            KernelParam::Other(t) => write!(f, "a {t}"),
+        }
+    }
+}
+
+/// What a kernel is made from: a source per backend, and the host closure for `cpu`.
+#[derive(Clone, Default)]
+pub(crate) struct Sources {
+    pub(crate) opencl: Option<Arc<str>>,
+    /// Options of the OpenCL build (`-D N=4`, ...).
+    pub(crate) opencl_options: Arc<str>,
+    pub(crate) cuda: Option<Arc<str>>,
+    pub(crate) host: Option<Arc<HostKernelFn>>,
+}
+
+/// The parameter list of kernel `name` in C source: the text between the parentheses after
+/// the first `name(` that follows `__kernel`, `kernel` or `__global__` (comments removed).
+/// `None` when it is not found. Used only to name parameters in messages and to tell which
+/// are `const`; the compiler's own information decides the checks.
+pub(crate) fn declared_params(source: &str, name: &str) -> Option<Vec<String>> {
+    let text = strip_comments(source);
+    let mut from = 0;
+    while let Some(at) = text[from..].find(name) {
+        let start = from + at;
+        from = start + name.len();
+        let before = text[..start].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let rest = text[from..].trim_start();
+        let Some(inner) = rest.strip_prefix('(') else {
+            continue;
+        };
+        let head = &text[..start];
+        let line_start = head.rfind([';', '}']).map_or(0, |i| i + 1);
+        let decl = &head[line_start..];
+        if !["__kernel", "kernel", "__global__"]
+            .iter()
+            .any(|k| decl.split_whitespace().any(|w| w == *k))
+        {
+            continue;
+        }
+        let end = inner.find(')')?;
+        let list = inner[..end].trim();
+        if list.is_empty() || list == "void" {
+            return Some(Vec::new());
+        }
+        return Some(list.split(',').map(|p| p.trim().to_string()).collect());
+    }
+    None
+}
+
+fn strip_comments(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    loop {
+        let line = rest.find("//");
+        let block = rest.find("/*");
+        match (line, block) {
+            (Some(l), b) if b.is_none_or(|b| l < b) => {
+                out.push_str(&rest[..l]);
+                rest = rest[l..].find('\n').map_or("", |e| &rest[l + e..]);
+            }
+            (_, Some(b)) => {
+                out.push_str(&rest[..b]);
+                out.push(' ');
+                rest = rest[b + 2..]
+                    .find("*/")
+                    .map_or("", |e| &rest[b + 2 + e + 2..]);
+            }
+            _ => {
+                out.push_str(rest);
+                return out;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grids_count_their_threads_and_dimensions() {
+        let g = Grid::for_elements(1000, 256);
+        assert_eq!(g.blocks, [4, 1, 1]);
+        assert_eq!(
+            (g.threads_per_block(), g.total_threads(), g.dims()),
+            (256, 1024, 1)
+        );
+        assert_eq!(Grid::for_elements(0, 64).blocks[0], 1);
+        assert_eq!(Grid::new([2, 3, 1], [8, 8, 1]).dims(), 2);
+        assert_eq!(Grid::new([1, 1, 2], [1, 1, 1]).dims(), 3);
+        assert!(Grid::linear(0, 64).problem().is_some());
+        assert!(Grid::linear(1, 64).problem().is_none());
+    }
+
+    #[test]
+    fn c_type_names_map_to_scalars() {
+        assert_eq!(ScalarType::from_c_name("float"), Some(ScalarType::F32));
+        assert_eq!(
+            ScalarType::from_c_name("const unsigned int"),
+            Some(ScalarType::U32)
+        );
+        assert_eq!(ScalarType::from_c_name("ulong"), Some(ScalarType::U64));
+        assert_eq!(ScalarType::from_c_name("half"), None);
+    }
+
+    #[test]
+    fn parameters_accept_their_kind_of_argument() {
+        let buf = KernelParam::Buffer { read_only: true };
+        assert!(buf.accepts(ArgShape::Buffer).is_none());
+        let e = buf.accepts(ArgShape::Scalar(ScalarType::F32)).unwrap();
+        assert!(
+            e.contains("read-only buffer") && e.contains("float scalar"),
+            "{e}"
+        );
+        let f = KernelParam::Scalar(ScalarType::F32);
+        assert!(f.accepts(ArgShape::Scalar(ScalarType::F64)).is_some());
+        assert!(f.accepts(ArgShape::Buffer).is_some());
+        assert!(KernelParam::Int32
+            .accepts(ArgShape::Scalar(ScalarType::I32))
+            .is_none());
+        assert!(KernelParam::Word64.accepts(ArgShape::Buffer).is_none());
+        assert!(KernelParam::Word64
+            .accepts(ArgShape::Scalar(ScalarType::F64))
+            .is_some());
+        assert!(KernelParam::Local.accepts(ArgShape::Buffer).is_some());
+    }
+
+    #[test]
+    fn declared_parameters_are_found_in_the_source() {
+        let cl = "// sm_x(int a)\n/* kernel void f(int) */\n__kernel void scale(uint n,\n \
+                  const __global float* x, __global float* y) { y[0] = x[0]; }";
+        let p = declared_params(cl, "scale").unwrap();
+        assert_eq!(
+            p,
+            ["uint n", "const __global float* x", "__global float* y"]
+        );
+        let cu = "extern \"C\" __global__ void leaky(const float* x, float* y, unsigned int n) {}";
+        assert_eq!(declared_params(cu, "leaky").unwrap().len(), 3);
+        assert!(declared_params(cu, "missing").is_none());
+        assert_eq!(
+            declared_params("kernel void nothing(void) {}", "nothing").unwrap(),
+            Vec::<String>::new()
+        );
+    }
+}
