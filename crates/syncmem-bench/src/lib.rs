@@ -17,6 +17,7 @@ mod rawcl;
 pub mod replay;
 pub mod rows;
 pub mod user;
+pub mod zero_copy;
 
 use std::fmt;
 
@@ -134,7 +135,7 @@ pub fn step_count() -> usize {
     STEPS.len() + compute::STEPS.len()
 }
 
-const STEPS: [&str; 17] = [
+const STEPS: [&str; 19] = [
     "host pool 4 KiB",
     "host pool 4 KiB vs malloc",
     "host pool 1 MiB",
@@ -147,6 +148,8 @@ const STEPS: [&str; 17] = [
     "synced round trip 64 MiB",
     "synced round trip 64 MiB pinned",
     "host read access",
+    "zero-copy cycle 64 MiB",
+    "zero-copy map cycle 64 MiB",
     "user kernel launch",
     "train epoch LeakyRelu vs Relu",
     "trace replay train h64",
@@ -155,7 +158,7 @@ const STEPS: [&str; 17] = [
 ];
 
 /// The notes printed under the table: what the baselines are.
-const BASELINES: [&str; 7] = [
+const BASELINES: [&str; 8] = [
     "host pool rows: a private caching HostPool against the system allocator at the pool's \
      alignment (64 B); `vs malloc` at the system's own (16 B), which the pool does not offer",
     "host pool 64 MiB: neither side touches the memory; `touched` writes every page on both \
@@ -165,6 +168,10 @@ const BASELINES: [&str; 7] = [
     "synced round trips: the same host memory on both sides (the host allocator's pageable \
      memory, or the device's pinned memory)",
     "host read access: per call, through SyncedMemory::host() against indexing a slice",
+    "zero-copy cycles (devices whose memory is host memory): host write of a byte, device read, \
+     device write, host read of a byte on one 64 MiB buffer shared by host and device, against \
+     two mirrors (an upload and a read-back each cycle; goal >= 50), and with the map protocol \
+     forced against the raw clEnqueueMapBuffer/Unmap calls it makes (goal >= 0.9)",
     "user kernel launch: a one-float kernel through UserKernel::launch (checks, ordering, the \
      launch recorded on its buffer) against clSetKernelArg + clEnqueueNDRangeKernel on the same \
      queue (cpu: the closure called directly), never waited for, the queue held behind a user \
@@ -298,6 +305,22 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
         samples,
         batch: if opts.quick { 10_000 } else { 100_000 },
     })?);
+    let zero_copy_rows = |d: &Device, rows: &mut Vec<Row>, p: &mut Progress| -> Result<()> {
+        p.next();
+        rows.extend(zero_copy::vs_copies_row(d, 64 * MIB, large)?);
+        p.next();
+        rows.extend(zero_copy::vs_raw_map_row(d, 64 * MIB, large)?);
+        Ok(())
+    };
+    let zero_copy_end = p.step + 2;
+    if let Ok(d) = &dev {
+        if let Err(e) = zero_copy_rows(d, &mut rows, &mut p) {
+            skipped.push(format!("zero-copy rows on {}: {e}", opts.device));
+        }
+    }
+    while p.step < zero_copy_end {
+        p.next();
+    }
     p.next();
     // Without the device, the note above covers these rows too.
     if let Ok(d) = &dev {

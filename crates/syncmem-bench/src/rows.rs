@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use syncmem::alloc::pool::{HostPool, PoolConfig, PoolKind};
 use syncmem::alloc::HostBlock;
-use syncmem::{Device, Error, OomReport, Result, SyncedMemory};
+use syncmem::{Device, Error, OomReport, Result, SyncedMemory, ZeroCopy};
 
 use crate::raw::raw_cycle;
 use crate::{size_name, Row};
@@ -168,7 +168,9 @@ pub fn device_pool_row(dev: &Device, bytes: usize, raw: bool, runs: Runs) -> Res
 /// # Errors
 /// Device errors.
 pub fn round_trip_row(dev: &Device, bytes: usize, pinned: bool, runs: Runs) -> Result<Row> {
-    let dev = dev.detached();
+    let dev = dev.isolated();
+    // Two mirrors, so that the row measures the copies (the zero-copy rows measure sharing).
+    dev.set_zero_copy(ZeroCopy::Off);
     let stream = dev.default_stream()?;
     let buf = SyncedMemory::new(bytes, &dev).with_pinned_host(pinned);
     let mut dbuf = dev.alloc(bytes)?;

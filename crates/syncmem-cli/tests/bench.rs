@@ -24,6 +24,7 @@ fn bench_quick_json_has_ratios() {
         "synced round trip 64 MiB",
         "synced round trip 64 MiB pinned",
         "host read access",
+        "zero-copy cycle 64 MiB",
         "user kernel launch",
         "epoch LeakyRelu vs Relu",
         "epoch LeakyRelu vs Relu unfused",
@@ -45,6 +46,8 @@ fn bench_quick_json_has_ratios() {
             "synced round trip 64 MiB" | "synced round trip 64 MiB pinned" => Some(0.95),
             "user kernel launch" => Some(syncmem_bench::user::LAUNCH_GOAL),
             "epoch LeakyRelu vs Relu" => Some(syncmem_bench::user::EPOCH_GOAL),
+            "zero-copy cycle 64 MiB" => Some(syncmem_bench::zero_copy::VS_COPIES_GOAL),
+            "zero-copy map cycle 64 MiB" => Some(syncmem_bench::zero_copy::VS_RAW_MAP_GOAL),
             _ => None,
         };
         assert_eq!(r["goal"].as_f64(), goal, "{r}");
@@ -133,6 +136,17 @@ fn bench_on_opencl_compares_train_gemm_and_launch() {
         return;
     }
     let v: Value = common::json(&["bench", "--quick", "--device", "opencl:0", "--json"]);
+    // Both zero-copy rows on PoCL (its memory is host memory): against two mirrors, and the
+    // map protocol against the raw map/unmap calls.
+    let names: Vec<&str> = v["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    for want in ["zero-copy cycle 64 MiB", "zero-copy map cycle 64 MiB"] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
     let c = &v["compute"];
     assert_eq!(c["device"], "opencl:0");
     check_peak_and_gemm(c, &["cpu", "opencl:0"]);

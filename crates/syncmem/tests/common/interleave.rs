@@ -390,7 +390,7 @@ pub fn run_op(
                 .map(|i| f32::from((i as u8).wrapping_add(seed) % 16) - 8.0)
                 .collect();
             // Two mirrors: the model is the copying protocol's (zero-copy buffers are the
-            // model of tests/zero_copy_model.rs).
+            // model of tests/spill_model.rs, with spills).
             let mem = SyncedMemory::new(n * 4, dev)
                 .with_zero_copy(false)
                 .with_stream(&streams[stream])
