@@ -31,13 +31,25 @@ struct Registry {
 }
 
 impl Registry {
-    /// The one path every registration takes, built-in or not.
+    /// The one path every registration takes, built-in or not: [`Registry::check`], then the
+    /// entry (names that live as long as the process: the registry is never freed).
     fn register(
         &mut self,
-        name: &str,
-        gradient: Option<&str>,
+        name: &'static str,
+        gradient: Option<&'static str>,
         build: OperatorBuilder,
     ) -> Result<()> {
+        self.check(name, gradient)?;
+        self.entries.push(Entry {
+            name,
+            gradient,
+            build,
+        });
+        Ok(())
+    }
+
+    /// Checks a registration: a valid name and gradient name, a type not registered yet.
+    fn check(&self, name: &str, gradient: Option<&str>) -> Result<()> {
         let bad = |reason: &str| Error::InvalidState {
             op: "register_operator",
             buffer: format!("operator type {name:?}"),
@@ -56,11 +68,6 @@ impl Registry {
                 detail: " (registered before: a type is registered once)".into(),
             });
         }
-        self.entries.push(Entry {
-            name: Box::leak(Box::<str>::from(name)),
-            gradient: gradient.map(|g| &*Box::leak(Box::<str>::from(g))),
-            build,
-        });
         Ok(())
     }
 }
@@ -125,9 +132,11 @@ pub fn register_operator(
     gradient: Option<&str>,
     build: impl Fn(&OperatorDef, &Device) -> Result<Box<dyn Operator>> + Send + Sync + 'static,
 ) -> Result<()> {
-    REGISTRY
-        .write()
-        .register(op_type, gradient, Arc::new(build))
+    let mut registry = REGISTRY.write();
+    registry.check(op_type, gradient)?;
+    // Checked first, so that only registered names are kept for the process's lifetime.
+    let keep = |s: &str| -> &'static str { Box::leak(Box::<str>::from(s)) };
+    registry.register(keep(op_type), gradient.map(keep), Arc::new(build))
 }
 
 /// Builds the operator `def` for `device`.
