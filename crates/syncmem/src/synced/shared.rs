@@ -101,29 +101,10 @@ impl SyncedMemory {
         };
         if let Some(old) = core.host.as_ref().filter(|_| core.valid.has(Place::Host)) {
             // The block may still be in use by its previous owner's commands.
-            match protocol {
-                ZeroCopyProtocol::InPlace => buf.wait_uses()?,
-                ZeroCopyProtocol::Map => {
-                    stream.map_blocking(buf, MapAccess::Overwrite)?;
-                    state.mapped = Some(Mapping::Write);
-                }
-            }
+            let old = old.ptr();
             // SAFETY: the old host mirror is valid for `size` bytes and no guard exists (the
-            // caller holds the state lock during an allocation); the shared memory is `size`
-            // bytes of this device mirror, which no command uses any more (waited for, or
-            // mapped after them), and the two never overlap (distinct allocations).
-            unsafe { std::ptr::copy_nonoverlapping(old.ptr(), host.as_ptr(), self.size) };
-            let kind = if core.spilled {
-                Direction::Refill
-            } else {
-                Direction::HostToDevice
-            };
-            self.count_on(&stream, kind);
-            if kind == Direction::Refill {
-                self.note_refill();
-            }
-            core.spilled = false;
-            core.valid = core.valid.with(Place::Device);
+            // caller holds the state lock during an allocation); `host` is `buf`'s memory.
+            unsafe { self.move_in(core, buf, &stream, &mut state, old, host)? };
         }
         core.release_host()?;
         core.host = Some(HostMem::Shared(host));
@@ -159,35 +140,57 @@ impl SyncedMemory {
         core.release_host()?;
         if core.valid.has(Place::Host) && !core.valid.has(Place::Device) {
             let stream = self.pick_stream(None)?;
-            match protocol {
-                ZeroCopyProtocol::InPlace => dev.wait_uses()?,
-                ZeroCopyProtocol::Map => {
-                    stream.map_blocking(&dev, MapAccess::Overwrite)?;
-                    state.mapped = Some(Mapping::Write);
-                }
-            }
             let old = core
                 .host
                 .as_ref()
                 .map_or(std::ptr::null_mut(), HostMem::ptr);
             // SAFETY: `old` is the host mirror, `size` bytes, which no guard reads (exclusive
-            // lock) and no upload reads any more (waited for above); `host` is the device
-            // mirror's memory, which no device command uses now; distinct allocations.
-            unsafe { std::ptr::copy_nonoverlapping(old, host.as_ptr(), self.size) };
-            let kind = if core.spilled {
-                Direction::Refill
-            } else {
-                Direction::HostToDevice
-            };
-            self.count_on(&stream, kind);
-            if kind == Direction::Refill {
-                self.note_refill();
-            }
-            core.spilled = false;
-            core.valid = core.valid.with(Place::Device);
+            // lock) and no upload reads any more (released above); `host` is `dev`'s memory.
+            unsafe { self.move_in(core, &dev, &stream, &mut state, old, host)? };
         }
         core.host = Some(HostMem::Shared(host));
         core.zc = Some(state);
+        Ok(())
+    }
+
+    /// Moves the host data at `old` into `host`, the memory of device mirror `dev` that the
+    /// buffer is about to share: waits for (or maps after) the commands still using `dev`,
+    /// copies `size` bytes, counts the upload it stands for (a refill for a spilled buffer),
+    /// and makes the device side current.
+    ///
+    /// # Safety
+    /// `old` is valid for `size` bytes and nothing writes it meanwhile; `host` is `dev`'s
+    /// memory, `size` bytes, a distinct allocation.
+    unsafe fn move_in(
+        &self,
+        core: &mut Core,
+        dev: &DeviceBuffer,
+        stream: &Stream,
+        state: &mut ZeroCopyState,
+        old: *mut u8,
+        host: NonNull<u8>,
+    ) -> Result<()> {
+        match state.protocol {
+            ZeroCopyProtocol::InPlace => dev.wait_uses()?,
+            ZeroCopyProtocol::Map => {
+                stream.map_blocking(dev, MapAccess::Overwrite)?;
+                state.mapped = Some(Mapping::Write);
+            }
+        }
+        // SAFETY: per the contract, `old` and `host` are valid for `size` bytes and do not
+        // overlap; no device command uses `host` any more (waited for, or mapped after them).
+        unsafe { std::ptr::copy_nonoverlapping(old, host.as_ptr(), self.size) };
+        let kind = if core.spilled {
+            Direction::Refill
+        } else {
+            Direction::HostToDevice
+        };
+        self.count_on(stream, kind);
+        if kind == Direction::Refill {
+            self.note_refill();
+        }
+        core.spilled = false;
+        core.valid = core.valid.with(Place::Device);
         Ok(())
     }
 
