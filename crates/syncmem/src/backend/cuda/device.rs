@@ -60,20 +60,9 @@ impl CuDevice {
                     .to_string(),
             });
         }
-        sh.bind()?;
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-        // SAFETY: the context is current; the memory is left uninitialised.
-        let raw = unsafe { result::malloc_host(bytes, flags) }
-            .map_err(|e| sh.alloc_err("cuMemHostAlloc", "mapped host memory", true, bytes, e))?;
-        let Some(host) = NonNull::new(raw.cast::<u8>()) else {
-            return Err(Error::Backend {
-                backend: BackendKind::Cuda,
-                device: sh.label.clone(),
-                op: "cuMemHostAlloc",
-                code: 0,
-                message: "the driver returned a null pointer".to_string(),
-            });
-        };
+        let host = host_alloc(sh, bytes, flags, "mapped host memory", true)?;
+        let raw = host.as_ptr().cast::<std::ffi::c_void>();
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: `raw` is a live DEVICEMAP allocation; `ptr` receives its device address.
         let status = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut ptr, raw, 0) };
@@ -185,20 +174,10 @@ impl BackendDevice for CuDevice {
 
     fn alloc_pinned(&self, bytes: usize) -> Result<CuPinned> {
         let sh = &self.shared;
-        sh.bind()?;
-        // SAFETY: the context is current. PORTABLE: the memory counts as pinned for every
-        // context, since pinned buffers may be used with streams of any device.
-        let raw = unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) }
-            .map_err(|e| sh.alloc_err("cuMemHostAlloc", "pinned host memory", false, bytes, e))?;
-        let Some(ptr) = NonNull::new(raw.cast::<u8>()) else {
-            return Err(Error::Backend {
-                backend: BackendKind::Cuda,
-                device: sh.label.clone(),
-                op: "cuMemHostAlloc",
-                code: 0,
-                message: "the driver returned a null pointer".to_string(),
-            });
-        };
+        // PORTABLE: the memory counts as pinned for every context, since pinned buffers may be
+        // used with streams of any device.
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE;
+        let ptr = host_alloc(sh, bytes, flags, "pinned host memory", false)?;
         // SAFETY: cuMemHostAlloc returned `bytes` writable host bytes at `ptr`; nothing else
         // knows the pointer yet.
         unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, bytes) };
@@ -221,4 +200,27 @@ impl BackendDevice for CuDevice {
             timeline: Default::default(),
         })
     }
+}
+
+/// `cuMemHostAlloc` of `bytes` with `flags` (`what` names the memory in errors; the device's
+/// free memory is reported for `device_memory`). Binds the context first; the memory is left
+/// uninitialised. A null pointer from the driver is an error.
+fn host_alloc(
+    sh: &CuShared,
+    bytes: usize,
+    flags: u32,
+    what: &str,
+    device_memory: bool,
+) -> Result<NonNull<u8>> {
+    sh.bind()?;
+    // SAFETY: the context is current (bound above).
+    let raw = unsafe { result::malloc_host(bytes, flags) }
+        .map_err(|e| sh.alloc_err("cuMemHostAlloc", what, device_memory, bytes, e))?;
+    NonNull::new(raw.cast::<u8>()).ok_or_else(|| Error::Backend {
+        backend: BackendKind::Cuda,
+        device: sh.label.clone(),
+        op: "cuMemHostAlloc",
+        code: 0,
+        message: "the driver returned a null pointer".to_string(),
+    })
 }
