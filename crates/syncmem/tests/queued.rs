@@ -22,7 +22,8 @@ use gate::Gate;
 use opencl3::command_queue::enqueue_fill_buffer;
 use opencl3::event::release_event;
 use opencl3::memory::ClMem;
-use syncmem::alloc::stats::host_waits;
+// The calling thread's waits: other tests of this file run at once on other threads.
+use syncmem::alloc::stats::thread_host_waits as host_waits;
 use syncmem::ops::{create_operator, OperatorDef};
 use syncmem::tensor::Tensor;
 use syncmem::{kernels, Context, Device, Stream, SyncedMemory, Workspace};
