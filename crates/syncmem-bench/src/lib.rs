@@ -16,6 +16,7 @@ pub mod raw;
 mod rawcl;
 pub mod replay;
 pub mod rows;
+pub mod train_memory;
 pub mod user;
 pub mod zero_copy;
 
@@ -112,6 +113,9 @@ pub struct BenchReport {
     pub notes: Vec<String>,
     /// Rows skipped and why.
     pub skipped: Vec<String>,
+    /// Bytes copied, spilled and refilled by `train` runs with zero-copy on and off, capped
+    /// and uncapped.
+    pub train_memory: Vec<train_memory::TrainMemoryRow>,
     /// FMA peak, GEMM throughput, train epoch times, trivial kernel.
     pub compute: compute::ComputeReport,
 }
@@ -135,7 +139,7 @@ pub fn step_count() -> usize {
     STEPS.len() + compute::STEPS.len()
 }
 
-const STEPS: [&str; 19] = [
+const STEPS: [&str; 22] = [
     "host pool 4 KiB",
     "host pool 4 KiB vs malloc",
     "host pool 1 MiB",
@@ -150,15 +154,18 @@ const STEPS: [&str; 19] = [
     "host read access",
     "zero-copy cycle 64 MiB",
     "zero-copy map cycle 64 MiB",
+    "256 B cycle, 100000 live buffers",
     "user kernel launch",
     "train epoch LeakyRelu vs Relu",
+    "train zero-copy vs two mirrors",
+    "train memory cap vs uncapped",
     "trace replay train h64",
     "trace replay train h256",
     "trace replay train h1024",
 ];
 
 /// The notes printed under the table: what the baselines are.
-const BASELINES: [&str; 8] = [
+const BASELINES: [&str; 11] = [
     "host pool rows: a private caching HostPool against the system allocator at the pool's \
      alignment (64 B); `vs malloc` at the system's own (16 B), which the pool does not offer",
     "host pool 64 MiB: neither side touches the memory; `touched` writes every page on both \
@@ -172,6 +179,14 @@ const BASELINES: [&str; 8] = [
      device write, host read of a byte on one 64 MiB buffer shared by host and device, against \
      two mirrors (an upload and a read-back each cycle; goal >= 50), and with the map protocol \
      forced against the raw clEnqueueMapBuffer/Unmap calls it makes (goal >= 0.9)",
+    "256 B cycle: the same cycle on 256-byte buffers, 100 of them in turn among 100,000 live \
+     ones against 100 among 100; goal: flat (ratio >= 0.9)",
+    "train epoch zero-copy/off: `syncmem train` (default net) on each device with zero-copy \
+     mirrors against SYNCMEM_ZERO_COPY=off, epochs interleaved; goal: zero-copy no slower \
+     (ratio >= 1.0) and 0 bytes copied in setup and per step (table below)",
+    "train epoch capped/uncapped: `syncmem train --no-plan --no-fuse` capped at half the \
+     unplanned device peak against no cap: what spilling costs (no goal; spills and refills \
+     per step in the table below)",
     "user kernel launch: a one-float kernel through UserKernel::launch (checks, ordering, the \
      launch recorded on its buffer) against clSetKernelArg + clEnqueueNDRangeKernel on the same \
      queue (cpu: the closure called directly), never waited for, the queue held behind a user \
@@ -310,9 +325,11 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
         rows.extend(zero_copy::vs_copies_row(d, 64 * MIB, large)?);
         p.next();
         rows.extend(zero_copy::vs_raw_map_row(d, 64 * MIB, large)?);
+        p.next();
+        rows.push(zero_copy::live_buffers_row(d, small)?);
         Ok(())
     };
-    let zero_copy_end = p.step + 2;
+    let zero_copy_end = p.step + 3;
     if let Ok(d) = &dev {
         if let Err(e) = zero_copy_rows(d, &mut rows, &mut p) {
             skipped.push(format!("zero-copy rows on {}: {e}", opts.device));
@@ -334,6 +351,38 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
         match user::epoch_rows(d, opts.quick) {
             Ok(r) => rows.extend(r),
             Err(e) => skipped.push(format!("LeakyRelu epoch rows on {}: {e}", opts.device)),
+        }
+    }
+    // The train rows run on the device and, where it is another, on `cpu`.
+    let mut train_devices = vec![Device::cpu()];
+    if let Ok(d) = &dev {
+        if d.backend() != syncmem::BackendKind::Cpu {
+            train_devices.insert(0, d.clone());
+        }
+    }
+    let mut train_memory = Vec::new();
+    p.next();
+    for d in &train_devices {
+        match train_memory::zero_copy_rows(d, opts.quick) {
+            Ok(Some((row, table))) => {
+                rows.push(row);
+                train_memory.extend(table);
+            }
+            Ok(None) => skipped.push(format!(
+                "train zero-copy rows on {}: its memory is not host memory",
+                d.label()
+            )),
+            Err(e) => skipped.push(format!("train zero-copy rows on {}: {e}", d.label())),
+        }
+    }
+    p.next();
+    for d in &train_devices {
+        match train_memory::memory_cap_rows(d, opts.quick) {
+            Ok((row, table)) => {
+                rows.push(row);
+                train_memory.extend(table);
+            }
+            Err(e) => skipped.push(format!("train memory cap rows on {}: {e}", d.label())),
         }
     }
     let mut replay = Vec::new();
@@ -360,6 +409,7 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
         replay,
         notes,
         skipped,
+        train_memory,
         compute,
     })
 }
@@ -410,6 +460,10 @@ impl fmt::Display for BenchReport {
             writeln!(f, "note: {n}")?;
         }
         writeln!(f)?;
+        if !self.train_memory.is_empty() {
+            train_memory::write_table(f, &self.train_memory)?;
+            writeln!(f)?;
+        }
         writeln!(
             f,
             "{:<12} {:<9} {:<8} {:>13} {:>14} {:>9} {:>14} {:>9}  goal",

@@ -95,6 +95,66 @@ pub fn vs_raw_map_row(_dev: &Device, _bytes: usize, _runs: Runs) -> Result<Optio
     Ok(None)
 }
 
+/// Goal of the small cycle with many live buffers against few: flat (within noise).
+pub const LIVE_BUFFERS_GOAL: f64 = 0.9;
+/// Buffers of the small cycle's rows: few and many live ones.
+pub const LIVE_BUFFERS: [usize; 2] = [100, 100_000];
+/// Bytes of each buffer of the live-buffer rows.
+pub const SMALL_CYCLE_BYTES: usize = 256;
+
+/// `count` buffers of [`SMALL_CYCLE_BYTES`] on `dev`, each written on the host and read on
+/// the device once, so that all of them are allocated and current on both sides.
+fn live_buffers(dev: &Device, count: usize) -> Result<Vec<SyncedMemory>> {
+    (0..count)
+        .map(|_| {
+            let b = SyncedMemory::new(SMALL_CYCLE_BYTES, dev);
+            cycle(&b, SMALL_CYCLE_BYTES)?;
+            Ok(b)
+        })
+        .collect()
+}
+
+/// The cycle of [`SMALL_CYCLE_BYTES`] on 100 buffers (spread evenly, in turn) among
+/// [`LIVE_BUFFERS`]`[1]` live ones, against the same among [`LIVE_BUFFERS`]`[0]`: the cost of
+/// a sync must not grow with the number of live buffers (no scan of them, no longer lists).
+/// On `dev` as it is set (zero-copy where its memory is host memory).
+///
+/// # Errors
+/// Device errors, out of memory for the live buffers.
+pub fn live_buffers_row(dev: &Device, runs: Runs) -> Result<Row> {
+    let [few, many] = LIVE_BUFFERS;
+    let a = dev.isolated();
+    let b = dev.isolated();
+    let few_bufs = live_buffers(&a, few)?;
+    let many_bufs = live_buffers(&b, many)?;
+    // The same number of buffers cycled on both sides, spread over all the live ones.
+    let stride = many / few;
+    let (mut i, mut j) = (0, 0);
+    let (ours, base) = compare(
+        runs,
+        || {
+            i = (i + 1) % few;
+            cycle(&many_bufs[i * stride], SMALL_CYCLE_BYTES)
+        },
+        || {
+            j = (j + 1) % few;
+            cycle(&few_bufs[j], SMALL_CYCLE_BYTES)
+        },
+    )?;
+    let how = match b.zero_copy_protocol() {
+        Some(p) => format!("shared ({p})"),
+        None => "two mirrors".to_string(),
+    };
+    Ok(Row::new(
+        &format!("{SMALL_CYCLE_BYTES} B cycle, {many} live buffers"),
+        &format!("the zero-copy cycle, {SMALL_CYCLE_BYTES} B, {how}, among {many} live buffers"),
+        &format!("the same among {few} live buffers"),
+        ours,
+        base,
+    )
+    .with_goal(LIVE_BUFFERS_GOAL))
+}
+
 #[cfg(feature = "opencl")]
 mod raw_map {
     use std::alloc::{alloc_zeroed, dealloc, Layout};

@@ -28,6 +28,9 @@ fn bench_quick_json_has_ratios() {
         "user kernel launch",
         "epoch LeakyRelu vs Relu",
         "epoch LeakyRelu vs Relu unfused",
+        "256 B cycle, 100000 live buffers",
+        "train epoch zero-copy/off cpu",
+        "train epoch capped/uncapped cpu",
     ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
@@ -48,6 +51,10 @@ fn bench_quick_json_has_ratios() {
             "epoch LeakyRelu vs Relu" => Some(syncmem_bench::user::EPOCH_GOAL),
             "zero-copy cycle 64 MiB" => Some(syncmem_bench::zero_copy::VS_COPIES_GOAL),
             "zero-copy map cycle 64 MiB" => Some(syncmem_bench::zero_copy::VS_RAW_MAP_GOAL),
+            "256 B cycle, 100000 live buffers" => Some(syncmem_bench::zero_copy::LIVE_BUFFERS_GOAL),
+            n if n.starts_with("train epoch zero-copy/off ") => {
+                Some(syncmem_bench::train_memory::ZERO_COPY_EPOCH_GOAL)
+            }
             _ => None,
         };
         assert_eq!(r["goal"].as_f64(), goal, "{r}");
@@ -90,6 +97,7 @@ fn bench_quick_json_has_ratios() {
     }
     assert!(v["notes"].as_array().is_some_and(|n| !n.is_empty()));
     assert_eq!(v["skipped"].as_array().map(Vec::len), Some(0));
+    check_train_memory(&v, &["cpu"]);
     // The compute section on cpu: the FMA peak and the cpu GEMM rows; the device rows need an
     // accelerator and say so.
     let c = &v["compute"];
@@ -100,6 +108,52 @@ fn bench_quick_json_has_ratios() {
         c["notes"][0].as_str().unwrap().contains("accelerator"),
         "{c}"
     );
+}
+
+/// The train memory table: per device, zero-copy and two mirrors, then capped and uncapped, with
+/// the bytes each moved; every pair ends with the same loss, bit for bit.
+fn check_train_memory(v: &Value, devices: &[&str]) {
+    let rows = v["train_memory"].as_array().expect("train_memory rows");
+    let runs: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r["device"].as_str().unwrap(), r["run"].as_str().unwrap()))
+        .collect();
+    let mut want = Vec::new();
+    for run in [["zero-copy", "two mirrors"], ["capped", "uncapped"]] {
+        for d in devices {
+            want.extend(run.iter().map(|r| (*d, *r)));
+        }
+    }
+    assert_eq!(runs, want);
+    for r in rows {
+        assert_eq!(r["same_loss"], true, "{r}");
+        let f = |k: &str| r[k].as_f64().unwrap();
+        match r["run"].as_str().unwrap() {
+            "zero-copy" => {
+                // Where host and device share memory nothing is copied, in setup or per step.
+                assert_eq!((f("setup_bytes"), f("step_bytes")), (0.0, 0.0), "{r}");
+                assert!(f("syncs_per_step") > 0.0, "{r}");
+                assert_eq!(r["no_copy_goal_met"], true, "{r}");
+            }
+            "two mirrors" => {
+                assert!(f("setup_bytes") > 0.0 && f("step_bytes") > 0.0, "{r}");
+                assert!(r.get("no_copy_goal_met").is_none(), "{r}");
+            }
+            "capped" => {
+                assert!(r["cap"].as_u64().is_some_and(|c| c > 0), "{r}");
+                assert!(
+                    f("spills_per_step") > 0.0 && f("spilled_bytes_per_step") > 0.0,
+                    "{r}"
+                );
+                assert!(f("refills_per_step") > 0.0, "{r}");
+            }
+            _ => {
+                assert!(r["cap"].is_null(), "{r}");
+                assert_eq!(f("spills_per_step"), 0.0, "{r}");
+            }
+        }
+        assert!(f("epoch_ms") > 0.0, "{r}");
+    }
 }
 
 /// The FMA peak is positive, and each of `devices` has one GEMM row per hidden width with
@@ -144,9 +198,15 @@ fn bench_on_opencl_compares_train_gemm_and_launch() {
         .iter()
         .filter_map(|r| r["name"].as_str())
         .collect();
-    for want in ["zero-copy cycle 64 MiB", "zero-copy map cycle 64 MiB"] {
+    for want in [
+        "zero-copy cycle 64 MiB",
+        "zero-copy map cycle 64 MiB",
+        "train epoch zero-copy/off opencl:0",
+        "train epoch capped/uncapped opencl:0",
+    ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
+    check_train_memory(&v, &["opencl:0", "cpu"]);
     let c = &v["compute"];
     assert_eq!(c["device"], "opencl:0");
     check_peak_and_gemm(c, &["cpu", "opencl:0"]);

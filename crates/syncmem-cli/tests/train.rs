@@ -115,6 +115,25 @@ fn train_on_cpu_reports_json() {
     assert_eq!(off["final"], r["final"], "the same results either way");
 }
 
+#[test]
+fn the_text_report_counts_zero_copy_syncs_as_syncs() {
+    let out = common::ok(&["train", "--device", "cpu", "--epochs", "1", "--hidden", "8"]);
+    let lines: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("zero-copy syncs"))
+        .collect();
+    assert!(!lines.is_empty(), "no transfer lines in {out}");
+    for line in lines {
+        let (copies, syncs) = line.split_once("zero-copy syncs").unwrap();
+        assert!(copies.contains("copies"), "{line}");
+        // "zero-copy syncs N syncs BYTES": a sync copies no byte, so it is not called a copy.
+        assert!(
+            syncs.contains(" syncs ") && !syncs.contains("copies"),
+            "{line}"
+        );
+    }
+}
+
 #[cfg(feature = "opencl")]
 #[test]
 fn train_on_opencl_reports_json() {

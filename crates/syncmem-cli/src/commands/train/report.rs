@@ -406,7 +406,13 @@ fn planning_row(trainer: &Trainer, p: &PlanningComparison) -> PlanningRow {
 }
 
 fn fmt_dir(d: Dir) -> String {
-    format!("{:>6} copies {:>11}", d.count, human_bytes(d.bytes))
+    fmt_count(d, "copies")
+}
+
+/// `d` as "N <what> BYTES": copies for the copy directions, syncs for zero-copy syncs (no byte
+/// is copied by those).
+fn fmt_count(d: Dir, what: &str) -> String {
+    format!("{:>6} {what} {:>11}", d.count, human_bytes(d.bytes))
 }
 
 impl Report {
@@ -477,7 +483,7 @@ impl Report {
                 "  {what:<15} host->device {}   device->host {}   zero-copy syncs {}",
                 fmt_dir(c.host_to_device),
                 fmt_dir(c.device_to_host),
-                fmt_dir(c.mapped)
+                fmt_count(c.mapped, "syncs")
             );
         }
         let m = &r.memory_cap;

@@ -1,0 +1,245 @@
+//! `train` under the two memory features of a host-unified device: zero-copy mirrors against
+//! two mirrors (bytes copied in setup and per step, epoch times), and a memory cap of half the
+//! unplanned device peak against no cap (spills and refills per step, epoch times).
+//!
+//! Each run trains on its own isolated handle of the device (own pools, cap and zero-copy
+//! setting) from the same seed; epochs of the two runs of a pair are interleaved and the
+//! median epoch is reported.
+
+use serde::Serialize;
+use syncmem::alloc::pool::config::device_pool_from_env;
+use syncmem::net::mlp::Dataset;
+use syncmem::net::train::{TrainConfig, Trainer, Transfers};
+use syncmem::{CopyStats, Device, MemoryCap, Result, ZeroCopy};
+
+use crate::Row;
+
+/// Goal of the epoch ratio two mirrors / zero-copy (zero-copy no slower).
+pub const ZERO_COPY_EPOCH_GOAL: f64 = 1.0;
+
+/// What one training run moved and how long its epochs took.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainMemoryRow {
+    /// The device.
+    pub device: String,
+    /// `"zero-copy"`, `"two mirrors"`, `"uncapped"` or `"capped"`.
+    pub run: String,
+    /// The memory cap in bytes (`None`: none).
+    pub cap: Option<u64>,
+    /// Bytes copied between host and device while setting up (parameters, batches).
+    pub setup_bytes: u64,
+    /// Bytes copied per training step, on average.
+    pub step_bytes: f64,
+    /// Zero-copy syncs per step, on average (no byte copied).
+    pub syncs_per_step: f64,
+    /// Spills per step, on average.
+    pub spills_per_step: f64,
+    /// Bytes written back to the host by spills, per step.
+    pub spilled_bytes_per_step: f64,
+    /// Refills per step, on average.
+    pub refills_per_step: f64,
+    /// Bytes brought back to the device by refills, per step.
+    pub refilled_bytes_per_step: f64,
+    /// Median epoch, milliseconds.
+    pub epoch_ms: f64,
+    /// Loss of the last epoch.
+    pub final_loss: f64,
+    /// Whether the final loss is the one of the run it is compared with, bit for bit.
+    pub same_loss: bool,
+    /// Zero-copy runs: whether setup and steps copied nothing (the goal: 0 and 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_copy_goal_met: Option<bool>,
+}
+
+/// One run being timed.
+struct Run {
+    trainer: Trainer,
+    device: Device,
+    epochs_ns: Vec<f64>,
+    loss: f64,
+}
+
+impl Run {
+    fn new(device: Device, data: &Dataset, cfg: &TrainConfig) -> Result<Run> {
+        let mut trainer = Trainer::new(&device, data, cfg)?;
+        let loss = trainer.run_epoch()?.loss; // kernels built, buffers allocated
+        Ok(Run {
+            trainer,
+            device,
+            epochs_ns: Vec::new(),
+            loss,
+        })
+    }
+
+    fn epoch(&mut self) -> Result<()> {
+        let e = self.trainer.run_epoch()?;
+        self.epochs_ns.push(e.seconds * 1e9);
+        self.loss = e.loss;
+        Ok(())
+    }
+
+    fn row(&self, run: &str, cap: Option<u64>, other_loss: f64) -> TrainMemoryRow {
+        let t: Transfers = self.trainer.transfers();
+        let steps = t.step_count.max(1) as f64;
+        let per = |x: u64| x as f64 / steps;
+        let s: CopyStats = t.steps;
+        TrainMemoryRow {
+            device: self.device.label().to_string(),
+            run: run.into(),
+            cap,
+            setup_bytes: t.setup.total_bytes(),
+            step_bytes: per(s.total_bytes()),
+            syncs_per_step: per(s.mapped.count),
+            spills_per_step: per(s.spilled.count),
+            spilled_bytes_per_step: per(s.spilled.bytes),
+            refills_per_step: per(s.refilled.count),
+            refilled_bytes_per_step: per(s.refilled.bytes),
+            epoch_ms: median(&self.epochs_ns) / 1e6,
+            final_loss: self.loss,
+            same_loss: self.loss.to_bits() == other_loss.to_bits(),
+            no_copy_goal_met: None,
+        }
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Trains `a` and `b` for `epochs` interleaved epochs after their first.
+fn interleave(a: &mut Run, b: &mut Run, epochs: usize) -> Result<()> {
+    for _ in 0..epochs {
+        a.epoch()?;
+        b.epoch()?;
+    }
+    Ok(())
+}
+
+fn data_and_config(plan: bool, fuse: bool) -> (Dataset, TrainConfig) {
+    let cfg = TrainConfig::default().with_plan(plan).with_fuse(fuse);
+    (Dataset::spirals(1000, 3, 0.2, cfg.seed), cfg)
+}
+
+fn epochs(quick: bool) -> usize {
+    if quick {
+        3
+    } else {
+        9
+    }
+}
+
+/// `syncmem train` on `dev` with zero-copy mirrors against two mirrors: `None` where `dev`'s
+/// memory is not host memory. The time row's ratio is two mirrors / zero-copy (goal
+/// [`ZERO_COPY_EPOCH_GOAL`]).
+///
+/// # Errors
+/// Training errors.
+pub fn zero_copy_rows(dev: &Device, quick: bool) -> Result<Option<(Row, [TrainMemoryRow; 2])>> {
+    let shared = dev.isolated();
+    shared.set_zero_copy(ZeroCopy::Auto);
+    if shared.zero_copy_protocol().is_none() {
+        return Ok(None);
+    }
+    let copying = dev.isolated();
+    copying.set_zero_copy(ZeroCopy::Off);
+    let (data, cfg) = data_and_config(true, true);
+    let mut zc = Run::new(shared, &data, &cfg)?;
+    let mut off = Run::new(copying, &data, &cfg)?;
+    interleave(&mut zc, &mut off, epochs(quick))?;
+    let mut z = zc.row("zero-copy", None, off.loss);
+    z.no_copy_goal_met = Some(z.setup_bytes == 0 && z.step_bytes == 0.0);
+    let o = off.row("two mirrors", None, zc.loss);
+    let label = dev.label();
+    let row = Row::new(
+        &format!("train epoch zero-copy/off {label}"),
+        "syncmem train epoch, zero-copy mirrors",
+        "the same with SYNCMEM_ZERO_COPY=off (two mirrors)",
+        z.epoch_ms * 1e6,
+        o.epoch_ms * 1e6,
+    )
+    .with_goal(ZERO_COPY_EPOCH_GOAL);
+    Ok(Some((row, [z, o])))
+}
+
+/// `syncmem train --no-plan --no-fuse` on `dev` with a memory cap of half the unplanned device
+/// peak (as measured on an uncapped run) against no cap. The time row's ratio is uncapped /
+/// capped (below 1: what spilling costs); no goal.
+///
+/// # Errors
+/// Training errors, the cap's configuration error.
+pub fn memory_cap_rows(dev: &Device, quick: bool) -> Result<(Row, [TrainMemoryRow; 2])> {
+    // Unfused: fused, one operator's working set alone is over half the peak (see the README).
+    let (data, cfg) = data_and_config(false, false);
+    let free_dev = dev.isolated();
+    let mut free = Run::new(free_dev.clone(), &data, &cfg)?;
+    let cap = free_dev.memory_stats().peak / 2;
+    let capped_dev = dev.isolated();
+    capped_dev.set_pool(device_pool_from_env()?.with_memory_cap(MemoryCap::Bytes(cap)))?;
+    let mut capped = Run::new(capped_dev, &data, &cfg)?;
+    interleave(&mut capped, &mut free, epochs(quick))?;
+    let c = capped.row("capped", Some(cap), free.loss);
+    let f = free.row("uncapped", None, capped.loss);
+    let row = Row::new(
+        &format!("train epoch capped/uncapped {}", dev.label()),
+        "syncmem train --no-plan --no-fuse epoch, capped at half the peak (spills)",
+        "the same uncapped",
+        c.epoch_ms * 1e6,
+        f.epoch_ms * 1e6,
+    );
+    Ok((row, [c, f]))
+}
+
+/// Writes the table of `rows` (the text form of the report).
+///
+/// # Errors
+/// The formatter's.
+pub fn write_table(f: &mut std::fmt::Formatter<'_>, rows: &[TrainMemoryRow]) -> std::fmt::Result {
+    use syncmem::alloc::stats::human_bytes;
+    writeln!(
+        f,
+        "{:<10} {:<12} {:>10} {:>10} {:>10} {:>7} {:>8} {:>11} {:>8} {:>11} {:>10}  same loss",
+        "train",
+        "run",
+        "cap",
+        "setup",
+        "per step",
+        "syncs",
+        "spills",
+        "spilled",
+        "refills",
+        "refilled",
+        "epoch"
+    )?;
+    for r in rows {
+        let copied = |b: f64| human_bytes(b.round() as u64);
+        let goal = match r.no_copy_goal_met {
+            Some(true) => "  (0 / 0 copied: met)",
+            Some(false) => "  (0 / 0 copied: NOT met)",
+            None => "",
+        };
+        writeln!(
+            f,
+            "{:<10} {:<12} {:>10} {:>10} {:>10} {:>7.1} {:>8.1} {:>11} {:>8.1} {:>11} {:>7.2} ms  {}{goal}",
+            r.device,
+            r.run,
+            r.cap.map_or_else(|| "-".to_string(), human_bytes),
+            human_bytes(r.setup_bytes),
+            copied(r.step_bytes),
+            r.syncs_per_step,
+            r.spills_per_step,
+            copied(r.spilled_bytes_per_step),
+            r.refills_per_step,
+            copied(r.refilled_bytes_per_step),
+            r.epoch_ms,
+            if r.same_loss { "yes" } else { "no" },
+        )?;
+    }
+    writeln!(
+        f,
+        "setup, per step: bytes copied between host and device; syncs: zero-copy syncs per step \
+         (no byte copied); spills, refills: per step, with their bytes; same loss: the final \
+         loss equals the other run's of the pair, bit for bit"
+    )
+}
