@@ -13,7 +13,7 @@ use opencl3::memory::{
     set_mem_object_destructor_callback, Buffer, CL_MAP_READ, CL_MAP_WRITE, CL_MEM_ALLOC_HOST_PTR,
     CL_MEM_READ_WRITE, CL_MEM_USE_HOST_PTR,
 };
-use opencl3::types::{cl_mem, CL_BLOCKING};
+use opencl3::types::{cl_mem, CL_BLOCKING, CL_NON_BLOCKING};
 
 use super::error::{alloc_error, backend_error};
 use super::handle::{release_event_quietly, ClContext, OwnedBuffer, Queue};
@@ -140,19 +140,22 @@ impl ClDevice {
         })
     }
 
-    /// Whether the driver uses a new buffer's host block in place: a blocking map of the whole
-    /// buffer, on the device's internal queue (nothing else is queued there, and nothing has
-    /// used the buffer yet), gives the block's address; the buffer is unmapped again.
+    /// Whether the driver uses a new buffer's host block in place: a map of the whole buffer,
+    /// on the device's internal queue (nothing else is queued there, and nothing has used the
+    /// buffer yet), gives the block's address. The map is not blocking (its address is known
+    /// when the call returns) and the unmap is queued right behind it, so one wait, for the
+    /// unmap, ends both: the buffer is never used while it is mapped.
     fn maps_in_place(&self, buf: &OwnedBuffer, bytes: usize, host: *mut u8) -> Result<bool> {
         let queue = self.map_queue()?;
         let mut mapped: *mut c_void = ptr::null_mut();
-        // SAFETY: `buf` is a live buffer of `bytes` bytes in the context of `queue`; the map is
-        // blocking, so `mapped` is set (or an error returned) when the call returns.
+        // SAFETY: `buf` is a live buffer of `bytes` bytes in the context of `queue`. The map is
+        // not blocking: `mapped` is set when the call returns, and its bytes are not touched
+        // (only the address is compared).
         let event = unsafe {
             cq::enqueue_map_buffer(
                 queue.raw(),
                 buf.raw(),
-                CL_BLOCKING,
+                CL_NON_BLOCKING,
                 CL_MAP_READ,
                 0,
                 bytes,
@@ -163,7 +166,8 @@ impl ClDevice {
         }
         .map_err(|c| alloc_error(&self.label, "clEnqueueMapBuffer", c, bytes))?;
         release_event_quietly(event);
-        // SAFETY: `mapped` is the address the map above returned for `buf`, unmapped once.
+        // SAFETY: `mapped` is the address the map above returned for `buf`, unmapped once; the
+        // queue is in order, so the unmap runs after the map.
         let event =
             unsafe { cq::enqueue_unmap_mem_object(queue.raw(), buf.raw(), mapped, 0, ptr::null()) }
                 .map_err(|c| backend_error(&self.label, "clEnqueueUnmapMemObject", c))?;
