@@ -16,6 +16,7 @@ pub mod raw;
 mod rawcl;
 pub mod replay;
 pub mod rows;
+pub mod threads;
 pub mod train_memory;
 pub mod user;
 pub mod zero_copy;
@@ -139,18 +140,20 @@ pub fn step_count() -> usize {
     STEPS.len() + compute::STEPS.len()
 }
 
-const STEPS: [&str; 22] = [
+const STEPS: [&str; 24] = [
     "host pool 4 KiB",
     "host pool 4 KiB vs malloc",
     "host pool 1 MiB",
     "host pool 64 MiB",
     "host pool 64 MiB touched",
+    "host pool 4 KiB, 1/2/8 threads",
     "device pool 4 KiB",
     "device pool 4 KiB vs Device::alloc",
     "device pool 64 MiB",
     "device pool 64 MiB vs Device::alloc",
     "synced round trip 64 MiB",
     "synced round trip 64 MiB pinned",
+    "device pool 4 KiB, 1/2/8 threads",
     "host read access",
     "zero-copy cycle 64 MiB",
     "zero-copy map cycle 64 MiB",
@@ -165,11 +168,14 @@ const STEPS: [&str; 22] = [
 ];
 
 /// The notes printed under the table: what the baselines are.
-const BASELINES: [&str; 11] = [
+const BASELINES: [&str; 12] = [
     "host pool rows: a private caching HostPool against the system allocator at the pool's \
      alignment (64 B); `vs malloc` at the system's own (16 B), which the pool does not offer",
     "host pool 64 MiB: neither side touches the memory; `touched` writes every page on both \
      sides (the system's fresh pages fault, the pool's cached ones do not)",
+    "pool rows with threads: 4 KiB allocate + free from 1, 2 and 8 threads started together, \
+     one pool for all (the device pool: a stream per thread), against the system allocator \
+     from as many threads; wall time per operation; goal at 8 threads: ratio >= 1.0",
     "device pool rows: the pool against the raw backend call and against Device::alloc (the same \
      call plus the memory cap and statistics)",
     "synced round trips: the same host memory on both sides (the host allocator's pageable \
@@ -244,6 +250,11 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
         samples: few,
         batch: 1,
     };
+    // Calls per thread of a sample of the rows with threads.
+    let threaded = Runs {
+        samples,
+        batch: if opts.quick { 2_000 } else { 20_000 },
+    };
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
     let mut p = Progress { step: 0, progress };
@@ -284,6 +295,8 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
         true,
         large,
     )?);
+    p.next();
+    rows.extend(threads::host_pool_rows(threaded)?);
     let device_rows = |dev: &Device, rows: &mut Vec<Row>, p: &mut Progress| -> Result<()> {
         for bytes in [4 * KIB, 64 * MIB] {
             p.next();
@@ -297,10 +310,12 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
                 rows::round_trip_row(dev, 64 * MIB, pinned, large)?.with_goal(ROUND_TRIP_GOAL),
             );
         }
+        p.next();
+        rows.extend(threads::device_pool_rows(dev, threaded)?);
         Ok(())
     };
-    // The device rows are steps 5 to 10, whether they run or not.
-    let after_device = p.step + 6;
+    // The device rows are the next 7 steps, whether they run or not.
+    let after_device = p.step + 7;
     let dev = Device::open_spec(spec);
     match &dev {
         Ok(d) => {

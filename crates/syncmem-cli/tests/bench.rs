@@ -29,6 +29,11 @@ fn bench_quick_json_has_ratios() {
         "epoch LeakyRelu vs Relu",
         "epoch LeakyRelu vs Relu unfused",
         "256 B cycle, 100000 live buffers",
+        "host pool 4 KiB, 1 thread",
+        "host pool 4 KiB, 2 threads",
+        "host pool 4 KiB, 8 threads",
+        "device pool 4 KiB, 1 thread",
+        "device pool 4 KiB, 8 threads",
         "train epoch zero-copy/off cpu",
         "train epoch capped/uncapped cpu",
     ] {
@@ -52,6 +57,9 @@ fn bench_quick_json_has_ratios() {
             "zero-copy cycle 64 MiB" => Some(syncmem_bench::zero_copy::VS_COPIES_GOAL),
             "zero-copy map cycle 64 MiB" => Some(syncmem_bench::zero_copy::VS_RAW_MAP_GOAL),
             "256 B cycle, 100000 live buffers" => Some(syncmem_bench::zero_copy::LIVE_BUFFERS_GOAL),
+            "host pool 4 KiB, 8 threads" | "device pool 4 KiB, 8 threads" => {
+                Some(syncmem_bench::threads::EIGHT_THREADS_GOAL)
+            }
             n if n.starts_with("train epoch zero-copy/off ") => {
                 Some(syncmem_bench::train_memory::ZERO_COPY_EPOCH_GOAL)
             }
