@@ -103,6 +103,38 @@ macro_rules! for_each_device {
     };
 }
 
+/// Two devices of `backend` for the test named `test` (the first two), or `None` after
+/// reporting a skip. With PoCL, `POCL_DEVICES="pthread pthread"` gives two OpenCL devices.
+///
+/// # Panics
+/// When there are fewer than two and the matching `SYNCMEM_REQUIRE_*` variable is set: a run
+/// that requires OpenCL requires the second device too.
+pub fn two_or_skip(backend: BackendKind, test: &str) -> Option<(Device, Device)> {
+    let all = all_or_skip(backend, test);
+    if let [a, b, ..] = &all[..] {
+        return Some((a.clone(), b.clone()));
+    }
+    if all.is_empty() {
+        // Reported (or failed) by `all_or_skip`.
+        return None;
+    }
+    let var = match backend {
+        BackendKind::Cpu => "",
+        BackendKind::OpenCl => REQUIRE_OPENCL,
+        BackendKind::Cuda => REQUIRE_CUDA,
+    };
+    let why = format!(
+        "needs two {backend} devices, found only {} (with PoCL, POCL_DEVICES=\"pthread pthread\" \
+         gives two)",
+        all[0].label()
+    );
+    if !var.is_empty() && required(var) {
+        panic!("{test}: {why}; {var} is set");
+    }
+    eprintln!("SKIPPED {test}: {why}");
+    None
+}
+
 /// [`device_or_skip`] for OpenCL.
 pub fn opencl_or_skip(test: &str) -> Option<Device> {
     device_or_skip(BackendKind::OpenCl, test)

@@ -183,6 +183,8 @@ fn at(dev: &Device, head: Head, n: usize) -> SyncedMemory {
             m.host_mut().unwrap().fill(5);
             drop(m.device().unwrap());
         }
+        // Caffe's table has one device: no replica elsewhere.
+        Head::Elsewhere => unreachable!("not a head of Caffe's table"),
     }
     assert_eq!(m.head(), head);
     m

@@ -15,6 +15,7 @@
 //!   `serde::Serialize` (`to_json()` for a string).
 
 mod host;
+pub mod pairs;
 pub mod pool;
 pub mod stats;
 pub mod trace;

@@ -23,16 +23,21 @@ pub enum Head {
     AtDevice,
     /// Both mirrors hold the same data (`SYNCED`).
     Synced,
+    /// Neither mirror is current: only a replica on another device holds the newest data
+    /// (written there with [`crate::SyncedMemory::device_mut_on`]). Not one of Caffe's heads;
+    /// the next access of either mirror copies the data back first.
+    Elsewhere,
 }
 
 impl Head {
-    /// `uninitialized`, `host`, `device` or `synced`.
+    /// `uninitialized`, `host`, `device`, `synced` or `elsewhere`.
     pub fn as_str(self) -> &'static str {
         match self {
             Head::Uninitialized => "uninitialized",
             Head::AtHost => "host",
             Head::AtDevice => "device",
             Head::Synced => "synced",
+            Head::Elsewhere => "elsewhere",
         }
     }
 }

@@ -244,7 +244,7 @@ fn reduce_as<F: Float>(op: Op, n: usize, mem: &SyncedMemory) -> Result<F> {
                 _ => host::sumsq(x),
             })
         }
-        Head::AtDevice | Head::Synced => {
+        Head::AtDevice | Head::Synced | Head::Elsewhere => {
             let g = mem.device()?;
             match op {
                 Op::Asum => kernels::asum(n, &g),
@@ -265,7 +265,9 @@ fn scale_as<F: Float>(n: usize, a: F, mem: &SyncedMemory) -> Result<()> {
             host::scale(a, x);
             Ok(())
         }
-        Head::AtDevice | Head::Synced => kernels::scale(n, a, &mut mem.device_mut()?),
+        Head::AtDevice | Head::Synced | Head::Elsewhere => {
+            kernels::scale(n, a, &mut mem.device_mut()?)
+        }
     }
 }
 

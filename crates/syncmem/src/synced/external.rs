@@ -110,11 +110,13 @@ impl SyncedMemory {
             buffer: self.label.to_string(),
             reason: "device mirror still referenced".into(),
         })?;
+        // Replicas on other devices keep theirs.
         core.valid = if core.valid.has(Place::Host) {
             Valid::only(Place::Host)
         } else {
             Valid::NONE
-        };
+        }
+        .keep_remote(core.valid);
         Ok(Some(buf))
     }
 }

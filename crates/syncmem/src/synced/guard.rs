@@ -273,6 +273,10 @@ impl<'a> DeviceWrite<'a> {
         let Some(ptr) = self.buf.host_ptr() else {
             return Ok(None);
         };
+        if !self.buf.in_place() {
+            // A replica on another device, in memory its driver does not use in place.
+            return Ok(None);
+        }
         self.buf.wait_uses()?;
         // SAFETY: the buffer's memory is host memory the device uses in place (checked when it
         // was shared), valid for `len` bytes while the buffer lives; every device command on it

@@ -78,6 +78,7 @@ pub(crate) mod held;
 mod memory;
 mod prefetch;
 mod registry;
+mod replica;
 mod shared;
 mod spill;
 mod state;
@@ -154,6 +155,8 @@ struct Core {
     /// The device mirror was written back to the host to make room (see [`spill`]): the next
     /// upload brings it back, and counts as a refill.
     spilled: bool,
+    /// Replicas on other devices (see [`replica`]).
+    remote: Vec<replica::Remote>,
 }
 
 impl Core {
@@ -187,7 +190,8 @@ impl Core {
                 Valid::only(state::Place::Host)
             } else {
                 Valid::NONE
-            };
+            }
+            .keep_remote(self.valid);
         })
     }
 
@@ -280,6 +284,7 @@ impl SyncedMemory {
                     host_busy: None,
                     zc: None,
                     spilled: false,
+                    remote: Vec::new(),
                 }),
                 label: Mutex::new(label.to_string()),
                 device: device.clone(),

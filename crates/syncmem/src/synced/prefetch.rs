@@ -30,6 +30,8 @@ impl SyncedMemory {
         let _lock = self.lock_read(None)?;
         let mut core = self.shared.core.lock();
         self.settle(&mut core, Access::DeviceRead)?;
+        // Only replicas on other devices are current: the data comes back first (blocking).
+        self.pull_if_elsewhere(&mut core)?;
         if core.valid.has(Place::Device) {
             return Ok(None);
         }
@@ -83,6 +85,8 @@ impl SyncedMemory {
         let _lock = self.lock_read(None)?;
         let mut core = self.shared.core.lock();
         self.settle(&mut core, Access::HostRead)?;
+        // Only replicas on other devices are current: the data comes back first (blocking).
+        self.pull_if_elsewhere(&mut core)?;
         if core.valid.has(Place::Host) {
             return Ok(None);
         }

@@ -330,10 +330,10 @@ impl SyncedMemory {
             }
         }
         core.host = None;
-        if !core.valid.is_empty() {
+        if core.valid.has(Place::Host) || core.valid.has(Place::Device) {
             // Whichever side was current, the data is in the shared memory, that is the device
-            // mirror, which keeps it.
-            core.valid = Valid::only(Place::Device);
+            // mirror, which keeps it (replicas on other devices keep theirs).
+            core.valid = Valid::only(Place::Device).keep_remote(core.valid);
         }
         Ok(())
     }

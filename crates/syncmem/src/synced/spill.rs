@@ -57,7 +57,9 @@ pub(super) fn spill(shared: &Shared, wait: bool) -> Option<Freed> {
     let valid = core.valid;
     let shared_mem = core.zc;
     let dirty = match shared_mem {
-        Some(_) => !valid.is_empty(),
+        // Shared memory holds the data when either side is current (not when only replicas
+        // on other devices are).
+        Some(_) => valid.has(Place::Host) || valid.has(Place::Device),
         None => valid.has(Place::Device) && !valid.has(Place::Host),
     };
     if !dirty {

@@ -1,8 +1,9 @@
 //! The coherence state of a [`super::SyncedMemory`].
 //!
-//! The state is a set of valid replicas (host, device) plus an optional transfer in flight.
-//! Caffe's four heads are the one-device view of it ([`Head`]). Replicas are bits in a mask, so
-//! more device replicas can join later without a new representation.
+//! The state is a set of valid replicas (host, device, and replicas on other devices) plus an
+//! optional transfer in flight. Caffe's four heads are the one-device view of it ([`Head`]).
+//! Replicas on other devices are one bit ([`Place::Remote`]: at least one of them is current);
+//! which ones are is kept with them (see [`super::replica`]).
 
 use crate::device::Point;
 
@@ -13,6 +14,8 @@ pub use crate::device::Head;
 pub(crate) enum Place {
     Host,
     Device,
+    /// A replica on another device than the buffer's own.
+    Remote,
 }
 
 impl Place {
@@ -20,6 +23,7 @@ impl Place {
         match self {
             Place::Host => 1,
             Place::Device => 2,
+            Place::Remote => 4,
         }
     }
 }
@@ -43,9 +47,20 @@ impl Valid {
     pub(crate) fn is_empty(self) -> bool {
         self.0 == 0
     }
-    /// Caffe's head for one host and one device.
+    /// Only replicas on other devices are current: the buffer's own mirrors are both stale.
+    pub(crate) fn remote_only(self) -> bool {
+        self.0 == Place::Remote.bit()
+    }
+    /// `self` with the [`Place::Remote`] bit of `other` (the replicas on other devices stay as
+    /// they were while the buffer's own mirrors change without a write).
+    pub(crate) fn keep_remote(self, other: Valid) -> Valid {
+        Valid(self.0 | (other.0 & Place::Remote.bit()))
+    }
+    /// Caffe's head for one host and one device ([`Head::Elsewhere`] when only a replica on
+    /// another device is current).
     pub(crate) fn head(self) -> Head {
         match (self.has(Place::Host), self.has(Place::Device)) {
+            (false, false) if self.has(Place::Remote) => Head::Elsewhere,
             (false, false) => Head::Uninitialized,
             (true, false) => Head::AtHost,
             (false, true) => Head::AtDevice,
@@ -118,6 +133,18 @@ mod tests {
             Valid::only(Place::Host).with(Place::Device).head(),
             Head::Synced
         );
+        assert_eq!(Valid::only(Place::Remote).head(), Head::Elsewhere);
+        assert!(Valid::only(Place::Remote).remote_only());
+        assert!(!Valid::only(Place::Remote).with(Place::Host).remote_only());
+        assert_eq!(
+            Valid::only(Place::Host).with(Place::Remote).head(),
+            Head::AtHost
+        );
+        let kept = Valid::only(Place::Device).keep_remote(Valid::only(Place::Remote));
+        assert!(kept.has(Place::Remote) && kept.has(Place::Device));
+        assert!(!Valid::only(Place::Device)
+            .keep_remote(Valid::only(Place::Host))
+            .has(Place::Remote));
     }
 
     #[test]

@@ -13,6 +13,10 @@ impl SyncedMemory {
     pub(super) fn prepare_host(&self, access: Access, overwrite: bool) -> Result<*mut u8> {
         let mut core = self.shared.core.lock();
         self.settle(&mut core, access)?;
+        if !overwrite {
+            // Only replicas on other devices are current: the data comes back first.
+            self.pull_if_elsewhere(&mut core)?;
+        }
         if core.host.is_none() && core.dev.is_none() && self.share_protocol().is_some() {
             // The first allocation of a zero-copy buffer is its one allocation. Where the
             // device cannot give it (out of memory, a bad pool setting), the host side does not
@@ -62,6 +66,10 @@ impl SyncedMemory {
         let stream = self.pick_stream(None)?;
         // A device write holds the exclusive access lock: no host guard is alive.
         let exclusive = access == Access::DeviceWrite;
+        if !overwrite {
+            // Only replicas on other devices are current: the data comes back first.
+            self.pull_to_device(&mut core, &stream, exclusive)?;
+        }
         if core.dev.is_none() && self.share_protocol().is_some() {
             if overwrite && matches!(core.host, Some(HostMem::Owned(_))) {
                 // Every byte will be written: the host data need not move into the shared
@@ -95,7 +103,7 @@ impl SyncedMemory {
     }
 
     /// Makes the host mirror current (Caffe's `to_cpu`), returning its start.
-    fn ensure_host_valid(&self, core: &mut Core) -> Result<*mut u8> {
+    pub(super) fn ensure_host_valid(&self, core: &mut Core) -> Result<*mut u8> {
         if core.valid.has(Place::Host) {
             return core
                 .host

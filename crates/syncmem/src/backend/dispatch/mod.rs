@@ -107,6 +107,17 @@ impl RawDevice {
         each!(self, RawDevice, d => d.info())
     }
 
+    /// Whether a stream of this device can copy a buffer of `other` into one of its own with
+    /// one device command: OpenCL devices of one context. Elsewhere (other backends, other
+    /// contexts, CUDA peers) copies between devices go through the host.
+    pub(crate) fn copies_directly_from(&self, other: &RawDevice) -> bool {
+        match (self, other) {
+            #[cfg(feature = "opencl")]
+            (RawDevice::OpenCl(a), RawDevice::OpenCl(b)) => a.shares_context(b),
+            _ => false,
+        }
+    }
+
     /// Refuses a request above the device's largest single allocation before any driver sees
     /// it (a driver may assert instead of failing).
     fn check_max_alloc(&self, bytes: usize) -> Result<()> {

@@ -83,6 +83,12 @@ impl ClDevice {
 }
 
 impl ClDevice {
+    /// Whether `other` is in this device's context: a buffer of either can be copied into a
+    /// buffer of the other with one command (`clEnqueueCopyBuffer`).
+    pub(crate) fn shares_context(&self, other: &ClDevice) -> bool {
+        Arc::ptr_eq(&self.ctx, &other.ctx)
+    }
+
     /// Device memory the host can use in place: a page-aligned, zeroed host block of `bytes`
     /// bytes (rounded up to 64) wrapped with `CL_MEM_USE_HOST_PTR`, the rule for zero-copy
     /// buffers of the drivers that share host memory. The block is freed when OpenCL destroys
