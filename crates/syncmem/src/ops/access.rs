@@ -133,7 +133,9 @@ impl<'a, T: Element + Pod> In<'a, T> {
         expect_dtype::<T>(t, what)?;
         let len = t.numel().unwrap_or(0);
         let mem = match t.synced() {
-            Some(s) if len > 0 => Mem::Guard(s.device()?),
+            // On the operator's device: a tensor of another device is read through its
+            // replica there.
+            Some(s) if len > 0 => Mem::Guard(s.device_on(dev)?),
             None if len > 0 => return Err(no_data(what, len)),
             _ => Mem::Empty(Box::new(DeviceBuffer::empty(dev))),
         };
@@ -175,7 +177,7 @@ impl<'a, T: Element + Pod> Out<'a, T> {
         let t: &'a Tensor = t;
         let len = t.numel().unwrap_or(0);
         let mem = match t.synced() {
-            Some(s) if len > 0 => Mem::Guard(s.device_overwrite()?),
+            Some(s) if len > 0 => Mem::Guard(s.device_overwrite_on(dev)?),
             _ => Mem::Empty(Box::new(DeviceBuffer::empty(dev))),
         };
         Ok(Self {
@@ -192,7 +194,7 @@ impl<'a, T: Element + Pod> Out<'a, T> {
         let t: &'a Tensor = t;
         let len = t.numel().unwrap_or(0);
         let mem = match t.synced() {
-            Some(s) if len > 0 => Mem::Guard(s.device_mut()?),
+            Some(s) if len > 0 => Mem::Guard(s.device_mut_on(dev)?),
             None if len > 0 => return Err(no_data(what, len)),
             _ => Mem::Empty(Box::new(DeviceBuffer::empty(dev))),
         };

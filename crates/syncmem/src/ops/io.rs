@@ -304,14 +304,15 @@ impl<'g> OperatorIo<'g> {
 /// operators do: the inputs are looked up (they must exist) and the outputs created in `ws`;
 /// every distinct blob is locked once (read locks for inputs, a write lock for a blob written),
 /// in the order of the blobs' addresses, so that operators running on several threads cannot
-/// deadlock; each input must hold an initialised tensor on `device`. `in_place` lists the
+/// deadlock; each input must hold an initialised tensor of a device (`device`, or another one,
+/// read through a replica on `device`). `in_place` lists the
 /// (input, output) pairs that may name the same blob; any other pair sharing a blob or a
 /// storage is an error. The locks are released when `f` returns.
 ///
 /// # Errors
 /// [`Error::NotFound`] for a missing input blob; [`Error::TypeMismatch`],
 /// [`Error::DeviceMismatch`] or [`Error::InvalidState`] for an input that is not an initialised
-/// tensor on `device`; [`Error::InvalidState`] for a blob shared against `in_place`; the error
+/// tensor of a device; [`Error::InvalidState`] for a blob shared against `in_place`; the error
 /// of `f`. Every message names the operator and the blob.
 pub fn with_io<R>(
     ws: &Workspace,
@@ -362,9 +363,12 @@ fn check_storage_aliasing(
     Ok(())
 }
 
+/// An input (or in-place output) must be an initialised tensor of a device: the operator's own,
+/// or another one, whose data the operator then uses through a replica on its device
+/// ([`crate::SyncedMemory::device_on`]). A host-only tensor is refused.
 fn check_tensor(t: &Tensor, dev: &Device, what: What<'_>) -> Result<()> {
     match t.target() {
-        Some(d) if d.same(dev) => {}
+        Some(_) => {}
         other => {
             return Err(Error::DeviceMismatch {
                 op: "Operator::run",

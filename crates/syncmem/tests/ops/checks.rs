@@ -99,14 +99,26 @@ fn errors_name_the_operator_and_the_blob(dev: &Device) {
     );
     assert!(registered_types().contains(&"SoftmaxWithLossGradient"));
 
-    // A tensor of another device is refused, naming the blob.
+    // A tensor of another device is read through a replica on the operator's device.
     if dev.backend() != BackendKind::Cpu {
-        put(&ws, &Device::cpu(), "xc", &[2], &[1.0f32, -1.0]);
-        let s = err(&OperatorDef::new("Relu", &["xc"], &["yc"])).to_string();
-        assert!(s.contains("\"xc\"") && s.contains("cpu"), "{s}");
-        let cpu_op = create_operator(&OperatorDef::new("Relu", &["x"], &["y"]), &Device::cpu());
-        let e = cpu_op.unwrap().run(&ws, &ctx).unwrap_err();
-        assert!(matches!(e, Error::DeviceMismatch { .. }), "{e}");
+        let cpu = Device::cpu();
+        put(&ws, &cpu, "xc", &[2], &[1.0f32, -1.0]);
+        let relu = create_operator(&OperatorDef::new("Relu", &["xc"], &["yc"]), dev).unwrap();
+        relu.run(&ws, &ctx).unwrap();
+        assert_eq!(ws.fetch::<f32>("yc").unwrap(), [1.0, 0.0]);
+        let blob = ws.get_blob("xc").unwrap();
+        let guard = blob.read();
+        let m = guard.get::<Tensor>().unwrap().synced().unwrap();
+        assert!(m.is_current_on(dev) && m.target().unwrap().same(&cpu));
+        drop(guard);
+        // A host-only tensor is still refused, naming the blob.
+        ws.feed(
+            "xh",
+            Tensor::from_slice(&[2], &[1.0f32, 2.0], None).unwrap(),
+        )
+        .unwrap();
+        let s = err(&OperatorDef::new("Relu", &["xh"], &["yh"])).to_string();
+        assert!(s.contains("\"xh\"") && s.contains("host only"), "{s}");
     }
 }
 

@@ -28,11 +28,14 @@ use rand::SeedableRng;
 use super::memory::{measure_run, RunMemory};
 use super::mlp::{Dataset, Mlp, MlpNets, ACCURACY, DATA, LABEL, LOSS};
 use super::{Net, NetOptions, PlanOptions};
+use crate::alloc::pairs::{pair_copies, pair_copies_since, PairCopies};
 use crate::alloc::stats::{thread_copies, thread_host_waits, CopyDir, CopyStats, COPIES};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use crate::workspace::Workspace;
+
+mod parallel;
 
 /// Settings of a training run: [`TrainConfig::default`] and the `with_*` methods make one.
 ///
@@ -146,15 +149,24 @@ struct Batch {
     y: Tensor,
 }
 
-/// An [`Mlp`] being trained on one device (see the [module docs](self)).
+/// An [`Mlp`] being trained on one device, or on several ([`Trainer::data_parallel`]; see
+/// the [module docs](self)).
 pub struct Trainer {
     device: Device,
-    ws: Workspace,
+    ws: Arc<Workspace>,
     mlp: Mlp,
     nets: MlpNets,
     train: Arc<Net>,
     eval: Arc<Net>,
+    /// The batches on `device` (empty when training on several devices: the shards hold
+    /// theirs).
     batches: Vec<Batch>,
+    /// Rows of each batch.
+    sizes: Vec<usize>,
+    /// The shards, when training on several devices.
+    parallel: Option<parallel::Parallel>,
+    /// Copies between devices during the steps.
+    pairs: Vec<PairCopies>,
     samples: usize,
     rng: StdRng,
     /// The batch order of the current epoch (reshuffled in place each epoch).
@@ -217,61 +229,17 @@ impl Trainer {
         mlp: Mlp,
         nets: MlpNets,
     ) -> Result<Self> {
-        if cfg.batch == 0 {
-            return Err(Error::InvalidState {
-                op: "Trainer::new",
-                buffer: "training configuration".into(),
-                reason: "the batch size must be at least 1".into(),
-            });
-        }
-        let mut rng = StdRng::seed_from_u64(cfg.seed);
-        let mut order: Vec<usize> = (0..data.len()).collect();
-        order.shuffle(&mut rng);
-
+        let setup = Setup::new(device, data, cfg, &nets)?;
         let mut batches = Vec::new();
-        for (i, chunk) in order.chunks(cfg.batch).enumerate() {
-            let mut xs = Vec::with_capacity(chunk.len() * data.features);
-            for &s in chunk {
-                xs.extend_from_slice(&data.x[s * data.features..(s + 1) * data.features]);
-            }
-            let ys: Vec<i32> = chunk.iter().map(|&s| data.y[s]).collect();
-            let x = Tensor::from_slice(&[chunk.len(), data.features], &xs, Some(device))?
-                .with_label(format!("batch{i}/{DATA}"));
-            let y = Tensor::from_slice(&[chunk.len()], &ys, Some(device))?
-                .with_label(format!("batch{i}/{LABEL}"));
-            drop(x.device::<f32>()?); // upload once, now
-            drop(y.device::<i32>()?);
-            batches.push(Batch { x, y });
+        for (i, rows) in setup.rows.iter().enumerate() {
+            batches.push(parallel::upload(rows, data, device, &format!("batch{i}"))?);
         }
-
-        let ws = Workspace::new();
-        let base = NetOptions::new().seed(cfg.seed);
-        ws.run_net_once(&nets.init, device, &base)?;
-        let opts = if cfg.plan {
-            base.fuse(cfg.fuse).with_plan(PlanOptions {
-                keep: Vec::new(),
-                sizes: mlp.blob_bytes(cfg.batch),
-            })
-        } else {
-            base.fuse(cfg.fuse)
-        };
+        let opts = setup.options(cfg, &mlp, Vec::new());
+        let ws = setup.ws.clone();
         let train = ws.create_net(&nets.train, device, &opts)?;
         let eval = ws.create_net(&nets.eval, device, &opts)?;
-        let mut t = Trainer {
-            device: device.clone(),
-            ws,
-            mlp,
-            nets,
-            train,
-            eval,
-            batches,
-            samples: data.len(),
-            rng,
-            order: Vec::new(),
-            epoch: 0,
-            transfers: Transfers::default(),
-        };
-        t.order = (0..t.batches.len()).collect();
+        let mut t = setup.trainer(device, data, mlp, nets, train, eval);
+        t.batches = batches;
         for name in [DATA, LABEL] {
             t.ws.create_blob(name)?
                 .write()
@@ -339,12 +307,12 @@ impl Trainer {
     /// # Errors
     /// [`Error::OutOfBounds`] for a batch index past the end; the errors of [`Net::run`].
     pub fn step(&mut self, i: usize) -> Result<(f32, f32)> {
-        if i >= self.batches.len() {
+        if i >= self.sizes.len() {
             return Err(Error::OutOfBounds {
                 what: "training batches".into(),
                 offset: i,
                 len: 1,
-                size: self.batches.len(),
+                size: self.sizes.len(),
             });
         }
         // The events of traces recording the device carry the step (counted from 1).
@@ -353,9 +321,17 @@ impl Trainer {
         let process_before = COPIES.snapshot();
         let before = thread_copies();
         let waits_before = thread_host_waits();
-        self.feed(i)?;
-        self.train.run(&self.ws)?;
-        let (loss, acc) = self.read_scalars()?;
+        let pairs_before = self.parallel.as_ref().map(|_| pair_copies());
+        let (loss, acc) = if self.parallel.is_some() {
+            self.parallel_step(i)?
+        } else {
+            self.feed(i)?;
+            self.train.run(&self.ws)?;
+            self.read_scalars()?
+        };
+        if let Some(p) = pairs_before {
+            add_pairs(&mut self.pairs, pair_copies_since(&p));
+        }
         let d = thread_copies().since(&before);
         let w = thread_host_waits() - waits_before;
         let tr = &mut self.transfers;
@@ -398,7 +374,7 @@ impl Trainer {
     ) -> Result<EpochStats> {
         let start = Instant::now();
         // The same order as a fresh `0..n` shuffled: every epoch starts from the sorted list.
-        let steps = self.batches.len();
+        let steps = self.sizes.len();
         for (k, slot) in self.order.iter_mut().enumerate() {
             *slot = k;
         }
@@ -406,7 +382,7 @@ impl Trainer {
         let (mut loss, mut acc) = (0.0f64, 0.0f64);
         for k in 0..steps {
             let i = self.order[k];
-            let n = self.batches[i].y.numel().unwrap_or(0) as f64;
+            let n = self.sizes[i] as f64;
             before(k + 1);
             let (l, a) = self.step(i)?;
             loss += f64::from(l) * n;
@@ -434,11 +410,15 @@ impl Trainer {
         self.device.mark_trace_step(None);
         let before = self.copy_totals();
         let (mut loss, mut acc) = (0.0f64, 0.0f64);
-        for i in 0..self.batches.len() {
-            let n = self.batches[i].y.numel().unwrap_or(0) as f64;
-            self.feed(i)?;
-            self.eval.run(&self.ws)?;
-            let (l, a) = self.read_scalars()?;
+        for i in 0..self.sizes.len() {
+            let n = self.sizes[i] as f64;
+            let (l, a) = if self.parallel.is_some() {
+                self.parallel_eval(i)?
+            } else {
+                self.feed(i)?;
+                self.eval.run(&self.ws)?;
+                self.read_scalars()?
+            };
             loss += f64::from(l) * n;
             acc += f64::from(a) * n;
         }
@@ -465,14 +445,21 @@ impl Trainer {
                 }
             }
         };
-        for b in &self.batches {
+        let shards = self.parallel.iter().flat_map(|p| &p.shards);
+        let batches = self
+            .batches
+            .iter()
+            .chain(shards.clone().flat_map(|s| s.batches.iter().flatten()));
+        for b in batches {
             visit(&b.x);
             visit(&b.y);
         }
-        for name in self.ws.local_blobs() {
-            if let Some(blob) = self.ws.try_get_blob(&name) {
-                if let Ok(t) = blob.read().get::<Tensor>() {
-                    visit(t);
+        for ws in std::iter::once(&*self.ws).chain(shards.map(|s| &s.ws)) {
+            for name in ws.local_blobs() {
+                if let Some(blob) = ws.try_get_blob(&name) {
+                    if let Ok(t) = blob.read().get::<Tensor>() {
+                        visit(t);
+                    }
                 }
             }
         }
@@ -506,7 +493,13 @@ impl Trainer {
 
     /// Number of batches (steps per epoch).
     pub fn batch_count(&self) -> usize {
-        self.batches.len()
+        self.sizes.len()
+    }
+
+    /// Copies between devices during the training steps, per pair of devices and route
+    /// (data-parallel training; empty on one device).
+    pub fn pair_transfers(&self) -> &[PairCopies] {
+        &self.pairs
     }
 
     /// Epochs run so far.
@@ -521,12 +514,110 @@ impl Trainer {
     /// The errors of [`Net::run`].
     pub fn measure_step(&mut self) -> Result<RunMemory> {
         let before = self.copy_totals();
-        self.feed(0)?;
-        let m = measure_run(&self.train, &self.ws)?;
+        let m = match &self.parallel {
+            // The first device's shard.
+            Some(p) => p.measure_first()?,
+            None => {
+                self.feed(0)?;
+                measure_run(&self.train, &self.ws)?
+            }
+        };
         let d = self.copy_totals().since(&before);
         self.transfers.steps = add(self.transfers.steps, d);
         self.transfers.step_count += 1;
         Ok(m)
+    }
+}
+
+/// What single-device and data-parallel training set up alike: the batch rows (shuffled from
+/// the seed), the workspace with the parameters (the init net run on `device`), the seeded
+/// generator.
+struct Setup {
+    rng: StdRng,
+    rows: Vec<Vec<usize>>,
+    ws: Arc<Workspace>,
+    seed: u64,
+}
+
+impl Setup {
+    fn new(device: &Device, data: &Dataset, cfg: &TrainConfig, nets: &MlpNets) -> Result<Setup> {
+        if cfg.batch == 0 {
+            return Err(Error::InvalidState {
+                op: "Trainer::new",
+                buffer: "training configuration".into(),
+                reason: "the batch size must be at least 1".into(),
+            });
+        }
+        let mut rng = StdRng::seed_from_u64(cfg.seed);
+        let mut order: Vec<usize> = (0..data.len()).collect();
+        order.shuffle(&mut rng);
+        let rows = order.chunks(cfg.batch).map(<[usize]>::to_vec).collect();
+        let ws = Arc::new(Workspace::new());
+        ws.run_net_once(&nets.init, device, &NetOptions::new().seed(cfg.seed))?;
+        Ok(Setup {
+            rng,
+            rows,
+            ws,
+            seed: cfg.seed,
+        })
+    }
+
+    /// The nets' options: fusion as `cfg` says, planning (keeping `keep` apart) when it asks.
+    fn options(&self, cfg: &TrainConfig, mlp: &Mlp, keep: Vec<String>) -> NetOptions {
+        let base = NetOptions::new().seed(self.seed).fuse(cfg.fuse);
+        if cfg.plan {
+            base.with_plan(PlanOptions {
+                keep,
+                sizes: mlp.blob_bytes(cfg.batch),
+            })
+        } else {
+            base
+        }
+    }
+
+    fn trainer(
+        self,
+        device: &Device,
+        data: &Dataset,
+        mlp: Mlp,
+        nets: MlpNets,
+        train: Arc<Net>,
+        eval: Arc<Net>,
+    ) -> Trainer {
+        let sizes: Vec<usize> = self.rows.iter().map(Vec::len).collect();
+        Trainer {
+            device: device.clone(),
+            ws: self.ws,
+            mlp,
+            nets,
+            train,
+            eval,
+            batches: Vec::new(),
+            order: (0..sizes.len()).collect(),
+            sizes,
+            parallel: None,
+            pairs: Vec::new(),
+            samples: data.len(),
+            rng: self.rng,
+            epoch: 0,
+            transfers: Transfers::default(),
+        }
+    }
+}
+
+/// Adds `more` into `total`, pair by pair.
+fn add_pairs(total: &mut Vec<PairCopies>, more: Vec<PairCopies>) {
+    for m in more {
+        match total
+            .iter_mut()
+            .find(|t| t.from == m.from && t.to == m.to && t.direct == m.direct)
+        {
+            Some(t) => {
+                t.count += m.count;
+                t.bytes += m.bytes;
+            }
+            None => total.push(m),
+        }
     }
 }
 
