@@ -20,6 +20,24 @@ pub fn device(s: &str) -> Result<DeviceSpec, String> {
     })
 }
 
+/// Devices named on the command line, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceList(pub Vec<DeviceSpec>);
+
+/// One device or several, separated by commas (`opencl:0,opencl:1`); each as [`device`], none
+/// twice.
+pub fn device_list(s: &str) -> Result<DeviceList, String> {
+    let mut out: Vec<DeviceSpec> = Vec::new();
+    for part in s.split(',') {
+        let d = device(part.trim())?;
+        if out.contains(&d) {
+            return Err(format!("{d} is listed twice in {s:?}"));
+        }
+        out.push(d);
+    }
+    Ok(DeviceList(out))
+}
+
 /// A size in bytes with an optional binary unit (`4096`, `64k`, `1MiB`, `1.5G`), read by the
 /// library's [`parse_size`] (as the `SYNCMEM_*` pool variables are).
 pub fn size(s: &str) -> Result<u64, String> {

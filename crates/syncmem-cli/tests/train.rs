@@ -149,6 +149,53 @@ fn train_on_opencl_reports_json() {
     assert_eq!(off["final"], r["final"], "the same results either way");
 }
 
+#[cfg(feature = "opencl")]
+#[test]
+fn train_on_two_opencl_devices_reaches_the_one_device_loss() {
+    let Some((a, b)) =
+        syncmem::testing::two_or_skip(syncmem::BackendKind::OpenCl, "train on two devices")
+    else {
+        return;
+    };
+    let list = format!("{},{}", a.label(), b.label());
+    let args = |d: &str| -> Vec<String> {
+        ["train", "--device", d, "--epochs", "3", "--json"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let run = |d: &str| {
+        let a = args(d);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        common::json(&a)
+    };
+    let two = run(&list);
+    let one = run(a.label());
+    assert_eq!(two["devices"], serde_json::json!([a.label(), b.label()]));
+    assert_eq!(one["devices"], serde_json::json!([a.label()]));
+    let (l2, l1) = (f(&two["final"]["loss"]), f(&one["final"]["loss"]));
+    assert!((l2 - l1).abs() < 1e-4, "{l2} vs {l1}");
+    // Parameters out and gradients back every step, per pair.
+    let pairs = two["device_pairs"].as_array().expect("device_pairs");
+    for (from, to) in [(a.label(), b.label()), (b.label(), a.label())] {
+        let row = pairs
+            .iter()
+            .find(|p| p["from"] == from && p["to"] == to)
+            .unwrap_or_else(|| panic!("{from} -> {to} missing: {pairs:?}"));
+        assert_eq!(f(&row["count_per_step"]), 6.0, "{row}");
+        assert!(f(&row["bytes_per_step"]) > 0.0, "{row}");
+    }
+    assert!(one["device_pairs"].as_array().is_some_and(Vec::is_empty));
+}
+
+#[test]
+fn a_missing_device_of_a_list_is_named() {
+    let stderr = common::fails(&["train", "--device", "cpu,opencl:7", "--epochs", "1"]);
+    assert!(stderr.contains("opencl:7"), "{stderr}");
+    let stderr = common::fails(&["train", "--device", "cpu,cpu", "--epochs", "1"]);
+    assert!(stderr.contains("listed twice"), "{stderr}");
+}
+
 #[test]
 fn no_plan_keeps_every_blob() {
     let r = train_json(&[

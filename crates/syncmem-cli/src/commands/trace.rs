@@ -208,7 +208,7 @@ fn record(args: &RecordArgs) -> anyhow::Result<()> {
     ensure!(args.epochs >= 1, "--epochs must be at least 1");
     let d = TrainConfig::default();
     let train_args = train::Args {
-        device: args.device,
+        device: args.device.map(|d| crate::args::DeviceList(vec![d])),
         epochs: args.epochs,
         data: None,
         seed: d.seed,

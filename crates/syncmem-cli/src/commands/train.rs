@@ -16,7 +16,7 @@ use syncmem::dtype::DType;
 use syncmem::net::mlp::Dataset;
 use syncmem::net::train::{compare_planning, TrainConfig, Trainer};
 use syncmem::workspace::io::inspect;
-use syncmem::{BackendKind, Device, DeviceSpec, Workspace};
+use syncmem::{BackendKind, Device, Workspace};
 
 /// Points per class of the built-in spirals.
 const POINTS_PER_CLASS: usize = 1000;
@@ -29,10 +29,12 @@ const NOISE: f32 = 0.2;
 #[derive(clap::Args)]
 #[command(after_long_help = AFTER_HELP)]
 pub struct Args {
-    /// Device to train on: `cpu`, `opencl:N` or `cuda:N`. Default: the first OpenCL device,
-    /// else `cpu` (with a note).
-    #[arg(long, value_name = "D", value_parser = crate::args::device)]
-    pub device: Option<DeviceSpec>,
+    /// Device to train on: `cpu`, `opencl:N` or `cuda:N`; several separated by commas
+    /// (`opencl:0,opencl:1`) train data-parallel: each batch is split over them, the
+    /// gradients are summed on the first, which holds the parameters. Default: the first
+    /// OpenCL device, else `cpu` (with a note).
+    #[arg(long, value_name = "D[,D...]", value_parser = crate::args::device_list)]
+    pub device: Option<crate::args::DeviceList>,
 
     /// Passes over the data (at most 1000000).
     #[arg(
@@ -247,14 +249,21 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
     if let Some(path) = &args.memory_html {
         super::trace_files::check_dir("--memory-html", path)?;
     }
-    let (dev, note) = pick_device(args.device)?;
+    let (devices, note) = pick_devices(args.device.clone())?;
+    let dev = devices[0].clone();
     if let Some(cap) = args.memory_cap {
         ensure!(cap > 0, "--memory-cap must be at least 1 byte");
-        // The pool the environment asks for, capped.
+        // The pool the environment asks for, capped, on every device trained on.
         let config = syncmem::alloc::pool::config::device_pool_from_env()
             .context("--memory-cap: the device pool settings")?;
-        dev.set_pool(config.with_memory_cap(syncmem::MemoryCap::Bytes(cap)))
-            .with_context(|| format!("--memory-cap on {}", dev.label()))?;
+        for d in &devices {
+            d.set_pool(
+                config
+                    .clone()
+                    .with_memory_cap(syncmem::MemoryCap::Bytes(cap)),
+            )
+            .with_context(|| format!("--memory-cap on {}", d.label()))?;
+        }
     }
     let mut peak_snapshot = match &args.snapshot {
         Some(path) => Some(snapshot::PeakSnapshot::new(path, &dev)?),
@@ -309,7 +318,12 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
     let process_before = syncmem::stats().copies;
     dev.reset_peak_stats();
     let start = Instant::now();
-    let mut trainer = Trainer::new(&dev, &data, &cfg).context("setting up training")?;
+    let mut trainer = if devices.len() > 1 {
+        Trainer::data_parallel(&devices, &data, &cfg)
+            .context("setting up data-parallel training")?
+    } else {
+        Trainer::new(&dev, &data, &cfg).context("setting up training")?
+    };
     let steps = (trainer.batch_count() as u64).saturating_mul(cfg.epochs as u64);
     let bar = progress_bar(!human, steps);
     // Grown as epochs end: never sized from the user's number up front.
@@ -407,13 +421,35 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
     Ok(report)
 }
 
-fn pick_device(spec: Option<DeviceSpec>) -> anyhow::Result<(Device, Option<String>)> {
-    if let Some(s) = spec {
-        return Ok((
-            Device::open_spec(s).with_context(|| format!("opening device {s}"))?,
-            None,
-        ));
-    }
+/// The devices asked for, each opened (an absent one is an error naming it), or the default
+/// device with a note when it is not the first OpenCL device.
+fn pick_devices(
+    specs: Option<crate::args::DeviceList>,
+) -> anyhow::Result<(Vec<Device>, Option<String>)> {
+    let Some(crate::args::DeviceList(specs)) = specs else {
+        let (d, note) = pick_device()?;
+        return Ok((vec![d], note));
+    };
+    let several = specs.len() > 1;
+    let devices = specs
+        .into_iter()
+        .map(|s| {
+            Device::open_spec(s).with_context(|| {
+                if several && s.backend == BackendKind::OpenCl {
+                    format!(
+                        "opening device {s} (with PoCL, POCL_DEVICES=\"pthread pthread\" gives \
+                         two OpenCL devices; `syncmem devices` lists those present)"
+                    )
+                } else {
+                    format!("opening device {s}")
+                }
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok((devices, None))
+}
+
+fn pick_device() -> anyhow::Result<(Device, Option<String>)> {
     match Device::all(BackendKind::OpenCl) {
         Ok(list) if !list.is_empty() => Ok((list[0].clone(), None)),
         Ok(_) => Ok((

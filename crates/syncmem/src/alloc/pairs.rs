@@ -54,6 +54,15 @@ pub fn pair_copies() -> Vec<PairCopies> {
     PAIRS.lock().clone()
 }
 
+/// The count and bytes of every (source, destination, route) so far, in the order of
+/// [`pair_copies`] (entries are only ever added at the end), written into `out` without
+/// allocating once `out` has room for them.
+pub fn counts_into(out: &mut Vec<(u64, u64)>) {
+    let pairs = PAIRS.lock();
+    out.clear();
+    out.extend(pairs.iter().map(|p| (p.count, p.bytes)));
+}
+
 /// The copies made since `earlier` (a former [`pair_copies`]), without the pairs that made
 /// none.
 pub fn pair_copies_since(earlier: &[PairCopies]) -> Vec<PairCopies> {

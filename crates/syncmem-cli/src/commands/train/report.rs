@@ -55,6 +55,9 @@ pub(super) struct Run<'a> {
 #[derive(Serialize)]
 pub(super) struct Report {
     device: String,
+    /// Every device trained on (one, or several for data-parallel training; the first holds
+    /// the parameters).
+    devices: Vec<String>,
     note: Option<String>,
     data: DataInfo,
     model: ModelInfo,
@@ -64,6 +67,8 @@ pub(super) struct Report {
     final_: Final,
     seconds: f64,
     transfers: TransferReport,
+    /// Copies between devices during the steps, per pair and route (data-parallel training).
+    device_pairs: Vec<PairRow>,
     memory_cap: CapReport,
     waits: WaitReport,
     heap_allocations: HeapReport,
@@ -73,6 +78,19 @@ pub(super) struct Report {
     planning: PlanningRow,
     /// The device pool's figures (the summary printed in the human report).
     memory_summary: Option<MemorySummary>,
+}
+
+/// Copies from one device to another during the steps.
+#[derive(Serialize)]
+struct PairRow {
+    from: String,
+    to: String,
+    /// One device command (`true`) or through the host.
+    direct: bool,
+    count: u64,
+    bytes: u64,
+    count_per_step: f64,
+    bytes_per_step: f64,
 }
 
 /// The parameters written by `--save`.
@@ -265,8 +283,29 @@ fn cap_report(cap: Option<u64>, t: &Transfers) -> CapReport {
 
 /// Builds the report of a finished run.
 pub(super) fn build(r: Run<'_>) -> Report {
+    let steps = r.trainer.transfers().step_count.max(1) as f64;
     Report {
         device: r.device.label().to_string(),
+        devices: r
+            .trainer
+            .devices()
+            .iter()
+            .map(|d| d.label().to_string())
+            .collect(),
+        device_pairs: r
+            .trainer
+            .pair_transfers()
+            .iter()
+            .map(|p| PairRow {
+                from: p.from.clone(),
+                to: p.to.clone(),
+                direct: p.direct,
+                count: p.count,
+                bytes: p.bytes,
+                count_per_step: p.count as f64 / steps,
+                bytes_per_step: p.bytes as f64 / steps,
+            })
+            .collect(),
         note: r.note,
         data: DataInfo {
             source: r.source,
@@ -485,6 +524,19 @@ impl Report {
                 fmt_dir(c.device_to_host),
                 fmt_count(c.mapped, "syncs")
             );
+        }
+        if !r.device_pairs.is_empty() {
+            outln!("\nbetween devices, per step ({} devices)", r.devices.len());
+            for p in &r.device_pairs {
+                outln!(
+                    "  {} -> {} {:<12} {:>6.2} copies {:>11}",
+                    p.from,
+                    p.to,
+                    if p.direct { "(direct)" } else { "(via host)" },
+                    p.count_per_step,
+                    human_bytes(p.bytes_per_step.round() as u64)
+                );
+            }
         }
         let m = &r.memory_cap;
         if let Some(cap) = m.cap {

@@ -28,7 +28,7 @@ use rand::SeedableRng;
 use super::memory::{measure_run, RunMemory};
 use super::mlp::{Dataset, Mlp, MlpNets, ACCURACY, DATA, LABEL, LOSS};
 use super::{Net, NetOptions, PlanOptions};
-use crate::alloc::pairs::{pair_copies, pair_copies_since, PairCopies};
+use crate::alloc::pairs::{counts_into, pair_copies, PairCopies};
 use crate::alloc::stats::{thread_copies, thread_host_waits, CopyDir, CopyStats, COPIES};
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -165,8 +165,11 @@ pub struct Trainer {
     sizes: Vec<usize>,
     /// The shards, when training on several devices.
     parallel: Option<parallel::Parallel>,
-    /// Copies between devices during the steps.
-    pairs: Vec<PairCopies>,
+    /// Copies between devices during the steps: (count, bytes) per entry of
+    /// [`pair_copies`], and the readings around a step (kept to reuse their memory).
+    pairs: Vec<(u64, u64)>,
+    pairs_before: Vec<(u64, u64)>,
+    pairs_after: Vec<(u64, u64)>,
     samples: usize,
     rng: StdRng,
     /// The batch order of the current epoch (reshuffled in place each epoch).
@@ -321,16 +324,27 @@ impl Trainer {
         let process_before = COPIES.snapshot();
         let before = thread_copies();
         let waits_before = thread_host_waits();
-        let pairs_before = self.parallel.as_ref().map(|_| pair_copies());
-        let (loss, acc) = if self.parallel.is_some() {
+        let parallel = self.parallel.is_some();
+        if parallel {
+            counts_into(&mut self.pairs_before);
+        }
+        let (loss, acc) = if parallel {
             self.parallel_step(i)?
         } else {
             self.feed(i)?;
             self.train.run(&self.ws)?;
             self.read_scalars()?
         };
-        if let Some(p) = pairs_before {
-            add_pairs(&mut self.pairs, pair_copies_since(&p));
+        if parallel {
+            counts_into(&mut self.pairs_after);
+            if self.pairs.len() < self.pairs_after.len() {
+                self.pairs.resize(self.pairs_after.len(), (0, 0));
+            }
+            for (i, (c, b)) in self.pairs_after.iter().enumerate() {
+                let (c0, b0) = self.pairs_before.get(i).copied().unwrap_or((0, 0));
+                self.pairs[i].0 += c - c0;
+                self.pairs[i].1 += b - b0;
+            }
         }
         let d = thread_copies().since(&before);
         let w = thread_host_waits() - waits_before;
@@ -497,9 +511,19 @@ impl Trainer {
     }
 
     /// Copies between devices during the training steps, per pair of devices and route
-    /// (data-parallel training; empty on one device).
-    pub fn pair_transfers(&self) -> &[PairCopies] {
-        &self.pairs
+    /// (data-parallel training; empty on one device). Counted by the process's counters
+    /// around each step: copies between devices that other threads make meanwhile count too.
+    pub fn pair_transfers(&self) -> Vec<PairCopies> {
+        pair_copies()
+            .into_iter()
+            .zip(&self.pairs)
+            .filter(|(_, (count, _))| *count > 0)
+            .map(|(mut p, &(count, bytes))| {
+                p.count = count;
+                p.bytes = bytes;
+                p
+            })
+            .collect()
     }
 
     /// Epochs run so far.
@@ -597,26 +621,12 @@ impl Setup {
             sizes,
             parallel: None,
             pairs: Vec::new(),
+            pairs_before: Vec::new(),
+            pairs_after: Vec::new(),
             samples: data.len(),
             rng: self.rng,
             epoch: 0,
             transfers: Transfers::default(),
-        }
-    }
-}
-
-/// Adds `more` into `total`, pair by pair.
-fn add_pairs(total: &mut Vec<PairCopies>, more: Vec<PairCopies>) {
-    for m in more {
-        match total
-            .iter_mut()
-            .find(|t| t.from == m.from && t.to == m.to && t.direct == m.direct)
-        {
-            Some(t) => {
-                t.count += m.count;
-                t.bytes += m.bytes;
-            }
-            None => total.push(m),
         }
     }
 }

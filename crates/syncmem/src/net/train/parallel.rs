@@ -206,7 +206,8 @@ impl Trainer {
             return Err(parallel_error("not a data-parallel trainer".into()));
         };
         let total = self.sizes[i].max(1) as f32;
-        let mut shares = Vec::with_capacity(p.shards.len());
+        // Each shard's share of the batch (`None`: no rows for it this step).
+        let mut shares: smallvec::SmallVec<[Option<f32>; 8]> = smallvec::SmallVec::new();
         for s in &p.shards {
             let Some(b) = &s.batches[i] else {
                 shares.push(None);
