@@ -10,6 +10,7 @@
 //! `cpu`, and the cost of a trivial kernel. Not a stable API.
 
 pub mod compute;
+pub mod multi;
 mod peak;
 pub mod raw;
 #[cfg(feature = "opencl")]
@@ -117,6 +118,9 @@ pub struct BenchReport {
     /// Bytes copied, spilled and refilled by `train` runs with zero-copy on and off, capped
     /// and uncapped.
     pub train_memory: Vec<train_memory::TrainMemoryRow>,
+    /// `syncmem train` data-parallel on two devices against one (`None` without a second
+    /// device).
+    pub multi_device: Option<multi::MultiTrainRow>,
     /// FMA peak, GEMM throughput, train epoch times, trivial kernel.
     pub compute: compute::ComputeReport,
 }
@@ -140,7 +144,7 @@ pub fn step_count() -> usize {
     STEPS.len() + compute::STEPS.len()
 }
 
-const STEPS: [&str; 24] = [
+const STEPS: [&str; 26] = [
     "host pool 4 KiB",
     "host pool 4 KiB vs malloc",
     "host pool 1 MiB",
@@ -162,13 +166,15 @@ const STEPS: [&str; 24] = [
     "train epoch LeakyRelu vs Relu",
     "train zero-copy vs two mirrors",
     "train memory cap vs uncapped",
+    "device to device 64 MiB",
+    "train on two devices",
     "trace replay train h64",
     "trace replay train h256",
     "trace replay train h1024",
 ];
 
 /// The notes printed under the table: what the baselines are.
-const BASELINES: [&str; 12] = [
+const BASELINES: [&str; 13] = [
     "host pool rows: a private caching HostPool against the system allocator at the pool's \
      alignment (64 B); `vs malloc` at the system's own (16 B), which the pool does not offer",
     "host pool 64 MiB: neither side touches the memory; `touched` writes every page on both \
@@ -193,6 +199,9 @@ const BASELINES: [&str; 12] = [
     "train epoch capped/uncapped: `syncmem train --no-plan --no-fuse` capped at half the \
      unplanned device peak against no cap: what spilling costs (no goal; spills and refills \
      per step in the table below)",
+    "device to device: a buffer written on the device read on the next device of its backend \
+     through its replica there (one device command between OpenCL devices of a context), \
+     waited for, against a blocking read into host memory and a blocking write (no goal)",
     "user kernel launch: a one-float kernel through UserKernel::launch (checks, ordering, the \
      launch recorded on its buffer) against clSetKernelArg + clEnqueueNDRangeKernel on the same \
      queue (cpu: the closure called directly), never waited for, the queue held behind a user \
@@ -400,6 +409,31 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
             Err(e) => skipped.push(format!("train memory cap rows on {}: {e}", d.label())),
         }
     }
+    // Two devices: the bench device and the next one of its backend.
+    let second = dev.as_ref().ok().and_then(multi::second_device);
+    p.next();
+    match (&dev, &second) {
+        (Ok(a), Some(b)) => match multi::copy_row(a, b, 64 * MIB, large) {
+            Ok(r) => rows.push(r),
+            Err(e) => skipped.push(format!("device to device row: {e}")),
+        },
+        // There is one `cpu` device: nothing to say on it; an absent device has its note.
+        (Ok(a), None) if a.backend() == syncmem::BackendKind::Cpu => {}
+        (Err(_), _) => {}
+        (Ok(_), None) => skipped.push(format!(
+            "device to device and two-device train rows: no second device of {}'s backend \
+             (with PoCL, POCL_DEVICES=\"pthread pthread\" gives two)",
+            opts.device
+        )),
+    }
+    p.next();
+    let mut multi_device = None;
+    if let (Ok(a), Some(b)) = (&dev, &second) {
+        match multi::train_row(&[a.clone(), b.clone()], opts.quick) {
+            Ok(r) => multi_device = Some(r),
+            Err(e) => skipped.push(format!("two-device train row: {e}")),
+        }
+    }
     let mut replay = Vec::new();
     for (name, text) in replay::TRACES {
         p.next();
@@ -425,6 +459,7 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
         notes,
         skipped,
         train_memory,
+        multi_device,
         compute,
     })
 }
@@ -477,6 +512,33 @@ impl fmt::Display for BenchReport {
         writeln!(f)?;
         if !self.train_memory.is_empty() {
             train_memory::write_table(f, &self.train_memory)?;
+            writeln!(f)?;
+        }
+        if let Some(m) = &self.multi_device {
+            writeln!(
+                f,
+                "train on {}: epoch {:.2} ms against {:.2} ms on {} alone (ratio {:.3}; no \
+                 speedup expected on a 2-core machine: the figure is the reduction's cost), {} \
+                 between devices per step, final loss {:+.2e} from one device's",
+                m.devices.join(" + "),
+                m.many_ms,
+                m.one_ms,
+                m.devices[0],
+                m.ratio,
+                human_bytes(m.bytes_per_step.round() as u64),
+                m.loss_difference
+            )?;
+            for p in &m.pairs {
+                writeln!(
+                    f,
+                    "  {} -> {} {}: {} copies, {} per step",
+                    p.from,
+                    p.to,
+                    if p.direct { "direct" } else { "via host" },
+                    p.count,
+                    human_bytes(p.bytes)
+                )?;
+            }
             writeln!(f)?;
         }
         writeln!(

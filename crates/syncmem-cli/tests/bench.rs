@@ -106,6 +106,7 @@ fn bench_quick_json_has_ratios() {
     assert!(v["notes"].as_array().is_some_and(|n| !n.is_empty()));
     assert_eq!(v["skipped"].as_array().map(Vec::len), Some(0));
     check_train_memory(&v, &["cpu"]);
+    assert!(v["multi_device"].is_null(), "one cpu device");
     // The compute section on cpu: the FMA peak and the cpu GEMM rows; the device rows need an
     // accelerator and say so.
     let c = &v["compute"];
@@ -215,6 +216,29 @@ fn bench_on_opencl_compares_train_gemm_and_launch() {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
     check_train_memory(&v, &["opencl:0", "cpu"]);
+    // With a second OpenCL device: the copy between devices and data-parallel train.
+    if syncmem::testing::two_or_skip(syncmem::BackendKind::OpenCl, "bench two devices").is_some() {
+        let row = v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "device to device 64 MiB")
+            .expect("device to device row");
+        assert!(row["ratio"].as_f64().is_some_and(|r| r > 0.0), "{row}");
+        let m = &v["multi_device"];
+        assert_eq!(
+            m["devices"],
+            serde_json::json!(["opencl:0", "opencl:1"]),
+            "{m}"
+        );
+        assert!(m["bytes_per_step"].as_f64().is_some_and(|b| b > 0.0), "{m}");
+        assert!(
+            m["loss_difference"]
+                .as_f64()
+                .is_some_and(|d| d.abs() < 1e-4),
+            "{m}"
+        );
+    }
     let c = &v["compute"];
     assert_eq!(c["device"], "opencl:0");
     check_peak_and_gemm(c, &["cpu", "opencl:0"]);

@@ -225,6 +225,13 @@ impl Device {
         Arc::ptr_eq(&self.shared, &other.shared)
     }
 
+    /// Whether this device copies a buffer of `other` into one of its own with one device
+    /// command: OpenCL devices of one context (one per platform). Elsewhere a copy between
+    /// devices goes through the host (see [`crate::SyncedMemory::device_on`]).
+    pub fn copies_directly_from(&self, other: &Device) -> bool {
+        self.shared.raw.copies_directly_from(&other.shared.raw)
+    }
+
     /// Allocates `bytes` of device memory directly from the backend (not cached; see the
     /// [module docs](self)). The contents are unspecified (no zero fill); `bytes == 0`
     /// allocates nothing. The allocation counts against the device's memory cap; when memory

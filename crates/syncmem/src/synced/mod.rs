@@ -70,6 +70,22 @@
 //! not in use are dropped (head becomes [`Head::AtHost`]; the next device access uploads again).
 //! Dirty data (head [`Head::AtDevice`]) is never dropped.
 
+//!
+//! # Replicas on other devices
+//!
+//! [`SyncedMemory::device_on`], [`SyncedMemory::device_mut_on`] and
+//! [`SyncedMemory::device_overwrite_on`] name any device: the buffer's own (the accessors
+//! above), or another, of any backend, where the buffer then keeps a replica from that
+//! device's pool. One coherence state covers the host, the buffer's device and every replica:
+//! a read where a current copy already is copies nothing; a read where none is copies from the
+//! cheapest current place (one device command between OpenCL devices of one context, counted
+//! as [`crate::Direction::DeviceToDevice`]; otherwise through the host, whose mirror is made
+//! current first); a write anywhere makes every other place stale. When only a replica is
+//! current the head is [`Head::Elsewhere`], and the next access of the buffer's own mirrors
+//! copies the data back first. Copies between devices are also counted per pair of devices
+//! and route in [`crate::alloc::pairs`]. Replicas are freed with the buffer; the out-of-memory
+//! path of their devices does not spill them, and a copy through the host is blocking.
+
 mod access;
 mod external;
 mod fast;

@@ -63,10 +63,10 @@ impl Core {
 impl SyncedMemory {
     /// Read access on `device`: the buffer's own device gives [`SyncedMemory::device`]; any
     /// other device a replica there, copied from the cheapest current place when it is not
-    /// current (see the [module docs](self)).
+    /// current (see [replicas](crate::synced#replicas-on-other-devices)).
     ///
     /// # Errors
-    /// [`Error::Busy`] when this thread holds a write guard of the buffer; out of memory on
+    /// [`crate::Error::Busy`] when this thread holds a write guard of the buffer; out of memory on
     /// `device`; a backend error of a copy.
     pub fn device_on(&self, device: &Device) -> Result<DeviceRead<'_>> {
         if self.is_home(device) {
@@ -200,7 +200,7 @@ impl SyncedMemory {
         let direct = home
             .into_iter()
             .chain(remotes)
-            .find(|(d, _)| dst_dev.shared.raw.copies_directly_from(&d.shared.raw));
+            .find(|(d, _)| dst_dev.copies_directly_from(d));
         if let Some((src_dev, src)) = direct {
             if core.zc.is_some() && core.dev.as_ref().is_some_and(|b| Arc::ptr_eq(b, &src)) {
                 // The home mirror shares its memory with the host: ready it for the device
@@ -313,7 +313,7 @@ impl SyncedMemory {
         let direct = self
             .device
             .as_ref()
-            .is_some_and(|h| h.shared.raw.copies_directly_from(&src_dev.shared.raw));
+            .is_some_and(|h| h.copies_directly_from(&src_dev));
         if !direct {
             return self.pull_remote(core);
         }

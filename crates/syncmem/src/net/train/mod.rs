@@ -16,6 +16,20 @@
 //!
 //! Equal seeds give equal data, equal initial weights (fills draw on the host), equal batch
 //! order, so the loss curve is the same on every device up to float rounding.
+//!
+//! # Several devices
+//!
+//! [`Trainer::data_parallel`] trains on several devices: the parameters live once, in the
+//! trainer's workspace, on the first device; each device has a shard (a child workspace that
+//! sees the parameters through its parent, its rows of every batch uploaded once, the train net
+//! without its `SGD` update). A step runs every shard's net on its rows (their operators read
+//! the parameters through replicas on their own devices, copied from the first device when
+//! stale); sums the gradients on the first device, each weighted by its shard's share of the
+//! batch, reading them through replicas there; runs the update once there (which makes the
+//! other replicas stale: the next step's reads copy the parameters out again); and weighs the
+//! shards' loss and accuracy the same way. The batch order, initial weights and rows are those
+//! of single-device training with the same seed; only the order of the float sums differs.
+//! [`Trainer::pair_transfers`] counts the copies between devices.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

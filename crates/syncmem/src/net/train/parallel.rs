@@ -1,24 +1,4 @@
-//! Data-parallel training on several devices, on the replica machinery of
-//! [`crate::SyncedMemory`] (see [`crate::synced`]'s replicas).
-//!
-//! The parameters live once, in the trainer's workspace, on the first device. Each device has
-//! a shard: a child workspace (it sees the parameters through its parent), its rows of every
-//! batch uploaded once, and the train net without its update (forward and backward). A step:
-//!
-//! 1. every shard runs its net on its rows; its operators read the parameters on their own
-//!    device, so each device keeps a replica of them, copied from the first device when it is
-//!    stale (one device command between OpenCL devices of one context, else through the host);
-//! 2. the gradients are summed on the first device, each weighted by its shard's share of the
-//!    batch (`n_r / n`, so the sum is the full batch's mean gradient): the first shard's scaled
-//!    in place, the others' added with `axpy`, each read on the first device through its
-//!    replica there (a copy from the device that computed it);
-//! 3. the update (the nets' `SGD` operators) runs once, on the first device: the parameters
-//!    change there, which makes the other devices' replicas stale, so the next step's reads
-//!    copy them again (the broadcast);
-//! 4. the loss and accuracy are the shards' values weighted the same way.
-//!
-//! The batch order, the initial weights and the rows of each batch are those of single-device
-//! training with the same seed; only the order of the float sums differs.
+//! Data-parallel training on several devices (see the parent module's docs).
 
 use std::sync::Arc;
 
@@ -88,7 +68,7 @@ pub(super) fn upload(
 
 impl Trainer {
     /// Sets up data-parallel training of an MLP on `devices` (at least one; one device is
-    /// [`Trainer::new`]): see the [module docs](self). The first device holds the
+    /// [`Trainer::new`]): see the [module docs](crate::net::train#several-devices). The first device holds the
     /// parameters and runs the update.
     ///
     /// # Errors
@@ -200,7 +180,7 @@ impl Trainer {
         }
     }
 
-    /// One data-parallel step on batch `i` (see the [module docs](self)).
+    /// One data-parallel step on batch `i` (see the [module docs](crate::net::train#several-devices)).
     pub(super) fn parallel_step(&mut self, i: usize) -> Result<(f32, f32)> {
         let Some(p) = &self.parallel else {
             return Err(parallel_error("not a data-parallel trainer".into()));
