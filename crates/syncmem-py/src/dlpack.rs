@@ -1,6 +1,15 @@
-//! DLPack: host tensors exported without copying (`Tensor.__dlpack__`) and imported without
+//! DLPack: tensors exported without copying (`Tensor.__dlpack__`: host tensors as their host
+//! mirror, OpenCL and CUDA tensors as their device memory) and host memory imported without
 //! copying (`syncmem.from_dlpack`), with both the versioned (1.x, `dltensor_versioned`) and the
 //! legacy (`dltensor`) capsules.
+//!
+//! A device export takes the device mirror for writing (it becomes the only current copy, so
+//! what the consumer writes there is what the next access sees), waits for the work queued on
+//! it unless the consumer passes `stream=-1` (DLPack's "no synchronisation"; OpenCL has no
+//! stream convention in DLPack, and a foreign CUDA stream is not waited on through an event:
+//! the host waits instead), and hands out `data` = the `cl_mem` handle (OpenCL, as DLPack
+//! specifies) or the device pointer (CUDA), keeping the memory allocated until the deleter
+//! runs. Accesses through syncmem while the consumer still works on the memory race with it.
 //!
 //! The structs are DLPack's C ABI (`dlpack.h`, version 1.0). An exported capsule owns one boxed
 //! [`Export`]: the managed tensor, the shape it points to, and what keeps the memory alive (a
@@ -97,7 +106,15 @@ pub fn device_of(dev: Option<&Device>) -> (i32, i32) {
 struct Export<M> {
     managed: M,
     shape: Vec<i64>,
-    _view: HostView,
+    _keep: Keep,
+}
+
+/// What keeps an export's memory alive.
+enum Keep {
+    /// A host view.
+    Host(#[allow(dead_code)] HostView),
+    /// The device memory (allocated until this goes).
+    Device(#[allow(dead_code)] std::sync::Arc<syncmem::DeviceBuffer>),
 }
 
 unsafe extern "C" fn delete_legacy(m: *mut DLManagedTensor) {
@@ -134,12 +151,17 @@ unsafe extern "C" fn capsule_destructor(capsule: *mut ffi::PyObject) {
     }
 }
 
-fn dl_tensor(view: &HostView, shape: &mut [i64], device: DLDevice) -> PyResult<DLTensor> {
-    let (code, bits) = dtypes::dlpack_code(view.dtype()).ok_or_else(|| {
-        TypeMismatchError::new_err(format!("{} elements have no DLPack type", view.dtype()))
+fn dl_tensor(
+    data: *mut c_void,
+    dtype: DType,
+    shape: &mut [i64],
+    device: DLDevice,
+) -> PyResult<DLTensor> {
+    let (code, bits) = dtypes::dlpack_code(dtype).ok_or_else(|| {
+        TypeMismatchError::new_err(format!("{dtype} elements have no DLPack type"))
     })?;
     Ok(DLTensor {
-        data: view.ptr().cast(),
+        data,
         device,
         ndim: shape.len() as i32,
         dtype: DLDataType {
@@ -157,7 +179,7 @@ fn dl_tensor(view: &HostView, shape: &mut [i64], device: DLDevice) -> PyResult<D
 pub fn export<'py>(
     py: Python<'py>,
     t: &PyTensor,
-    _stream: Option<&Bound<'py, PyAny>>,
+    stream: Option<&Bound<'py, PyAny>>,
     max_version: Option<(u32, u32)>,
     dl_device: Option<(i32, i32)>,
     copy: Option<bool>,
@@ -165,40 +187,43 @@ pub fn export<'py>(
     let what = t.what();
     let dev = t.read(py, |x| Ok(x.target().cloned()))?;
     let (device_type, device_id) = device_of(dev.as_ref());
-    if device_type != KDL_CPU {
-        let label = dev.as_ref().map_or("", |d| d.label());
-        let kind = dev.as_ref().map_or("", |d| d.backend().as_str());
-        return Err(DeviceError::new_err(format!(
-            "DLPack export of {what} on {label}: {kind} device memory cannot be exported yet. \
-             Use Tensor.numpy() for a host view, or feed the tensor on 'cpu'"
-        )));
-    }
+    let copied = copy == Some(true);
     if let Some(req) = dl_device {
-        if req != (KDL_CPU, 0) {
+        if req != (device_type, device_id) {
             return Err(PyBufferError::new_err(format!(
-                "{what} is host memory (kDLCPU, 0); it cannot be exported to device {req:?}"
+                "{what} is on ({device_type}, {device_id}) in DLPack's terms; it cannot be \
+                 exported to device {req:?}"
             )));
         }
     }
-    let copied = copy == Some(true);
-    let view = if copied {
-        let blob = &t.blob;
-        let w = what.clone();
-        py.detach(move || -> PyResult<HostView> {
-            let b = blob.read();
-            let src = b.get::<Tensor>().or_raise()?;
-            let c = src.clone_deep().or_raise()?;
-            HostView::read_only(&c, &w)
-        })?
+    let (keep, data, dtype, dims) = if device_type != KDL_CPU {
+        let dev = dev.ok_or_else(|| DeviceError::new_err(format!("{what}: no device")))?;
+        let sync = !stream.is_some_and(|s| s.extract::<i64>().is_ok_and(|v| v == -1));
+        let (buf, dtype, dims) = device_export(py, t, &what, &dev, copied, sync)?;
+        let data = buf.native_address().unwrap_or(0) as *mut c_void;
+        (Keep::Device(buf), data, dtype, dims)
     } else {
-        py.detach(|| HostView::of_blob(&t.blob, &what, true))?
+        let view = if copied {
+            let blob = &t.blob;
+            let w = what.clone();
+            py.detach(move || -> PyResult<HostView> {
+                let b = blob.read();
+                let src = b.get::<Tensor>().or_raise()?;
+                let c = src.clone_deep().or_raise()?;
+                HostView::read_only(&c, &w)
+            })?
+        } else {
+            py.detach(|| HostView::of_blob(&t.blob, &what, true))?
+        };
+        let (data, dtype, dims) = (view.ptr().cast(), view.dtype(), view.dims().to_vec());
+        (Keep::Host(view), data, dtype, dims)
     };
     let device = DLDevice {
         device_type,
         device_id,
     };
-    let mut shape: Vec<i64> = view.dims().iter().map(|&d| d as i64).collect();
-    let tensor = dl_tensor(&view, &mut shape, device)?;
+    let mut shape: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+    let tensor = dl_tensor(data, dtype, &mut shape, device)?;
     let versioned = max_version.is_some_and(|(major, _)| major >= 1);
     let (ptr, name): (*mut c_void, &CStr) = if versioned {
         let b = Box::new(Export {
@@ -210,7 +235,7 @@ pub fn export<'py>(
                 dl_tensor: tensor,
             },
             shape,
-            _view: view,
+            _keep: keep,
         });
         let raw = Box::into_raw(b);
         // SAFETY: `raw` is a live box; the context points at the box itself.
@@ -224,7 +249,7 @@ pub fn export<'py>(
                 deleter: Some(delete_legacy),
             },
             shape,
-            _view: view,
+            _keep: keep,
         });
         let raw = Box::into_raw(b);
         // SAFETY: as above.
@@ -477,5 +502,50 @@ unsafe fn parse(t: &DLTensor) -> PyResult<Parsed> {
         nbytes,
         dims,
         dtype,
+    })
+}
+
+/// The device memory of `t` for a device export (see the module docs): taken for writing (the
+/// device becomes the only current copy), its queued work waited for when `sync`; with
+/// `copied`, that of a deep copy on the same device.
+fn device_export(
+    py: Python<'_>,
+    t: &PyTensor,
+    what: &str,
+    dev: &Device,
+    copied: bool,
+    sync: bool,
+) -> PyResult<(std::sync::Arc<syncmem::DeviceBuffer>, DType, Vec<usize>)> {
+    let blob = &t.blob;
+    py.detach(|| {
+        crate::views::device_section(
+            || Ok(()),
+            || {
+                let b = blob.read();
+                let src = b.get::<Tensor>().or_raise()?;
+                crate::views::check_no_writable_view(src, what)?;
+                let owned;
+                let t = if copied {
+                    owned = src.clone_deep().or_raise()?;
+                    &owned
+                } else {
+                    src
+                };
+                let dtype = t.dtype().ok_or_else(|| {
+                    TypeMismatchError::new_err(format!("{what} has no element type to export"))
+                })?;
+                let mem = t.synced().filter(|_| t.nbytes() > 0).ok_or_else(|| {
+                    PyBufferError::new_err(format!(
+                        "{what} on {} holds no device memory (it is empty)",
+                        dev.label()
+                    ))
+                })?;
+                let g = mem.device_mut().or_raise()?;
+                if sync {
+                    g.stream().synchronize().or_raise()?;
+                }
+                Ok((g.shared_buffer(), dtype, t.dims().to_vec()))
+            },
+        )
     })
 }

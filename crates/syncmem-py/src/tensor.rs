@@ -17,7 +17,8 @@ use crate::{arrays, dlpack, dtypes, views};
 /// tensor, it sees the new one.
 ///
 /// `numpy()` and `__array__` give NumPy views of the host mirror without copying; `__dlpack__`
-/// exports host tensors to any DLPack consumer (`numpy.from_dlpack`, `torch.from_dlpack`).
+/// exports host tensors to any DLPack consumer (`numpy.from_dlpack`, `torch.from_dlpack`), and
+/// device tensors as their device memory (OpenCL `cl_mem`, CUDA device pointer).
 /// A view keeps the buffer alive after the tensor, its blob and its workspace are gone.
 #[pyclass(module = "syncmem", name = "Tensor", frozen)]
 pub struct PyTensor {
@@ -202,7 +203,9 @@ impl PyTensor {
         })
     }
 
-    /// DLPack export of the host mirror, without copying (see `syncmem.from_dlpack`).
+    /// DLPack export without copying: of the host mirror for a host tensor (see
+    /// `syncmem.from_dlpack`), of the device memory for an OpenCL or CUDA tensor (taken for
+    /// writing, its work waited for unless `stream=-1`).
     ///
     /// Only tensors whose memory the host can address are exported: host-only tensors and
     /// tensors on `cpu`. Tensors on `opencl` or `cuda` devices raise `DeviceError` naming

@@ -1,5 +1,7 @@
-"""DLPack: host tensors out to NumPy and back, without copies; device tensors refused."""
+"""DLPack: host tensors out to NumPy and back, without copies; device tensors out as their
+device memory (the `cl_mem` of an OpenCL tensor)."""
 
+import ctypes
 import gc
 import sys
 
@@ -131,14 +133,86 @@ def test_from_dlpack_copies_read_only_sources_and_refuses_strided_ones():
     assert zero.shape == (0, 3)
 
 
-def test_device_tensors_are_refused_naming_the_device_kind(opencl):
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.c_void_p),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [
+        ("major", ctypes.c_uint32),
+        ("minor", ctypes.c_uint32),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+        ("flags", ctypes.c_uint64),
+        ("dl_tensor", _DLTensor),
+    ]
+
+
+def _versioned(capsule):
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    return _DLManagedTensorVersioned.from_address(get(capsule, b"dltensor_versioned"))
+
+
+def _cl_mem_size(handle):
+    """clGetMemObjectInfo(CL_MEM_SIZE) of `handle`: (status, bytes)."""
+    cl = ctypes.CDLL("libOpenCL.so.1")
+    cl.clGetMemObjectInfo.argtypes = [
+        ctypes.c_void_p, ctypes.c_uint32, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p
+    ]
+    size = ctypes.c_size_t(0)
+    status = cl.clGetMemObjectInfo(handle, 0x1102, ctypes.sizeof(size), ctypes.byref(size), None)
+    return status, size.value
+
+
+def test_device_tensors_export_their_device_memory(opencl):
     ws = syncmem.Workspace(device=opencl)
     ws.feed_blob("x", numpy.ones(3, "float32"))
     t = ws.tensor("x")
     assert t.__dlpack_device__() == (4, 0)
-    with pytest.raises(syncmem.DeviceError, match="opencl"):
-        t.__dlpack__()
-    with pytest.raises(syncmem.DeviceError, match="opencl"):
+    cap = t.__dlpack__(max_version=(1, 0))
+    m = _versioned(cap)
+    d = m.dl_tensor
+    assert (m.major, m.flags) == (1, 0)
+    assert (d.device.device_type, d.device.device_id) == (4, 0)
+    assert (d.ndim, d.shape[0], d.byte_offset) == (1, 3, 0)
+    assert (d.dtype.code, d.dtype.bits, d.dtype.lanes) == (2, 32, 1)
+    handle = d.data
+    # DLPack's data for OpenCL is the cl_mem: the driver knows it, and it holds the 12 bytes.
+    status, size = _cl_mem_size(handle)
+    assert status == 0 and size >= 12, (status, size)
+    # Exported for writing: the device is the only current copy, and the data is intact.
+    numpy.testing.assert_array_equal(t.numpy(), [1, 1, 1])
+    # The same memory again (no copy), without waiting for its work (stream=-1).
+    assert _versioned(t.__dlpack__(max_version=(1, 0), stream=-1)).dl_tensor.data == handle
+    # A copy is other memory, flagged as copied.
+    c = _versioned(t.__dlpack__(max_version=(1, 0), copy=True))
+    assert c.flags & 2 and c.dl_tensor.data != handle
+    # The legacy capsule too.
+    assert t.__dlpack__().__class__.__name__ == "PyCapsule"
+    with pytest.raises(BufferError, match=r"\(1, 0\)"):
+        t.__dlpack__(dl_device=(1, 0))
+    # NumPy takes host memory only: it refuses the device's.
+    with pytest.raises((BufferError, RuntimeError, TypeError, ValueError)):
         numpy.from_dlpack(t)
-    # The host view is the way out, and DLPack works on it.
+    del cap, m, d
+    gc.collect()
+    # The host view is the way to NumPy, and DLPack works on it.
     numpy.testing.assert_array_equal(numpy.from_dlpack(t.numpy()), [1, 1, 1])

@@ -243,6 +243,19 @@ impl DeviceBuffer {
         self.raw().and_then(RawMem::as_cuda)
     }
 
+    /// The memory's address for code outside the crate (DLPack, collective libraries): the
+    /// host address of a `cpu` buffer, the `cl_mem` handle of an OpenCL buffer (a pooled
+    /// buffer's sub-buffer, which starts at the buffer), the device pointer of CUDA memory.
+    /// `None` for an empty buffer. Work queued on it elsewhere is not seen by the crate: as for
+    /// `as_opencl`, order it with the buffer's stream and keep a guard (or the buffer) alive
+    /// meanwhile.
+    pub fn native_address(&self) -> Option<usize> {
+        let m = self.raw()?;
+        self.exposed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        Some(m.native_address())
+    }
+
     /// The bytes of a `cpu`-device buffer (`None` for other backends).
     pub fn as_cpu_slice(&self) -> Option<&[u8]> {
         match self.raw() {

@@ -163,6 +163,14 @@ impl<'a> DeviceRead<'a> {
         &self.stream
     }
 
+    /// The device memory as a shared handle that outlives the guard: the memory stays
+    /// allocated while it lives (for an export to foreign code, e.g. DLPack), but once the
+    /// guard is gone the buffer no longer keeps it current (a later write elsewhere is not
+    /// seen there) nor orders work on it.
+    pub fn shared_buffer(&self) -> Arc<DeviceBuffer> {
+        self.buf.clone()
+    }
+
     /// Copies the device bytes into `dst` (blocking), bypassing the host mirror. For checks.
     ///
     /// # Errors
@@ -212,6 +220,14 @@ impl<'a> DeviceWrite<'a> {
     /// The buffer's stream.
     pub fn stream(&self) -> &Stream {
         &self.stream
+    }
+
+    /// The device memory as a shared handle that outlives the guard (see
+    /// [`DeviceRead::shared_buffer`]): what is written there after the guard is gone, outside
+    /// the crate, is what the next access finds, as long as the device is still the only
+    /// current copy then.
+    pub fn shared_buffer(&self) -> Arc<DeviceBuffer> {
+        self.buf.clone()
     }
 
     /// Sets every byte to `value` on the device (Caffe's `caffe_gpu_memset`).

@@ -580,6 +580,18 @@ impl RawEvent {
 }
 
 impl RawMem {
+    /// The memory's address for foreign code: a `cpu` block's host address, an OpenCL
+    /// buffer's `cl_mem` handle, a CUDA allocation's device pointer.
+    pub(crate) fn native_address(&self) -> usize {
+        match self {
+            RawMem::Cpu(m) => m.as_ptr() as usize,
+            #[cfg(feature = "opencl")]
+            RawMem::OpenCl(m) => opencl3::memory::ClMem::get(m.buffer()) as usize,
+            #[cfg(feature = "cuda")]
+            RawMem::Cuda(m) => m.device_ptr() as usize,
+        }
+    }
+
     /// The OpenCL buffer (`None` for other backends).
     #[cfg(feature = "opencl")]
     pub(crate) fn as_opencl(&self) -> Option<&opencl3::memory::Buffer<u8>> {
