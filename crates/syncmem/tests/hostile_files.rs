@@ -279,12 +279,14 @@ fn absurd_trace_sizes_never_overflow() {
             bytes: usize::MAX,
             device: "d".into(),
             stream: None,
+            peer: None,
         },
         TraceEvent::Copy {
             direction: syncmem::Direction::HostToDevice,
             bytes: usize::MAX,
             device: "d".into(),
             stream: None,
+            peer: None,
         },
         TraceEvent::Evict {
             label: "x".into(),

@@ -147,6 +147,42 @@ fn copies_between_devices_of_one_context_are_direct() {
 }
 
 #[test]
+fn a_direct_copy_names_both_devices_in_the_trace() {
+    let _serial = serial();
+    let Some((d0, d1)) = two("a_direct_copy_names_both_devices_in_the_trace") else {
+        return;
+    };
+    let (d0, d1) = handles(&d0, &d1, ZeroCopy::Off);
+    let m = SyncedMemory::new(256, &d0);
+    m.device_mut().unwrap().fill(1).unwrap();
+    let trace = std::sync::Arc::new(syncmem::alloc::Trace::new());
+    let guard = trace.attach_device_only(&d1);
+    drop(m.device_on(&d1).unwrap());
+    drop(guard);
+    let copies: Vec<(syncmem::Direction, String, Option<String>)> = trace
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            syncmem::alloc::TraceEvent::Copy {
+                direction,
+                device,
+                peer,
+                ..
+            } => Some((direction, device, peer)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        copies,
+        [(
+            syncmem::Direction::DeviceToDevice,
+            d1.label().to_string(),
+            Some(d0.label().to_string())
+        )]
+    );
+}
+
+#[test]
 fn a_write_at_home_makes_replicas_stale() {
     let _serial = serial();
     let Some((d0, d1)) = two("a_write_at_home_makes_replicas_stale") else {

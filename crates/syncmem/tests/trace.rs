@@ -21,6 +21,7 @@ fn copies(t: &Trace) -> Vec<(Direction, usize, String)> {
                 bytes,
                 device,
                 stream,
+                ..
             } => {
                 // Every copy names the stream that made it.
                 assert!(stream.is_some(), "{direction} of {bytes} bytes on {device}");

@@ -124,6 +124,7 @@ fn small_trace() -> Trace {
             bytes: 4096,
             device: "dev".into(),
             stream: Some(1),
+            peer: None,
         },
         free(0),
         alloc(2, 1000, "c", Some((0, 0, MIB / 2))),

@@ -160,10 +160,16 @@ impl Stream {
     /// attached anywhere (one relaxed atomic load otherwise), reports it to the traces
     /// attached to this device.
     pub(super) fn count_copy(&self, d: Direction, len: usize) {
+        self.count_copy_from(d, len, None);
+    }
+
+    /// As [`Stream::count_copy`], for a copy from device `peer` (traced with it).
+    fn count_copy_from(&self, d: Direction, len: usize, peer: Option<&Device>) {
         count_copy(d, len);
         if trace_hub::active() {
             let source = self.device.shared.memory.trace_source();
-            trace_hub::copy(source, self.device.label(), self.id, d, len);
+            let peer = peer.map(Device::label);
+            trace_hub::copy(source, self.device.label(), self.id, d, len, peer);
         }
     }
 
@@ -314,7 +320,9 @@ impl Stream {
         let seq = self.raw.copy(s_mem, src_offset, d_mem, dst_offset, len)?;
         src.note(self.point(seq), false);
         dst.note(self.point(seq), true);
-        self.count_copy(Direction::DeviceToDevice, len);
+        // A copy from another device names it in the trace.
+        let peer = Some(src.device()).filter(|d| !d.same(&self.device));
+        self.count_copy_from(Direction::DeviceToDevice, len, peer);
         Ok(())
     }
 

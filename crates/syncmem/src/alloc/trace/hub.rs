@@ -78,9 +78,16 @@ pub(crate) fn active() -> bool {
 
 /// Reports a copy made by stream `stream` of the device labelled `label`, of trace source
 /// `source`.
-pub(crate) fn copy(source: u64, label: &str, stream: StreamId, direction: Direction, bytes: usize) {
+pub(crate) fn copy(
+    source: u64,
+    label: &str,
+    stream: StreamId,
+    direction: Direction,
+    bytes: usize,
+    peer: Option<&str>,
+) {
     for a in ATTACHED.read().iter().filter(|a| a.scope.covers(source)) {
-        a.trace.record_copy(label, stream, direction, bytes);
+        a.trace.record_copy(label, stream, direction, bytes, peer);
     }
 }
 

@@ -157,6 +157,10 @@ pub enum TraceEvent {
         /// The stream's id (absent in traces written before streams of copies were recorded).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         stream: Option<StreamId>,
+        /// For a copy from another device with one device command: the device copied from
+        /// (`device` is the one copied to). Absent otherwise.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peer: Option<String>,
     },
     /// A clean device mirror was dropped to make room.
     Evict {
@@ -574,12 +578,14 @@ impl Trace {
         stream: StreamId,
         direction: Direction,
         bytes: usize,
+        peer: Option<&str>,
     ) {
         self.inner.lock().push(TraceEvent::Copy {
             direction,
             bytes,
             device: device.to_string(),
             stream: Some(stream),
+            peer: peer.map(str::to_string),
         });
     }
 }

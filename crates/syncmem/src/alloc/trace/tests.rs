@@ -137,6 +137,7 @@ fn copy_and_evict_lines_round_trip() {
             bytes: 64,
             device: "cpu".into(),
             stream: None,
+            peer: None,
         },
         TraceEvent::Evict {
             label: "w".into(),
@@ -178,6 +179,7 @@ fn replay_keeps_devices_apart() {
             bytes: 10,
             device: "a".into(),
             stream: None,
+            peer: None,
         },
         free(0, "a"),
         alloc(1, 3 * MIB, "b"),
