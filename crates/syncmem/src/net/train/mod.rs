@@ -37,11 +37,10 @@ use std::time::Instant;
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
 
 use super::memory::{measure_run, RunMemory};
 use super::mlp::{Dataset, Mlp, MlpNets, ACCURACY, DATA, LABEL, LOSS};
-use super::{Net, NetOptions, PlanOptions};
+use super::Net;
 use crate::alloc::pairs::{counts_into, pair_copies, PairCopies};
 use crate::alloc::stats::{thread_copies, thread_host_waits, CopyDir, CopyStats, COPIES};
 use crate::device::Device;
@@ -50,6 +49,11 @@ use crate::tensor::Tensor;
 use crate::workspace::Workspace;
 
 mod parallel;
+mod planning;
+mod setup;
+
+pub use planning::{compare_planning, PlanningComparison};
+use setup::Setup;
 
 /// Settings of a training run: [`TrainConfig::default`] and the `with_*` methods make one.
 ///
@@ -565,149 +569,6 @@ impl Trainer {
         self.transfers.step_count += 1;
         Ok(m)
     }
-}
-
-/// What single-device and data-parallel training set up alike: the batch rows (shuffled from
-/// the seed), the workspace with the parameters (the init net run on `device`), the seeded
-/// generator.
-struct Setup {
-    rng: StdRng,
-    rows: Vec<Vec<usize>>,
-    ws: Arc<Workspace>,
-    seed: u64,
-}
-
-impl Setup {
-    fn new(device: &Device, data: &Dataset, cfg: &TrainConfig, nets: &MlpNets) -> Result<Setup> {
-        if cfg.batch == 0 {
-            return Err(Error::InvalidState {
-                op: "Trainer::new",
-                buffer: "training configuration".into(),
-                reason: "the batch size must be at least 1".into(),
-            });
-        }
-        let mut rng = StdRng::seed_from_u64(cfg.seed);
-        let mut order: Vec<usize> = (0..data.len()).collect();
-        order.shuffle(&mut rng);
-        let rows = order.chunks(cfg.batch).map(<[usize]>::to_vec).collect();
-        let ws = Arc::new(Workspace::new());
-        ws.run_net_once(&nets.init, device, &NetOptions::new().seed(cfg.seed))?;
-        Ok(Setup {
-            rng,
-            rows,
-            ws,
-            seed: cfg.seed,
-        })
-    }
-
-    /// The nets' options: fusion as `cfg` says, planning (keeping `keep` apart) when it asks.
-    fn options(&self, cfg: &TrainConfig, mlp: &Mlp, keep: Vec<String>) -> NetOptions {
-        let base = NetOptions::new().seed(self.seed).fuse(cfg.fuse);
-        if cfg.plan {
-            base.with_plan(PlanOptions {
-                keep,
-                sizes: mlp.blob_bytes(cfg.batch),
-            })
-        } else {
-            base
-        }
-    }
-
-    fn trainer(
-        self,
-        device: &Device,
-        data: &Dataset,
-        mlp: Mlp,
-        nets: MlpNets,
-        train: Arc<Net>,
-        eval: Arc<Net>,
-    ) -> Trainer {
-        let sizes: Vec<usize> = self.rows.iter().map(Vec::len).collect();
-        Trainer {
-            device: device.clone(),
-            ws: self.ws,
-            mlp,
-            nets,
-            train,
-            eval,
-            batches: Vec::new(),
-            order: (0..sizes.len()).collect(),
-            sizes,
-            parallel: None,
-            pairs: Vec::new(),
-            pairs_before: Vec::new(),
-            pairs_after: Vec::new(),
-            samples: data.len(),
-            rng: self.rng,
-            epoch: 0,
-            transfers: Transfers::default(),
-        }
-    }
-}
-
-/// Peak memory of the first training step with and without planning, each in a fresh
-/// workspace on one batch of `data`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PlanningComparison {
-    /// Without planning.
-    pub unplanned: RunMemory,
-    /// With planning.
-    pub planned: RunMemory,
-    /// Shared slots of the planned train net.
-    pub slots: usize,
-    /// Intermediate blobs mapped to slots.
-    pub planned_blobs: usize,
-}
-
-impl PlanningComparison {
-    /// Device bytes saved by planning, from the tensor peaks (0 if planning saved nothing).
-    pub fn saved_bytes(&self) -> u64 {
-        self.unplanned
-            .tensor_peak
-            .device
-            .saturating_sub(self.planned.tensor_peak.device)
-    }
-}
-
-/// Measures [`PlanningComparison`] for `cfg` (its `plan` flag is ignored) on the first
-/// `cfg.batch` samples of `data`.
-///
-/// # Errors
-/// As [`Trainer::new`] and [`Trainer::measure_step`].
-pub fn compare_planning(
-    device: &Device,
-    data: &Dataset,
-    cfg: &TrainConfig,
-) -> Result<PlanningComparison> {
-    let n = cfg.batch.min(data.len());
-    let one = Dataset {
-        x: data.x[..n * data.features].to_vec(),
-        y: data.y[..n].to_vec(),
-        features: data.features,
-        classes: data.classes,
-    };
-    let run = |plan: bool| -> Result<(RunMemory, usize, usize)> {
-        let cfg = TrainConfig {
-            plan,
-            ..cfg.clone()
-        };
-        let mut t = Trainer::new(device, &one, &cfg)?;
-        let m = t.measure_step()?;
-        let (slots, blobs) = t
-            .train_net()
-            .plan()
-            .map_or((0, 0), |p| (p.slots, p.planned_blobs()));
-        Ok((m, slots, blobs))
-    };
-    let (unplanned, _, _) = run(false)?;
-    let (planned, slots, planned_blobs) = run(true)?;
-    Ok(PlanningComparison {
-        unplanned,
-        planned,
-        slots,
-        planned_blobs,
-    })
 }
 
 fn add(a: CopyStats, b: CopyStats) -> CopyStats {
