@@ -182,6 +182,82 @@ fn a_direct_copy_names_both_devices_in_the_trace() {
     );
 }
 
+/// Work queued outside the crate on a guard's stream, through the native handles, comes before
+/// a copy of the buffer to another device (queued on that device's stream), as it comes before
+/// a copy on its own stream. The home stream is held behind a gate while the copy is queued.
+#[test]
+fn native_work_on_the_guard_stream_comes_before_a_copy_to_another_device() {
+    #[path = "common/gate.rs"]
+    mod gate;
+    use opencl3::command_queue as cq;
+    use opencl3::memory::ClMem;
+    let _serial = serial();
+    let Some((d0, d1)) = two("native_work_before_a_copy") else {
+        return;
+    };
+    let (d0, d1) = handles(&d0, &d1, ZeroCopy::Off);
+    let m = SyncedMemory::new(4096, &d0);
+    m.device_mut().unwrap().fill(1).unwrap();
+    let gate = {
+        let g = m.device_mut().unwrap();
+        let gate = gate::Gate::block(g.stream());
+        let queue = g.stream().as_opencl().unwrap();
+        let mem = g.buffer().as_opencl().unwrap();
+        let pattern = 7u8;
+        // SAFETY: a fill of the guard's 4096 bytes, queued behind the gate on the guard's own
+        // stream; the pattern is copied when the command is queued.
+        let event = unsafe {
+            cq::enqueue_fill_buffer(
+                queue.get(),
+                mem.get(),
+                std::ptr::from_ref(&pattern).cast(),
+                1,
+                0,
+                4096,
+                0,
+                std::ptr::null(),
+            )
+        }
+        .unwrap();
+        // SAFETY: the event returned above, released once.
+        unsafe { opencl3::event::release_event(event) }.unwrap();
+        gate
+    };
+    // Queued on d1's stream, which must wait for the fill (it does not block here).
+    drop(m.device_on(&d1).unwrap());
+    assert!(!gate.is_open());
+    gate.open();
+    let got = on(&m, &d1);
+    assert!(
+        got.iter().all(|&b| b == 7),
+        "the copy read {} before the fill",
+        got[0]
+    );
+}
+
+/// A home mirror left stale by a write on another device holds nothing current: when its
+/// device runs short of memory it goes (the data stays with the replica).
+#[test]
+fn a_stale_home_mirror_goes_when_its_device_is_short_of_memory() {
+    let _serial = serial();
+    let Some((d0, d1)) = two("a_stale_home_mirror_goes") else {
+        return;
+    };
+    let (d0, d1) = handles(&d0, &d1, ZeroCopy::Off);
+    d0.set_pool(syncmem::PoolConfig::default().with_memory_cap(syncmem::MemoryCap::Bytes(8192)))
+        .unwrap();
+    let m = SyncedMemory::new(4096, &d0);
+    m.device_mut().unwrap().fill(3).unwrap();
+    m.device_mut_on(&d1).unwrap().fill(4).unwrap();
+    assert!(m.device_allocated());
+    // 6 KiB more on d0 fits only without the stale 4 KiB.
+    let other = SyncedMemory::new(6144, &d0);
+    other.device_mut().unwrap().fill(0).unwrap();
+    assert!(!m.device_allocated(), "the stale home mirror was kept");
+    assert_eq!(m.head(), Head::Elsewhere);
+    assert!(m.host().unwrap().iter().all(|&b| b == 4));
+}
+
 #[test]
 fn a_write_at_home_makes_replicas_stale() {
     let _serial = serial();

@@ -243,6 +243,12 @@ impl DeviceBuffer {
         self.raw().and_then(RawMem::as_cuda)
     }
 
+    /// Whether a native handle of the memory was handed out (`as_opencl`, `as_cuda`,
+    /// [`DeviceBuffer::native_address`]): work the crate does not see may be queued on it.
+    pub(crate) fn was_exposed(&self) -> bool {
+        self.exposed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The memory's address for code outside the crate (DLPack, collective libraries): the
     /// host address of a `cpu` buffer, the `cl_mem` handle of an OpenCL buffer (a pooled
     /// buffer's sub-buffer, which starts at the buffer), the device pointer of CUDA memory.

@@ -289,8 +289,14 @@ impl<'a> DeviceWrite<'a> {
         let Some(ptr) = self.buf.host_ptr() else {
             return Ok(None);
         };
-        if !self.buf.in_place() {
-            // A replica on another device, in memory its driver does not use in place.
+        if !self
+            .owner
+            .target()
+            .is_some_and(|d| d.same(self.buf.device()))
+            || !self.buf.in_place()
+        {
+            // A replica on another device (whose protocol is not the buffer's own), or memory
+            // its driver does not use in place.
             return Ok(None);
         }
         self.buf.wait_uses()?;

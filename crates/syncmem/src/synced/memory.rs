@@ -147,6 +147,12 @@ impl Evictable for Shared {
         // Only a clean or stale mirror may go: the host copy must be current, in memory of
         // its own (a zero-copy buffer's host side is the device mirror: it can only be
         // spilled).
+        if core.valid.remote_only() && core.dev_owned && core.zc.is_none() {
+            // Stale: only replicas on other devices hold the data, which stays with them.
+            let bytes = core.dev.as_ref()?.len();
+            core.release_device(self.device.as_ref());
+            return Some(bytes);
+        }
         if !core.valid.has(Place::Host) || !core.dev_owned || core.zc.is_some() {
             return None;
         }

@@ -408,18 +408,19 @@ impl SyncedMemory {
     }
 
     /// Blocks until any transfer or device work in flight is done: a transfer or announced work
-    /// ([`SyncedMemory::pending`]) and every command queued on the device mirror (kernels,
-    /// copies, fills), each counted as a host wait when it was not complete yet.
+    /// ([`SyncedMemory::pending`]) and every command queued on the device mirror or on a
+    /// replica on another device (kernels, copies, fills), each counted as a host wait when it
+    /// was not complete yet.
     ///
     /// # Errors
     /// A backend error from the work waited for.
     pub fn wait(&self) -> Result<()> {
         let mut core = self.shared.core.lock();
         self.finish_pending(&mut core)?;
-        match &core.dev {
-            Some(dev) => dev.wait_uses(),
-            None => Ok(()),
+        if let Some(dev) = &core.dev {
+            dev.wait_uses()?;
         }
+        core.wait_remotes()
     }
 
     /// Copies made by this buffer's transitions, by direction.

@@ -52,6 +52,11 @@ impl Core {
         }
     }
 
+    /// Blocks until the work recorded on every replica is done.
+    pub(super) fn wait_remotes(&self) -> Result<()> {
+        self.remote.iter().try_for_each(|r| r.buf.wait_uses())
+    }
+
     fn current_remote(&self) -> Option<usize> {
         if !self.valid.has(Place::Remote) {
             return None;
@@ -208,6 +213,12 @@ impl SyncedMemory {
                 let home_stream = self.pick_stream(None)?;
                 self.shared_device(core, Access::DeviceRead, false, &home_stream)?;
             }
+            let src_stream = if core.dev.as_ref().is_some_and(|b| Arc::ptr_eq(b, &src)) {
+                self.pick_stream(None)?
+            } else {
+                src_dev.default_stream()?
+            };
+            after_native_work(&src, &src_stream, stream)?;
             stream.copy_raw(&src, 0, &dst, 0, self.size)?;
             self.count(Direction::DeviceToDevice);
             pairs::record(src_dev.label(), dst_dev.label(), true, self.size);
@@ -258,6 +269,8 @@ impl SyncedMemory {
             return Ok(());
         };
         let (src_dev, src) = (core.remote[j].device.clone(), core.remote[j].buf.clone());
+        // Until the copy has landed, only the replicas hold the data (restored on failure).
+        let before = core.valid;
         let dst = if core.zc.is_some() {
             // The shared memory is written from the host: ready it as for a host overwrite (no
             // host guard can exist: the host was stale).
@@ -269,7 +282,12 @@ impl SyncedMemory {
         let stream = src_dev.default_stream()?;
         // SAFETY: `dst` is the host mirror (or the shared memory, ready for host writes),
         // `size` bytes, which no guard reads (the host was stale); the read is blocking.
-        unsafe { stream.read_counted(&src, 0, dst, self.size, true, Direction::DeviceToHost)? };
+        let read =
+            unsafe { stream.read_counted(&src, 0, dst, self.size, true, Direction::DeviceToHost) };
+        if let Err(e) = read {
+            core.valid = before;
+            return Err(e);
+        }
         self.count(Direction::DeviceToHost);
         if let Some(home) = &self.device {
             pairs::record(src_dev.label(), home.label(), false, self.size);
@@ -317,17 +335,37 @@ impl SyncedMemory {
         if !direct {
             return self.pull_remote(core);
         }
+        let before = core.valid;
         let mut dst = self.ensure_dev_alloc(core, exclusive)?;
         if core.zc.is_some() {
             // Shared memory: unmapped where it is mapped before a device command writes it.
             dst = self.shared_device(core, Access::DeviceWrite, true, stream)?;
         }
-        stream.copy_raw(&src, 0, &dst, 0, self.size)?;
+        let copied = after_native_work(&src, &src_dev.default_stream()?, stream)
+            .and_then(|()| stream.copy_raw(&src, 0, &dst, 0, self.size));
+        if let Err(e) = copied {
+            // Only the replicas hold the data still.
+            core.valid = before;
+            return Err(e);
+        }
         self.count(Direction::DeviceToDevice);
         if let Some(home) = &self.device {
             pairs::record(src_dev.label(), home.label(), true, self.size);
         }
         core.valid = Valid::only(Place::Device).with(Place::Remote);
+        // New device data: the next upload is an ordinary copy.
+        core.spilled = false;
         Ok(())
     }
+}
+
+/// Makes `stream` wait for the work queued so far on `src_stream`, the stream of the guards of
+/// `src`, when a native handle of `src` was handed out: work queued there outside the crate
+/// (which the buffer's recorded uses do not show) comes before a copy from it on another
+/// device's stream, as it would before a copy on its own stream.
+fn after_native_work(src: &DeviceBuffer, src_stream: &Stream, stream: &Stream) -> Result<()> {
+    if src.was_exposed() && src_stream.id() != stream.id() {
+        stream.wait_for(&src_stream.record()?)?;
+    }
+    Ok(())
 }

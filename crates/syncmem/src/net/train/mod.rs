@@ -550,7 +550,8 @@ impl Trainer {
     }
 
     /// Runs one training step on the first batch and measures its memory (see
-    /// [`measure_run`]); counts as a step.
+    /// [`measure_run`]); counts as a step. On several devices it measures the first device's
+    /// shard: its forward and backward on its rows, without the update.
     ///
     /// # Errors
     /// The errors of [`Net::run`].

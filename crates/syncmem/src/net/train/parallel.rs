@@ -117,6 +117,24 @@ impl Trainer {
                 "the train net has no SGD operator to run once per step".into(),
             ));
         }
+        // Each shard runs the net without the update: an operator of it that writes a blob of
+        // the parent (a parameter) would write it once per device.
+        let grads: Vec<&str> = pairs.iter().map(|(_, g)| g.as_str()).collect();
+        for op in &train.ops {
+            if let Some(out) = op.outputs.iter().find(|o| {
+                !grads.contains(&o.as_str())
+                    && ![DATA, LABEL].contains(&o.as_str())
+                    && setup.ws.try_get_blob(o).is_some()
+            }) {
+                return Err(parallel_error(format!(
+                    "operator {} ({}) writes {out:?}, a blob of the trainer's workspace (a \
+                     parameter): only SGD operators, run once per step on the first device, \
+                     may update those",
+                    op.name.as_deref().unwrap_or("unnamed"),
+                    op.op_type
+                )));
+            }
+        }
         let mut keep: Vec<String> = pairs.iter().map(|(_, g)| g.clone()).collect();
         keep.extend([LOSS.to_string(), ACCURACY.to_string()]);
         let opts = setup.options(cfg, &mlp, keep);
@@ -141,10 +159,14 @@ impl Trainer {
                 });
             }
             for name in [DATA, LABEL] {
-                // Local blobs: each shard feeds its own rows.
-                ws.create_blob(name)?
+                // Local blobs: each shard feeds its own rows (whatever the parent holds).
+                ws.create_local_blob(name)?
                     .write()
                     .reset(Tensor::new(device).with_label(name));
+            }
+            for (_, g) in &pairs {
+                // Each shard's gradients are its own, even where the parent has such a blob.
+                ws.create_local_blob(g)?;
             }
             let train = ws.create_net(&train, device, &opts)?;
             let eval = ws.create_net(&nets.eval, device, &opts)?;
