@@ -10,6 +10,7 @@
 //! `cpu`, and the cost of a trivial kernel. Not a stable API.
 
 pub mod compute;
+pub mod floor;
 pub mod multi;
 mod peak;
 pub mod raw;
@@ -144,7 +145,7 @@ pub fn step_count() -> usize {
     STEPS.len() + compute::STEPS.len()
 }
 
-const STEPS: [&str; 26] = [
+const STEPS: [&str; 27] = [
     "host pool 4 KiB",
     "host pool 4 KiB vs malloc",
     "host pool 1 MiB",
@@ -168,13 +169,14 @@ const STEPS: [&str; 26] = [
     "train memory cap vs uncapped",
     "device to device 64 MiB",
     "train on two devices",
+    "train step vs raw",
     "trace replay train h64",
     "trace replay train h256",
     "trace replay train h1024",
 ];
 
 /// The notes printed under the table: what the baselines are.
-const BASELINES: [&str; 13] = [
+const BASELINES: [&str; 14] = [
     "host pool rows: a private caching HostPool against the system allocator at the pool's \
      alignment (64 B); `vs malloc` at the system's own (16 B), which the pool does not offer",
     "host pool 64 MiB: neither side touches the memory; `touched` writes every page on both \
@@ -202,6 +204,10 @@ const BASELINES: [&str; 13] = [
     "device to device: a buffer written on the device read on the next device of its backend \
      through its replica there (one device command between OpenCL devices of a context), \
      waited for, against a blocking read into host memory and a blocking write (no goal)",
+    "train step vs raw: one step of `syncmem train` (hidden 64 and 1024) through the crate \
+     against the same kernels captured from a step and replayed with raw opencl3 calls on the \
+     train net's queue + clFinish (the crate's step waits only for the kernel writing the \
+     accuracy: the update kernels overlap the next step); goal: <= 1.10 x, ratio >= 0.91",
     "user kernel launch: a one-float kernel through UserKernel::launch (checks, ordering, the \
      launch recorded on its buffer) against clSetKernelArg + clEnqueueNDRangeKernel on the same \
      queue (cpu: the closure called directly), never waited for, the queue held behind a user \
@@ -432,6 +438,19 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
         match multi::train_row(&[a.clone(), b.clone()], opts.quick) {
             Ok(r) => multi_device = Some(r),
             Err(e) => skipped.push(format!("two-device train row: {e}")),
+        }
+    }
+    p.next();
+    if let Ok(d) = &dev {
+        for h in [64, 1024] {
+            let runs = Runs {
+                samples: few,
+                batch: if h >= 1024 { 2 } else { 20 },
+            };
+            match floor::step_row(d, h, runs) {
+                Ok(r) => rows.extend(r),
+                Err(e) => skipped.push(format!("train step vs raw row on {}: {e}", opts.device)),
+            }
         }
     }
     let mut replay = Vec::new();

@@ -212,10 +212,22 @@ fn bench_on_opencl_compares_train_gemm_and_launch() {
         "zero-copy map cycle 64 MiB",
         "train epoch zero-copy/off opencl:0",
         "train epoch capped/uncapped opencl:0",
+        "train step vs raw h64",
+        "train step vs raw h1024",
     ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
     check_train_memory(&v, &["opencl:0", "cpu"]);
+    for r in v["rows"].as_array().unwrap() {
+        if r["name"].as_str().unwrap().starts_with("train step vs raw") {
+            let goal = r["goal"].as_f64().unwrap();
+            assert!(
+                (goal - syncmem_bench::floor::STEP_FLOOR_GOAL).abs() < 1e-12,
+                "{r}"
+            );
+            assert!(r["baseline"].as_str().unwrap().contains("kernels"), "{r}");
+        }
+    }
     // With a second OpenCL device: the copy between devices and data-parallel train.
     if syncmem::testing::two_or_skip(syncmem::BackendKind::OpenCl, "bench two devices").is_some() {
         let row = v["rows"]

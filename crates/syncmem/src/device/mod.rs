@@ -44,6 +44,11 @@ mod usage;
 mod user_kernel;
 pub mod zero_copy;
 
+/// Captured OpenCL launches, for a raw replay (see the type).
+#[cfg(feature = "opencl")]
+#[cfg_attr(docsrs, doc(cfg(feature = "opencl")))]
+pub use crate::backend::opencl::capture::LaunchCapture;
+
 pub use crate::backend::DeviceInfo;
 pub use crate::error::{OomReport, OomRetry};
 pub use buffer::DeviceBuffer;

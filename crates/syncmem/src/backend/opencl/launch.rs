@@ -154,6 +154,11 @@ pub(super) fn launch(
         }
         e
     })?;
+    if let Err(e) = super::capture::record(label, &k.0, args, grid) {
+        // SAFETY: the event returned above, released once (the launch itself stands).
+        let _ = unsafe { opencl3::event::release_event(event) };
+        return Err(e);
+    }
     Ok(event)
 }
 

@@ -15,6 +15,7 @@
 //!
 //! [`ManuallyDrop`]: std::mem::ManuallyDrop
 
+pub(crate) mod capture;
 mod device;
 mod discovery;
 mod error;
