@@ -10,6 +10,7 @@
 //! `cpu`, and the cost of a trivial kernel. Not a stable API.
 
 pub mod compute;
+mod display;
 pub mod floor;
 pub mod multi;
 mod peak;
@@ -23,11 +24,8 @@ pub mod train_memory;
 pub mod user;
 pub mod zero_copy;
 
-use std::fmt;
-
 use serde::Serialize;
 
-use syncmem::alloc::stats::human_bytes;
 use syncmem::{Device, Result};
 
 pub use replay::ReplayRow;
@@ -483,138 +481,9 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
     })
 }
 
-/// A duration for the tables: `ns`, `µs`, `ms` or `s` (the JSON output has nanoseconds).
-fn time(ns: f64) -> String {
-    if ns >= 1e9 {
-        format!("{:.2} s", ns / 1e9)
-    } else if ns >= 1e6 {
-        format!("{:.2} ms", ns / 1e6)
-    } else if ns >= 1e3 {
-        format!("{:.2} µs", ns / 1e3)
-    } else {
-        format!("{ns:.1} ns")
-    }
-}
-
-fn goal_text(goal: Option<f64>, met: Option<bool>) -> String {
-    match (goal, met) {
-        (Some(g), Some(true)) => format!("goal >= {g:.2}: met"),
-        (Some(g), _) => format!("goal >= {g:.2}: NOT met"),
-        _ => "no goal".to_string(),
-    }
-}
-
-/// The text form: times and sizes in human units (`µs`, `MiB`); the JSON form (`Serialize`)
-/// has raw numbers (nanoseconds, bytes).
-impl fmt::Display for BenchReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "{:<36} {:>11} {:>11} {:>8}  goal",
-            "comparison", "ours", "baseline", "ratio"
-        )?;
-        for r in &self.rows {
-            writeln!(
-                f,
-                "{:<36} {:>11} {:>11} {:>8.3}  {}",
-                r.name,
-                time(r.ours_ns),
-                time(r.baseline_ns),
-                r.ratio,
-                goal_text(r.goal, r.goal_met)
-            )?;
-        }
-        writeln!(f, "ratio = baseline / ours per call (> 1: ours is faster)")?;
-        for n in &self.notes {
-            writeln!(f, "note: {n}")?;
-        }
-        writeln!(f)?;
-        if !self.train_memory.is_empty() {
-            train_memory::write_table(f, &self.train_memory)?;
-            writeln!(f)?;
-        }
-        if let Some(m) = &self.multi_device {
-            writeln!(
-                f,
-                "train on {}: epoch {:.2} ms against {:.2} ms on {} alone (ratio {:.3}; no \
-                 speedup expected on a 2-core machine: the figure is the reduction's cost), {} \
-                 between devices per step, final loss {:+.2e} from one device's",
-                m.devices.join(" + "),
-                m.many_ms,
-                m.one_ms,
-                m.devices[0],
-                m.ratio,
-                human_bytes(m.bytes_per_step.round() as u64),
-                m.loss_difference
-            )?;
-            for p in &m.pairs {
-                writeln!(
-                    f,
-                    "  {} -> {} {}: {} copies, {} per step",
-                    p.from,
-                    p.to,
-                    if p.direct { "direct" } else { "via host" },
-                    p.count,
-                    human_bytes(p.bytes)
-                )?;
-            }
-            writeln!(f)?;
-        }
-        writeln!(
-            f,
-            "{:<12} {:<9} {:<8} {:>13} {:>14} {:>9} {:>14} {:>9}  goal",
-            "trace",
-            "pool",
-            "kind",
-            "peak reserved",
-            "peak requested",
-            "reserved/",
-            "peak allocated",
-            "reserved/"
-        )?;
-        writeln!(
-            f,
-            "{:<12} {:<9} {:<8} {:>13} {:>14} {:>9} {:>14} {:>9}",
-            "", "", "", "", "", "requested", "", "allocated"
-        )?;
-        for r in &self.replay {
-            writeln!(
-                f,
-                "{:<12} {:<9} {:<8} {:>13} {:>14} {:>9.3} {:>14} {:>9.3}  {}: {}",
-                r.trace,
-                r.pool,
-                r.kind,
-                human_bytes(r.peak_reserved),
-                human_bytes(r.peak_requested),
-                r.reserved_per_requested,
-                human_bytes(r.peak_allocated),
-                r.overhead,
-                r.goal,
-                if r.goal_met { "met" } else { "NOT met" }
-            )?;
-        }
-        for line in REPLAY_LEGEND {
-            writeln!(f, "{line}")?;
-        }
-        for s in &self.skipped {
-            writeln!(f, "note: skipped {s}")?;
-        }
-        writeln!(f)?;
-        write!(f, "{}", self.compute)
-    }
-}
-
-/// The legend of the replay table.
-const REPLAY_LEGEND: [&str; 5] = [
-    "trace: `syncmem train --hidden H`, one epoch on opencl:0, recorded with `syncmem trace record`",
-    "peak requested: the most bytes the program asked for at once (what the `none` pool reserves)",
-    "reserved/requested: peak reserved / peak requested, memory held per byte asked for",
-    "peak allocated: the most bytes of blocks handed out at once (sizes rounded up by the pool)",
-    "reserved/allocated: peak reserved / peak allocated (rounding waste does not show here)",
-];
-
 #[cfg(test)]
 mod tests {
+    use super::display::goal_text;
     use super::*;
 
     #[test]

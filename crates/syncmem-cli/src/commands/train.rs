@@ -1,6 +1,7 @@
 //! `syncmem train`: trains a small MLP classifier with nets of operators, keeping weights and
 //! activations on the device, and reports where memory lives and what was copied.
 
+mod heap;
 mod report;
 mod snapshot;
 

@@ -9,28 +9,7 @@ use syncmem::net::mlp::Dataset;
 use syncmem::net::train::{EpochStats, PlanningComparison, TrainConfig, Trainer, Transfers};
 use syncmem::{CopyStats, Device, MemorySummary};
 
-/// Heap allocations of the training steps, as the hooks around each step saw them.
-#[derive(Debug, Default, Clone, Copy)]
-pub(super) struct HeapSteps {
-    steps: u64,
-    first: u64,
-    /// Over the steps after the first.
-    rest: u64,
-    max_rest: u64,
-}
-
-impl HeapSteps {
-    /// One step's allocations.
-    pub(super) fn record(&mut self, n: u64) {
-        if self.steps == 0 {
-            self.first = n;
-        } else {
-            self.rest += n;
-            self.max_rest = self.max_rest.max(n);
-        }
-        self.steps += 1;
-    }
-}
+pub(super) use super::heap::HeapSteps;
 
 /// Everything a report is made from.
 pub(super) struct Run<'a> {
