@@ -59,8 +59,10 @@ impl SyncedMemory {
         // unmodified until the event completes: it is freed or replaced only under the exclusive
         // lock after `finish_pending`, and host writes conflict with `ToDevice` and wait.
         unsafe { stream.write_raw(&dev, 0, src, self.size, false)? };
-        let point = stream.point_now();
+        // The event first, then the point after it: an access that waits for the transfer
+        // waits for the event too, so the event a caller holds is complete once it returns.
         let event = stream.record()?;
+        let point = stream.point_now();
         self.count(Direction::HostToDevice);
         core.pending = point.map(|point| Pending {
             kind: PendingKind::ToDevice,
@@ -127,8 +129,10 @@ impl SyncedMemory {
         // host guard reads it, and host accesses conflict with `ToHost` and wait for the event.
         // The mirror is freed or replaced only after `finish_pending`.
         unsafe { stream.read_raw(&dev, 0, dst, self.size, false)? };
-        let point = stream.point_now();
+        // The event first, then the point after it: an access that waits for the transfer
+        // waits for the event too, so the event a caller holds is complete once it returns.
         let event = stream.record()?;
+        let point = stream.point_now();
         self.count(Direction::DeviceToHost);
         core.pending = point.map(|point| Pending {
             kind: PendingKind::ToHost,
