@@ -114,3 +114,19 @@ fn a_device_listed_twice_or_none_is_an_error() {
         }
     }
 }
+
+#[test]
+fn nets_of_the_wrong_widths_are_refused_on_several_devices_too() {
+    let Some(cl) = syncmem::testing::opencl_or_skip("data parallel, widths") else {
+        return;
+    };
+    let data = Dataset::spirals(20, 3, 0.2, 0);
+    let mlp = syncmem::net::mlp::Mlp::new(&[5, 8, 3], 0.1).unwrap();
+    let nets = mlp.nets("mlp");
+    let devices = [Device::cpu(), cl];
+    match Trainer::data_parallel_with_nets(&devices, &data, &config(), mlp, nets) {
+        Err(Error::InvalidShape { reason, .. }) => assert!(reason.contains("features"), "{reason}"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("an MLP of 5 inputs accepted for 2 features"),
+    }
+}

@@ -203,11 +203,7 @@ impl Trainer {
     /// [`Error::InvalidState`] for a batch size of 0, the errors of [`Mlp::new`], and device
     /// or operator errors from uploading the data and running the init net.
     pub fn new(device: &Device, data: &Dataset, cfg: &TrainConfig) -> Result<Self> {
-        let mut widths = vec![data.features];
-        widths.extend(&cfg.hidden);
-        widths.push(data.classes.max(1));
-        let mlp = Mlp::new(&widths, cfg.lr)?;
-        let nets = mlp.nets("mlp");
+        let (mlp, nets) = default_mlp(data, cfg)?;
         Self::build(device, data, cfg, mlp, nets)
     }
 
@@ -229,17 +225,7 @@ impl Trainer {
         mlp: Mlp,
         nets: MlpNets,
     ) -> Result<Self> {
-        let (first, last) = (mlp.widths[0], mlp.widths[mlp.widths.len() - 1]);
-        if first != data.features || last != data.classes.max(1) {
-            return Err(Error::InvalidShape {
-                what: "MLP".into(),
-                shape: format!("{:?}", mlp.widths),
-                reason: format!(
-                    "the data has {} features and {} classes",
-                    data.features, data.classes
-                ),
-            });
-        }
+        check_widths(&mlp, data)?;
         Self::build(device, data, cfg, mlp, nets)
     }
 
@@ -273,53 +259,11 @@ impl Trainer {
 
     /// Makes `data` and `label` share the storage of batch `i` (no copy, no allocation).
     fn feed(&self, i: usize) -> Result<()> {
-        let b = &self.batches[i];
-        for (name, src) in [(DATA, &b.x), (LABEL, &b.y)] {
-            let blob = self.ws.create_blob(name)?;
-            let mut blob = blob.write();
-            if !blob.is_type::<Tensor>() {
-                blob.reset(Tensor::new(&self.device).with_label(name));
-            }
-            let t = blob.get_mut::<Tensor>()?;
-            t.resize(src.dims())?;
-            t.share_data(src)?;
-        }
-        Ok(())
+        feed_batch(&self.ws, &self.device, &self.batches[i])
     }
 
-    /// Queues the copy of scalar `name` to the host (the next read of it waits for nothing
-    /// else).
-    fn prefetch_scalar(&self, name: &str) -> Result<()> {
-        let blob = self.ws.get_blob(name)?;
-        let guard = blob.read();
-        let t = guard.get::<Tensor>()?;
-        if let Some(m) = t.synced() {
-            if m.head() == crate::synced::Head::AtDevice {
-                m.prefetch_to_host(None)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn read_scalar(&self, name: &str) -> Result<f32> {
-        let blob = self.ws.get_blob(name)?;
-        let guard = blob.read();
-        let t = guard.get::<Tensor>()?;
-        let v = t.host::<f32>()?;
-        v.first().copied().ok_or_else(|| Error::InvalidShape {
-            what: format!("blob {name:?}"),
-            shape: format!("{:?}", t.dims()),
-            reason: "expected a scalar".into(),
-        })
-    }
-
-    /// The loss and the accuracy of the net just queued: the loss's copy is queued first, then
-    /// the accuracy is read (the one wait), and the loss's copy is done by then.
     fn read_scalars(&self) -> Result<(f32, f32)> {
-        self.prefetch_scalar(LOSS)?;
-        let acc = self.read_scalar(ACCURACY)?;
-        let loss = self.read_scalar(LOSS)?;
-        Ok((loss, acc))
+        read_scalars(&self.ws)
     }
 
     /// Runs one training step on batch `i`; returns (loss, accuracy) of the batch before the
@@ -570,6 +514,83 @@ impl Trainer {
         self.transfers.step_count += 1;
         Ok(m)
     }
+}
+
+/// Makes `ws`'s `data` and `label` share the storage of batch `b` (no copy, no allocation).
+fn feed_batch(ws: &Workspace, device: &Device, b: &Batch) -> Result<()> {
+    for (name, src) in [(DATA, &b.x), (LABEL, &b.y)] {
+        let blob = ws.create_blob(name)?;
+        let mut blob = blob.write();
+        if !blob.is_type::<Tensor>() {
+            blob.reset(Tensor::new(device).with_label(name));
+        }
+        let t = blob.get_mut::<Tensor>()?;
+        t.resize(src.dims())?;
+        t.share_data(src)?;
+    }
+    Ok(())
+}
+
+/// Queues the copy of scalar `name` of `ws` to the host (the next read of it waits for
+/// nothing else).
+fn prefetch_scalar(ws: &Workspace, name: &str) -> Result<()> {
+    let blob = ws.get_blob(name)?;
+    let guard = blob.read();
+    let t = guard.get::<Tensor>()?;
+    if let Some(m) = t.synced() {
+        if m.head() == crate::synced::Head::AtDevice {
+            m.prefetch_to_host(None)?;
+        }
+    }
+    Ok(())
+}
+
+fn read_scalar(ws: &Workspace, name: &str) -> Result<f32> {
+    let blob = ws.get_blob(name)?;
+    let guard = blob.read();
+    let t = guard.get::<Tensor>()?;
+    let v = t.host::<f32>()?;
+    v.first().copied().ok_or_else(|| Error::InvalidShape {
+        what: format!("blob {name:?}"),
+        shape: format!("{:?}", t.dims()),
+        reason: "expected a scalar".into(),
+    })
+}
+
+/// The loss and the accuracy of the net just queued in `ws`: the loss's copy is queued first,
+/// then the accuracy is read (the one wait), and the loss's copy is done by then.
+fn read_scalars(ws: &Workspace) -> Result<(f32, f32)> {
+    prefetch_scalar(ws, LOSS)?;
+    let acc = read_scalar(ws, ACCURACY)?;
+    let loss = read_scalar(ws, LOSS)?;
+    Ok((loss, acc))
+}
+
+/// The MLP and nets of `syncmem train` for `data` and `cfg`.
+fn default_mlp(data: &Dataset, cfg: &TrainConfig) -> Result<(Mlp, MlpNets)> {
+    let mut widths = vec![data.features];
+    widths.extend(&cfg.hidden);
+    widths.push(data.classes.max(1));
+    let mlp = Mlp::new(&widths, cfg.lr)?;
+    let nets = mlp.nets("mlp");
+    Ok((mlp, nets))
+}
+
+/// [`Error::InvalidShape`] when `mlp`'s first width is not the data's features or its last is
+/// not the data's classes.
+fn check_widths(mlp: &Mlp, data: &Dataset) -> Result<()> {
+    let (first, last) = (mlp.widths[0], mlp.widths[mlp.widths.len() - 1]);
+    if first != data.features || last != data.classes.max(1) {
+        return Err(Error::InvalidShape {
+            what: "MLP".into(),
+            shape: format!("{:?}", mlp.widths),
+            reason: format!(
+                "the data has {} features and {} classes",
+                data.features, data.classes
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn add(a: CopyStats, b: CopyStats) -> CopyStats {

@@ -34,7 +34,7 @@ impl Parallel {
     pub(super) fn measure_first(&self) -> Result<crate::net::memory::RunMemory> {
         let s = &self.shards[0];
         if let Some(b) = s.batches.first().and_then(Option::as_ref) {
-            feed(&s.ws, &s.device, b)?;
+            super::feed_batch(&s.ws, &s.device, b)?;
         }
         crate::net::memory::measure_run(&s.train, &s.ws)
     }
@@ -79,11 +79,7 @@ impl Trainer {
         data: &Dataset,
         cfg: &super::TrainConfig,
     ) -> Result<Self> {
-        let mut widths = vec![data.features];
-        widths.extend(&cfg.hidden);
-        widths.push(data.classes.max(1));
-        let mlp = Mlp::new(&widths, cfg.lr)?;
-        let nets = mlp.nets("mlp");
+        let (mlp, nets) = super::default_mlp(data, cfg)?;
         Self::data_parallel_with_nets(devices, data, cfg, mlp, nets)
     }
 
@@ -110,6 +106,7 @@ impl Trainer {
         if devices.len() == 1 {
             return Self::with_nets(first, data, cfg, mlp, nets);
         }
+        super::check_widths(&mlp, data)?;
         let setup = super::Setup::new(first, data, cfg, &nets)?;
         let (train, update, pairs) = split_update(&nets.train);
         if pairs.is_empty() {
@@ -215,7 +212,7 @@ impl Trainer {
                 shares.push(None);
                 continue;
             };
-            feed(&s.ws, &s.device, b)?;
+            super::feed_batch(&s.ws, &s.device, b)?;
             s.train.run(&s.ws)?;
             shares.push(Some(b.y.numel().unwrap_or(0) as f32 / total));
         }
@@ -244,7 +241,7 @@ impl Trainer {
         let (mut loss, mut acc) = (0.0f32, 0.0f32);
         for (s, w) in p.shards.iter().zip(&shares) {
             let Some(w) = *w else { continue };
-            let (l, a) = scalars(&s.ws)?;
+            let (l, a) = super::read_scalars(&s.ws)?;
             loss += w * l;
             acc += w * a;
         }
@@ -260,10 +257,10 @@ impl Trainer {
         let (mut loss, mut acc) = (0.0f32, 0.0f32);
         for s in &p.shards {
             let Some(b) = &s.batches[i] else { continue };
-            feed(&s.ws, &s.device, b)?;
+            super::feed_batch(&s.ws, &s.device, b)?;
             s.eval.run(&s.ws)?;
             let w = b.y.numel().unwrap_or(0) as f32 / total;
-            let (l, a) = scalars(&s.ws)?;
+            let (l, a) = super::read_scalars(&s.ws)?;
             loss += w * l;
             acc += w * a;
         }
@@ -292,37 +289,6 @@ fn split_update(train: &NetDef) -> (NetDef, NetDef, Vec<(String, String)>) {
     update.external_inputs = Some(inputs);
     update.external_outputs = Some(pairs.iter().map(|(p, _)| p.clone()).collect());
     (shard, update, pairs)
-}
-
-/// Makes `ws`'s `data` and `label` share the storage of `b` (no copy).
-fn feed(ws: &Workspace, device: &Device, b: &Batch) -> Result<()> {
-    for (name, src) in [(DATA, &b.x), (LABEL, &b.y)] {
-        let blob = ws.create_blob(name)?;
-        let mut blob = blob.write();
-        if !blob.is_type::<Tensor>() {
-            blob.reset(Tensor::new(device).with_label(name));
-        }
-        let t = blob.get_mut::<Tensor>()?;
-        t.resize(src.dims())?;
-        t.share_data(src)?;
-    }
-    Ok(())
-}
-
-/// The `loss` and `accuracy` scalars of `ws`.
-fn scalars(ws: &Workspace) -> Result<(f32, f32)> {
-    let read = |name: &str| -> Result<f32> {
-        let blob = ws.get_blob(name)?;
-        let guard = blob.read();
-        let t = guard.get::<Tensor>()?;
-        let v = t.host::<f32>()?;
-        v.first().copied().ok_or_else(|| Error::InvalidShape {
-            what: format!("blob {name:?}"),
-            shape: format!("{:?}", t.dims()),
-            reason: "expected a scalar".into(),
-        })
-    };
-    Ok((read(LOSS)?, read(ACCURACY)?))
 }
 
 fn parallel_error(reason: String) -> Error {
