@@ -9,6 +9,7 @@ use syncmem::net::mlp::Dataset;
 use syncmem::net::train::{TrainConfig, Trainer};
 use syncmem::{Device, Result, SyncedMemory};
 
+use crate::rows::median;
 use crate::rows::{compare, Runs};
 use crate::{size_name, Row};
 
@@ -107,10 +108,6 @@ pub fn train_row(devices: &[Device], quick: bool) -> Result<MultiTrainRow> {
         b.push(e.seconds * 1e3);
         lb = e.loss;
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let (one_ms, many_ms) = (median(a), median(b));
     let steps = many.transfers().step_count.max(1) as f64;
     let mut pairs = many.pair_transfers();

@@ -51,9 +51,10 @@ pub fn compare(
     Ok((median(a), median(b)))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median of `v` (0 for an empty list).
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn host_oom(bytes: usize) -> Error {

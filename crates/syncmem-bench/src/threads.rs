@@ -14,6 +14,7 @@ use std::time::Instant;
 use syncmem::alloc::pool::{HostPool, PoolConfig, PoolKind};
 use syncmem::{Device, Error, OomReport, Result};
 
+use crate::rows::median;
 use crate::rows::Runs;
 use crate::Row;
 
@@ -74,10 +75,6 @@ fn compare_threads(
         a.push(wall_per_op(threads, per_thread, ours)?);
         b.push(wall_per_op(threads, per_thread, base)?);
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     Ok((median(a), median(b)))
 }
 

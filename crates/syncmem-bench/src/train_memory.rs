@@ -12,6 +12,7 @@ use syncmem::net::mlp::Dataset;
 use syncmem::net::train::{TrainConfig, Trainer, Transfers};
 use syncmem::{CopyStats, Device, MemoryCap, Result, ZeroCopy};
 
+use crate::rows::median;
 use crate::Row;
 
 /// Goal of the epoch ratio two mirrors / zero-copy (zero-copy no slower).
@@ -94,18 +95,12 @@ impl Run {
             spilled_bytes_per_step: per(s.spilled.bytes),
             refills_per_step: per(s.refilled.count),
             refilled_bytes_per_step: per(s.refilled.bytes),
-            epoch_ms: median(&self.epochs_ns) / 1e6,
+            epoch_ms: median(self.epochs_ns.clone()) / 1e6,
             final_loss: self.loss,
             same_loss: self.loss.to_bits() == other_loss.to_bits(),
             no_copy_goal_met: None,
         }
     }
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// Trains `a` and `b` for `epochs` interleaved epochs after their first.

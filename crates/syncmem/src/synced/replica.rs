@@ -57,6 +57,13 @@ impl Core {
         self.remote.iter().try_for_each(|r| r.buf.wait_uses())
     }
 
+    /// The device and memory of a current replica, the stale marks reconciled first.
+    fn current_source(&mut self) -> Option<(Device, Arc<DeviceBuffer>)> {
+        self.reconcile_remotes();
+        let r = &self.remote[self.current_remote()?];
+        Some((r.device.clone(), r.buf.clone()))
+    }
+
     fn current_remote(&self) -> Option<usize> {
         if !self.valid.has(Place::Remote) {
             return None;
@@ -207,17 +214,18 @@ impl SyncedMemory {
             .chain(remotes)
             .find(|(d, _)| dst_dev.copies_directly_from(d));
         if let Some((src_dev, src)) = direct {
-            if core.zc.is_some() && core.dev.as_ref().is_some_and(|b| Arc::ptr_eq(b, &src)) {
-                // The home mirror shares its memory with the host: ready it for the device
-                // (unmapped where it is mapped) before another device reads it.
-                let home_stream = self.pick_stream(None)?;
-                self.shared_device(core, Access::DeviceRead, false, &home_stream)?;
-            }
-            let src_stream = if core.dev.as_ref().is_some_and(|b| Arc::ptr_eq(b, &src)) {
+            let from_home = core.dev.as_ref().is_some_and(|b| Arc::ptr_eq(b, &src));
+            // The stream of the source's guards.
+            let src_stream = if from_home {
                 self.pick_stream(None)?
             } else {
                 src_dev.default_stream()?
             };
+            if from_home && core.zc.is_some() {
+                // The home mirror shares its memory with the host: ready it for the device
+                // (unmapped where it is mapped) before another device reads it.
+                self.shared_device(core, Access::DeviceRead, false, &src_stream)?;
+            }
             after_native_work(&src, &src_stream, stream)?;
             stream.copy_raw(&src, 0, &dst, 0, self.size)?;
             self.count(Direction::DeviceToDevice);
@@ -264,11 +272,9 @@ impl SyncedMemory {
     /// # Errors
     /// Out of memory for the host mirror; a backend error of the read.
     pub(super) fn pull_remote(&self, core: &mut Core) -> Result<()> {
-        core.reconcile_remotes();
-        let Some(j) = core.current_remote() else {
+        let Some((src_dev, src)) = core.current_source() else {
             return Ok(());
         };
-        let (src_dev, src) = (core.remote[j].device.clone(), core.remote[j].buf.clone());
         // Until the copy has landed, only the replicas hold the data (restored on failure).
         let before = core.valid;
         let dst = if core.zc.is_some() {
@@ -323,11 +329,9 @@ impl SyncedMemory {
         if !core.valid.remote_only() {
             return Ok(());
         }
-        core.reconcile_remotes();
-        let Some(j) = core.current_remote() else {
+        let Some((src_dev, src)) = core.current_source() else {
             return Ok(());
         };
-        let (src_dev, src) = (core.remote[j].device.clone(), core.remote[j].buf.clone());
         let direct = self
             .device
             .as_ref()
