@@ -6,6 +6,7 @@ use opencl3::memory::ClMem as _;
 use opencl3::types::cl_mem;
 
 use super::launch::{groups_for, launch, Arg, Grid, Slot};
+use super::program::GemmKernel;
 use super::{ClDevice, ClMem, ClStream};
 use crate::backend::args;
 use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce, SoftmaxExtra, AXPY_MULTI};
@@ -85,14 +86,14 @@ type GemmOperands<'a> = (
 );
 
 impl ClDevice {
-    /// [`BackendKernels::gemm`] with the register-blocked kernels (`blocked`) or the tiled one
-    /// (see [`super::program`]); either works on any device that built them.
+    /// [`BackendKernels::gemm`] with the GEMM kernel `kernel` (see [`super::program`]); any
+    /// of them works on any device that built them.
     pub(super) fn gemm_on(
         &self,
         s: &ClStream,
         g: &Gemm,
         (a, b, c, bias, mask, sum): GemmOperands<'_>,
-        blocked: bool,
+        kernel: GemmKernel,
     ) -> Result<()> {
         let ks = self.kernel_cache().ops(self)?;
         let args = args::gemm(
@@ -105,7 +106,7 @@ impl ClDevice {
             opt(mask),
             opt(sum),
         )?;
-        let (slot, global, local) = ks.gemm_launch(g, blocked);
+        let (slot, global, local) = ks.gemm_launch(g, kernel);
         let grid = Grid {
             global: &global,
             local: &local,
@@ -134,8 +135,8 @@ impl BackendKernels for ClDevice {
         mask: Buf<'_, ClMem>,
         sum: Buf<'_, ClMem>,
     ) -> Result<()> {
-        let blocked = self.kernel_cache().ops(self)?.register_blocked;
-        self.gemm_on(s, g, (a, b, c, bias, mask, sum), blocked)
+        let kernel = self.kernel_cache().ops(self)?.default_gemm(g);
+        self.gemm_on(s, g, (a, b, c, bias, mask, sum), kernel)
     }
 
     fn col_sum(

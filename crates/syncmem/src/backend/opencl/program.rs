@@ -31,6 +31,17 @@
 //! `syncmem train --hidden 1024` (batch 64): about 4-7x the tiled kernel's GFLOP/s, and on the
 //! skinny shapes (`n = 3`, `k = 2`, `m = 3`) 3-10x. GPUs keep the tiled kernel, whose local
 //! memory is real.
+//!
+//! With op(B) transposed (the forward product of an FC layer, `X·Wᵀ`), a row of op(B) is 16
+//! loads `K` floats apart: a gather for every 8 FMAs, which held the forward GEMM of
+//! `--hidden 1024` to ~47 GFLOP/s against ~200 for the backward ones. CPU devices run
+//! `sm_gemm_rbl_{nt,tt}` for those instead ([`GemmKernel::Staged`]): the 8 work-items of a
+//! work-group share a 16-column block of C (8 blocks of 8 rows: a 64-row batch), copy its 16
+//! rows of B into local memory k-major, 128 values of k at a time (each work-item reads whole
+//! rows, contiguous), and accumulate from there as `sm_gemm_rb` does, in the same order (the
+//! same results bit for bit). The barriers store the accumulators once per 128 values of k.
+//! Measured on PoCL (2 cores, AVX-512): the forward GEMM at hidden 1024 from 47 to 180-246
+//! GFLOP/s, at hidden 256 from 134 to 145-193.
 
 use std::mem::ManuallyDrop;
 
@@ -87,8 +98,24 @@ pub(super) fn tile_candidates(max_wg: usize, local_mem: u64) -> Vec<Tiles> {
 
 /// Work-items per work-group of the register-blocked GEMM (along columns; one row of blocks).
 pub(super) const RB_LOCAL: [usize; 2] = [8, 1];
+/// Work-items per work-group of the register-blocked GEMM with B staged in local memory (along
+/// rows: they share one block of 16 columns; `SM_RBL_R` in the kernel source).
+pub(super) const RBL_LOCAL: [usize; 2] = [1, 8];
 /// Rows and columns of C one work-item of the register-blocked GEMM computes.
 pub(super) const RB_BLOCK: (usize, usize) = (8, 16);
+
+/// The GEMM kernels of the operator program (see the module docs); every device builds all
+/// three, and any of them computes any GEMM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum GemmKernel {
+    /// `sm_gemm`: tiles in local memory (GPUs).
+    Tiled,
+    /// `sm_gemm_rb_*`: register blocks, no local memory (CPU devices).
+    RegisterBlocked,
+    /// `sm_gemm_rbl_*`: register blocks with a transposed B staged in local memory (CPU
+    /// devices, op(B) transposed).
+    Staged,
+}
 
 /// The operator kernels of one device.
 pub(super) struct OpKernels {
@@ -100,6 +127,9 @@ pub(super) struct OpKernels {
     pub(super) gemm: Slot,
     /// The register-blocked GEMMs, indexed by `2 * ta + tb`.
     pub(super) gemm_rb: [Slot; 4],
+    /// The register-blocked GEMMs of a transposed B staged in local memory (`nt`, `tt`), when
+    /// the device runs their work-groups.
+    pub(super) gemm_rbl: Option<[Slot; 2]>,
     pub(super) col_sum: Slot,
     pub(super) relu: Slot,
     pub(super) relu_grad: Slot,
@@ -112,20 +142,41 @@ pub(super) struct OpKernels {
 }
 
 impl OpKernels {
-    /// The GEMM kernel for `g` (register-blocked or tiled) and its global and local sizes
-    /// `[columns, rows]`.
-    pub(super) fn gemm_launch(&self, g: &Gemm, blocked: bool) -> (&Slot, [usize; 2], [usize; 2]) {
-        if blocked {
-            let slot = &self.gemm_rb[2 * usize::from(g.ta) + usize::from(g.tb)];
-            (slot, rb_global(g.m, g.n), RB_LOCAL)
-        } else {
-            let t = self.tiles;
-            let local = t.local();
-            let global = [
-                g.n.div_ceil(t.tsn) * local[0],
-                g.m.div_ceil(t.tsm) * local[1],
-            ];
-            (&self.gemm, global, local)
+    /// The GEMM kernel a CPU device runs for `g` when [`OpKernels::register_blocked`]:
+    /// B staged in local memory when op(B) is transposed (and the device runs those
+    /// work-groups), else register-blocked.
+    pub(super) fn default_gemm(&self, g: &Gemm) -> GemmKernel {
+        match (self.register_blocked, g.tb && self.gemm_rbl.is_some()) {
+            (false, _) => GemmKernel::Tiled,
+            (true, true) => GemmKernel::Staged,
+            (true, false) => GemmKernel::RegisterBlocked,
+        }
+    }
+
+    /// The kernel `kernel` for `g` and its global and local sizes `[columns, rows]`
+    /// ([`GemmKernel::Staged`] runs as register-blocked where it does not apply).
+    pub(super) fn gemm_launch(
+        &self,
+        g: &Gemm,
+        kernel: GemmKernel,
+    ) -> (&Slot, [usize; 2], [usize; 2]) {
+        match (kernel, &self.gemm_rbl) {
+            (GemmKernel::Staged, Some(rbl)) if g.tb => {
+                (&rbl[usize::from(g.ta)], rbl_global(g.m, g.n), RBL_LOCAL)
+            }
+            (GemmKernel::Staged | GemmKernel::RegisterBlocked, _) => {
+                let slot = &self.gemm_rb[2 * usize::from(g.ta) + usize::from(g.tb)];
+                (slot, rb_global(g.m, g.n), RB_LOCAL)
+            }
+            (GemmKernel::Tiled, _) => {
+                let t = self.tiles;
+                let local = t.local();
+                let global = [
+                    g.n.div_ceil(t.tsn) * local[0],
+                    g.m.div_ceil(t.tsm) * local[1],
+                ];
+                (&self.gemm, global, local)
+            }
         }
     }
 }
@@ -137,6 +188,16 @@ pub(super) fn rb_global(m: usize, n: usize) -> [usize; 2] {
     [
         n.div_ceil(cols).next_multiple_of(RB_LOCAL[0]),
         m.div_ceil(rows).next_multiple_of(RB_LOCAL[1]),
+    ]
+}
+
+/// The global size `[columns, rows]` of a register-blocked GEMM of `m x n` with B staged in
+/// local memory: one work-group per 16 columns of C, [`RBL_LOCAL`] blocks of rows each.
+pub(super) fn rbl_global(m: usize, n: usize) -> [usize; 2] {
+    let (rows, cols) = RB_BLOCK;
+    [
+        n.div_ceil(cols),
+        m.div_ceil(rows).next_multiple_of(RBL_LOCAL[1]),
     ]
 }
 
@@ -271,11 +332,17 @@ fn build_ops_with(dev: &ClDevice, tiles: Tiles, cpu: bool) -> Result<Option<OpKe
     let rb_fits = gemm_rb
         .iter()
         .all(|s| s.max_work_group >= RB_LOCAL[0] * RB_LOCAL[1]);
+    let gemm_rbl = [slot("sm_gemm_rbl_nt")?, slot("sm_gemm_rbl_tt")?];
+    let gemm_rbl = gemm_rbl
+        .iter()
+        .all(|s| s.max_work_group >= RBL_LOCAL[0] * RBL_LOCAL[1])
+        .then_some(gemm_rbl);
     Ok(Some(OpKernels {
         tiles,
         register_blocked: cpu && rb_fits,
         gemm,
         gemm_rb,
+        gemm_rbl,
         col_sum: slot("sm_col_sum")?,
         relu: slot("sm_relu")?,
         relu_grad: slot("sm_relu_grad")?,
@@ -370,6 +437,12 @@ mod tests {
             // Less than one work-group of padding in each direction.
             assert!((g[0] - RB_LOCAL[0]) * RB_BLOCK.1 < n, "{m} x {n}: {g:?}");
             assert!((g[1] - RB_LOCAL[1]) * RB_BLOCK.0 < m, "{m} x {n}: {g:?}");
+            // Staged: one work-group per 16 columns, whole work-groups of row blocks.
+            let g = rbl_global(m, n);
+            assert_eq!(g[0], n.div_ceil(RB_BLOCK.1), "{m} x {n}: {g:?}");
+            assert_eq!(g[1] % RBL_LOCAL[1], 0);
+            assert!(g[1] * RB_BLOCK.0 >= m, "{m} x {n}: {g:?}");
+            assert!((g[1] - RBL_LOCAL[1]) * RB_BLOCK.0 < m, "{m} x {n}: {g:?}");
         }
     }
 

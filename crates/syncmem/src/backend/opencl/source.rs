@@ -148,6 +148,62 @@ void sm_gemm(const uint M, const uint N, const uint K, const uint ta, const uint
  * zeros, K is walked exactly. Work-items past C return at once (the grid is rounded up to the
  * work-group). TA and TB are constants in each kernel below, so every branch on them folds. */
 #define SM_RB_M 8
+/* The column sums of A (stored k-major, ta) for rows m0..m0+mm of C, written to sum: one
+ * accumulator per row, k ascending (sm_col_sum's order, so bit for bit its result). */
+__attribute__((always_inline)) inline void sm_rb_col_sum(const uint M, const uint K, const uint m0, const uint mm,
+                          __global const float* A, __global float* sum) {
+    float s[SM_RB_M];
+#pragma unroll
+    for (uint i = 0; i < SM_RB_M; ++i) {
+        s[i] = 0.0f;
+    }
+    for (uint k = 0; k < K; ++k) {
+#pragma unroll
+        for (uint i = 0; i < SM_RB_M; ++i) {
+            s[i] += i < mm ? A[(size_t)k * M + m0 + i] : 0.0f;
+        }
+    }
+    for (uint i = 0; i < mm; ++i) {
+        sum[m0 + i] = s[i];
+    }
+}
+
+/* Stores the mm x nn block of C at (m0, n0) from its accumulators, through the epilogue. */
+__attribute__((always_inline)) inline void sm_rb_store(const float16* acc, const uint N, const uint m0, const uint n0,
+                        const uint mm, const uint nn, __global float* C,
+                        __global const float* bias, __global const float* mask,
+                        const uint flags) {
+    if (nn == 16) {
+        /* The epilogue of sm_epilogue on 16 columns at once (the same select). */
+        const float16 bv = (flags & SM_BIAS) ? vload16(0, bias + n0) : (float16)(0.0f);
+#pragma unroll
+        for (uint i = 0; i < SM_RB_M; ++i) {
+            if (i < mm) {
+                float16 v = (flags & SM_BIAS) ? acc[i] + bv : acc[i];
+                if (flags & SM_RELU) {
+                    v = select((float16)(0.0f), v, v > 0.0f);
+                }
+                if (flags & SM_MASK) {
+                    const float16 y = vload16(0, mask + (size_t)(m0 + i) * N + n0);
+                    v = select((float16)(0.0f), v, y > 0.0f);
+                }
+                vstore16(v, 0, C + (size_t)(m0 + i) * N + n0);
+            }
+        }
+        return;
+    }
+#pragma unroll
+    for (uint i = 0; i < SM_RB_M; ++i) {
+        if (i < mm) {
+            float t[16];
+            vstore16(acc[i], 0, t);
+            const size_t row = (size_t)(m0 + i) * N + n0;
+            for (uint j = 0; j < nn; ++j) {
+                C[row + j] = sm_epilogue(t[j], bias, mask, row + j, n0 + j, flags);
+            }
+        }
+    }
+}
 inline void sm_gemm_rb(const uint M, const uint N, const uint K, const bool TA, const bool TB,
                        __global const float* A, __global const float* B, __global float* C,
                        __global const float* bias, __global const float* mask,
@@ -160,22 +216,7 @@ inline void sm_gemm_rb(const uint M, const uint N, const uint K, const bool TA, 
     const uint nn = min(16u, N - n0);
     const uint mm = min((uint)SM_RB_M, M - m0);
     if (TA && (flags & SM_SUM) && n0 == 0) {
-        /* The column sums of A for this work-item's rows, by the work-items of the first
-         * column block: one accumulator per row of C, k ascending (sm_col_sum's order). */
-        float s[SM_RB_M];
-#pragma unroll
-        for (uint i = 0; i < SM_RB_M; ++i) {
-            s[i] = 0.0f;
-        }
-        for (uint k = 0; k < K; ++k) {
-#pragma unroll
-            for (uint i = 0; i < SM_RB_M; ++i) {
-                s[i] += i < mm ? A[(size_t)k * M + m0 + i] : 0.0f;
-            }
-        }
-        for (uint i = 0; i < mm; ++i) {
-            sum[m0 + i] = s[i];
-        }
+        sm_rb_col_sum(M, K, m0, mm, A, sum);
     }
     float16 acc[SM_RB_M];
 #pragma unroll
@@ -219,36 +260,7 @@ inline void sm_gemm_rb(const uint M, const uint N, const uint K, const bool TA, 
             }
         }
     }
-    if (nn == 16) {
-        /* The epilogue of sm_epilogue on 16 columns at once (the same select). */
-        const float16 bv = (flags & SM_BIAS) ? vload16(0, bias + n0) : (float16)(0.0f);
-#pragma unroll
-        for (uint i = 0; i < SM_RB_M; ++i) {
-            if (i < mm) {
-                float16 v = (flags & SM_BIAS) ? acc[i] + bv : acc[i];
-                if (flags & SM_RELU) {
-                    v = select((float16)(0.0f), v, v > 0.0f);
-                }
-                if (flags & SM_MASK) {
-                    const float16 y = vload16(0, mask + (size_t)(m0 + i) * N + n0);
-                    v = select((float16)(0.0f), v, y > 0.0f);
-                }
-                vstore16(v, 0, C + (size_t)(m0 + i) * N + n0);
-            }
-        }
-        return;
-    }
-#pragma unroll
-    for (uint i = 0; i < SM_RB_M; ++i) {
-        if (i < mm) {
-            float t[16];
-            vstore16(acc[i], 0, t);
-            const size_t row = (size_t)(m0 + i) * N + n0;
-            for (uint j = 0; j < nn; ++j) {
-                C[row + j] = sm_epilogue(t[j], bias, mask, row + j, n0 + j, flags);
-            }
-        }
-    }
+    sm_rb_store(acc, N, m0, n0, mm, nn, C, bias, mask, flags);
 }
 
 #define SM_GEMM_RB(NAME, TA, TB)                                                              \
@@ -262,6 +274,93 @@ SM_GEMM_RB(sm_gemm_rb_nn, false, false)
 SM_GEMM_RB(sm_gemm_rb_tn, true, false)
 SM_GEMM_RB(sm_gemm_rb_nt, false, true)
 SM_GEMM_RB(sm_gemm_rb_tt, true, true)
+
+/* The register-blocked GEMM with op(B) transposed (B stored n-major: op(B)[k,n] = B[n*K + k]),
+ * for CPU devices. sm_gemm_rb reads a row of op(B) as 16 loads K floats apart, a gather per k
+ * for 8 FMAs. Here the SM_RBL_R work-items of a work-group share one 16-column block of C
+ * (SM_RBL_R blocks of SM_RB_M rows each, the whole 64-row batch of a train step): at each
+ * SM_RBL_K step of K they copy the block's 16 rows of B into local memory k-major (each
+ * work-item reads whole rows, contiguous in memory), then each accumulates its SM_RB_M x 16
+ * block from local memory exactly as sm_gemm_rb does (one vload16 per k, k ascending, one fma
+ * chain per element: the same results bit for bit). A CPU runtime stores the accumulators at
+ * each barrier, once per SM_RBL_K values of k. Work-items past C take part in the copies and
+ * the barriers but compute nothing. */
+#define SM_RBL_R 8
+#define SM_RBL_K 128
+inline void sm_gemm_rbl(const uint M, const uint N, const uint K, const bool TA,
+                        __global const float* A, __global const float* B, __global float* C,
+                        __global const float* bias, __global const float* mask,
+                        __global float* sum, const uint flags, __local float* Bs) {
+    const uint n0 = get_group_id(0) * 16;
+    const uint r = get_local_id(1);
+    const uint m0 = get_global_id(1) * SM_RB_M;
+    const uint nn = min(16u, N - n0);
+    const uint mm = m0 < M ? min((uint)SM_RB_M, M - m0) : 0u;
+    if (TA && (flags & SM_SUM) && n0 == 0 && mm > 0) {
+        sm_rb_col_sum(M, K, m0, mm, A, sum);
+    }
+    float16 acc[SM_RB_M];
+#pragma unroll
+    for (uint i = 0; i < SM_RB_M; ++i) {
+        acc[i] = 0.0f;
+    }
+    for (uint k0 = 0; k0 < K; k0 += SM_RBL_K) {
+        const uint kk = min((uint)SM_RBL_K, K - k0);
+        /* 16 rows of B, 16 / SM_RBL_R per work-item; zeros past N. */
+        for (uint j = r; j < 16; j += SM_RBL_R) {
+            if (j < nn) {
+                __global const float* row = B + (size_t)(n0 + j) * K + k0;
+                for (uint k = 0; k < kk; ++k) {
+                    Bs[k * 16 + j] = row[k];
+                }
+            } else {
+                for (uint k = 0; k < kk; ++k) {
+                    Bs[k * 16 + j] = 0.0f;
+                }
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (mm == SM_RB_M) {
+            for (uint k = 0; k < kk; ++k) {
+                const float16 b = vload16(k, Bs);
+#pragma unroll
+                for (uint i = 0; i < SM_RB_M; ++i) {
+                    const uint kg = k0 + k;
+                    const float a = TA ? A[(size_t)kg * M + m0 + i] : A[(size_t)(m0 + i) * K + kg];
+                    acc[i] = fma((float16)(a), b, acc[i]);
+                }
+            }
+        } else if (mm > 0) {
+            for (uint k = 0; k < kk; ++k) {
+                const float16 b = vload16(k, Bs);
+#pragma unroll
+                for (uint i = 0; i < SM_RB_M; ++i) {
+                    const uint kg = k0 + k;
+                    const float a = i < mm
+                        ? (TA ? A[(size_t)kg * M + m0 + i] : A[(size_t)(m0 + i) * K + kg])
+                        : 0.0f;
+                    acc[i] = fma((float16)(a), b, acc[i]);
+                }
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (mm > 0) {
+        sm_rb_store(acc, N, m0, n0, mm, nn, C, bias, mask, flags);
+    }
+}
+
+#define SM_GEMM_RBL(NAME, TA)                                                                 \
+__kernel __attribute__((reqd_work_group_size(1, SM_RBL_R, 1)))                              \
+void NAME(const uint M, const uint N, const uint K, const uint ta, const uint tb,             \
+          __global const float* A, __global const float* B, __global float* C,                \
+          __global const float* bias, __global const float* mask, __global float* sum,       \
+          const uint flags) {                                                                 \
+    __local float Bs[SM_RBL_K * 16];                                                          \
+    sm_gemm_rbl(M, N, K, TA, A, B, C, bias, mask, sum, flags, Bs);                            \
+}
+SM_GEMM_RBL(sm_gemm_rbl_nt, false)
+SM_GEMM_RBL(sm_gemm_rbl_tt, true)
 
 /* out[j] = sum_i X[i*cols + j]: one work-item per column. */
 __kernel void sm_col_sum(const uint rows, const uint cols, __global const float* X,

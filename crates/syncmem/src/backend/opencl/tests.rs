@@ -115,18 +115,28 @@ fn opencl_error_mapping() {
     }
 }
 
-/// Both OpenCL GEMMs (register-blocked and tiled) against the host GEMM, for every transpose
-/// pair, with and without bias and ReLU, at sizes off every tile and block and at skinny
-/// shapes; the device's default choice is one of them. With `A` transposed, the same launch
-/// also writes the column sums of `A`, bit for bit those of the `col_sum` kernel.
+/// Every OpenCL GEMM (tiled, register-blocked, B staged in local memory) against the host
+/// GEMM, for every transpose pair, with and without bias and ReLU, at sizes off every tile and
+/// block (K over several staging steps, the last one short) and at skinny shapes; the device's
+/// default choice is one of them. With `A` transposed, the same launch also writes the column
+/// sums of `A`, bit for bit those of the `col_sum` kernel. The staged kernel sums in the
+/// register-blocked kernel's order: their results are the same bit for bit.
 #[test]
-fn both_gemm_kernels_match_the_host_gemm() {
+fn every_gemm_kernel_matches_the_host_gemm() {
+    use super::program::GemmKernel;
     use crate::backend::cpu::math;
     use crate::backend::{BackendKernels, BackendStream, Gemm};
-    let Some(dev) = opencl_or_skip("both_gemm_kernels_match_the_host_gemm") else {
+    let Some(dev) = opencl_or_skip("every_gemm_kernel_matches_the_host_gemm") else {
         return;
     };
     let cl = raw(&dev);
+    let ks = cl.kernel_cache().ops(cl).unwrap();
+    if ks.register_blocked {
+        assert!(
+            ks.gemm_rbl.is_some(),
+            "a CPU device runs the staged kernel too"
+        );
+    }
     let s = cl.new_stream().unwrap();
     let vals = |n: usize, seed: usize| -> Vec<f32> {
         (0..n)
@@ -145,6 +155,7 @@ fn both_gemm_kernels_match_the_host_gemm() {
         (64, 70, 2),
         (17, 1, 1),
         (70, 130, 33),
+        (70, 33, 300),
     ] {
         for (ta, tb, relu) in [
             (false, false, false),
@@ -178,14 +189,19 @@ fn both_gemm_kernels_match_the_host_gemm() {
                 cl.col_sum(&s, k, m, Some(&da), &out).unwrap();
                 read(&out, m)
             });
-            for blocked in [true, false] {
+            let mut blocked_c = None;
+            for kernel in [
+                GemmKernel::RegisterBlocked,
+                GemmKernel::Staged,
+                GemmKernel::Tiled,
+            ] {
                 let c = upload(&vec![f32::NAN; m * n]);
                 let sum = ta.then(|| upload(&vec![f32::NAN; m]));
                 cl.gemm_on(
                     &s,
                     &g,
                     (Some(&da), Some(&db), &c, Some(&dbias), None, sum.as_ref()),
-                    blocked,
+                    kernel,
                 )
                 .unwrap();
                 if let (Some(sum), Some(want)) = (&sum, &want_sum) {
@@ -194,17 +210,23 @@ fn both_gemm_kernels_match_the_host_gemm() {
                         .iter()
                         .zip(want)
                         .all(|(x, y)| x.to_bits() == y.to_bits());
-                    assert!(
-                        same,
-                        "{g:?}, blocked {blocked}: sums {got:?}, want {want:?}"
-                    );
+                    assert!(same, "{g:?}, {kernel:?}: sums {got:?}, want {want:?}");
                 }
                 let got = read(&c, m * n);
                 for (i, (x, y)) in got.iter().zip(&want).enumerate() {
                     assert!(
                         (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
-                        "{g:?}, blocked {blocked}: C[{i}] = {x}, want {y}"
+                        "{g:?}, {kernel:?}: C[{i}] = {x}, want {y}"
                     );
+                }
+                match kernel {
+                    GemmKernel::RegisterBlocked => blocked_c = Some(got),
+                    GemmKernel::Staged => {
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        let blocked = blocked_c.as_deref().unwrap();
+                        assert_eq!(bits(&got), bits(blocked), "{g:?}: staged vs blocked");
+                    }
+                    GemmKernel::Tiled => {}
                 }
             }
         }
