@@ -176,7 +176,19 @@ pub struct PoolConfig {
     /// Most bytes the pool (plus direct allocations of the same device) may reserve. `None`:
     /// only the backend limits it.
     pub memory_cap: Option<MemoryCap>,
+    /// Shards: independent parts of the pool, each with its own lock, segments and cache; a
+    /// thread allocates from the shard of its index (see [`crate::alloc::pool::Pool`]'s
+    /// sharding notes). One shard: one lock for all threads and exact peaks under any
+    /// threading. `0` (the default): one per core the process may use, at most
+    /// [`MAX_AUTO_SHARDS`]. `max_cached_bytes` applies to each shard; the memory cap to all
+    /// of them together.
+    pub shards: usize,
 }
+
+/// The most shards `shards = 0` gives a pool.
+pub const MAX_AUTO_SHARDS: usize = 8;
+/// The most shards a pool may have.
+pub const MAX_SHARDS: usize = 1024;
 
 impl Default for PoolConfig {
     fn default() -> Self {
@@ -207,6 +219,7 @@ impl PoolConfig {
             bin_divisions: 4,
             max_cached_bytes: None,
             memory_cap: None,
+            shards: 0,
         }
     }
 
@@ -220,6 +233,23 @@ impl PoolConfig {
     pub fn with_max_split_size(mut self, bytes: usize) -> Self {
         self.max_split_size = Some(bytes);
         self
+    }
+
+    /// Sets the number of shards (`0`: one per core, at most [`MAX_AUTO_SHARDS`]).
+    pub fn with_shards(mut self, shards: usize) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// The number of shards in effect: [`PoolConfig::shards`], or one per core the process
+    /// may use (at most [`MAX_AUTO_SHARDS`]) when it is 0.
+    pub fn effective_shards(&self) -> usize {
+        match self.shards {
+            0 => std::thread::available_parallelism()
+                .map_or(1, usize::from)
+                .min(MAX_AUTO_SHARDS),
+            n => n.min(MAX_SHARDS),
+        }
     }
 
     /// Sets the cap on cached free bytes.
@@ -335,6 +365,12 @@ impl PoolConfig {
                 return Err(invalid("memory_cap", format!("fraction {f} not in (0, 1]")));
             }
         }
+        if self.shards > MAX_SHARDS {
+            return Err(invalid(
+                "shards",
+                format!("{} is more than {MAX_SHARDS}", self.shards),
+            ));
+        }
         Ok(())
     }
 
@@ -346,7 +382,8 @@ impl PoolConfig {
     /// `large_segment_limit`, `segment_round`, `max_split_size` (or `unlimited`),
     /// `max_non_split_rounding`, `bin_growth`, `min_bin`, `max_bin`, `bin_divisions` (or
     /// `roundup_power2_divisions`), `max_cached_bytes` (or `unlimited`), `memory_cap` (bytes, a
-    /// fraction such as `0.5`, a percentage such as `50%`, or `none`). The result is validated.
+    /// fraction such as `0.5`, a percentage such as `50%`, or `none`), `shards` (`0`: one per
+    /// core). The result is validated.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for an unknown key or a bad value.
@@ -411,6 +448,7 @@ impl PoolConfig {
             "min_bin" => self.min_bin = small(value)?,
             "max_bin" => self.max_bin = small(value)?,
             "bin_divisions" | "roundup_power2_divisions" => self.bin_divisions = small(value)?,
+            "shards" => self.shards = small(value)? as usize,
             "max_cached_bytes" => {
                 self.max_cached_bytes = (!unlimited).then(size).transpose()?.map(|v| v as u64)
             }

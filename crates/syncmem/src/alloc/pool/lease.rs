@@ -3,13 +3,19 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::{merge_one, BlockId, Fence, PendingUse, Pool, StreamId};
+use super::shard::Shard;
+#[cfg(doc)]
+use super::Pool;
+use super::{merge_one, BlockId, Fence, PendingUse, StreamId};
 
 /// A block of a [`Pool`]: `len()` bytes at `offset()` in `segment()`, with the block's view
 /// (see [Views](Pool#views)). Given back to the pool, with its pending uses and its view, when
 /// dropped.
 pub struct Lease<T: Send + Sync + 'static, V: Send + 'static = ()> {
-    pub(super) pool: Arc<Pool<T, V>>,
+    /// The pool shard the block belongs to: alive while the block is handed out (the pool
+    /// holds it, or once the pool is dropped its blocks do; see [`super::shard`]). No
+    /// reference count is taken per lease.
+    pub(super) shard: NonNull<Shard<T, V>>,
     /// The segment holding the block: the value inside an `Arc` the pool holds for as long as
     /// a block of the segment is handed out (so no reference count is taken per lease).
     pub(super) segment: NonNull<T>,
@@ -26,9 +32,9 @@ pub struct Lease<T: Send + Sync + 'static, V: Send + 'static = ()> {
 }
 
 // SAFETY: a lease is an owner of a block like a `Box`, and shares the segment (`T: Send +
-// Sync`) like an `Arc<T>` would: `segment` points into an `Arc<T>` that the pool (kept alive by
-// `pool`) holds while the block is handed out, and only `&T` is ever made from it. The view is
-// owned (`V: Send`).
+// Sync`) like an `Arc<T>` would: `segment` points into an `Arc<T>` that the block's shard holds
+// while the block is handed out, and only `&T` is ever made from it. The shard (a lock around
+// `Send` data) is shared like an `Arc` would share it. The view is owned (`V: Send`).
 unsafe impl<T: Send + Sync + 'static, V: Send + 'static> Send for Lease<T, V> {}
 // SAFETY: as for Send; `&Lease` hands out only `&T`, `&V` (`V: Sync`) and plain values.
 unsafe impl<T: Send + Sync + 'static, V: Send + Sync + 'static> Sync for Lease<T, V> {}
@@ -36,9 +42,9 @@ unsafe impl<T: Send + Sync + 'static, V: Send + Sync + 'static> Sync for Lease<T
 impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
     /// The segment holding the block.
     pub fn segment(&self) -> &T {
-        // SAFETY: the pool keeps the segment's `Arc` (and so the `T` it points to) until every
+        // SAFETY: the shard keeps the segment's `Arc` (and so the `T` it points to) until every
         // block of it is given back, which happens in `drop`, after the last use of this
-        // reference; `self.pool` keeps the pool alive until then.
+        // reference; `self.shard` keeps the shard alive until then.
         unsafe { self.segment.as_ref() }
     }
 
@@ -46,7 +52,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
     /// the segment alive on its own (one reference count; [`Lease::segment`] takes none).
     pub fn segment_arc(&self) -> Arc<T> {
         let ptr = self.segment.as_ptr().cast_const();
-        // SAFETY: `ptr` came from `Arc::as_ptr` of an `Arc<T>` the pool holds alive (see
+        // SAFETY: `ptr` came from `Arc::as_ptr` of an `Arc<T>` the shard holds alive (see
         // `segment`); taking one more strong count and making an `Arc` of it is what
         // `Arc::clone` does.
         unsafe {
@@ -95,9 +101,15 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
         self.pending.iter().map(|p| (p.stream, &p.fence))
     }
 
-    /// The pool the block belongs to.
-    pub fn pool(&self) -> &Arc<Pool<T, V>> {
-        &self.pool
+    /// The label of the pool the block belongs to.
+    pub fn pool_label(&self) -> &str {
+        &self.shard().label
+    }
+
+    pub(super) fn shard(&self) -> &Shard<T, V> {
+        // SAFETY: the shard lives while the block is handed out (see the field), and the
+        // block is given back only in `drop`, after the last use of this reference.
+        unsafe { self.shard.as_ref() }
     }
 
     /// The block's view (see [Views](Pool#views)): made for the whole block, so it may be
@@ -117,14 +129,15 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Drop for Lease<T, V> {
         let pending = std::mem::take(&mut self.pending);
         let view = self.view.take();
         let sizes = (self.size, self.requested, self.small);
-        self.pool.release_block(self.block, sizes, pending, view);
+        // SAFETY: the shard lives until the block is given back, which this does, once.
+        unsafe { Shard::release_block(self.shard, self.block, sizes, pending, view) };
     }
 }
 
 impl<T: Send + Sync + 'static, V: Send + 'static> std::fmt::Debug for Lease<T, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lease")
-            .field("pool", &self.pool.label)
+            .field("pool", &self.shard().label)
             .field("offset", &self.offset)
             .field("len", &self.requested)
             .field("block_size", &self.size)

@@ -45,6 +45,7 @@ mod front;
 pub mod host;
 mod lease;
 mod pending;
+mod shard;
 mod slab;
 pub mod snapshot;
 pub mod stats;
@@ -58,7 +59,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 pub use budget::Budget;
 pub use config::{MemoryCap, PoolConfig, PoolKind};
@@ -78,8 +79,9 @@ pub use crate::backend::RawStorage;
 use crate::alloc::stats::human_bytes;
 use crate::alloc::trace::hub;
 use crate::error::{Error, OomReport, Result};
+use shard::Shard;
 use slab::Slab;
-use stats::Counters;
+use stats::{Counters, SplitGauge};
 use strategy::{Core, Request};
 
 /// Identifies a stream for stream-ordered reuse; [`HOST_STREAM`] for host-side memory.
@@ -135,6 +137,9 @@ struct Inner<T, V> {
     /// The trace source of a process pool (a device's pools, the global host pool): its events
     /// also go to the traces attached process-wide ([`crate::alloc::trace::TraceGuard`]).
     source: Option<u64>,
+    /// The pool was dropped while blocks of this shard were handed out: the shard belongs to
+    /// them, and the last one given back drops it (see [`shard`]).
+    orphaned: bool,
 }
 
 impl<T, V> Inner<T, V> {
@@ -172,11 +177,13 @@ impl<T, V> Inner<T, V> {
 /// back with the block, and a later allocation of the same block gets the same view. A split or merge drops the views of the blocks involved, and a
 /// released segment the views of its blocks, so a view always describes exactly its block.
 pub struct Pool<T: Send + Sync + 'static, V: Send + 'static = ()> {
-    label: String,
+    label: Arc<str>,
     config: PoolConfig,
     max_segment: usize,
     budget: Arc<Budget>,
-    inner: Mutex<Inner<T, V>>,
+    /// The shards (see [`shard`]): at least one, each in an `Arc` of its own (see
+    /// [`Pool`]'s `Drop`).
+    shards: Box<[Arc<Shard<T, V>>]>,
 }
 
 impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
@@ -192,17 +199,31 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         max_segment: usize,
     ) -> Result<Arc<Self>> {
         config.validate()?;
+        let label: Arc<str> = label.into().into();
+        let count = config.effective_shards();
+        let shards = (0..count)
+            .map(|index| {
+                Arc::new(Shard {
+                    index,
+                    count,
+                    label: label.clone(),
+                    budget: budget.clone(),
+                    inner: Mutex::new(Inner {
+                        core: Core::new(&config),
+                        segments: Slab::default(),
+                        c: Counters::default(),
+                        observer: None,
+                        source: None,
+                        orphaned: false,
+                    }),
+                })
+            })
+            .collect();
         Ok(Arc::new(Self {
-            label: label.into(),
+            label,
             max_segment,
             budget,
-            inner: Mutex::new(Inner {
-                core: Core::new(&config),
-                segments: Slab::default(),
-                c: Counters::default(),
-                observer: None,
-                source: None,
-            }),
+            shards,
             config,
         }))
     }
@@ -220,26 +241,6 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     /// The budget (memory cap) the pool charges.
     pub fn budget(&self) -> &Arc<Budget> {
         &self.budget
-    }
-
-    /// Attaches (or with `None` detaches) an observer of every event.
-    pub fn set_observer(&self, observer: Option<Arc<dyn PoolObserver>>) {
-        self.inner.lock().observer = observer;
-    }
-
-    /// Marks a process pool: its events also go to traces attached for `source` (a device's
-    /// trace source, or the host's).
-    pub(crate) fn publish(&self, source: u64) {
-        self.inner.lock().source = Some(source);
-    }
-
-    /// Bytes of blocks handed out and of segments held, now.
-    pub(crate) fn gauges(&self) -> (u64, u64) {
-        let inner = self.inner.lock();
-        (
-            inner.c.allocated.all().current,
-            inner.c.reserved.all().current,
-        )
     }
 
     /// Hands out a block of at least `bytes` bytes for work on `stream`: a cached block when
@@ -272,7 +273,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         source: &S,
         owner: Option<&Arc<str>>,
     ) -> Result<Lease<T, V>> {
-        let mut inner = self.inner.lock();
+        let sh = &self.shards[self.shard_index()];
+        let mut inner = sh.inner.lock();
         let overflow = || Error::SizeOverflow {
             what: format!("{bytes} bytes rounded for pool {}", self.label),
         };
@@ -288,8 +290,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                 // Growing: first give back idle memory the request cannot use, then size the
                 // segment by what the pool holds now.
                 let idle = inner.core.idle_segments(bytes, rounded);
-                let idle = self.take_segments(&mut inner, idle);
-                self.drop_segments(idle);
+                let idle = sh.take_segments(&mut inner, idle);
+                sh.drop_segments(idle);
                 let seg_size = inner
                     .core
                     .segment_size(bytes, rounded)
@@ -302,7 +304,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                 if seg_size > self.max_segment {
                     return Err(self
                         .oom(
-                            &inner.c,
+                            inner,
                             bytes,
                             format!(
                                 "a {seg_size}-byte segment exceeds the largest allocation ({} \
@@ -323,7 +325,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                     let cap = self.budget.cap().unwrap_or(u64::MAX);
                     return Err(self
                         .oom(
-                            &inner.c,
+                            inner,
                             bytes,
                             format!(
                                 "a {} segment would exceed the cap ({} of {} used)",
@@ -352,7 +354,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                 inner.c.on_segment(seg_size as u64, grant.small, true);
                 inner.emit(&self.label, || PoolEvent::SegmentAlloc {
                     bytes: seg_size,
-                    segment: sid,
+                    segment: sh.tag(sid),
                     stream,
                 });
                 (grant, false)
@@ -369,9 +371,9 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                     // The block goes back unused, with its uses in flight (a new segment stays
                     // cached).
                     let segs = inner.core.free(grant.block, grant.pending, None);
-                    let segs = self.take_segments(&mut inner, segs);
+                    let segs = sh.take_segments(&mut inner, segs);
                     drop(inner);
-                    self.drop_segments(segs);
+                    sh.drop_segments(segs);
                     return Err(e);
                 }
             },
@@ -385,14 +387,14 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             requested: bytes,
             size: grant.size,
             cache_hit: hit,
-            block: grant.block,
+            block: sh.tag(grant.block),
             stream,
-            segment: grant.seg,
+            segment: sh.tag(grant.seg),
             offset: grant.offset,
             owner: owner.cloned(),
         });
         Ok(Lease {
-            pool: self.clone(),
+            shard: NonNull::from(&**sh),
             segment,
             block: grant.block,
             offset: grant.offset,
@@ -405,69 +407,14 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         })
     }
 
-    /// The refusal of `bytes` for `why`, with the pool's usage `c` (its lock is held).
-    fn oom(&self, c: &Counters, bytes: usize, why: String) -> OomReport {
-        OomReport::new(self.label.clone(), bytes, why)
+    /// The refusal of `bytes` for `why`, with the pool's usage (read once the lock of the
+    /// shard that refused, `held`, is given back).
+    fn oom(&self, held: MutexGuard<'_, Inner<T, V>>, bytes: usize, why: String) -> OomReport {
+        drop(held);
+        let (allocated, reserved) = self.gauges();
+        OomReport::new(self.label.to_string(), bytes, why)
             .with_cap(self.budget.cap())
-            .with_usage(
-                Some(c.allocated.all().current),
-                Some(c.reserved.all().current),
-            )
-    }
-
-    /// Gives back block `block` of `size` bytes (`requested` asked for; `small` as handed out)
-    /// with its uses in flight and its view.
-    pub(super) fn release_block(
-        &self,
-        block: BlockId,
-        (size, requested, small): (usize, usize, bool),
-        pending: Vec<PendingUse>,
-        view: Option<Box<V>>,
-    ) {
-        let released = {
-            let mut inner = self.inner.lock();
-            inner.c.frees += 1;
-            inner.c.on_free(size as u64, requested as u64, small);
-            inner.emit(&self.label, || PoolEvent::Free { size, block });
-            let segs = inner.core.free(block, pending, view);
-            if segs.is_empty() {
-                return;
-            }
-            self.take_segments(&mut inner, segs)
-        };
-        self.drop_segments(released);
-    }
-
-    fn take_segments(
-        &self,
-        inner: &mut Inner<T, V>,
-        segs: Vec<(SegId, usize)>,
-    ) -> Vec<(Arc<T>, usize)> {
-        let mut out = Vec::with_capacity(segs.len());
-        for (sid, size) in segs {
-            if let Some(s) = inner.segments.remove(sid) {
-                inner.c.backend_frees += 1;
-                inner.c.on_segment(size as u64, s.small, false);
-                inner.emit(&self.label, || PoolEvent::SegmentFree {
-                    bytes: size,
-                    segment: sid,
-                });
-                out.push((s.seg, s.size));
-            }
-        }
-        out
-    }
-
-    /// Frees segments outside the lock (a backend free may synchronize), then gives back the
-    /// budget.
-    fn drop_segments(&self, segs: Vec<(Arc<T>, usize)>) -> u64 {
-        let mut bytes = 0;
-        for (seg, size) in segs {
-            drop(seg);
-            self.budget.give(size as u64);
-            bytes += size as u64;
-        }
-        bytes
+            .with_usage(Some(allocated), Some(reserved))
     }
 
     /// Gives every wholly free segment whose pending uses have completed back to the backend,
@@ -483,24 +430,29 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     }
 
     fn release(&self, wait: bool) -> u64 {
-        let segs = {
-            let mut inner = self.inner.lock();
-            let segs = inner.core.release(wait);
-            self.take_segments(&mut inner, segs)
-        };
-        self.drop_segments(segs)
+        let mut bytes = 0;
+        for s in self.shards.iter() {
+            let segs = {
+                let mut inner = s.inner.lock();
+                let segs = inner.core.release(wait);
+                s.take_segments(&mut inner, segs)
+            };
+            bytes += s.drop_segments(segs);
+        }
+        bytes
     }
 
-    /// A reading of the statistics.
-    pub fn stats(&self) -> PoolStats {
-        self.stats_of(&self.inner.lock())
-    }
-
-    fn stats_of(&self, inner: &Inner<T, V>) -> PoolStats {
-        let c = &inner.c;
-        let inactive = inner.core.inactive_split();
+    /// The statistics of counters `c` and of a core's `inactive` split blocks, `free` bytes
+    /// and `largest` free block.
+    fn stats_from(
+        &self,
+        c: &Counters,
+        inactive: &SplitGauge,
+        free: u64,
+        largest: u64,
+    ) -> PoolStats {
         PoolStats {
-            label: self.label.clone(),
+            label: self.label.to_string(),
             kind: self.config.kind,
             allocated: c.allocated.all(),
             requested: c.requested.all(),
@@ -517,8 +469,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             cache_hits: c.cache_hits,
             backend_allocs: c.backend_allocs,
             backend_frees: c.backend_frees,
-            free_bytes: inner.core.free_bytes(),
-            largest_free_block: inner.core.largest_free(),
+            free_bytes: free,
+            largest_free_block: largest,
             alloc_retries: c.alloc_retries,
             ooms: c.ooms,
             evictions: c.evictions,
@@ -532,73 +484,50 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         }
     }
 
-    /// Resets the peaks to the current values.
-    pub fn reset_peak(&self) {
-        let mut inner = self.inner.lock();
-        inner.c.reset_peaks();
-        inner.core.reset_peaks();
-    }
-
     /// Every segment of the pool and every block in it (size, offset, state, stream, owner),
     /// with the statistics of the same instant. Walks every block under the pool's lock: a
     /// tool for reports, not for every step.
     pub fn snapshot(&self) -> PoolSnapshot {
-        let inner = self.inner.lock();
-        let mut segments: Vec<SegmentSnapshot> = inner
-            .core
-            .walk()
-            .into_iter()
-            .map(|(id, small, blocks)| SegmentSnapshot {
-                id,
-                size: inner.segments.get(id).map_or(0, |s| s.size as u64),
-                class: if small {
-                    SizeClass::Small
-                } else {
-                    SizeClass::Large
-                },
-                blocks,
-            })
-            .collect();
+        let guards: Vec<_> = self.shards.iter().map(|s| s.inner.lock()).collect();
+        let mut segments: Vec<SegmentSnapshot> = Vec::new();
+        let mut sum = Counters::default();
+        let mut inactive = SplitGauge::default();
+        let (mut free, mut largest) = (0, 0);
+        for (shard, inner) in guards.iter().enumerate() {
+            sum.absorb(&inner.c);
+            inactive.absorb(&inner.core.inactive_split());
+            free += inner.core.free_bytes();
+            largest = largest.max(inner.core.largest_free());
+            segments.extend(inner.core.walk().into_iter().map(|(id, small, blocks)| {
+                SegmentSnapshot {
+                    id: self.shards[shard].tag(id),
+                    size: inner.segments.get(id).map_or(0, |s| s.size as u64),
+                    class: if small {
+                        SizeClass::Small
+                    } else {
+                        SizeClass::Large
+                    },
+                    blocks,
+                }
+            }));
+        }
         segments.sort_unstable_by_key(|s| s.id);
         PoolSnapshot {
-            label: self.label.clone(),
+            label: self.label.to_string(),
             kind: self.config.kind,
-            stats: self.stats_of(&inner),
+            stats: self.stats_from(&sum, &inactive, free, largest),
             segments,
         }
     }
 
-    /// True when no block is handed out.
-    pub fn is_idle(&self) -> bool {
-        self.inner.lock().c.allocated.all().current == 0
-    }
-
-    pub(crate) fn note_retry(&self) {
-        self.inner.lock().c.alloc_retries += 1;
-    }
-
     pub(crate) fn note_oom(&self, requested: usize) {
-        let mut inner = self.inner.lock();
+        let mut inner = self.shards[self.shard_index()].inner.lock();
         inner.c.ooms += 1;
         inner.emit(&self.label, || PoolEvent::OutOfMemory { requested });
     }
 
-    /// Counts a dirty mirror spilled to the host (its write-back is traced as a transfer).
-    pub(crate) fn note_spill(&self, bytes: usize) {
-        let mut inner = self.inner.lock();
-        inner.c.spills += 1;
-        inner.c.spilled_bytes = inner.c.spilled_bytes.saturating_add(bytes as u64);
-    }
-
-    /// Counts a spilled mirror brought back to the device.
-    pub(crate) fn note_refill(&self, bytes: usize) {
-        let mut inner = self.inner.lock();
-        inner.c.refills += 1;
-        inner.c.refilled_bytes = inner.c.refilled_bytes.saturating_add(bytes as u64);
-    }
-
     pub(crate) fn note_eviction(&self, label: &str, bytes: usize) {
-        let mut inner = self.inner.lock();
+        let mut inner = self.shards[self.shard_index()].inner.lock();
         inner.c.evictions += 1;
         inner.c.evicted_bytes += bytes as u64;
         inner.emit(&self.label, || PoolEvent::Evict {

@@ -45,6 +45,14 @@ impl Gauge {
     pub(crate) fn reset_peak(&mut self) {
         self.peak = self.current;
     }
+
+    /// Adds `other` (another shard's gauge): sums, and the sum of the peaks.
+    pub(crate) fn absorb(&mut self, other: &Gauge) {
+        self.current += other.current;
+        self.peak += other.peak;
+        self.allocated = self.allocated.wrapping_add(other.allocated);
+        self.freed = self.freed.wrapping_add(other.freed);
+    }
 }
 
 /// The byte gauges of one size class (small or large blocks).
@@ -122,6 +130,14 @@ impl SplitGauge {
         self.class.iter_mut().for_each(Gauge::reset_peak);
         self.peak = self.class[0].current + self.class[1].current;
     }
+
+    /// Adds `other` (another shard's gauge), as [`Gauge::absorb`].
+    pub(crate) fn absorb(&mut self, other: &SplitGauge) {
+        for (a, b) in self.class.iter_mut().zip(&other.class) {
+            a.absorb(b);
+        }
+        self.peak += other.peak;
+    }
 }
 
 /// Live counters of a pool, kept under the pool's lock.
@@ -152,6 +168,38 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
+    /// Adds the counters of another shard (peaks: the sum of the shards' peaks).
+    pub(crate) fn absorb(&mut self, o: &Counters) {
+        for (a, b) in [
+            (&mut self.allocated, &o.allocated),
+            (&mut self.requested, &o.requested),
+            (&mut self.reserved, &o.reserved),
+            (&mut self.block_count, &o.block_count),
+            (&mut self.segment_count, &o.segment_count),
+        ] {
+            a.absorb(b);
+        }
+        self.segments[0] += o.segments[0];
+        self.segments[1] += o.segments[1];
+        for (a, b) in [
+            (&mut self.allocations, o.allocations),
+            (&mut self.frees, o.frees),
+            (&mut self.cache_hits, o.cache_hits),
+            (&mut self.backend_allocs, o.backend_allocs),
+            (&mut self.backend_frees, o.backend_frees),
+            (&mut self.alloc_retries, o.alloc_retries),
+            (&mut self.ooms, o.ooms),
+            (&mut self.evictions, o.evictions),
+            (&mut self.evicted_bytes, o.evicted_bytes),
+            (&mut self.spills, o.spills),
+            (&mut self.spilled_bytes, o.spilled_bytes),
+            (&mut self.refills, o.refills),
+            (&mut self.refilled_bytes, o.refilled_bytes),
+        ] {
+            *a = a.saturating_add(b);
+        }
+    }
+
     pub(crate) fn reset_peaks(&mut self) {
         self.allocated.reset_peak();
         self.requested.reset_peak();

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 
 use super::*;
 
+mod shards;
 mod sizing;
 mod snapshot;
 mod views;
@@ -44,7 +45,7 @@ fn caching() -> Arc<Pool<Fake>> {
 }
 
 fn check<V: Send + 'static>(p: &Pool<Fake, V>) {
-    if let Core::Caching(a) = &p.inner.lock().core {
+    if let Core::Caching(a) = &p.shards[p.shard_index()].inner.lock().core {
         a.check();
     }
 }

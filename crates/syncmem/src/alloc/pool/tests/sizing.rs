@@ -7,7 +7,7 @@ use super::{check, fake, pool, Fake, Flag, KIB, MIB};
 use crate::alloc::pool::{Fence, Lease, Pool, PoolConfig, PoolKind};
 
 fn lists(p: &Pool<Fake>) -> usize {
-    match &p.inner.lock().core {
+    match &p.shards[p.shard_index()].inner.lock().core {
         crate::alloc::pool::strategy::Core::Caching(a) => a.listed(),
         _ => 0,
     }
