@@ -27,6 +27,8 @@ fn main() {
     let opts = BenchOptions {
         device: std::env::var("SYNCMEM_BENCH_DEVICE").unwrap_or_else(|_| "opencl:0".into()),
         quick: std::env::var_os("SYNCMEM_BENCH_QUICK").is_some(),
+        // No allocation counter here: the heap rows are `syncmem bench`'s.
+        heap_allocations: None,
     };
     // `cargo test --benches` runs this with `--test`: skip the table there.
     if !std::env::args().any(|a| a == "--test") {

@@ -56,6 +56,10 @@ impl fmt::Display for BenchReport {
             train_memory::write_table(f, &self.train_memory)?;
             writeln!(f)?;
         }
+        if !self.heap.is_empty() {
+            crate::heap::write_table(f, &self.heap)?;
+            writeln!(f)?;
+        }
         if let Some(m) = &self.multi_device {
             writeln!(
                 f,

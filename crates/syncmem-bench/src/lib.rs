@@ -12,6 +12,7 @@
 pub mod compute;
 mod display;
 pub mod floor;
+pub mod heap;
 pub mod multi;
 mod peak;
 pub mod raw;
@@ -42,6 +43,9 @@ pub struct BenchOptions {
     pub device: String,
     /// Fewer runs per row (a few seconds in all).
     pub quick: bool,
+    /// The process's heap allocations so far, for the heap rows (`None`: skipped with a note).
+    /// The `syncmem` binary passes the counter of its global allocator.
+    pub heap_allocations: Option<fn() -> u64>,
 }
 
 impl Default for BenchOptions {
@@ -49,6 +53,7 @@ impl Default for BenchOptions {
         Self {
             device: "opencl:0".into(),
             quick: false,
+            heap_allocations: None,
         }
     }
 }
@@ -122,6 +127,8 @@ pub struct BenchReport {
     pub multi_device: Option<multi::MultiTrainRow>,
     /// FMA peak, GEMM throughput, train epoch times, trivial kernel.
     pub compute: compute::ComputeReport,
+    /// Heap allocations per steady train step, on `cpu` and on the bench device.
+    pub heap: Vec<heap::HeapRow>,
 }
 
 impl BenchReport {
@@ -143,7 +150,7 @@ pub fn step_count() -> usize {
     STEPS.len() + compute::STEPS.len()
 }
 
-const STEPS: [&str; 27] = [
+const STEPS: [&str; 28] = [
     "host pool 4 KiB",
     "host pool 4 KiB vs malloc",
     "host pool 1 MiB",
@@ -168,6 +175,7 @@ const STEPS: [&str; 27] = [
     "device to device 64 MiB",
     "train on two devices",
     "train step vs raw",
+    "heap allocations per train step",
     "trace replay train h64",
     "trace replay train h256",
     "trace replay train h1024",
@@ -175,13 +183,15 @@ const STEPS: [&str; 27] = [
 
 /// The notes printed under the table: what the baselines are.
 const BASELINES: [&str; 14] = [
-    "host pool rows: a private caching HostPool against the system allocator at the pool's \
-     alignment (64 B); `vs malloc` at the system's own (16 B), which the pool does not offer",
+    "host pool rows: a private caching HostPool against the system allocator (called directly, \
+     not through a counting global allocator) at the pool's alignment (64 B); `vs malloc` at \
+     the system's own (16 B), which the pool does not offer",
     "host pool 64 MiB: neither side touches the memory; `touched` writes every page on both \
      sides (the system's fresh pages fault, the pool's cached ones do not)",
     "pool rows with threads: 4 KiB allocate + free from 1, 2 and 8 threads started together, \
-     one pool for all (the device pool: a stream per thread), against the system allocator \
-     from as many threads; wall time per operation; goal at 8 threads: ratio >= 1.0",
+     one pool for all (sharded: a shard per core; the device pool: a stream per thread), \
+     against the system allocator from as many threads; wall time per operation; goal at 8 \
+     threads: ratio >= 1.0",
     "device pool rows: the pool against the raw backend call and against Device::alloc (the same \
      call plus the memory cap and statistics)",
     "synced round trips: the same host memory on both sides (the host allocator's pageable \
@@ -266,7 +276,7 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
     // Calls per thread of a sample of the rows with threads.
     let threaded = Runs {
         samples,
-        batch: if opts.quick { 2_000 } else { 20_000 },
+        batch: if opts.quick { 20_000 } else { 100_000 },
     };
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
@@ -463,6 +473,28 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
     if device_miss {
         notes.push(DEVICE_VIEW_NOTE.to_string());
     }
+    p.next();
+    let mut heap = Vec::new();
+    match opts.heap_allocations {
+        Some(count) => {
+            let mut devices = vec![Device::cpu()];
+            if let Ok(d) = &dev {
+                if d.backend() != syncmem::BackendKind::Cpu {
+                    devices.push(d.clone());
+                }
+            }
+            for d in devices {
+                match heap::heap_row(&d, count) {
+                    Ok(r) => heap.push(r),
+                    Err(e) => skipped.push(format!("heap row on {}: {e}", d.label())),
+                }
+            }
+        }
+        None => skipped.push(
+            "heap allocation rows: no allocation counter (the syncmem binary counts them)"
+                .to_string(),
+        ),
+    }
     let mut step = p.step;
     let compute = compute::run(dev.as_ref().ok(), &opts.device, opts.quick, &mut |name| {
         (p.progress)(step, name);
@@ -478,6 +510,7 @@ pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result
         train_memory,
         multi_device,
         compute,
+        heap,
     })
 }
 
@@ -491,6 +524,7 @@ mod tests {
         let opts = BenchOptions {
             device: "bogus".into(),
             quick: true,
+            heap_allocations: None,
         };
         let mut steps = 0;
         let r = run(&opts, &mut |_, _| steps += 1);

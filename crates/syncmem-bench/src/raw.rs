@@ -6,7 +6,7 @@
 //!   context;
 //! - `cuda:N`: `cuMemAlloc` + `cuMemFree` with the device's context current.
 
-use std::alloc::Layout;
+use std::alloc::{GlobalAlloc, Layout, System};
 
 use syncmem::{BackendKind, Device, Error, OomReport, Result, Stream};
 
@@ -58,11 +58,11 @@ pub fn raw_cycle(dev: &Device, stream: &Stream, bytes: usize) -> Result<RawCycle
                 run: Box::new(move || {
                     // SAFETY: non-zero size; freed at once with the same layout.
                     unsafe {
-                        let p = std::alloc::alloc_zeroed(layout);
+                        let p = System.alloc_zeroed(layout);
                         if p.is_null() {
                             return Err(OomReport::new(label.clone(), bytes, "").into());
                         }
-                        std::alloc::dealloc(std::hint::black_box(p), layout);
+                        System.dealloc(std::hint::black_box(p), layout);
                     }
                     Ok(())
                 }),

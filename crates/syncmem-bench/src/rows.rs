@@ -1,7 +1,7 @@
 //! The timed comparisons: each times an operation of syncmem and its plain equivalent in
 //! alternating samples of a batch of calls, and reports medians per call.
 
-use std::alloc::Layout;
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -100,14 +100,14 @@ pub fn host_pool_row(
         || {
             // SAFETY: non-zero size; freed at once with the same layout.
             unsafe {
-                let p = std::alloc::alloc(black_box(layout));
+                let p = System.alloc(black_box(layout));
                 if p.is_null() {
                     return Err(host_oom(bytes));
                 }
                 if touch {
                     touch_pages(p, bytes);
                 }
-                std::alloc::dealloc(black_box(p), layout);
+                System.dealloc(black_box(p), layout);
             }
             Ok(())
         },

@@ -4,7 +4,7 @@
 //! the row reports wall time per operation (the sample's time divided by all the operations of
 //! all its threads), so perfect scaling halves it when the threads double on free cores.
 
-use std::alloc::Layout;
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -85,11 +85,11 @@ fn system_alloc() -> Result<()> {
     })?;
     // SAFETY: non-zero size; freed at once with the same layout.
     unsafe {
-        let p = std::alloc::alloc(black_box(layout));
+        let p = System.alloc(black_box(layout));
         if p.is_null() {
             return Err(OomReport::new("host", BYTES, "system allocator").into());
         }
-        std::alloc::dealloc(black_box(p), layout);
+        System.dealloc(black_box(p), layout);
     }
     Ok(())
 }

@@ -32,6 +32,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let opts = BenchOptions {
         device: args.device.to_string(),
         quick: args.quick,
+        heap_allocations: Some(crate::heap::allocations),
     };
     let bar = if args.json || !std::io::stderr().is_terminal() {
         ProgressBar::hidden()
