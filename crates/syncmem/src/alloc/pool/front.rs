@@ -28,6 +28,11 @@ struct StreamLists {
     lists: Vec<Vec<BlockId>>,
 }
 
+/// Lists of classes above the largest in use that a stream's table of lists has room for.
+const SLACK: usize = 8;
+/// The capacity of a new list, in blocks (128 bytes).
+const MIN_LIST: usize = 16;
+
 /// How many large blocks (above the size-class limit) the large list holds.
 pub(crate) const LARGE_SLOTS: usize = 4;
 
@@ -95,9 +100,17 @@ impl Front {
         };
         let lists = &mut self.streams[pos].lists;
         if lists.len() <= class {
+            // Room past the last list: its header (written by every push and pop) is not at
+            // the end of the allocation, next to memory another shard may write.
+            lists.reserve(class + 1 + SLACK - lists.len());
             lists.resize_with(class + 1, Vec::new);
         }
-        lists[class].push(id);
+        let list = &mut lists[class];
+        if list.capacity() == 0 {
+            // A cache line and more of its own, not a few bytes beside another shard's list.
+            list.reserve_exact(MIN_LIST);
+        }
+        list.push(id);
     }
 
     /// Takes the large block of exactly `size` bytes most recently freed for `stream`.
