@@ -4,6 +4,8 @@
 //! events, kernels) a backend that runs everywhere.
 
 mod device;
+#[cfg(target_arch = "x86_64")]
+mod gemm;
 pub(crate) mod host;
 pub(crate) mod kernels;
 pub mod math;

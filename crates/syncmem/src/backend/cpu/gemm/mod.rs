@@ -1,0 +1,645 @@
+//! The `cpu` backend's own f32 GEMM for x86-64 CPUs with AVX-512F: W, the large operand of an
+//! FC layer, is never copied whole; no heap allocation in a steady state; threads that stay up.
+//!
+//! `C = op(A)·op(B) + beta·C` (row-major):
+//!
+//! - `nn` (an FC layer's `dX = dY·W`) and `tn` (its `dW = dYᵀ·X`): a register-blocked
+//!   micro-kernel computes a [`MR`] x [`NR`] tile of C from `MR` broadcast values of op(A) and
+//!   two 16-float vectors of a row of op(B) per step of the reduction (24 accumulators). An
+//!   operand whose values a tile reads far apart is copied a block at a time into small
+//!   contiguous panels of the thread (rows of W 4 KiB apart at width 1024 map to a few cache
+//!   sets): 32 columns of W's rows for a column tile, 12 columns of dYᵀ for a row tile.
+//! - `nt` (the forward product `Y = X·Wᵀ`): both operands run along the reduction, so tiles of
+//!   4 rows of X and 4 rows of W sum 16 vectors of 16 products each and add each vector up at
+//!   the end. Nothing is copied; each thread reads its part of W once per block of 64 rows of X.
+//!   Short reductions (fewer than [`NT_DOT_MIN_K`] steps: the first layer's 2 inputs) run as
+//!   tiles instead, with W (short rows) copied transposed.
+//! - A product with fewer columns than a tile and more rows, whose op(A) has contiguous
+//!   columns (the first layer's `dW`, 1024 x 2), runs as its transpose, so that its long side
+//!   fills the vectors.
+//! - `tt` is left to `matrixmultiply` (no operator of this crate runs it), as is every product
+//!   on a CPU without AVX-512F (`matrixmultiply` packs its operands into buffers it allocates
+//!   on every call), or when `SYNCMEM_CPU_GEMM=matrixmultiply`.
+//!
+//! The reduction runs in blocks of [`KC`]; each element of C is summed in one fixed order
+//! whatever the threads do, so results repeat bit for bit. A product of more than
+//! [`THREADED_FLOPS`] splits between the threads of a [`ThreadTree`] made once (the machine's
+//! cores, at most 4; the calling thread is one of them); smaller ones run on the calling
+//! thread. The panels are buffers of each thread, kept between calls.
+//!
+//! Measured on a 2-core AMD EPYC VM with AVX-512 at the shapes of `syncmem train --hidden 1024`
+//! (`FC` + `FCGradient` at batch 64, `syncmem bench`'s GEMM rows), against `matrixmultiply`
+//! (with its AVX-512 kernel and its threads) in the same runs: forward 370-378 GFLOP/s against
+//! 210-219, backward 330-333 against 182-280, both 343-347 against 193-252 (69% of the
+//! measured 2-core FMA peak); at hidden 256, 258-313 against 206-222.
+
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+use thread_tree::{ThreadTree, ThreadTreeCtx};
+
+use nt::run_nt;
+
+mod nt;
+
+/// The reduction is walked in blocks of this many steps (a block of B's rows stays in cache
+/// while every row tile of C uses it).
+const KC: usize = 512;
+/// Products of at least this many flops (`2·m·n·k`) use the thread tree.
+const THREADED_FLOPS: usize = 1 << 22;
+/// Set to `matrixmultiply` to run every product with `matrixmultiply` instead (comparisons).
+pub(crate) const GEMM_ENV: &str = "SYNCMEM_CPU_GEMM";
+
+/// `nt` products with reductions at least this long run as dot products ([`nt`]); shorter
+/// ones as tiles of the transposed product (a dot product of a few vectors spends more on
+/// adding its vector up than on the products).
+const NT_DOT_MIN_K: usize = 128;
+
+thread_local! {
+    /// `Bᵀ` of a short `nt` product, kept between calls.
+    static XT: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Rows of a tile of C: `MR` broadcasts of op(A) per step of the reduction.
+const MR: usize = 12;
+/// Columns of a tile of C: two 16-float vectors of op(B) per step, so a tile is 24 vector
+/// accumulators (with the two B vectors and the broadcast: 27 of the 32 AVX-512 registers).
+const NR: usize = 32;
+
+/// Whether this CPU runs the micro-kernel (AVX-512F), and `SYNCMEM_CPU_GEMM` does not ask for
+/// `matrixmultiply`.
+fn supported() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        let forced = std::env::var_os(GEMM_ENV).is_some_and(|v| v == "matrixmultiply");
+        !forced && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma")
+    })
+}
+
+/// The threads GEMMs share (the calling thread is one of them) and how many there are.
+fn tree() -> &'static (Box<ThreadTree>, usize) {
+    static TREE: OnceLock<(Box<ThreadTree>, usize)> = OnceLock::new();
+    TREE.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let level = match cores {
+            0 | 1 => 0,
+            2 | 3 => 1,
+            _ => 2,
+        };
+        (ThreadTree::new_with_level(level), 1 << level)
+    })
+}
+
+/// One product, as the micro-kernel sees it: `C'(i, j) = sum_l A'(i, l) · B'(l, j)` for
+/// `i < m`, `j < n`, `l < k`, with `A'(i, l) = a[i*rsa + l*csa]`, `B'(l, j) = b[l*rsb + j]` and
+/// `C'(i, j)` at `c[i*rsc + j*csc]`.
+#[derive(Clone, Copy)]
+struct Problem {
+    m: usize,
+    n: usize,
+    k: usize,
+    a: *const f32,
+    rsa: usize,
+    csa: usize,
+    b: *const f32,
+    rsb: usize,
+    c: *mut f32,
+    rsc: usize,
+    csc: usize,
+    beta: f32,
+}
+
+// SAFETY: a `Problem` is only handed to threads that read `a` and `b` (shared, not written
+// during the product) and write disjoint tiles of `c` (see `run`), while the caller's borrows
+// of the three slices outlive the threads' work (the thread tree joins before `gemm` returns).
+unsafe impl Send for Problem {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Problem {}
+
+/// `C[m,n] = op(A)·op(B) + beta·C` with the operands as in `super::math::gemm` (whose checks
+/// have passed: every slice holds exactly its matrix and `m, n, k >= 1`). Returns false when
+/// this GEMM does not run the product (no AVX-512F, or both operands transposed): the caller
+/// runs it another way.
+pub(crate) fn gemm(
+    (ta, tb): (bool, bool),
+    (m, n, k): (usize, usize, usize),
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: &mut [f32],
+) -> bool {
+    if !supported() {
+        return false;
+    }
+    let c_ptr = c.as_mut_ptr();
+    match (ta, tb) {
+        (false, false) | (true, false) => {
+            let (rsa, csa) = if ta { (1, m) } else { (k, 1) };
+            let p = Problem {
+                m,
+                n,
+                k,
+                a: a.as_ptr(),
+                rsa,
+                csa,
+                b: b.as_ptr(),
+                rsb: n,
+                c: c_ptr,
+                rsc: n,
+                csc: 1,
+                beta,
+            };
+            run(&p);
+        }
+        (false, true) if k >= NT_DOT_MIN_K => run_nt(&Problem {
+            m,
+            n,
+            k,
+            a: a.as_ptr(),
+            rsa: k,
+            csa: 1,
+            b: b.as_ptr(),
+            rsb: k,
+            c: c_ptr,
+            rsc: n,
+            csc: 1,
+            beta,
+        }),
+        (false, true) => XT.with(|xt| {
+            // Short reductions: C = A·(Bᵀ) by tiles, with Bᵀ copied into a buffer of the
+            // thread (k·n floats, k short).
+            let mut xt = xt.borrow_mut();
+            let buf = room(&mut xt, k * n);
+            for (j, row) in b.chunks_exact(k).enumerate() {
+                for (l, &v) in row.iter().enumerate() {
+                    // SAFETY: l * n + j < k * n, the buffer's length.
+                    unsafe { *buf.add(l * n + j) = v };
+                }
+            }
+            run(&Problem {
+                m,
+                n,
+                k,
+                a: a.as_ptr(),
+                rsa: k,
+                csa: 1,
+                b: buf.cast_const(),
+                rsb: n,
+                c: c_ptr,
+                rsc: n,
+                csc: 1,
+                beta,
+            });
+        }),
+        (true, true) => return false,
+    }
+    true
+}
+
+/// Runs `p`, on the thread tree when it is large enough: the column tiles (or, with fewer
+/// column tiles than threads, the row tiles) are split into one contiguous range per thread.
+fn run(p: &Problem) {
+    if p.n < NR && p.m >= NR && p.rsa == 1 {
+        // Cᵀ = op(B)ᵀ·op(A)ᵀ: A''(i, l) = B'(l, i), B''(l, j) = A'(j, l) (contiguous in j).
+        return run(&Problem {
+            m: p.n,
+            n: p.m,
+            k: p.k,
+            a: p.b,
+            rsa: 1,
+            csa: p.rsb,
+            b: p.a,
+            rsb: p.csa,
+            c: p.c,
+            rsc: p.csc,
+            csc: p.rsc,
+            beta: p.beta,
+        });
+    }
+    let (tree, threads) = tree();
+    let flops = 2 * p.m * p.n * p.k;
+    if *threads == 1 || flops < THREADED_FLOPS {
+        part(p, (0, p.m), (0, p.n));
+        return;
+    }
+    let (col_tiles, row_tiles) = (p.n.div_ceil(NR), p.m.div_ceil(MR));
+    let by_cols = col_tiles >= row_tiles;
+    let job = |t: usize| {
+        let (tiles, size, len) = if by_cols {
+            (col_tiles, NR, p.n)
+        } else {
+            (row_tiles, MR, p.m)
+        };
+        let lo = (tiles * t / threads * size).min(len);
+        let hi = (tiles * (t + 1) / threads * size).min(len);
+        let (rows, cols) = if by_cols {
+            ((0, p.m), (lo, hi))
+        } else {
+            ((lo, hi), (0, p.n))
+        };
+        if rows.0 < rows.1 && cols.0 < cols.1 {
+            part(p, rows, cols);
+        }
+    };
+    split(tree.top(), 0, *threads, &job);
+}
+
+/// Runs `job(t)` for `t` in `first..first + count` on the threads below `ctx`.
+fn split(ctx: ThreadTreeCtx<'_>, first: usize, count: usize, job: &(dyn Fn(usize) + Sync)) {
+    if count == 1 {
+        job(first);
+        return;
+    }
+    let half = count / 2;
+    ctx.join(
+        |c| split(c, first, half, job),
+        |c| split(c, first + half, count - half, job),
+    );
+}
+
+/// What one tile reads and writes: `A'(r, l)` at `a[r*rsa + l*csa]` and `B'(l, q)` at
+/// `b[l*rsb + q]` for the tile's rows `r`, columns `q` and the `kc` steps `l` of its block of
+/// the reduction; `C'(r, q)` at `c[r*rsc + q*csc]`; `first`: the block is the first (which
+/// applies `beta`; later blocks add to C).
+#[derive(Clone, Copy)]
+struct Tile {
+    a: *const f32,
+    rsa: usize,
+    csa: usize,
+    b: *const f32,
+    rsb: usize,
+    kc: usize,
+    c: *mut f32,
+    rsc: usize,
+    csc: usize,
+    beta: f32,
+    first: bool,
+}
+
+thread_local! {
+    /// The packed panels of one thread: `[op(A) row panels, op(B) column panel]`.
+    static PANELS: RefCell<[Vec<f32>; 2]> = const { RefCell::new([Vec::new(), Vec::new()]) };
+}
+
+/// Grows `v` to at least `len` elements (a heap allocation only when it grows).
+fn room(v: &mut Vec<f32>, len: usize) -> *mut f32 {
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+    v.as_mut_ptr()
+}
+
+/// Computes the tiles of `p` in rows `rows.0..rows.1` and columns `cols.0..cols.1`, block of
+/// the reduction by block. The longer side is walked outside: with more rows than columns each
+/// row tile meets every column tile while its rows of op(A) are in cache (the forward product,
+/// `W·Xᵀ`, reads W once), else the other way round. An operand whose values a tile reads far
+/// apart is first copied into contiguous panels: op(A) when its columns are strided (`tn`: a
+/// column of dYᵀ is a row of dY, 4 KiB apart at width 1024, which every cache level maps to a
+/// few sets), op(B) when its rows are (rows of W): the operand of the inner loop all at once
+/// for the block, the outer one a tile at a time.
+fn part(p: &Problem, rows: (usize, usize), cols: (usize, usize)) {
+    PANELS.with(|panels| {
+        let mut panels = panels.borrow_mut();
+        let [apanels, bpanels] = &mut *panels;
+        let outer_rows = rows.1 - rows.0 >= cols.1 - cols.0;
+        let row_tiles = (rows.1 - rows.0).div_ceil(MR);
+        let col_tiles = (cols.1 - cols.0).div_ceil(NR);
+        let (pack_a, pack_b) = (p.csa != 1 || p.rsa >= 256, p.rsb >= 256);
+        let mut l0 = 0;
+        while l0 < p.k {
+            let kc = KC.min(p.k - l0);
+            let a_tiles = if outer_rows { 1 } else { row_tiles };
+            let b_tiles = if outer_rows { col_tiles } else { 1 };
+            let b = Block {
+                p,
+                l0,
+                kc,
+                abuf: if pack_a {
+                    room(apanels, a_tiles * MR * kc)
+                } else {
+                    std::ptr::null_mut()
+                },
+                bbuf: if pack_b {
+                    room(bpanels, b_tiles * kc * NR)
+                } else {
+                    std::ptr::null_mut()
+                },
+            };
+            let tile_rows = |ti: usize| (rows.0 + ti * MR, MR.min(rows.1 - rows.0 - ti * MR));
+            let tile_cols = |tj: usize| (cols.0 + tj * NR, NR.min(cols.1 - cols.0 - tj * NR));
+            // SAFETY: the panels were sized above for what each call packs
+            // (`a_tiles` row tiles, `b_tiles` column tiles); the tiles lie inside `p`'s
+            // matrices (`gemm`'s caller checked the slices); this thread alone writes the
+            // tiles of its part; `supported()` found AVX-512F.
+            unsafe {
+                if outer_rows {
+                    if pack_b {
+                        for tj in 0..col_tiles {
+                            b.pack_cols(tile_cols(tj), tj);
+                        }
+                    }
+                    for ti in 0..row_tiles {
+                        let (i, mm) = tile_rows(ti);
+                        if pack_a {
+                            b.pack_rows((i, mm), 0);
+                        }
+                        let a = b.rows(i, mm, pack_a.then_some(0));
+                        for tj in 0..col_tiles {
+                            let (j, nn) = tile_cols(tj);
+                            b.tile(a, b.cols(j, nn, (pack_b && nn == NR).then_some(tj)));
+                        }
+                    }
+                } else {
+                    if pack_a {
+                        for ti in 0..row_tiles {
+                            b.pack_rows(tile_rows(ti), ti);
+                        }
+                    }
+                    for tj in 0..col_tiles {
+                        let (j, nn) = tile_cols(tj);
+                        let packed = pack_b && nn == NR;
+                        if packed {
+                            b.pack_cols((j, nn), 0);
+                        }
+                        let c = b.cols(j, nn, packed.then_some(0));
+                        for ti in 0..row_tiles {
+                            let (i, mm) = tile_rows(ti);
+                            b.tile(b.rows(i, mm, pack_a.then_some(ti)), c);
+                        }
+                    }
+                }
+            }
+            l0 += kc;
+        }
+    });
+}
+
+/// A row tile's operand: its first row, its rows, and where its values are (`A'(r, l)` at
+/// `a[r*rsa + l*csa]`, from the block's first step).
+#[derive(Clone, Copy)]
+struct Rows {
+    i: usize,
+    mm: usize,
+    a: *const f32,
+    rsa: usize,
+    csa: usize,
+}
+
+/// A column tile's operand: its first column, its columns, and where its values are
+/// (`B'(l, q)` at `b[l*rsb + q]`, from the block's first step).
+#[derive(Clone, Copy)]
+struct Cols {
+    j: usize,
+    nn: usize,
+    b: *const f32,
+    rsb: usize,
+}
+
+/// One block of the reduction of a product (`kc` steps from `l0`), with the panels of its
+/// packed operands.
+struct Block<'a> {
+    p: &'a Problem,
+    l0: usize,
+    kc: usize,
+    abuf: *mut f32,
+    bbuf: *mut f32,
+}
+
+impl Block<'_> {
+    /// Packs the `mm` rows from row `i` into A panel `t`: `A'(i + r, l0 + l)` at
+    /// `t*MR*kc + l*MR + r`, zeros past the last row.
+    ///
+    /// # Safety
+    /// The rows lie inside A'; the A panels hold at least `t + 1` panels of `MR * kc` floats.
+    unsafe fn pack_rows(&self, (i, mm): (usize, usize), t: usize) {
+        let p = self.p;
+        // SAFETY: the caller's promise.
+        unsafe {
+            let panel = self.abuf.add(t * MR * self.kc);
+            for l in 0..self.kc {
+                let src = p.a.add(i * p.rsa + (self.l0 + l) * p.csa);
+                let dst = panel.add(l * MR);
+                for r in 0..MR {
+                    *dst.add(r) = if r < mm { *src.add(r * p.rsa) } else { 0.0 };
+                }
+            }
+        }
+    }
+
+    /// Packs the [`NR`] columns from column `j` into B panel `t`: `B'(l0 + l, j + q)` at
+    /// `t*kc*NR + l*NR + q`.
+    ///
+    /// # Safety
+    /// The columns lie inside B'; the B panels hold at least `t + 1` panels of `kc * NR`
+    /// floats.
+    unsafe fn pack_cols(&self, (j, nn): (usize, usize), t: usize) {
+        if nn < NR {
+            return;
+        }
+        let p = self.p;
+        for l in 0..self.kc {
+            // SAFETY: the caller's promise.
+            unsafe {
+                let src = p.b.add((self.l0 + l) * p.rsb + j);
+                let dst = self.bbuf.add(t * self.kc * NR + l * NR);
+                std::ptr::copy_nonoverlapping(src, dst, NR);
+            }
+        }
+    }
+
+    /// The row tile of `mm` rows from row `i`: in A panel `panel`, or in A' itself.
+    ///
+    /// # Safety
+    /// The rows lie inside A'; a panel named was packed.
+    unsafe fn rows(&self, i: usize, mm: usize, panel: Option<usize>) -> Rows {
+        let p = self.p;
+        // SAFETY: the caller's promise.
+        unsafe {
+            match panel {
+                Some(t) => Rows {
+                    i,
+                    mm,
+                    a: self.abuf.add(t * MR * self.kc),
+                    rsa: 1,
+                    csa: MR,
+                },
+                None => Rows {
+                    i,
+                    mm,
+                    a: p.a.add(i * p.rsa + self.l0 * p.csa),
+                    rsa: p.rsa,
+                    csa: p.csa,
+                },
+            }
+        }
+    }
+
+    /// The column tile of `nn` columns from column `j`: in B panel `panel`, or in B' itself.
+    ///
+    /// # Safety
+    /// The columns lie inside B'; a panel named was packed.
+    unsafe fn cols(&self, j: usize, nn: usize, panel: Option<usize>) -> Cols {
+        let p = self.p;
+        // SAFETY: the caller's promise.
+        unsafe {
+            match panel {
+                Some(t) => Cols {
+                    j,
+                    nn,
+                    b: self.bbuf.add(t * self.kc * NR),
+                    rsb: NR,
+                },
+                None => Cols {
+                    j,
+                    nn,
+                    b: p.b.add(self.l0 * p.rsb + j),
+                    rsb: p.rsb,
+                },
+            }
+        }
+    }
+
+    /// Computes the tile of rows `a` and columns `b` over this block.
+    ///
+    /// # Safety
+    /// The tile lies inside C'; this thread alone writes it; the CPU has AVX-512F.
+    unsafe fn tile(&self, a: Rows, b: Cols) {
+        let p = self.p;
+        let t = Tile {
+            a: a.a,
+            rsa: a.rsa,
+            csa: a.csa,
+            b: b.b,
+            rsb: b.rsb,
+            kc: self.kc,
+            // SAFETY: (i, j) is inside C'.
+            c: unsafe { p.c.add(a.i * p.rsc + b.j * p.csc) },
+            rsc: p.rsc,
+            csc: p.csc,
+            beta: p.beta,
+            first: self.l0 == 0,
+        };
+        // SAFETY: the caller's promise.
+        unsafe {
+            match (b.nn == NR, a.mm) {
+                (true, 12) => tile::<12>(t),
+                (true, 11) => tile::<11>(t),
+                (true, 10) => tile::<10>(t),
+                (true, 9) => tile::<9>(t),
+                (true, 8) => tile::<8>(t),
+                (true, 7) => tile::<7>(t),
+                (true, 6) => tile::<6>(t),
+                (true, 5) => tile::<5>(t),
+                (true, 4) => tile::<4>(t),
+                (true, 3) => tile::<3>(t),
+                (true, 2) => tile::<2>(t),
+                (true, _) => tile::<1>(t),
+                (false, _) => edge(t, (a.mm, b.nn)),
+            }
+        }
+    }
+}
+
+/// An `R x NR` tile (`R <= MR` rows): `R` broadcasts of op(A) and two vectors of op(B) per
+/// step of the reduction, `2·R` fused multiply-adds into registers.
+///
+/// # Safety
+/// The tile lies inside its matrices; no other thread writes it; the CPU has AVX-512F.
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn tile<const R: usize>(t: Tile) {
+    use std::arch::x86_64::{
+        __m512, _mm512_add_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps,
+        _mm512_storeu_ps,
+    };
+    let mut acc: [[__m512; 2]; R] = [[_mm512_setzero_ps(); 2]; R];
+    for l in 0..t.kc {
+        // SAFETY: step l of the tile's rows and columns is inside A' and B'.
+        unsafe {
+            let bp = t.b.add(l * t.rsb);
+            let (b0, b1) = (_mm512_loadu_ps(bp), _mm512_loadu_ps(bp.add(16)));
+            let ap = t.a.add(l * t.csa);
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let a = _mm512_set1_ps(*ap.add(r * t.rsa));
+                acc_r[0] = _mm512_fmadd_ps(a, b0, acc_r[0]);
+                acc_r[1] = _mm512_fmadd_ps(a, b1, acc_r[1]);
+            }
+        }
+    }
+    if t.csc == 1 {
+        // Rows of C' are rows of C: two vector stores per row.
+        let beta = _mm512_set1_ps(t.beta);
+        for (r, acc_r) in acc.iter().enumerate() {
+            // SAFETY: row r of the tile holds NR contiguous floats of C (csc == 1).
+            unsafe {
+                let cp = t.c.add(r * t.rsc);
+                for (h, &v) in acc_r.iter().enumerate() {
+                    let at = cp.add(16 * h);
+                    let v = match (t.first, t.beta == 0.0) {
+                        (true, true) => v,
+                        (true, false) => _mm512_fmadd_ps(beta, _mm512_loadu_ps(at), v),
+                        (false, _) => _mm512_add_ps(_mm512_loadu_ps(at), v),
+                    };
+                    _mm512_storeu_ps(at, v);
+                }
+            }
+        }
+    } else {
+        // C' is Cᵀ: element by element (once per block of the reduction).
+        let mut out = [[0f32; NR]; R];
+        for (o, acc_r) in out.iter_mut().zip(&acc) {
+            // SAFETY: `o` holds 32 floats, two vectors.
+            unsafe {
+                _mm512_storeu_ps(o.as_mut_ptr(), acc_r[0]);
+                _mm512_storeu_ps(o.as_mut_ptr().add(16), acc_r[1]);
+            }
+        }
+        for (r, o) in out.iter().enumerate() {
+            for (q, &v) in o.iter().enumerate() {
+                // SAFETY: (r, q) is inside the tile.
+                unsafe {
+                    let cp = t.c.add(r * t.rsc + q * t.csc);
+                    *cp = store(*cp, v, t.beta, t.first);
+                }
+            }
+        }
+    }
+}
+
+/// The value of an element of C after a block: the block's sum `v` added to the old value
+/// `old`, which the first block scales by `beta` (not read when `beta` is 0, as BLAS does).
+#[inline(always)]
+fn store(old: f32, v: f32, beta: f32, first: bool) -> f32 {
+    match (first, beta == 0.0) {
+        (true, true) => v,
+        (true, false) => beta * old + v,
+        (false, _) => old + v,
+    }
+}
+
+/// The `mm x nn` part of a tile at the right edge of C (fewer than [`NR`] columns), element
+/// by element, each sum in the same order as the tiles'.
+///
+/// # Safety
+/// The part lies inside its matrices; no other thread writes it; the CPU has AVX-512F.
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn edge(t: Tile, (mm, nn): (usize, usize)) {
+    for r in 0..mm {
+        for q in 0..nn {
+            let mut s = 0f32;
+            for l in 0..t.kc {
+                // SAFETY: row r, column q and step l are inside the part.
+                let (av, bv) =
+                    unsafe { (*t.a.add(r * t.rsa + l * t.csa), *t.b.add(l * t.rsb + q)) };
+                s = av.mul_add(bv, s);
+            }
+            // SAFETY: (r, q) is inside the part, written by this thread alone.
+            unsafe {
+                let cp = t.c.add(r * t.rsc + q * t.csc);
+                *cp = store(*cp, s, t.beta, t.first);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

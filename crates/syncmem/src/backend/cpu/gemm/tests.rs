@@ -1,0 +1,104 @@
+//! The GEMM against an f64 reference on every path.
+use super::*;
+
+/// `op(A)·op(B)` in f64, row-major.
+fn reference(
+    (ta, tb): (bool, bool),
+    (m, n, k): (usize, usize, usize),
+    a: &[f32],
+    b: &[f32],
+) -> Vec<f64> {
+    let mut c = vec![0f64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            c[i * n + j] = (0..k)
+                .map(|l| {
+                    let x = if ta { a[l * m + i] } else { a[i * k + l] };
+                    let y = if tb { b[j * k + l] } else { b[l * n + j] };
+                    f64::from(x) * f64::from(y)
+                })
+                .sum();
+        }
+    }
+    c
+}
+
+/// Every path against an f64 reference: tiles and the edges of both sides, reductions over
+/// several blocks, packed and unpacked operands, one thread and the thread tree, `nt` as dot
+/// products (long reductions, masked tails) and as tiles (short ones), narrow products run
+/// transposed, and the three ways of `beta` (0 reads nothing of C: it starts as NaN).
+#[test]
+fn every_path_matches_the_reference() {
+    if !supported() {
+        eprintln!("skipped: this CPU has no AVX-512F (the products run on matrixmultiply)");
+        return;
+    }
+    for (m, n, k) in [
+        (64, 96, 64),
+        (70, 100, 600),
+        (13, 530, 300),
+        (300, 40, 37),
+        (3, 2, 1100),
+        (600, 3, 64),
+        (70, 300, 5),
+        (1, 1, 1),
+    ] {
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0)
+            .collect();
+        let b: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 64.0)
+            .collect();
+        for (ta, tb) in [(false, false), (true, false), (false, true)] {
+            let want = reference((ta, tb), (m, n, k), &a, &b);
+            for beta in [0.0f32, 1.0, 0.5] {
+                let start = |i: usize| if beta == 0.0 { f32::NAN } else { i as f32 };
+                let mut c: Vec<f32> = (0..m * n).map(start).collect();
+                assert!(gemm((ta, tb), (m, n, k), &a, &b, beta, &mut c));
+                for (i, (&x, &y)) in c.iter().zip(&want).enumerate() {
+                    let old = if beta == 0.0 {
+                        0.0
+                    } else {
+                        f64::from(start(i))
+                    };
+                    let y = y + f64::from(beta) * old;
+                    let tol = 1e-4 * (1.0 + y.abs()) * (k as f64).sqrt();
+                    assert!(
+                        (f64::from(x) - y).abs() <= tol,
+                        "{m}x{n}x{k} ta {ta} tb {tb} beta {beta}: C[{i}] = {x}, want {y}"
+                    );
+                }
+            }
+        }
+        let mut c = vec![0f32; m * n];
+        assert!(
+            !gemm((true, true), (m, n, k), &a, &b, 0.0, &mut c),
+            "tt is not ours"
+        );
+    }
+}
+
+/// The same product twice gives the same bits (each element summed in one order, whatever
+/// the threads do).
+#[test]
+fn results_repeat_bit_for_bit() {
+    if !supported() {
+        eprintln!("skipped: this CPU has no AVX-512F");
+        return;
+    }
+    for (t, (m, n, k)) in [
+        ((false, false), (64, 512, 600)),
+        ((true, false), (512, 512, 64)),
+        ((false, true), (64, 512, 600)),
+    ] {
+        let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
+        let (mut c1, mut c2) = (vec![0f32; m * n], vec![0f32; m * n]);
+        assert!(gemm(t, (m, n, k), &a, &b, 0.0, &mut c1));
+        assert!(gemm(t, (m, n, k), &a, &b, 0.0, &mut c2));
+        assert!(
+            c1.iter().zip(&c2).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{t:?}"
+        );
+    }
+}
