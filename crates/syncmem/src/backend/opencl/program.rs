@@ -25,23 +25,28 @@
 //! work-item go to memory and back at each K step; and the zero padding of a tile costs full
 //! work for the skinny shapes of a small MLP (`k = 2` inputs, `n = 3` classes, 64-row batches).
 //! CPU devices therefore run `sm_gemm_rb_{nn,tn,nt,tt}` (one kernel per transpose pair, so the
-//! layout branches fold at compile time): each work-item computes 8 rows x 16 columns of C over
-//! the whole K in `float16` registers, with no local memory and no barrier, and blocks at the
+//! layout branches fold at compile time): each work-item computes 8 rows x 32 columns of C over
+//! the whole K in 16 `float16` registers, with no local memory and no barrier, and blocks at the
 //! edges of C load only what exists. Measured on PoCL (2 cores, AVX-512) at the shapes of
 //! `syncmem train --hidden 1024` (batch 64): about 4-7x the tiled kernel's GFLOP/s, and on the
 //! skinny shapes (`n = 3`, `k = 2`, `m = 3`) 3-10x. GPUs keep the tiled kernel, whose local
 //! memory is real.
 //!
-//! With op(B) transposed (the forward product of an FC layer, `X·Wᵀ`), a row of op(B) is 16
-//! loads `K` floats apart: a gather for every 8 FMAs, which held the forward GEMM of
+//! With op(B) transposed (the forward product of an FC layer, `X·Wᵀ`), a row of op(B) is a
+//! load per column, `K` floats apart: a gather for every 8 FMAs (16 columns per work-item then), which held the forward GEMM of
 //! `--hidden 1024` to ~47 GFLOP/s against ~200 for the backward ones. CPU devices run
 //! `sm_gemm_rbl_{nt,tt}` for those instead ([`GemmKernel::Staged`]): the 8 work-items of a
-//! work-group share a 16-column block of C (8 blocks of 8 rows: a 64-row batch), copy its 16
+//! work-group share a 32-column block of C (8 blocks of 8 rows: a 64-row batch), copy its 32
 //! rows of B into local memory k-major, 128 values of k at a time (each work-item reads whole
 //! rows, contiguous), and accumulate from there as `sm_gemm_rb` does, in the same order (the
 //! same results bit for bit). The barriers store the accumulators once per 128 values of k.
 //! Measured on PoCL (2 cores, AVX-512): the forward GEMM at hidden 1024 from 47 to 180-246
 //! GFLOP/s, at hidden 256 from 134 to 145-193.
+//!
+//! Both kernels first computed 16 columns per work-item: per k, one `float16` of op(B) and 8
+//! broadcasts for 8 FMAs, more loads than FMAs. With 32 columns (two `float16`, 16 FMAs for 10
+//! loads) FC + FCGradient at hidden 1024 went from 189-199 to 263-278 GFLOP/s (the backward
+//! products from 175-188 to 280-288), 36-40% to 52-54% of the 2-core FMA peak.
 
 use std::mem::ManuallyDrop;
 
@@ -99,10 +104,10 @@ pub(super) fn tile_candidates(max_wg: usize, local_mem: u64) -> Vec<Tiles> {
 /// Work-items per work-group of the register-blocked GEMM (along columns; one row of blocks).
 pub(super) const RB_LOCAL: [usize; 2] = [8, 1];
 /// Work-items per work-group of the register-blocked GEMM with B staged in local memory (along
-/// rows: they share one block of 16 columns; `SM_RBL_R` in the kernel source).
+/// rows: they share one block of 32 columns; `SM_RBL_R` in the kernel source).
 pub(super) const RBL_LOCAL: [usize; 2] = [1, 8];
 /// Rows and columns of C one work-item of the register-blocked GEMM computes.
-pub(super) const RB_BLOCK: (usize, usize) = (8, 16);
+pub(super) const RB_BLOCK: (usize, usize) = (8, 32);
 
 /// The GEMM kernels of the operator program (see the module docs); every device builds all
 /// three, and any of them computes any GEMM.
@@ -192,7 +197,7 @@ pub(super) fn rb_global(m: usize, n: usize) -> [usize; 2] {
 }
 
 /// The global size `[columns, rows]` of a register-blocked GEMM of `m x n` with B staged in
-/// local memory: one work-group per 16 columns of C, [`RBL_LOCAL`] blocks of rows each.
+/// local memory: one work-group per 32 columns of C, [`RBL_LOCAL`] blocks of rows each.
 pub(super) fn rbl_global(m: usize, n: usize) -> [usize; 2] {
     let (rows, cols) = RB_BLOCK;
     [
@@ -437,7 +442,7 @@ mod tests {
             // Less than one work-group of padding in each direction.
             assert!((g[0] - RB_LOCAL[0]) * RB_BLOCK.1 < n, "{m} x {n}: {g:?}");
             assert!((g[1] - RB_LOCAL[1]) * RB_BLOCK.0 < m, "{m} x {n}: {g:?}");
-            // Staged: one work-group per 16 columns, whole work-groups of row blocks.
+            // Staged: one work-group per 32 columns, whole work-groups of row blocks.
             let g = rbl_global(m, n);
             assert_eq!(g[0], n.div_ceil(RB_BLOCK.1), "{m} x {n}: {g:?}");
             assert_eq!(g[1] % RBL_LOCAL[1], 0);

@@ -139,11 +139,12 @@ void sm_gemm(const uint M, const uint N, const uint K, const uint ta, const uint
 }
 
 /* Register-blocked GEMM for CPU devices (no local memory, no barrier): a work-item computes
- * SM_RB_M rows x 16 columns of C over the whole K, in SM_RB_M float16 accumulators: per k, one
- * row of 16 values of op(B) and one broadcast value of op(A) per row, SM_RB_M FMAs. A CPU
+ * SM_RB_M rows x 32 columns of C over the whole K, in 2 x SM_RB_M float16 accumulators: per k,
+ * one row of 32 values of op(B) (two float16) and one broadcast value of op(A) per row,
+ * 2 x SM_RB_M FMAs (16 columns per work-item made it 8 FMAs for 9 loads). A CPU
  * runtime runs a work-group as a loop over its work-items, so local memory would only be one
  * more copy, and a barrier would spill the accumulators at every K step; without them the
- * accumulators stay in registers. No size is padded: a block at an edge of C (fewer than 16
+ * accumulators stay in registers. No size is padded: a block at an edge of C (fewer than 32
  * columns or SM_RB_M rows, as the 3 classes or 2 features of a small MLP) loads what exists and
  * zeros, K is walked exactly. Work-items past C return at once (the grid is rounded up to the
  * work-group). TA and TB are constants in each kernel below, so every branch on them folds. */
@@ -208,59 +209,67 @@ inline void sm_gemm_rb(const uint M, const uint N, const uint K, const bool TA, 
                        __global const float* A, __global const float* B, __global float* C,
                        __global const float* bias, __global const float* mask,
                        __global float* sum, const uint flags) {
-    const uint n0 = get_global_id(0) * 16;
+    const uint n0 = get_global_id(0) * 32;
     const uint m0 = get_global_id(1) * SM_RB_M;
     if (n0 >= N || m0 >= M) {
         return;
     }
-    const uint nn = min(16u, N - n0);
+    const uint nn = min(32u, N - n0);
     const uint mm = min((uint)SM_RB_M, M - m0);
     if (TA && (flags & SM_SUM) && n0 == 0) {
         sm_rb_col_sum(M, K, m0, mm, A, sum);
     }
-    float16 acc[SM_RB_M];
+    float16 acc0[SM_RB_M], acc1[SM_RB_M];
 #pragma unroll
     for (uint i = 0; i < SM_RB_M; ++i) {
-        acc[i] = 0.0f;
+        acc0[i] = 0.0f;
+        acc1[i] = 0.0f;
     }
-    if (nn == 16 && mm == SM_RB_M) {
+    if (nn == 32 && mm == SM_RB_M) {
         for (uint k = 0; k < K; ++k) {
-            float16 b;
+            float16 b0, b1;
             if (TB) {
-                float t[16];
+                float t[32];
 #pragma unroll
-                for (uint j = 0; j < 16; ++j) {
+                for (uint j = 0; j < 32; ++j) {
                     t[j] = B[(size_t)(n0 + j) * K + k];
                 }
-                b = vload16(0, t);
+                b0 = vload16(0, t);
+                b1 = vload16(1, t);
             } else {
-                b = vload16(0, B + (size_t)k * N + n0);
+                b0 = vload16(0, B + (size_t)k * N + n0);
+                b1 = vload16(0, B + (size_t)k * N + n0 + 16);
             }
 #pragma unroll
             for (uint i = 0; i < SM_RB_M; ++i) {
                 const float a = TA ? A[(size_t)k * M + m0 + i] : A[(size_t)(m0 + i) * K + k];
-                acc[i] = fma((float16)(a), b, acc[i]);
+                acc0[i] = fma((float16)(a), b0, acc0[i]);
+                acc1[i] = fma((float16)(a), b1, acc1[i]);
             }
         }
     } else {
         for (uint k = 0; k < K; ++k) {
-            float t[16];
+            float t[32];
 #pragma unroll
-            for (uint j = 0; j < 16; ++j) {
+            for (uint j = 0; j < 32; ++j) {
                 t[j] = j < nn ? (TB ? B[(size_t)(n0 + j) * K + k] : B[(size_t)k * N + n0 + j])
                               : 0.0f;
             }
-            const float16 b = vload16(0, t);
+            const float16 b0 = vload16(0, t), b1 = vload16(1, t);
 #pragma unroll
             for (uint i = 0; i < SM_RB_M; ++i) {
                 const float a = i < mm
                     ? (TA ? A[(size_t)k * M + m0 + i] : A[(size_t)(m0 + i) * K + k])
                     : 0.0f;
-                acc[i] = fma((float16)(a), b, acc[i]);
+                acc0[i] = fma((float16)(a), b0, acc0[i]);
+                acc1[i] = fma((float16)(a), b1, acc1[i]);
             }
         }
     }
-    sm_rb_store(acc, N, m0, n0, mm, nn, C, bias, mask, flags);
+    sm_rb_store(acc0, N, m0, n0, mm, min(16u, nn), C, bias, mask, flags);
+    if (nn > 16) {
+        sm_rb_store(acc1, N, m0, n0 + 16, mm, nn - 16, C, bias, mask, flags);
+    }
 }
 
 #define SM_GEMM_RB(NAME, TA, TB)                                                              \
@@ -276,12 +285,12 @@ SM_GEMM_RB(sm_gemm_rb_nt, false, true)
 SM_GEMM_RB(sm_gemm_rb_tt, true, true)
 
 /* The register-blocked GEMM with op(B) transposed (B stored n-major: op(B)[k,n] = B[n*K + k]),
- * for CPU devices. sm_gemm_rb reads a row of op(B) as 16 loads K floats apart, a gather per k
- * for 8 FMAs. Here the SM_RBL_R work-items of a work-group share one 16-column block of C
+ * for CPU devices. sm_gemm_rb reads a row of op(B) as 32 loads K floats apart, a gather per k
+ * for 16 FMAs. Here the SM_RBL_R work-items of a work-group share one 32-column block of C
  * (SM_RBL_R blocks of SM_RB_M rows each, the whole 64-row batch of a train step): at each
- * SM_RBL_K step of K they copy the block's 16 rows of B into local memory k-major (each
- * work-item reads whole rows, contiguous in memory), then each accumulates its SM_RB_M x 16
- * block from local memory exactly as sm_gemm_rb does (one vload16 per k, k ascending, one fma
+ * SM_RBL_K step of K they copy the block's 32 rows of B into local memory k-major (each
+ * work-item reads whole rows, contiguous in memory), then each accumulates its SM_RB_M x 32
+ * block from local memory exactly as sm_gemm_rb does (two vload16 per k, k ascending, one fma
  * chain per element: the same results bit for bit). A CPU runtime stores the accumulators at
  * each barrier, once per SM_RBL_K values of k. Work-items past C take part in the copies and
  * the barriers but compute nothing. */
@@ -291,62 +300,68 @@ inline void sm_gemm_rbl(const uint M, const uint N, const uint K, const bool TA,
                         __global const float* A, __global const float* B, __global float* C,
                         __global const float* bias, __global const float* mask,
                         __global float* sum, const uint flags, __local float* Bs) {
-    const uint n0 = get_group_id(0) * 16;
+    const uint n0 = get_group_id(0) * 32;
     const uint r = get_local_id(1);
     const uint m0 = get_global_id(1) * SM_RB_M;
-    const uint nn = min(16u, N - n0);
+    const uint nn = min(32u, N - n0);
     const uint mm = m0 < M ? min((uint)SM_RB_M, M - m0) : 0u;
     if (TA && (flags & SM_SUM) && n0 == 0 && mm > 0) {
         sm_rb_col_sum(M, K, m0, mm, A, sum);
     }
-    float16 acc[SM_RB_M];
+    float16 acc0[SM_RB_M], acc1[SM_RB_M];
 #pragma unroll
     for (uint i = 0; i < SM_RB_M; ++i) {
-        acc[i] = 0.0f;
+        acc0[i] = 0.0f;
+        acc1[i] = 0.0f;
     }
     for (uint k0 = 0; k0 < K; k0 += SM_RBL_K) {
         const uint kk = min((uint)SM_RBL_K, K - k0);
-        /* 16 rows of B, 16 / SM_RBL_R per work-item; zeros past N. */
-        for (uint j = r; j < 16; j += SM_RBL_R) {
+        /* 32 rows of B, 32 / SM_RBL_R per work-item; zeros past N. */
+        for (uint j = r; j < 32; j += SM_RBL_R) {
             if (j < nn) {
                 __global const float* row = B + (size_t)(n0 + j) * K + k0;
                 for (uint k = 0; k < kk; ++k) {
-                    Bs[k * 16 + j] = row[k];
+                    Bs[k * 32 + j] = row[k];
                 }
             } else {
                 for (uint k = 0; k < kk; ++k) {
-                    Bs[k * 16 + j] = 0.0f;
+                    Bs[k * 32 + j] = 0.0f;
                 }
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         if (mm == SM_RB_M) {
             for (uint k = 0; k < kk; ++k) {
-                const float16 b = vload16(k, Bs);
+                const float16 b0 = vload16(2 * k, Bs), b1 = vload16(2 * k + 1, Bs);
 #pragma unroll
                 for (uint i = 0; i < SM_RB_M; ++i) {
                     const uint kg = k0 + k;
                     const float a = TA ? A[(size_t)kg * M + m0 + i] : A[(size_t)(m0 + i) * K + kg];
-                    acc[i] = fma((float16)(a), b, acc[i]);
+                    acc0[i] = fma((float16)(a), b0, acc0[i]);
+                    acc1[i] = fma((float16)(a), b1, acc1[i]);
                 }
             }
         } else if (mm > 0) {
             for (uint k = 0; k < kk; ++k) {
-                const float16 b = vload16(k, Bs);
+                const float16 b0 = vload16(2 * k, Bs), b1 = vload16(2 * k + 1, Bs);
 #pragma unroll
                 for (uint i = 0; i < SM_RB_M; ++i) {
                     const uint kg = k0 + k;
                     const float a = i < mm
                         ? (TA ? A[(size_t)kg * M + m0 + i] : A[(size_t)(m0 + i) * K + kg])
                         : 0.0f;
-                    acc[i] = fma((float16)(a), b, acc[i]);
+                    acc0[i] = fma((float16)(a), b0, acc0[i]);
+                    acc1[i] = fma((float16)(a), b1, acc1[i]);
                 }
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     if (mm > 0) {
-        sm_rb_store(acc, N, m0, n0, mm, nn, C, bias, mask, flags);
+        sm_rb_store(acc0, N, m0, n0, mm, min(16u, nn), C, bias, mask, flags);
+        if (nn > 16) {
+            sm_rb_store(acc1, N, m0, n0 + 16, mm, nn - 16, C, bias, mask, flags);
+        }
     }
 }
 
@@ -356,7 +371,7 @@ void NAME(const uint M, const uint N, const uint K, const uint ta, const uint tb
           __global const float* A, __global const float* B, __global float* C,                \
           __global const float* bias, __global const float* mask, __global float* sum,       \
           const uint flags) {                                                                 \
-    __local float Bs[SM_RBL_K * 16];                                                          \
+    __local float Bs[SM_RBL_K * 32];                                                          \
     sm_gemm_rbl(M, N, K, TA, A, B, C, bias, mask, sum, flags, Bs);                            \
 }
 SM_GEMM_RBL(sm_gemm_rbl_nt, false)

@@ -156,6 +156,7 @@ fn every_gemm_kernel_matches_the_host_gemm() {
         (17, 1, 1),
         (70, 130, 33),
         (70, 33, 300),
+        (17, 20, 40),
     ] {
         for (ta, tb, relu) in [
             (false, false, false),
