@@ -294,13 +294,7 @@ impl SyncedMemory {
             core.valid = before;
             return Err(e);
         }
-        self.count(Direction::DeviceToHost);
-        if let Some(home) = &self.device {
-            pairs::record(src_dev.label(), home.label(), false, self.size);
-        }
-        core.valid = Valid::only(Place::Host).with(Place::Remote);
-        // New host data: the next upload is an ordinary copy.
-        core.spilled = false;
+        self.pulled(core, &src_dev, Place::Host);
         Ok(())
     }
 
@@ -352,14 +346,26 @@ impl SyncedMemory {
             core.valid = before;
             return Err(e);
         }
-        self.count(Direction::DeviceToDevice);
-        if let Some(home) = &self.device {
-            pairs::record(src_dev.label(), home.label(), true, self.size);
-        }
-        core.valid = Valid::only(Place::Device).with(Place::Remote);
-        // New device data: the next upload is an ordinary copy.
-        core.spilled = false;
+        self.pulled(core, &src_dev, Place::Device);
         Ok(())
+    }
+
+    /// After the data was copied from `src_dev`'s replica into the home mirror at `place`
+    /// (the host, or the home device directly): counts the copy, and makes that mirror and the
+    /// replicas the current ones. The mirror holds new data: its next upload is an ordinary
+    /// copy.
+    fn pulled(&self, core: &mut Core, src_dev: &Device, place: Place) {
+        let direct = place == Place::Device;
+        self.count(if direct {
+            Direction::DeviceToDevice
+        } else {
+            Direction::DeviceToHost
+        });
+        if let Some(home) = &self.device {
+            pairs::record(src_dev.label(), home.label(), direct, self.size);
+        }
+        core.valid = Valid::only(place).with(Place::Remote);
+        core.spilled = false;
     }
 }
 
