@@ -216,32 +216,38 @@ fn run(p: &Problem) {
             beta: p.beta,
         });
     }
-    let (tree, threads) = tree();
-    let flops = 2 * p.m * p.n * p.k;
-    if *threads == 1 || flops < THREADED_FLOPS {
-        part(p, (0, p.m), (0, p.n));
-        return;
-    }
     let (col_tiles, row_tiles) = (p.n.div_ceil(NR), p.m.div_ceil(MR));
     let by_cols = col_tiles >= row_tiles;
-    let job = |t: usize| {
-        let (tiles, size, len) = if by_cols {
-            (col_tiles, NR, p.n)
-        } else {
-            (row_tiles, MR, p.m)
-        };
-        let lo = (tiles * t / threads * size).min(len);
-        let hi = (tiles * (t + 1) / threads * size).min(len);
+    on_threads(p, &|t, parts| {
         let (rows, cols) = if by_cols {
-            ((0, p.m), (lo, hi))
+            ((0, p.m), share((t, parts), col_tiles, NR, p.n))
         } else {
-            ((lo, hi), (0, p.n))
+            (share((t, parts), row_tiles, MR, p.m), (0, p.n))
         };
         if rows.0 < rows.1 && cols.0 < cols.1 {
             part(p, rows, cols);
         }
-    };
-    split(tree.top(), 0, *threads, &job);
+    });
+}
+
+/// Runs `job(t, parts)` for every part `t` of `parts`: one part on the calling thread when
+/// `p` is below [`THREADED_FLOPS`] (or the machine has one core), else one per thread of the
+/// tree.
+fn on_threads(p: &Problem, job: &(dyn Fn(usize, usize) + Sync)) {
+    let (tree, threads) = tree();
+    if *threads == 1 || 2 * p.m * p.n * p.k < THREADED_FLOPS {
+        job(0, 1);
+        return;
+    }
+    split(tree.top(), 0, *threads, &|t| job(t, *threads));
+}
+
+/// Part `t` of `parts` of `tiles` tiles of `size` along a side of `len`: its first and end
+/// index, whole tiles each (the last one cut at `len`).
+fn share((t, parts): (usize, usize), tiles: usize, size: usize, len: usize) -> (usize, usize) {
+    let lo = (tiles * t / parts * size).min(len);
+    let hi = (tiles * (t + 1) / parts * size).min(len);
+    (lo, hi)
 }
 
 /// Runs `job(t)` for `t` in `first..first + count` on the threads below `ctx`.

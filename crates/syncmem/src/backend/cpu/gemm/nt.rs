@@ -1,6 +1,6 @@
 //! The `nt` product (`Y = X·Wᵀ`, both operands along the reduction) as dot products.
 
-use super::{split, store, tree, Problem, THREADED_FLOPS};
+use super::{on_threads, share, store, Problem};
 
 /// Rows of A and of B in a tile of the `nt` product (`DR x DR` dot products).
 const DR: usize = 4;
@@ -11,21 +11,12 @@ const DR: usize = 4;
 /// is copied. Each thread takes a range of B's rows (of W's: each reads its part of W once)
 /// and meets it with every row of A, which stays in cache.
 pub(super) fn run_nt(p: &Problem) {
-    let (tree, threads) = tree();
-    let flops = 2 * p.m * p.n * p.k;
-    let job = |t: usize, parts: usize| {
-        let groups = p.n.div_ceil(DR);
-        let lo = (groups * t / parts * DR).min(p.n);
-        let hi = (groups * (t + 1) / parts * DR).min(p.n);
+    on_threads(p, &|t, parts| {
+        let (lo, hi) = share((t, parts), p.n.div_ceil(DR), DR, p.n);
         // SAFETY: rows lo..hi of B and every row of A lie inside the slices `gemm`'s caller
         // checked; this thread alone writes columns lo..hi of C; `supported()` found AVX-512F.
         unsafe { nt_part(p, (lo, hi)) };
-    };
-    if *threads == 1 || flops < THREADED_FLOPS {
-        job(0, 1);
-        return;
-    }
-    split(tree.top(), 0, *threads, &|t| job(t, *threads));
+    });
 }
 
 /// Rows of A a thread meets with all of its rows of B before the next ones (256 KiB at
