@@ -4,7 +4,7 @@
 use crate::backend::cpu::host::AlignedBlock;
 use crate::error::Result;
 
-use super::stats::HOST;
+use super::stats::{Counted, HOST};
 
 pub use crate::backend::cpu::host::HOST_ALIGN;
 
@@ -14,8 +14,8 @@ pub use crate::backend::cpu::host::HOST_ALIGN;
 /// `calloc` (alignment 16) for 48 bytes more and rounds the start up to 64.
 pub struct HostBlock {
     block: AlignedBlock,
-    /// Whether this block is counted in the host statistics.
-    counted: bool,
+    /// The host statistics' token when the block is counted there.
+    counted: Option<Counted>,
 }
 
 impl HostBlock {
@@ -28,8 +28,7 @@ impl HostBlock {
     pub fn zeroed(len: usize) -> Result<Self> {
         let mut b = Self::zeroed_uncounted(len)?;
         if len > 0 {
-            HOST.on_alloc(len);
-            b.counted = true;
+            b.counted = Some(HOST.on_alloc(len));
         }
         Ok(b)
     }
@@ -39,7 +38,7 @@ impl HostBlock {
     pub(crate) fn zeroed_uncounted(len: usize) -> Result<Self> {
         Ok(Self {
             block: AlignedBlock::zeroed(len)?,
-            counted: false,
+            counted: None,
         })
     }
 
@@ -71,8 +70,8 @@ impl HostBlock {
 
 impl Drop for HostBlock {
     fn drop(&mut self) {
-        if self.counted {
-            HOST.on_free(self.block.len());
+        if let Some(counted) = self.counted {
+            HOST.on_free(counted, self.block.len());
         }
     }
 }

@@ -18,6 +18,7 @@ mod host;
 pub mod pairs;
 pub mod pool;
 pub mod stats;
+pub(crate) mod thread;
 pub mod trace;
 
 pub use host::{HostBlock, HOST_ALIGN};

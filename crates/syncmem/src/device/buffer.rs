@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::stream::{StreamFence, UnboundStream};
+use super::stream::{DeviceHandle, StreamFence, UnboundStream};
 use super::usage::{Point, Uses};
 use super::{Device, Stream};
 use crate::alloc::pool::{Fence, Lease};
+use crate::alloc::stats::Counted;
 use crate::backend::dispatch::RawMem;
 use crate::error::{BackendKind, Error, OomReport, Result};
 
@@ -60,7 +61,9 @@ enum Origin {
 ///
 /// Writing into a `DeviceBuffer` (through a [`Stream`]) takes `&mut`, reading takes `&`.
 pub struct DeviceBuffer {
-    device: Device,
+    /// The device: its own handle, or for a pooled buffer the handle of the stream it was
+    /// allocated on (see [`DeviceHandle`]).
+    device: DeviceHandle,
     len: usize,
     /// The memory (`Empty` when `len == 0`: nothing is allocated).
     origin: Origin,
@@ -69,16 +72,19 @@ pub struct DeviceBuffer {
     /// The native handle was handed out (`as_opencl`, `as_cuda`): work the crate does not see
     /// may be queued on the memory.
     exposed: AtomicBool,
+    /// The device-memory counters' token (`None` for an empty buffer).
+    counted: Option<Counted>,
 }
 
 impl DeviceBuffer {
     pub(crate) fn empty(device: &Device) -> Self {
         Self {
-            device: device.clone(),
+            device: DeviceHandle::Device(device.clone()),
             len: 0,
             origin: Origin::Empty,
             uses: Mutex::default(),
             exposed: AtomicBool::new(false),
+            counted: None,
         }
     }
 
@@ -134,25 +140,27 @@ impl DeviceBuffer {
 
     /// Wraps a direct backend allocation (already charged to the cap).
     pub(crate) fn from_direct(device: &Device, len: usize, raw: RawMem) -> Self {
-        device.shared.mem.on_alloc(len);
+        let counted = device.shared.mem.on_alloc(len);
         Self {
-            device: device.clone(),
+            device: DeviceHandle::Device(device.clone()),
             len,
             origin: Origin::Direct(raw),
             uses: Mutex::default(),
             exposed: AtomicBool::new(false),
+            counted: Some(counted),
         }
     }
 
-    /// Wraps a pool block, whose view (held by the lease) is the buffer's memory.
+    /// Wraps a pool block, whose view (held by the lease) is the buffer's memory; `device` is
+    /// the handle of the stream it was allocated on.
     pub(crate) fn from_pool(
-        device: &Device,
+        device: &DeviceHandle,
         len: usize,
         lease: Lease<RawMem, RawMem>,
         release: Release,
     ) -> Self {
         debug_assert!(lease.view().is_some(), "a device pool lease holds its view");
-        device.shared.mem.on_alloc(len);
+        let counted = device.shared.mem.on_alloc(len);
         let uses = Mutex::new(inherited_uses(&lease));
         Self {
             device: device.clone(),
@@ -160,6 +168,7 @@ impl DeviceBuffer {
             origin: Origin::Pooled { lease, release },
             uses,
             exposed: AtomicBool::new(false),
+            counted: Some(counted),
         }
     }
 
@@ -359,23 +368,26 @@ fn inherited_uses(lease: &Lease<RawMem, RawMem>) -> Uses {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
+        if let Some(counted) = self.counted {
+            self.device.shared.mem.on_free(counted, self.len);
+        }
         match &mut self.origin {
             Origin::Empty => {}
             Origin::Direct(_) => {
-                self.device.shared.mem.on_free(self.len);
                 // The allocation goes first, then its bytes are given back to the cap.
                 drop(std::mem::replace(&mut self.origin, Origin::Empty));
                 self.device.shared.memory.uncharge(self.len);
             }
             Origin::Pooled { lease, release } => {
-                self.device.shared.mem.on_free(self.len);
                 // The commands recorded on the block and not known complete: reusable at once
                 // by their own streams, by the others once they are done. A block with none
                 // goes back with no fence at all (no allocation, nothing to wait for).
                 let uses = self.uses.get_mut();
-                uses.prune();
-                for p in uses.points() {
-                    lease.add_pending(p.id, Arc::new(p.clone()));
+                if !uses.is_empty() {
+                    uses.prune();
+                    for p in uses.points() {
+                        lease.add_pending(p.id, Arc::new(p.clone()));
+                    }
                 }
                 // Work queued on the buffer's own stream outside the crate (through a native
                 // handle handed out) is covered by a fence recorded there when another stream

@@ -32,7 +32,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
 use super::buffer::Release;
 use super::mirror::{live_buffers, LiveBuffer, Mirrors};
@@ -43,14 +43,21 @@ use crate::alloc::pool::config::{
     PINNED_POOL_ENV,
 };
 use crate::alloc::pool::{Budget, Lease, Pool, PoolSnapshot, PoolStats, StreamId, HOST_STREAM};
+use crate::alloc::thread::Striped;
 use crate::backend::dispatch::{PinnedStorage, RawMem, RawPinned, UnifiedStorage};
 use crate::backend::RawStorage;
 use crate::error::{Error, OomReport, OomRetry, Result};
 
 /// Memory management state of one device.
 pub(crate) struct DeviceMemory {
-    pool: RwLock<Option<Arc<Pool<RawMem, RawMem>>>>,
-    pinned: RwLock<Option<Arc<Pool<RawPinned>>>>,
+    /// The device pool (`None` before its first use): a copy per stripe of threads, read on
+    /// every pooled allocation (threads allocating at once write no shared lock word); made
+    /// and replaced under `install`.
+    pool: Striped<Arc<Pool<RawMem, RawMem>>>,
+    /// The pinned host pool, as `pool`.
+    pinned: Striped<Arc<Pool<RawPinned>>>,
+    /// Held while a pool is made or replaced.
+    install: Mutex<()>,
     budget: Arc<Budget>,
     /// Bytes of live direct allocations (charged to `budget` too).
     direct: AtomicU64,
@@ -66,8 +73,9 @@ pub(crate) struct DeviceMemory {
 impl Default for DeviceMemory {
     fn default() -> Self {
         Self {
-            pool: RwLock::new(None),
-            pinned: RwLock::new(None),
+            pool: Striped::new(),
+            pinned: Striped::new(),
+            install: Mutex::new(()),
             budget: Arc::new(Budget::new(None)),
             direct: AtomicU64::new(0),
             mirrors: OnceLock::new(),
@@ -87,17 +95,17 @@ fn max_segment(dev: &Device) -> usize {
 impl DeviceMemory {
     /// The device pool, made from the environment on first use.
     pub(crate) fn pool(&self, dev: &Device) -> Result<Arc<Pool<RawMem, RawMem>>> {
-        if let Some(p) = &*self.pool.read() {
-            return Ok(p.clone());
+        if let Some(p) = self.pool.get() {
+            return Ok(p);
         }
-        let mut slot = self.pool.write();
-        if let Some(p) = &*slot {
-            return Ok(p.clone());
+        let _install = self.install.lock();
+        if let Some(p) = self.pool.get() {
+            return Ok(p);
         }
         check_env()?;
         let cfg = PoolConfig::from_env(DEVICE_POOL_ENV, DEVICE_POOL_CONF_ENV)?;
         let p = self.make_pool(dev, cfg)?;
-        *slot = Some(p.clone());
+        self.pool.replace(Some(p.clone()));
         Ok(p)
     }
 
@@ -121,13 +129,13 @@ impl DeviceMemory {
 
     /// The device pool if it exists.
     pub(crate) fn current_pool(&self) -> Option<Arc<Pool<RawMem, RawMem>>> {
-        self.pool.read().clone()
+        self.pool.get()
     }
 
     /// Replaces the device pool (which must have no block handed out).
     pub(crate) fn set_pool(&self, dev: &Device, cfg: PoolConfig) -> Result<()> {
-        let mut slot = self.pool.write();
-        if let Some(old) = &*slot {
+        let _install = self.install.lock();
+        if let Some(old) = self.pool.get() {
             if !old.is_idle() {
                 let used = old.stats().allocated.current;
                 return Err(Error::InvalidState {
@@ -140,7 +148,7 @@ impl DeviceMemory {
             }
         }
         let new = self.make_pool(dev, cfg)?;
-        if let Some(old) = slot.replace(new) {
+        if let Some(old) = self.pool.replace(Some(new)) {
             old.empty_cache();
         }
         Ok(())
@@ -148,12 +156,12 @@ impl DeviceMemory {
 
     /// The pinned host pool, made from the environment on first use.
     pub(crate) fn pinned_pool(&self, dev: &Device) -> Result<Arc<Pool<RawPinned>>> {
-        if let Some(p) = &*self.pinned.read() {
-            return Ok(p.clone());
+        if let Some(p) = self.pinned.get() {
+            return Ok(p);
         }
-        let mut slot = self.pinned.write();
-        if let Some(p) = &*slot {
-            return Ok(p.clone());
+        let _install = self.install.lock();
+        if let Some(p) = self.pinned.get() {
+            return Ok(p);
         }
         check_env()?;
         let cfg = PoolConfig::from_env(PINNED_POOL_ENV, PINNED_POOL_CONF_ENV)?;
@@ -166,13 +174,13 @@ impl DeviceMemory {
             max_segment(dev),
         )?;
         p.publish(self.trace_source);
-        *slot = Some(p.clone());
+        self.pinned.replace(Some(p.clone()));
         Ok(p)
     }
 
     /// The pinned pool if it exists.
     pub(crate) fn current_pinned_pool(&self) -> Option<Arc<Pool<RawPinned>>> {
-        self.pinned.read().clone()
+        self.pinned.get()
     }
 
     /// The cap in effect, if any; before the device pool is built, the cap it will be built
@@ -271,7 +279,12 @@ impl DeviceMemory {
         owner: Option<&Arc<str>>,
     ) -> Result<DeviceBuffer> {
         let lease = self.lease(dev, len, stream.id(), owner)?;
-        Ok(DeviceBuffer::from_pool(dev, len, lease, release))
+        Ok(DeviceBuffer::from_pool(
+            stream.device_handle(),
+            len,
+            lease,
+            release,
+        ))
     }
 
     /// A block of the device pool with its view (a sub-buffer, an offset pointer): made by the
@@ -302,8 +315,9 @@ impl DeviceMemory {
         owner: Option<&Arc<str>>,
         storage: &S,
     ) -> Result<Lease<RawMem, RawMem>> {
-        // The common case: the pool exists and has room. It is used under the read lock (no
-        // reference count taken); the lease holds the pool from then on.
+        // The common case: the pool exists and has room. It is used under the read lock of
+        // this thread's stripe (no reference count taken); the lease holds its shard from then
+        // on.
         if let Some(pool) = &*self.pool.read() {
             match pool.alloc_labelled(len, stream, storage, owner) {
                 Err(e) if e.is_out_of_memory() => {}

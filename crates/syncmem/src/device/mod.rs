@@ -423,7 +423,8 @@ impl Device {
         self.default_stream()?.synchronize()
     }
 
-    /// Device-memory counters of this device.
+    /// Device-memory counters of this device. Threads count apart (see [`MemStats::peak`]):
+    /// the current use and the counts are exact, the peak is exact while one thread allocates.
     pub fn memory_stats(&self) -> MemStats {
         self.shared.mem.snapshot(self.label())
     }

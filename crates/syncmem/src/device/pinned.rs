@@ -4,6 +4,7 @@ use std::fmt;
 
 use super::Device;
 use crate::alloc::pool::Lease;
+use crate::alloc::stats::Counted;
 use crate::backend::dispatch::RawPinned;
 use crate::error::Result;
 
@@ -12,6 +13,8 @@ pub struct PinnedBuffer {
     device: Device,
     len: usize,
     raw: Option<PinnedMem>,
+    /// The pinned-memory counters' token (`None` when nothing is allocated).
+    counted: Option<Counted>,
 }
 
 enum PinnedMem {
@@ -31,24 +34,27 @@ impl PinnedBuffer {
                 device: device.clone(),
                 len,
                 raw: None,
+                counted: None,
             });
         }
         let raw = device.shared.raw.alloc_pinned(len)?;
-        device.shared.pinned.on_alloc(len);
+        let counted = device.shared.pinned.on_alloc(len);
         Ok(Self {
             device: device.clone(),
             len,
             raw: Some(PinnedMem::Own(raw)),
+            counted: Some(counted),
         })
     }
 
     /// A pooled block (`len >= 1`): zero only when [`PinnedBuffer::was_zeroed`].
     pub(crate) fn from_pool(device: &Device, len: usize, lease: Lease<RawPinned>) -> Self {
-        device.shared.pinned.on_alloc(len);
+        let counted = device.shared.pinned.on_alloc(len);
         Self {
             device: device.clone(),
             len,
             raw: Some(PinnedMem::Pooled(lease)),
+            counted: Some(counted),
         }
     }
 
@@ -102,8 +108,8 @@ impl PinnedBuffer {
 
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
-        if self.raw.take().is_some() {
-            self.device.shared.pinned.on_free(self.len);
+        if let (Some(_), Some(counted)) = (self.raw.take(), self.counted) {
+            self.device.shared.pinned.on_free(counted, self.len);
         }
     }
 }

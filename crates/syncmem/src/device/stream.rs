@@ -12,12 +12,38 @@ use crate::alloc::trace::hub as trace_hub;
 use crate::backend::dispatch::{RawEvent, RawStream};
 use crate::error::{check_range_with, Error, Result};
 
+/// A handle to a device kept by a [`Stream`] and by the buffers allocated on it.
+///
+/// A stream made by [`Device::new_stream`] holds its device once, behind a reference count of
+/// its own, which the buffers allocated on it share: threads working each on a stream of their
+/// own then take no reference count that they all write (the device's), one per buffer. The
+/// default stream, which the device keeps without its handle, holds the device's handle itself.
+#[derive(Clone)]
+pub(crate) enum DeviceHandle {
+    /// The device's own handle.
+    Device(Device),
+    /// A stream's own reference to the device.
+    Stream(Arc<Device>),
+}
+
+impl std::ops::Deref for DeviceHandle {
+    type Target = Device;
+
+    #[inline]
+    fn deref(&self) -> &Device {
+        match self {
+            DeviceHandle::Device(d) => d,
+            DeviceHandle::Stream(d) => d,
+        }
+    }
+}
+
 /// An in-order queue of work on one device (a CUDA stream, an OpenCL command queue).
 ///
 /// Cheap to clone: clones are the same queue.
 #[derive(Clone)]
 pub struct Stream {
-    device: Device,
+    device: DeviceHandle,
     pub(crate) raw: Arc<RawStream>,
     id: u64,
 }
@@ -47,7 +73,7 @@ impl UnboundStream {
     /// The stream again, on `device` (the device it was made on).
     pub(crate) fn bind(&self, device: &Device) -> Stream {
         Stream {
-            device: device.clone(),
+            device: DeviceHandle::Device(device.clone()),
             raw: self.raw.clone(),
             id: self.id,
         }
@@ -74,7 +100,7 @@ impl Stream {
     pub(crate) fn new(device: &Device) -> Result<Self> {
         let raw = device.shared.raw.new_stream()?;
         Ok(Self {
-            device: device.clone(),
+            device: DeviceHandle::Stream(Arc::new(device.clone())),
             raw: Arc::new(raw),
             id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
         })
@@ -87,6 +113,11 @@ impl Stream {
 
     /// The device this stream runs on.
     pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The stream's handle to its device (see [`DeviceHandle`]).
+    pub(crate) fn device_handle(&self) -> &DeviceHandle {
         &self.device
     }
 

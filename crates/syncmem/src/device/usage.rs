@@ -151,6 +151,12 @@ impl Uses {
             .chain(&self.more)
     }
 
+    /// True when no command was recorded (or all were forgotten).
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.write.is_none() && self.reads.iter().all(Option::is_none) && self.more.is_empty()
+    }
+
     /// Forgets the points known to be complete.
     pub(crate) fn prune(&mut self) {
         if self.write.as_ref().is_some_and(Point::is_done) {

@@ -17,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 
 use super::config::{PoolConfig, HOST_POOL_CONF_ENV, HOST_POOL_ENV};
 use super::{Budget, Lease, Pool, PoolSnapshot, PoolStats, HOST_STREAM};
-use crate::alloc::stats::HOST;
+use crate::alloc::stats::{Counted, HOST};
 use crate::alloc::{HostBlock, HOST_ALIGN};
 use crate::error::{Error, Result};
 
@@ -104,20 +104,18 @@ impl HostPool {
             return Ok(HostAllocation {
                 lease: None,
                 len: 0,
-                counted: false,
+                counted: None,
             });
         }
         let lease = match self.pool.alloc_labelled(len, HOST_STREAM, &source, owner) {
             Ok(l) => l,
             Err(e) => self.retry(len, owner, e)?,
         };
-        if self.counted {
-            HOST.on_alloc(len);
-        }
+        let counted = self.counted.then(|| HOST.on_alloc(len));
         Ok(HostAllocation {
             lease: Some(lease),
             len,
-            counted: self.counted,
+            counted,
         })
     }
 
@@ -176,7 +174,8 @@ impl HostPool {
 pub struct HostAllocation {
     lease: Option<Lease<HostBlock>>,
     len: usize,
-    counted: bool,
+    /// The host statistics' token when the block is counted there.
+    counted: Option<Counted>,
 }
 
 impl HostAllocation {
@@ -243,8 +242,8 @@ impl HostAllocation {
 
 impl Drop for HostAllocation {
     fn drop(&mut self) {
-        if self.lease.take().is_some() && self.counted {
-            HOST.on_free(self.len);
+        if let (Some(_), Some(counted)) = (self.lease.take(), self.counted) {
+            HOST.on_free(counted, self.len);
         }
     }
 }

@@ -28,9 +28,7 @@
 //! With each list a cache line and more of its own ([`super::front`]): 35-37 ns from 2 threads
 //! and 44-45 ns from 8, against 47 and 59-61 ns for the system allocator.
 
-use std::cell::Cell;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -173,33 +171,13 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Drop for Pool<T, V> {
     }
 }
 
-static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    static THREAD: Cell<usize> = const { Cell::new(usize::MAX) };
-}
-
-/// The calling thread's index among the threads that asked (first come, first numbered).
-#[inline]
-fn thread_index() -> usize {
-    THREAD.with(|t| {
-        let i = t.get();
-        if i != usize::MAX {
-            return i;
-        }
-        let i = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
-        t.set(i);
-        i
-    })
-}
-
 impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     /// The index of the calling thread's shard.
     #[inline]
     pub(super) fn shard_index(&self) -> usize {
         match self.shards.len() {
             1 => 0,
-            n => thread_index() % n,
+            n => crate::alloc::thread::index() % n,
         }
     }
 
