@@ -1,6 +1,7 @@
 //! The `nt` product (`Y = X·Wᵀ`, both operands along the reduction) as dot products.
 
-use super::{on_threads, share, store, Problem};
+use super::kernel::store;
+use super::{on_threads, share, Problem};
 
 /// Rows of A and of B in a tile of the `nt` product (`DR x DR` dot products).
 const DR: usize = 4;
