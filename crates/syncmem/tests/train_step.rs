@@ -44,9 +44,10 @@ fn one_step_copies_only_two_scalars(dev: &Device) {
     for i in 0..t.batch_count() {
         t.step(i).unwrap();
         let s = t.transfers().last_step;
-        // Exactly the loss and the accuracy come back: two 4-byte copies, or, where host and
-        // device share memory, two zero-copy syncs and no copy.
-        syncmem::testing::assert_syncs(dev, &s, 0, 2, &format!("step {i}"));
+        // Exactly the loss and the accuracy come back, side by side (the fused loss writes
+        // them together): one 8-byte copy, or, where host and device share memory, one
+        // zero-copy sync and no copy.
+        syncmem::testing::assert_syncs(dev, &s, 0, 1, &format!("step {i}"));
         assert_eq!(s.device_to_device.count, 0, "step {i}: {s:?}");
         assert_eq!(
             s.device_to_host.bytes + s.mapped.bytes,
@@ -61,7 +62,7 @@ fn one_step_copies_only_two_scalars(dev: &Device) {
     let tr = t.transfers();
     assert_eq!(tr.step_count as usize, t.batch_count());
     assert_eq!(tr.max_step.host_to_device.count, 0);
-    syncmem::testing::assert_syncs(dev, &tr.steps, 0, 2 * tr.step_count, "all steps");
+    syncmem::testing::assert_syncs(dev, &tr.steps, 0, tr.step_count, "all steps");
     assert_waits(dev, tr.waits.max_step, "the most waits of a step");
     let report = blob_report(t.workspace());
     for (name, copies) in &weights_before {
@@ -69,8 +70,11 @@ fn one_step_copies_only_two_scalars(dev: &Device) {
         assert_eq!(&now.copies, copies, "{name} was copied during training");
         assert_eq!(now.head, Some(Head::AtDevice), "{name} lives on the device");
     }
-    let loss = report.iter().find(|b| b.name == "loss").unwrap();
-    assert_eq!(loss.head, Some(Head::Synced));
+    let both = report
+        .iter()
+        .find(|b| b.name == "loss_and_accuracy")
+        .unwrap();
+    assert_eq!(both.head, Some(Head::Synced));
 }
 
 syncmem::for_each_device!(
@@ -79,7 +83,7 @@ syncmem::for_each_device!(
 );
 
 /// Two trainers stepping at the same time in two threads each count exactly their own copies
-/// and waits: 2 device-to-host copies and no upload per step, one wait on an asynchronous
+/// and waits: 1 device-to-host copy and no upload per step, one wait on an asynchronous
 /// device. (They were counted from the process's counters, so a step showed the other
 /// trainer's copies too.) A third thread copies on the device meanwhile, counted by neither.
 fn two_trainers_in_two_threads_count_their_own_copies(dev: &Device) {
@@ -102,7 +106,7 @@ fn two_trainers_in_two_threads_count_their_own_copies(dev: &Device) {
                             t.step(i).unwrap();
                             let step = t.transfers().last_step;
                             let what = format!("round {round} step {i}");
-                            syncmem::testing::assert_syncs(dev, &step, 0, 2, &what);
+                            syncmem::testing::assert_syncs(dev, &step, 0, 1, &what);
                             assert_eq!(step.device_to_device.count, 0, "{what}");
                             assert_eq!(step.device_to_host.bytes + step.mapped.bytes, 8);
                             assert_waits(dev, t.transfers().waits.last_step, &what);
@@ -125,7 +129,7 @@ fn two_trainers_in_two_threads_count_their_own_copies(dev: &Device) {
         busy.store(false, std::sync::atomic::Ordering::Relaxed);
         for r in results {
             let tr = r.unwrap_or_else(|e| std::panic::resume_unwind(e));
-            syncmem::testing::assert_syncs(dev, &tr.steps, 0, 2 * tr.step_count, "all steps");
+            syncmem::testing::assert_syncs(dev, &tr.steps, 0, tr.step_count, "all steps");
         }
     });
 }

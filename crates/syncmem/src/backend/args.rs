@@ -142,8 +142,9 @@ pub(crate) fn fill<P: DevicePtr>(n: usize, v: f32, y: P) -> [KArg<P>; 3] {
     [KArg::U64(n as u64), KArg::F32(v), KArg::Ptr(y)]
 }
 
-/// `sm_softmax_loss(N, C, X, labels, P, loss, A, top_k, dX, flags)`: `flags` bit 0 writes the
-/// accuracy into `A`, bit 1 the gradient into `dX`.
+/// `sm_softmax_loss(N, C, X, labels, P, loss, A, top_k, dX, S, flags)`: `flags` bit 0 writes
+/// the accuracy into `A`, bit 1 the gradient into `dX`, bit 2 the loss and the accuracy into
+/// `S[0..2]`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn softmax_loss<P: DevicePtr>(
     label: &str,
@@ -154,8 +155,12 @@ pub(crate) fn softmax_loss<P: DevicePtr>(
     loss: P,
     accuracy: Option<(usize, P)>,
     grad: Option<P>,
-) -> Result<[KArg<P>; 10]> {
+    scalars: Option<P>,
+) -> Result<[KArg<P>; 11]> {
     let top_k = accuracy.map_or(1, |a| a.0);
+    let flags = u32::from(accuracy.is_some())
+        | (u32::from(grad.is_some()) << 1)
+        | (u32::from(scalars.is_some()) << 2);
     Ok([
         u32_arg(rows, "rows", label)?,
         u32_arg(cols, "classes", label)?,
@@ -166,7 +171,8 @@ pub(crate) fn softmax_loss<P: DevicePtr>(
         ptr(accuracy.map(|a| a.1)),
         u32_arg(top_k, "top_k", label)?,
         ptr(grad),
-        KArg::U32(u32::from(accuracy.is_some()) | (u32::from(grad.is_some()) << 1)),
+        ptr(scalars),
+        KArg::U32(flags),
     ])
 }
 

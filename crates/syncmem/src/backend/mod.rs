@@ -305,6 +305,9 @@ pub(crate) struct SoftmaxExtra<'a, M> {
     /// `dx = (p - onehot(labels)) / rows`, as [`BackendKernels::softmax_loss_grad`] without
     /// `dloss` computes it (`rows x cols` elements).
     pub(crate) grad: Option<&'a M>,
+    /// The loss and the accuracy again, side by side in `out[0..2]` (given only with
+    /// `accuracy`), so that one read brings both back.
+    pub(crate) scalars: Option<&'a M>,
 }
 
 impl<M> Clone for SoftmaxExtra<'_, M> {

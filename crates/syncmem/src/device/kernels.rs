@@ -259,7 +259,8 @@ impl<'a> Kernels<'a> {
     }
 
     /// Softmax of `x[rows, cols]` into `p`, mean cross-entropy into `loss[0]`, and what
-    /// `extra` asks for in the same pass (the accuracy of `p`, the gradient with `dloss = 1`).
+    /// `extra` asks for in the same pass (the accuracy of `p`, the gradient with `dloss = 1`,
+    /// the loss and the accuracy side by side).
     /// `Some` when a label is out of range and the backend could tell (the `cpu` device).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn softmax_loss(
@@ -287,10 +288,15 @@ impl<'a> Kernels<'a> {
             Some(g) => self.check(g, cells, 4, op(k, "dx"))?,
             None => None,
         };
+        // Written only with the accuracy (the caller checks).
+        let scalars = match extra.scalars.filter(|_| acc.is_some()) {
+            Some(b) => Some(self.need(b, 2, 4, op(k, "scalars"))?),
+            None => None,
+        };
         if cols == 0 && rows > 0 {
             return Err(self.no_classes(k));
         }
-        let writes = [p, Some(loss), acc.map(|a| a.1), grad];
+        let writes = [p, Some(loss), acc.map(|a| a.1), grad, scalars];
         self.queue(&[x, labels], &writes, |d, s| {
             let accuracy = match acc {
                 Some((top_k, a)) => Some((top_k, mem(a)?)),
@@ -299,6 +305,7 @@ impl<'a> Kernels<'a> {
             let extra = SoftmaxExtra {
                 accuracy,
                 grad: opt(grad),
+                scalars: opt(scalars),
             };
             d.softmax_loss(
                 s,

@@ -47,7 +47,8 @@ use crate::ops::OperatorDef;
 /// A net after [`fuse_fc_relu`] or [`fuse_net`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Fusion {
-    /// The rewritten def (external inputs and outputs as in the original).
+    /// The rewritten def (external inputs and outputs as in the original, and the
+    /// `[loss, accuracy]` pairs that loss fusion adds as outputs).
     pub def: NetDef,
     /// The pairs fused, as (pre-activation blob removed, ReLU output now written by the `FC`).
     pub fused: Vec<(String, String)>,
@@ -66,7 +67,8 @@ pub struct Fusion {
 
 /// Every fusion of a net: [`fuse_fc_relu`], then each `FCGradient` + `ReluGradient` pair
 /// (see [`super::fuse_grad`]), then the runs of `SGD`s (see [`super::fuse_sgd`]), then the
-/// `Accuracy` and the gradient of each `SoftmaxWithLoss` (see [`super::fuse_loss`]), and every
+/// `Accuracy` and the gradient of each `SoftmaxWithLoss` (see [`super::fuse_loss`]: with the
+/// accuracy, its `[loss, accuracy]` pair becomes an output of the net), and every
 /// `FCGradient` computes its bias gradient in its `dW` GEMM's launch (`db_in_gemm = 1`: the
 /// column sums of `dY`, bit for bit those of a separate launch). Names in `keep` are never
 /// removed.
@@ -75,7 +77,13 @@ pub fn fuse_net(def: &NetDef, keep: &[String]) -> Fusion {
     let protected = protected(def, keep);
     f.fused_grads = super::fuse_grad::fuse_relu_grad(&mut f.def.ops, &protected);
     f.fused_updates = super::fuse_sgd::fuse_sgd(&mut f.def.ops);
-    f.fused_losses = super::fuse_loss::fuse_loss(&mut f.def.ops);
+    let (losses, pairs) = super::fuse_loss::fuse_loss(&mut f.def.ops, &protected);
+    f.fused_losses = losses;
+    if !pairs.is_empty() {
+        let mut outputs = f.def.outputs();
+        outputs.extend(pairs);
+        f.def.external_outputs = Some(outputs);
+    }
     for op in &mut f.def.ops {
         if op.op_type == "FCGradient" && !op.args.contains_key("db_in_gemm") {
             op.args.insert("db_in_gemm".into(), 1.into());

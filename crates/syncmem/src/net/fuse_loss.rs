@@ -13,9 +13,23 @@
 //!   in.
 //!
 //! The fused `SoftmaxWithLoss` gets `accuracy_top_k` and the accuracy as output 2, and
-//! `gradient = 1` with the gradient as its last output. No blob is removed.
+//! `gradient = 1` with the gradient as the output after it. No blob is removed.
+//!
+//! With the accuracy taken in, it also gets `scalars = 1` and a last output named by
+//! [`loss_scalars_name`] (`"{loss}_and_{accuracy}"`, when no operator of the net and no
+//! external name uses it): `[loss, accuracy]` side by side, written in the same launch, so that
+//! a training loop brings both back with one read instead of two. [`super::fuse_net`] makes it
+//! an external output of the net (memory planning keeps it apart).
+
+use std::collections::BTreeSet;
 
 use crate::ops::OperatorDef;
+
+/// The name of the `[loss, accuracy]` output that loss fusion gives a `SoftmaxWithLoss` writing
+/// `loss` that takes in an `Accuracy` writing `accuracy` (see the [module](self)).
+pub fn loss_scalars_name(loss: &str, accuracy: &str) -> String {
+    format!("{loss}_and_{accuracy}")
+}
 
 fn touches(op: &OperatorDef, name: &str) -> bool {
     op.inputs.iter().chain(&op.outputs).any(|n| n == name)
@@ -51,8 +65,18 @@ fn kind(op: &OperatorDef, p: &str, labels: &str) -> Option<bool> {
 }
 
 /// Fuses the `Accuracy` and `SoftmaxWithLossGradient` of every `SoftmaxWithLoss` of `ops`
-/// that the [module rules](self) allow, in place; returns how many operators were taken in.
-pub(super) fn fuse_loss(ops: &mut Vec<OperatorDef>) -> usize {
+/// that the [module rules](self) allow, in place; returns how many operators were taken in,
+/// and the `[loss, accuracy]` outputs added (none named in `protected`).
+pub(super) fn fuse_loss(
+    ops: &mut Vec<OperatorDef>,
+    protected: &BTreeSet<String>,
+) -> (usize, Vec<String>) {
+    let mut in_use: BTreeSet<String> = ops
+        .iter()
+        .flat_map(|o| o.inputs.iter().chain(&o.outputs).cloned())
+        .collect();
+    in_use.extend(protected.iter().cloned());
+    let mut added = Vec::new();
     let mut taken = 0;
     for i in 0..ops.len() {
         if i >= ops.len() || !is_softmax(&ops[i]) {
@@ -104,13 +128,21 @@ pub(super) fn fuse_loss(ops: &mut Vec<OperatorDef>) -> usize {
             ops[i].outputs.push(d.clone());
             gone.push(*j);
         }
+        if let Some((_, a)) = &acc {
+            let both = loss_scalars_name(&loss, a);
+            if in_use.insert(both.clone()) {
+                ops[i].args.insert("scalars".into(), 1.into());
+                ops[i].outputs.push(both.clone());
+                added.push(both);
+            }
+        }
         gone.sort_unstable();
         for j in gone.into_iter().rev() {
             ops.remove(j);
             taken += 1;
         }
     }
-    taken
+    (taken, added)
 }
 
 #[cfg(test)]
@@ -139,9 +171,12 @@ mod tests {
         assert_eq!(f.fused_losses, 2);
         assert_eq!(f.def.ops.len(), 1);
         let o = &f.def.ops[0];
-        assert_eq!(o.outputs, ["p", "loss", "acc", "dx"]);
+        assert_eq!(o.outputs, ["p", "loss", "acc", "dx", "loss_and_acc"]);
         assert_eq!(o.args["accuracy_top_k"], 2);
         assert_eq!(o.args["gradient"], 1);
+        assert_eq!(o.args["scalars"], 1);
+        // The pair is an output of the net: memory planning keeps it.
+        assert!(f.def.outputs().contains(&"loss_and_acc".to_string()));
         assert_eq!(
             fuse_net(&f.def, &[]).def,
             f.def,
@@ -158,8 +193,10 @@ mod tests {
         // P or the labels written in between: neither is taken in.
         assert_eq!(n(&loss_net(Some(op("Relu", &["z"], &["p"])))), 0);
         assert_eq!(n(&loss_net(Some(op("Relu", &["z"], &["l"])))), 0);
-        // An output read in between: that one stays.
+        // An output read in between: that one stays (and without the accuracy, no pair).
         assert_eq!(n(&loss_net(Some(op("Relu", &["acc"], &["y"])))), 1);
+        let f = fuse_net(&loss_net(Some(op("Relu", &["acc"], &["y"]))), &[]);
+        assert!(!f.def.ops[0].args.contains_key("scalars"));
         assert_eq!(n(&loss_net(Some(op("Relu", &["z"], &["dx"])))), 1);
         // A gradient with dLoss, another axis, or an output that is an input.
         let d = NetDef::new("n")
@@ -174,5 +211,18 @@ mod tests {
             .op(op("Accuracy", &["p", "l"], &["a"]))
             .op(op("Accuracy", &["q", "l"], &["b"]));
         assert_eq!(n(&d), 0);
+    }
+
+    #[test]
+    fn the_pair_is_not_added_under_a_name_in_use() {
+        // A blob of the net, or a name kept, already called `loss_and_acc`.
+        let taken = loss_net(Some(op("Relu", &["z"], &["loss_and_acc"])));
+        let f = fuse_net(&taken, &[]);
+        assert_eq!(f.fused_losses, 2);
+        assert!(!f.def.ops[0].args.contains_key("scalars"));
+        assert_eq!(f.def.ops[0].outputs, ["p", "loss", "acc", "dx"]);
+        let f = fuse_net(&loss_net(None), &["loss_and_acc".to_string()]);
+        assert!(!f.def.ops[0].args.contains_key("scalars"));
+        assert_eq!(super::loss_scalars_name("l", "a"), "l_and_a");
     }
 }

@@ -6,8 +6,10 @@
 //!
 //! `SoftmaxWithLoss` with `accuracy_top_k = K` also writes the `Accuracy` (top K) of its
 //! probabilities as output 2, and with `gradient = 1` the `SoftmaxWithLossGradient` (with
-//! `dLoss = 1`) as its last output, in the same pass over the rows, bit for bit what the
-//! separate operators give (see `net::fuse_loss`).
+//! `dLoss = 1`) as the output after it, in the same pass over the rows, bit for bit what the
+//! separate operators give (see `net::fuse_loss`). With `accuracy_top_k` and `scalars = 1`, its
+//! last output is `[loss, accuracy]` (`f32 [2]`), the same two values again side by side, so
+//! that a training loop brings both back with one read.
 //!
 //! An out-of-range label is an error naming the row on the `cpu` device, and on OpenCL and CUDA
 //! whenever the labels' host copy is current (checked there without any copy). When the labels
@@ -30,11 +32,13 @@ use crate::workspace::Workspace;
 
 #[derive(Clone, Copy)]
 enum Kind {
-    /// With `accuracy_top_k`, output 2 is the accuracy; with `gradient = 1`, the last output is
-    /// the gradient of the loss (with `dLoss = 1`): both from the same pass.
+    /// With `accuracy_top_k`, output 2 is the accuracy; with `gradient = 1`, the next output
+    /// is the gradient of the loss (with `dLoss = 1`); with `scalars = 1` (and the accuracy),
+    /// the last output is `[loss, accuracy]`: all from the same pass.
     Forward {
         top_k: Option<usize>,
         gradient: bool,
+        scalars: bool,
     },
     Gradient,
     Accuracy {
@@ -53,33 +57,45 @@ pub(crate) fn build_softmax_with_loss(
     def: &OperatorDef,
     device: &Device,
 ) -> Result<Box<dyn Operator>> {
-    let args = Args::check(def, (2, 2), (2, 4), &["axis", "accuracy_top_k", "gradient"])?;
+    let args = Args::check(
+        def,
+        (2, 2),
+        (2, 5),
+        &["axis", "accuracy_top_k", "gradient", "scalars"],
+    )?;
     let top_k = match def.args.contains_key("accuracy_top_k") {
         true => Some(top_k_of(def, args.i64_or("accuracy_top_k", 1)?)?),
         false => None,
     };
-    let gradient = match args.i64_or("gradient", 0)? {
-        0 => false,
-        1 => true,
-        v => {
-            return Err(invalid(
-                def,
-                format!("argument \"gradient\" must be 0 or 1, got {v}"),
-            ))
-        }
+    let flag = |name: &str| match args.i64_or(name, 0)? {
+        0 => Ok(false),
+        1 => Ok(true),
+        v => Err(invalid(
+            def,
+            format!("argument \"{name}\" must be 0 or 1, got {v}"),
+        )),
     };
-    let want = 2 + usize::from(top_k.is_some()) + usize::from(gradient);
+    let (gradient, scalars) = (flag("gradient")?, flag("scalars")?);
+    if scalars && top_k.is_none() {
+        return Err(invalid(
+            def,
+            "argument \"scalars\" needs \"accuracy_top_k\" (it writes the loss and the accuracy)"
+                .to_string(),
+        ));
+    }
+    let want = 2 + usize::from(top_k.is_some()) + usize::from(gradient) + usize::from(scalars);
     if def.outputs.len() != want {
         return Err(invalid(
             def,
             format!(
-                "writes P, the loss{}{}: {want} outputs, got {}",
+                "writes P, the loss{}{}{}: {want} outputs, got {}",
                 if top_k.is_some() {
                     ", the accuracy"
                 } else {
                     ""
                 },
                 if gradient { ", dX" } else { "" },
+                if scalars { ", [loss, accuracy]" } else { "" },
                 def.outputs.len()
             ),
         ));
@@ -88,7 +104,11 @@ pub(crate) fn build_softmax_with_loss(
         def,
         device,
         args.i64_or("axis", 1)?,
-        Kind::Forward { top_k, gradient },
+        Kind::Forward {
+            top_k,
+            gradient,
+            scalars,
+        },
     )
 }
 
@@ -175,7 +195,11 @@ impl Operator for LossOp {
         let mut locked = blobs.lock();
         let mut io = locked.io(ctx.device())?;
         match self.kind {
-            Kind::Forward { top_k, gradient } => self.forward(ctx, &mut io, top_k, gradient),
+            Kind::Forward {
+                top_k,
+                gradient,
+                scalars,
+            } => self.forward(ctx, &mut io, top_k, gradient, scalars),
             Kind::Gradient => self.gradient(ctx, &mut io),
             Kind::Accuracy { top_k } => self.accuracy(ctx, &mut io, top_k),
         }
@@ -189,6 +213,7 @@ impl LossOp {
         io: &mut Io<'_>,
         top_k: Option<usize>,
         gradient: bool,
+        scalars: bool,
     ) -> Result<()> {
         let def = io.def();
         let dev = ctx.device();
@@ -205,14 +230,22 @@ impl LossOp {
         };
         let dx = match gradient {
             true => {
-                let j = def.outputs.len() - 1;
+                let j = 2 + usize::from(top_k.is_some());
                 Some(Out::<f32>::overwrite(io.output(j)?, x.dims(), dev)?)
+            }
+            false => None,
+        };
+        let both = match scalars {
+            true => {
+                let j = def.outputs.len() - 1;
+                Some(Out::<f32>::overwrite(io.output(j)?, &[2], dev)?)
             }
             false => None,
         };
         let extra = SoftmaxExtra {
             accuracy: acc.as_ref().map(|(k, a)| (*k, a.buffer())),
             grad: dx.as_ref().map(Out::buffer),
+            scalars: both.as_ref().map(Out::buffer),
         };
         let seen = ctx.kernels().softmax_loss(
             n,

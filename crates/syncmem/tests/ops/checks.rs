@@ -191,8 +191,9 @@ fn multi_parameter_sgd_equals_one_sgd_per_parameter(dev: &Device) {
 }
 
 /// `SoftmaxWithLoss` with `accuracy_top_k` and `gradient = 1` writes, in one pass, what
-/// `SoftmaxWithLoss`, `Accuracy` and `SoftmaxWithLossGradient` write, bit for bit; a wrong
-/// output count is refused.
+/// `SoftmaxWithLoss`, `Accuracy` and `SoftmaxWithLossGradient` write, bit for bit, and with
+/// `scalars = 1` the loss and the accuracy again side by side; a wrong output count or
+/// `scalars` without the accuracy is refused.
 fn fused_loss_equals_the_three_operators(dev: &Device) {
     let ctx = Context::with_seed(dev, 1).unwrap();
     for (rows, cols, top_k) in [(33, 10, 1), (33, 10, 3), (1, 1, 1), (33, 3, 2)] {
@@ -240,12 +241,39 @@ fn fused_loss_equals_the_three_operators(dev: &Device) {
         );
         assert_eq!(get(&ws, "dx"), get(&ws, "dx3"));
         assert_eq!(get(&ws, "acc"), get(&ws, "acc4"));
+        // The pair, with and without the gradient: [loss, accuracy], bit for bit.
+        let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let want = bits(vec![get(&ws, "loss")[0], get(&ws, "acc")[0]]);
+        for (outs, gradient) in [
+            (&["p5", "loss5", "acc5", "dx5", "both5"][..], true),
+            (&["p6", "loss6", "acc6", "both6"][..], false),
+        ] {
+            let mut def = sm(outs).arg("accuracy_top_k", top_k).arg("scalars", 1);
+            if gradient {
+                def = def.arg("gradient", 1);
+            }
+            ok(&ws, &ctx, def);
+            let both = outs[outs.len() - 1];
+            assert_eq!(bits(get(&ws, both)), want, "{both} on {}", dev.label());
+            let prefix = &both[4..];
+            assert_eq!(get(&ws, &format!("loss{prefix}")), get(&ws, "loss"));
+            assert_eq!(get(&ws, &format!("acc{prefix}")), get(&ws, "acc"));
+        }
+        assert_eq!(get(&ws, "dx5"), get(&ws, "dx"));
     }
     for bad in [
         OperatorDef::new("SoftmaxWithLoss", &["x", "l"], &["p", "loss", "a"]),
         OperatorDef::new("SoftmaxWithLoss", &["x", "l"], &["p", "loss"]).arg("gradient", 1),
         OperatorDef::new("SoftmaxWithLoss", &["x", "l"], &["p", "loss", "a"])
             .arg("accuracy_top_k", 0),
+        // The pair needs the accuracy, and an output of its own.
+        OperatorDef::new("SoftmaxWithLoss", &["x", "l"], &["p", "loss", "s"]).arg("scalars", 1),
+        OperatorDef::new("SoftmaxWithLoss", &["x", "l"], &["p", "loss", "a"])
+            .arg("accuracy_top_k", 1)
+            .arg("scalars", 1),
+        OperatorDef::new("SoftmaxWithLoss", &["x", "l"], &["p", "loss", "a", "s"])
+            .arg("accuracy_top_k", 1)
+            .arg("scalars", 2),
     ] {
         let e = create_operator(&bad, dev).err().unwrap();
         assert!(e.to_string().contains("SoftmaxWithLoss"), "{e}");

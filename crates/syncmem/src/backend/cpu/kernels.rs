@@ -205,6 +205,11 @@ impl BackendKernels for CpuDevice {
             if let Some(bad) = self.accuracy(s, rows, cols, top_k, p, labels, out)? {
                 return Ok(Some(bad));
             }
+            if let Some(both) = extra.scalars {
+                let (l, a) = (view::<f32>(loss, 1)?[0], view::<f32>(out, 1)?[0]);
+                // SAFETY: `scalars` is an output, held exclusively, aliasing nothing else.
+                unsafe { view_mut::<f32>(both, 2)? }.copy_from_slice(&[l, a]);
+            }
         }
         if let (Some(dx), Some(p), Some(labels)) = (extra.grad, p, labels) {
             return self.softmax_loss_grad(s, rows, cols, p, labels, None, dx);

@@ -164,7 +164,8 @@ impl BackendKernels for CuDevice {
         let (l, rc) = (self.label(), (rows, cols));
         let acc = extra.accuracy.map(|(k, a)| (k, ptr(a)));
         let (x, labels, p, grad) = (opt(x), opt(labels), opt(p), opt(extra.grad));
-        let args = args::softmax_loss(l, rc, x, labels, p, ptr(loss), acc, grad)?;
+        let scalars = opt(extra.scalars);
+        let args = args::softmax_loss(l, rc, x, labels, p, ptr(loss), acc, grad, scalars)?;
         let cfg = linear(1, BLOCK);
         self.run(s, "sm_softmax_loss", &ks.softmax_loss, &args, cfg)?;
         Ok(None)

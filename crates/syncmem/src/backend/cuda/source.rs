@@ -220,7 +220,8 @@ __device__ float sm_block_sum(float acc, float* scratch) {
  * loss[0] = mean over the rows (0 when N == 0). */
 extern "C" __global__ void sm_softmax_loss(unsigned int N, unsigned int C, const float* X,
                                            const int* labels, float* P, float* loss, float* A,
-                                           unsigned int top_k, float* dX, unsigned int flags) {
+                                           unsigned int top_k, float* dX, float* S,
+                                           unsigned int flags) {
     __shared__ float scratch[SM_BLOCK];
     const float scale = 1.0f / (float)N;
     float right = 0.0f;
@@ -273,6 +274,9 @@ extern "C" __global__ void sm_softmax_loss(unsigned int N, unsigned int C, const
     const float total = sm_block_sum(acc, scratch);
     if (threadIdx.x == 0) {
         loss[0] = N > 0 ? total / (float)N : 0.0f;
+        if (flags & 4u) {
+            S[0] = loss[0];
+        }
     }
     if (flags & 1u) {
         /* Every thread has read scratch[0] before it is written again. */
@@ -280,6 +284,9 @@ extern "C" __global__ void sm_softmax_loss(unsigned int N, unsigned int C, const
         const float correct = sm_block_sum(right, scratch);
         if (threadIdx.x == 0) {
             A[0] = N > 0 ? correct / (float)N : 0.0f;
+            if (flags & 4u) {
+                S[1] = A[0];
+            }
         }
     }
 }

@@ -174,7 +174,12 @@ impl RawDevice {
                 None => None,
             };
             let grad = opt(extra.grad, m, self)?;
-            let extra = SoftmaxExtra { accuracy, grad };
+            let scalars = opt(extra.scalars, m, self)?;
+            let extra = SoftmaxExtra {
+                accuracy,
+                grad,
+                scalars,
+            };
             d.softmax_loss(
                 s,
                 rows,

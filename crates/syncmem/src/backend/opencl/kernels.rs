@@ -196,6 +196,7 @@ impl BackendKernels for ClDevice {
             mem(loss),
             extra.accuracy.map(|(k, a)| (k, mem(a))),
             opt(extra.grad),
+            opt(extra.scalars),
         )?;
         self.run_one_group(s, &ks.softmax_loss, &args)?;
         Ok(None)

@@ -441,7 +441,8 @@ float sm_group_sum(float acc, __local float* scratch) {
 __kernel void sm_softmax_loss(const uint N, const uint C, __global const float* X,
                               __global const int* labels, __global float* P,
                               __global float* loss, __global float* A, const uint top_k,
-                              __global float* dX, const uint flags, __local float* scratch) {
+                              __global float* dX, __global float* S, const uint flags,
+                              __local float* scratch) {
     const float scale = 1.0f / (float)N;
     float right = 0.0f;
     float acc = 0.0f;
@@ -493,6 +494,9 @@ __kernel void sm_softmax_loss(const uint N, const uint C, __global const float* 
     const float total = sm_group_sum(acc, scratch);
     if (get_local_id(0) == 0) {
         loss[0] = N > 0 ? total / (float)N : 0.0f;
+        if (flags & 4u) {
+            S[0] = loss[0];
+        }
     }
     if (flags & 1u) {
         /* Every work-item has read scratch[0] before it is written again. */
@@ -500,6 +504,9 @@ __kernel void sm_softmax_loss(const uint N, const uint C, __global const float* 
         const float correct = sm_group_sum(right, scratch);
         if (get_local_id(0) == 0) {
             A[0] = N > 0 ? correct / (float)N : 0.0f;
+            if (flags & 4u) {
+                S[1] = A[0];
+            }
         }
     }
 }

@@ -4,15 +4,17 @@
 //! [`Trainer::new`] shuffles the dataset once (from the seed), cuts it into batches, uploads
 //! every batch once, runs the init net, and creates the train and eval nets (memory-planned
 //! when [`TrainConfig::plan`]). A step makes the `data` and `label` blobs share the storage of
-//! one uploaded batch (no copy), queues the train net, and reads the two scalars back: the
-//! loss by a copy queued first, the accuracy by a blocking read behind it, so the host waits
-//! once per step (on a device that runs asynchronously; never on `cpu`). Per step: zero
-//! host-to-device copies, two 4-byte device-to-host copies, one host wait, which
+//! one uploaded batch (no copy), queues the train net, and reads the two scalars back: with
+//! loss fusion (the default), the fused loss writes them side by side and one blocking read
+//! brings both (see [`crate::net::fuse_loss`]); without it, the loss by a copy queued first and
+//! the accuracy by a blocking read behind it. So the host waits once per step (on a device that
+//! runs asynchronously; never on `cpu`). Per step: zero host-to-device copies, one 8-byte
+//! device-to-host copy (two 4-byte ones without fusion), one host wait, which
 //! [`Trainer::transfers`] counts from the calling thread's counters
 //! ([`crate::alloc::stats::thread_copies`]: no walk over the blobs, and the work of other
-//! threads, another trainer's say, does not count), and no
-//! heap allocation of the library's own once the first step has run (on `cpu`, the GEMM
-//! library allocates its packing buffers inside each large enough product).
+//! threads, another trainer's say, does not count), and no heap allocation of the library's
+//! own once the first step has run (on a `cpu` device without AVX-512F, the GEMM library
+//! `matrixmultiply` allocates its packing buffers inside each large enough product).
 //!
 //! Equal seeds give equal data, equal initial weights (fills draw on the host), equal batch
 //! order, so the loss curve is the same on every device up to float rounding.
@@ -262,8 +264,8 @@ impl Trainer {
         feed_batch(&self.ws, &self.device, &self.batches[i])
     }
 
-    fn read_scalars(&self) -> Result<(f32, f32)> {
-        read_scalars(&self.ws)
+    fn read_scalars(&self, net: &Net) -> Result<(f32, f32)> {
+        read_scalars(&self.ws, net)
     }
 
     /// Runs one training step on batch `i`; returns (loss, accuracy) of the batch before the
@@ -295,7 +297,7 @@ impl Trainer {
         } else {
             self.feed(i)?;
             self.train.run(&self.ws)?;
-            self.read_scalars()?
+            self.read_scalars(&self.train)?
         };
         if parallel {
             counts_into(&mut self.pairs_after);
@@ -393,7 +395,7 @@ impl Trainer {
             } else {
                 self.feed(i)?;
                 self.eval.run(&self.ws)?;
-                self.read_scalars()?
+                self.read_scalars(&self.eval)?
             };
             loss += f64::from(l) * n;
             acc += f64::from(a) * n;
@@ -557,9 +559,26 @@ fn read_scalar(ws: &Workspace, name: &str) -> Result<f32> {
     })
 }
 
-/// The loss and the accuracy of the net just queued in `ws`: the loss's copy is queued first,
-/// then the accuracy is read (the one wait), and the loss's copy is done by then.
-fn read_scalars(ws: &Workspace) -> Result<(f32, f32)> {
+/// The loss and the accuracy of `net`, just queued in `ws`: where its fused loss writes them
+/// side by side (see [`crate::net::fuse_loss`]), one read of the pair; otherwise the loss's
+/// copy is queued first, then the accuracy is read (the one wait), and the loss's copy is done
+/// by then.
+fn read_scalars(ws: &Workspace, net: &Net) -> Result<(f32, f32)> {
+    let pair = crate::net::fuse_loss::loss_scalars_name(LOSS, ACCURACY);
+    if net.run_def().ops.iter().any(|o| o.outputs.contains(&pair)) {
+        let blob = ws.get_blob(&pair)?;
+        let guard = blob.read();
+        let t = guard.get::<Tensor>()?;
+        let v = t.host::<f32>()?;
+        return match *v {
+            [loss, acc] => Ok((loss, acc)),
+            _ => Err(Error::InvalidShape {
+                what: format!("blob {pair:?}"),
+                shape: format!("{:?}", t.dims()),
+                reason: "expected the loss and the accuracy".into(),
+            }),
+        };
+    }
     prefetch_scalar(ws, LOSS)?;
     let acc = read_scalar(ws, ACCURACY)?;
     let loss = read_scalar(ws, LOSS)?;
