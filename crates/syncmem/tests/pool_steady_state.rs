@@ -1,13 +1,15 @@
 //! Once a program has allocated every size it uses, a cycle of pool allocations and frees
 //! costs no heap allocation: the host pool serves small blocks from exact-size free lists and
 //! keeps its bookkeeping in place; a device pool also keeps each block's view, and a block
-//! freed with no work pending goes back without a fence. A counting global allocator (per
-//! thread, since tests run in parallel) checks it.
+//! freed with no work pending goes back without a fence. So does a steady training step. A
+//! counting global allocator (per thread, since tests run in parallel) checks it.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use syncmem::{Device, HostPool, PoolConfig, PoolKind};
+use syncmem::net::mlp::Dataset;
+use syncmem::net::train::{TrainConfig, Trainer};
+use syncmem::{BackendKind, Device, HostPool, PoolConfig, PoolKind};
 
 thread_local! {
     static ALLOCS: Cell<usize> = const { Cell::new(0) };
@@ -125,7 +127,50 @@ fn device_pool_cycles_allocate_nothing(dev: &Device) {
     );
 }
 
-syncmem::for_each_device!(device_pool_cycles_allocate_nothing);
+/// A steady training step (the train net, then the one read of the loss and the accuracy)
+/// makes no heap allocation on the thread that runs it: every blob, buffer and argument list
+/// was made by the first epoch. Counted per step; the median is the steady state (a step may
+/// rarely see a dependency grow a table of its own once).
+fn a_steady_training_step_allocates_nothing(dev: &Device) {
+    let own_gemm = cfg!(target_arch = "x86_64")
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::env::var_os("SYNCMEM_CPU_GEMM").is_none();
+    if dev.backend() == BackendKind::Cpu && !own_gemm {
+        // matrixmultiply (the GEMM without AVX-512F) allocates its packing buffers per call.
+        eprintln!("SKIPPED on cpu: the crate's own GEMM does not run on this CPU");
+        return;
+    }
+    let cfg = TrainConfig::default()
+        .with_hidden(vec![32, 32])
+        .with_epochs(1)
+        .with_batch(16)
+        .with_seed(2);
+    let mut t = Trainer::new(dev, &Dataset::spirals(256, 3, 0.2, 4), &cfg).unwrap();
+    let n = t.batch_count();
+    for i in 0..n {
+        t.step(i).unwrap();
+    }
+    let mut per_step = Vec::with_capacity(3 * n);
+    for _ in 0..3 {
+        for i in 0..n {
+            let before = allocs();
+            t.step(i).unwrap();
+            per_step.push(allocs() - before);
+        }
+    }
+    per_step.sort_unstable();
+    assert_eq!(
+        per_step[per_step.len() / 2],
+        0,
+        "{}: heap allocations per step, sorted: {per_step:?}",
+        dev.label()
+    );
+}
+
+syncmem::for_each_device!(
+    device_pool_cycles_allocate_nothing,
+    a_steady_training_step_allocates_nothing
+);
 
 #[test]
 fn the_counter_counts() {

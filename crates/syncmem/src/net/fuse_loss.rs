@@ -224,5 +224,7 @@ mod tests {
         let f = fuse_net(&loss_net(None), &["loss_and_acc".to_string()]);
         assert!(!f.def.ops[0].args.contains_key("scalars"));
         assert_eq!(super::loss_scalars_name("l", "a"), "l_and_a");
+        use crate::net::mlp::{ACCURACY, LOSS, LOSS_AND_ACCURACY};
+        assert_eq!(super::loss_scalars_name(LOSS, ACCURACY), LOSS_AND_ACCURACY);
     }
 }

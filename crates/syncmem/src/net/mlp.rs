@@ -30,6 +30,9 @@ pub const LABEL: &str = "label";
 pub const LOSS: &str = "loss";
 /// Name of the accuracy blob (scalar).
 pub const ACCURACY: &str = "accuracy";
+/// Name of the `[loss, accuracy]` pair that loss fusion adds to the train and eval nets
+/// ([`crate::net::fuse_loss::loss_scalars_name`] of [`LOSS`] and [`ACCURACY`]).
+pub const LOSS_AND_ACCURACY: &str = "loss_and_accuracy";
 
 /// A labelled dataset held on the host: `x` is `f32 [len, features]` row-major, `y` holds
 /// class indices `0..classes`.

@@ -41,7 +41,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
 use super::memory::{measure_run, RunMemory};
-use super::mlp::{Dataset, Mlp, MlpNets, ACCURACY, DATA, LABEL, LOSS};
+use super::mlp::{Dataset, Mlp, MlpNets, ACCURACY, DATA, LABEL, LOSS, LOSS_AND_ACCURACY};
 use super::Net;
 use crate::alloc::pairs::{counts_into, pair_copies, PairCopies};
 use crate::alloc::stats::{thread_copies, thread_host_waits, CopyDir, CopyStats, COPIES};
@@ -564,9 +564,14 @@ fn read_scalar(ws: &Workspace, name: &str) -> Result<f32> {
 /// copy is queued first, then the accuracy is read (the one wait), and the loss's copy is done
 /// by then.
 fn read_scalars(ws: &Workspace, net: &Net) -> Result<(f32, f32)> {
-    let pair = crate::net::fuse_loss::loss_scalars_name(LOSS, ACCURACY);
-    if net.run_def().ops.iter().any(|o| o.outputs.contains(&pair)) {
-        let blob = ws.get_blob(&pair)?;
+    let pair = LOSS_AND_ACCURACY;
+    if net
+        .run_def()
+        .ops
+        .iter()
+        .any(|o| o.outputs.iter().any(|n| n == pair))
+    {
+        let blob = ws.get_blob(pair)?;
         let guard = blob.read();
         let t = guard.get::<Tensor>()?;
         let v = t.host::<f32>()?;
