@@ -133,10 +133,13 @@ fn device_pool_cycles_allocate_nothing(dev: &Device) {
 /// rarely see a dependency grow a table of its own once).
 fn a_steady_training_step_allocates_nothing(dev: &Device) {
     let own_gemm = cfg!(target_arch = "x86_64")
-        && std::arch::is_x86_feature_detected!("avx512f")
-        && std::env::var_os("SYNCMEM_CPU_GEMM").is_none();
+        && std::arch::is_x86_feature_detected!("fma")
+        && (std::arch::is_x86_feature_detected!("avx512f")
+            || std::arch::is_x86_feature_detected!("avx2"))
+        && std::env::var_os("SYNCMEM_CPU_GEMM").is_none_or(|v| v != "matrixmultiply");
     if dev.backend() == BackendKind::Cpu && !own_gemm {
-        // matrixmultiply (the GEMM without AVX-512F) allocates its packing buffers per call.
+        // matrixmultiply (the GEMM without AVX-512F or AVX2) allocates its packing buffers
+        // per call.
         eprintln!("SKIPPED on cpu: the crate's own GEMM does not run on this CPU");
         return;
     }

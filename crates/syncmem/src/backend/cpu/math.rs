@@ -1,6 +1,6 @@
 //! The host math: plain loops over slices, and for GEMM this crate's own on x86-64 CPUs with
-//! AVX-512F (`super::gemm`: no operand copied whole, no heap allocation in a steady state),
-//! else `matrixmultiply`. The `cpu` backend's kernels run these over the `cpu` device's
+//! AVX-512F or AVX2 (`super::gemm`: no operand copied whole, no heap allocation in a steady
+//! state), else `matrixmultiply`. The `cpu` backend's kernels run these over the `cpu` device's
 //! memory; parameter blobs whose head is at the host run the BLAS-1 functions on their host
 //! mirrors (re-exported as [`crate::kernels::host`]).
 //!

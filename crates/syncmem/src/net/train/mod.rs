@@ -13,8 +13,8 @@
 //! [`Trainer::transfers`] counts from the calling thread's counters
 //! ([`crate::alloc::stats::thread_copies`]: no walk over the blobs, and the work of other
 //! threads, another trainer's say, does not count), and no heap allocation of the library's
-//! own once the first step has run (on a `cpu` device without AVX-512F, the GEMM library
-//! `matrixmultiply` allocates its packing buffers inside each large enough product).
+//! own once the first step has run (on a `cpu` device with neither AVX-512F nor AVX2, the GEMM
+//! library `matrixmultiply` allocates its packing buffers inside each large enough product).
 //!
 //! Equal seeds give equal data, equal initial weights (fills draw on the host), equal batch
 //! order, so the loss curve is the same on every device up to float rounding.

@@ -1,5 +1,6 @@
-//! The AVX-512 micro-kernel of the `cpu` GEMM: a register-blocked tile of C, the element-by-
-//! element edge at C's right side, and the store of a block's sums (see the [parent](super)).
+//! The micro-kernels of the `cpu` GEMM: a register-blocked tile of C (AVX-512F, and AVX2 for
+//! CPUs without it), the element-by-element edge at C's right side, and the store of a block's
+//! sums (see the [parent](super)).
 
 use super::{Tile, NR};
 
@@ -79,26 +80,131 @@ pub(super) fn store(old: f32, v: f32, beta: f32, first: bool) -> f32 {
     }
 }
 
-/// The `mm x nn` part of a tile at the right edge of C (fewer than [`NR`] columns), element
-/// by element, each sum in the same order as the tiles'.
+/// Defines an edge function (see [`edge`]) compiled for the target features `$features`.
+macro_rules! edge_fn {
+    ($name:ident, $features:literal, $isa:literal) => {
+        /// The `mm x nn` part of a tile at the right edge of C (fewer than [`NR`] columns),
+        /// element by element, each sum in the same order as the tiles'.
+        ///
+        /// # Safety
+        /// The part lies inside its matrices; no other thread writes it; the CPU has
+        #[doc = concat!($isa, ".")]
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn $name(t: Tile, (mm, nn): (usize, usize)) {
+            for r in 0..mm {
+                for q in 0..nn {
+                    let mut s = 0f32;
+                    for l in 0..t.kc {
+                        let (ai, bi) = (r * t.rsa + l * t.csa, l * t.rsb + q);
+                        // SAFETY: row r, column q and step l are inside the part.
+                        let (av, bv) = unsafe { (*t.a.add(ai), *t.b.add(bi)) };
+                        s = av.mul_add(bv, s);
+                    }
+                    // SAFETY: (r, q) is inside the part, written by this thread alone.
+                    unsafe {
+                        let cp = t.c.add(r * t.rsc + q * t.csc);
+                        *cp = store(*cp, s, t.beta, t.first);
+                    }
+                }
+            }
+        }
+    };
+}
+
+edge_fn!(edge, "avx512f,fma", "AVX-512F");
+edge_fn!(edge_avx2, "avx2,fma", "AVX2 and FMA");
+
+/// Rows of the AVX2 sub-tiles: 6 rows by two 8-float vectors, 12 accumulators (with the two
+/// vectors of op(B) and the broadcast, 15 of the 16 AVX2 registers).
+const AVX2_ROWS: usize = 6;
+
+/// An `mm x NR` tile (`mm <= MR` rows) with AVX2: sub-tiles of up to [`AVX2_ROWS`] rows by 16
+/// columns, each element summed over the block in the same order as [`tile`] sums it (so the
+/// same bits), and stored the same way.
 ///
 /// # Safety
-/// The part lies inside its matrices; no other thread writes it; the CPU has AVX-512F.
-#[target_feature(enable = "avx512f,fma")]
-pub(super) unsafe fn edge(t: Tile, (mm, nn): (usize, usize)) {
-    for r in 0..mm {
-        for q in 0..nn {
-            let mut s = 0f32;
-            for l in 0..t.kc {
-                // SAFETY: row r, column q and step l are inside the part.
-                let (av, bv) =
-                    unsafe { (*t.a.add(r * t.rsa + l * t.csa), *t.b.add(l * t.rsb + q)) };
-                s = av.mul_add(bv, s);
-            }
-            // SAFETY: (r, q) is inside the part, written by this thread alone.
+/// The tile lies inside its matrices; no other thread writes it; the CPU has AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn tile_avx2(t: Tile, mm: usize) {
+    let mut r0 = 0;
+    while r0 < mm {
+        for h in 0..NR / 16 {
+            // SAFETY: rows r0.. and columns 16h..16h+16 are inside the tile.
             unsafe {
-                let cp = t.c.add(r * t.rsc + q * t.csc);
-                *cp = store(*cp, s, t.beta, t.first);
+                match mm - r0 {
+                    1 => sub_avx2::<1>(t, r0, h),
+                    2 => sub_avx2::<2>(t, r0, h),
+                    3 => sub_avx2::<3>(t, r0, h),
+                    4 => sub_avx2::<4>(t, r0, h),
+                    5 => sub_avx2::<5>(t, r0, h),
+                    _ => sub_avx2::<AVX2_ROWS>(t, r0, h),
+                }
+            }
+        }
+        r0 += AVX2_ROWS;
+    }
+}
+
+/// Rows `r0..r0 + R` and columns `16h..16h + 16` of an AVX2 tile (see [`tile_avx2`]).
+///
+/// # Safety
+/// As [`tile_avx2`], for this part of the tile.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn sub_avx2<const R: usize>(t: Tile, r0: usize, h: usize) {
+    use std::arch::x86_64::{
+        __m256, _mm256_add_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_ps, _mm256_setzero_ps,
+        _mm256_storeu_ps,
+    };
+    let mut acc: [[__m256; 2]; R] = [[_mm256_setzero_ps(); 2]; R];
+    for l in 0..t.kc {
+        // SAFETY: step l of the part's rows and columns is inside A' and B'.
+        unsafe {
+            let bp = t.b.add(l * t.rsb + 16 * h);
+            let (b0, b1) = (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)));
+            let ap = t.a.add(r0 * t.rsa + l * t.csa);
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let a = _mm256_set1_ps(*ap.add(r * t.rsa));
+                acc_r[0] = _mm256_fmadd_ps(a, b0, acc_r[0]);
+                acc_r[1] = _mm256_fmadd_ps(a, b1, acc_r[1]);
+            }
+        }
+    }
+    // SAFETY: the part's elements of C are inside the tile, written by this thread alone.
+    let c = unsafe { t.c.add(r0 * t.rsc + 16 * h * t.csc) };
+    if t.csc == 1 {
+        // As `tile`: the old value scaled by beta with one fused multiply-add.
+        let beta = _mm256_set1_ps(t.beta);
+        for (r, acc_r) in acc.iter().enumerate() {
+            // SAFETY: row r of the part holds 16 contiguous floats of C (csc == 1).
+            unsafe {
+                let cp = c.add(r * t.rsc);
+                for (v8, &v) in acc_r.iter().enumerate() {
+                    let at = cp.add(8 * v8);
+                    let v = match (t.first, t.beta == 0.0) {
+                        (true, true) => v,
+                        (true, false) => _mm256_fmadd_ps(beta, _mm256_loadu_ps(at), v),
+                        (false, _) => _mm256_add_ps(_mm256_loadu_ps(at), v),
+                    };
+                    _mm256_storeu_ps(at, v);
+                }
+            }
+        }
+    } else {
+        let mut out = [[0f32; 16]; R];
+        for (o, acc_r) in out.iter_mut().zip(&acc) {
+            // SAFETY: `o` holds 16 floats, two vectors.
+            unsafe {
+                _mm256_storeu_ps(o.as_mut_ptr(), acc_r[0]);
+                _mm256_storeu_ps(o.as_mut_ptr().add(8), acc_r[1]);
+            }
+        }
+        for (r, o) in out.iter().enumerate() {
+            for (q, &v) in o.iter().enumerate() {
+                // SAFETY: (r, q) is inside the part.
+                unsafe {
+                    let cp = c.add(r * t.rsc + q * t.csc);
+                    *cp = store(*cp, v, t.beta, t.first);
+                }
             }
         }
     }

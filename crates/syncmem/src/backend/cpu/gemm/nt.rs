@@ -15,7 +15,7 @@ pub(super) fn run_nt(p: &Problem) {
     on_threads(p, &|t, parts| {
         let (lo, hi) = share((t, parts), p.n.div_ceil(DR), DR, p.n);
         // SAFETY: rows lo..hi of B and every row of A lie inside the slices `gemm`'s caller
-        // checked; this thread alone writes columns lo..hi of C; `supported()` found AVX-512F.
+        // checked; this thread alone writes columns lo..hi of C; `isa()` found AVX-512F.
         unsafe { nt_part(p, (lo, hi)) };
     });
 }

@@ -1,5 +1,22 @@
-//! The GEMM against an f64 reference on every path.
+//! The GEMM against an f64 reference on every path, with each set of micro-kernels this CPU
+//! has.
 use super::*;
+
+/// The micro-kernels this CPU runs (AVX-512F, AVX2), whatever `SYNCMEM_CPU_GEMM` says.
+fn isas() -> Vec<Isa> {
+    let fma = is_x86_feature_detected!("fma");
+    let mut v = Vec::new();
+    if fma && is_x86_feature_detected!("avx512f") {
+        v.push(Isa::Avx512);
+    }
+    if fma && is_x86_feature_detected!("avx2") {
+        v.push(Isa::Avx2);
+    }
+    if v.is_empty() {
+        eprintln!("skipped: this CPU has neither AVX-512F nor AVX2 (matrixmultiply runs)");
+    }
+    v
+}
 
 /// `op(A)·op(B)` in f64, row-major.
 fn reference(
@@ -26,13 +43,16 @@ fn reference(
 /// Every path against an f64 reference: tiles and the edges of both sides, reductions over
 /// several blocks, packed and unpacked operands, one thread and the thread tree, `nt` as dot
 /// products (long reductions, masked tails) and as tiles (short ones), narrow products run
-/// transposed, and the three ways of `beta` (0 reads nothing of C: it starts as NaN).
+/// transposed, and the three ways of `beta` (0 reads nothing of C: it starts as NaN); with
+/// each set of micro-kernels.
 #[test]
 fn every_path_matches_the_reference() {
-    if !supported() {
-        eprintln!("skipped: this CPU has no AVX-512F (the products run on matrixmultiply)");
-        return;
+    for isa in isas() {
+        every_path_on(isa);
     }
+}
+
+fn every_path_on(isa: Isa) {
     for (m, n, k) in [
         (64, 96, 64),
         (70, 100, 600),
@@ -54,7 +74,7 @@ fn every_path_matches_the_reference() {
             for beta in [0.0f32, 1.0, 0.5] {
                 let start = |i: usize| if beta == 0.0 { f32::NAN } else { i as f32 };
                 let mut c: Vec<f32> = (0..m * n).map(start).collect();
-                assert!(gemm((ta, tb), (m, n, k), &a, &b, beta, &mut c));
+                assert!(gemm_on(isa, (ta, tb), (m, n, k), &a, &b, beta, &mut c));
                 for (i, (&x, &y)) in c.iter().zip(&want).enumerate() {
                     let old = if beta == 0.0 {
                         0.0
@@ -65,14 +85,14 @@ fn every_path_matches_the_reference() {
                     let tol = 1e-4 * (1.0 + y.abs()) * (k as f64).sqrt();
                     assert!(
                         (f64::from(x) - y).abs() <= tol,
-                        "{m}x{n}x{k} ta {ta} tb {tb} beta {beta}: C[{i}] = {x}, want {y}"
+                        "{isa:?} {m}x{n}x{k} ta {ta} tb {tb} beta {beta}: C[{i}] = {x}, want {y}"
                     );
                 }
             }
         }
         let mut c = vec![0f32; m * n];
         assert!(
-            !gemm((true, true), (m, n, k), &a, &b, 0.0, &mut c),
+            !gemm_on(isa, (true, true), (m, n, k), &a, &b, 0.0, &mut c),
             "tt is not ours"
         );
     }
@@ -82,10 +102,12 @@ fn every_path_matches_the_reference() {
 /// the threads do).
 #[test]
 fn results_repeat_bit_for_bit() {
-    if !supported() {
-        eprintln!("skipped: this CPU has no AVX-512F");
-        return;
+    for isa in isas() {
+        repeat_on(isa);
     }
+}
+
+fn repeat_on(isa: Isa) {
     for (t, (m, n, k)) in [
         ((false, false), (64, 512, 600)),
         ((true, false), (512, 512, 64)),
@@ -94,11 +116,37 @@ fn results_repeat_bit_for_bit() {
         let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
         let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
         let (mut c1, mut c2) = (vec![0f32; m * n], vec![0f32; m * n]);
-        assert!(gemm(t, (m, n, k), &a, &b, 0.0, &mut c1));
-        assert!(gemm(t, (m, n, k), &a, &b, 0.0, &mut c2));
+        assert!(gemm_on(isa, t, (m, n, k), &a, &b, 0.0, &mut c1));
+        assert!(gemm_on(isa, t, (m, n, k), &a, &b, 0.0, &mut c2));
         assert!(
             c1.iter().zip(&c2).all(|(x, y)| x.to_bits() == y.to_bits()),
-            "{t:?}"
+            "{isa:?} {t:?}"
         );
+    }
+}
+
+/// The AVX2 tiles sum each element in the AVX-512 tiles' order and store it the same way:
+/// `nn` and `tn` products (tiles and edges, several blocks, every `beta`) give the same bits.
+#[test]
+fn avx2_tiles_give_the_avx512_bits() {
+    if isas() != [Isa::Avx512, Isa::Avx2] {
+        eprintln!("skipped: this CPU lacks AVX-512F or AVX2");
+        return;
+    }
+    for (m, n, k) in [(64, 96, 64), (70, 100, 600), (13, 530, 300), (600, 3, 64)] {
+        let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
+        for t in [(false, false), (true, false)] {
+            for beta in [0.0f32, 1.0, 0.5] {
+                let start: Vec<f32> = (0..m * n).map(|i| (i as f32 * 0.7).sin()).collect();
+                let (mut c1, mut c2) = (start.clone(), start);
+                assert!(gemm_on(Isa::Avx512, t, (m, n, k), &a, &b, beta, &mut c1));
+                assert!(gemm_on(Isa::Avx2, t, (m, n, k), &a, &b, beta, &mut c2));
+                assert!(
+                    c1.iter().zip(&c2).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{m}x{n}x{k} {t:?} beta {beta}"
+                );
+            }
+        }
     }
 }
