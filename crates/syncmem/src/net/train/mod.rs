@@ -41,7 +41,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
 use super::memory::{measure_run, RunMemory};
-use super::mlp::{Dataset, Mlp, MlpNets, ACCURACY, DATA, LABEL, LOSS, LOSS_AND_ACCURACY};
+use super::mlp::{Dataset, Mlp, MlpNets, DATA, LABEL};
 use super::Net;
 use crate::alloc::pairs::{counts_into, pair_copies, PairCopies};
 use crate::alloc::stats::{thread_copies, thread_host_waits, CopyDir, CopyStats, COPIES};
@@ -52,7 +52,10 @@ use crate::workspace::Workspace;
 
 mod parallel;
 mod planning;
+mod scalars;
 mod setup;
+
+use scalars::read_scalars;
 
 pub use planning::{compare_planning, PlanningComparison};
 use setup::Setup;
@@ -535,61 +538,6 @@ fn feed_batch(ws: &Workspace, device: &Device, b: &Batch) -> Result<()> {
 
 /// Queues the copy of scalar `name` of `ws` to the host (the next read of it waits for
 /// nothing else).
-fn prefetch_scalar(ws: &Workspace, name: &str) -> Result<()> {
-    let blob = ws.get_blob(name)?;
-    let guard = blob.read();
-    let t = guard.get::<Tensor>()?;
-    if let Some(m) = t.synced() {
-        if m.head() == crate::synced::Head::AtDevice {
-            m.prefetch_to_host(None)?;
-        }
-    }
-    Ok(())
-}
-
-fn read_scalar(ws: &Workspace, name: &str) -> Result<f32> {
-    let blob = ws.get_blob(name)?;
-    let guard = blob.read();
-    let t = guard.get::<Tensor>()?;
-    let v = t.host::<f32>()?;
-    v.first().copied().ok_or_else(|| Error::InvalidShape {
-        what: format!("blob {name:?}"),
-        shape: format!("{:?}", t.dims()),
-        reason: "expected a scalar".into(),
-    })
-}
-
-/// The loss and the accuracy of `net`, just queued in `ws`: where its fused loss writes them
-/// side by side (see [`crate::net::fuse_loss`]), one read of the pair; otherwise the loss's
-/// copy is queued first, then the accuracy is read (the one wait), and the loss's copy is done
-/// by then.
-fn read_scalars(ws: &Workspace, net: &Net) -> Result<(f32, f32)> {
-    let pair = LOSS_AND_ACCURACY;
-    if net
-        .run_def()
-        .ops
-        .iter()
-        .any(|o| o.outputs.iter().any(|n| n == pair))
-    {
-        let blob = ws.get_blob(pair)?;
-        let guard = blob.read();
-        let t = guard.get::<Tensor>()?;
-        let v = t.host::<f32>()?;
-        return match *v {
-            [loss, acc] => Ok((loss, acc)),
-            _ => Err(Error::InvalidShape {
-                what: format!("blob {pair:?}"),
-                shape: format!("{:?}", t.dims()),
-                reason: "expected the loss and the accuracy".into(),
-            }),
-        };
-    }
-    prefetch_scalar(ws, LOSS)?;
-    let acc = read_scalar(ws, ACCURACY)?;
-    let loss = read_scalar(ws, LOSS)?;
-    Ok((loss, acc))
-}
-
 /// The MLP and nets of `syncmem train` for `data` and `cfg`.
 fn default_mlp(data: &Dataset, cfg: &TrainConfig) -> Result<(Mlp, MlpNets)> {
     let mut widths = vec![data.features];

@@ -241,7 +241,7 @@ impl Trainer {
         let (mut loss, mut acc) = (0.0f32, 0.0f32);
         for (s, w) in p.shards.iter().zip(&shares) {
             let Some(w) = *w else { continue };
-            let (l, a) = super::read_scalars(&s.ws, &s.train)?;
+            let (l, a) = super::scalars::read_scalars(&s.ws, &s.train)?;
             loss += w * l;
             acc += w * a;
         }
@@ -260,7 +260,7 @@ impl Trainer {
             super::feed_batch(&s.ws, &s.device, b)?;
             s.eval.run(&s.ws)?;
             let w = b.y.numel().unwrap_or(0) as f32 / total;
-            let (l, a) = super::read_scalars(&s.ws, &s.eval)?;
+            let (l, a) = super::scalars::read_scalars(&s.ws, &s.eval)?;
             loss += w * l;
             acc += w * a;
         }
