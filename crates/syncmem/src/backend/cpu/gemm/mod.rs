@@ -202,38 +202,30 @@ fn gemm_on(
             };
             run(&p);
         }
-        (false, true) if k >= NT_DOT_MIN_K && isa == Isa::Avx512 => run_nt(&Problem {
-            m,
-            n,
-            k,
-            a: a.as_ptr(),
-            rsa: k,
-            csa: 1,
-            b: b.as_ptr(),
-            rsb: k,
-            c: c_ptr,
-            rsc: n,
-            csc: 1,
-            beta,
-            tb: false,
-            isa,
-        }),
-        (false, true) if isa == Isa::Avx2 => run(&Problem {
-            m,
-            n,
-            k,
-            a: a.as_ptr(),
-            rsa: k,
-            csa: 1,
-            b: b.as_ptr(),
-            rsb: k,
-            c: c_ptr,
-            rsc: n,
-            csc: 1,
-            beta,
-            tb: true,
-            isa,
-        }),
+        (false, true) if k >= NT_DOT_MIN_K || isa == Isa::Avx2 => {
+            // W (op(B) = Wᵀ) read in place: by dot products with AVX-512, else packed
+            // transposed into the column panels.
+            let p = Problem {
+                m,
+                n,
+                k,
+                a: a.as_ptr(),
+                rsa: k,
+                csa: 1,
+                b: b.as_ptr(),
+                rsb: k,
+                c: c_ptr,
+                rsc: n,
+                csc: 1,
+                beta,
+                tb: isa == Isa::Avx2,
+                isa,
+            };
+            match isa {
+                Isa::Avx512 => run_nt(&p),
+                Isa::Avx2 => run(&p),
+            }
+        }
         (false, true) => XT.with(|xt| {
             // Short reductions: C = A·(Bᵀ) by tiles, with Bᵀ copied into a buffer of the
             // thread (k·n floats, k short).
