@@ -216,7 +216,15 @@ fn cached_before_mirrors(d: &Device) -> u64 {
     big.device_mut().unwrap().fill(1).unwrap();
     let s = d.pool_stats().unwrap();
     assert_eq!(s.evictions, 0, "{s}");
-    assert_eq!(s.backend_frees, 3, "{s}");
+    if s.alloc_retries > 0 {
+        // The out-of-memory path empties the whole cache (waiting for the blocks' work).
+        assert_eq!(s.backend_frees, 3, "{s}");
+    } else {
+        // A pool that gives back idle segments before growing gives back those whose work
+        // it has seen complete: at least the two that make room, or all three when the
+        // fills had all finished.
+        assert!((2..=3).contains(&s.backend_frees), "{s}");
+    }
     assert!(keep.device_allocated());
     assert_eq!(device_bytes(&keep), vec![7u8; BUF]);
     s.alloc_retries
