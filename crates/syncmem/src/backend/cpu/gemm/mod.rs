@@ -180,46 +180,37 @@ fn gemm_on(
     beta: f32,
     c: &mut [f32],
 ) -> bool {
-    let c_ptr = c.as_mut_ptr();
+    // C row-major and A with contiguous rows; each case changes what differs.
+    let base = Problem {
+        m,
+        n,
+        k,
+        a: a.as_ptr(),
+        rsa: k,
+        csa: 1,
+        b: b.as_ptr(),
+        rsb: n,
+        c: c.as_mut_ptr(),
+        rsc: n,
+        csc: 1,
+        beta,
+        tb: false,
+        isa,
+    };
     match (ta, tb) {
-        (false, false) | (true, false) => {
-            let (rsa, csa) = if ta { (1, m) } else { (k, 1) };
-            let p = Problem {
-                m,
-                n,
-                k,
-                a: a.as_ptr(),
-                rsa,
-                csa,
-                b: b.as_ptr(),
-                rsb: n,
-                c: c_ptr,
-                rsc: n,
-                csc: 1,
-                beta,
-                tb: false,
-                isa,
-            };
-            run(&p);
-        }
+        (false, false) => run(&base),
+        (true, false) => run(&Problem {
+            rsa: 1,
+            csa: m,
+            ..base
+        }),
         (false, true) if k >= NT_DOT_MIN_K || isa == Isa::Avx2 => {
             // W (op(B) = Wᵀ) read in place: by dot products with AVX-512, else packed
             // transposed into the column panels.
             let p = Problem {
-                m,
-                n,
-                k,
-                a: a.as_ptr(),
-                rsa: k,
-                csa: 1,
-                b: b.as_ptr(),
                 rsb: k,
-                c: c_ptr,
-                rsc: n,
-                csc: 1,
-                beta,
                 tb: isa == Isa::Avx2,
-                isa,
+                ..base
             };
             match isa {
                 Isa::Avx512 => run_nt(&p),
@@ -238,20 +229,8 @@ fn gemm_on(
                 }
             }
             run(&Problem {
-                m,
-                n,
-                k,
-                a: a.as_ptr(),
-                rsa: k,
-                csa: 1,
                 b: buf.cast_const(),
-                rsb: n,
-                c: c_ptr,
-                rsc: n,
-                csc: 1,
-                beta,
-                tb: false,
-                isa,
+                ..base
             });
         }),
         (true, true) => return false,
