@@ -7,8 +7,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::{RwLock, RwLockReadGuard};
 
-/// Stripes of [`Striped`]: threads with indexes apart by less than this read apart.
+/// Stripes of [`Striped`] and of the memory counters: threads with indexes apart by less than
+/// this write cache lines apart.
 pub(crate) const STRIPES: usize = 8;
+
+/// A value alone in its cache lines (two, for the adjacent-line prefetcher): one stripe.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub(crate) struct Padded<T>(pub(crate) T);
 
 static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
 
@@ -30,24 +36,19 @@ pub(crate) fn index() -> usize {
     })
 }
 
-/// One copy of a [`Striped`] value, alone in its cache lines (two, for the adjacent-line
-/// prefetcher).
-#[repr(align(128))]
-struct Stripe<T>(RwLock<Option<T>>);
-
 /// A value read on every allocation and almost never replaced (a device's pool): one copy
 /// behind a lock of its own per stripe. A reader read-locks its thread's stripe only, so
 /// threads reading at once write no shared lock word; a replacement write-locks every stripe
 /// (all held together) and replaces every copy, so no reader sees a stripe mid-change.
 pub(crate) struct Striped<T> {
-    stripes: [Stripe<T>; STRIPES],
+    stripes: [Padded<RwLock<Option<T>>>; STRIPES],
 }
 
 impl<T: Clone> Striped<T> {
     /// Empty (every stripe `None`).
     pub(crate) fn new() -> Self {
         Self {
-            stripes: std::array::from_fn(|_| Stripe(RwLock::new(None))),
+            stripes: std::array::from_fn(|_| Padded(RwLock::new(None))),
         }
     }
 
@@ -64,12 +65,24 @@ impl<T: Clone> Striped<T> {
 
     /// Replaces the value in every stripe; returns the old one.
     pub(crate) fn replace(&self, value: Option<T>) -> Option<T> {
+        self.replace_with(|_| Ok::<_, ()>(value))
+            .unwrap_or_else(|()| unreachable!("the replacement cannot fail"))
+    }
+
+    /// Replaces the value in every stripe by what `f` makes of the current one, with every
+    /// stripe write-locked from the call of `f` to the replacement (no reader in between);
+    /// returns the old value, or `f`'s error (nothing replaced).
+    pub(crate) fn replace_with<E>(
+        &self,
+        f: impl FnOnce(Option<&T>) -> Result<Option<T>, E>,
+    ) -> Result<Option<T>, E> {
         let mut guards: Vec<_> = self.stripes.iter().map(|s| s.0.write()).collect();
+        let value = f(guards[0].as_ref())?;
         let old = guards[0].clone();
         for g in &mut guards {
             **g = value.clone();
         }
-        old
+        Ok(old)
     }
 }
 

@@ -135,8 +135,10 @@ impl DeviceMemory {
     /// Replaces the device pool (which must have no block handed out).
     pub(crate) fn set_pool(&self, dev: &Device, cfg: PoolConfig) -> Result<()> {
         let _install = self.install.lock();
-        if let Some(old) = self.pool.get() {
-            if !old.is_idle() {
+        // Every stripe stays write-locked from the check to the replacement: no allocation
+        // can take a block of the old pool in between.
+        let old = self.pool.replace_with(|old| {
+            if let Some(old) = old.filter(|p| !p.is_idle()) {
                 let used = old.stats().allocated.current;
                 return Err(Error::InvalidState {
                     op: "Device::set_pool",
@@ -146,9 +148,9 @@ impl DeviceMemory {
                     ),
                 });
             }
-        }
-        let new = self.make_pool(dev, cfg)?;
-        if let Some(old) = self.pool.replace(Some(new)) {
+            self.make_pool(dev, cfg).map(Some)
+        })?;
+        if let Some(old) = old {
             old.empty_cache();
         }
         Ok(())
@@ -338,7 +340,20 @@ impl DeviceMemory {
         len: usize,
         owner: Option<&Arc<str>>,
     ) -> Result<PinnedBuffer> {
-        let pool = self.pinned_pool(dev)?;
+        // As `lease_from`: the pool is used under this thread's read lock (no reference
+        // count taken) once it exists.
+        if let Some(pool) = &*self.pinned.read() {
+            return Self::pinned_from(pool, dev, len, owner);
+        }
+        Self::pinned_from(&self.pinned_pool(dev)?, dev, len, owner)
+    }
+
+    fn pinned_from(
+        pool: &Arc<Pool<RawPinned>>,
+        dev: &Device,
+        len: usize,
+        owner: Option<&Arc<str>>,
+    ) -> Result<PinnedBuffer> {
         let source = PinnedStorage(&dev.shared.raw);
         let lease = match pool.alloc_labelled(len, HOST_STREAM, &source, owner) {
             Err(e) if e.is_out_of_memory() && pool.empty_cache() > 0 => {

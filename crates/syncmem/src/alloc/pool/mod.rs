@@ -51,6 +51,13 @@ pub mod snapshot;
 pub mod stats;
 mod strategy;
 pub mod summary;
+/// `Arc::as_ptr(a)` as a `NonNull`, with the provenance of the whole `Arc` allocation (so that
+/// `Arc::from_raw` may take it back).
+fn arc_ptr<X>(a: &Arc<X>) -> NonNull<X> {
+    // SAFETY: `Arc::as_ptr` points into a live allocation: never null.
+    unsafe { NonNull::new_unchecked(Arc::as_ptr(a).cast_mut()) }
+}
+
 #[cfg(test)]
 mod tests;
 
@@ -166,7 +173,17 @@ impl<T, V> Inner<T, V> {
 }
 
 /// A caching pool of blocks carved from segments of type `T`. Thread-safe; share it in an
-/// `Arc` (leases keep their pool alive).
+/// `Arc`.
+///
+/// # Shards and lifetime
+///
+/// A pool is split into shards ([`PoolConfig::shards`]), each a whole pool of its own behind
+/// its own lock; a thread allocates from the shard of its index, and a lease goes back to the
+/// shard it came from, whichever thread drops it. Readings add the shards up: current values
+/// and counts exact, a peak the sum of the shards' peaks (exact while one shard is in use).
+/// A lease takes no reference count of the pool: it keeps its shard alive, so a pool dropped
+/// with blocks still handed out passes each busy shard to its blocks, and the last one given
+/// back frees the shard's memory.
 ///
 /// # Views
 ///
@@ -361,7 +378,9 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             }
         };
         let seg = &inner.segments[grant.seg].seg;
-        let segment = NonNull::from(&**seg);
+        // From `Arc::as_ptr`, not from a reference: the pointer may become an `Arc` again
+        // (`Lease::segment_arc`), which needs the whole allocation's provenance.
+        let segment = arc_ptr(seg);
         let view = match grant.view {
             Some(v) => v,
             None => match source.view(seg, grant.offset, grant.size) {
@@ -394,7 +413,9 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             owner: owner.cloned(),
         });
         Ok(Lease {
-            shard: NonNull::from(&**sh),
+            // As `segment`: the shard's last block turns it back into an `Arc` once the pool
+            // is gone (`Shard::release_block`).
+            shard: arc_ptr(sh),
             segment,
             block: grant.block,
             offset: grant.offset,
@@ -485,7 +506,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     }
 
     /// Every segment of the pool and every block in it (size, offset, state, stream, owner),
-    /// with the statistics of the same instant. Walks every block under the pool's lock: a
+    /// with the statistics of the same instant. Walks every block under every shard's lock: a
     /// tool for reports, not for every step.
     pub fn snapshot(&self) -> PoolSnapshot {
         let guards: Vec<_> = self.shards.iter().map(|s| s.inner.lock()).collect();

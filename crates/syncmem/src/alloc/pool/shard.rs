@@ -158,15 +158,22 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Drop for Pool<T, V> {
     /// their own, so that threads allocating at once do not share one counter.
     fn drop(&mut self) {
         for shard in std::mem::take(&mut self.shards).into_vec() {
+            // The pool's reference, raw from here on: once `orphaned` is set and the lock is
+            // released, the shard's last block given back may drop it on another thread.
+            let raw = Arc::into_raw(shard);
             let busy = {
-                let mut inner = shard.inner.lock();
+                // SAFETY: `raw` holds the pool's reference: the shard is alive until the lock
+                // below is released (no block can see `orphaned` before that).
+                let mut inner = unsafe { (*raw).inner.lock() };
                 inner.orphaned = inner.c.block_count.all().current > 0;
                 inner.orphaned
             };
-            if busy {
-                // The reference now belongs to the shard's blocks (see `release_block`).
-                let _ = Arc::into_raw(shard);
+            if !busy {
+                // SAFETY: `raw` came from `Arc::into_raw` above and no block holds the shard
+                // (none is handed out, and the pool allocates no more).
+                drop(unsafe { Arc::from_raw(raw) });
             }
+            // Else the reference now belongs to the shard's blocks (see `release_block`).
         }
     }
 }

@@ -3,15 +3,10 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use super::MemStats;
+use crate::alloc::thread::{Padded, STRIPES};
 
-/// Stripes of [`MemCounters`]: threads with indexes apart by less than this count in cache
-/// lines of their own.
-const STRIPES: usize = 8;
-
-/// One stripe of [`MemCounters`], alone in its cache lines (two, for the adjacent-line
-/// prefetcher).
+/// One stripe of [`MemCounters`] (each alone in its cache lines).
 #[derive(Debug, Default)]
-#[repr(align(128))]
 struct Stripe {
     in_use: AtomicU64,
     peak: AtomicU64,
@@ -40,7 +35,7 @@ impl Stripe {
 /// (or from threads of one stripe), otherwise an upper bound.
 #[derive(Debug)]
 pub(crate) struct MemCounters {
-    stripes: [Stripe; STRIPES],
+    stripes: [Padded<Stripe>; STRIPES],
 }
 
 impl Default for MemCounters {
@@ -57,7 +52,7 @@ impl MemCounters {
     /// New zeroed counters.
     pub const fn new() -> Self {
         Self {
-            stripes: [const { Stripe::new() }; STRIPES],
+            stripes: [const { Padded(Stripe::new()) }; STRIPES],
         }
     }
 
@@ -65,7 +60,7 @@ impl MemCounters {
     #[inline]
     pub fn on_alloc(&self, bytes: usize) -> Counted {
         let i = crate::alloc::thread::index() % STRIPES;
-        let s = &self.stripes[i];
+        let s = &self.stripes[i].0;
         let bytes = bytes as u64;
         let now = s.in_use.fetch_add(bytes, Relaxed) + bytes;
         // A read is cheaper than a read-modify-write, and the peak rarely moves.
@@ -79,14 +74,14 @@ impl MemCounters {
     /// Records the free of `bytes` counted as `counted`.
     #[inline]
     pub fn on_free(&self, counted: Counted, bytes: usize) {
-        let s = &self.stripes[usize::from(counted.0)];
+        let s = &self.stripes[usize::from(counted.0)].0;
         s.in_use.fetch_sub(bytes as u64, Relaxed);
         s.frees.fetch_add(1, Relaxed);
     }
 
     /// Resets the peak to the current use.
     pub fn reset_peak(&self) {
-        for s in &self.stripes {
+        for Padded(s) in &self.stripes {
             s.peak.store(s.in_use.load(Relaxed), Relaxed);
         }
     }
@@ -94,7 +89,10 @@ impl MemCounters {
     /// Reads the counters (the sums of the stripes).
     pub fn snapshot(&self, label: impl Into<String>) -> MemStats {
         let sum = |f: fn(&Stripe) -> &AtomicU64| {
-            self.stripes.iter().map(|s| f(s).load(Relaxed)).sum::<u64>()
+            self.stripes
+                .iter()
+                .map(|s| f(&s.0).load(Relaxed))
+                .sum::<u64>()
         };
         MemStats {
             label: label.into(),
