@@ -178,7 +178,7 @@ pub struct PoolConfig {
     pub memory_cap: Option<MemoryCap>,
     /// Shards: independent parts of the pool, each with its own lock, segments and cache; a
     /// thread allocates from the shard of its index (see [`crate::alloc::pool::Pool`]'s
-    /// sharding notes). One shard: one lock for all threads and exact peaks under any
+    /// notes on shards). One shard: one lock for all threads and exact peaks under any
     /// threading. `0` (the default): one per core the process may use, at most
     /// [`MAX_AUTO_SHARDS`]. `max_cached_bytes` applies to each shard; the memory cap to all
     /// of them together.

@@ -140,7 +140,7 @@ impl SplitGauge {
     }
 }
 
-/// Live counters of a pool, kept under the pool's lock.
+/// Live counters of a pool shard, kept under the shard's lock.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub(crate) allocated: SplitGauge,

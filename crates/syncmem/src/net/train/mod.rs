@@ -536,8 +536,6 @@ fn feed_batch(ws: &Workspace, device: &Device, b: &Batch) -> Result<()> {
     Ok(())
 }
 
-/// Queues the copy of scalar `name` of `ws` to the host (the next read of it waits for
-/// nothing else).
 /// The MLP and nets of `syncmem train` for `data` and `cfg`.
 fn default_mlp(data: &Dataset, cfg: &TrainConfig) -> Result<(Mlp, MlpNets)> {
     let mut widths = vec![data.features];

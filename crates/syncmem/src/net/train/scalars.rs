@@ -7,6 +7,8 @@ use crate::net::Net;
 use crate::tensor::Tensor;
 use crate::workspace::Workspace;
 
+/// Queues the copy of scalar `name` of `ws` to the host (the next read of it waits for
+/// nothing else).
 fn prefetch_scalar(ws: &Workspace, name: &str) -> Result<()> {
     let blob = ws.get_blob(name)?;
     let guard = blob.read();
@@ -19,16 +21,19 @@ fn prefetch_scalar(ws: &Workspace, name: &str) -> Result<()> {
     Ok(())
 }
 
-fn read_scalar(ws: &Workspace, name: &str) -> Result<f32> {
+/// The first `N` values (`f32`) of blob `name` of `ws`, read on the host.
+fn read_values<const N: usize>(ws: &Workspace, name: &str) -> Result<[f32; N]> {
     let blob = ws.get_blob(name)?;
     let guard = blob.read();
     let t = guard.get::<Tensor>()?;
     let v = t.host::<f32>()?;
-    v.first().copied().ok_or_else(|| Error::InvalidShape {
-        what: format!("blob {name:?}"),
-        shape: format!("{:?}", t.dims()),
-        reason: "expected a scalar".into(),
-    })
+    v.get(..N)
+        .and_then(|v| <[f32; N]>::try_from(v).ok())
+        .ok_or_else(|| Error::InvalidShape {
+            what: format!("blob {name:?}"),
+            shape: format!("{:?}", t.dims()),
+            reason: format!("expected at least {N} value(s)"),
+        })
 }
 
 /// The loss and the accuracy of `net`, just queued in `ws`: where its fused loss writes them
@@ -43,21 +48,11 @@ pub(super) fn read_scalars(ws: &Workspace, net: &Net) -> Result<(f32, f32)> {
         .iter()
         .any(|o| o.outputs.iter().any(|n| n == pair))
     {
-        let blob = ws.get_blob(pair)?;
-        let guard = blob.read();
-        let t = guard.get::<Tensor>()?;
-        let v = t.host::<f32>()?;
-        return match *v {
-            [loss, acc] => Ok((loss, acc)),
-            _ => Err(Error::InvalidShape {
-                what: format!("blob {pair:?}"),
-                shape: format!("{:?}", t.dims()),
-                reason: "expected the loss and the accuracy".into(),
-            }),
-        };
+        let [loss, acc] = read_values(ws, pair)?;
+        return Ok((loss, acc));
     }
     prefetch_scalar(ws, LOSS)?;
-    let acc = read_scalar(ws, ACCURACY)?;
-    let loss = read_scalar(ws, LOSS)?;
+    let [acc] = read_values(ws, ACCURACY)?;
+    let [loss] = read_values(ws, LOSS)?;
     Ok((loss, acc))
 }

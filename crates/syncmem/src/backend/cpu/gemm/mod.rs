@@ -97,17 +97,22 @@ enum Isa {
 /// `matrixmultiply`, `SYNCMEM_CPU_GEMM=avx2` for the AVX2 kernels (where the CPU has them).
 fn isa() -> Option<Isa> {
     static ISA: OnceLock<Option<Isa>> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        let fma = is_x86_feature_detected!("fma");
-        let avx512 = fma && is_x86_feature_detected!("avx512f");
-        let avx2 = fma && is_x86_feature_detected!("avx2");
-        match std::env::var(GEMM_ENV).as_deref() {
-            Ok("matrixmultiply") => None,
-            Ok("avx2") => avx2.then_some(Isa::Avx2),
-            _ if avx512 => Some(Isa::Avx512),
-            _ => avx2.then_some(Isa::Avx2),
-        }
+    *ISA.get_or_init(|| match std::env::var(GEMM_ENV).as_deref() {
+        Ok("matrixmultiply") => None,
+        Ok("avx2") => available().find(|&i| i == Isa::Avx2),
+        _ => available().next(),
     })
+}
+
+/// The micro-kernels this CPU can run, best first (whatever `SYNCMEM_CPU_GEMM` says).
+fn available() -> impl Iterator<Item = Isa> {
+    let fma = is_x86_feature_detected!("fma");
+    [
+        (Isa::Avx512, fma && is_x86_feature_detected!("avx512f")),
+        (Isa::Avx2, fma && is_x86_feature_detected!("avx2")),
+    ]
+    .into_iter()
+    .filter_map(|(isa, ok)| ok.then_some(isa))
 }
 
 /// The threads GEMMs share (the calling thread is one of them) and how many there are.

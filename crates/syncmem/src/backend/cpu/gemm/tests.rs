@@ -4,14 +4,7 @@ use super::*;
 
 /// The micro-kernels this CPU runs (AVX-512F, AVX2), whatever `SYNCMEM_CPU_GEMM` says.
 fn isas() -> Vec<Isa> {
-    let fma = is_x86_feature_detected!("fma");
-    let mut v = Vec::new();
-    if fma && is_x86_feature_detected!("avx512f") {
-        v.push(Isa::Avx512);
-    }
-    if fma && is_x86_feature_detected!("avx2") {
-        v.push(Isa::Avx2);
-    }
+    let v: Vec<Isa> = available().collect();
     if v.is_empty() {
         eprintln!("skipped: this CPU has neither AVX-512F nor AVX2 (matrixmultiply runs)");
     }
