@@ -23,9 +23,9 @@ pub struct MemStats {
     pub label: String,
     /// Bytes allocated now.
     pub in_use: u64,
-    /// Highest `in_use` seen (since the last reset): exact while one thread allocates;
-    /// allocations from several threads at once count apart, and the peak is then the sum of
-    /// their peaks, an upper bound.
+    /// Highest `in_use` seen (since the last reset): exact while one thread allocates (and,
+    /// on a device, one kind: direct or pooled); allocations that count apart (several threads
+    /// at once, direct and pooled buffers) add their peaks, an upper bound.
     pub peak: u64,
     /// Number of allocations.
     pub allocs: u64,

@@ -1,13 +1,13 @@
-//! The calling thread's index: what spreads threads over a pool's shards, over the stripes
-//! of the memory counters and over the copies of a [`Striped`] value, so that threads
-//! allocating at once write cache lines of their own.
+//! The calling thread's index: what spreads threads over a pool's shards and over the
+//! stripes of the memory counters, so that threads allocating at once write cache lines of
+//! their own; and [`Published`], a value they all read without writing.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
-use parking_lot::{RwLock, RwLockReadGuard};
+use parking_lot::Mutex;
 
-/// Stripes of [`Striped`] and of the memory counters: threads with indexes apart by less than
+/// Stripes of the memory counters: threads with indexes apart by less than
 /// this write cache lines apart.
 pub(crate) const STRIPES: usize = 8;
 
@@ -36,53 +36,72 @@ pub(crate) fn index() -> usize {
     })
 }
 
-/// A value read on every allocation and almost never replaced (a device's pool): one copy
-/// behind a lock of its own per stripe. A reader read-locks its thread's stripe only, so
-/// threads reading at once write no shared lock word; a replacement write-locks every stripe
-/// (all held together) and replaces every copy, so no reader sees a stripe mid-change.
-pub(crate) struct Striped<T> {
-    stripes: [Padded<RwLock<Option<T>>>; STRIPES],
+/// A value read on every allocation and almost never replaced (a device's pool), read with
+/// one load and no write: threads reading at once share its cache line read-only.
+///
+/// Every value published stays allocated, at its address, until the slot is dropped, so a
+/// reference read from the slot stays valid for the slot's lifetime even after a newer value
+/// replaced it. A replaced value is the caller's to retire (a retired pool refuses work, and
+/// its readers read the slot again): use it for values replaced a bounded number of times.
+pub(crate) struct Published<T> {
+    /// The value last published (null before the first).
+    current: AtomicPtr<T>,
+    /// Every value published (from `Box::into_raw`), freed when the slot is dropped.
+    kept: Mutex<Vec<*mut T>>,
 }
 
-impl<T: Clone> Striped<T> {
-    /// Empty (every stripe `None`).
-    pub(crate) fn new() -> Self {
+// SAFETY: the slot hands out `&T` to every thread (`T: Sync`) and drops the values on the
+// thread that drops the slot (`T: Send`); the raw pointers are owned boxes, touched only
+// under `kept`'s lock or read through `current` as shared references.
+unsafe impl<T: Send + Sync> Send for Published<T> {}
+// SAFETY: as for `Send`: readers get shared references only.
+unsafe impl<T: Send + Sync> Sync for Published<T> {}
+
+impl<T> Published<T> {
+    /// Empty: [`Published::load`] gives `None` until the first [`Published::publish`].
+    pub(crate) const fn new() -> Self {
         Self {
-            stripes: std::array::from_fn(|_| Padded(RwLock::new(None))),
+            current: AtomicPtr::new(std::ptr::null_mut()),
+            kept: Mutex::new(Vec::new()),
         }
     }
 
-    /// The calling thread's copy, read-locked: a replacement waits until it is dropped.
+    /// The value last published.
     #[inline]
-    pub(crate) fn read(&self) -> RwLockReadGuard<'_, Option<T>> {
-        self.stripes[index() % STRIPES].0.read()
+    pub(crate) fn load(&self) -> Option<&T> {
+        let p = self.current.load(Ordering::Acquire);
+        // SAFETY: a non-null `current` is a box of `kept` (stored after it was initialised,
+        // with release ordering, and read with acquire), freed only when `self` is dropped,
+        // and never written after it was published: a shared reference for `&self`'s
+        // lifetime is valid.
+        unsafe { p.as_ref() }
     }
 
-    /// A clone of the value.
-    pub(crate) fn get(&self) -> Option<T> {
-        self.read().clone()
+    /// Publishes `value`: later loads give it. The values published before stay where they
+    /// are until the slot is dropped.
+    pub(crate) fn publish(&self, value: T) -> &T {
+        let mut kept = self.kept.lock();
+        let p = Box::into_raw(Box::new(value));
+        kept.push(p);
+        self.current.store(p, Ordering::Release);
+        // SAFETY: just made from a box that `kept` keeps until `self` is dropped.
+        unsafe { &*p }
     }
+}
 
-    /// Replaces the value in every stripe; returns the old one.
-    pub(crate) fn replace(&self, value: Option<T>) -> Option<T> {
-        self.replace_with(|_| Ok::<_, ()>(value))
-            .unwrap_or_else(|()| unreachable!("the replacement cannot fail"))
+impl<T> Default for Published<T> {
+    fn default() -> Self {
+        Self::new()
     }
+}
 
-    /// Replaces the value in every stripe by what `f` makes of the current one, with every
-    /// stripe write-locked from the call of `f` to the replacement (no reader in between);
-    /// returns the old value, or `f`'s error (nothing replaced).
-    pub(crate) fn replace_with<E>(
-        &self,
-        f: impl FnOnce(Option<&T>) -> Result<Option<T>, E>,
-    ) -> Result<Option<T>, E> {
-        let mut guards: Vec<_> = self.stripes.iter().map(|s| s.0.write()).collect();
-        let value = f(guards[0].as_ref())?;
-        let old = guards[0].clone();
-        for g in &mut guards {
-            **g = value.clone();
+impl<T> Drop for Published<T> {
+    fn drop(&mut self) {
+        for p in self.kept.get_mut().drain(..) {
+            // SAFETY: every pointer of `kept` came from `Box::into_raw` and is freed once,
+            // here; `&mut self` means no reference read from the slot is alive.
+            drop(unsafe { Box::from_raw(p) });
         }
-        Ok(old)
     }
 }
 
@@ -97,21 +116,41 @@ mod tests {
     }
 
     #[test]
-    fn every_thread_reads_the_value_last_put() {
-        let s = super::Striped::new();
-        assert_eq!(s.get(), None);
-        assert_eq!(s.replace(Some(1)), None);
+    fn every_thread_reads_the_value_last_published_and_old_values_stay() {
+        let s = super::Published::new();
+        assert!(s.load().is_none());
+        let first: &String = s.publish("one".to_string());
         let seen = std::thread::scope(|sc| {
             let hs: Vec<_> = (0..2 * super::STRIPES)
-                .map(|_| sc.spawn(|| *s.read()))
+                .map(|_| sc.spawn(|| s.load().cloned()))
                 .collect();
             hs.into_iter()
                 .map(|h| h.join().unwrap())
                 .collect::<Vec<_>>()
         });
-        assert!(seen.iter().all(|&v| v == Some(1)), "{seen:?}");
-        assert_eq!(s.replace(Some(2)), Some(1));
-        let later = std::thread::spawn(move || s.get()).join().unwrap();
-        assert_eq!(later, Some(2));
+        assert!(seen.iter().all(|v| v.as_deref() == Some("one")), "{seen:?}");
+        s.publish("two".to_string());
+        let later = std::thread::scope(|sc| sc.spawn(|| s.load().cloned()).join().unwrap());
+        assert_eq!(later.as_deref(), Some("two"));
+        // A reference read before the replacement still reads its value.
+        assert_eq!(first, "one");
+    }
+
+    #[test]
+    fn a_reader_racing_publications_sees_a_whole_value() {
+        let s = super::Published::new();
+        s.publish(vec![0u64; 64]);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                for i in 1..200u64 {
+                    s.publish(vec![i; 64]);
+                }
+            });
+            for _ in 0..2000 {
+                let v = s.load().expect("published");
+                assert!(v.iter().all(|&x| x == v[0]), "a torn value");
+            }
+        });
+        assert_eq!(s.load().map(|v| v[0]), Some(199));
     }
 }

@@ -25,14 +25,21 @@ pub(crate) enum Release {
     /// buffer's native handle was handed out (work may have been queued outside the crate),
     /// once an event recorded there (lazily, see `StreamFence`) completes.
     Record(UnboundStream),
+    /// [`Release::Record`] for the stream the buffer's device handle was made for (a stream of
+    /// [`Device::new_stream`], which the handle holds: no reference count taken per buffer).
+    RecordOwn,
     /// [`Release::Record`] for the device's default stream, which the device keeps (no
     /// reference count taken per buffer).
     RecordDefault,
 }
 
 impl Release {
-    /// [`Release::Record`] for `stream`.
-    pub(crate) fn record(stream: &Stream) -> Self {
+    /// [`Release::Record`] for `stream`, for a buffer allocated on it (whose device handle is
+    /// `stream`'s).
+    fn record(stream: &Stream) -> Self {
+        if stream.device_handle().stream().is_some() {
+            return Release::RecordOwn;
+        }
         let default = stream.device().default_unbound();
         if default.is_some_and(|d| d.id() == stream.id()) {
             Release::RecordDefault
@@ -72,7 +79,8 @@ pub struct DeviceBuffer {
     /// The native handle was handed out (`as_opencl`, `as_cuda`): work the crate does not see
     /// may be queued on the memory.
     exposed: AtomicBool,
-    /// The device-memory counters' token (`None` for an empty buffer).
+    /// The device-memory counters' token of a direct allocation (`None` for an empty or a
+    /// pooled buffer: the pool counts those).
     counted: Option<Counted>,
 }
 
@@ -113,12 +121,12 @@ impl DeviceBuffer {
     }
 
     /// A pooled allocation (see [`Device::alloc_pooled`]) for `owner` (a buffer's label, kept
-    /// with the block for memory snapshots).
+    /// with the block for memory snapshots). Its free is recorded on `stream` (see
+    /// [`DeviceBuffer::set_release`]).
     pub(crate) fn pooled(
         device: &Device,
         len: usize,
         stream: &Stream,
-        release: Release,
         owner: Option<&Arc<str>>,
     ) -> Result<Self> {
         if !stream.device().same(device) {
@@ -135,7 +143,7 @@ impl DeviceBuffer {
         device
             .shared
             .memory
-            .alloc_pooled(device, len, stream, release, owner)
+            .alloc_pooled(device, len, stream, owner)
     }
 
     /// Wraps a direct backend allocation (already charged to the cap).
@@ -151,16 +159,13 @@ impl DeviceBuffer {
         }
     }
 
-    /// Wraps a pool block, whose view (held by the lease) is the buffer's memory; `device` is
-    /// the handle of the stream it was allocated on.
-    pub(crate) fn from_pool(
-        device: &DeviceHandle,
-        len: usize,
-        lease: Lease<RawMem, RawMem>,
-        release: Release,
-    ) -> Self {
+    /// Wraps a pool block, whose view (held by the lease) is the buffer's memory, allocated on
+    /// `stream` (whose device handle the buffer keeps).
+    pub(crate) fn from_pool(stream: &Stream, len: usize, lease: Lease<RawMem, RawMem>) -> Self {
+        let device = stream.device_handle();
+        let release = Release::record(stream);
         debug_assert!(lease.view().is_some(), "a device pool lease holds its view");
-        let counted = device.shared.mem.on_alloc(len);
+        // Counted by the pool, under its shard's lock (see `Device::memory_stats`).
         let uses = Mutex::new(inherited_uses(&lease));
         Self {
             device: device.clone(),
@@ -168,7 +173,7 @@ impl DeviceBuffer {
             origin: Origin::Pooled { lease, release },
             uses,
             exposed: AtomicBool::new(false),
-            counted: Some(counted),
+            counted: None,
         }
     }
 
@@ -397,6 +402,7 @@ impl Drop for DeviceBuffer {
                     let stream = match release {
                         Release::Idle => None,
                         Release::Record(s) => Some(&*s),
+                        Release::RecordOwn => self.device.stream(),
                         Release::RecordDefault => self.device.default_unbound(),
                     };
                     if let Some(s) = stream.filter(|s| !s.is_cpu()) {

@@ -2,6 +2,9 @@
 //! device): copies with offsets, fills, device copies (overlapping too), asynchronous copies,
 //! events across streams, pinned memory, counters, limits and errors, threads.
 
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+use crate::alloc::pool::{PoolConfig, PoolKind};
 use crate::error::Error;
 use crate::testing::all_or_skip;
 use crate::Device;
@@ -197,6 +200,67 @@ fn memory_stats_track_alloc_and_free(shared: &Device) {
     assert_eq!((p.in_use, p.allocs, p.frees), (0, 1, 1));
 }
 
+fn pooled_buffers_count_in_memory_stats_across_pool_replacement(shared: &Device) {
+    let dev = shared.isolated();
+    let s = dev.new_stream().unwrap();
+    let direct = dev.alloc(100).unwrap();
+    let a = dev.alloc_pooled(1000, &s).unwrap();
+    let m = dev.memory_stats();
+    assert_eq!((m.in_use, m.peak, m.allocs, m.frees), (1100, 1100, 2, 0));
+    // A block is out: the pool stays, and so do the counts.
+    let e = dev.set_pool(PoolConfig::new(PoolKind::Caching)).unwrap_err();
+    assert!(matches!(e, Error::InvalidState { .. }), "{e}");
+    drop(a);
+    dev.set_pool(PoolConfig::new(PoolKind::Caching)).unwrap();
+    // The replaced pool's counts and peak stay in the device's.
+    let b = dev.alloc_pooled(24, &s).unwrap();
+    let m = dev.memory_stats();
+    assert_eq!((m.in_use, m.peak, m.allocs, m.frees), (124, 1100, 3, 1));
+    drop((b, direct));
+    let m = dev.memory_stats();
+    assert_eq!((m.in_use, m.allocs, m.frees), (0, 3, 3));
+    dev.reset_peak_stats();
+    assert_eq!(dev.memory_stats().peak, 0);
+}
+
+fn set_pool_racing_pooled_allocations_fails_none_of_them(shared: &Device) {
+    let dev = shared.isolated();
+    let stop = AtomicBool::new(false);
+    let (mut replaced, mut refused) = (0, 0);
+    let total: u64 = std::thread::scope(|sc| {
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                sc.spawn(|| {
+                    let s = dev.new_stream().unwrap();
+                    let mut n = 0u64;
+                    while !stop.load(Relaxed) {
+                        // Never the replaced pool's refusal: the allocation reads the new one.
+                        drop(dev.alloc_pooled(4096, &s).unwrap());
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        for _ in 0..100 {
+            match dev.set_pool(PoolConfig::new(PoolKind::Caching)) {
+                Ok(()) => replaced += 1,
+                Err(Error::InvalidState { .. }) => refused += 1,
+                Err(e) => panic!("{e}"),
+            }
+            std::thread::yield_now();
+        }
+        stop.store(true, Relaxed);
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
+    });
+    assert_eq!(replaced + refused, 100);
+    // Nothing is out now: the replacement goes through, and every allocation was counted
+    // once, in whichever pool served it.
+    dev.set_pool(PoolConfig::new(PoolKind::Caching)).unwrap();
+    let m = dev.memory_stats();
+    assert_eq!((m.in_use, m.allocs, m.frees), (0, total, total));
+}
+
 fn alloc_above_max_alloc_is_out_of_memory(dev: &Device) {
     let max = usize::try_from(dev.info().max_alloc).unwrap_or(usize::MAX);
     let too_big = max.saturating_add(1);
@@ -327,6 +391,8 @@ crate::for_each_device!(
     events_order_two_streams,
     pinned_memory,
     memory_stats_track_alloc_and_free,
+    pooled_buffers_count_in_memory_stats_across_pool_replacement,
+    set_pool_racing_pooled_allocations_fails_none_of_them,
     alloc_above_max_alloc_is_out_of_memory,
     out_of_bounds_and_other_backends_are_errors,
     streams_on_many_threads,

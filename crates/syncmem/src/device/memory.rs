@@ -34,7 +34,6 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
-use super::buffer::Release;
 use super::mirror::{live_buffers, LiveBuffer, Mirrors};
 use super::zero_copy::ZeroCopySetting;
 use super::{Device, DeviceBuffer, PinnedBuffer, Stream};
@@ -42,22 +41,28 @@ use crate::alloc::pool::config::{
     check_env, PoolConfig, DEVICE_POOL_CONF_ENV, DEVICE_POOL_ENV, PINNED_POOL_CONF_ENV,
     PINNED_POOL_ENV,
 };
+use crate::alloc::pool::stats::PoolUsage;
 use crate::alloc::pool::{Budget, Lease, Pool, PoolSnapshot, PoolStats, StreamId, HOST_STREAM};
-use crate::alloc::thread::Striped;
+use crate::alloc::stats::{MemCounters, MemStats};
+use crate::alloc::thread::Published;
 use crate::backend::dispatch::{PinnedStorage, RawMem, RawPinned, UnifiedStorage};
 use crate::backend::RawStorage;
 use crate::error::{Error, OomReport, OomRetry, Result};
 
 /// Memory management state of one device.
 pub(crate) struct DeviceMemory {
-    /// The device pool (`None` before its first use): a copy per stripe of threads, read on
-    /// every pooled allocation (threads allocating at once write no shared lock word); made
-    /// and replaced under `install`.
-    pool: Striped<Arc<Pool<RawMem, RawMem>>>,
-    /// The pinned host pool, as `pool`.
-    pinned: Striped<Arc<Pool<RawPinned>>>,
+    /// The device pool (`None` before its first use), read on every pooled allocation with
+    /// one load (threads allocating at once write nothing shared); made and replaced under
+    /// `install`. A replaced pool is retired ([`Pool::retire_if_idle`]) and stays allocated,
+    /// empty, until the device is dropped.
+    pool: Published<Arc<Pool<RawMem, RawMem>>>,
+    /// The pinned host pool, as `pool` (never replaced).
+    pinned: Published<Arc<Pool<RawPinned>>>,
     /// Held while a pool is made or replaced.
     install: Mutex<()>,
+    /// The use of the device pools replaced so far ([`DeviceMemory::set_pool`]): the device's
+    /// memory statistics count pooled buffers with their pool's usage.
+    retired: Mutex<PoolUsage>,
     budget: Arc<Budget>,
     /// Bytes of live direct allocations (charged to `budget` too).
     direct: AtomicU64,
@@ -73,9 +78,10 @@ pub(crate) struct DeviceMemory {
 impl Default for DeviceMemory {
     fn default() -> Self {
         Self {
-            pool: Striped::new(),
-            pinned: Striped::new(),
+            pool: Published::new(),
+            pinned: Published::new(),
             install: Mutex::new(()),
+            retired: Mutex::new(PoolUsage::default()),
             budget: Arc::new(Budget::new(None)),
             direct: AtomicU64::new(0),
             mirrors: OnceLock::new(),
@@ -94,19 +100,18 @@ fn max_segment(dev: &Device) -> usize {
 
 impl DeviceMemory {
     /// The device pool, made from the environment on first use.
-    pub(crate) fn pool(&self, dev: &Device) -> Result<Arc<Pool<RawMem, RawMem>>> {
-        if let Some(p) = self.pool.get() {
+    pub(crate) fn pool(&self, dev: &Device) -> Result<&Arc<Pool<RawMem, RawMem>>> {
+        if let Some(p) = self.pool.load() {
             return Ok(p);
         }
         let _install = self.install.lock();
-        if let Some(p) = self.pool.get() {
+        if let Some(p) = self.pool.load() {
             return Ok(p);
         }
         check_env()?;
         let cfg = PoolConfig::from_env(DEVICE_POOL_ENV, DEVICE_POOL_CONF_ENV)?;
         let p = self.make_pool(dev, cfg)?;
-        self.pool.replace(Some(p.clone()));
-        Ok(p)
+        Ok(self.pool.publish(p))
     }
 
     fn make_pool(&self, dev: &Device, mut cfg: PoolConfig) -> Result<Arc<Pool<RawMem, RawMem>>> {
@@ -129,40 +134,46 @@ impl DeviceMemory {
 
     /// The device pool if it exists.
     pub(crate) fn current_pool(&self) -> Option<Arc<Pool<RawMem, RawMem>>> {
-        self.pool.get()
+        self.pool.load().cloned()
     }
 
     /// Replaces the device pool (which must have no block handed out).
     pub(crate) fn set_pool(&self, dev: &Device, cfg: PoolConfig) -> Result<()> {
         let _install = self.install.lock();
-        // Every stripe stays write-locked from the check to the replacement: no allocation
-        // can take a block of the old pool in between.
-        let old = self.pool.replace_with(|old| {
-            if let Some(old) = old.filter(|p| !p.is_idle()) {
-                let used = old.stats().allocated.current;
-                return Err(Error::InvalidState {
-                    op: "Device::set_pool",
-                    buffer: dev.label().to_string(),
-                    reason: format!(
-                        "{used} bytes of the current pool are still in use; drop them first"
-                    ),
-                });
-            }
-            self.make_pool(dev, cfg).map(Some)
+        let Some(old) = self.pool.load() else {
+            self.pool.publish(self.make_pool(dev, cfg)?);
+            return Ok(());
+        };
+        // The old pool's shards stay locked from the check to the replacement: no allocation
+        // can take a block of it in between, and one that comes later finds it retired and
+        // reads the new one.
+        let busy = |used| Error::InvalidState {
+            op: "Device::set_pool",
+            buffer: dev.label().to_string(),
+            reason: format!("{used} bytes of the current pool are still in use; drop them first"),
+        };
+        old.retire_if_idle(busy, || {
+            self.pool.publish(self.make_pool(dev, cfg)?);
+            Ok(())
         })?;
-        if let Some(old) = old {
-            old.empty_cache();
+        let usage = old.usage();
+        {
+            let mut r = self.retired.lock();
+            r.allocs += usage.allocs;
+            r.frees += usage.frees;
+            r.peak = r.peak.max(usage.peak);
         }
+        old.empty_cache();
         Ok(())
     }
 
     /// The pinned host pool, made from the environment on first use.
-    pub(crate) fn pinned_pool(&self, dev: &Device) -> Result<Arc<Pool<RawPinned>>> {
-        if let Some(p) = self.pinned.get() {
+    pub(crate) fn pinned_pool(&self, dev: &Device) -> Result<&Arc<Pool<RawPinned>>> {
+        if let Some(p) = self.pinned.load() {
             return Ok(p);
         }
         let _install = self.install.lock();
-        if let Some(p) = self.pinned.get() {
+        if let Some(p) = self.pinned.load() {
             return Ok(p);
         }
         check_env()?;
@@ -176,19 +187,44 @@ impl DeviceMemory {
             max_segment(dev),
         )?;
         p.publish(self.trace_source);
-        self.pinned.replace(Some(p.clone()));
-        Ok(p)
+        Ok(self.pinned.publish(p))
     }
 
     /// The pinned pool if it exists.
     pub(crate) fn current_pinned_pool(&self) -> Option<Arc<Pool<RawPinned>>> {
-        self.pinned.get()
+        self.pinned.load().cloned()
+    }
+
+    /// The device's memory statistics: its direct allocations (`direct`, counted as they are
+    /// made) and its pooled buffers (counted by the pools, see [`Pool::usage`]). The peak is
+    /// the direct peak plus the pooled one: exact while only one of them moves, an upper
+    /// bound otherwise.
+    pub(crate) fn stats_with(&self, direct: &MemCounters, label: &str) -> MemStats {
+        let mut s = direct.snapshot(label);
+        let retired = *self.retired.lock();
+        let pooled = self.pool.load().map(|p| p.usage()).unwrap_or_default();
+        s.in_use += pooled.in_use;
+        s.peak += pooled.peak.max(retired.peak);
+        s.allocs += pooled.allocs + retired.allocs;
+        s.frees += pooled.frees + retired.frees;
+        s
+    }
+
+    /// Resets the peaks of the device pool and of the pools it replaced.
+    pub(crate) fn reset_pool_peaks(&self) {
+        self.retired.lock().peak = 0;
+        if let Some(p) = self.pool.load() {
+            p.reset_peak();
+        }
+        if let Some(p) = self.pinned.load() {
+            p.reset_peak();
+        }
     }
 
     /// The cap in effect, if any; before the device pool is built, the cap it will be built
     /// with (from `SYNCMEM_POOL_CONF`; `None` while that variable is invalid).
     pub(crate) fn cap(&self, dev: &Device) -> Option<u64> {
-        if self.pool.read().is_some() {
+        if self.pool.load().is_some() {
             return self.budget.cap();
         }
         let cfg = PoolConfig::from_env(DEVICE_POOL_ENV, DEVICE_POOL_CONF_ENV).ok()?;
@@ -277,16 +313,10 @@ impl DeviceMemory {
         dev: &Device,
         len: usize,
         stream: &Stream,
-        release: Release,
         owner: Option<&Arc<str>>,
     ) -> Result<DeviceBuffer> {
         let lease = self.lease(dev, len, stream.id(), owner)?;
-        Ok(DeviceBuffer::from_pool(
-            stream.device_handle(),
-            len,
-            lease,
-            release,
-        ))
+        Ok(DeviceBuffer::from_pool(stream, len, lease))
     }
 
     /// A block of the device pool with its view (a sub-buffer, an offset pointer): made by the
@@ -317,19 +347,25 @@ impl DeviceMemory {
         owner: Option<&Arc<str>>,
         storage: &S,
     ) -> Result<Lease<RawMem, RawMem>> {
-        // The common case: the pool exists and has room. It is used under the read lock of
-        // this thread's stripe (no reference count taken); the lease holds its shard from then
-        // on.
-        if let Some(pool) = &*self.pool.read() {
-            match pool.alloc_labelled(len, stream, storage, owner) {
-                Err(e) if e.is_out_of_memory() => {}
+        loop {
+            // The common case: the pool exists and has room (no reference count taken; the
+            // lease holds its shard from then on).
+            if let Some(pool) = self.pool.load() {
+                match pool.alloc_labelled(len, stream, storage, owner) {
+                    Err(e) if e.is_out_of_memory() => {}
+                    // Replaced since it was read (`set_pool`): the new one is published.
+                    Err(_) if pool.is_retired() => continue,
+                    r => return r,
+                }
+            }
+            let pool = self.pool(dev)?;
+            match self.with_retries(dev, len, || {
+                pool.alloc_labelled(len, stream, storage, owner)
+            }) {
+                Err(_) if pool.is_retired() => continue,
                 r => return r,
             }
         }
-        let pool = self.pool(dev)?;
-        self.with_retries(dev, len, || {
-            pool.alloc_labelled(len, stream, storage, owner)
-        })
     }
 
     /// A pooled pinned host block of `len >= 1` bytes (zero only when its lease says so), for
@@ -340,12 +376,8 @@ impl DeviceMemory {
         len: usize,
         owner: Option<&Arc<str>>,
     ) -> Result<PinnedBuffer> {
-        // As `lease_from`: the pool is used under this thread's read lock (no reference
-        // count taken) once it exists.
-        if let Some(pool) = &*self.pinned.read() {
-            return Self::pinned_from(pool, dev, len, owner);
-        }
-        Self::pinned_from(&self.pinned_pool(dev)?, dev, len, owner)
+        // As `lease_from`: no reference count taken (the pinned pool is never replaced).
+        Self::pinned_from(self.pinned_pool(dev)?, dev, len, owner)
     }
 
     fn pinned_from(

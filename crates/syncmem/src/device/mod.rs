@@ -262,7 +262,7 @@ impl Device {
     /// # Errors
     /// As [`Device::alloc`]; [`Error::DeviceMismatch`] for a stream of another device.
     pub fn alloc_pooled(&self, bytes: usize, stream: &Stream) -> Result<DeviceBuffer> {
-        DeviceBuffer::pooled(self, bytes, stream, Release::record(stream), None)
+        DeviceBuffer::pooled(self, bytes, stream, None)
     }
 
     /// Replaces the device pool by one built from `config` (kind, sizes, memory cap). Use it
@@ -423,10 +423,17 @@ impl Device {
         self.default_stream()?.synchronize()
     }
 
-    /// Device-memory counters of this device. Threads count apart (see [`MemStats::peak`]):
-    /// the current use and the counts are exact, the peak is exact while one thread allocates.
+    /// Device-memory counters of this device: the bytes of its live buffers (their lengths),
+    /// allocations and frees. Direct allocations ([`Device::alloc`]) are counted as they are
+    /// made, pooled ones by the device pool, under the lock of the shard that serves them (a
+    /// pooled allocation writes nothing that other threads write). The current use and the
+    /// counts are exact. The peak adds the peaks of the direct and pooled allocations and of
+    /// threads that count apart (see [`MemStats::peak`]): exact while one thread allocates
+    /// one kind, an upper bound otherwise.
     pub fn memory_stats(&self) -> MemStats {
-        self.shared.mem.snapshot(self.label())
+        self.shared
+            .memory
+            .stats_with(&self.shared.mem, self.label())
     }
 
     /// Pinned-host-memory counters of this device.
@@ -440,12 +447,7 @@ impl Device {
     pub fn reset_peak_stats(&self) {
         self.shared.mem.reset_peak();
         self.shared.pinned.reset_peak();
-        if let Some(p) = self.shared.memory.current_pool() {
-            p.reset_peak();
-        }
-        if let Some(p) = self.shared.memory.current_pinned_pool() {
-            p.reset_peak();
-        }
+        self.shared.memory.reset_pool_peaks();
     }
 }
 

@@ -18,12 +18,32 @@ use crate::error::{check_range_with, Error, Result};
 /// its own, which the buffers allocated on it share: threads working each on a stream of their
 /// own then take no reference count that they all write (the device's), one per buffer. The
 /// default stream, which the device keeps without its handle, holds the device's handle itself.
+///
+/// A stream's handle also holds the stream itself (without its device): a buffer allocated on
+/// it finds there the stream its free is recorded on, with no second reference count.
 #[derive(Clone)]
 pub(crate) enum DeviceHandle {
     /// The device's own handle.
     Device(Device),
-    /// A stream's own reference to the device.
-    Stream(Arc<Device>),
+    /// A stream's own reference to the device, with the stream.
+    Stream(Arc<OnStream>),
+}
+
+/// What a stream made by [`Device::new_stream`] shares with the buffers allocated on it.
+pub(crate) struct OnStream {
+    device: Device,
+    stream: UnboundStream,
+}
+
+impl DeviceHandle {
+    /// The stream this handle was made for (`None` for the device's own handle).
+    #[inline]
+    pub(crate) fn stream(&self) -> Option<&UnboundStream> {
+        match self {
+            DeviceHandle::Device(_) => None,
+            DeviceHandle::Stream(s) => Some(&s.stream),
+        }
+    }
 }
 
 impl std::ops::Deref for DeviceHandle {
@@ -33,7 +53,7 @@ impl std::ops::Deref for DeviceHandle {
     fn deref(&self) -> &Device {
         match self {
             DeviceHandle::Device(d) => d,
-            DeviceHandle::Stream(d) => d,
+            DeviceHandle::Stream(s) => &s.device,
         }
     }
 }
@@ -98,11 +118,19 @@ impl Stream {
     }
 
     pub(crate) fn new(device: &Device) -> Result<Self> {
-        let raw = device.shared.raw.new_stream()?;
+        let raw = Arc::new(device.shared.raw.new_stream()?);
+        let id = NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed);
+        let on = OnStream {
+            device: device.clone(),
+            stream: UnboundStream {
+                raw: raw.clone(),
+                id,
+            },
+        };
         Ok(Self {
-            device: DeviceHandle::Stream(Arc::new(device.clone())),
-            raw: Arc::new(raw),
-            id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
+            device: DeviceHandle::Stream(Arc::new(on)),
+            raw,
+            id,
         })
     }
 

@@ -72,8 +72,7 @@ impl SyncedMemory {
         }
         let device = self.device.as_ref().ok_or_else(|| self.no_device())?;
         let stream = self.pick_stream(None)?;
-        let release = Release::record(&stream);
-        let buf = DeviceBuffer::pooled(device, self.size, &stream, release, Some(&self.label))
+        let buf = DeviceBuffer::pooled(device, self.size, &stream, Some(&self.label))
             .map_err(|e| self.named(e))?;
         let bytes = buf.len();
         let buf = Arc::new(buf);

@@ -27,7 +27,7 @@ use super::state::{Access, Place, Valid};
 use super::{Core, DeviceRead, DeviceWrite, SyncedMemory};
 use crate::alloc::pairs;
 use crate::alloc::stats::Direction;
-use crate::device::{Device, DeviceBuffer, Release, Stream};
+use crate::device::{Device, DeviceBuffer, Stream};
 use crate::error::Result;
 
 #[cfg(doc)]
@@ -182,8 +182,7 @@ impl SyncedMemory {
         if let Some(i) = core.remote.iter().position(|r| r.device.same(device)) {
             return Ok(i);
         }
-        let release = Release::record(stream);
-        let buf = DeviceBuffer::pooled(device, self.size, stream, release, Some(&self.label))
+        let buf = DeviceBuffer::pooled(device, self.size, stream, Some(&self.label))
             .map_err(|e| self.named(e))?;
         core.remote.push(Remote {
             device: device.clone(),

@@ -64,6 +64,7 @@ mod tests;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
@@ -201,6 +202,9 @@ pub struct Pool<T: Send + Sync + 'static, V: Send + 'static = ()> {
     /// The shards (see [`shard`]): at least one, each in an `Arc` of its own (see
     /// [`Pool`]'s `Drop`).
     shards: Box<[Arc<Shard<T, V>>]>,
+    /// Replaced by another pool (see [`Pool::retire_if_idle`]): refuses every allocation.
+    /// Written with every shard locked, read under a shard's lock.
+    retired: AtomicBool,
 }
 
 impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
@@ -242,6 +246,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             budget,
             shards,
             config,
+            retired: AtomicBool::new(false),
         }))
     }
 
@@ -292,6 +297,9 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     ) -> Result<Lease<T, V>> {
         let sh = &self.shards[self.shard_index()];
         let mut inner = sh.inner.lock();
+        if self.retired.load(Relaxed) {
+            return Err(self.retired_error());
+        }
         let overflow = || Error::SizeOverflow {
             what: format!("{bytes} bytes rounded for pool {}", self.label),
         };

@@ -29,13 +29,15 @@
 //! and 44-45 ns from 8, against 47 and 59-61 ns for the system allocator.
 
 use std::ptr::NonNull;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::stats::Counters;
+use super::stats::{Counters, PoolUsage};
 use super::{BlockId, Inner, Pool, SegId};
 use super::{Budget, PendingUse, PoolEvent, PoolObserver, PoolStats};
+use crate::error::{Error, Result};
 
 /// One shard: aligned to its own cache lines, so that the shards' locks do not share one.
 #[repr(align(128))]
@@ -248,6 +250,58 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         self.shards
             .iter()
             .all(|s| s.inner.lock().c.allocated.all().current == 0)
+    }
+
+    /// The use of the pool by its callers: bytes requested by the blocks handed out (now and
+    /// the peak, the sum of the shards' peaks), allocations and frees. A device counts its
+    /// pooled buffers with it (their length is the bytes requested), so that a pooled
+    /// allocation writes no counter outside its shard.
+    pub(crate) fn usage(&self) -> PoolUsage {
+        self.shards.iter().fold(PoolUsage::default(), |u, s| {
+            let inner = s.inner.lock();
+            let requested = inner.c.requested.all();
+            PoolUsage {
+                in_use: u.in_use + requested.current,
+                peak: u.peak + requested.peak,
+                allocs: u.allocs + inner.c.allocations,
+                frees: u.frees + inner.c.frees,
+            }
+        })
+    }
+
+    /// Retires the pool if no block is handed out: with every shard locked, runs `replace`
+    /// (which publishes the pool's successor), then marks the pool retired, so that every
+    /// later allocation fails (see [`Pool::is_retired`]) and none can slip in between the
+    /// check and the replacement. Returns `busy`'s error (with the bytes handed out) when
+    /// blocks are out, `replace`'s when it fails; the pool is then unchanged.
+    pub(crate) fn retire_if_idle(
+        &self,
+        busy: impl FnOnce(u64) -> Error,
+        replace: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let held: Vec<_> = self.shards.iter().map(|s| s.inner.lock()).collect();
+        let used: u64 = held.iter().map(|i| i.c.allocated.all().current).sum();
+        if used > 0 {
+            return Err(busy(used));
+        }
+        replace()?;
+        self.retired.store(true, Relaxed);
+        Ok(())
+    }
+
+    /// True once the pool was retired ([`Pool::retire_if_idle`]): its allocations fail, and
+    /// its owner has published a successor to allocate from.
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Relaxed)
+    }
+
+    /// The error of an allocation from a retired pool.
+    pub(super) fn retired_error(&self) -> Error {
+        Error::InvalidState {
+            op: "pool allocation",
+            buffer: self.label.to_string(),
+            reason: "the pool was replaced by another (Device::set_pool)".to_string(),
+        }
     }
 
     /// Runs `f` on the counters of the calling thread's shard.

@@ -82,6 +82,19 @@ pub struct SizeStats {
 /// A byte gauge kept for small and large blocks apart, with the peak of their sum: the figures
 /// of both together are derived ([`SplitGauge::all`]), so an update touches one class and
 /// one peak.
+/// What a pool's callers hold of it: see [`super::Pool::usage`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PoolUsage {
+    /// Bytes requested by the blocks handed out now.
+    pub(crate) in_use: u64,
+    /// The peak of `in_use` (the sum of the shards' peaks).
+    pub(crate) peak: u64,
+    /// Allocations.
+    pub(crate) allocs: u64,
+    /// Frees.
+    pub(crate) frees: u64,
+}
+
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct SplitGauge {
     /// `[small, large]`.
