@@ -2,6 +2,7 @@
 
 use std::any::Any;
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -74,8 +75,10 @@ pub struct DeviceBuffer {
     len: usize,
     /// The memory (`Empty` when `len == 0`: nothing is allocated).
     origin: Origin,
-    /// The commands queued on the memory that may still run (see [`super::usage`]).
-    pub(super) uses: Mutex<Uses>,
+    /// The commands queued on the memory that may still run (see [`super::usage`]). Never
+    /// dropped in place: `Drop` takes the uses out when there are any (an empty `Uses` owns
+    /// no memory), which saves the drop of three empty slots on every free.
+    pub(super) uses: ManuallyDrop<Mutex<Uses>>,
     /// The native handle was handed out (`as_opencl`, `as_cuda`): work the crate does not see
     /// may be queued on the memory.
     exposed: AtomicBool,
@@ -90,7 +93,7 @@ impl DeviceBuffer {
             device: DeviceHandle::Device(device.clone()),
             len: 0,
             origin: Origin::Empty,
-            uses: Mutex::default(),
+            uses: ManuallyDrop::default(),
             exposed: AtomicBool::new(false),
             counted: None,
         }
@@ -153,7 +156,7 @@ impl DeviceBuffer {
             device: DeviceHandle::Device(device.clone()),
             len,
             origin: Origin::Direct(raw),
-            uses: Mutex::default(),
+            uses: ManuallyDrop::default(),
             exposed: AtomicBool::new(false),
             counted: Some(counted),
         }
@@ -166,7 +169,7 @@ impl DeviceBuffer {
         let release = Release::record(stream);
         debug_assert!(lease.view().is_some(), "a device pool lease holds its view");
         // Counted by the pool, under its shard's lock (see `Device::memory_stats`).
-        let uses = Mutex::new(inherited_uses(&lease));
+        let uses = ManuallyDrop::new(Mutex::new(inherited_uses(&lease)));
         Self {
             device: device.clone(),
             len,
@@ -376,6 +379,12 @@ impl Drop for DeviceBuffer {
         if let Some(counted) = self.counted {
             self.device.shared.mem.on_free(counted, self.len);
         }
+        // Dropped at the end of this function (`self.uses` is never dropped; what is left in
+        // it is empty).
+        let mut uses = {
+            let u = self.uses.get_mut();
+            (!u.is_empty()).then(|| std::mem::take(u))
+        };
         match &mut self.origin {
             Origin::Empty => {}
             Origin::Direct(_) => {
@@ -387,8 +396,7 @@ impl Drop for DeviceBuffer {
                 // The commands recorded on the block and not known complete: reusable at once
                 // by their own streams, by the others once they are done. A block with none
                 // goes back with no fence at all (no allocation, nothing to wait for).
-                let uses = self.uses.get_mut();
-                if !uses.is_empty() {
+                if let Some(uses) = &mut uses {
                     uses.prune();
                     for p in uses.points() {
                         lease.add_pending(p.id, Arc::new(p.clone()));

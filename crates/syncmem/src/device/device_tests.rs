@@ -208,7 +208,9 @@ fn pooled_buffers_count_in_memory_stats_across_pool_replacement(shared: &Device)
     let m = dev.memory_stats();
     assert_eq!((m.in_use, m.peak, m.allocs, m.frees), (1100, 1100, 2, 0));
     // A block is out: the pool stays, and so do the counts.
-    let e = dev.set_pool(PoolConfig::new(PoolKind::Caching)).unwrap_err();
+    let e = dev
+        .set_pool(PoolConfig::new(PoolKind::Caching))
+        .unwrap_err();
     assert!(matches!(e, Error::InvalidState { .. }), "{e}");
     drop(a);
     dev.set_pool(PoolConfig::new(PoolKind::Caching)).unwrap();
