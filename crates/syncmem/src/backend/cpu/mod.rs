@@ -9,6 +9,7 @@ mod gemm;
 pub(crate) mod host;
 pub(crate) mod kernels;
 pub mod math;
+mod par;
 pub(crate) mod user;
 
 pub(crate) use device::{total_memory, CpuDevice, CpuEvent, CpuMem, CpuPinned, CpuStream};

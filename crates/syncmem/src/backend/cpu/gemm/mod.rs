@@ -34,7 +34,7 @@
 //!
 //! The reduction runs in blocks of [`KC`]; each element of C is summed in one fixed order
 //! whatever the threads do, so results repeat bit for bit. A product of more than
-//! [`THREADED_FLOPS`] splits between the threads of a [`ThreadTree`] made once (the machine's
+//! [`THREADED_FLOPS`] splits between the threads of a [`ThreadTree`](thread_tree::ThreadTree) made once (the machine's
 //! cores, at most 4; the calling thread is one of them); smaller ones run on the calling
 //! thread. The panels are buffers of each thread, kept between calls.
 //!
@@ -47,7 +47,9 @@
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-use thread_tree::{ThreadTree, ThreadTreeCtx};
+use thread_tree::ThreadTreeCtx;
+
+use super::par::tree;
 
 use block::Block;
 use nt::run_nt;
@@ -113,20 +115,6 @@ fn available() -> impl Iterator<Item = Isa> {
     ]
     .into_iter()
     .filter_map(|(isa, ok)| ok.then_some(isa))
-}
-
-/// The threads GEMMs share (the calling thread is one of them) and how many there are.
-fn tree() -> &'static (Box<ThreadTree>, usize) {
-    static TREE: OnceLock<(Box<ThreadTree>, usize)> = OnceLock::new();
-    TREE.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        let level = match cores {
-            0 | 1 => 0,
-            2 | 3 => 1,
-            _ => 2,
-        };
-        (ThreadTree::new_with_level(level), 1 << level)
-    })
 }
 
 /// One product, as the micro-kernel sees it: `C'(i, j) = sum_l A'(i, l) · B'(l, j)` for

@@ -1,0 +1,180 @@
+//! Element-wise work split between the `cpu` backend's threads: the threads of the GEMM's
+//! [`ThreadTree`] (made once: the machine's cores, at most 4, the calling thread one of them).
+//!
+//! Work of at least [`THREADED_ELEMENTS`] elements is cut into one contiguous part per thread,
+//! each starting at a multiple of [`ALIGN`] elements (no two threads write one 64-byte line of
+//! `f32`); smaller work runs on the calling thread, where a wake-up of the other threads
+//! (microseconds) would cost more than it saves. Every element is computed by the same code
+//! whichever part it falls in: the results do not depend on the number of threads.
+
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use thread_tree::{ThreadTree, ThreadTreeCtx};
+
+/// Elements of element-wise work (an SGD update, a ReLU, ...) from which it is split between
+/// the threads: 256 KiB of `f32`, tens of microseconds of memory traffic on one core.
+pub(crate) const THREADED_ELEMENTS: usize = 1 << 16;
+
+/// Parts start at multiples of this many elements.
+const ALIGN: usize = 16;
+
+/// The threads the `cpu` backend shares (the calling thread is one of them) and how many
+/// there are.
+pub(crate) fn tree() -> &'static (Box<ThreadTree>, usize) {
+    static TREE: OnceLock<(Box<ThreadTree>, usize)> = OnceLock::new();
+    TREE.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let level = match cores {
+            0 | 1 => 0,
+            2 | 3 => 1,
+            _ => 2,
+        };
+        (ThreadTree::new_with_level(level), 1 << level)
+    })
+}
+
+/// Work that splits in two at an element index: slices, index ranges, tuples of them (of one
+/// length, cut at the same index) and rows of them.
+pub(crate) trait Split: Sized + Send {
+    /// Elements (of the first member, for a tuple).
+    fn items(&self) -> usize;
+    /// The first `mid` elements and the rest.
+    fn cut(self, mid: usize) -> (Self, Self);
+}
+
+impl<T: Sync> Split for &[T] {
+    fn items(&self) -> usize {
+        <[T]>::len(self)
+    }
+    fn cut(self, mid: usize) -> (Self, Self) {
+        <[T]>::split_at(self, mid)
+    }
+}
+
+impl<T: Send> Split for &mut [T] {
+    fn items(&self) -> usize {
+        <[T]>::len(self)
+    }
+    fn cut(self, mid: usize) -> (Self, Self) {
+        self.split_at_mut(mid)
+    }
+}
+
+impl Split for Range<usize> {
+    fn items(&self) -> usize {
+        self.end.saturating_sub(self.start)
+    }
+    fn cut(self, mid: usize) -> (Self, Self) {
+        let cut = (self.start + mid).min(self.end);
+        (self.start..cut, cut..self.end)
+    }
+}
+
+impl<A: Split, B: Split> Split for (A, B) {
+    fn items(&self) -> usize {
+        self.0.items()
+    }
+    fn cut(self, mid: usize) -> (Self, Self) {
+        let (a0, a1) = self.0.cut(mid);
+        let (b0, b1) = self.1.cut(mid);
+        ((a0, b0), (a1, b1))
+    }
+}
+
+impl<A: Split, B: Split, C: Split> Split for (A, B, C) {
+    fn items(&self) -> usize {
+        self.0.items()
+    }
+    fn cut(self, mid: usize) -> (Self, Self) {
+        let (a0, a1) = self.0.cut(mid);
+        let (b0, b1) = self.1.cut(mid);
+        let (c0, c1) = self.2.cut(mid);
+        ((a0, b0, c0), (a1, b1, c1))
+    }
+}
+
+/// `S` seen as rows of `cols` elements: its length and its cuts count whole rows.
+pub(crate) struct Rows<S> {
+    pub(crate) s: S,
+    pub(crate) cols: usize,
+}
+
+impl<S: Split> Split for Rows<S> {
+    fn items(&self) -> usize {
+        self.s.items() / self.cols.max(1)
+    }
+    fn cut(self, mid: usize) -> (Self, Self) {
+        let cols = self.cols;
+        let (a, b) = self.s.cut(mid * cols);
+        (Rows { s: a, cols }, Rows { s: b, cols })
+    }
+}
+
+/// Runs `f` on `s`: on one part per thread when `threaded` (the caller's measure of the
+/// work, e.g. at least [`THREADED_ELEMENTS`] elements) and the machine has more than one
+/// core, else on the calling thread at once.
+pub(crate) fn for_parts<S: Split>(s: S, threaded: bool, f: &(dyn Fn(S) + Sync)) {
+    let (tree, threads) = tree();
+    if !threaded || *threads == 1 || s.items() < 2 * ALIGN {
+        f(s);
+        return;
+    }
+    halves(tree.top(), s, *threads, f);
+}
+
+/// Runs `f` on `parts` parts of `s` on the threads below `ctx`.
+fn halves<S: Split>(ctx: ThreadTreeCtx<'_>, s: S, parts: usize, f: &(dyn Fn(S) + Sync)) {
+    if parts <= 1 {
+        f(s);
+        return;
+    }
+    let half = parts / 2;
+    let mid = (s.items() * half / parts)
+        .next_multiple_of(ALIGN)
+        .min(s.items());
+    let (a, b) = s.cut(mid);
+    ctx.join(|c| halves(c, a, half, f), |c| halves(c, b, parts - half, f));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_cover_every_element_once_at_aligned_cuts() {
+        for n in [0, 1, 31, 32, 33, 1000, THREADED_ELEMENTS + 5] {
+            let mut out = vec![0u32; n];
+            let x: Vec<u32> = (0..n as u32).collect();
+            for_parts((&x[..], &mut out[..], 0..n), true, &|(x, y, r)| {
+                assert_eq!((x.len(), y.len()), (r.len(), r.len()));
+                assert!(r.start % ALIGN == 0 || r.start == n, "{r:?}");
+                for ((o, &v), i) in y.iter_mut().zip(x).zip(r) {
+                    assert_eq!(v as usize, i);
+                    *o += v + 1;
+                }
+            });
+            assert!(out.iter().enumerate().all(|(i, &v)| v as usize == i + 1));
+        }
+    }
+
+    #[test]
+    fn rows_are_cut_whole() {
+        let cols = 3;
+        let mut m = vec![0usize; cols * 1001];
+        for_parts(
+            Rows {
+                s: &mut m[..],
+                cols,
+            },
+            true,
+            &|r| {
+                assert_eq!(r.s.len() % cols, 0);
+                for row in r.s.chunks_exact_mut(cols) {
+                    row.iter_mut().for_each(|v| *v += 1);
+                }
+            },
+        );
+        assert!(m.iter().all(|&v| v == 1));
+    }
+}
