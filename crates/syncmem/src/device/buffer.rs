@@ -54,8 +54,9 @@ impl Release {
 enum Origin {
     /// Nothing allocated (length 0).
     Empty,
-    /// A backend allocation of its own, charged to the device's cap.
-    Direct(RawMem),
+    /// A backend allocation of its own, charged to the device's cap (boxed: a backend's memory
+    /// handle is large, and a pooled buffer, the common kind, need not carry its room).
+    Direct(Box<RawMem>),
     /// A block of the device pool. The memory is the block's view (a sub-buffer / pointer into
     /// its segment), which the lease holds and gives back to the pool with the block.
     Pooled {
@@ -155,7 +156,7 @@ impl DeviceBuffer {
         Self {
             device: DeviceHandle::Device(device.clone()),
             len,
-            origin: Origin::Direct(raw),
+            origin: Origin::Direct(Box::new(raw)),
             uses: ManuallyDrop::default(),
             exposed: AtomicBool::new(false),
             counted: Some(counted),
@@ -433,5 +434,16 @@ impl fmt::Debug for DeviceBuffer {
             .field("device", &self.device.label())
             .field("len", &self.len)
             .finish()
+    }
+}
+#[cfg(all(test, target_pointer_width = "64"))]
+mod tests {
+    /// A buffer moves (into an `Arc`, out of a `Result`) by copying it whole: pooled buffers,
+    /// made and dropped on every step, keep it small (a direct allocation's large backend
+    /// handle is boxed).
+    #[test]
+    fn a_buffer_stays_small() {
+        let size = std::mem::size_of::<super::DeviceBuffer>();
+        assert!(size <= 256, "DeviceBuffer is {size} bytes");
     }
 }
