@@ -1,7 +1,10 @@
-//! Always-on, lock-free memory and copy statistics.
+//! Always-on memory and copy statistics.
 //!
 //! Counters are plain atomics updated with `Relaxed` ordering: cheap enough to stay on in
-//! production. A [`Snapshot`] (from [`crate::stats`]) reads them all and prints readably.
+//! production. A device's pooled buffers are counted by its pool instead, under the lock of
+//! the shard that serves them (see `Device::memory_stats`): a reading of a device's memory
+//! takes each shard's lock once. A [`Snapshot`] (from [`crate::stats`]) reads them all and
+//! prints readably.
 
 use std::cell::Cell;
 use std::fmt;

@@ -77,8 +77,8 @@ pub struct DeviceBuffer {
     /// The memory (`Empty` when `len == 0`: nothing is allocated).
     origin: Origin,
     /// The commands queued on the memory that may still run (see [`super::usage`]). Never
-    /// dropped in place: `Drop` takes the uses out when there are any (an empty `Uses` owns
-    /// no memory), which saves the drop of three empty slots on every free.
+    /// dropped in place: `Drop` takes the uses out unless they own nothing
+    /// ([`Uses::owns_nothing`]), which saves the drop of three empty slots on every free.
     pub(super) uses: ManuallyDrop<Mutex<Uses>>,
     /// The native handle was handed out (`as_opencl`, `as_cuda`): work the crate does not see
     /// may be queued on the memory.
@@ -384,7 +384,7 @@ impl Drop for DeviceBuffer {
         // it is empty).
         let mut uses = {
             let u = self.uses.get_mut();
-            (!u.is_empty()).then(|| std::mem::take(u))
+            (!u.owns_nothing()).then(|| std::mem::take(u))
         };
         match &mut self.origin {
             Origin::Empty => {}
@@ -397,7 +397,7 @@ impl Drop for DeviceBuffer {
                 // The commands recorded on the block and not known complete: reusable at once
                 // by their own streams, by the others once they are done. A block with none
                 // goes back with no fence at all (no allocation, nothing to wait for).
-                if let Some(uses) = &mut uses {
+                if let Some(uses) = uses.as_mut().filter(|u| !u.is_empty()) {
                     uses.prune();
                     for p in uses.points() {
                         lease.add_pending(p.id, Arc::new(p.clone()));

@@ -152,18 +152,20 @@ impl DeviceMemory {
             buffer: dev.label().to_string(),
             reason: format!("{used} bytes of the current pool are still in use; drop them first"),
         };
-        old.retire_if_idle(busy, || {
-            self.pool.publish(self.make_pool(dev, cfg)?);
-            Ok(())
-        })?;
-        let usage = old.usage();
-        {
+        // The old pool's counts move to `retired` as the new pool is published, both under
+        // `retired`'s lock: a reading of the statistics sees one or the other (see
+        // `stats_with`).
+        old.retire_if_idle(busy, |usage| {
+            let new = self.make_pool(dev, cfg)?;
             let mut r = self.retired.lock();
             r.allocs += usage.allocs;
             r.frees += usage.frees;
             r.peak = r.peak.max(usage.peak);
-        }
+            self.pool.publish(new);
+            Ok(())
+        })?;
         old.empty_cache();
+        old.shed_retired();
         Ok(())
     }
 
@@ -201,8 +203,14 @@ impl DeviceMemory {
     /// bound otherwise.
     pub(crate) fn stats_with(&self, direct: &MemCounters, label: &str) -> MemStats {
         let mut s = direct.snapshot(label);
-        let retired = *self.retired.lock();
-        let pooled = self.pool.load().map(|p| p.usage()).unwrap_or_default();
+        // The pool read with the counts of the pools it replaced (`set_pool` changes both
+        // under this lock); its own counts are read after the lock is given back (its shards'
+        // locks are taken before this one by `set_pool`).
+        let (retired, pool) = {
+            let r = self.retired.lock();
+            (*r, self.pool.load())
+        };
+        let pooled = pool.map(|p| p.usage()).unwrap_or_default();
         s.in_use += pooled.in_use;
         s.peak += pooled.peak.max(retired.peak);
         s.allocs += pooled.allocs + retired.allocs;

@@ -267,7 +267,10 @@ impl Device {
 
     /// Replaces the device pool by one built from `config` (kind, sizes, memory cap). Use it
     /// before the first allocation, or when nothing allocated from the pool is alive; cached
-    /// memory of the old pool is released. A [`crate::alloc::pool::MemoryCap::Fraction`] is of
+    /// memory of the old pool is released. The old pool's counts stay in
+    /// [`Device::memory_stats`]. Its empty shell (a few hundred bytes per shard) stays
+    /// allocated until the device is dropped: pooled allocations read the pool without taking
+    /// a reference count, so a replaced pool is never freed under one. A [`crate::alloc::pool::MemoryCap::Fraction`] is of
     /// [`DeviceInfo::total_memory`].
     ///
     /// # Errors

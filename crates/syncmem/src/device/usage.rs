@@ -157,6 +157,13 @@ impl Uses {
         self.write.is_none() && self.reads.iter().all(Option::is_none) && self.more.is_empty()
     }
 
+    /// True when dropping these uses would free nothing: no point, and no room kept for the
+    /// readers of a third stream (`more` keeps its capacity once it had some).
+    #[inline]
+    pub(crate) fn owns_nothing(&self) -> bool {
+        self.write.is_none() && self.reads.iter().all(Option::is_none) && self.more.capacity() == 0
+    }
+
     /// Forgets the points known to be complete.
     pub(crate) fn prune(&mut self) {
         if self.write.as_ref().is_some_and(Point::is_done) {

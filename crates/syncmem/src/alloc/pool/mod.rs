@@ -272,7 +272,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     ///
     /// # Errors
     /// [`Error::OutOfMemory`] when the budget or the backend refuses, [`Error::SizeOverflow`]
-    /// when rounding overflows, or the source's error (making a segment or a view).
+    /// when rounding overflows, the source's error (making a segment or a view), or
+    /// [`Error::InvalidState`] once the pool was retired (replaced by `Device::set_pool`).
     pub fn alloc<S: RawStorage<Segment = T, View = V> + ?Sized>(
         self: &Arc<Self>,
         bytes: usize,

@@ -257,36 +257,48 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     /// pooled buffers with it (their length is the bytes requested), so that a pooled
     /// allocation writes no counter outside its shard.
     pub(crate) fn usage(&self) -> PoolUsage {
-        self.shards.iter().fold(PoolUsage::default(), |u, s| {
-            let inner = s.inner.lock();
-            let requested = inner.c.requested.all();
-            PoolUsage {
-                in_use: u.in_use + requested.current,
-                peak: u.peak + requested.peak,
-                allocs: u.allocs + inner.c.allocations,
-                frees: u.frees + inner.c.frees,
-            }
-        })
+        self.shards
+            .iter()
+            .fold(PoolUsage::default(), |u, s| u.plus(&s.inner.lock().c))
     }
 
     /// Retires the pool if no block is handed out: with every shard locked, runs `replace`
-    /// (which publishes the pool's successor), then marks the pool retired, so that every
-    /// later allocation fails (see [`Pool::is_retired`]) and none can slip in between the
-    /// check and the replacement. Returns `busy`'s error (with the bytes handed out) when
-    /// blocks are out, `replace`'s when it fails; the pool is then unchanged.
+    /// with the pool's final [`Pool::usage`] (it publishes the pool's successor), then marks
+    /// the pool retired, so that every later allocation fails (see [`Pool::is_retired`]) and
+    /// none can slip in between the check and the replacement. Returns `busy`'s error (with
+    /// the bytes handed out) when blocks are out, `replace`'s when it fails; the pool is then
+    /// unchanged.
     pub(crate) fn retire_if_idle(
         &self,
         busy: impl FnOnce(u64) -> Error,
-        replace: impl FnOnce() -> Result<()>,
+        replace: impl FnOnce(PoolUsage) -> Result<()>,
     ) -> Result<()> {
         let held: Vec<_> = self.shards.iter().map(|s| s.inner.lock()).collect();
         let used: u64 = held.iter().map(|i| i.c.allocated.all().current).sum();
         if used > 0 {
             return Err(busy(used));
         }
-        replace()?;
+        let usage = held.iter().fold(PoolUsage::default(), |u, i| u.plus(&i.c));
+        replace(usage)?;
         self.retired.store(true, Relaxed);
         Ok(())
+    }
+
+    /// Gives a retired pool's bookkeeping back (its arena, lists and slabs, each with the
+    /// capacity they grew to): every shard with no segment left starts empty again. A retired
+    /// pool stays allocated while its owner keeps it (see `DeviceMemory::set_pool`); this
+    /// leaves it its fixed size.
+    pub(crate) fn shed_retired(&self) {
+        if !self.is_retired() {
+            return;
+        }
+        for s in self.shards.iter() {
+            let mut inner = s.inner.lock();
+            if inner.segments.iter().next().is_none() {
+                inner.core = super::strategy::Core::new(&self.config);
+                inner.segments = super::slab::Slab::default();
+            }
+        }
     }
 
     /// True once the pool was retired ([`Pool::retire_if_idle`]): its allocations fail, and

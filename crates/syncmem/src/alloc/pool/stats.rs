@@ -79,9 +79,6 @@ pub struct SizeStats {
     pub segment_count: Gauge,
 }
 
-/// A byte gauge kept for small and large blocks apart, with the peak of their sum: the figures
-/// of both together are derived ([`SplitGauge::all`]), so an update touches one class and
-/// one peak.
 /// What a pool's callers hold of it: see [`super::Pool::usage`].
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PoolUsage {
@@ -95,6 +92,22 @@ pub(crate) struct PoolUsage {
     pub(crate) frees: u64,
 }
 
+impl PoolUsage {
+    /// This usage plus a shard's counters.
+    pub(crate) fn plus(self, c: &Counters) -> Self {
+        let requested = c.requested.all();
+        PoolUsage {
+            in_use: self.in_use + requested.current,
+            peak: self.peak + requested.peak,
+            allocs: self.allocs + c.allocations,
+            frees: self.frees + c.frees,
+        }
+    }
+}
+
+/// A byte gauge kept for small and large blocks apart, with the peak of their sum: the figures
+/// of both together are derived ([`SplitGauge::all`]), so an update touches one class and
+/// one peak.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct SplitGauge {
     /// `[small, large]`.

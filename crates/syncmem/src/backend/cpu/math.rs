@@ -191,8 +191,8 @@ pub(crate) fn gemm(
 }
 
 /// `out[j] = sum_i x[i*cols + j]`, accumulated in `f64`, a block of columns at a time on the
-/// stack (no allocation).
-/// Columns split between the threads above [`THREADED_ELEMENTS`] elements of `x`.
+/// stack (no allocation); the columns are split between the threads from
+/// [`THREADED_ELEMENTS`] elements of `x`.
 pub(crate) fn col_sum(rows: usize, cols: usize, x: &[f32], out: &mut [f32]) {
     let n = cols.min(out.len());
     let threaded = rows.saturating_mul(cols) >= THREADED_ELEMENTS;

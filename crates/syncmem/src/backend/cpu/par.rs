@@ -2,11 +2,16 @@
 //! [`ThreadTree`] (made once: the machine's cores, at most 4, the calling thread one of them).
 //!
 //! Work of at least [`THREADED_ELEMENTS`] elements is cut into one contiguous part per thread,
-//! each starting at a multiple of [`ALIGN`] elements (no two threads write one 64-byte line of
-//! `f32`); smaller work runs on the calling thread, where a wake-up of the other threads
-//! (microseconds) would cost more than it saves. Every element is computed by the same code
-//! whichever part it falls in: the results do not depend on the number of threads.
+//! each starting at a multiple of [`ALIGN`] elements (for `f32` on a 64-byte aligned start,
+//! no two threads write one cache line); smaller work runs on the calling thread, where a
+//! wake-up of the other threads (microseconds) would cost more than it saves. Every element is
+//! computed by the same code whichever part it falls in: the results do not depend on the
+//! number of threads.
+//!
+//! Work started from inside a part (a nested split) runs on its own thread: joining the tree
+//! from one of its jobs would wait for itself.
 
+use std::cell::Cell;
 use std::ops::Range;
 use std::sync::OnceLock;
 
@@ -37,7 +42,7 @@ pub(crate) fn tree() -> &'static (Box<ThreadTree>, usize) {
 /// Work that splits in two at an element index: slices, index ranges, tuples of them (of one
 /// length, cut at the same index) and rows of them.
 pub(crate) trait Split: Sized + Send {
-    /// Elements (of the first member, for a tuple).
+    /// Elements (the fewest of its members', for a tuple: cuts stay inside every member).
     fn items(&self) -> usize;
     /// The first `mid` elements and the rest.
     fn cut(self, mid: usize) -> (Self, Self);
@@ -73,7 +78,7 @@ impl Split for Range<usize> {
 
 impl<A: Split, B: Split> Split for (A, B) {
     fn items(&self) -> usize {
-        self.0.items()
+        self.0.items().min(self.1.items())
     }
     fn cut(self, mid: usize) -> (Self, Self) {
         let (a0, a1) = self.0.cut(mid);
@@ -84,7 +89,7 @@ impl<A: Split, B: Split> Split for (A, B) {
 
 impl<A: Split, B: Split, C: Split> Split for (A, B, C) {
     fn items(&self) -> usize {
-        self.0.items()
+        self.0.items().min(self.1.items()).min(self.2.items())
     }
     fn cut(self, mid: usize) -> (Self, Self) {
         let (a0, a1) = self.0.cut(mid);
@@ -116,17 +121,39 @@ impl<S: Split> Split for Rows<S> {
 /// core, else on the calling thread at once.
 pub(crate) fn for_parts<S: Split>(s: S, threaded: bool, f: &(dyn Fn(S) + Sync)) {
     let (tree, threads) = tree();
-    if !threaded || *threads == 1 || s.items() < 2 * ALIGN {
+    if !threaded || *threads == 1 || s.items() < 2 * ALIGN || in_part() {
         f(s);
         return;
     }
     halves(tree.top(), s, *threads, f);
 }
 
+thread_local! {
+    /// This thread runs a part of a split (see [`for_parts`]).
+    static IN_PART: Cell<bool> = const { Cell::new(false) };
+}
+
+/// True on a thread that runs a part of a split now: a split from there runs on the thread.
+pub(crate) fn in_part() -> bool {
+    IN_PART.with(Cell::get)
+}
+
+/// Runs `f` marked as a part of a split (see [`in_part`]).
+pub(crate) fn as_part<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            IN_PART.with(|p| p.set(self.0));
+        }
+    }
+    let _reset = Reset(IN_PART.with(|p| p.replace(true)));
+    f()
+}
+
 /// Runs `f` on `parts` parts of `s` on the threads below `ctx`.
 fn halves<S: Split>(ctx: ThreadTreeCtx<'_>, s: S, parts: usize, f: &(dyn Fn(S) + Sync)) {
     if parts <= 1 {
-        f(s);
+        as_part(|| f(s));
         return;
     }
     let half = parts / 2;
@@ -156,6 +183,24 @@ mod tests {
             });
             assert!(out.iter().enumerate().all(|(i, &v)| v as usize == i + 1));
         }
+    }
+
+    #[test]
+    fn a_split_inside_a_part_runs_on_its_thread() {
+        let n = 4 * THREADED_ELEMENTS;
+        let mut out = vec![0u8; n];
+        let inner = std::sync::atomic::AtomicUsize::new(0);
+        for_parts(&mut out[..], true, &|part| {
+            assert!(in_part());
+            // A nested split: it must not wait for the tree it runs on.
+            for_parts(part, true, &|p| {
+                inner.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                p.fill(1);
+            });
+        });
+        assert!(!in_part());
+        assert!(out.iter().all(|&v| v == 1));
+        assert_eq!(inner.into_inner(), tree().1, "one inner call per part");
     }
 
     #[test]

@@ -49,7 +49,7 @@ use std::sync::OnceLock;
 
 use thread_tree::ThreadTreeCtx;
 
-use super::par::tree;
+use super::par::{as_part, in_part, tree};
 
 use block::Block;
 use nt::run_nt;
@@ -273,7 +273,8 @@ fn run(p: &Problem) {
 /// tree.
 fn on_threads(p: &Problem, job: &(dyn Fn(usize, usize) + Sync)) {
     let (tree, threads) = tree();
-    if *threads == 1 || 2 * p.m * p.n * p.k < THREADED_FLOPS {
+    // Inside a part of a split (see `par`), the tree is busy with this very thread.
+    if *threads == 1 || 2 * p.m * p.n * p.k < THREADED_FLOPS || in_part() {
         job(0, 1);
         return;
     }
@@ -291,7 +292,7 @@ fn share((t, parts): (usize, usize), tiles: usize, size: usize, len: usize) -> (
 /// Runs `job(t)` for `t` in `first..first + count` on the threads below `ctx`.
 fn split(ctx: ThreadTreeCtx<'_>, first: usize, count: usize, job: &(dyn Fn(usize) + Sync)) {
     if count == 1 {
-        job(first);
+        as_part(|| job(first));
         return;
     }
     let half = count / 2;
