@@ -7,10 +7,14 @@ Peers: NumPy, and JAX (jit, CPU). They run from a virtualenv (target/peers-venv 
 created and filled from PyPI on first use); syncmem runs as `syncmem train --json` on `cpu` and
 on `opencl:0` (built with `cargo build --release -p syncmem-cli` when missing).
 
-Prints the median epoch time of each (first epoch left out: compilation, warm-up) and the ratio
-of each to syncmem on `cpu` (above 1: slower than syncmem cpu). Not part of the test command.
+Prints the median epoch time of each (first epoch of every run left out: compilation, warm-up)
+and the ratio of each to syncmem on `cpu` (above 1: slower than syncmem cpu). The sides run in
+turn, `--rounds` times at each width, and the median is over all their rounds' epochs, so that
+a change of the machine's load between runs weighs on every side alike. Not part of the test
+command.
 
-    python3 scripts/peers.py [--hidden 64,256,1024] [--epochs 4] [--venv DIR] [--syncmem BIN]
+    python3 scripts/peers.py [--hidden 64,256,1024] [--epochs 4] [--rounds 3] [--venv DIR]
+                             [--syncmem BIN]
 """
 
 import argparse
@@ -152,14 +156,16 @@ def peer_epochs(peer, hidden, epochs):
     return json.loads(out)
 
 
-def median_ms(times):
-    return statistics.median(times[1:] if len(times) > 1 else times) * 1e3
+def kept(times):
+    """A run's epoch times without its first (compilation, warm-up)."""
+    return times[1:] if len(times) > 1 else times
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hidden", default="64,256,1024")
     ap.add_argument("--epochs", type=int, default=4, help="epochs per run (the first is left out)")
+    ap.add_argument("--rounds", type=int, default=3, help="runs of every side, in turn")
     ap.add_argument("--venv", default=os.path.join(ROOT, "target", "peers-venv"))
     ap.add_argument("--syncmem", default=os.path.join(ROOT, "target", "release", "syncmem"))
     ap.add_argument("--worker", choices=["numpy", "jax"], help=argparse.SUPPRESS)
@@ -176,8 +182,10 @@ def main():
         [sys.executable, "-c", "import numpy, jax; print(numpy.__version__, jax.__version__)"],
         check=True, capture_output=True, text=True,
     ).stdout.split()
-    print(f"numpy {versions[0]}, jax {versions[1]} (cpu); median epoch of {args.epochs - 1} "
-          "after a warm-up epoch, in ms; ratio = time / syncmem cpu time")
+    rounds = max(1, args.rounds)
+    print(f"numpy {versions[0]}, jax {versions[1]} (cpu); median epoch of {rounds} runs in turn "
+          f"of {args.epochs - 1} epochs after a warm-up epoch, in ms; "
+          "ratio = time / syncmem cpu time")
     cols = ["syncmem cpu", "syncmem opencl:0", "numpy", "jax (jit, cpu)"]
     print(f"{'hidden':>6}  " + "  ".join(f"{c:>22}" for c in cols))
     for h in [int(v) for v in args.hidden.split(",")]:
@@ -187,13 +195,21 @@ def main():
             "numpy": lambda: peer_epochs("numpy", h, args.epochs),
             "jax (jit, cpu)": lambda: peer_epochs("jax", h, args.epochs),
         }
-        ms = {}
-        for name, run in runs.items():
-            try:
-                ms[name] = median_ms(run())
-            except (subprocess.CalledProcessError, OSError) as e:
-                print(f"note: {name} at hidden {h} failed: {e}", file=sys.stderr)
-                ms[name] = None
+        times = {name: [] for name in runs}
+        failed = set()
+        for _ in range(rounds):
+            for name, run in runs.items():
+                if name in failed:
+                    continue
+                try:
+                    times[name] += kept(run())
+                except (subprocess.CalledProcessError, OSError) as e:
+                    print(f"note: {name} at hidden {h} failed: {e}", file=sys.stderr)
+                    failed.add(name)
+        ms = {
+            name: None if name in failed or not t else statistics.median(t) * 1e3
+            for name, t in times.items()
+        }
         base = ms["syncmem cpu"]
         cells = []
         for name in cols:
