@@ -131,3 +131,45 @@ fn a_pool_dropped_while_blocks_are_out_lives_until_the_last_one() {
         "the last block dropped its shard and gave the budget back"
     );
 }
+
+#[test]
+fn a_pool_retires_only_when_idle_and_then_refuses_allocations() {
+    let budget = Arc::new(Budget::new(None));
+    let p = sharded(2, &budget);
+    let a = alloc_on(&p, 1, 1000);
+    let busy = |used| Error::InvalidState {
+        op: "test",
+        buffer: "sharded".into(),
+        reason: format!("{used} bytes out"),
+    };
+    let mut replaced = false;
+    let e = p.retire_if_idle(busy, |_| {
+        replaced = true;
+        Ok(())
+    });
+    assert!(e.unwrap_err().to_string().contains("1024 bytes out"));
+    assert!(!replaced && !p.is_retired());
+    drop(a);
+    drop(alloc_on(&p, 0, 3000));
+    // The final usage goes to the replacement, taken with every shard locked.
+    let mut seen = None;
+    p.retire_if_idle(busy, |u| {
+        seen = Some(u);
+        Ok(())
+    })
+    .unwrap();
+    let u = seen.unwrap();
+    // (`alloc_on` may have allocated and freed on other shards too.)
+    assert_eq!((u.in_use, u.allocs), (0, u.frees));
+    assert!(u.allocs >= 2);
+    assert!(u.peak >= 3000);
+    assert_eq!(u, p.usage());
+    assert!(p.is_retired());
+    let e = on_thread(|| p.alloc(64, 1, &fake)).unwrap_err();
+    assert!(matches!(e, Error::InvalidState { .. }), "{e}");
+    // Emptied, a retired pool drops its bookkeeping; its counts stay.
+    p.empty_cache();
+    p.shed_retired();
+    assert_eq!(budget.used(), 0);
+    assert_eq!(p.usage(), u);
+}
