@@ -301,8 +301,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         }
     }
 
-    /// True once the pool was retired ([`Pool::retire_if_idle`]): its allocations fail, and
-    /// its owner has published a successor to allocate from.
+    /// True once the pool was retired (replaced by `Device::set_pool`, with nothing handed
+    /// out): its allocations fail, and its owner has published a successor to allocate from.
     pub fn is_retired(&self) -> bool {
         self.retired.load(Relaxed)
     }

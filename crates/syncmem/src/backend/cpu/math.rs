@@ -19,7 +19,7 @@
 //! threading, 146 ms with threading on the transposed problem; hidden 256 12.6-17 -> 13.5 ms;
 //! hidden 64 unchanged (2.2-2.7 ms).
 //!
-//! Element-wise work of at least [`THREADED_ELEMENTS`] elements (axpy, scale, ReLU and its
+//! Element-wise work of at least 64K elements (axpy, scale, ReLU and its
 //! gradient, column sums, the softmax gradient) is split between the same threads as the
 //! GEMM (see `super::par`); each element is computed by the same code in every part, so the
 //! results are the serial ones bit for bit (tested). Measured on the 2-core VM: an axpy of 1M
@@ -191,8 +191,8 @@ pub(crate) fn gemm(
 }
 
 /// `out[j] = sum_i x[i*cols + j]`, accumulated in `f64`, a block of columns at a time on the
-/// stack (no allocation); the columns are split between the threads from
-/// [`THREADED_ELEMENTS`] elements of `x`.
+/// stack (no allocation); the columns are split between the threads from 64K elements of
+/// `x`.
 pub(crate) fn col_sum(rows: usize, cols: usize, x: &[f32], out: &mut [f32]) {
     let n = cols.min(out.len());
     let threaded = rows.saturating_mul(cols) >= THREADED_ELEMENTS;
