@@ -10,6 +10,7 @@ pub(crate) mod host;
 pub(crate) mod kernels;
 pub mod math;
 mod par;
+mod team;
 pub(crate) mod user;
 
 pub(crate) use device::{total_memory, CpuDevice, CpuEvent, CpuMem, CpuPinned, CpuStream};

@@ -1,5 +1,5 @@
-//! Element-wise work split between the `cpu` backend's threads: the threads of the GEMM's
-//! [`ThreadTree`] (made once: the machine's cores, at most 4, the calling thread one of them).
+//! Element-wise work split between the `cpu` backend's threads (see [`super::team`]: the
+//! machine's cores, at most 4, the calling thread one of them), which the GEMM uses too.
 //!
 //! Work of at least [`THREADED_ELEMENTS`] elements is cut into one contiguous part per thread,
 //! each starting at a multiple of [`ALIGN`] elements (for `f32` on a 64-byte aligned start,
@@ -8,14 +8,14 @@
 //! computed by the same code whichever part it falls in: the results do not depend on the
 //! number of threads.
 //!
-//! Work started from inside a part (a nested split) runs on its own thread: joining the tree
-//! from one of its jobs would wait for itself.
+//! Work started from inside a part (a nested split) runs on its own thread.
 
 use std::cell::Cell;
 use std::ops::Range;
-use std::sync::OnceLock;
 
-use thread_tree::{ThreadTree, ThreadTreeCtx};
+use parking_lot::Mutex;
+
+use super::team::{team, MAX_THREADS};
 
 /// Elements of element-wise work (an SGD update, a ReLU, ...) from which it is split between
 /// the threads: 256 KiB of `f32`, tens of microseconds of memory traffic on one core.
@@ -23,21 +23,6 @@ pub(crate) const THREADED_ELEMENTS: usize = 1 << 16;
 
 /// Parts start at multiples of this many elements.
 const ALIGN: usize = 16;
-
-/// The threads the `cpu` backend shares (the calling thread is one of them) and how many
-/// there are.
-pub(crate) fn tree() -> &'static (Box<ThreadTree>, usize) {
-    static TREE: OnceLock<(Box<ThreadTree>, usize)> = OnceLock::new();
-    TREE.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        let level = match cores {
-            0 | 1 => 0,
-            2 | 3 => 1,
-            _ => 2,
-        };
-        (ThreadTree::new_with_level(level), 1 << level)
-    })
-}
 
 /// Work that splits in two at an element index: slices, index ranges, tuples of them (of one
 /// length, cut at the same index) and rows of them.
@@ -116,16 +101,38 @@ impl<S: Split> Split for Rows<S> {
     }
 }
 
-/// Runs `f` on `s`: on one part per thread when `threaded` (the caller's measure of the
-/// work, e.g. at least [`THREADED_ELEMENTS`] elements) and the machine has more than one
-/// core, else on the calling thread at once.
+/// Runs `f` on `s`: on one part per thread of the [`team`] when `threaded` (the caller's
+/// measure of the work, e.g. at least [`THREADED_ELEMENTS`] elements) and the machine has
+/// more than one core, else on the calling thread at once.
 pub(crate) fn for_parts<S: Split>(s: S, threaded: bool, f: &(dyn Fn(S) + Sync)) {
-    let (tree, threads) = tree();
-    if !threaded || *threads == 1 || s.items() < 2 * ALIGN || in_part() {
+    let team = team();
+    let threads = team.threads();
+    if !threaded || threads == 1 || s.items() < 2 * ALIGN || in_part() {
         f(s);
         return;
     }
-    halves(tree.top(), s, *threads, f);
+    // One contiguous piece per thread, cut at multiples of ALIGN; each part takes its piece.
+    let pieces: [Mutex<Option<S>>; MAX_THREADS] = std::array::from_fn(|_| Mutex::new(None));
+    let mut rest = s;
+    for (i, piece) in pieces.iter().enumerate().take(threads) {
+        let left = threads - i;
+        let (a, b) = if left == 1 {
+            let n = rest.items();
+            rest.cut(n)
+        } else {
+            let mid = (rest.items() / left)
+                .next_multiple_of(ALIGN)
+                .min(rest.items());
+            rest.cut(mid)
+        };
+        *piece.lock() = Some(a);
+        rest = b;
+    }
+    team.run(threads, &|i| {
+        if let Some(p) = pieces[i].lock().take() {
+            f(p);
+        }
+    });
 }
 
 thread_local! {
@@ -148,20 +155,6 @@ pub(crate) fn as_part<R>(f: impl FnOnce() -> R) -> R {
     }
     let _reset = Reset(IN_PART.with(|p| p.replace(true)));
     f()
-}
-
-/// Runs `f` on `parts` parts of `s` on the threads below `ctx`.
-fn halves<S: Split>(ctx: ThreadTreeCtx<'_>, s: S, parts: usize, f: &(dyn Fn(S) + Sync)) {
-    if parts <= 1 {
-        as_part(|| f(s));
-        return;
-    }
-    let half = parts / 2;
-    let mid = (s.items() * half / parts)
-        .next_multiple_of(ALIGN)
-        .min(s.items());
-    let (a, b) = s.cut(mid);
-    ctx.join(|c| halves(c, a, half, f), |c| halves(c, b, parts - half, f));
 }
 
 #[cfg(test)]
@@ -192,7 +185,7 @@ mod tests {
         let inner = std::sync::atomic::AtomicUsize::new(0);
         for_parts(&mut out[..], true, &|part| {
             assert!(in_part());
-            // A nested split: it must not wait for the tree it runs on.
+            // A nested split: it runs on the thread of its part.
             for_parts(part, true, &|p| {
                 inner.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 p.fill(1);
@@ -200,7 +193,11 @@ mod tests {
         });
         assert!(!in_part());
         assert!(out.iter().all(|&v| v == 1));
-        assert_eq!(inner.into_inner(), tree().1, "one inner call per part");
+        assert_eq!(
+            inner.into_inner(),
+            team().threads(),
+            "one inner call per part"
+        );
     }
 
     #[test]

@@ -34,9 +34,10 @@
 //!
 //! The reduction runs in blocks of [`KC`]; each element of C is summed in one fixed order
 //! whatever the threads do, so results repeat bit for bit. A product of more than
-//! [`THREADED_FLOPS`] splits between the threads of a [`ThreadTree`](thread_tree::ThreadTree) made once (the machine's
-//! cores, at most 4; the calling thread is one of them); smaller ones run on the calling
-//! thread. The panels are buffers of each thread, kept between calls.
+//! [`THREADED_FLOPS`] splits into one part per thread of the backend's team (`super::team`:
+//! the machine's cores, at most 4, the calling thread one of them; a thread slow to start
+//! leaves its part to the others); smaller ones run on the calling thread. The panels are
+//! buffers of each thread, kept between calls.
 //!
 //! Measured on a 2-core AMD EPYC VM with AVX-512 at the shapes of `syncmem train --hidden 1024`
 //! (`FC` + `FCGradient` at batch 64, `syncmem bench`'s GEMM rows), against `matrixmultiply`
@@ -47,9 +48,8 @@
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-use thread_tree::ThreadTreeCtx;
-
-use super::par::{as_part, in_part, tree};
+use super::par::in_part;
+use super::team::team;
 
 use block::Block;
 use nt::run_nt;
@@ -61,7 +61,7 @@ mod nt;
 /// The reduction is walked in blocks of this many steps (a block of B's rows stays in cache
 /// while every row tile of C uses it).
 const KC: usize = 512;
-/// Products of at least this many flops (`2·m·n·k`) use the thread tree.
+/// Products of at least this many flops (`2·m·n·k`) use the threads of the team.
 const THREADED_FLOPS: usize = 1 << 22;
 /// Set to `matrixmultiply` to run every product with `matrixmultiply` instead (comparisons).
 pub(crate) const GEMM_ENV: &str = "SYNCMEM_CPU_GEMM";
@@ -143,7 +143,7 @@ struct Problem {
 
 // SAFETY: a `Problem` is only handed to threads that read `a` and `b` (shared, not written
 // during the product) and write disjoint tiles of `c` (see `run`), while the caller's borrows
-// of the three slices outlive the threads' work (the thread tree joins before `gemm` returns).
+// of the three slices outlive the threads' work (the team's job returns only when every part has run).
 unsafe impl Send for Problem {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for Problem {}
@@ -231,7 +231,7 @@ fn gemm_on(
     true
 }
 
-/// Runs `p`, on the thread tree when it is large enough: the column tiles (or, with fewer
+/// Runs `p`, on the team's threads when it is large enough: the column tiles (or, with fewer
 /// column tiles than threads, the row tiles) are split into one contiguous range per thread.
 fn run(p: &Problem) {
     if p.n < NR && p.m >= NR && p.rsa == 1 {
@@ -270,15 +270,16 @@ fn run(p: &Problem) {
 
 /// Runs `job(t, parts)` for every part `t` of `parts`: one part on the calling thread when
 /// `p` is below [`THREADED_FLOPS`] (or the machine has one core), else one per thread of the
-/// tree.
+/// [`team`] (a thread slow to start leaves its part to the others).
 fn on_threads(p: &Problem, job: &(dyn Fn(usize, usize) + Sync)) {
-    let (tree, threads) = tree();
-    // Inside a part of a split (see `par`), the tree is busy with this very thread.
-    if *threads == 1 || 2 * p.m * p.n * p.k < THREADED_FLOPS || in_part() {
+    let team = team();
+    let threads = team.threads();
+    // Inside a part of a split (see `par`), this thread is one of the team's.
+    if threads == 1 || 2 * p.m * p.n * p.k < THREADED_FLOPS || in_part() {
         job(0, 1);
         return;
     }
-    split(tree.top(), 0, *threads, &|t| job(t, *threads));
+    team.run(threads, &|t| job(t, threads));
 }
 
 /// Part `t` of `parts` of `tiles` tiles of `size` along a side of `len`: its first and end
@@ -287,19 +288,6 @@ fn share((t, parts): (usize, usize), tiles: usize, size: usize, len: usize) -> (
     let lo = (tiles * t / parts * size).min(len);
     let hi = (tiles * (t + 1) / parts * size).min(len);
     (lo, hi)
-}
-
-/// Runs `job(t)` for `t` in `first..first + count` on the threads below `ctx`.
-fn split(ctx: ThreadTreeCtx<'_>, first: usize, count: usize, job: &(dyn Fn(usize) + Sync)) {
-    if count == 1 {
-        as_part(|| job(first));
-        return;
-    }
-    let half = count / 2;
-    ctx.join(
-        |c| split(c, first, half, job),
-        |c| split(c, first + half, count - half, job),
-    );
 }
 
 /// What one tile reads and writes: `A'(r, l)` at `a[r*rsa + l*csa]` and `B'(l, q)` at

@@ -34,7 +34,7 @@ fn reference(
 }
 
 /// Every path against an f64 reference: tiles and the edges of both sides, reductions over
-/// several blocks, packed and unpacked operands, one thread and the thread tree, `nt` as dot
+/// several blocks, packed and unpacked operands, one thread and the team's threads, `nt` as dot
 /// products (long reductions, masked tails) and as tiles (short ones), narrow products run
 /// transposed, and the three ways of `beta` (0 reads nothing of C: it starts as NaN); with
 /// each set of micro-kernels.
