@@ -129,7 +129,8 @@ pub(crate) fn for_parts<S: Split>(s: S, threaded: bool, f: &(dyn Fn(S) + Sync)) 
         rest = b;
     }
     team.run(threads, &|i| {
-        if let Some(p) = pieces[i].lock().take() {
+        let piece = pieces[i].lock().take();
+        if let Some(p) = piece {
             f(p);
         }
     });

@@ -142,13 +142,13 @@ impl Team {
             job.run_parts();
             return;
         }
-        self.shared.wake.notify_all();
         // Retracts the job and waits for the workers inside it, also when a part of the
         // caller's panics: the job must outlive every worker's use of it.
         let retract = Retract {
             shared: self.shared,
             job: &job,
         };
+        self.shared.wake.notify_all();
         job.run_parts();
         drop(retract);
         if job.panicked.load(Ordering::Acquire) {
@@ -166,6 +166,11 @@ struct Retract<'a, 'b> {
 
 impl Drop for Retract<'_, '_> {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // A part of the caller's panicked: the workers take no part after their current
+            // one.
+            self.job.next.store(self.job.parts, Ordering::Relaxed);
+        }
         self.shared.slot.lock().job = None;
         // Acquire: a worker's writes (its parts' results) happen before its release.
         while self.job.inside.load(Ordering::Acquire) != 0 {
@@ -187,27 +192,30 @@ fn work(shared: &'static Shared) {
             let mut slot = shared.slot.lock();
             loop {
                 let now = shared.published.load(Ordering::Acquire);
-                match slot.job {
-                    Some(j) if now != seen => {
+                if let Some(j) = slot.job.filter(|_| now != seen) {
+                    // SAFETY: the job is published, so its caller has not retracted it and
+                    // waits for `inside` to return to 0 before it goes (`Retract`); the count
+                    // is raised under the slot's lock, which the retraction takes too.
+                    let job = unsafe { &*j.0 };
+                    // A job with no part left is not entered: its caller need not wait for
+                    // this worker to be scheduled again.
+                    if job.next.load(Ordering::Relaxed) < job.parts {
                         seen = now;
-                        // SAFETY: the job is published, so its caller has not retracted it
-                        // and waits for `inside` to return to 0 before it goes (`Retract`);
-                        // the count is raised under the slot's lock, which the retraction
-                        // takes too.
-                        unsafe { &*j.0 }.inside.fetch_add(1, Ordering::Relaxed);
+                        job.inside.fetch_add(1, Ordering::Relaxed);
                         break j;
                     }
-                    _ => {
-                        seen = now;
-                        shared.wake.wait(&mut slot);
-                    }
                 }
+                seen = now;
+                shared.wake.wait(&mut slot);
             }
         };
         // SAFETY: counted in `inside` above: the job lives until this worker's release below.
         let job = unsafe { &*job.0 };
-        if catch_unwind(AssertUnwindSafe(|| job.run_parts())).is_err() {
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| job.run_parts())) {
             job.panicked.store(true, Ordering::Relaxed);
+            // Dropping the payload could panic in turn and end this thread before its count
+            // is released below (its caller would wait forever): it is leaked instead.
+            std::mem::forget(payload);
         }
         // The caller may free the job as soon as the count is released: wake it with a
         // handle of its own.

@@ -49,7 +49,8 @@ use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use super::par::in_part;
-use super::team::team;
+use super::team::{team, MAX_THREADS};
+use parking_lot::Mutex;
 
 use block::Block;
 use nt::run_nt;
@@ -263,7 +264,13 @@ fn run(p: &Problem) {
             (share((t, parts), row_tiles, MR, p.m), (0, p.n))
         };
         if rows.0 < rows.1 && cols.0 < cols.1 {
-            part(p, rows, cols);
+            // A part of a threaded product packs into the panels of its index, whichever
+            // thread runs it; a product on one thread into the thread's own.
+            if parts > 1 {
+                part(p, rows, cols, &mut PART_PANELS[t % MAX_THREADS].lock());
+            } else {
+                PANELS.with(|panels| part(p, rows, cols, &mut panels.borrow_mut()));
+            }
         }
     });
 }
@@ -309,10 +316,22 @@ struct Tile {
     first: bool,
 }
 
+/// Packed panels: `[op(A) row panels, op(B) column panel]`.
+type Panels = [Vec<f32>; 2];
+
 thread_local! {
-    /// The packed panels of one thread: `[op(A) row panels, op(B) column panel]`.
-    static PANELS: RefCell<[Vec<f32>; 2]> = const { RefCell::new([Vec::new(), Vec::new()]) };
+    /// The panels of a product that runs on one thread.
+    static PANELS: RefCell<Panels> = const { RefCell::new([Vec::new(), Vec::new()]) };
 }
+
+/// The panels of part `t` of a threaded product. Any thread of the team may run any part
+/// (see `super::team`): with panels of the thread, a thread that ran a smaller part of a
+/// shape in the first step would grow its panels (a heap allocation) the first time it ran a
+/// larger one, at any later step. Kept by part, they reach their sizes in the first product
+/// of each shape. A lock each: a part runs once per product, so only a second product of
+/// another thread at the same time ever waits.
+static PART_PANELS: [Mutex<Panels>; MAX_THREADS] =
+    [const { Mutex::new([Vec::new(), Vec::new()]) }; MAX_THREADS];
 
 /// Grows `v` to at least `len` elements (a heap allocation only when it grows).
 fn room(v: &mut Vec<f32>, len: usize) -> *mut f32 {
@@ -330,83 +349,80 @@ fn room(v: &mut Vec<f32>, len: usize) -> *mut f32 {
 /// column of dYᵀ is a row of dY, 4 KiB apart at width 1024, which every cache level maps to a
 /// few sets), op(B) when its rows are (rows of W): the operand of the inner loop all at once
 /// for the block, the outer one a tile at a time.
-fn part(p: &Problem, rows: (usize, usize), cols: (usize, usize)) {
-    PANELS.with(|panels| {
-        let mut panels = panels.borrow_mut();
-        let [apanels, bpanels] = &mut *panels;
-        let outer_rows = rows.1 - rows.0 >= cols.1 - cols.0;
-        let row_tiles = (rows.1 - rows.0).div_ceil(MR);
-        let col_tiles = (cols.1 - cols.0).div_ceil(NR);
-        let (pack_a, pack_b) = (p.csa != 1 || p.rsa >= 256, p.tb || p.rsb >= 256);
-        // A transposed op(B) is read from its panels only, partial column tiles too.
-        let b_panel = |nn: usize| pack_b && (nn == NR || p.tb);
-        let mut l0 = 0;
-        while l0 < p.k {
-            let kc = KC.min(p.k - l0);
-            let a_tiles = if outer_rows { 1 } else { row_tiles };
-            let b_tiles = if outer_rows { col_tiles } else { 1 };
-            let b = Block {
-                p,
-                l0,
-                kc,
-                abuf: if pack_a {
-                    room(apanels, a_tiles * MR * kc)
-                } else {
-                    std::ptr::null_mut()
-                },
-                bbuf: if pack_b {
-                    room(bpanels, b_tiles * kc * NR)
-                } else {
-                    std::ptr::null_mut()
-                },
-            };
-            let tile_rows = |ti: usize| (rows.0 + ti * MR, MR.min(rows.1 - rows.0 - ti * MR));
-            let tile_cols = |tj: usize| (cols.0 + tj * NR, NR.min(cols.1 - cols.0 - tj * NR));
-            // SAFETY: the panels were sized above for what each call packs
-            // (`a_tiles` row tiles, `b_tiles` column tiles); the tiles lie inside `p`'s
-            // matrices (`gemm`'s caller checked the slices); this thread alone writes the
-            // tiles of its part; `isa()` found the problem's micro-kernels on this CPU.
-            unsafe {
-                if outer_rows {
-                    if pack_b {
-                        for tj in 0..col_tiles {
-                            b.pack_cols(tile_cols(tj), tj);
-                        }
+fn part(p: &Problem, rows: (usize, usize), cols: (usize, usize), panels: &mut Panels) {
+    let [apanels, bpanels] = panels;
+    let outer_rows = rows.1 - rows.0 >= cols.1 - cols.0;
+    let row_tiles = (rows.1 - rows.0).div_ceil(MR);
+    let col_tiles = (cols.1 - cols.0).div_ceil(NR);
+    let (pack_a, pack_b) = (p.csa != 1 || p.rsa >= 256, p.tb || p.rsb >= 256);
+    // A transposed op(B) is read from its panels only, partial column tiles too.
+    let b_panel = |nn: usize| pack_b && (nn == NR || p.tb);
+    let mut l0 = 0;
+    while l0 < p.k {
+        let kc = KC.min(p.k - l0);
+        let a_tiles = if outer_rows { 1 } else { row_tiles };
+        let b_tiles = if outer_rows { col_tiles } else { 1 };
+        let b = Block {
+            p,
+            l0,
+            kc,
+            abuf: if pack_a {
+                room(apanels, a_tiles * MR * kc)
+            } else {
+                std::ptr::null_mut()
+            },
+            bbuf: if pack_b {
+                room(bpanels, b_tiles * kc * NR)
+            } else {
+                std::ptr::null_mut()
+            },
+        };
+        let tile_rows = |ti: usize| (rows.0 + ti * MR, MR.min(rows.1 - rows.0 - ti * MR));
+        let tile_cols = |tj: usize| (cols.0 + tj * NR, NR.min(cols.1 - cols.0 - tj * NR));
+        // SAFETY: the panels were sized above for what each call packs
+        // (`a_tiles` row tiles, `b_tiles` column tiles); the tiles lie inside `p`'s
+        // matrices (`gemm`'s caller checked the slices); this thread alone writes the
+        // tiles of its part; `isa()` found the problem's micro-kernels on this CPU.
+        unsafe {
+            if outer_rows {
+                if pack_b {
+                    for tj in 0..col_tiles {
+                        b.pack_cols(tile_cols(tj), tj);
                     }
-                    for ti in 0..row_tiles {
-                        let (i, mm) = tile_rows(ti);
-                        if pack_a {
-                            b.pack_rows((i, mm), 0);
-                        }
-                        let a = b.rows(i, mm, pack_a.then_some(0));
-                        for tj in 0..col_tiles {
-                            let (j, nn) = tile_cols(tj);
-                            b.tile(a, b.cols(j, nn, b_panel(nn).then_some(tj)));
-                        }
-                    }
-                } else {
+                }
+                for ti in 0..row_tiles {
+                    let (i, mm) = tile_rows(ti);
                     if pack_a {
-                        for ti in 0..row_tiles {
-                            b.pack_rows(tile_rows(ti), ti);
-                        }
+                        b.pack_rows((i, mm), 0);
                     }
+                    let a = b.rows(i, mm, pack_a.then_some(0));
                     for tj in 0..col_tiles {
                         let (j, nn) = tile_cols(tj);
-                        let packed = b_panel(nn);
-                        if packed {
-                            b.pack_cols((j, nn), 0);
-                        }
-                        let c = b.cols(j, nn, packed.then_some(0));
-                        for ti in 0..row_tiles {
-                            let (i, mm) = tile_rows(ti);
-                            b.tile(b.rows(i, mm, pack_a.then_some(ti)), c);
-                        }
+                        b.tile(a, b.cols(j, nn, b_panel(nn).then_some(tj)));
+                    }
+                }
+            } else {
+                if pack_a {
+                    for ti in 0..row_tiles {
+                        b.pack_rows(tile_rows(ti), ti);
+                    }
+                }
+                for tj in 0..col_tiles {
+                    let (j, nn) = tile_cols(tj);
+                    let packed = b_panel(nn);
+                    if packed {
+                        b.pack_cols((j, nn), 0);
+                    }
+                    let c = b.cols(j, nn, packed.then_some(0));
+                    for ti in 0..row_tiles {
+                        let (i, mm) = tile_rows(ti);
+                        b.tile(b.rows(i, mm, pack_a.then_some(ti)), c);
                     }
                 }
             }
-            l0 += kc;
         }
-    });
+        l0 += kc;
+    }
 }
 
 #[cfg(test)]
