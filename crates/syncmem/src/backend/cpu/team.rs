@@ -13,8 +13,9 @@
 //! its own parts alone. A job started from inside a part runs on its thread (see
 //! [`super::par::in_part`]).
 
+use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -38,8 +39,8 @@ struct Job<'a> {
     next: AtomicUsize,
     /// Workers inside the job (counted under the slot's lock, while the job is published).
     inside: AtomicUsize,
-    /// A part panicked on a worker.
-    panicked: AtomicBool,
+    /// The payload of a part that panicked on a worker, raised again on the caller.
+    payload: Mutex<Option<Box<dyn Any + Send>>>,
     /// The caller, woken by the last worker to leave.
     caller: Thread,
 }
@@ -63,7 +64,8 @@ struct JobPtr(*const Job<'static>);
 
 // SAFETY: the pointer is only dereferenced by a worker between its count in `Job::inside`
 // (taken under the slot's lock while the job is published) and its release, which the caller
-// waits for before the job goes; `Job` is `Sync` (atomics, a `Sync` closure, a `Thread`).
+// waits for before the job goes; `Job` is `Sync` (atomics, a `Sync` closure, a `Thread`, a
+// lock around a `Send` payload).
 unsafe impl Send for JobPtr {}
 
 struct Slot {
@@ -124,7 +126,7 @@ impl Team {
             parts,
             next: AtomicUsize::new(0),
             inside: AtomicUsize::new(0),
-            panicked: AtomicBool::new(false),
+            payload: Mutex::new(None),
             caller: std::thread::current(),
         };
         let published = self.threads > 1 && parts > 1 && {
@@ -151,8 +153,9 @@ impl Team {
         self.shared.wake.notify_all();
         job.run_parts();
         drop(retract);
-        if job.panicked.load(Ordering::Acquire) {
-            panic!("a part of a cpu job panicked on a worker thread");
+        let payload = job.payload.lock().take();
+        if let Some(payload) = payload {
+            std::panic::resume_unwind(payload);
         }
     }
 }
@@ -212,10 +215,11 @@ fn work(shared: &'static Shared) {
         // SAFETY: counted in `inside` above: the job lives until this worker's release below.
         let job = unsafe { &*job.0 };
         if let Err(payload) = catch_unwind(AssertUnwindSafe(|| job.run_parts())) {
-            job.panicked.store(true, Ordering::Relaxed);
-            // Dropping the payload could panic in turn and end this thread before its count
-            // is released below (its caller would wait forever): it is leaked instead.
-            std::mem::forget(payload);
+            // The caller raises it again. The payload of a second panic is dropped here, under
+            // `catch_unwind` (a panicking drop must not end the worker before it releases its
+            // count: its caller would wait forever).
+            let second = job.payload.lock().replace(payload);
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(second)));
         }
         // The caller may free the job as soon as the count is released: wake it with a
         // handle of its own.
@@ -282,7 +286,9 @@ mod tests {
                 }
             })
         });
-        assert!(r.is_err());
+        // The part's own payload, wherever it ran.
+        let payload = r.unwrap_err();
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&"part 5"));
         // The team still works.
         let n = AtomicUsize::new(0);
         team().run(8, &|_| {
