@@ -33,6 +33,11 @@ pub(crate) struct ClDevice {
     pub(super) map_queue: OnceLock<Arc<Queue>>,
     /// Required alignment of sub-buffer origins, in bytes.
     pub(super) base_align: usize,
+    /// A CPU device (`CL_DEVICE_TYPE_CPU`): work-items of a group run one after another on one
+    /// core, so element-wise kernels give each a contiguous run of elements.
+    pub(super) cpu: bool,
+    /// `CL_DEVICE_MAX_COMPUTE_UNITS` (at least 1).
+    pub(super) compute_units: usize,
     /// The compiled kernels, shared with duplicates (same context).
     pub(super) kernels: Arc<super::KernelCache>,
 }
@@ -67,6 +72,18 @@ impl ClDevice {
         Ok(self.map_queue.get_or_init(|| q).clone())
     }
 
+    /// A second backend device for the same OpenCL device with its own kernels, built for the
+    /// element-wise mapping of a CPU device (`cpu`) or of a GPU, whatever this one is: tests run
+    /// both mappings on one device.
+    #[cfg(test)]
+    pub(crate) fn with_mapping(&self, cpu: bool) -> ClDevice {
+        ClDevice {
+            cpu,
+            kernels: Default::default(),
+            ..self.duplicate()
+        }
+    }
+
     /// A second backend device for the same OpenCL device, with its own counters and pools
     /// once wrapped in a `Device` (see `Device::isolated`).
     pub(crate) fn duplicate(&self) -> ClDevice {
@@ -77,6 +94,8 @@ impl ClDevice {
             ctx: self.ctx.clone(),
             map_queue: OnceLock::new(),
             base_align: self.base_align,
+            cpu: self.cpu,
+            compute_units: self.compute_units,
             kernels: self.kernels.clone(),
         }
     }

@@ -67,6 +67,9 @@ fn platform_devices(platform: Platform, first_ordinal: usize) -> Result<Vec<ClDe
         .map(|(i, id)| {
             let device = ClDeviceId::new(id);
             let global = device.global_mem_size().unwrap_or(0);
+            let cpu = device
+                .dev_type()
+                .is_ok_and(|t| t & opencl3::device::CL_DEVICE_TYPE_CPU != 0);
             let info = DeviceInfo {
                 backend: BackendKind::OpenCl,
                 ordinal: first_ordinal + i,
@@ -85,10 +88,7 @@ fn platform_devices(platform: Platform, first_ordinal: usize) -> Result<Vec<ClDe
                 host_unified: device.host_unified_memory().unwrap_or(false),
                 // A CPU device's memory is the host's own: the host may use a buffer over a
                 // host block in place once the device work on it is done, without mapping it.
-                host_coherent: device.host_unified_memory().unwrap_or(false)
-                    && device
-                        .dev_type()
-                        .is_ok_and(|t| t & opencl3::device::CL_DEVICE_TYPE_CPU != 0),
+                host_coherent: device.host_unified_memory().unwrap_or(false) && cpu,
             };
             // CL_DEVICE_MEM_BASE_ADDR_ALIGN is in bits (1024 on PoCL: 128 bytes).
             let base_align = device
@@ -102,6 +102,10 @@ fn platform_devices(platform: Platform, first_ordinal: usize) -> Result<Vec<ClDe
                 ctx: ctx.clone(),
                 map_queue: OnceLock::new(),
                 base_align,
+                cpu,
+                compute_units: device
+                    .max_compute_units()
+                    .map_or(1, |u| (u as usize).max(1)),
                 kernels: Default::default(),
             }
         })

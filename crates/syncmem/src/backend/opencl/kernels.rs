@@ -17,6 +17,15 @@ use crate::error::Result;
 const MAX_LOCAL_REDUCE: usize = 256;
 /// Most work-groups launched for an element-wise kernel (a grid-stride loop covers the rest).
 const MAX_GROUPS_ELEMENTWISE: usize = 1024;
+/// On a CPU device, the fewest elements of an element-wise kernel per work-item (each takes
+/// one contiguous run of elements, see `SM_FOR_EACH`).
+const CPU_RUN: usize = 8192;
+/// On a CPU device, the most work-items (one per work-group) of an element-wise kernel per
+/// compute unit, and at least [`CPU_MIN_RUNS`]: enough to balance the runtime's threads, few
+/// enough that the cost of each group stays small next to its work.
+const CPU_RUNS_PER_UNIT: usize = 4;
+/// See [`CPU_RUNS_PER_UNIT`].
+const CPU_MIN_RUNS: usize = 32;
 /// Pairs of [`BackendKernels::axpy_multi`] of at least this many elements get an `sm_axpy`
 /// launch of their own.
 const AXPY_MULTI_LARGE: usize = 1 << 14;
@@ -53,8 +62,16 @@ impl ClDevice {
 
     /// A one-dimensional launch over `n >= 1` items (grid-stride loop).
     fn run_elementwise(&self, s: &ClStream, slot: &Slot, n: usize, args: &[Arg]) -> Result<()> {
-        let groups = groups_for(n, slot.local, MAX_GROUPS_ELEMENTWISE);
-        let (global, local) = linear(groups, slot.local);
+        let (global, local) = if self.cpu {
+            // One work-item per group, each a contiguous run (see `SM_FOR_EACH`).
+            let most = (CPU_RUNS_PER_UNIT * self.compute_units).max(CPU_MIN_RUNS);
+            linear(n.div_ceil(CPU_RUN).clamp(1, most), 1)
+        } else {
+            linear(
+                groups_for(n, slot.local, MAX_GROUPS_ELEMENTWISE),
+                slot.local,
+            )
+        };
         let grid = Grid {
             global: &global,
             local: &local,

@@ -6,8 +6,10 @@
 //! - Device memory is a `CL_MEM_READ_WRITE` buffer. Pinned memory is a `CL_MEM_ALLOC_HOST_PTR`
 //!   buffer mapped for its whole life on an internal queue of the device.
 //! - A stream is an in-order command queue without profiling; an event is a marker.
-//! - Kernels: OpenCL C sources ([`source`]), programs built once per device ([`program`]), one
-//!   launch helper ([`launch`]) and the [`crate::backend::BackendKernels`] implementation.
+//! - Kernels: OpenCL C sources ([`source`], [`math_source`]), programs built once per device
+//!   ([`program`]), one launch helper ([`launch`]) and the [`crate::backend::BackendKernels`]
+//!   implementation. CPU devices build them with `-D SM_CONTIGUOUS`: element-wise kernels give
+//!   each work-item a contiguous run of elements, and the register-blocked GEMMs are used.
 //!
 //! The `opencl3` wrappers call `expect` when a release fails in their `Drop`. This module keeps
 //! them in [`ManuallyDrop`] and releases the handles itself, ignoring errors, so that no `Drop`
@@ -18,10 +20,13 @@
 pub(crate) mod capture;
 mod device;
 mod discovery;
+#[cfg(test)]
+mod elementwise_tests;
 mod error;
 mod handle;
 mod kernels;
 mod launch;
+mod math_source;
 mod memory;
 mod program;
 mod source;

@@ -56,7 +56,8 @@ use opencl3::program::Program;
 
 use super::handle::OwnedProgram;
 use super::launch::Slot;
-use super::source::{MATH, OPS};
+use super::math_source::{ELEMENTWISE, MATH};
+use super::source::OPS;
 use super::{backend_error, ClDevice};
 use crate::backend::cache::BuildOnce;
 use crate::backend::Gemm;
@@ -274,6 +275,15 @@ pub(super) fn compile_program(
 }
 
 /// Creates and builds `source` with `options` for `dev`; the build log joins the error.
+/// The build option that selects the element-wise mapping of `dev` (see [`ELEMENTWISE`]).
+fn elementwise_option(dev: &ClDevice) -> &'static str {
+    if dev.cpu {
+        " -D SM_CONTIGUOUS"
+    } else {
+        ""
+    }
+}
+
 fn build_program(dev: &ClDevice, source: &str, options: &str, what: &str) -> Result<OwnedProgram> {
     compile_program(dev, source, options).map_err(|(mut e, log)| {
         if let Error::Backend { message, .. } = &mut e {
@@ -292,11 +302,7 @@ fn build_ops(dev: &ClDevice) -> Result<OpKernels> {
     let local_mem = info
         .local_mem_size()
         .map_err(|ClError(c)| backend_error(label, "clGetDeviceInfo(LOCAL_MEM_SIZE)", c))?;
-    let cpu = info
-        .dev_type()
-        .map_err(|ClError(c)| backend_error(label, "clGetDeviceInfo(TYPE)", c))?
-        & opencl3::device::CL_DEVICE_TYPE_CPU
-        != 0;
+    let cpu = dev.cpu;
     let candidates = tile_candidates(max_wg, local_mem);
     let mut last = None;
     for tiles in &candidates {
@@ -319,10 +325,14 @@ fn build_ops(dev: &ClDevice) -> Result<OpKernels> {
 fn build_ops_with(dev: &ClDevice, tiles: Tiles, cpu: bool) -> Result<Option<OpKernels>> {
     let (label, id) = (dev.label(), dev.device_id());
     let options = format!(
-        "-D TSM={} -D TSN={} -D TSK={}",
-        tiles.tsm, tiles.tsn, tiles.tsk
+        "-D TSM={} -D TSN={} -D TSK={}{}",
+        tiles.tsm,
+        tiles.tsn,
+        tiles.tsk,
+        elementwise_option(dev)
     );
-    let program = build_program(dev, OPS, &options, "operator kernels")?;
+    let source = format!("{ELEMENTWISE}{OPS}");
+    let program = build_program(dev, &source, &options, "operator kernels")?;
     let gemm = Slot::new(&program, id, "sm_gemm", label)?;
     if gemm.max_work_group < tiles.work_group() {
         return Ok(None);
@@ -377,9 +387,9 @@ fn build_math(dev: &ClDevice, ty: &str) -> Result<MathKernels> {
         }
         header.push_str("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n");
     }
-    let source = header + MATH;
+    let source = header + ELEMENTWISE + MATH;
     let what = format!("{ty} math kernels");
-    let program = build_program(dev, &source, "", &what)?;
+    let program = build_program(dev, &source, elementwise_option(dev), &what)?;
     let slot = |name| Slot::new(&program, dev.device_id(), name, label);
     Ok(MathKernels {
         axpy: slot("sm_axpy")?,

@@ -1,5 +1,6 @@
-//! OpenCL C sources: the operator kernels ([`OPS`], `f32`, labels `int`) and the math kernels
-//! of parameter blobs ([`MATH`], for one element type `T`).
+//! OpenCL C sources: the operator kernels ([`OPS`], `f32`, labels `int`); the math kernels of
+//! parameter blobs are in [`super::math_source`]. Both start with
+//! [`super::math_source::ELEMENTWISE`], the mapping of element-wise loops to work-items.
 
 /// The operator kernels. The GEMM tile sizes `TSM`, `TSN`, `TSK` of `sm_gemm` are defined by
 /// the build options (`-D TSM=64 -D TSN=64 -D TSK=32`); `sm_gemm_rb_*` are the register-blocked
@@ -393,7 +394,7 @@ __kernel void sm_col_sum(const uint rows, const uint cols, __global const float*
 
 /* y = max(x, 0); x and y may be the same buffer. */
 __kernel void sm_relu(const ulong n, __global const float* x, __global float* y) {
-    for (ulong i = get_global_id(0); i < n; i += get_global_size(0)) {
+    SM_FOR_EACH(i, n) {
         const float v = x[i];
         y[i] = v > 0.0f ? v : 0.0f;
     }
@@ -402,7 +403,7 @@ __kernel void sm_relu(const ulong n, __global const float* x, __global float* y)
 /* dx = y > 0 ? dy : 0; dy and dx may be the same buffer. */
 __kernel void sm_relu_grad(const ulong n, __global const float* y, __global const float* dy,
                            __global float* dx) {
-    for (ulong i = get_global_id(0); i < n; i += get_global_size(0)) {
+    SM_FOR_EACH(i, n) {
         /* dy is loaded whatever y is: a select, not a branch around a load, which a CPU
          * runtime can vectorize. */
         const float g = dy[i];
@@ -412,7 +413,7 @@ __kernel void sm_relu_grad(const ulong n, __global const float* y, __global cons
 
 /* y = value. */
 __kernel void sm_fill(const ulong n, const float value, __global float* y) {
-    for (ulong i = get_global_id(0); i < n; i += get_global_size(0)) {
+    SM_FOR_EACH(i, n) {
         y[i] = value;
     }
 }
@@ -517,7 +518,7 @@ __kernel void sm_softmax_loss_grad(const uint N, const uint C, __global const fl
                                    const uint has_dloss, __global float* dX) {
     const float scale = (has_dloss ? dloss_buf[0] : 1.0f) / (float)N;
     const ulong n = (ulong)N * C;
-    for (ulong idx = get_global_id(0); idx < n; idx += get_global_size(0)) {
+    SM_FOR_EACH(idx, n) {
         const uint i = (uint)(idx / C);
         const uint j = (uint)(idx % C);
         const int l = labels[i];
@@ -557,81 +558,4 @@ __kernel void sm_accuracy(const uint N, const uint C, const uint top_k, __global
         out[0] = N > 0 ? total / (float)N : 0.0f;
     }
 }
-"#;
-
-/// The math kernels; `T` is defined as `float` or `double` in front of it.
-pub(super) const MATH: &str = r#"
-__kernel void sm_axpy(const ulong n, const T a, __global const T* x, __global T* y) {
-    for (ulong i = get_global_id(0); i < n; i += get_global_size(0)) {
-        y[i] += a * x[i];
-    }
-}
-
-__kernel void sm_scale(const ulong n, const T a, __global T* x) {
-    for (ulong i = get_global_id(0); i < n; i += get_global_size(0)) {
-        x[i] *= a;
-    }
-}
-
-/* y_p[i] += a * x_p[i] for each pair p (at most 8, count of them given, the others of length
- * 0) of one launch: every work-item takes blocks of 8 elements of each pair in turn (one vector
- * of 8, or the elements of a last partial block one by one), a grid-stride loop over blocks.
- * Each element gets the expression of sm_axpy, so the results are those of one sm_axpy per pair,
- * bit for bit (a multi-tensor SGD). */
-#define SM_AXPY_PAIR(N, X, Y)                                                             \
-    for (ulong b = get_global_id(0); b * 8 < (N); b += get_global_size(0)) {              \
-        if (b * 8 + 8 <= (N)) {                                                           \
-            vstore8(vload8(b, Y) + a * vload8(b, X), b, Y);                               \
-        } else {                                                                          \
-            for (ulong i = b * 8; i < (N); ++i) {                                         \
-                (Y)[i] += a * (X)[i];                                                     \
-            }                                                                             \
-        }                                                                                 \
-    }
-__kernel void sm_axpy_multi(const T a, const uint count,
-                            const ulong n0, const ulong n1, const ulong n2, const ulong n3,
-                            const ulong n4, const ulong n5, const ulong n6, const ulong n7,
-                            __global const T* x0, __global T* y0,
-                            __global const T* x1, __global T* y1,
-                            __global const T* x2, __global T* y2,
-                            __global const T* x3, __global T* y3,
-                            __global const T* x4, __global T* y4,
-                            __global const T* x5, __global T* y5,
-                            __global const T* x6, __global T* y6,
-                            __global const T* x7, __global T* y7) {
-    SM_AXPY_PAIR(n0, x0, y0)
-    SM_AXPY_PAIR(n1, x1, y1)
-    SM_AXPY_PAIR(n2, x2, y2)
-    SM_AXPY_PAIR(n3, x3, y3)
-    SM_AXPY_PAIR(n4, x4, y4)
-    SM_AXPY_PAIR(n5, x5, y5)
-    SM_AXPY_PAIR(n6, x6, y6)
-    SM_AXPY_PAIR(n7, x7, y7)
-}
-
-/* One partial sum per work-group. The local size is a power of two. */
-#define SM_REDUCE(NAME, EXPR)                                                             \
-__kernel void NAME(const ulong n, __global const T* x, __global T* partial,             \
-                   __local T* scratch) {                                                 \
-    const size_t lid = get_local_id(0);                                                  \
-    T acc = (T)0;                                                                        \
-    for (ulong i = get_global_id(0); i < n; i += get_global_size(0)) {                   \
-        const T v = x[i];                                                                \
-        acc += EXPR;                                                                     \
-    }                                                                                    \
-    scratch[lid] = acc;                                                                  \
-    barrier(CLK_LOCAL_MEM_FENCE);                                                        \
-    for (size_t s = get_local_size(0) / 2; s > 0; s >>= 1) {                             \
-        if (lid < s) {                                                                   \
-            scratch[lid] += scratch[lid + s];                                            \
-        }                                                                                \
-        barrier(CLK_LOCAL_MEM_FENCE);                                                    \
-    }                                                                                    \
-    if (lid == 0) {                                                                      \
-        partial[get_group_id(0)] = scratch[0];                                           \
-    }                                                                                    \
-}
-
-SM_REDUCE(sm_asum, fabs(v))
-SM_REDUCE(sm_sumsq, v * v)
 "#;
