@@ -1,10 +1,12 @@
 //! The two mappings of element-wise kernels to work-items (`SM_FOR_EACH`: contiguous runs on
 //! CPU devices, a grid-stride loop on GPUs), both run on the test's OpenCL device: every
 //! element is written once, with the expression of the one-element formula, at lengths that
-//! end runs in every way (below one run, not a multiple of 16, more runs than launched).
+//! end runs in every way (below one run, not a multiple of 16, more runs than launched); the
+//! reductions count every element once.
 
 use super::ClDevice;
 use crate::backend::dispatch::RawDevice;
+use crate::backend::Reduce;
 use crate::device::DeviceBuffer;
 use crate::testing::opencl_or_skip;
 use crate::{Device, Stream};
@@ -141,5 +143,50 @@ fn softmax_gradient_covers_every_cell_with_either_mapping() {
             };
             g * scale
         });
+    }
+}
+
+#[test]
+fn reductions_count_every_element_once_with_either_mapping() {
+    let Some(dev) = opencl_or_skip("reductions_count_every_element_once") else {
+        return;
+    };
+    for (cpu, d) in both_mappings(&dev) {
+        let s = d.default_stream().unwrap();
+        let k = s.kernels();
+        for n in LENGTHS {
+            // Sums of small integers are exact in any order: an element counted twice or
+            // never shows.
+            let ones: Vec<f32> = (0..n)
+                .map(|i| if i % 2 == 0 { 1.0 } else { -1.0 })
+                .collect();
+            let x = upload(&s, &ones);
+            let asum: f32 = k.reduce(Reduce::Asum, n, &x).unwrap();
+            assert_eq!(asum, n as f32, "asum (cpu mapping: {cpu}), n = {n}");
+            let twos: Vec<f32> = ones.iter().map(|v| 2.0 * v).collect();
+            let sumsq: f32 = k.reduce(Reduce::Sumsq, n, &upload(&s, &twos)).unwrap();
+            assert_eq!(sumsq, 4.0 * n as f32, "sumsq (cpu mapping: {cpu}), n = {n}");
+            // Rounded sums of other values: close to the exact one.
+            let v = values(n, 2.0);
+            let exact: f64 = v.iter().map(|x| f64::from(x.abs())).sum();
+            let got: f32 = k.reduce(Reduce::Asum, n, &upload(&s, &v)).unwrap();
+            let err = (f64::from(got) - exact).abs() / exact;
+            assert!(
+                err < 1e-5,
+                "asum (cpu mapping: {cpu}), n = {n}: {got} vs {exact}"
+            );
+        }
+        // f64, where the device has it.
+        let n = 100_003;
+        let halves: Vec<f64> = (0..n)
+            .map(|i| if i % 3 == 0 { -0.5 } else { 0.5 })
+            .collect();
+        let mut x = d.alloc(n * 8).unwrap();
+        s.write(&mut x, 0, bytemuck::cast_slice(&halves)).unwrap();
+        match k.reduce::<f64>(Reduce::Asum, n, &x) {
+            Ok(sum) => assert_eq!(sum, n as f64 * 0.5, "f64 asum (cpu mapping: {cpu})"),
+            Err(crate::Error::Unsupported { .. }) => {}
+            Err(e) => panic!("f64 asum: {e}"),
+        }
     }
 }

@@ -64,8 +64,7 @@ impl ClDevice {
     fn run_elementwise(&self, s: &ClStream, slot: &Slot, n: usize, args: &[Arg]) -> Result<()> {
         let (global, local) = if self.cpu {
             // One work-item per group, each a contiguous run (see `SM_FOR_EACH`).
-            let most = (CPU_RUNS_PER_UNIT * self.compute_units).max(CPU_MIN_RUNS);
-            linear(n.div_ceil(CPU_RUN).clamp(1, most), 1)
+            linear(self.cpu_runs(n), 1)
         } else {
             linear(
                 groups_for(n, slot.local, MAX_GROUPS_ELEMENTWISE),
@@ -78,6 +77,13 @@ impl ClDevice {
             scratch: None,
         };
         self.run(s, slot, args, grid)
+    }
+
+    /// On a CPU device, the work-items of an element-wise kernel or a reduction over `n`
+    /// elements (one per work-group, each a contiguous run).
+    fn cpu_runs(&self, n: usize) -> usize {
+        let most = (CPU_RUNS_PER_UNIT * self.compute_units).max(CPU_MIN_RUNS);
+        n.div_ceil(CPU_RUN).clamp(1, most)
     }
 
     /// One work-group of `slot`'s size with a `float` scratch per work-item.
@@ -308,6 +314,9 @@ impl BackendKernels for ClDevice {
     }
 
     fn reduce_groups(&self, n: usize) -> usize {
+        if self.cpu {
+            return self.cpu_runs(n);
+        }
         // The math kernels' work-group size is the same for every element type and kernel
         // of a device in practice; use the bound every reduction launch respects.
         groups_for(n, MAX_LOCAL_REDUCE, MAX_GROUPS_REDUCE)
@@ -326,13 +335,15 @@ impl BackendKernels for ClDevice {
             Reduce::Asum => &ks.asum,
             Reduce::Sumsq => &ks.sumsq,
         };
-        // As many work-groups as `reduce_groups` said, of the kernel's own size: each writes
-        // one partial sum, and the grid-stride loop covers every element.
-        let (global, local) = linear(self.reduce_groups(n), slot.local);
+        // As many work-groups as `reduce_groups` said, each writing one partial sum, and
+        // `SM_FOR_EACH` covers every element: of the kernel's own size on a GPU, of one
+        // work-item (one contiguous run) on a CPU device.
+        let size = if self.cpu { 1 } else { slot.local };
+        let (global, local) = linear(self.reduce_groups(n), size);
         let grid = Grid {
             global: &global,
             local: &local,
-            scratch: Some(slot.local * std::mem::size_of::<F>()),
+            scratch: Some(size * std::mem::size_of::<F>()),
         };
         self.run(s, slot, &args::reduce(n, mem(x), mem(partial)), grid)
     }

@@ -11,7 +11,8 @@
 /// touch one element per cache line before moving to the next work-item (at 4M elements,
 /// 3.6 GB/s on PoCL); there each work-item takes one contiguous run of elements, a multiple of
 /// 16 long, which the compiler vectorizes. Each element gets the same expression either way,
-/// so the results do not depend on the mapping.
+/// so the results of element-wise kernels do not depend on the mapping (the reductions' sums
+/// are taken in another order).
 pub(super) const ELEMENTWISE: &str = r#"
 #ifdef SM_CONTIGUOUS
 #define SM_FOR_EACH(i, n)                                                                 \
@@ -77,16 +78,57 @@ __kernel void sm_axpy_multi(const T a, const uint count,
     SM_AXPY_PAIR(n7, x7, y7)
 }
 
-/* One partial sum per work-group. The local size is a power of two. */
+/* Vector types of T. */
+#define SM_CAT_(a, b) a##b
+#define SM_CAT(a, b) SM_CAT_(a, b)
+#define T16 SM_CAT(T, 16)
+#define T8 SM_CAT(T, 8)
+#define T4 SM_CAT(T, 4)
+#define T2 SM_CAT(T, 2)
+
+/* ACC += the sum of EXPR (of v = x[i]) over the elements of the calling work-item. On a CPU
+ * device (one contiguous run each) in 16 lanes, lane k summing elements k, k + 16, ... of the
+ * run (v a vector of 16), then the lanes added in a fixed tree and the last elements one by one:
+ * 16 sums in flight instead of one chain of dependent additions. Elsewhere in the order of
+ * SM_FOR_EACH. So the order of the sum (its last bits) depends on the mapping: a CPU device and
+ * a GPU may differ there, each always gives the same. */
+#ifdef SM_CONTIGUOUS
+#define SM_SUM(ACC, n, x, EXPR)                                                           \
+    {                                                                                     \
+        const ulong per = (((ulong)(n) + get_global_size(0) - 1) / get_global_size(0) + 15) \
+                          & ~(ulong)15;                                                   \
+        const ulong hi = min((ulong)(n), (ulong)get_global_id(0) * per + per);            \
+        ulong i = (ulong)get_global_id(0) * per;                                          \
+        T16 lanes = (T16)(0);                                                             \
+        for (; i + 16 <= hi; i += 16) {                                                   \
+            const T16 v = vload16(0, (x) + i);                                            \
+            lanes += EXPR;                                                                \
+        }                                                                                 \
+        const T8 h = lanes.lo + lanes.hi;                                                 \
+        const T4 q = h.lo + h.hi;                                                         \
+        const T2 d = q.lo + q.hi;                                                         \
+        ACC += d.x + d.y;                                                                 \
+        for (; i < hi; ++i) {                                                             \
+            const T v = (x)[i];                                                           \
+            ACC += EXPR;                                                                  \
+        }                                                                                 \
+    }
+#else
+#define SM_SUM(ACC, n, x, EXPR)                                                           \
+    SM_FOR_EACH(i, n) {                                                                   \
+        const T v = (x)[i];                                                               \
+        ACC += EXPR;                                                                      \
+    }
+#endif
+
+/* One partial sum per work-group (SM_SUM per work-item, then added over the group). The local
+ * size is a power of two. */
 #define SM_REDUCE(NAME, EXPR)                                                             \
 __kernel void NAME(const ulong n, __global const T* x, __global T* partial,             \
                    __local T* scratch) {                                                 \
     const size_t lid = get_local_id(0);                                                  \
     T acc = (T)0;                                                                        \
-    for (ulong i = get_global_id(0); i < n; i += get_global_size(0)) {                   \
-        const T v = x[i];                                                                \
-        acc += EXPR;                                                                     \
-    }                                                                                    \
+    SM_SUM(acc, n, x, EXPR)                                                              \
     scratch[lid] = acc;                                                                  \
     barrier(CLK_LOCAL_MEM_FENCE);                                                        \
     for (size_t s = get_local_size(0) / 2; s > 0; s >>= 1) {                             \
