@@ -15,7 +15,8 @@ use crate::error::Result;
 
 /// Largest one-dimensional work-group size used by the math reductions.
 const MAX_LOCAL_REDUCE: usize = 256;
-/// Most work-groups launched for an element-wise kernel (a grid-stride loop covers the rest).
+/// Most work-groups launched for an element-wise kernel on a GPU (a grid-stride loop covers
+/// the rest).
 const MAX_GROUPS_ELEMENTWISE: usize = 1024;
 /// On a CPU device, the fewest elements of an element-wise kernel per work-item (each takes
 /// one contiguous run of elements, see `SM_FOR_EACH`).
@@ -60,7 +61,8 @@ impl ClDevice {
             .map(drop)
     }
 
-    /// A one-dimensional launch over `n >= 1` items (grid-stride loop).
+    /// A one-dimensional launch over `n >= 1` items (`SM_FOR_EACH`: a grid-stride loop on a
+    /// GPU, one contiguous run per work-item on a CPU device).
     fn run_elementwise(&self, s: &ClStream, slot: &Slot, n: usize, args: &[Arg]) -> Result<()> {
         let (global, local) = if self.cpu {
             // One work-item per group, each a contiguous run (see `SM_FOR_EACH`).

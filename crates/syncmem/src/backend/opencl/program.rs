@@ -274,7 +274,6 @@ pub(super) fn compile_program(
     Ok(program)
 }
 
-/// Creates and builds `source` with `options` for `dev`; the build log joins the error.
 /// The build option that selects the element-wise mapping of `dev` (see [`ELEMENTWISE`]).
 fn elementwise_option(dev: &ClDevice) -> &'static str {
     if dev.cpu {
@@ -284,6 +283,7 @@ fn elementwise_option(dev: &ClDevice) -> &'static str {
     }
 }
 
+/// Creates and builds `source` with `options` for `dev`; the build log joins the error.
 fn build_program(dev: &ClDevice, source: &str, options: &str, what: &str) -> Result<OwnedProgram> {
     compile_program(dev, source, options).map_err(|(mut e, log)| {
         if let Error::Backend { message, .. } = &mut e {
