@@ -13,6 +13,9 @@
 /// 16 long, which the compiler vectorizes. Each element gets the same expression either way,
 /// so the results of element-wise kernels do not depend on the mapping (the reductions' sums
 /// are taken in another order).
+///
+/// On a CPU device the macro declares `i_per` and `i_end` (for a loop variable `i`) in the
+/// enclosing scope: a second loop there goes in braces of its own (as `SM_AXPY_PAIR` does).
 pub(super) const ELEMENTWISE: &str = r#"
 #ifdef SM_CONTIGUOUS
 #define SM_FOR_EACH(i, n)                                                                 \
