@@ -2,7 +2,7 @@
 //! thread's panels or read in place, and the tile of C that the micro-kernels compute from
 //! them (see the [parent](super)).
 
-use super::kernel::{edge, edge_avx2, tile, tile_avx2};
+use super::kernel::{edge_avx2, tile, tile_avx2};
 use super::{Isa, Problem, Tile, MR, NR};
 
 /// A row tile's operand: its first row, its rows, and where its values are (`A'(r, l)` at
@@ -175,20 +175,21 @@ impl Block<'_> {
                     false => edge_avx2(t, (a.mm, b.nn)),
                 };
             }
-            match (b.nn == NR, a.mm) {
-                (true, 12) => tile::<12>(t),
-                (true, 11) => tile::<11>(t),
-                (true, 10) => tile::<10>(t),
-                (true, 9) => tile::<9>(t),
-                (true, 8) => tile::<8>(t),
-                (true, 7) => tile::<7>(t),
-                (true, 6) => tile::<6>(t),
-                (true, 5) => tile::<5>(t),
-                (true, 4) => tile::<4>(t),
-                (true, 3) => tile::<3>(t),
-                (true, 2) => tile::<2>(t),
-                (true, _) => tile::<1>(t),
-                (false, _) => edge(t, (a.mm, b.nn)),
+            // A tile at C's right edge (fewer than NR columns) too, with masked loads.
+            let nn = b.nn;
+            match a.mm {
+                12 => tile::<12>(t, nn),
+                11 => tile::<11>(t, nn),
+                10 => tile::<10>(t, nn),
+                9 => tile::<9>(t, nn),
+                8 => tile::<8>(t, nn),
+                7 => tile::<7>(t, nn),
+                6 => tile::<6>(t, nn),
+                5 => tile::<5>(t, nn),
+                4 => tile::<4>(t, nn),
+                3 => tile::<3>(t, nn),
+                2 => tile::<2>(t, nn),
+                _ => tile::<1>(t, nn),
             }
         }
     }

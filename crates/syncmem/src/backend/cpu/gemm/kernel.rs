@@ -1,26 +1,48 @@
 //! The micro-kernels of the `cpu` GEMM: a register-blocked tile of C (AVX-512F, and AVX2 for
-//! CPUs without it), the element-by-element edge at C's right side, and the store of a block's
-//! sums (see the [parent](super)).
+//! CPUs without it), the tiles at C's right side (AVX-512F: the same tile with masked loads;
+//! AVX2: element by element), and the store of a block's sums (see the [parent](super)).
 
 use super::{Tile, NR};
 
-/// An `R x NR` tile (`R <= MR` rows): `R` broadcasts of op(A) and two vectors of op(B) per
-/// step of the reduction, `2·R` fused multiply-adds into registers.
+/// An `R x nn` tile (`R <= MR` rows, `nn <= NR` columns): `R` broadcasts of op(A) and two
+/// vectors of op(B) per step of the reduction, `2·R` fused multiply-adds into registers. A
+/// tile at C's right edge (`nn < NR`) loads op(B) with masks, so the columns past `nn` are
+/// never read (a masked load does not fault on them) and their sums stay zero, and stores its
+/// `nn` columns one by one. Every element is summed in the same order whatever `nn` is, so an
+/// edge gives the bits a whole tile would.
 ///
 /// # Safety
 /// The tile lies inside its matrices; no other thread writes it; the CPU has AVX-512F.
 #[target_feature(enable = "avx512f,fma")]
-pub(super) unsafe fn tile<const R: usize>(t: Tile) {
+pub(super) unsafe fn tile<const R: usize>(t: Tile, nn: usize) {
     use std::arch::x86_64::{
-        __m512, _mm512_add_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps,
-        _mm512_storeu_ps,
+        __m512, _mm512_add_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_maskz_loadu_ps,
+        _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
     };
+    let whole = nn >= NR;
+    // Lanes of the two vectors that hold columns of the tile.
+    let bits = |from: usize| -> u16 {
+        match nn.saturating_sub(from) {
+            0 => 0,
+            n if n >= 16 => u16::MAX,
+            n => (1u16 << n) - 1,
+        }
+    };
+    let (m0, m1) = (bits(0), bits(16));
     let mut acc: [[__m512; 2]; R] = [[_mm512_setzero_ps(); 2]; R];
     for l in 0..t.kc {
-        // SAFETY: step l of the tile's rows and columns is inside A' and B'.
+        // SAFETY: step l of the tile's rows is inside A'; its columns below `nn` are inside
+        // B', and the masked loads read no others.
         unsafe {
             let bp = t.b.add(l * t.rsb);
-            let (b0, b1) = (_mm512_loadu_ps(bp), _mm512_loadu_ps(bp.add(16)));
+            let (b0, b1) = if whole {
+                (_mm512_loadu_ps(bp), _mm512_loadu_ps(bp.add(16)))
+            } else {
+                (
+                    _mm512_maskz_loadu_ps(m0, bp),
+                    _mm512_maskz_loadu_ps(m1, bp.wrapping_add(16)),
+                )
+            };
             let ap = t.a.add(l * t.csa);
             for (r, acc_r) in acc.iter_mut().enumerate() {
                 let a = _mm512_set1_ps(*ap.add(r * t.rsa));
@@ -29,7 +51,7 @@ pub(super) unsafe fn tile<const R: usize>(t: Tile) {
             }
         }
     }
-    if t.csc == 1 {
+    if whole && t.csc == 1 {
         // Rows of C' are rows of C: two vector stores per row.
         let beta = _mm512_set1_ps(t.beta);
         for (r, acc_r) in acc.iter().enumerate() {
@@ -48,7 +70,8 @@ pub(super) unsafe fn tile<const R: usize>(t: Tile) {
             }
         }
     } else {
-        // C' is Cᵀ: element by element (once per block of the reduction).
+        // C' is Cᵀ, or the tile is an edge: element by element (once per block of the
+        // reduction).
         let mut out = [[0f32; NR]; R];
         for (o, acc_r) in out.iter_mut().zip(&acc) {
             // SAFETY: `o` holds 32 floats, two vectors.
@@ -58,7 +81,7 @@ pub(super) unsafe fn tile<const R: usize>(t: Tile) {
             }
         }
         for (r, o) in out.iter().enumerate() {
-            for (q, &v) in o.iter().enumerate() {
+            for (q, &v) in o.iter().take(nn).enumerate() {
                 // SAFETY: (r, q) is inside the tile.
                 unsafe {
                     let cp = t.c.add(r * t.rsc + q * t.csc);
@@ -80,39 +103,30 @@ pub(super) fn store(old: f32, v: f32, beta: f32, first: bool) -> f32 {
     }
 }
 
-/// Defines an edge function (see [`edge`]) compiled for the target features `$features`.
-macro_rules! edge_fn {
-    ($name:ident, $features:literal, $isa:literal) => {
-        /// The `mm x nn` part of a tile at the right edge of C (fewer than [`NR`] columns),
-        /// element by element, each sum in the same order as the tiles'.
-        ///
-        /// # Safety
-        /// The part lies inside its matrices; no other thread writes it; the CPU has
-        #[doc = concat!($isa, ".")]
-        #[target_feature(enable = $features)]
-        pub(super) unsafe fn $name(t: Tile, (mm, nn): (usize, usize)) {
-            for r in 0..mm {
-                for q in 0..nn {
-                    let mut s = 0f32;
-                    for l in 0..t.kc {
-                        let (ai, bi) = (r * t.rsa + l * t.csa, l * t.rsb + q);
-                        // SAFETY: row r, column q and step l are inside the part.
-                        let (av, bv) = unsafe { (*t.a.add(ai), *t.b.add(bi)) };
-                        s = av.mul_add(bv, s);
-                    }
-                    // SAFETY: (r, q) is inside the part, written by this thread alone.
-                    unsafe {
-                        let cp = t.c.add(r * t.rsc + q * t.csc);
-                        *cp = store(*cp, s, t.beta, t.first);
-                    }
-                }
+/// The `mm x nn` part of an AVX2 tile at the right edge of C (fewer than [`NR`] columns),
+/// element by element, each sum in the same order as the tiles'.
+///
+/// # Safety
+/// The part lies inside its matrices; no other thread writes it; the CPU has AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn edge_avx2(t: Tile, (mm, nn): (usize, usize)) {
+    for r in 0..mm {
+        for q in 0..nn {
+            let mut s = 0f32;
+            for l in 0..t.kc {
+                let (ai, bi) = (r * t.rsa + l * t.csa, l * t.rsb + q);
+                // SAFETY: row r, column q and step l are inside the part.
+                let (av, bv) = unsafe { (*t.a.add(ai), *t.b.add(bi)) };
+                s = av.mul_add(bv, s);
+            }
+            // SAFETY: (r, q) is inside the part, written by this thread alone.
+            unsafe {
+                let cp = t.c.add(r * t.rsc + q * t.csc);
+                *cp = store(*cp, s, t.beta, t.first);
             }
         }
-    };
+    }
 }
-
-edge_fn!(edge, "avx512f,fma", "AVX-512F");
-edge_fn!(edge_avx2, "avx2,fma", "AVX2 and FMA");
 
 /// Rows of the AVX2 sub-tiles: 6 rows by two 8-float vectors, 12 accumulators (with the two
 /// vectors of op(B) and the broadcast, 15 of the 16 AVX2 registers).

@@ -54,6 +54,7 @@ fn every_path_on(isa: Isa) {
         (3, 2, 1100),
         (600, 3, 64),
         (70, 300, 5),
+        (20, 48, 33),
         (1, 1, 1),
     ] {
         let a: Vec<f32> = (0..m * k)
@@ -126,7 +127,13 @@ fn avx2_tiles_give_the_avx512_bits() {
         eprintln!("skipped: this CPU lacks AVX-512F or AVX2");
         return;
     }
-    for (m, n, k) in [(64, 96, 64), (70, 100, 600), (13, 530, 300), (600, 3, 64)] {
+    for (m, n, k) in [
+        (64, 96, 64),
+        (70, 100, 600),
+        (13, 530, 300),
+        (600, 3, 64),
+        (20, 48, 33),
+    ] {
         let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
         let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
         for t in [(false, false), (true, false)] {
