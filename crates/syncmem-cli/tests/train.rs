@@ -109,6 +109,10 @@ fn train_on_cpu_reports_json() {
     let r = train_json(&["train", "--device", "cpu", "--epochs", "2", "--json"]);
     check_report(&r, "cpu", 2, zero_copy_by_default("cpu"));
     assert!(r["note"].is_null());
+    // No heap allocation after the first step, the threads of the `cpu` backend included
+    // (their start-up allocations happen before the team's first job, not in a later step).
+    let heap = &r["heap_allocations"];
+    assert_eq!(u(&heap["max_step"]), 0, "{heap}");
     assert_eq!(r["settings"]["plan"], true);
     // Two mirrors: the same run with copies.
     let args = ["train", "--device", "cpu", "--epochs", "2", "--json"];

@@ -77,6 +77,8 @@ struct Shared {
     wake: Condvar,
     /// Jobs published so far: what a spinning worker watches.
     published: AtomicU64,
+    /// Workers past their start (see [`work`]).
+    ready: AtomicUsize,
 }
 
 /// The workers and what they share.
@@ -96,6 +98,7 @@ pub(crate) fn team() -> &'static Team {
             slot: Mutex::new(Slot { job: None }),
             wake: Condvar::new(),
             published: AtomicU64::new(0),
+            ready: AtomicUsize::new(0),
         }));
         let started = (1..cores.min(MAX_THREADS))
             .filter(|i| {
@@ -105,6 +108,12 @@ pub(crate) fn team() -> &'static Team {
                     .is_ok()
             })
             .count();
+        // A thread allocates as it starts (the runtime's set-up, the lock library's data of a
+        // thread that waits). Waiting for the workers here keeps those allocations in the
+        // first use of the team, not in whatever step a worker happens to start in.
+        while shared.ready.load(Ordering::Acquire) < started {
+            std::thread::yield_now();
+        }
         Team {
             shared,
             threads: started + 1,
@@ -184,6 +193,13 @@ impl Drop for Retract<'_, '_> {
 
 /// A worker: takes each published job's parts until the thread ends with the process.
 fn work(shared: &'static Shared) {
+    {
+        // A wait that times out at once: the lock library sets up this thread's data for
+        // waiting (allocating) now, while `team` waits for it.
+        let mut slot = shared.slot.lock();
+        let _ = shared.wake.wait_for(&mut slot, Duration::ZERO);
+    }
+    shared.ready.fetch_add(1, Ordering::Release);
     let mut seen = 0u64;
     loop {
         // Looks for a job without the lock for a while, then sleeps on the condition.
