@@ -3,15 +3,16 @@
 //!
 //! Every thread, the caller included, takes the next part not taken yet until none is left;
 //! the caller then waits only for the parts a worker took and is still running. A worker that
-//! is slow to wake (its core busy with another process) takes nothing and is not waited for:
-//! the caller runs its part. With a join of fixed halves on a tree of threads, which waits for
+//! is slow to wake (its core busy with another process) takes no part once the others have
+//! taken them all, and is not waited for: the caller runs its part. (A worker preempted in the
+//! middle of a part it took is waited for.) With a join of fixed halves on a tree of threads, which waits for
 //! the other half's thread to be scheduled, one busy process on a 2-core machine made
 //! `syncmem train --device cpu --hidden 1024` epochs 5-7 times slower (62-68 ms to 330-450);
 //! JAX under the same load slowed 1.15 times.
 //!
 //! One job runs at a time: a caller that finds the workers busy with another thread's job runs
-//! its own parts alone. A job started from inside a part runs on its thread (see
-//! [`super::par::in_part`]).
+//! its own parts alone. So does a job started from inside a part (see
+//! [`super::par::in_part`]): it is never published.
 
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -22,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::par::as_part;
+use super::par::{as_part, in_part};
 
 /// The most threads of a job (the caller and 3 workers).
 pub(crate) const MAX_THREADS: usize = 4;
@@ -130,6 +131,14 @@ impl Team {
     /// Runs `f(i)` for every part `i < parts`, on the caller and the workers; returns when
     /// every part has run. A panic of a part is raised on the caller.
     pub(crate) fn run(&self, parts: usize, f: &(dyn Fn(usize) + Sync)) {
+        self.run_or(parts, f, &|| (0..parts).for_each(f));
+    }
+
+    /// As [`Team::run`], but when the workers cannot take part (they are on another thread's
+    /// job, or there are none), runs `alone` on the calling thread instead of the parts: a
+    /// product that is cut the same way on any number of threads does its work in one piece
+    /// there, with the thread's own buffers.
+    pub(crate) fn run_or(&self, parts: usize, f: &(dyn Fn(usize) + Sync), alone: &dyn Fn()) {
         let job = Job {
             f,
             parts,
@@ -138,7 +147,7 @@ impl Team {
             payload: Mutex::new(None),
             caller: std::thread::current(),
         };
-        let published = self.threads > 1 && parts > 1 && {
+        let published = self.threads > 1 && parts > 1 && !in_part() && {
             let mut slot = self.shared.slot.lock();
             if slot.job.is_some() {
                 false // the workers are on another thread's job: this one runs alone
@@ -150,7 +159,7 @@ impl Team {
             }
         };
         if !published {
-            job.run_parts();
+            as_part(alone);
             return;
         }
         // Retracts the job and waits for the workers inside it, also when a part of the
@@ -231,11 +240,17 @@ fn work(shared: &'static Shared) {
         // SAFETY: counted in `inside` above: the job lives until this worker's release below.
         let job = unsafe { &*job.0 };
         if let Err(payload) = catch_unwind(AssertUnwindSafe(|| job.run_parts())) {
-            // The caller raises it again. The payload of a second panic is dropped here, under
+            // The caller raises the first payload again. A later one is dropped here, under
             // `catch_unwind` (a panicking drop must not end the worker before it releases its
             // count: its caller would wait forever).
-            let second = job.payload.lock().replace(payload);
-            let _ = catch_unwind(AssertUnwindSafe(move || drop(second)));
+            let later = {
+                let mut first = job.payload.lock();
+                match *first {
+                    None => first.replace(payload),
+                    Some(_) => Some(payload),
+                }
+            };
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(later)));
         }
         // The caller may free the job as soon as the count is released: wake it with a
         // handle of its own.
@@ -291,6 +306,40 @@ mod tests {
             done.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(done.into_inner(), 4);
+    }
+
+    #[test]
+    fn a_job_the_workers_cannot_take_runs_alone() {
+        // From inside a part: never published, `alone` runs instead of the parts.
+        let (parts, alone) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        team().run(2, &|_| {
+            team().run_or(
+                4,
+                &|_| {
+                    parts.fetch_add(1, Ordering::Relaxed);
+                },
+                &|| {
+                    alone.fetch_add(1, Ordering::Relaxed);
+                },
+            );
+        });
+        assert_eq!((parts.into_inner(), alone.into_inner()), (0, 2));
+        // Otherwise either the job is published and every part runs, or `alone` runs (no
+        // workers, or the workers on another test's job): never both, never neither.
+        for _ in 0..50 {
+            let (parts, alone) = (AtomicUsize::new(0), AtomicUsize::new(0));
+            team().run_or(
+                4,
+                &|_| {
+                    parts.fetch_add(1, Ordering::Relaxed);
+                },
+                &|| {
+                    alone.fetch_add(1, Ordering::Relaxed);
+                },
+            );
+            let got = (parts.into_inner(), alone.into_inner());
+            assert!(got == (4, 0) || got == (0, 1), "{got:?}");
+        }
     }
 
     #[test]

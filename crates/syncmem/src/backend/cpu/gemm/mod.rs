@@ -36,8 +36,9 @@
 //! whatever the threads do, so results repeat bit for bit. A product of more than
 //! [`THREADED_FLOPS`] splits into one part per thread of the backend's team (`super::team`:
 //! the machine's cores, at most 4, the calling thread one of them; a thread slow to start
-//! leaves its part to the others); smaller ones run on the calling thread. The panels are
-//! buffers of each thread, kept between calls.
+//! leaves its part to the others); smaller ones run on the calling thread. The panels are kept
+//! between calls: a product on one thread packs into that thread's own, the parts of a
+//! threaded product into the panels of their part's index (`PART_PANELS`).
 //!
 //! Measured on a 2-core AMD EPYC VM with AVX-512 at the shapes of `syncmem train --hidden 1024`
 //! (`FC` + `FCGradient` at batch 64, `syncmem bench`'s GEMM rows), against `matrixmultiply`
@@ -276,8 +277,9 @@ fn run(p: &Problem) {
 }
 
 /// Runs `job(t, parts)` for every part `t` of `parts`: one part on the calling thread when
-/// `p` is below [`THREADED_FLOPS`] (or the machine has one core), else one per thread of the
-/// [`team`] (a thread slow to start leaves its part to the others).
+/// `p` is below [`THREADED_FLOPS`] (or the machine has one core, or the team is busy with
+/// another thread's product), else one per thread of the [`team`] (a thread slow to start
+/// leaves its part to the others).
 fn on_threads(p: &Problem, job: &(dyn Fn(usize, usize) + Sync)) {
     let team = team();
     let threads = team.threads();
@@ -286,7 +288,9 @@ fn on_threads(p: &Problem, job: &(dyn Fn(usize, usize) + Sync)) {
         job(0, 1);
         return;
     }
-    team.run(threads, &|t| job(t, threads));
+    // With the workers on another thread's product, one part on this thread: the parts'
+    // panels (`PART_PANELS`) may be that product's.
+    team.run_or(threads, &|t| job(t, threads), &|| job(0, 1));
 }
 
 /// Part `t` of `parts` of `tiles` tiles of `size` along a side of `len`: its first and end
