@@ -4,6 +4,7 @@
 //! end runs in every way (below one run, not a multiple of 16, more runs than launched); the
 //! reductions count every element once.
 
+use super::kernels::CPU_RUN;
 use super::ClDevice;
 use crate::backend::dispatch::RawDevice;
 use crate::backend::Reduce;
@@ -12,15 +13,23 @@ use crate::testing::opencl_or_skip;
 use crate::{Device, Stream};
 
 /// Lengths: one element, a partial block of 16, one run and a bit, and more elements than
-/// the most runs launched times the shortest run (so runs are longer than the shortest).
-const LENGTHS: [usize; 5] = [1, 37, 8192 + 5, 100_003, 300_001];
+/// the most runs `dev` launches times the shortest run (so runs are longer than the shortest).
+fn lengths(dev: &Device) -> [usize; 5] {
+    let most = cl(dev).cpu_runs(usize::MAX);
+    [1, 37, CPU_RUN + 5, 100_003, most * CPU_RUN + 1001]
+}
+
+fn cl(dev: &Device) -> &ClDevice {
+    match &dev.shared.raw {
+        RawDevice::OpenCl(cl) => cl,
+        #[allow(unreachable_patterns)]
+        _ => panic!("{} is not an OpenCL device", dev.label()),
+    }
+}
 
 /// `dev`'s OpenCL device with its kernels built for each mapping, CPU first.
 fn both_mappings(dev: &Device) -> Vec<(bool, Device)> {
-    let RawDevice::OpenCl(cl) = &dev.shared.raw else {
-        panic!("{} is not an OpenCL device", dev.label());
-    };
-    let cl: &ClDevice = cl;
+    let cl = cl(dev);
     [true, false]
         .into_iter()
         .map(|cpu| {
@@ -70,7 +79,7 @@ fn elementwise_kernels_write_every_element_once_with_either_mapping() {
     for (cpu, d) in both_mappings(&dev) {
         let s = d.default_stream().unwrap();
         let k = s.kernels();
-        for n in LENGTHS {
+        for n in lengths(&dev) {
             let x = values(n, 0.5);
             let y0 = values(n, 3.0);
             // axpy with a = 1 adds each x once: an element visited twice or never shows.
@@ -154,7 +163,7 @@ fn reductions_count_every_element_once_with_either_mapping() {
     for (cpu, d) in both_mappings(&dev) {
         let s = d.default_stream().unwrap();
         let k = s.kernels();
-        for n in LENGTHS {
+        for n in lengths(&dev) {
             // Sums of small integers are exact in any order: an element counted twice or
             // never shows.
             let ones: Vec<f32> = (0..n)

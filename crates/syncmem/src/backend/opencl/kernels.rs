@@ -20,7 +20,7 @@ const MAX_LOCAL_REDUCE: usize = 256;
 const MAX_GROUPS_ELEMENTWISE: usize = 1024;
 /// On a CPU device, the fewest elements of an element-wise kernel per work-item (each takes
 /// one contiguous run of elements, see `SM_FOR_EACH`).
-const CPU_RUN: usize = 8192;
+pub(super) const CPU_RUN: usize = 8192;
 /// On a CPU device, the most work-items (one per work-group) of an element-wise kernel per
 /// compute unit, and at least [`CPU_MIN_RUNS`]: enough to balance the runtime's threads, few
 /// enough that the cost of each group stays small next to its work.
@@ -64,9 +64,21 @@ impl ClDevice {
     /// A one-dimensional launch over `n >= 1` items (`SM_FOR_EACH`: a grid-stride loop on a
     /// GPU, one contiguous run per work-item on a CPU device).
     fn run_elementwise(&self, s: &ClStream, slot: &Slot, n: usize, args: &[Arg]) -> Result<()> {
+        self.run_items(s, slot, (n, n), args)
+    }
+
+    /// [`ClDevice::run_elementwise`] over `n >= 1` items that cover `elements` elements (a
+    /// kernel whose items are blocks of elements): a CPU device's runs are sized by elements.
+    fn run_items(
+        &self,
+        s: &ClStream,
+        slot: &Slot,
+        (n, elements): (usize, usize),
+        args: &[Arg],
+    ) -> Result<()> {
         let (global, local) = if self.cpu {
             // One work-item per group, each a contiguous run (see `SM_FOR_EACH`).
-            linear(self.cpu_runs(n), 1)
+            linear(self.cpu_runs(elements).min(n), 1)
         } else {
             linear(
                 groups_for(n, slot.local, MAX_GROUPS_ELEMENTWISE),
@@ -83,7 +95,7 @@ impl ClDevice {
 
     /// On a CPU device, the work-items of an element-wise kernel or a reduction over `n`
     /// elements (one per work-group, each a contiguous run).
-    fn cpu_runs(&self, n: usize) -> usize {
+    pub(super) fn cpu_runs(&self, n: usize) -> usize {
         let most = (CPU_RUNS_PER_UNIT * self.compute_units).max(CPU_MIN_RUNS);
         n.div_ceil(CPU_RUN).clamp(1, most)
     }
@@ -301,11 +313,11 @@ impl BackendKernels for ClDevice {
             return Ok(());
         }
         let longest = raw[..count].iter().map(|p| p.0).max().unwrap_or(1);
-        // A work-item takes blocks of 8 elements.
-        self.run_elementwise(
+        // The kernel's items are blocks of 8 elements.
+        self.run_items(
             s,
             slot,
-            longest.div_ceil(8),
+            (longest.div_ceil(8), longest),
             &args::axpy_multi(a, &raw[..count]),
         )
     }

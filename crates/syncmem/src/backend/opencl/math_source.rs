@@ -14,15 +14,20 @@
 /// so the results of element-wise kernels do not depend on the mapping (the reductions' sums
 /// are taken in another order).
 ///
-/// On a CPU device the macro declares `i_per` and `i_end` (for a loop variable `i`) in the
-/// enclosing scope: a second loop there goes in braces of its own (as `SM_AXPY_PAIR` does).
+/// On a CPU device the macro declares `i_end` (for a loop variable `i`) in the enclosing
+/// scope: a second loop there goes in braces of its own (as `SM_AXPY_PAIR` does). `SM_SUM`
+/// (the reductions) takes the same runs (`SM_RUN_LO`, `SM_RUN_HI`).
 pub(super) const ELEMENTWISE: &str = r#"
 #ifdef SM_CONTIGUOUS
+/* The run of the calling work-item over n elements: ceil(n / global size) rounded up to 16
+ * long, from lo (a multiple of 16) to hi (at most n; hi <= lo past the end). */
+#define SM_RUN_PER(n) ((((ulong)(n) + get_global_size(0) - 1) / get_global_size(0) + 15) \
+                       & ~(ulong)15)
+#define SM_RUN_LO(n) ((ulong)get_global_id(0) * SM_RUN_PER(n))
+#define SM_RUN_HI(n) min((ulong)(n), SM_RUN_LO(n) + SM_RUN_PER(n))
 #define SM_FOR_EACH(i, n)                                                                 \
-    const ulong i##_per = (((ulong)(n) + get_global_size(0) - 1) / get_global_size(0) + 15) \
-                          & ~(ulong)15;                                                   \
-    const ulong i##_end = min((ulong)(n), (ulong)get_global_id(0) * i##_per + i##_per);   \
-    for (ulong i = (ulong)get_global_id(0) * i##_per; i < i##_end; ++i)
+    const ulong i##_end = SM_RUN_HI(n);                                                   \
+    for (ulong i = SM_RUN_LO(n); i < i##_end; ++i)
 #else
 #define SM_FOR_EACH(i, n) for (ulong i = get_global_id(0); i < (ulong)(n); i += get_global_size(0))
 #endif
@@ -98,10 +103,8 @@ __kernel void sm_axpy_multi(const T a, const uint count,
 #ifdef SM_CONTIGUOUS
 #define SM_SUM(ACC, n, x, EXPR)                                                           \
     {                                                                                     \
-        const ulong per = (((ulong)(n) + get_global_size(0) - 1) / get_global_size(0) + 15) \
-                          & ~(ulong)15;                                                   \
-        const ulong hi = min((ulong)(n), (ulong)get_global_id(0) * per + per);            \
-        ulong i = (ulong)get_global_id(0) * per;                                          \
+        const ulong hi = SM_RUN_HI(n);                                                    \
+        ulong i = SM_RUN_LO(n);                                                           \
         T16 lanes = (T16)(0);                                                             \
         for (; i + 16 <= hi; i += 16) {                                                   \
             const T16 v = vload16(0, (x) + i);                                            \

@@ -302,11 +302,10 @@ fn build_ops(dev: &ClDevice) -> Result<OpKernels> {
     let local_mem = info
         .local_mem_size()
         .map_err(|ClError(c)| backend_error(label, "clGetDeviceInfo(LOCAL_MEM_SIZE)", c))?;
-    let cpu = dev.cpu;
     let candidates = tile_candidates(max_wg, local_mem);
     let mut last = None;
     for tiles in &candidates {
-        match build_ops_with(dev, *tiles, cpu)? {
+        match build_ops_with(dev, *tiles)? {
             Some(k) => return Ok(k),
             None => last = Some(*tiles),
         }
@@ -322,7 +321,7 @@ fn build_ops(dev: &ClDevice) -> Result<OpKernels> {
 
 /// Builds the operator program with `tiles`; `None` when the GEMM kernel cannot run
 /// work-groups of that size on the device (register pressure), so that smaller tiles are tried.
-fn build_ops_with(dev: &ClDevice, tiles: Tiles, cpu: bool) -> Result<Option<OpKernels>> {
+fn build_ops_with(dev: &ClDevice, tiles: Tiles) -> Result<Option<OpKernels>> {
     let (label, id) = (dev.label(), dev.device_id());
     let options = format!(
         "-D TSM={} -D TSN={} -D TSK={}{}",
@@ -354,7 +353,7 @@ fn build_ops_with(dev: &ClDevice, tiles: Tiles, cpu: bool) -> Result<Option<OpKe
         .then_some(gemm_rbl);
     Ok(Some(OpKernels {
         tiles,
-        register_blocked: cpu && rb_fits,
+        register_blocked: dev.cpu && rb_fits,
         gemm,
         gemm_rb,
         gemm_rbl,
