@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::stream::{DeviceHandle, StreamFence, UnboundStream};
+use super::stream::{DeviceHandle, Lent, StreamFence, UnboundStream};
 use super::usage::{Point, Uses};
 use super::{Device, Stream};
 use crate::alloc::pool::{Fence, Lease};
@@ -26,8 +26,8 @@ pub(crate) enum Release {
     /// buffer's native handle was handed out (work may have been queued outside the crate),
     /// once an event recorded there (lazily, see `StreamFence`) completes.
     Record(UnboundStream),
-    /// [`Release::Record`] for the stream the buffer's device handle was made for (a stream of
-    /// [`Device::new_stream`], which the handle holds: no reference count taken per buffer).
+    /// [`Release::Record`] for the stream the buffer's device handle points at (a stream of
+    /// [`Device::new_stream`], which the pool keeps: no reference count taken per buffer).
     RecordOwn,
     /// [`Release::Record`] for the device's default stream, which the device keeps (no
     /// reference count taken per buffer).
@@ -37,8 +37,8 @@ pub(crate) enum Release {
 impl Release {
     /// [`Release::Record`] for `stream`, for a buffer allocated on it (whose device handle is
     /// `stream`'s).
-    fn record(stream: &Stream) -> Self {
-        if stream.device_handle().stream().is_some() {
+    fn record(stream: &Stream, lent: bool) -> Self {
+        if lent {
             return Release::RecordOwn;
         }
         let default = stream.device().default_unbound();
@@ -70,8 +70,9 @@ enum Origin {
 ///
 /// Writing into a `DeviceBuffer` (through a [`Stream`]) takes `&mut`, reading takes `&`.
 pub struct DeviceBuffer {
-    /// The device: its own handle, or for a pooled buffer the handle of the stream it was
-    /// allocated on (see [`DeviceHandle`]).
+    /// The device: its own handle, or for a pooled buffer the stream it was allocated on,
+    /// which the pool keeps for the lease (see [`DeviceHandle`]). Declared before `origin`:
+    /// nothing reads it once the lease is given back.
     device: DeviceHandle,
     len: usize,
     /// The memory (`Empty` when `len == 0`: nothing is allocated).
@@ -127,6 +128,7 @@ impl DeviceBuffer {
     /// A pooled allocation (see [`Device::alloc_pooled`]) for `owner` (a buffer's label, kept
     /// with the block for memory snapshots). Its free is recorded on `stream` (see
     /// [`DeviceBuffer::set_release`]).
+    #[inline]
     pub(crate) fn pooled(
         device: &Device,
         len: usize,
@@ -165,14 +167,22 @@ impl DeviceBuffer {
 
     /// Wraps a pool block, whose view (held by the lease) is the buffer's memory, allocated on
     /// `stream` (whose device handle the buffer keeps).
+    #[inline]
     pub(crate) fn from_pool(stream: &Stream, len: usize, lease: Lease<RawMem, RawMem>) -> Self {
-        let device = stream.device_handle();
-        let release = Release::record(stream);
+        let handle = stream.device_handle();
+        let device = match handle.on_stream() {
+            // SAFETY: the pool keeps the stream's `OnStream` for a kept lease until the lease
+            // is given back, which happens when the buffer's `origin` is dropped, after every
+            // use of `device` (see `Drop`).
+            Some(on) if lease.is_kept() => DeviceHandle::Lent(unsafe { Lent::new(on) }),
+            _ => DeviceHandle::Device(Device::clone(handle)),
+        };
+        let release = Release::record(stream, matches!(device, DeviceHandle::Lent(_)));
         debug_assert!(lease.view().is_some(), "a device pool lease holds its view");
         // Counted by the pool, under its shard's lock (see `Device::memory_stats`).
         let uses = ManuallyDrop::new(Mutex::new(inherited_uses(&lease)));
         Self {
-            device: device.clone(),
+            device,
             len,
             origin: Origin::Pooled { lease, release },
             uses,

@@ -116,3 +116,93 @@ fn the_default_stream_does_not_keep_its_device_alive() {
     drop(d);
     assert_eq!(shared.strong_count(), 0);
 }
+
+/// A buffer pooled on a stream of its own keeps the device alive after the stream's and the
+/// device's last handles are gone (the pool keeps the stream's handle for the buffer), and
+/// lets it go when it is dropped.
+fn a_pooled_buffer_outlives_its_stream_and_device(base: &Device) {
+    let d = base.isolated();
+    let shared = Arc::downgrade(&d.shared);
+    let s = d.new_stream().unwrap();
+    let mut buf = d.alloc_pooled(4096, &s).unwrap();
+    let other = s.clone();
+    drop((s, d));
+    other.write(&mut buf, 0, &[5; 64]).unwrap();
+    drop(other);
+    assert_eq!(
+        shared.strong_count(),
+        1,
+        "the buffer's stream holds the device"
+    );
+    let label = buf.device().label().to_string();
+    let mut back = [0u8; 64];
+    let s = buf.device().new_stream().unwrap();
+    s.read(&buf, 0, &mut back).unwrap();
+    assert_eq!(back, [5; 64], "the buffer on {label} still holds its bytes");
+    drop(s);
+    drop(buf);
+    assert_eq!(
+        shared.strong_count(),
+        0,
+        "the last buffer let the device go"
+    );
+}
+
+#[test]
+fn a_pooled_buffer_outlives_its_stream_and_device_on_cpu() {
+    a_pooled_buffer_outlives_its_stream_and_device(&Device::cpu());
+}
+
+#[cfg(feature = "opencl")]
+#[test]
+fn a_pooled_opencl_buffer_outlives_its_stream_and_device() {
+    if let Some(d) = crate::testing::opencl_or_skip("a_pooled_opencl_buffer_outlives") {
+        a_pooled_buffer_outlives_its_stream_and_device(&d);
+    }
+}
+
+/// Buffers of one stream allocated and dropped on several threads (so on several pool shards),
+/// after the stream and the device are dropped, over two pools (`set_pool` in between): the
+/// device is freed with the last of them, and a stream that only allocated and freed lets it go
+/// with its last handle.
+#[test]
+fn a_stream_s_buffers_on_many_threads_let_the_device_go_with_the_last() {
+    let d = Device::cpu().isolated();
+    let shared = Arc::downgrade(&d.shared);
+    let s = d.new_stream().unwrap();
+    drop(d.alloc_pooled(4096, &s).unwrap());
+    d.set_pool(crate::alloc::pool::PoolConfig::default().with_shards(4))
+        .unwrap();
+    let bufs: Vec<_> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..8)
+            .map(|_| sc.spawn(|| d.alloc_pooled(4096, &s).unwrap()))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    drop((s, d));
+    assert_eq!(shared.strong_count(), 1, "8 buffers are out");
+    std::thread::scope(|sc| {
+        for b in bufs {
+            sc.spawn(move || drop(b));
+        }
+    });
+    assert_eq!(
+        shared.strong_count(),
+        0,
+        "the last buffer let the device go"
+    );
+
+    let d = Device::cpu().isolated();
+    let shared = Arc::downgrade(&d.shared);
+    let s = d.new_stream().unwrap();
+    let s2 = s.clone();
+    drop(d.alloc_pooled(4096, &s).unwrap());
+    drop(s);
+    drop(d.alloc_pooled(4096, &s2).unwrap());
+    drop((s2, d));
+    assert_eq!(
+        shared.strong_count(),
+        0,
+        "the pool let the stream go with its last handle"
+    );
+}

@@ -42,7 +42,9 @@ use crate::alloc::pool::config::{
     PINNED_POOL_ENV,
 };
 use crate::alloc::pool::stats::PoolUsage;
-use crate::alloc::pool::{Budget, Lease, Pool, PoolSnapshot, PoolStats, StreamId, HOST_STREAM};
+use crate::alloc::pool::{
+    Budget, Keep, Lease, Pool, PoolSnapshot, PoolStats, StreamId, HOST_STREAM,
+};
 use crate::alloc::stats::{MemCounters, MemStats};
 use crate::alloc::thread::Published;
 use crate::backend::dispatch::{PinnedStorage, RawMem, RawPinned, UnifiedStorage};
@@ -316,6 +318,7 @@ impl DeviceMemory {
 
     /// A pooled allocation of `len >= 1` bytes for work on `stream`, for `owner` (a buffer's
     /// label, kept with the block for memory snapshots).
+    #[inline]
     pub(crate) fn alloc_pooled(
         &self,
         dev: &Device,
@@ -323,8 +326,23 @@ impl DeviceMemory {
         stream: &Stream,
         owner: Option<&Arc<str>>,
     ) -> Result<DeviceBuffer> {
-        let lease = self.lease(dev, len, stream.id(), owner)?;
+        // A stream of `new_stream`: the pool keeps its handle for the buffer (see `StreamHandle`), cloned
+        // only for the stream's first lease in a shard.
+        let keep = stream
+            .device_handle()
+            .on_stream()
+            .map(|on| move || -> Keep { on.clone() });
+        let keep = keep.as_ref().map(|k| k as &dyn Fn() -> Keep);
+        let lease = self.lease(dev, len, stream.id(), owner, keep)?;
         Ok(DeviceBuffer::from_pool(stream, len, lease))
+    }
+
+    /// The last handle of stream `stream` (made by `new_stream`) is gone: the device pool lets
+    /// its handle go (see [`Pool::alloc_keeping`]).
+    pub(crate) fn release_stream(&self, stream: StreamId) {
+        if let Some(p) = self.pool.load() {
+            p.release_stream(stream);
+        }
     }
 
     /// A block of the device pool with its view (a sub-buffer, an offset pointer): made by the
@@ -332,34 +350,42 @@ impl DeviceMemory {
     ///
     /// Where buffers share memory with the host ([`super::zero_copy`]), new segments are
     /// memory the host can use in place, so that every block has a host address.
+    #[inline]
     fn lease(
         &self,
         dev: &Device,
         len: usize,
         stream: StreamId,
         owner: Option<&Arc<str>>,
+        keep: Option<&dyn Fn() -> Keep>,
     ) -> Result<Lease<RawMem, RawMem>> {
         let raw = &dev.shared.raw;
         if self.zero_copy.get().protocol_for(dev.info()).is_some() {
-            self.lease_from(dev, len, stream, owner, &UnifiedStorage(raw))
+            self.lease_from(dev, len, stream, owner, keep, &UnifiedStorage(raw))
         } else {
-            self.lease_from(dev, len, stream, owner, raw)
+            self.lease_from(dev, len, stream, owner, keep, raw)
         }
     }
 
+    #[inline]
     fn lease_from<S: RawStorage<Segment = RawMem, View = RawMem>>(
         &self,
         dev: &Device,
         len: usize,
         stream: StreamId,
         owner: Option<&Arc<str>>,
+        keep: Option<&dyn Fn() -> Keep>,
         storage: &S,
     ) -> Result<Lease<RawMem, RawMem>> {
+        let alloc = |pool: &Arc<Pool<RawMem, RawMem>>| match keep {
+            Some(k) => pool.alloc_keeping(len, stream, storage, owner, k),
+            None => pool.alloc_labelled(len, stream, storage, owner),
+        };
         loop {
             // The common case: the pool exists and has room (no reference count taken; the
             // lease holds its shard from then on).
             if let Some(pool) = self.pool.load() {
-                match pool.alloc_labelled(len, stream, storage, owner) {
+                match alloc(pool) {
                     Err(e) if e.is_out_of_memory() => {}
                     // Replaced since it was read (`set_pool`): the new one is published.
                     Err(_) if pool.is_retired() => continue,
@@ -367,9 +393,7 @@ impl DeviceMemory {
                 }
             }
             let pool = self.pool(dev)?;
-            match self.with_retries(dev, len, || {
-                pool.alloc_labelled(len, stream, storage, owner)
-            }) {
+            match self.with_retries(dev, len, || alloc(pool)) {
                 Err(_) if pool.is_retired() => continue,
                 r => return r,
             }

@@ -1,6 +1,7 @@
 //! [`Stream`]s (in-order queues of device work) and their [`Event`]s.
 
 use std::fmt;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -12,27 +13,107 @@ use crate::alloc::trace::hub as trace_hub;
 use crate::backend::dispatch::{RawEvent, RawStream};
 use crate::error::{check_range_with, Error, Result};
 
-/// A handle to a device kept by a [`Stream`] and by the buffers allocated on it.
+/// A [`Stream`]'s handle to its device.
 ///
-/// A stream made by [`Device::new_stream`] holds its device once, behind a reference count of
-/// its own, which the buffers allocated on it share: threads working each on a stream of their
-/// own then take no reference count that they all write (the device's), one per buffer. The
-/// default stream, which the device keeps without its handle, holds the device's handle itself.
-///
-/// A stream's handle also holds the stream itself (without its device): a buffer allocated on
-/// it finds there the stream its free is recorded on, with no second reference count.
+/// A stream made by [`Device::new_stream`] holds its device once, in an [`OnStream`] the
+/// stream's clones share (through [`StreamUsers`]). The buffers allocated on it from the
+/// device pool take no reference count at all: the pool keeps the `OnStream` for the stream's
+/// leases ([`crate::alloc::pool::Pool::alloc_keeping`]), and each buffer points at it (see
+/// [`DeviceHandle::Lent`]). Threads working each on a stream of their own then write no
+/// counter that they share, and a pooled allocation and free take no locked instruction beyond
+/// the pool shard's lock. The default stream, which the device keeps without its handle, and
+/// a stream bound again from the device's own ([`UnboundStream::bind`]) hold the device's
+/// handle itself.
 #[derive(Clone)]
-pub(crate) enum DeviceHandle {
+pub(crate) enum StreamHandle {
     /// The device's own handle.
     Device(Device),
-    /// A stream's own reference to the device, with the stream.
-    Stream(Arc<OnStream>),
+    /// The users' handle of a stream made by [`Device::new_stream`].
+    Own(Arc<StreamUsers>),
 }
 
-/// What a stream made by [`Device::new_stream`] shares with the buffers allocated on it.
+/// What the handles of a stream made by [`Device::new_stream`] share: its last one dropped
+/// tells the device pool to let the stream's [`OnStream`] go (it holds the device, which holds
+/// the pool: kept past the stream's users, it would never be freed).
+pub(crate) struct StreamUsers {
+    on: Arc<OnStream>,
+}
+
+impl Drop for StreamUsers {
+    fn drop(&mut self) {
+        // `self.on` is still held here: the pool's copy is not the last one.
+        self.on
+            .device
+            .shared
+            .memory
+            .release_stream(self.on.stream.id);
+    }
+}
+
+/// A stream made by [`Device::new_stream`] without its users' count: its device and the
+/// queue, which the device pool keeps for the buffers allocated on the stream.
 pub(crate) struct OnStream {
     device: Device,
     stream: UnboundStream,
+}
+
+impl StreamHandle {
+    /// The stream's [`OnStream`] (`None` for the device's own handle).
+    #[inline]
+    pub(crate) fn on_stream(&self) -> Option<&Arc<OnStream>> {
+        match self {
+            StreamHandle::Device(_) => None,
+            StreamHandle::Own(u) => Some(&u.on),
+        }
+    }
+}
+
+impl std::ops::Deref for StreamHandle {
+    type Target = Device;
+
+    #[inline]
+    fn deref(&self) -> &Device {
+        match self {
+            StreamHandle::Device(d) => d,
+            StreamHandle::Own(u) => &u.on.device,
+        }
+    }
+}
+
+/// A buffer's handle to its device.
+pub(crate) enum DeviceHandle {
+    /// The device's own handle.
+    Device(Device),
+    /// The stream a pooled buffer was allocated on, kept by the device pool for the buffer's
+    /// lease ([`crate::alloc::pool::Pool::alloc_keeping`]): no reference count of its own.
+    Lent(Lent),
+}
+
+/// A pointer to an [`OnStream`] the device pool keeps for a lease (see [`DeviceHandle::Lent`]).
+pub(crate) struct Lent(NonNull<OnStream>);
+
+// SAFETY: a `Lent` is a shared reference to an `OnStream` (a device handle and a stream, both
+// `Send + Sync`), kept alive by the pool for the lease of the buffer holding it.
+unsafe impl Send for Lent {}
+// SAFETY: as for `Send`: only `&OnStream` is ever made from it.
+unsafe impl Sync for Lent {}
+
+impl Lent {
+    /// A pointer to `on`.
+    ///
+    /// # Safety
+    /// The device pool keeps `on` (the same allocation) for the lease of the buffer that will
+    /// hold the result, and the buffer drops the lease after its last use of the result.
+    pub(crate) unsafe fn new(on: &Arc<OnStream>) -> Self {
+        Lent(NonNull::from(&**on))
+    }
+
+    #[inline]
+    fn get(&self) -> &OnStream {
+        // SAFETY: alive while the buffer's lease is out (see `Lent::new`), which is longer than
+        // any borrow of the buffer.
+        unsafe { self.0.as_ref() }
+    }
 }
 
 impl DeviceHandle {
@@ -41,7 +122,7 @@ impl DeviceHandle {
     pub(crate) fn stream(&self) -> Option<&UnboundStream> {
         match self {
             DeviceHandle::Device(_) => None,
-            DeviceHandle::Stream(s) => Some(&s.stream),
+            DeviceHandle::Lent(l) => Some(&l.get().stream),
         }
     }
 }
@@ -53,7 +134,7 @@ impl std::ops::Deref for DeviceHandle {
     fn deref(&self) -> &Device {
         match self {
             DeviceHandle::Device(d) => d,
-            DeviceHandle::Stream(s) => &s.device,
+            DeviceHandle::Lent(l) => &l.get().device,
         }
     }
 }
@@ -63,7 +144,7 @@ impl std::ops::Deref for DeviceHandle {
 /// Cheap to clone: clones are the same queue.
 #[derive(Clone)]
 pub struct Stream {
-    device: DeviceHandle,
+    device: StreamHandle,
     pub(crate) raw: Arc<RawStream>,
     id: u64,
 }
@@ -93,7 +174,7 @@ impl UnboundStream {
     /// The stream again, on `device` (the device it was made on).
     pub(crate) fn bind(&self, device: &Device) -> Stream {
         Stream {
-            device: DeviceHandle::Device(device.clone()),
+            device: StreamHandle::Device(device.clone()),
             raw: self.raw.clone(),
             id: self.id,
         }
@@ -128,7 +209,7 @@ impl Stream {
             },
         };
         Ok(Self {
-            device: DeviceHandle::Stream(Arc::new(on)),
+            device: StreamHandle::Own(Arc::new(StreamUsers { on: Arc::new(on) })),
             raw,
             id,
         })
@@ -144,8 +225,8 @@ impl Stream {
         &self.device
     }
 
-    /// The stream's handle to its device (see [`DeviceHandle`]).
-    pub(crate) fn device_handle(&self) -> &DeviceHandle {
+    /// The stream's handle to its device (see [`StreamHandle`]).
+    pub(crate) fn device_handle(&self) -> &StreamHandle {
         &self.device
     }
 

@@ -1,5 +1,6 @@
 //! [`Lease`]: a block handed out by a [`Pool`].
 
+use std::num::NonZeroU64;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -29,6 +30,10 @@ pub struct Lease<T: Send + Sync + 'static, V: Send + 'static = ()> {
     pub(super) pending: Vec<PendingUse>,
     /// The block's view (`None` only while the pool makes the lease).
     pub(super) view: Option<Box<V>>,
+    /// The stream whose owner the pool keeps for this lease (see [`Pool::alloc_keeping`];
+    /// never [`super::HOST_STREAM`]). Eight bytes: a device buffer, which holds a lease, moves
+    /// whole.
+    pub(super) kept: Option<NonZeroU64>,
 }
 
 // SAFETY: a lease is an owner of a block like a `Box`, and shares the segment (`T: Send +
@@ -112,6 +117,12 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
         unsafe { self.shard.as_ref() }
     }
 
+    /// True when the pool keeps an owner alive for this lease until it is given back (see
+    /// [`Pool::alloc_keeping`]).
+    pub fn is_kept(&self) -> bool {
+        self.kept.is_some()
+    }
+
     /// The block's view (see [Views](Pool#views)): made for the whole block, so it may be
     /// larger than `len()`. It goes back to the pool with the block, for the block's next user.
     pub fn view(&self) -> Option<&V> {
@@ -130,7 +141,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Drop for Lease<T, V> {
         let view = self.view.take();
         let sizes = (self.size, self.requested, self.small);
         // SAFETY: the shard lives until the block is given back, which this does, once.
-        unsafe { Shard::release_block(self.shard, self.block, sizes, pending, view) };
+        unsafe { Shard::release_block(self.shard, self.block, sizes, self.kept, pending, view) };
     }
 }
 

@@ -43,6 +43,7 @@ pub mod config;
 mod event;
 mod front;
 pub mod host;
+mod keep;
 mod lease;
 mod pending;
 mod shard;
@@ -63,6 +64,7 @@ mod tests;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::num::NonZeroU64;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
@@ -73,6 +75,7 @@ pub use budget::Budget;
 pub use config::{MemoryCap, PoolConfig, PoolKind};
 pub use event::{PoolEvent, PoolObserver};
 pub use host::{HostAllocation, HostPool};
+pub use keep::Keep;
 pub use lease::Lease;
 pub use pending::Fence;
 pub(crate) use pending::{in_flight, merge_one, merge_pending, usable_by, PendingUse};
@@ -148,6 +151,8 @@ struct Inner<T, V> {
     /// The pool was dropped while blocks of this shard were handed out: the shard belongs to
     /// them, and the last one given back drops it (see [`shard`]).
     orphaned: bool,
+    /// Owners kept for the leases of streams (see [`Pool::alloc_keeping`]).
+    kept: keep::KeptList,
 }
 
 impl<T, V> Inner<T, V> {
@@ -236,6 +241,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                         observer: None,
                         source: None,
                         orphaned: false,
+                        kept: keep::KeptList::default(),
                     }),
                 })
             })
@@ -295,6 +301,54 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         stream: StreamId,
         source: &S,
         owner: Option<&Arc<str>>,
+    ) -> Result<Lease<T, V>> {
+        self.alloc_with(bytes, stream, source, owner, None)
+    }
+
+    /// [`Pool::alloc_labelled`], keeping an owner alive for the lease: the one `keep` makes,
+    /// called at most once per stream and shard (under the shard's lock), which the pool holds
+    /// from the stream's first lease until [`Pool::release_stream`] and the stream's last
+    /// lease given back (or until the pool is retired). The leases take no reference count of
+    /// their own: the shard counts the stream's leases under its lock, which threads each
+    /// allocating on a stream of their own then share with no other counter.
+    ///
+    /// Whatever the owner holds lives at least as long as the lease ([`Lease::is_kept`]; a
+    /// lease of [`HOST_STREAM`] keeps nothing and is not kept). An owner holding the pool
+    /// itself (a device's stream holds the device, which holds its pool) is a cycle until the
+    /// stream is released: release it when its last user is gone.
+    ///
+    /// # Errors
+    /// As [`Pool::alloc`].
+    #[inline]
+    pub fn alloc_keeping<S: RawStorage<Segment = T, View = V> + ?Sized>(
+        self: &Arc<Self>,
+        bytes: usize,
+        stream: StreamId,
+        source: &S,
+        owner: Option<&Arc<str>>,
+        keep: &dyn Fn() -> Keep,
+    ) -> Result<Lease<T, V>> {
+        self.alloc_with(bytes, stream, source, owner, Some(keep))
+    }
+
+    /// Lets `stream`'s owner (see [`Pool::alloc_keeping`]) go: now in the shards where none
+    /// of its leases is out, with the last one given back in the others. Owners are dropped
+    /// after the shards' locks are released.
+    pub fn release_stream(&self, stream: StreamId) {
+        let mut owners = Vec::new();
+        for s in self.shards.iter() {
+            owners.extend(s.inner.lock().kept.release(stream));
+        }
+        drop(owners);
+    }
+
+    fn alloc_with<S: RawStorage<Segment = T, View = V> + ?Sized>(
+        self: &Arc<Self>,
+        bytes: usize,
+        stream: StreamId,
+        source: &S,
+        owner: Option<&Arc<str>>,
+        keep: Option<&dyn Fn() -> Keep>,
     ) -> Result<Lease<T, V>> {
         let sh = &self.shards[self.shard_index()];
         let mut inner = sh.inner.lock();
@@ -421,6 +475,12 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             offset: grant.offset,
             owner: owner.cloned(),
         });
+        // The host stream (0) has no owner to keep: its leases are not kept.
+        let kept = keep.and_then(|keep| {
+            let id = NonZeroU64::new(stream)?;
+            inner.kept.lend(stream, keep);
+            Some(id)
+        });
         Ok(Lease {
             // As `segment`: the shard's last block turns it back into an `Arc` once the pool
             // is gone (`Shard::release_block`).
@@ -434,6 +494,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             small: grant.small,
             pending: grant.pending,
             view: Some(view),
+            kept,
         })
     }
 

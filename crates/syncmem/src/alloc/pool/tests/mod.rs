@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 
 use super::*;
 
+mod keep;
 mod shards;
 mod sizing;
 mod snapshot;
