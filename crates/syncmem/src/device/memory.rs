@@ -100,6 +100,33 @@ fn max_segment(dev: &Device) -> usize {
         .min(isize::MAX as usize)
 }
 
+/// The device pool's storage. Where buffers share memory with the host
+/// ([`super::zero_copy`]), new segments are memory the host can use in place, so that every
+/// block has a host address. The setting is read when a segment is made (a cached block needs
+/// no storage), not on every allocation.
+struct PoolStorage<'a> {
+    dev: &'a Device,
+    zero_copy: &'a ZeroCopySetting,
+}
+
+impl RawStorage for PoolStorage<'_> {
+    type Segment = RawMem;
+    type View = RawMem;
+
+    fn alloc(&self, bytes: usize) -> Result<RawMem> {
+        let raw = &self.dev.shared.raw;
+        if self.zero_copy.get().protocol_for(self.dev.info()).is_some() {
+            UnifiedStorage(raw).alloc(bytes)
+        } else {
+            raw.alloc(bytes)
+        }
+    }
+
+    fn view(&self, segment: &Arc<RawMem>, offset: usize, len: usize) -> Result<RawMem> {
+        self.dev.shared.raw.view(segment, offset, len)
+    }
+}
+
 impl DeviceMemory {
     /// The device pool, made from the environment on first use.
     pub(crate) fn pool(&self, dev: &Device) -> Result<&Arc<Pool<RawMem, RawMem>>> {
@@ -347,9 +374,6 @@ impl DeviceMemory {
 
     /// A block of the device pool with its view (a sub-buffer, an offset pointer): made by the
     /// pool the first time the block is handed out, reused while the block keeps its placement.
-    ///
-    /// Where buffers share memory with the host ([`super::zero_copy`]), new segments are
-    /// memory the host can use in place, so that every block has a host address.
     #[inline]
     fn lease(
         &self,
@@ -359,24 +383,10 @@ impl DeviceMemory {
         owner: Option<&Arc<str>>,
         keep: Option<&dyn Fn() -> Keep>,
     ) -> Result<Lease<RawMem, RawMem>> {
-        let raw = &dev.shared.raw;
-        if self.zero_copy.get().protocol_for(dev.info()).is_some() {
-            self.lease_from(dev, len, stream, owner, keep, &UnifiedStorage(raw))
-        } else {
-            self.lease_from(dev, len, stream, owner, keep, raw)
-        }
-    }
-
-    #[inline]
-    fn lease_from<S: RawStorage<Segment = RawMem, View = RawMem>>(
-        &self,
-        dev: &Device,
-        len: usize,
-        stream: StreamId,
-        owner: Option<&Arc<str>>,
-        keep: Option<&dyn Fn() -> Keep>,
-        storage: &S,
-    ) -> Result<Lease<RawMem, RawMem>> {
+        let storage = &PoolStorage {
+            dev,
+            zero_copy: &self.zero_copy,
+        };
         let alloc = |pool: &Arc<Pool<RawMem, RawMem>>| match keep {
             Some(k) => pool.alloc_keeping(len, stream, storage, owner, k),
             None => pool.alloc_labelled(len, stream, storage, owner),
@@ -408,7 +418,7 @@ impl DeviceMemory {
         len: usize,
         owner: Option<&Arc<str>>,
     ) -> Result<PinnedBuffer> {
-        // As `lease_from`: no reference count taken (the pinned pool is never replaced).
+        // As `lease`: no reference count taken (the pinned pool is never replaced).
         Self::pinned_from(self.pinned_pool(dev)?, dev, len, owner)
     }
 
