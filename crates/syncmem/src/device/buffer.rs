@@ -102,18 +102,24 @@ impl DeviceBuffer {
     }
 
     /// Rejects requests above the device's largest single allocation.
+    #[inline]
     pub(crate) fn check_max(device: &Device, len: usize) -> Result<()> {
         let max = device.info().max_alloc;
         if (len as u64) > max {
-            return Err(OomReport::new(
-                device.label(),
-                len,
-                format!("above the device's largest single allocation, {max} bytes"),
-            )
-            .with_max_alloc(max)
-            .into());
+            return Err(Self::above_max(device, len, max));
         }
         Ok(())
+    }
+
+    #[cold]
+    fn above_max(device: &Device, len: usize, max: u64) -> Error {
+        OomReport::new(
+            device.label(),
+            len,
+            format!("above the device's largest single allocation, {max} bytes"),
+        )
+        .with_max_alloc(max)
+        .into()
     }
 
     /// A direct allocation (see [`Device::alloc`]).
@@ -136,11 +142,7 @@ impl DeviceBuffer {
         owner: Option<&Arc<str>>,
     ) -> Result<Self> {
         if !stream.device().same(device) {
-            return Err(Error::DeviceMismatch {
-                op: "pooled allocation",
-                expected: device.label().to_string(),
-                actual: stream.device().label().to_string(),
-            });
+            return Err(Self::mismatch(device, stream));
         }
         if len == 0 {
             return Ok(Self::empty(device));
@@ -150,6 +152,15 @@ impl DeviceBuffer {
             .shared
             .memory
             .alloc_pooled(device, len, stream, owner)
+    }
+
+    #[cold]
+    fn mismatch(device: &Device, stream: &Stream) -> Error {
+        Error::DeviceMismatch {
+            op: "pooled allocation",
+            expected: device.label().to_string(),
+            actual: stream.device().label().to_string(),
+        }
     }
 
     /// Wraps a direct backend allocation (already charged to the cap).
@@ -364,7 +375,18 @@ impl DeviceBuffer {
 /// hands a block out at once to a request on the stream of that work (a stream runs in order),
 /// but the new owner's first command may run on another stream: it must wait for that work on
 /// the device, as it would for a write of its own.
+#[inline]
 fn inherited_uses(lease: &Lease<RawMem, RawMem>) -> Uses {
+    if lease.pending().next().is_none() {
+        // The common case: the block comes with no work in flight.
+        return Uses::default();
+    }
+    inherit_pending(lease)
+}
+
+/// [`inherited_uses`] of a block that comes with work in flight.
+#[cold]
+fn inherit_pending(lease: &Lease<RawMem, RawMem>) -> Uses {
     let mut uses = Uses::default();
     for (stream, fence) in lease.pending() {
         let any: &dyn Any = &**fence;

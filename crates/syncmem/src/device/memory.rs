@@ -353,14 +353,29 @@ impl DeviceMemory {
         stream: &Stream,
         owner: Option<&Arc<str>>,
     ) -> Result<DeviceBuffer> {
-        // A stream of `new_stream`: the pool keeps its handle for the buffer (see `StreamHandle`), cloned
-        // only for the stream's first lease in a shard.
+        // A stream of `new_stream`: the pool keeps its handle for the buffer (see
+        // `StreamHandle`), cloned only for the stream's first lease in a shard.
         let keep = stream
             .device_handle()
             .on_stream()
             .map(|on| move || -> Keep { on.clone() });
         let keep = keep.as_ref().map(|k| k as &dyn Fn() -> Keep);
-        let lease = self.lease(dev, len, stream.id(), owner, keep)?;
+        let storage = &PoolStorage {
+            dev,
+            zero_copy: &self.zero_copy,
+        };
+        // The common case: the pool exists and has room (no reference count taken; the lease
+        // holds its shard from then on).
+        if let Some(pool) = self.pool.load() {
+            match pool.alloc_with(len, stream.id(), storage, owner, keep) {
+                Ok(lease) => return Ok(DeviceBuffer::from_pool(stream, len, lease)),
+                // Full (retried below), or replaced since it was read (`set_pool`: the new
+                // one is published).
+                Err(e) if e.is_out_of_memory() || pool.is_retired() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let lease = self.lease(dev, len, stream.id(), owner, keep, storage)?;
         Ok(DeviceBuffer::from_pool(stream, len, lease))
     }
 
@@ -372,9 +387,12 @@ impl DeviceMemory {
         }
     }
 
-    /// A block of the device pool with its view (a sub-buffer, an offset pointer): made by the
+    /// A block of the device pool with its view (a sub-buffer, an offset pointer), the way of
+    /// `alloc_pooled` when the pool is yet to be made, full, or replaced: on the current pool,
+    /// retried after freeing what can be freed (see `with_retries`). The view is made by the
     /// pool the first time the block is handed out, reused while the block keeps its placement.
-    #[inline]
+    #[cold]
+    #[inline(never)]
     fn lease(
         &self,
         dev: &Device,
@@ -382,28 +400,14 @@ impl DeviceMemory {
         stream: StreamId,
         owner: Option<&Arc<str>>,
         keep: Option<&dyn Fn() -> Keep>,
+        storage: &PoolStorage<'_>,
     ) -> Result<Lease<RawMem, RawMem>> {
-        let storage = &PoolStorage {
-            dev,
-            zero_copy: &self.zero_copy,
-        };
-        let alloc = |pool: &Arc<Pool<RawMem, RawMem>>| match keep {
-            Some(k) => pool.alloc_keeping(len, stream, storage, owner, k),
-            None => pool.alloc_labelled(len, stream, storage, owner),
-        };
         loop {
-            // The common case: the pool exists and has room (no reference count taken; the
-            // lease holds its shard from then on).
-            if let Some(pool) = self.pool.load() {
-                match alloc(pool) {
-                    Err(e) if e.is_out_of_memory() => {}
-                    // Replaced since it was read (`set_pool`): the new one is published.
-                    Err(_) if pool.is_retired() => continue,
-                    r => return r,
-                }
-            }
             let pool = self.pool(dev)?;
-            match self.with_retries(dev, len, || alloc(pool)) {
+            match self.with_retries(dev, len, || {
+                pool.alloc_with(len, stream, storage, owner, keep)
+            }) {
+                // Replaced meanwhile: the new one is published.
                 Err(_) if pool.is_retired() => continue,
                 r => return r,
             }

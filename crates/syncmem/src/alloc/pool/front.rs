@@ -57,6 +57,7 @@ pub(crate) struct Front {
 }
 
 impl Front {
+    #[inline]
     fn lists_of(&mut self, stream: StreamId) -> Option<&mut StreamLists> {
         // Few streams use a pool; the first is nearly always the one asked for.
         self.streams.iter_mut().find(|s| s.stream == stream)

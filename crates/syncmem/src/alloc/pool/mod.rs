@@ -342,7 +342,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         drop(owners);
     }
 
-    fn alloc_with<S: RawStorage<Segment = T, View = V> + ?Sized>(
+    /// [`Pool::alloc_labelled`] (`keep`: `None`) or [`Pool::alloc_keeping`].
+    pub(crate) fn alloc_with<S: RawStorage<Segment = T, View = V> + ?Sized>(
         self: &Arc<Self>,
         bytes: usize,
         stream: StreamId,
@@ -355,10 +356,10 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         if self.retired.load(Relaxed) {
             return Err(self.retired_error());
         }
-        let overflow = || Error::SizeOverflow {
-            what: format!("{bytes} bytes rounded for pool {}", self.label),
+        let overflow = || self.overflow(bytes);
+        let Some(rounded) = inner.core.round(bytes) else {
+            return Err(overflow());
         };
-        let rounded = inner.core.round(bytes).ok_or_else(overflow)?;
         let req = Request {
             stream,
             requested: bytes,
@@ -496,6 +497,14 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             view: Some(view),
             kept,
         })
+    }
+
+    /// The error of a request of `bytes` whose rounding (or segment size) overflows.
+    #[cold]
+    fn overflow(&self, bytes: usize) -> Error {
+        Error::SizeOverflow {
+            what: format!("{bytes} bytes rounded for pool {}", self.label),
+        }
     }
 
     /// The refusal of `bytes` for `why`, with the pool's usage (read once the lock of the

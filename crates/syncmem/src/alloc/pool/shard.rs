@@ -325,6 +325,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     }
 
     /// The error of an allocation from a retired pool.
+    #[cold]
     pub(super) fn retired_error(&self) -> Error {
         Error::InvalidState {
             op: "pool allocation",

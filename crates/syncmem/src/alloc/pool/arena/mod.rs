@@ -386,7 +386,10 @@ impl<V> Arena<V> {
         if b.state != State::Allocated {
             return Vec::new();
         }
-        b.view = view;
+        // A block handed out holds no view of its own (its lease has it): nothing to drop.
+        if let Some(stale) = std::mem::replace(&mut b.view, view) {
+            drop(stale);
+        }
         b.owner = None;
         b.requested = 0;
         b.pending.clear();
