@@ -215,8 +215,14 @@ impl<V> Bins<V> {
         let fits = self.cached_bytes.saturating_add(l.size as u64) <= self.max_cached;
         match l.bin {
             Some(bin) if fits => {
-                let mut kept = Vec::new();
-                merge_pending(&mut kept, pending);
+                // Most blocks come back with no work in flight: nothing to merge.
+                let kept = if pending.is_empty() {
+                    pending
+                } else {
+                    let mut kept = Vec::new();
+                    merge_pending(&mut kept, pending);
+                    kept
+                };
                 self.cached_bytes += l.size as u64;
                 self.cached[bin].push(Cached {
                     id,
