@@ -2,7 +2,7 @@
 //! thread's panels or read in place, and the tile of C that the micro-kernels compute from
 //! them (see the [parent](super)).
 
-use super::kernel::{edge_avx2, tile, tile_avx2};
+use super::kernel::{tile, tile_avx2};
 use super::{Isa, Problem, Tile, MR, NR};
 
 /// A row tile's operand: its first row, its rows, and where its values are (`A'(r, l)` at
@@ -169,13 +169,10 @@ impl Block<'_> {
         };
         // SAFETY: the caller's promise.
         unsafe {
-            if p.isa == Isa::Avx2 {
-                return match b.nn == NR {
-                    true => tile_avx2(t, a.mm),
-                    false => edge_avx2(t, (a.mm, b.nn)),
-                };
-            }
             // A tile at C's right edge (fewer than NR columns) too, with masked loads.
+            if p.isa == Isa::Avx2 {
+                return tile_avx2(t, (a.mm, b.nn));
+            }
             let nn = b.nn;
             match a.mm {
                 12 => tile::<12>(t, nn),

@@ -1,6 +1,6 @@
 //! The micro-kernels of the `cpu` GEMM: a register-blocked tile of C (AVX-512F, and AVX2 for
-//! CPUs without it), the tiles at C's right side (AVX-512F: the same tile with masked loads;
-//! AVX2: element by element), and the store of a block's sums (see the [parent](super)).
+//! CPUs without it), which at C's right side loads op(B) with masks, and the store of a block's
+//! sums (see the [parent](super)).
 
 use super::{Tile, NR};
 
@@ -103,55 +103,32 @@ pub(super) fn store(old: f32, v: f32, beta: f32, first: bool) -> f32 {
     }
 }
 
-/// The `mm x nn` part of an AVX2 tile at the right edge of C (fewer than [`NR`] columns),
-/// element by element, each sum in the same order as the tiles'.
-///
-/// # Safety
-/// The part lies inside its matrices; no other thread writes it; the CPU has AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn edge_avx2(t: Tile, (mm, nn): (usize, usize)) {
-    for r in 0..mm {
-        for q in 0..nn {
-            let mut s = 0f32;
-            for l in 0..t.kc {
-                let (ai, bi) = (r * t.rsa + l * t.csa, l * t.rsb + q);
-                // SAFETY: row r, column q and step l are inside the part.
-                let (av, bv) = unsafe { (*t.a.add(ai), *t.b.add(bi)) };
-                s = av.mul_add(bv, s);
-            }
-            // SAFETY: (r, q) is inside the part, written by this thread alone.
-            unsafe {
-                let cp = t.c.add(r * t.rsc + q * t.csc);
-                *cp = store(*cp, s, t.beta, t.first);
-            }
-        }
-    }
-}
-
 /// Rows of the AVX2 sub-tiles: 6 rows by two 8-float vectors, 12 accumulators (with the two
 /// vectors of op(B) and the broadcast, 15 of the 16 AVX2 registers).
 const AVX2_ROWS: usize = 6;
 
-/// An `mm x NR` tile (`mm <= MR` rows) with AVX2: sub-tiles of up to [`AVX2_ROWS`] rows by 16
-/// columns, each element summed over the block in the same order as [`tile`] sums it (so the
-/// same bits), and stored the same way.
+/// An `mm x nn` tile (`mm <= MR` rows, `nn <= NR` columns) with AVX2: sub-tiles of up to
+/// [`AVX2_ROWS`] rows by 16 columns, each element summed over the block in the same order as
+/// [`tile`] sums it (so the same bits), and stored the same way. At C's right edge a sub-tile
+/// loads op(B) with masks, as [`tile`] does.
 ///
 /// # Safety
 /// The tile lies inside its matrices; no other thread writes it; the CPU has AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn tile_avx2(t: Tile, mm: usize) {
+pub(super) unsafe fn tile_avx2(t: Tile, (mm, nn): (usize, usize)) {
     let mut r0 = 0;
     while r0 < mm {
-        for h in 0..NR / 16 {
-            // SAFETY: rows r0.. and columns 16h..16h+16 are inside the tile.
+        for h in 0..nn.min(NR).div_ceil(16) {
+            let cols = (nn - 16 * h).min(16);
+            // SAFETY: rows r0.. and columns 16h..16h+cols are inside the tile.
             unsafe {
                 match mm - r0 {
-                    1 => sub_avx2::<1>(t, r0, h),
-                    2 => sub_avx2::<2>(t, r0, h),
-                    3 => sub_avx2::<3>(t, r0, h),
-                    4 => sub_avx2::<4>(t, r0, h),
-                    5 => sub_avx2::<5>(t, r0, h),
-                    _ => sub_avx2::<AVX2_ROWS>(t, r0, h),
+                    1 => sub_avx2::<1>(t, r0, h, cols),
+                    2 => sub_avx2::<2>(t, r0, h, cols),
+                    3 => sub_avx2::<3>(t, r0, h, cols),
+                    4 => sub_avx2::<4>(t, r0, h, cols),
+                    5 => sub_avx2::<5>(t, r0, h, cols),
+                    _ => sub_avx2::<AVX2_ROWS>(t, r0, h, cols),
                 }
             }
         }
@@ -159,22 +136,45 @@ pub(super) unsafe fn tile_avx2(t: Tile, mm: usize) {
     }
 }
 
-/// Rows `r0..r0 + R` and columns `16h..16h + 16` of an AVX2 tile (see [`tile_avx2`]).
+/// The AVX2 load mask of the first `n` of 8 lanes (`n` above 8: all of them).
+#[target_feature(enable = "avx2")]
+fn lanes(n: usize) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::{_mm256_cmpgt_epi32, _mm256_set1_epi32, _mm256_setr_epi32};
+    let n = n.min(8) as i32;
+    _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(n),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+    )
+}
+
+/// Rows `r0..r0 + R` and columns `16h..16h + cols` (`1 <= cols <= 16`) of an AVX2 tile (see
+/// [`tile_avx2`]). With fewer than 16 columns, op(B) is loaded with masks: the columns past
+/// `cols` are never read and their sums stay zero.
 ///
 /// # Safety
 /// As [`tile_avx2`], for this part of the tile.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn sub_avx2<const R: usize>(t: Tile, r0: usize, h: usize) {
+unsafe fn sub_avx2<const R: usize>(t: Tile, r0: usize, h: usize, cols: usize) {
     use std::arch::x86_64::{
-        __m256, _mm256_add_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_ps, _mm256_setzero_ps,
-        _mm256_storeu_ps,
+        __m256, _mm256_add_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_maskload_ps,
+        _mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps,
     };
+    let whole = cols >= 16;
+    let (m0, m1) = (lanes(cols), lanes(cols.saturating_sub(8)));
     let mut acc: [[__m256; 2]; R] = [[_mm256_setzero_ps(); 2]; R];
     for l in 0..t.kc {
-        // SAFETY: step l of the part's rows and columns is inside A' and B'.
+        // SAFETY: step l of the part's rows is inside A'; its columns below `cols` are inside
+        // B', and the masked loads read no others.
         unsafe {
             let bp = t.b.add(l * t.rsb + 16 * h);
-            let (b0, b1) = (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)));
+            let (b0, b1) = if whole {
+                (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)))
+            } else {
+                (
+                    _mm256_maskload_ps(bp, m0),
+                    _mm256_maskload_ps(bp.wrapping_add(8), m1),
+                )
+            };
             let ap = t.a.add(r0 * t.rsa + l * t.csa);
             for (r, acc_r) in acc.iter_mut().enumerate() {
                 let a = _mm256_set1_ps(*ap.add(r * t.rsa));
@@ -185,7 +185,7 @@ unsafe fn sub_avx2<const R: usize>(t: Tile, r0: usize, h: usize) {
     }
     // SAFETY: the part's elements of C are inside the tile, written by this thread alone.
     let c = unsafe { t.c.add(r0 * t.rsc + 16 * h * t.csc) };
-    if t.csc == 1 {
+    if whole && t.csc == 1 {
         // As `tile`: the old value scaled by beta with one fused multiply-add.
         let beta = _mm256_set1_ps(t.beta);
         for (r, acc_r) in acc.iter().enumerate() {
@@ -204,6 +204,8 @@ unsafe fn sub_avx2<const R: usize>(t: Tile, r0: usize, h: usize) {
             }
         }
     } else {
+        // C' is Cᵀ, or the part is an edge: element by element (once per block of the
+        // reduction).
         let mut out = [[0f32; 16]; R];
         for (o, acc_r) in out.iter_mut().zip(&acc) {
             // SAFETY: `o` holds 16 floats, two vectors.
@@ -213,7 +215,7 @@ unsafe fn sub_avx2<const R: usize>(t: Tile, r0: usize, h: usize) {
             }
         }
         for (r, o) in out.iter().enumerate() {
-            for (q, &v) in o.iter().enumerate() {
+            for (q, &v) in o.iter().take(cols).enumerate() {
                 // SAFETY: (r, q) is inside the part.
                 unsafe {
                     let cp = c.add(r * t.rsc + q * t.csc);
