@@ -35,8 +35,8 @@ pub(crate) enum Release {
 }
 
 impl Release {
-    /// [`Release::Record`] for `stream`, for a buffer allocated on it (whose device handle is
-    /// `stream`'s).
+    /// [`Release::Record`] for `stream`, for a buffer allocated on it: `lent` when the buffer
+    /// points at `stream`'s own handle ([`DeviceHandle::Lent`]).
     fn record(stream: &Stream, lent: bool) -> Self {
         if lent {
             return Release::RecordOwn;
@@ -71,8 +71,8 @@ enum Origin {
 /// Writing into a `DeviceBuffer` (through a [`Stream`]) takes `&mut`, reading takes `&`.
 pub struct DeviceBuffer {
     /// The device: its own handle, or for a pooled buffer the stream it was allocated on,
-    /// which the pool keeps for the lease (see [`DeviceHandle`]). Declared before `origin`:
-    /// nothing reads it once the lease is given back.
+    /// which the pool keeps for the lease (see [`DeviceHandle`]): read last in `Drop::drop`,
+    /// which runs before `origin` (the lease) is dropped.
     device: DeviceHandle,
     len: usize,
     /// The memory (`Empty` when `len == 0`: nothing is allocated).
@@ -177,15 +177,27 @@ impl DeviceBuffer {
     }
 
     /// Wraps a pool block, whose view (held by the lease) is the buffer's memory, allocated on
-    /// `stream` (whose device handle the buffer keeps).
+    /// `stream`: the buffer points at the stream's handle, which the pool keeps for a kept
+    /// lease, or holds the device's own handle.
     #[inline]
     pub(crate) fn from_pool(stream: &Stream, len: usize, lease: Lease<RawMem, RawMem>) -> Self {
         let handle = stream.device_handle();
         let device = match handle.on_stream() {
-            // SAFETY: the pool keeps the stream's `OnStream` for a kept lease until the lease
-            // is given back, which happens when the buffer's `origin` is dropped, after every
-            // use of `device` (see `Drop`).
-            Some(on) if lease.is_kept() => DeviceHandle::Lent(unsafe { Lent::new(on) }),
+            Some(on) if lease.is_kept() => {
+                // The pool keeps this very `OnStream` (stream ids are unique, and only
+                // `Stream::new` makes an `OnStream`, for a new id).
+                #[cfg(debug_assertions)]
+                debug_assert_eq!(
+                    lease.kept_owner(),
+                    Some(Arc::as_ptr(on).cast::<()>()),
+                    "the pool keeps another owner for stream {}",
+                    stream.id()
+                );
+                // SAFETY: the pool keeps the stream's `OnStream` for a kept lease until the
+                // lease is given back, which happens when the buffer's `origin` is dropped,
+                // after `Drop::drop`, the last use of `device`.
+                DeviceHandle::Lent(unsafe { Lent::new(on) })
+            }
             _ => DeviceHandle::Device(Device::clone(handle)),
         };
         let release = Release::record(stream, matches!(device, DeviceHandle::Lent(_)));

@@ -140,6 +140,9 @@ fn a_pooled_buffer_outlives_its_stream_and_device(base: &Device) {
     s.read(&buf, 0, &mut back).unwrap();
     assert_eq!(back, [5; 64], "the buffer on {label} still holds its bytes");
     drop(s);
+    // Its native handle handed out: the free records a fence on the buffer's stream, read
+    // through the handle the pool keeps.
+    assert!(buf.native_address().is_some());
     drop(buf);
     assert_eq!(
         shared.strong_count(),
@@ -205,4 +208,41 @@ fn a_stream_s_buffers_on_many_threads_let_the_device_go_with_the_last() {
         0,
         "the pool let the stream go with its last handle"
     );
+}
+
+/// `set_pool` is refused while a buffer of a stream is out; once it is dropped the pool is
+/// replaced, and dropping the stream and the device frees the device (the old pool let the
+/// stream's handle go when it retired).
+#[test]
+fn a_refused_then_done_set_pool_leaves_nothing_kept() {
+    let d = Device::cpu().isolated();
+    let shared = Arc::downgrade(&d.shared);
+    let s = d.new_stream().unwrap();
+    let buf = d.alloc_pooled(4096, &s).unwrap();
+    let cfg = crate::alloc::pool::PoolConfig::default();
+    assert!(d.set_pool(cfg.clone()).is_err(), "a block is out");
+    drop(buf);
+    d.set_pool(cfg).unwrap();
+    drop((s, d));
+    assert_eq!(shared.strong_count(), 0);
+}
+
+/// The last handle of a stream dropped while other threads drop its buffers: whichever comes
+/// last lets the device go.
+#[test]
+fn the_last_stream_handle_racing_its_buffers_lets_the_device_go() {
+    for _ in 0..20 {
+        let d = Device::cpu().isolated();
+        let shared = Arc::downgrade(&d.shared);
+        let s = d.new_stream().unwrap();
+        let bufs: Vec<_> = (0..6).map(|_| d.alloc_pooled(512, &s).unwrap()).collect();
+        drop(d);
+        std::thread::scope(|sc| {
+            for b in bufs {
+                sc.spawn(move || drop(b));
+            }
+            sc.spawn(move || drop(s));
+        });
+        assert_eq!(shared.strong_count(), 0);
+    }
 }

@@ -35,6 +35,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 
 use super::mirror::{live_buffers, LiveBuffer, Mirrors};
+use super::stream::OnStream;
 use super::zero_copy::ZeroCopySetting;
 use super::{Device, DeviceBuffer, PinnedBuffer, Stream};
 use crate::alloc::pool::config::{
@@ -358,7 +359,7 @@ impl DeviceMemory {
         let keep = stream
             .device_handle()
             .on_stream()
-            .map(|on| move || -> Keep { on.clone() });
+            .map(|on| move || -> Keep { OnStream::keep(on) });
         let keep = keep.as_ref().map(|k| k as &dyn Fn() -> Keep);
         let storage = &PoolStorage {
             dev,
@@ -380,7 +381,7 @@ impl DeviceMemory {
     }
 
     /// The last handle of stream `stream` (made by `new_stream`) is gone: the device pool lets
-    /// its handle go (see [`Pool::alloc_keeping`]).
+    /// its handle go (see [`Pool::alloc_with`]).
     pub(crate) fn release_stream(&self, stream: StreamId) {
         if let Some(p) = self.pool.load() {
             p.release_stream(stream);

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::usage::Point;
@@ -18,7 +18,7 @@ use crate::error::{check_range_with, Error, Result};
 /// A stream made by [`Device::new_stream`] holds its device once, in an [`OnStream`] the
 /// stream's clones share (through [`StreamUsers`]). The buffers allocated on it from the
 /// device pool take no reference count at all: the pool keeps the `OnStream` for the stream's
-/// leases ([`crate::alloc::pool::Pool::alloc_keeping`]), and each buffer points at it (see
+/// leases ([`crate::alloc::pool::Pool::alloc_with`]), and each buffer points at it (see
 /// [`DeviceHandle::Lent`]). Threads working each on a stream of their own then write no
 /// counter that they share, and a pooled allocation and free take no locked instruction beyond
 /// the pool shard's lock. The default stream, which the device keeps without its handle, and
@@ -41,6 +41,12 @@ pub(crate) struct StreamUsers {
 
 impl Drop for StreamUsers {
     fn drop(&mut self) {
+        // A stream that never allocated from the pool has nothing to let go (and the pool's
+        // shards are not locked for it). Relaxed is enough: every allocation on the stream
+        // happened before its handles' last reference count was dropped, which this follows.
+        if !self.on.kept.load(Ordering::Relaxed) {
+            return;
+        }
         // `self.on` is still held here: the pool's copy is not the last one.
         self.on
             .device
@@ -55,6 +61,17 @@ impl Drop for StreamUsers {
 pub(crate) struct OnStream {
     device: Device,
     stream: UnboundStream,
+    /// The device pool was given this handle to keep (see [`OnStream::keep`]).
+    kept: AtomicBool,
+}
+
+impl OnStream {
+    /// This handle, for the device pool to keep for the stream's buffers, noted so that the
+    /// stream's last user handle lets the pool's copy go.
+    pub(crate) fn keep(on: &Arc<OnStream>) -> Arc<OnStream> {
+        on.kept.store(true, Ordering::Relaxed);
+        on.clone()
+    }
 }
 
 impl StreamHandle {
@@ -85,7 +102,7 @@ pub(crate) enum DeviceHandle {
     /// The device's own handle.
     Device(Device),
     /// The stream a pooled buffer was allocated on, kept by the device pool for the buffer's
-    /// lease ([`crate::alloc::pool::Pool::alloc_keeping`]): no reference count of its own.
+    /// lease ([`crate::alloc::pool::Pool::alloc_with`]): no reference count of its own.
     Lent(Lent),
 }
 
@@ -207,6 +224,7 @@ impl Stream {
                 raw: raw.clone(),
                 id,
             },
+            kept: AtomicBool::new(false),
         };
         Ok(Self {
             device: StreamHandle::Own(Arc::new(StreamUsers { on: Arc::new(on) })),

@@ -1,4 +1,4 @@
-//! Owners a pool keeps for the leases of a stream ([`super::Pool::alloc_keeping`]).
+//! Owners a pool keeps for the leases of a stream (`Pool::alloc_with`).
 //!
 //! A caller whose leases each need an owner alive (the device layer: the handle of the stream a
 //! buffer was allocated on, which holds the device) can give that owner to the pool once per
@@ -8,7 +8,7 @@
 //!
 //! Each shard keeps, per stream, the owner and the number of its leases handed out. The owner
 //! stays after the count falls to zero (the next lease of the stream takes no reference count
-//! either) until the caller releases the stream ([`super::Pool::release_stream`]); from then on
+//! either) until the caller releases the stream (`Pool::release_stream`); from then on
 //! it goes with the stream's last lease given back. A retired pool (which hands out nothing
 //! more) lets every owner go at once: none of its leases is out.
 //!
@@ -19,8 +19,8 @@ use std::sync::Arc;
 
 use super::StreamId;
 
-/// An owner a pool keeps alive for a stream's leases (see [`super::Pool::alloc_keeping`]).
-pub type Keep = Arc<dyn Send + Sync>;
+/// An owner a pool keeps alive for a stream's leases (see `Pool::alloc_with`).
+pub(crate) type Keep = Arc<dyn Send + Sync>;
 
 /// The owner kept for one stream in one shard.
 struct Kept {
@@ -62,8 +62,17 @@ impl KeptList {
     /// released and this was its last lease (to drop once the shard is no longer touched).
     #[inline]
     pub(super) fn give_back(&mut self, stream: StreamId) -> Option<Keep> {
-        let i = self.list.iter().position(|k| k.stream == stream)?;
+        let i = self.list.iter().position(|k| k.stream == stream);
+        debug_assert!(
+            i.is_some(),
+            "a kept lease of stream {stream} with no owner kept"
+        );
+        let i = i?;
         let k = &mut self.list[i];
+        debug_assert!(
+            k.out > 0,
+            "more leases of stream {stream} given back than lent"
+        );
         k.out = k.out.saturating_sub(1);
         (k.out == 0 && k.released).then(|| self.list.swap_remove(i).keep)
     }
@@ -88,6 +97,13 @@ impl KeptList {
                 i += 1;
             }
         }
+    }
+
+    /// The address of the owner kept for `stream`.
+    #[cfg(debug_assertions)]
+    pub(super) fn owner_of(&self, stream: StreamId) -> Option<*const ()> {
+        let k = self.list.iter().find(|k| k.stream == stream)?;
+        Some(Arc::as_ptr(&k.keep).cast::<()>())
     }
 
     /// Streams with an owner kept, each with its leases out (for tests).

@@ -30,7 +30,7 @@ pub struct Lease<T: Send + Sync + 'static, V: Send + 'static = ()> {
     pub(super) pending: Vec<PendingUse>,
     /// The block's view (`None` only while the pool makes the lease).
     pub(super) view: Option<Box<V>>,
-    /// The stream whose owner the pool keeps for this lease (see [`Pool::alloc_keeping`];
+    /// The stream whose owner the pool keeps for this lease (see [`Pool::alloc_with`];
     /// never [`super::HOST_STREAM`]). Eight bytes: a device buffer, which holds a lease, moves
     /// whole.
     pub(super) kept: Option<NonZeroU64>,
@@ -118,9 +118,17 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
     }
 
     /// True when the pool keeps an owner alive for this lease until it is given back (see
-    /// [`Pool::alloc_keeping`]).
-    pub fn is_kept(&self) -> bool {
+    /// [`Pool::alloc_with`]).
+    pub(crate) fn is_kept(&self) -> bool {
         self.kept.is_some()
+    }
+
+    /// The address of the owner the pool keeps for this lease (`None` when not kept): for
+    /// checks that a caller's owner is the one kept (see [`Pool::alloc_with`]).
+    #[cfg(debug_assertions)]
+    pub(crate) fn kept_owner(&self) -> Option<*const ()> {
+        let stream = self.kept?.get();
+        self.shard().inner.lock().kept.owner_of(stream)
     }
 
     /// The block's view (see [Views](Pool#views)): made for the whole block, so it may be

@@ -75,7 +75,7 @@ pub use budget::Budget;
 pub use config::{MemoryCap, PoolConfig, PoolKind};
 pub use event::{PoolEvent, PoolObserver};
 pub use host::{HostAllocation, HostPool};
-pub use keep::Keep;
+pub(crate) use keep::Keep;
 pub use lease::Lease;
 pub use pending::Fence;
 pub(crate) use pending::{in_flight, merge_one, merge_pending, usable_by, PendingUse};
@@ -151,7 +151,7 @@ struct Inner<T, V> {
     /// The pool was dropped while blocks of this shard were handed out: the shard belongs to
     /// them, and the last one given back drops it (see [`shard`]).
     orphaned: bool,
-    /// Owners kept for the leases of streams (see [`Pool::alloc_keeping`]).
+    /// Owners kept for the leases of streams (see [`Pool::alloc_with`]).
     kept: keep::KeptList,
 }
 
@@ -305,12 +305,26 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         self.alloc_with(bytes, stream, source, owner, None)
     }
 
-    /// [`Pool::alloc_labelled`], keeping an owner alive for the lease: the one `keep` makes,
-    /// called at most once per stream and shard (under the shard's lock), which the pool holds
-    /// from the stream's first lease until [`Pool::release_stream`] and the stream's last
-    /// lease given back (or until the pool is retired). The leases take no reference count of
-    /// their own: the shard counts the stream's leases under its lock, which threads each
-    /// allocating on a stream of their own then share with no other counter.
+    /// Lets `stream`'s owner (see [`Pool::alloc_with`]) go: now in the shards where none
+    /// of its leases is out, with the last one given back in the others. Owners are dropped
+    /// after the shards' locks are released.
+    pub(crate) fn release_stream(&self, stream: StreamId) {
+        let mut owners = Vec::new();
+        for s in self.shards.iter() {
+            owners.extend(s.inner.lock().kept.release(stream));
+        }
+        drop(owners);
+    }
+
+    /// [`Pool::alloc_labelled`]; with `keep`, keeping an owner alive for the lease: the one
+    /// `keep` makes, which the pool holds from the stream's first lease in the shard until
+    /// [`Pool::release_stream`] and the stream's last lease given back (or until the pool is
+    /// retired). `keep` is called under the shard's lock when the shard keeps no owner for
+    /// `stream` (once per stream and shard, and again after a release): it must only clone,
+    /// never use this pool. Owners are matched by stream id: every call for one stream must
+    /// make the same owner. The leases take no reference count of their own: the shard counts
+    /// the stream's leases under its lock, which threads each allocating on a stream of their
+    /// own then share with no other counter.
     ///
     /// Whatever the owner holds lives at least as long as the lease ([`Lease::is_kept`]; a
     /// lease of [`HOST_STREAM`] keeps nothing and is not kept). An owner holding the pool
@@ -319,30 +333,6 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     ///
     /// # Errors
     /// As [`Pool::alloc`].
-    #[inline]
-    pub fn alloc_keeping<S: RawStorage<Segment = T, View = V> + ?Sized>(
-        self: &Arc<Self>,
-        bytes: usize,
-        stream: StreamId,
-        source: &S,
-        owner: Option<&Arc<str>>,
-        keep: &dyn Fn() -> Keep,
-    ) -> Result<Lease<T, V>> {
-        self.alloc_with(bytes, stream, source, owner, Some(keep))
-    }
-
-    /// Lets `stream`'s owner (see [`Pool::alloc_keeping`]) go: now in the shards where none
-    /// of its leases is out, with the last one given back in the others. Owners are dropped
-    /// after the shards' locks are released.
-    pub fn release_stream(&self, stream: StreamId) {
-        let mut owners = Vec::new();
-        for s in self.shards.iter() {
-            owners.extend(s.inner.lock().kept.release(stream));
-        }
-        drop(owners);
-    }
-
-    /// [`Pool::alloc_labelled`] (`keep`: `None`) or [`Pool::alloc_keeping`].
     pub(crate) fn alloc_with<S: RawStorage<Segment = T, View = V> + ?Sized>(
         self: &Arc<Self>,
         bytes: usize,

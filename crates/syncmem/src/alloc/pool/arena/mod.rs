@@ -386,7 +386,8 @@ impl<V> Arena<V> {
         if b.state != State::Allocated {
             return Vec::new();
         }
-        // A block handed out holds no view of its own (its lease has it): nothing to drop.
+        // A block handed out holds no view of its own (its lease has it): the slot is empty,
+        // and the test keeps the drop of its old value off the common path.
         if let Some(stale) = std::mem::replace(&mut b.view, view) {
             drop(stale);
         }

@@ -1,4 +1,4 @@
-//! Owners kept for the leases of a stream (`Pool::alloc_keeping`): made once per stream and
+//! Owners kept for the leases of a stream (`Pool::alloc_with`): made once per stream and
 //! shard, alive while a lease is out and until the stream is released, gone with a released
 //! stream's last lease or when the pool retires.
 
@@ -45,8 +45,12 @@ fn kept_counts(p: &Pool<Fake>) -> Vec<(StreamId, usize, bool)> {
 fn an_owner_is_handed_over_once_and_kept_until_the_stream_is_released() {
     let p = one_shard();
     let o = Owner::new();
-    let a = p.alloc_keeping(1000, 1, &fake, None, &|| o.keep()).unwrap();
-    let b = p.alloc_keeping(5000, 1, &fake, None, &|| o.keep()).unwrap();
+    let a = p
+        .alloc_with(1000, 1, &fake, None, Some(&|| o.keep()))
+        .unwrap();
+    let b = p
+        .alloc_with(5000, 1, &fake, None, Some(&|| o.keep()))
+        .unwrap();
     assert!(a.is_kept() && b.is_kept());
     assert_eq!(
         (o.made(), o.held()),
@@ -60,13 +64,17 @@ fn an_owner_is_handed_over_once_and_kept_until_the_stream_is_released() {
         1,
         "kept past the leases, for the stream's next one"
     );
-    let c = p.alloc_keeping(1000, 1, &fake, None, &|| o.keep()).unwrap();
+    let c = p
+        .alloc_with(1000, 1, &fake, None, Some(&|| o.keep()))
+        .unwrap();
     assert_eq!(o.made(), 1, "not handed over again");
     drop(c);
     p.release_stream(1);
     assert_eq!(o.held(), 0, "released with no lease out: gone at once");
     assert!(kept_counts(&p).is_empty());
-    let d = p.alloc_keeping(1000, 1, &fake, None, &|| o.keep()).unwrap();
+    let d = p
+        .alloc_with(1000, 1, &fake, None, Some(&|| o.keep()))
+        .unwrap();
     assert_eq!(
         (o.made(), o.held()),
         (2, 1),
@@ -81,8 +89,12 @@ fn an_owner_is_handed_over_once_and_kept_until_the_stream_is_released() {
 fn a_released_stream_s_owner_goes_with_its_last_lease() {
     let p = one_shard();
     let o = Owner::new();
-    let a = p.alloc_keeping(1000, 3, &fake, None, &|| o.keep()).unwrap();
-    let b = p.alloc_keeping(1000, 3, &fake, None, &|| o.keep()).unwrap();
+    let a = p
+        .alloc_with(1000, 3, &fake, None, Some(&|| o.keep()))
+        .unwrap();
+    let b = p
+        .alloc_with(1000, 3, &fake, None, Some(&|| o.keep()))
+        .unwrap();
     p.release_stream(3);
     assert_eq!(o.held(), 1, "leases are out: kept");
     assert_eq!(kept_counts(&p), vec![(3, 2, true)]);
@@ -98,10 +110,10 @@ fn streams_keep_owners_of_their_own() {
     let p = one_shard();
     let (o1, o2) = (Owner::new(), Owner::new());
     let a = p
-        .alloc_keeping(1000, 1, &fake, None, &|| o1.keep())
+        .alloc_with(1000, 1, &fake, None, Some(&|| o1.keep()))
         .unwrap();
     let b = p
-        .alloc_keeping(1000, 2, &fake, None, &|| o2.keep())
+        .alloc_with(1000, 2, &fake, None, Some(&|| o2.keep()))
         .unwrap();
     assert_eq!((o1.held(), o2.held()), (1, 1));
     drop((a, b));
@@ -116,7 +128,7 @@ fn plain_and_host_stream_leases_keep_nothing() {
     let p = one_shard();
     let o = Owner::new();
     let host = p
-        .alloc_keeping(1000, HOST_STREAM, &fake, None, &|| o.keep())
+        .alloc_with(1000, HOST_STREAM, &fake, None, Some(&|| o.keep()))
         .unwrap();
     let plain = p.alloc(1000, 1, &fake).unwrap();
     assert!(!host.is_kept() && !plain.is_kept());
@@ -130,12 +142,17 @@ fn plain_and_host_stream_leases_keep_nothing() {
 fn a_retired_pool_lets_every_owner_go() {
     let p = one_shard();
     let o = Owner::new();
-    drop(p.alloc_keeping(1000, 1, &fake, None, &|| o.keep()).unwrap());
+    drop(
+        p.alloc_with(1000, 1, &fake, None, Some(&|| o.keep()))
+            .unwrap(),
+    );
     assert_eq!(o.held(), 1);
     p.retire_if_idle(|_| -> Error { unreachable!("idle") }, |_| Ok(()))
         .unwrap();
     assert_eq!(o.held(), 0, "a retired pool hands nothing out any more");
-    assert!(p.alloc_keeping(1000, 1, &fake, None, &|| o.keep()).is_err());
+    assert!(p
+        .alloc_with(1000, 1, &fake, None, Some(&|| o.keep()))
+        .is_err());
     assert_eq!(o.made(), 1);
 }
 
@@ -143,8 +160,13 @@ fn a_retired_pool_lets_every_owner_go() {
 fn a_dropped_pool_lets_its_owners_go_with_its_blocks() {
     let p = one_shard();
     let o = Owner::new();
-    let a = p.alloc_keeping(1000, 1, &fake, None, &|| o.keep()).unwrap();
-    drop(p.alloc_keeping(1000, 2, &fake, None, &|| o.keep()).unwrap());
+    let a = p
+        .alloc_with(1000, 1, &fake, None, Some(&|| o.keep()))
+        .unwrap();
+    drop(
+        p.alloc_with(1000, 2, &fake, None, Some(&|| o.keep()))
+            .unwrap(),
+    );
     assert_eq!(o.held(), 2);
     drop(p);
     assert_eq!(o.held(), 2, "the shard lives on with its block");
@@ -164,9 +186,12 @@ fn each_shard_counts_the_leases_it_handed_out() {
     let mut by_shard: [Option<Lease<Fake>>; 2] = [None, None];
     for _ in 0..1000 {
         let l = std::thread::scope(|s| {
-            s.spawn(|| p.alloc_keeping(1000, 1, &fake, None, &|| o.keep()).unwrap())
-                .join()
-                .unwrap()
+            s.spawn(|| {
+                p.alloc_with(1000, 1, &fake, None, Some(&|| o.keep()))
+                    .unwrap()
+            })
+            .join()
+            .unwrap()
         });
         let i = l.shard().index;
         if by_shard[i].is_none() {
@@ -184,5 +209,46 @@ fn each_shard_counts_the_leases_it_handed_out() {
     drop(a);
     assert_eq!(o.held(), 1, "the other shard's lease is out");
     drop(b);
+    assert_eq!(o.held(), 0);
+}
+
+#[test]
+fn a_stream_allocating_again_after_its_release_is_kept_again() {
+    let p = one_shard();
+    let o = Owner::new();
+    let a = p
+        .alloc_with(1000, 1, &fake, None, Some(&|| o.keep()))
+        .unwrap();
+    p.release_stream(1);
+    let b = p
+        .alloc_with(1000, 1, &fake, None, Some(&|| o.keep()))
+        .unwrap();
+    assert_eq!(kept_counts(&p), vec![(1, 2, false)], "no longer released");
+    drop((a, b));
+    assert_eq!(o.held(), 1, "kept until the next release");
+    p.release_stream(1);
+    assert_eq!((o.made(), o.held()), (1, 0));
+}
+
+#[test]
+fn a_refused_retirement_keeps_the_owners() {
+    let p = one_shard();
+    let o = Owner::new();
+    let a = p
+        .alloc_with(1000, 1, &fake, None, Some(&|| o.keep()))
+        .unwrap();
+    let busy = p.retire_if_idle(
+        |used| Error::InvalidState {
+            op: "retire",
+            buffer: "test".into(),
+            reason: format!("{used} bytes in use"),
+        },
+        |_| -> Result<()> { unreachable!("busy") },
+    );
+    assert!(busy.is_err() && !p.is_retired());
+    assert_eq!(o.held(), 1);
+    drop(a);
+    assert_eq!(o.held(), 1);
+    p.release_stream(1);
     assert_eq!(o.held(), 0);
 }
