@@ -138,7 +138,7 @@ pub(super) unsafe fn tile_avx2(t: Tile, (mm, nn): (usize, usize)) {
 
 /// The AVX2 load mask of the first `n` of 8 lanes (`n` above 8: all of them).
 #[target_feature(enable = "avx2")]
-fn lanes(n: usize) -> std::arch::x86_64::__m256i {
+pub(super) fn lanes(n: usize) -> std::arch::x86_64::__m256i {
     use std::arch::x86_64::{_mm256_cmpgt_epi32, _mm256_set1_epi32, _mm256_setr_epi32};
     let n = n.min(8) as i32;
     _mm256_cmpgt_epi32(

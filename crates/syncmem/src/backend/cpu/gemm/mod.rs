@@ -23,11 +23,14 @@
 //!   it allocates on every call), or when `SYNCMEM_CPU_GEMM=matrixmultiply`.
 //!
 //! Without AVX-512F ([`Isa::Avx2`], or `SYNCMEM_CPU_GEMM=avx2`), the same tiles are computed
-//! as sub-tiles of 6 rows by 16 columns in 8-float vectors (each element summed in the same
-//! order: the same bits as the AVX-512 tiles, tested), and `nt` runs as tiles too, W's rows
-//! packed transposed into the thread's column panels a block at a time. Measured on the same
-//! VM with `SYNCMEM_CPU_GEMM=avx2`, against `matrixmultiply` built with only its AVX2 + FMA
-//! kernel (`MMTEST_FEATURE=fma,avx2`), GEMM rows in the same runs: hidden 1024 forward 155-158
+//! as sub-tiles of 6 rows by 16 columns in 8-float vectors, and the `nt` dot products with two
+//! 8-float accumulators for each vector of 16 lanes, added up in the same order; short `nt`
+//! reductions run as tiles, W's rows packed transposed into the thread's column panels a block
+//! at a time. Each element is summed in the same order as with AVX-512: every product gives
+//! the same bits with either ISA (tested), so training on `cpu` ends with the same loss on both
+//! kinds of CPU. Measured on the same VM with `SYNCMEM_CPU_GEMM=avx2` (before the AVX2 edge
+//! tiles and dot products), against `matrixmultiply` built with only its AVX2 + FMA kernel
+//! (`MMTEST_FEATURE=fma,avx2`), GEMM rows in the same runs: hidden 1024 forward 155-158
 //! GFLOP/s against 133-150, backward 213-228 against 158-180, both 189-199 against 155-161;
 //! hidden 256 both 159-162 against 105-155; hidden 64 89-93 against 78-81; no heap allocation
 //! per step against 8.
@@ -199,19 +202,14 @@ fn gemm_on(
             csa: m,
             ..base
         }),
-        (false, true) if k >= NT_DOT_MIN_K || isa == Isa::Avx2 => {
-            // W (op(B) = Wᵀ) read in place: by dot products with AVX-512, else packed
-            // transposed into the column panels.
-            let p = Problem {
-                rsb: k,
-                tb: isa == Isa::Avx2,
-                ..base
-            };
-            match isa {
-                Isa::Avx512 => run_nt(&p),
-                Isa::Avx2 => run(&p),
-            }
-        }
+        // W (op(B) = Wᵀ) read in place, by dot products (the same bits with either ISA).
+        (false, true) if k >= NT_DOT_MIN_K => run_nt(&Problem { rsb: k, ..base }),
+        // Short reductions with AVX2: W packed transposed into the column panels.
+        (false, true) if isa == Isa::Avx2 => run(&Problem {
+            rsb: k,
+            tb: true,
+            ..base
+        }),
         (false, true) => XT.with(|xt| {
             // Short reductions: C = A·(Bᵀ) by tiles, with Bᵀ copied into a buffer of the
             // thread (k·n floats, k short).

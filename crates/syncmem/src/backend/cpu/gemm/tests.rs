@@ -57,6 +57,7 @@ fn every_path_on(isa: Isa) {
         (20, 48, 33),
         (20, 45, 33),
         (9, 59, 70),
+        (7, 33, 200),
         (1, 1, 1),
     ] {
         let a: Vec<f32> = (0..m * k)
@@ -121,9 +122,11 @@ fn repeat_on(isa: Isa) {
     }
 }
 
-/// The AVX2 tiles sum each element in the AVX-512 tiles' order and store it the same way:
-/// `nn` and `tn` products (tiles and edges of 2 to 27 columns, with either of a sub-tile's two
-/// vectors partly masked, several blocks, every `beta`) give the same bits.
+/// The AVX2 tiles sum each element in the AVX-512 tiles' order and store it the same way, and
+/// the `nt` dot products add their 16 lanes up in the same order: `nn`, `tn` and `nt` products
+/// (tiles and edges of 2 to 27 columns, with either of a sub-tile's two vectors partly masked,
+/// dot products with partial last vectors and odd tile edges, short `nt` reductions, several
+/// blocks, every `beta`) give the same bits.
 #[test]
 fn avx2_tiles_give_the_avx512_bits() {
     if isas() != [Isa::Avx512, Isa::Avx2] {
@@ -138,10 +141,11 @@ fn avx2_tiles_give_the_avx512_bits() {
         (20, 48, 33),
         (20, 45, 33),
         (9, 59, 70),
+        (7, 33, 200),
     ] {
         let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
         let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
-        for t in [(false, false), (true, false)] {
+        for t in [(false, false), (true, false), (false, true)] {
             for beta in [0.0f32, 1.0, 0.5] {
                 let start: Vec<f32> = (0..m * n).map(|i| (i as f32 * 0.7).sin()).collect();
                 let (mut c1, mut c2) = (start.clone(), start);
