@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::stream::{DeviceHandle, Lent, StreamFence, UnboundStream};
+use super::handle::{DeviceHandle, Lent};
+use super::stream::{StreamFence, UnboundStream};
 use super::usage::{Point, Uses};
 use super::{Device, Stream};
 use crate::alloc::pool::{Fence, Lease};

@@ -34,8 +34,8 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
+use super::handle::OnStream;
 use super::mirror::{live_buffers, LiveBuffer, Mirrors};
-use super::stream::OnStream;
 use super::zero_copy::ZeroCopySetting;
 use super::{Device, DeviceBuffer, PinnedBuffer, Stream};
 use crate::alloc::pool::config::{

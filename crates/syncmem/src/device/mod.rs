@@ -29,6 +29,7 @@
 mod buffer;
 #[cfg(test)]
 mod device_tests;
+mod handle;
 mod in_place;
 mod isolated;
 mod kernels;

@@ -1,10 +1,10 @@
 //! [`Stream`]s (in-order queues of device work) and their [`Event`]s.
 
 use std::fmt;
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use super::handle::{OnStream, StreamHandle, StreamUsers};
 use super::usage::Point;
 use super::{Device, DeviceBuffer};
 use crate::alloc::pool::Fence;
@@ -12,149 +12,6 @@ use crate::alloc::stats::{count_copy, count_wait, Direction};
 use crate::alloc::trace::hub as trace_hub;
 use crate::backend::dispatch::{RawEvent, RawStream};
 use crate::error::{check_range_with, Error, Result};
-
-/// A [`Stream`]'s handle to its device.
-///
-/// A stream made by [`Device::new_stream`] holds its device once, in an [`OnStream`] the
-/// stream's clones share (through [`StreamUsers`]). The buffers allocated on it from the
-/// device pool take no reference count at all: the pool keeps the `OnStream` for the stream's
-/// leases ([`crate::alloc::pool::Pool::alloc_with`]), and each buffer points at it (see
-/// [`DeviceHandle::Lent`]). Threads working each on a stream of their own then write no
-/// counter that they share, and a pooled allocation and free take no locked instruction beyond
-/// the pool shard's lock. The default stream, which the device keeps without its handle, and
-/// a stream bound again from the device's own ([`UnboundStream::bind`]) hold the device's
-/// handle itself.
-#[derive(Clone)]
-pub(crate) enum StreamHandle {
-    /// The device's own handle.
-    Device(Device),
-    /// The users' handle of a stream made by [`Device::new_stream`].
-    Own(Arc<StreamUsers>),
-}
-
-/// What the handles of a stream made by [`Device::new_stream`] share: its last one dropped
-/// tells the device pool to let the stream's [`OnStream`] go (it holds the device, which holds
-/// the pool: kept past the stream's users, it would never be freed).
-pub(crate) struct StreamUsers {
-    on: Arc<OnStream>,
-}
-
-impl Drop for StreamUsers {
-    fn drop(&mut self) {
-        // A stream that never allocated from the pool has nothing to let go (and the pool's
-        // shards are not locked for it). Relaxed is enough: every allocation on the stream
-        // happened before its handles' last reference count was dropped, which this follows.
-        if !self.on.kept.load(Ordering::Relaxed) {
-            return;
-        }
-        // `self.on` is still held here: the pool's copy is not the last one.
-        self.on
-            .device
-            .shared
-            .memory
-            .release_stream(self.on.stream.id);
-    }
-}
-
-/// A stream made by [`Device::new_stream`] without its users' count: its device and the
-/// queue, which the device pool keeps for the buffers allocated on the stream.
-pub(crate) struct OnStream {
-    device: Device,
-    stream: UnboundStream,
-    /// The device pool was given this handle to keep (see [`OnStream::keep`]).
-    kept: AtomicBool,
-}
-
-impl OnStream {
-    /// This handle, for the device pool to keep for the stream's buffers, noted so that the
-    /// stream's last user handle lets the pool's copy go.
-    pub(crate) fn keep(on: &Arc<OnStream>) -> Arc<OnStream> {
-        on.kept.store(true, Ordering::Relaxed);
-        on.clone()
-    }
-}
-
-impl StreamHandle {
-    /// The stream's [`OnStream`] (`None` for the device's own handle).
-    #[inline]
-    pub(crate) fn on_stream(&self) -> Option<&Arc<OnStream>> {
-        match self {
-            StreamHandle::Device(_) => None,
-            StreamHandle::Own(u) => Some(&u.on),
-        }
-    }
-}
-
-impl std::ops::Deref for StreamHandle {
-    type Target = Device;
-
-    #[inline]
-    fn deref(&self) -> &Device {
-        match self {
-            StreamHandle::Device(d) => d,
-            StreamHandle::Own(u) => &u.on.device,
-        }
-    }
-}
-
-/// A buffer's handle to its device.
-pub(crate) enum DeviceHandle {
-    /// The device's own handle.
-    Device(Device),
-    /// The stream a pooled buffer was allocated on, kept by the device pool for the buffer's
-    /// lease ([`crate::alloc::pool::Pool::alloc_with`]): no reference count of its own.
-    Lent(Lent),
-}
-
-/// A pointer to an [`OnStream`] the device pool keeps for a lease (see [`DeviceHandle::Lent`]).
-pub(crate) struct Lent(NonNull<OnStream>);
-
-// SAFETY: a `Lent` is a shared reference to an `OnStream` (a device handle and a stream, both
-// `Send + Sync`), kept alive by the pool for the lease of the buffer holding it.
-unsafe impl Send for Lent {}
-// SAFETY: as for `Send`: only `&OnStream` is ever made from it.
-unsafe impl Sync for Lent {}
-
-impl Lent {
-    /// A pointer to `on`.
-    ///
-    /// # Safety
-    /// The device pool keeps `on` (the same allocation) for the lease of the buffer that will
-    /// hold the result, and the buffer drops the lease after its last use of the result.
-    pub(crate) unsafe fn new(on: &Arc<OnStream>) -> Self {
-        Lent(NonNull::from(&**on))
-    }
-
-    #[inline]
-    fn get(&self) -> &OnStream {
-        // SAFETY: alive while the buffer's lease is out (see `Lent::new`), which is longer than
-        // any borrow of the buffer.
-        unsafe { self.0.as_ref() }
-    }
-}
-
-impl DeviceHandle {
-    /// The stream this handle was made for (`None` for the device's own handle).
-    #[inline]
-    pub(crate) fn stream(&self) -> Option<&UnboundStream> {
-        match self {
-            DeviceHandle::Device(_) => None,
-            DeviceHandle::Lent(l) => Some(&l.get().stream),
-        }
-    }
-}
-
-impl std::ops::Deref for DeviceHandle {
-    type Target = Device;
-
-    #[inline]
-    fn deref(&self) -> &Device {
-        match self {
-            DeviceHandle::Device(d) => d,
-            DeviceHandle::Lent(l) => &l.get().device,
-        }
-    }
-}
 
 /// An in-order queue of work on one device (a CUDA stream, an OpenCL command queue).
 ///
@@ -218,16 +75,15 @@ impl Stream {
     pub(crate) fn new(device: &Device) -> Result<Self> {
         let raw = Arc::new(device.shared.raw.new_stream()?);
         let id = NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed);
-        let on = OnStream {
-            device: device.clone(),
-            stream: UnboundStream {
+        let on = OnStream::new(
+            device.clone(),
+            UnboundStream {
                 raw: raw.clone(),
                 id,
             },
-            kept: AtomicBool::new(false),
-        };
+        );
         Ok(Self {
-            device: StreamHandle::Own(Arc::new(StreamUsers { on: Arc::new(on) })),
+            device: StreamHandle::Own(Arc::new(StreamUsers::new(Arc::new(on)))),
             raw,
             id,
         })

@@ -43,6 +43,7 @@ pub mod config;
 mod event;
 mod front;
 pub mod host;
+mod ids;
 mod keep;
 mod lease;
 mod pending;
@@ -62,8 +63,6 @@ fn arc_ptr<X>(a: &Arc<X>) -> NonNull<X> {
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::num::NonZeroU64;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -100,36 +99,7 @@ pub type StreamId = u64;
 /// The stream of host allocations (no device work orders them).
 pub const HOST_STREAM: StreamId = 0;
 
-pub(crate) type BlockId = u64;
-pub(crate) type SegId = u64;
-
-/// Hashes the pools' own integer ids (block and segment ids) with one multiply (the `FxHash`
-/// step). The ids are made by the pool, never by an adversary, so SipHash's protection buys
-/// nothing, and with several lookups per allocation and free it was the largest cost of a
-/// cache hit.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct IdHasher(u64);
-
-const ID_HASH_K: u64 = 0xf135_7aea_2e62_a9c5;
-
-impl Hasher for IdHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(26) ^ n).wrapping_mul(ID_HASH_K);
-    }
-    fn finish(&self) -> u64 {
-        // hashbrown takes the bucket from the low bits and the tag from the top 7: fold the
-        // well-mixed high half into the low one.
-        self.0 ^ (self.0 >> 32)
-    }
-}
-
-/// A map keyed by pool ids ([`BlockId`], [`SegId`]).
-pub(crate) type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+pub(crate) use ids::{BlockId, IdMap, SegId};
 
 /// A segment the pool holds.
 struct Seg<T> {
