@@ -4,40 +4,21 @@
 //! counting global allocator for the whole process (every thread) checks it; this file holds
 //! one test, so no other test allocates meanwhile.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
+#[path = "common/counting.rs"]
+mod counting;
+use counting::Counting;
+
 static ALLOCS: AtomicUsize = AtomicUsize::new(0);
 
-struct Counting;
-
-// SAFETY: every call is forwarded unchanged to the system allocator; counting touches only an
-// atomic.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Relaxed);
-        // SAFETY: the caller's contract is the system allocator's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Relaxed);
-        // SAFETY: as above.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Relaxed);
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
+fn count() {
+    ALLOCS.fetch_add(1, Relaxed);
 }
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: Counting = Counting(count);
 
 #[test]
 fn the_cpu_threads_allocate_nothing_after_their_first_job() {

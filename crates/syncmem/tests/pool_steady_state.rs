@@ -4,50 +4,27 @@
 //! freed with no work pending goes back without a fence. So does a steady training step. A
 //! counting global allocator (per thread, since tests run in parallel) checks it.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use syncmem::net::mlp::Dataset;
 use syncmem::net::train::{TrainConfig, Trainer};
 use syncmem::{BackendKind, Device, HostPool, PoolConfig, PoolKind};
 
+#[path = "common/counting.rs"]
+mod counting;
+use counting::Counting;
+
 thread_local! {
     static ALLOCS: Cell<usize> = const { Cell::new(0) };
 }
-
-struct Counting;
 
 fn count() {
     // `try_with`: nothing to count while the thread's locals are being torn down.
     let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
 }
 
-// SAFETY: every call is forwarded unchanged to the system allocator; counting touches only a
-// thread-local `Cell` with no destructor.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: the caller's contract is the system allocator's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: as above.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: Counting = Counting(count);
 
 fn allocs() -> usize {
     ALLOCS.with(Cell::get)
