@@ -282,7 +282,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         busy: impl FnOnce(u64) -> Error,
         replace: impl FnOnce(PoolUsage) -> Result<()>,
     ) -> Result<()> {
-        let held: Vec<_> = self.shards.iter().map(|s| s.inner.lock()).collect();
+        let mut held: Vec<_> = self.shards.iter().map(|s| s.inner.lock()).collect();
         let used: u64 = held.iter().map(|i| i.c.allocated.all().current).sum();
         if used > 0 {
             return Err(busy(used));
@@ -292,7 +292,6 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         self.retired.store(true, Relaxed);
         // Nothing is handed out and nothing will be: every kept owner goes (after the locks).
         let mut owners: Vec<Keep> = Vec::new();
-        let mut held = held;
         for inner in held.iter_mut() {
             inner.kept.take_idle(&mut owners);
         }
