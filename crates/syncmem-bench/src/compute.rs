@@ -53,8 +53,11 @@ pub struct GemmRow {
     pub backward_gflops: f64,
     /// Both, GFLOP/s.
     pub gflops: f64,
-    /// `gflops` as a fraction of the all-cores FMA peak.
-    pub fraction_of_peak: f64,
+    /// `gflops` as a fraction of the host's all-cores FMA peak: for the `cpu` device and for
+    /// devices that run on the host's cores (PoCL); `None` for a GPU, whose peak the bench does
+    /// not know.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fraction_of_peak: Option<f64>,
     /// The fraction to reach, if this row has a goal.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub goal: Option<f64>,
@@ -184,7 +187,11 @@ pub fn gemm_row(dev: &Device, h: usize, quick: bool, peak: &PeakRow) -> Result<G
     let fwd = time_op(fc.as_ref(), &ws, &ctx, calls, runs)?;
     let bwd = time_op(grad.as_ref(), &ws, &ctx, calls, runs)?;
     let gflops = 3.0 * flops / (fwd + bwd) / 1e9;
-    let fraction = gflops / peak.all_cores_gflops.max(1e-9);
+    // The host's FMA peak is the limit of devices that compute on its cores: `cpu`, and an
+    // OpenCL CPU device (PoCL), which shares host memory. A CUDA device has a peak of its own.
+    let on_host_cores = dev.backend() == BackendKind::Cpu
+        || (dev.backend() == BackendKind::OpenCl && dev.info().host_unified);
+    let fraction = on_host_cores.then(|| gflops / peak.all_cores_gflops.max(1e-9));
     let goal = match (h, dev.backend()) {
         (1024, BackendKind::Cpu) => Some(GEMM_GOALS.0),
         (1024, BackendKind::OpenCl) => Some(GEMM_GOALS.1),
@@ -198,7 +205,7 @@ pub fn gemm_row(dev: &Device, h: usize, quick: bool, peak: &PeakRow) -> Result<G
         gflops,
         fraction_of_peak: fraction,
         goal,
-        goal_met: goal.map(|g| fraction >= g),
+        goal_met: goal.map(|g| fraction.is_some_and(|f| f >= g)),
     })
 }
 
@@ -402,13 +409,14 @@ impl fmt::Display for ComputeReport {
         for r in &self.gemm {
             write!(
                 f,
-                "{:<10} {:>6} {:>7.1} GF/s {:>7.1} GF/s {:>7.1} GF/s {:>7.1}%",
+                "{:<10} {:>6} {:>7.1} GF/s {:>7.1} GF/s {:>7.1} GF/s {:>8}",
                 r.device,
                 r.hidden,
                 r.forward_gflops,
                 r.backward_gflops,
                 r.gflops,
-                r.fraction_of_peak * 100.0
+                r.fraction_of_peak
+                    .map_or_else(|| "-".to_string(), |p| format!("{:.1}%", p * 100.0))
             )?;
             if let Some(g) = r.goal {
                 write!(f, "  goal >= {:.0}%: {}", g * 100.0, met(r.goal_met))?;

@@ -20,14 +20,10 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-/// The buffer's memory object: the `cl_mem` of an OpenCL buffer, the address of a `cpu` one.
+/// The buffer's memory object: the `cl_mem` of an OpenCL buffer, the device pointer of a CUDA
+/// one, the address of a `cpu` one.
 fn handle(b: &DeviceBuffer) -> usize {
-    #[cfg(feature = "opencl")]
-    if let Some(m) = b.as_opencl() {
-        use opencl3::memory::ClMem;
-        return m.get() as usize;
-    }
-    b.as_cpu_slice().map_or(0, |s| s.as_ptr() as usize)
+    b.native_address().unwrap_or(0)
 }
 
 fn read(dev: &Device, b: &DeviceBuffer) -> Vec<u8> {

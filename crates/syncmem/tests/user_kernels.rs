@@ -90,6 +90,10 @@ fn scales_through_the_guards(dev: &Device) {
             "__kernel void twice(__global float* y, uint n) { size_t i = get_global_id(0); \
              if (i < n) y[i] *= 2.0f; }",
         )
+        .with_cuda(
+            "extern \"C\" __global__ void twice(float* y, unsigned int n) { unsigned int i = \
+             blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] *= 2.0f; }",
+        )
         .with_host(|args| {
             let n = args.u32(1)? as usize;
             args.output::<f32>(0)?[..n]
@@ -111,6 +115,13 @@ fn user_kernels_scale_through_the_guards_on_cpu() {
 #[test]
 fn user_kernels_scale_through_the_guards_on_opencl() {
     if let Some(dev) = syncmem::testing::opencl_or_skip("user kernels on opencl") {
+        scales_through_the_guards(&dev);
+    }
+}
+
+#[test]
+fn user_kernels_scale_through_the_guards_on_cuda() {
+    if let Some(dev) = syncmem::testing::cuda_or_skip("user kernels on cuda") {
         scales_through_the_guards(&dev);
     }
 }
@@ -325,8 +336,12 @@ fn bad_launches_are_typed_errors(dev: &Device) {
     assert!(kernel_error(&e).2.contains("extent of 0"), "{e}");
     assert_eq!(host_f32(&y), [7.0; 8], "no refused launch ran");
     // A kernel without anything for this backend.
-    let only_cuda = UserKernel::new("scale").with_cuda(SCALE_CU);
-    let e = only_cuda.prepare(dev).unwrap_err();
+    let elsewhere = if dev.backend() == syncmem::BackendKind::Cuda {
+        UserKernel::new("scale").with_opencl(SCALE_CL)
+    } else {
+        UserKernel::new("scale").with_cuda(SCALE_CU)
+    };
+    let e = elsewhere.prepare(dev).unwrap_err();
     assert!(matches!(e, Error::Unsupported { .. }), "{e}");
 }
 
@@ -349,6 +364,13 @@ fn bad_launches_are_typed_errors_on_opencl() {
                 KernelParam::Scalar(ScalarType::F32),
             ]
         );
+    }
+}
+
+#[test]
+fn bad_launches_are_typed_errors_on_cuda() {
+    if let Some(dev) = syncmem::testing::cuda_or_skip("bad user kernel launches on cuda") {
+        bad_launches_are_typed_errors(&dev);
     }
 }
 

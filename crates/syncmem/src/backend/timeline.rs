@@ -60,17 +60,29 @@ impl<E: BackendEvent> Timeline<E> {
     /// # Errors
     /// The error of `enqueue`; nothing is recorded then.
     pub(crate) fn submit(&self, enqueue: impl FnOnce() -> Result<E>) -> Result<u64> {
+        self.submit_reusing(|_| enqueue())
+    }
+
+    /// [`Timeline::submit`], where `enqueue` is also handed the slot of the event that the new
+    /// one replaces (the ring's oldest, or `None`): it may take that event to record it again
+    /// instead of making one, when nothing else holds it. An `enqueue` that fails must leave
+    /// the slot as it found it.
+    pub(crate) fn submit_reusing(
+        &self,
+        enqueue: impl FnOnce(&mut Option<E>) -> Result<E>,
+    ) -> Result<u64> {
         let old;
         let seq;
         {
             let mut r = self.ring.lock();
-            let event = enqueue()?;
+            let next = slot(r.last + 1);
+            let event = enqueue(&mut r.slots[next])?;
             r.last += 1;
             seq = r.last;
-            old = r.slots[slot(seq)].replace(event);
+            old = r.slots[next].replace(event);
             self.last.store(seq, Ordering::Release);
         }
-        // The event it replaces is released outside the lock.
+        // The event it replaces (unless `enqueue` took it) is released outside the lock.
         drop(old);
         Ok(seq)
     }
@@ -219,5 +231,37 @@ mod tests {
         // A blocking command marks everything before it as done.
         t.mark_done(RING as u64 + 10);
         assert!(t.covering(RING as u64 + 10).is_none());
+    }
+
+    #[test]
+    fn the_event_pushed_out_of_the_ring_is_offered_for_reuse() {
+        let t: Timeline<Flag> = Timeline::default();
+        let flags: Vec<_> = (0..RING).map(|_| flag()).collect();
+        for (f, _) in &flags {
+            let f = f.clone();
+            t.submit_reusing(|spare| {
+                assert!(spare.is_none(), "the ring is not full yet");
+                Ok(f)
+            })
+            .unwrap();
+        }
+        // The next command replaces command 1's event: it is handed over and can be taken.
+        let taken = t
+            .submit_reusing(|spare| Ok(spare.take().expect("command 1's event")))
+            .unwrap();
+        assert_eq!(taken, RING as u64 + 1);
+        assert!(Arc::ptr_eq(&t.covering(taken).unwrap().1 .0, &flags[0].1));
+        // An enqueue that fails leaves the slot as it was, and numbers nothing.
+        let e = t.submit_reusing(|_| {
+            Err(crate::Error::Unsupported {
+                device: "test".into(),
+                what: "a failed enqueue".into(),
+            })
+        });
+        assert!(e.is_err());
+        assert_eq!(t.last(), RING as u64 + 1);
+        let (s, oldest) = t.covering(2).unwrap();
+        assert_eq!(s, 2, "command 2 is still the oldest kept");
+        assert!(Arc::ptr_eq(&oldest.0, &flags[1].1));
     }
 }

@@ -1,8 +1,15 @@
-//! The one launch helper of the CUDA kernels: the argument type and [`launch`], through
-//! cudarc's launch builder (`CudaStream::launch_builder`, `PushKernelArg::arg`,
-//! `LaunchArgs::launch`).
+//! The one launch helper of the CUDA kernels: the argument type and [`launch`], a direct
+//! `cuLaunchKernel` with the parameter pointers in an array on the stack.
+//!
+//! cudarc's launch builder (`CudaStream::launch_builder`) keeps the parameter pointers in a
+//! `Vec` that grows as they are pushed: one to three heap allocations per launch, which a
+//! training step of a dozen launches pays every step. The builder's other work (waiting on and
+//! recording the events of `CudaSlice`s) is off on syncmem's contexts, so nothing is lost.
 
-use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use std::ffi::c_void;
+
+use cudarc::driver::{result, CudaFunction, CudaStream, LaunchConfig};
+use smallvec::SmallVec;
 
 use super::error::driver_error;
 use crate::backend::args::KArg;
@@ -45,22 +52,36 @@ pub(super) fn launch(
     args: &[Arg],
     cfg: LaunchConfig,
 ) -> Result<()> {
-    let mut b = stream.launch_builder(func);
-    for a in args {
-        match a {
-            KArg::U32(v) => b.arg(v),
-            KArg::U64(v) => b.arg(v),
-            KArg::F32(v) => b.arg(v),
-            KArg::F64(v) => b.arg(v),
-            KArg::Ptr(v) => b.arg(v),
-        };
-    }
-    // SAFETY: the arguments match the kernel's parameters in order and type (this function's
-    // contract; a device pointer is passed as its 64-bit address), the memory they point to
-    // stays alive until the kernel completes (contract), and `cfg` uses the block size the
-    // kernel was written for. cudarc's event tracking is disabled on syncmem's contexts, so the
-    // builder waits on and records no events.
-    unsafe { b.launch(cfg) }.map_err(|e| {
+    // Pointers to the values inside `args`, which outlives the call (the driver copies the
+    // values when the launch is queued). Every kernel of the crate takes at most 26.
+    let mut params: SmallVec<[*mut c_void; 32]> = args
+        .iter()
+        .map(|a| match a {
+            KArg::U32(v) => v as *const u32 as *mut c_void,
+            KArg::U64(v) | KArg::Ptr(v) => v as *const u64 as *mut c_void,
+            KArg::F32(v) => v as *const f32 as *mut c_void,
+            KArg::F64(v) => v as *const f64 as *mut c_void,
+        })
+        .collect();
+    let queued = stream.context().bind_to_thread().and_then(|()| {
+        // SAFETY: the arguments match the kernel's parameters in order and type (this
+        // function's contract; a device pointer is passed as its 64-bit address) and `params`
+        // points at them, alive for the call (the driver copies the values before it returns);
+        // the memory they point to stays alive until the kernel completes (contract); `cfg`
+        // uses the block size the kernel was written for; the context of `stream` is current
+        // (bound just above) and `func` was loaded into it.
+        unsafe {
+            result::launch_kernel(
+                func.cu_function(),
+                cfg.grid_dim,
+                cfg.block_dim,
+                cfg.shared_mem_bytes,
+                stream.cu_stream(),
+                &mut params,
+            )
+        }
+    });
+    queued.map_err(|e| {
         let mut err = driver_error(label, "cuLaunchKernel", e);
         if let Error::Backend { message, .. } = &mut err {
             message.push_str(&format!(" (kernel {name})"));

@@ -15,8 +15,10 @@ use super::{device::*, error::*, memory::*, shared::*};
 
 /// A non-blocking CUDA stream of one device, and the timeline of its commands.
 ///
-/// Every command is followed by an event recorded on the stream (created per command: no GPU
-/// was available to measure whether a ring of reused events pays).
+/// Every command is followed by an event recorded on the stream. The timeline keeps the events
+/// of the last [`crate::backend::timeline::RING`] commands; the event a new command pushes out
+/// of that ring is recorded again for it when nothing else holds it, so a stream in steady
+/// state creates no event and allocates nothing per command.
 pub(crate) struct CuStream {
     pub(super) stream: Quiet<Arc<CudaStream>>,
     pub(super) shared: Arc<CuShared>,
@@ -54,9 +56,9 @@ impl CuStream {
         blocking: bool,
         enqueue: impl FnOnce() -> Result<()>,
     ) -> Result<u64> {
-        let seq = self.timeline.submit(|| {
+        let seq = self.timeline.submit_reusing(|spare| {
             enqueue()?;
-            self.new_event()
+            self.new_event(spare)
         })?;
         if blocking {
             self.timeline.wait(seq)?;
@@ -64,8 +66,22 @@ impl CuStream {
         Ok(seq)
     }
 
-    /// A new event recorded after everything queued so far.
-    fn new_event(&self) -> Result<CuEvent> {
+    /// An event recorded after everything queued so far: `spare` recorded again when it is
+    /// this stream's and nothing but the timeline holds it (it is left in place when that
+    /// record fails), else a new event.
+    fn new_event(&self, spare: &mut Option<CuEvent>) -> Result<CuEvent> {
+        // A clone of an event is only made from a live one, so a count of 1 seen under the
+        // timeline's lock (which `spare` is borrowed from) stays 1. A wait queued earlier on the
+        // event (cuStreamWaitEvent) keeps the record it saw: recording again does not move it.
+        if let Some(e) = spare.take_if(|e| Arc::strong_count(&e.event) == 1) {
+            return match e.event.record(&self.stream) {
+                Ok(()) => Ok(e),
+                Err(err) => {
+                    *spare = Some(e);
+                    Err(self.shared.err("cuEventRecord", err))
+                }
+            };
+        }
         // Default flags of cudarc: CU_EVENT_DISABLE_TIMING (cudaEventDisableTiming in Caffe2).
         let event = self
             .stream
@@ -257,7 +273,7 @@ impl BackendStream for CuStream {
         let seq = self.submit(false, || Ok(()))?;
         match self.timeline.covering(seq) {
             Some((_, e)) => Ok(e),
-            None => self.new_event(),
+            None => self.new_event(&mut None),
         }
     }
 
