@@ -129,6 +129,7 @@ impl DeviceBuffer {
             return Ok(Self::empty(device));
         }
         Self::check_max(device, len)?;
+        super::inject::check(device, len, "device memory")?;
         device.shared.memory.alloc_direct(device, len)
     }
 
@@ -149,6 +150,7 @@ impl DeviceBuffer {
             return Ok(Self::empty(device));
         }
         Self::check_max(device, len)?;
+        super::inject::check(device, len, "device memory")?;
         device
             .shared
             .memory

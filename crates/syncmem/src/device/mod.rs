@@ -31,6 +31,7 @@ mod buffer;
 mod device_tests;
 mod handle;
 mod in_place;
+pub(crate) mod inject;
 mod isolated;
 mod kernels;
 #[cfg(test)]
@@ -139,6 +140,9 @@ pub(crate) struct DeviceShared {
     pub(crate) memory: DeviceMemory,
     /// Kept without a device handle: a [`Stream`] here would keep the device alive forever.
     default_stream: OnceLock<std::result::Result<UnboundStream, String>>,
+    /// Allocation failures on demand ([`Device::fail_allocation`]).
+    #[cfg(feature = "testing")]
+    pub(crate) faults: inject::Faults,
 }
 
 /// A handle to one device. Cheap to clone; all clones share the device's state and counters.
@@ -159,6 +163,8 @@ impl Device {
                 pinned: MemCounters::new(),
                 memory: DeviceMemory::default(),
                 default_stream: OnceLock::new(),
+                #[cfg(feature = "testing")]
+                faults: inject::Faults::default(),
             }),
         }
     }

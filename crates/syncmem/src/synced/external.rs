@@ -21,8 +21,9 @@ impl SyncedMemory {
     ///
     /// # Errors
     /// [`Error::SizeMismatch`] when the memory's length differs from the buffer's size;
-    /// [`Error::Busy`] when this thread holds a guard of the buffer. Waits for a transfer in
-    /// flight first, and returns its error if it failed.
+    /// [`Error::Busy`] when this thread holds a guard of the buffer, or while its placement is
+    /// pinned ([`SyncedMemory::pin_placement`]). Waits for a transfer in flight first, and
+    /// returns its error if it failed.
     pub fn set_host_data<O>(&self, mut owner: O) -> Result<()>
     where
         O: AsMut<[u8]> + Send + Sync + 'static,
@@ -46,7 +47,8 @@ impl SyncedMemory {
     /// # Errors
     /// [`Error::SizeMismatch`] when `len` differs from the buffer's size;
     /// [`Error::InvalidState`] for a null pointer; [`Error::Busy`] when this thread holds a
-    /// guard of the buffer.
+    /// guard of the buffer, or while its placement is pinned
+    /// ([`SyncedMemory::pin_placement`]).
     pub unsafe fn set_host_ptr(&self, ptr: *mut u8, len: usize) -> Result<()> {
         self.check_len("set_host_ptr", len)?;
         let ptr = NonNull::new(ptr).ok_or_else(|| Error::InvalidState {
@@ -64,7 +66,8 @@ impl SyncedMemory {
     /// # Errors
     /// [`Error::NoDevice`], [`Error::DeviceMismatch`] when `buf` is on another device,
     /// [`Error::SizeMismatch`] when its length differs, [`Error::Busy`] when this thread holds
-    /// a guard of the buffer.
+    /// a guard of the buffer, or while its placement is pinned
+    /// ([`SyncedMemory::pin_placement`]).
     pub fn set_device_data(&self, buf: DeviceBuffer) -> Result<()> {
         let dev = self.device.as_ref().ok_or_else(|| self.no_device())?;
         if !buf.device().same(dev) {
@@ -76,6 +79,7 @@ impl SyncedMemory {
         }
         self.check_len("set_device_data", buf.len())?;
         let _lock = self.lock_write(None)?;
+        self.refuse_if_pinned()?;
         let mut core = self.shared.core.lock();
         self.finish_pending(&mut core)?;
         // Shared memory goes with the old device mirror: the adopted buffer holds the data now.
@@ -92,10 +96,12 @@ impl SyncedMemory {
     /// Returns `None` when the device mirror is not an adopted one.
     ///
     /// # Errors
-    /// [`Error::Busy`] when this thread holds a guard of the buffer; the error of a transfer in
-    /// flight that had to be waited for.
+    /// [`Error::Busy`] when this thread holds a guard of the buffer, or while its placement is
+    /// pinned ([`SyncedMemory::pin_placement`]); the error of a transfer in flight that had to
+    /// be waited for.
     pub fn take_device_data(&self) -> Result<Option<DeviceBuffer>> {
         let _lock = self.lock_write(None)?;
+        self.refuse_if_pinned()?;
         let mut core = self.shared.core.lock();
         self.finish_pending(&mut core)?;
         if core.dev_owned || core.dev.is_none() {

@@ -104,6 +104,9 @@ pub(super) fn new_host_mirror(
     label: &Arc<str>,
     zero: bool,
 ) -> Result<HostMem> {
+    if let Some(d) = device {
+        crate::device::inject::check(d, size, "a host mirror")?;
+    }
     Ok(match (device, pinned) {
         (Some(d), true) if size > 0 => {
             let mut p = d.shared.memory.alloc_pinned(d, size, Some(label))?;
@@ -134,7 +137,11 @@ impl Evictable for Shared {
 
     fn try_evict(&self) -> Option<usize> {
         // Never wait: a buffer whose locks are taken is in use (possibly by the very thread
-        // that is allocating), and is skipped.
+        // that is allocating), and is skipped; so is a pinned one (an address of it was
+        // handed out).
+        if self.pinned() {
+            return None;
+        }
         let _exclusive = self.access.try_write()?;
         let mut core = self.core.try_lock()?;
         if let Some(p) = &core.pending {

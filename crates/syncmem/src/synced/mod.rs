@@ -92,6 +92,7 @@ mod fast;
 mod guard;
 pub(crate) mod held;
 mod memory;
+mod pin;
 mod prefetch;
 mod registry;
 mod replica;
@@ -101,6 +102,7 @@ mod state;
 mod transition;
 
 pub use guard::{DeviceRead, DeviceWrite, HostRead, HostWrite};
+pub use pin::PlacementPin;
 pub use state::{Head, PendingKind};
 
 use std::fmt;
@@ -239,6 +241,8 @@ pub(crate) struct Shared {
     /// When the device mirror was last used (a tick of [`spill::tick`]): spills go least
     /// recently used first.
     last_use: AtomicU64,
+    /// Live [`PlacementPin`]s: while any lives, no mirror moves (see [`pin`]).
+    pins: std::sync::atomic::AtomicUsize,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
@@ -309,6 +313,7 @@ impl SyncedMemory {
                 pinned_host: AtomicBool::new(false),
                 stream: Mutex::new(None),
                 last_use: AtomicU64::new(0),
+                pins: std::sync::atomic::AtomicUsize::new(0),
             }),
             label,
             size,

@@ -85,7 +85,8 @@ impl SyncedMemory {
         };
         match core.host {
             None => {}
-            Some(HostMem::Owned(_)) if replace_host => {}
+            // A pinned host mirror stays where it is (an address of it was handed out).
+            Some(HostMem::Owned(_)) if replace_host && !self.shared.pinned() => {}
             _ => return Ok(()),
         }
         if !buf.in_place() {
@@ -120,7 +121,11 @@ impl SyncedMemory {
     /// # Errors
     /// A backend error of the waits.
     pub(super) fn reshare(&self, core: &mut Core) -> Result<()> {
-        if core.zc.is_some() || !core.dev_owned || !matches!(core.host, Some(HostMem::Owned(_))) {
+        if core.zc.is_some()
+            || !core.dev_owned
+            || !matches!(core.host, Some(HostMem::Owned(_)))
+            || self.shared.pinned()
+        {
             return Ok(());
         }
         let Some(protocol) = self.share_protocol() else {

@@ -6,7 +6,8 @@
 //! or command queued on them; a last round waits for queued commands to finish first), moves
 //! their head to the host and frees their device memory. The next device access brings the
 //! data back (a refill). A zero-copy buffer's memory is its device mirror: spilling it copies
-//! the data into a host mirror of its own.
+//! the data into a host mirror of its own. A buffer whose placement is pinned
+//! ([`super::PlacementPin`]: a view or an export of its memory lives) is never spilled.
 //!
 //! Spills and refills are counted apart from copies ([`Direction::Spill`],
 //! [`Direction::Refill`]), on the buffer, in the process's counters and in attached traces.
@@ -35,6 +36,10 @@ pub(super) fn tick() -> u64 {
 /// Returns what was freed, `None` when the buffer was skipped (busy, adopted memory, no data,
 /// or no host memory for the data).
 pub(super) fn spill(shared: &Shared, wait: bool) -> Option<Freed> {
+    if shared.pinned() {
+        // An address of the buffer was handed out (a view, an export): nothing moves.
+        return None;
+    }
     let _exclusive = shared.access.try_write()?;
     let mut core = shared.core.try_lock()?;
     let device = shared.device.as_ref()?;

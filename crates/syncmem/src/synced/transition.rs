@@ -71,15 +71,25 @@ impl SyncedMemory {
             self.pull_to_device(&mut core, &stream, exclusive)?;
         }
         if core.dev.is_none() && self.share_protocol().is_some() {
-            if overwrite && matches!(core.host, Some(HostMem::Owned(_))) {
+            let mut set_aside = None;
+            if overwrite && matches!(core.host, Some(HostMem::Owned(_))) && !self.shared.pinned() {
                 // Every byte will be written: the host data need not move into the shared
-                // memory (a spilled buffer overwritten is not refilled).
+                // memory (a spilled buffer overwritten is not refilled). It is set aside, not
+                // freed, until the shared memory exists: a failed allocation leaves the buffer
+                // as it was.
                 core.release_host()?;
-                core.host = None;
-                core.spilled = false;
+                set_aside = core.host.take();
             }
             // Allocated (and shared, a spilled buffer's data moving in) before anything else.
-            self.ensure_dev_alloc(&mut core, exclusive)?;
+            if let Err(e) = self.ensure_dev_alloc(&mut core, exclusive) {
+                if set_aside.is_some() {
+                    core.host = set_aside;
+                }
+                return Err(e);
+            }
+            if set_aside.is_some() {
+                core.spilled = false;
+            }
         } else if exclusive {
             // A buffer that kept two mirrors may share again.
             self.reshare(&mut core)?;
@@ -202,6 +212,7 @@ impl SyncedMemory {
 
     pub(super) fn adopt_host(&self, mem: HostMem) -> Result<()> {
         let _lock = self.lock_write(None)?;
+        self.refuse_if_pinned()?;
         let mut core = self.shared.core.lock();
         self.finish_pending(&mut core)?;
         // The adopted memory replaces shared memory as the host side; the device mirror keeps
@@ -269,6 +280,18 @@ impl SyncedMemory {
             report.purpose = Some(format!("buffer {}", self.label));
         }
         e
+    }
+
+    /// [`Error::Busy`] while a [`super::PlacementPin`] lives: the memory of a mirror is about
+    /// to be replaced.
+    pub(super) fn refuse_if_pinned(&self) -> Result<()> {
+        if self.shared.pinned() {
+            return Err(self.busy(
+                "its placement is pinned (a view or an export of its memory is alive): its \
+                 memory cannot be replaced",
+            ));
+        }
+        Ok(())
     }
 
     pub(super) fn busy(&self, reason: &'static str) -> Error {
