@@ -1,0 +1,177 @@
+//! The operations of the composed model test and their random strategy.
+
+use proptest::prelude::*;
+use syncmem::kernels::UserKernel;
+
+/// Buffer slots.
+pub const SLOTS: usize = 8;
+/// Buffer sizes in `f32` elements (16 KiB and 64 KiB).
+pub const SIZES: [usize; 2] = [1 << 12, 1 << 14];
+/// The cap of each device: four of the largest buffers. Two guards kept across operations,
+/// two pins and the two buffers of an axpy may want more: then the pool fails, which the
+/// model allows (an operation that fails changes nothing).
+pub const CAP: u64 = 4 * (1 << 14) * 4;
+
+#[derive(Debug, Clone, Copy)]
+pub enum Op {
+    Alloc {
+        slot: usize,
+        size: usize,
+        stream: usize,
+        seed: u8,
+    },
+    Drop {
+        slot: usize,
+    },
+    HostRead {
+        slot: usize,
+    },
+    HostWrite {
+        slot: usize,
+        at: usize,
+        value: i8,
+    },
+    HostOverwrite {
+        slot: usize,
+        seed: u8,
+    },
+    /// `x *= a` on the device, on the buffer's stream.
+    Scale {
+        slot: usize,
+        a: f32,
+    },
+    /// `y += a * x` on `y`'s stream.
+    Axpy {
+        x: usize,
+        y: usize,
+        a: f32,
+    },
+    /// Overwrites every element on the device (a fill).
+    DeviceOverwrite {
+        slot: usize,
+        value: u8,
+    },
+    DeviceRead {
+        slot: usize,
+    },
+    Prefetch {
+        slot: usize,
+        stream: usize,
+        to_device: bool,
+    },
+    /// Keeps a host (or device) read guard of the slot until `Release`.
+    Guard {
+        slot: usize,
+        device: bool,
+    },
+    Release,
+    /// Pins the slot's placement and keeps the host address it has then, as a NumPy view or
+    /// a host DLPack export does, until `Unpin`.
+    Pin {
+        slot: usize,
+    },
+    Unpin,
+    /// Reads the slot through the address a pin kept: it must still be the buffer's host
+    /// memory, with the model's data once the host is made current.
+    ViewRead {
+        slot: usize,
+    },
+    /// `x *= 2` by a user's kernel ([`user_twice`]), on the buffer's stream.
+    UserTwice {
+        slot: usize,
+    },
+    /// Reads the slot on the second device (a replica there).
+    ReplicaRead {
+        slot: usize,
+    },
+    /// `x *= a` on the second device: the replica becomes the only current copy.
+    ReplicaScale {
+        slot: usize,
+        a: f32,
+    },
+    /// The `n`-th allocation for the devices from now fails.
+    FailNext {
+        n: u64,
+    },
+}
+
+pub fn op() -> impl Strategy<Value = Op> {
+    let slot = || 0..SLOTS;
+    prop_oneof![
+        3 => (slot(), 0..SIZES.len(), 0..2usize, any::<u8>())
+            .prop_map(|(slot, size, stream, seed)| Op::Alloc { slot, size, stream, seed }),
+        1 => slot().prop_map(|slot| Op::Drop { slot }),
+        2 => slot().prop_map(|slot| Op::HostRead { slot }),
+        2 => (slot(), any::<usize>(), any::<i8>())
+            .prop_map(|(slot, at, value)| Op::HostWrite { slot, at, value }),
+        1 => (slot(), any::<u8>()).prop_map(|(slot, seed)| Op::HostOverwrite { slot, seed }),
+        3 => (slot(), prop::sample::select(vec![2.0f32, 0.5, -1.0]))
+            .prop_map(|(slot, a)| Op::Scale { slot, a }),
+        2 => (slot(), slot(), prop::sample::select(vec![1.0f32, -1.0]))
+            .prop_map(|(x, y, a)| Op::Axpy { x, y, a }),
+        1 => (slot(), 0u8..8).prop_map(|(slot, value)| Op::DeviceOverwrite { slot, value }),
+        2 => slot().prop_map(|slot| Op::DeviceRead { slot }),
+        1 => (slot(), 0..2usize, any::<bool>())
+            .prop_map(|(slot, stream, to_device)| Op::Prefetch { slot, stream, to_device }),
+        1 => (slot(), any::<bool>()).prop_map(|(slot, device)| Op::Guard { slot, device }),
+        1 => Just(Op::Release),
+        2 => slot().prop_map(|slot| Op::Pin { slot }),
+        1 => Just(Op::Unpin),
+        2 => slot().prop_map(|slot| Op::ViewRead { slot }),
+        2 => slot().prop_map(|slot| Op::UserTwice { slot }),
+        1 => slot().prop_map(|slot| Op::ReplicaRead { slot }),
+        1 => (slot(), prop::sample::select(vec![2.0f32, -1.0]))
+            .prop_map(|(slot, a)| Op::ReplicaScale { slot, a }),
+        2 => (1u64..6).prop_map(|n| Op::FailNext { n }),
+    ]
+}
+
+/// `y[i] *= 2` for `i < n`, on every backend.
+pub fn user_twice() -> UserKernel {
+    UserKernel::new("twice")
+        .with_opencl(
+            "__kernel void twice(__global float* y, uint n) { size_t i = get_global_id(0); \
+             if (i < n) y[i] *= 2.0f; }",
+        )
+        .with_cuda(
+            "extern \"C\" __global__ void twice(float* y, unsigned int n) { unsigned int i = \
+             blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] *= 2.0f; }",
+        )
+        .with_host(|args| {
+            let n = args.u32(1)? as usize;
+            args.output::<f32>(0)?[..n]
+                .iter_mut()
+                .for_each(|v| *v *= 2.0);
+            Ok(())
+        })
+}
+
+pub fn values(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+pub fn same(what: &str, got: &[f32], want: &[f32]) -> Result<(), TestCaseError> {
+    if got.len() != want.len() {
+        return Err(TestCaseError::fail(format!(
+            "{what}: {} elements where the model has {}",
+            got.len(),
+            want.len()
+        )));
+    }
+    if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
+        return Err(TestCaseError::fail(format!(
+            "{what}: element {i} is {} where the model has {}",
+            got[i], want[i]
+        )));
+    }
+    Ok(())
+}
+
+pub fn pattern(n: usize, seed: u8) -> Vec<f32> {
+    (0..n)
+        .map(|i| f32::from((i as u8).wrapping_add(seed) % 16) - 8.0)
+        .collect()
+}
