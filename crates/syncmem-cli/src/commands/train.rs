@@ -161,7 +161,9 @@ made by each buffer), transfers, memory peaks per device, the memory summary of 
 (in the style of torch.cuda.memory_summary(), with a legend) and the memory saved by planning.
 
 JSON output (--json), one object:
-  {\"device\": string, \"note\": string | null,
+  {\"device\": string (the first device trained on: it holds the parameters),
+   \"devices\": [string] (every device trained on; several: data-parallel),
+   \"note\": string | null,
    \"data\": {\"source\": \"spirals\" | path, \"samples\", \"features\", \"classes\"},
    \"model\": {\"widths\": [D, H, H, C], \"parameters\"},
    \"settings\": {\"epochs\", \"batch\", \"lr\", \"seed\", \"plan\": bool, \"fuse\": bool},
@@ -176,6 +178,9 @@ JSON output (--json), one object:
       process made during the steps and during the whole run; \"mapped\" counts zero-copy
       syncs (host and device share the memory: no byte copied), \"spilled\" and \"refilled\"
       the dirty mirrors written back to the host under --memory-cap and brought back,
+   \"device_pairs\": [{\"from\", \"to\", \"direct\": bool (one device command, or through the
+      host), \"count\", \"bytes\", \"count_per_step\", \"bytes_per_step\"}]: copies between
+      devices during the steps, per pair and route (empty on one device),
    \"memory_cap\": {\"cap\": bytes | null, \"spills_per_step\", \"spilled_bytes_per_step\",
       \"refills_per_step\", \"refilled_bytes_per_step\", \"spills\", \"refills\"} (during the
       steps; fractions per step),
