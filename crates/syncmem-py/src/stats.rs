@@ -136,6 +136,26 @@ impl Scope {
         pools.filter(|p| self.of_device(&p.label)).collect()
     }
 
+    /// The pools of the per-pool keys, by key label: one per memory space (and any pool
+    /// without one), `None` for a pool not used yet, whose keys are then zeros. A pool is made
+    /// on its first use; its keys are there from the start, so that the dict's keys do not
+    /// depend on what ran before.
+    fn pool_slots(&self) -> Vec<(String, Option<&PoolStats>)> {
+        let key = |l: &str| l.replace(' ', "_");
+        let pools = self.pools();
+        let mut slots: Vec<(String, Option<&PoolStats>)> = self
+            .spaces()
+            .iter()
+            .map(|m| (key(&m.label), pools.iter().copied().find(|p| p.label == m.label)))
+            .collect();
+        for p in pools {
+            if !slots.iter().any(|(l, _)| *l == key(&p.label)) {
+                slots.push((key(&p.label), Some(p)));
+            }
+        }
+        slots
+    }
+
     /// The pools summed under `all`: the device's memory pool (as `torch.cuda` counts device
     /// memory only), or every pool.
     fn summed(&self) -> Vec<&PoolStats> {
@@ -175,8 +195,7 @@ impl Scope {
 
     fn add(&self, out: &mut BTreeMap<String, u64>, name: &str, source: &Source) {
         let summed = self.summed();
-        let pools = self.pools();
-        let label = |p: &PoolStats| p.label.replace(' ', "_");
+        let pools = self.pool_slots();
         let mut put = |k: String, v: u64| {
             out.insert(k, v);
         };
@@ -185,14 +204,14 @@ impl Scope {
                 put_gauge(&mut put, name, "all", &summed, all);
                 put_gauge(&mut put, name, "small_pool", &summed, |p| size(&p.small));
                 put_gauge(&mut put, name, "large_pool", &summed, |p| size(&p.large));
-                for p in &pools {
-                    put_gauge(&mut put, name, &label(p), &[p], all);
+                for (l, p) in &pools {
+                    put_gauge(&mut put, name, l, p.as_slice(), all);
                 }
             }
             Source::Count(f) => {
                 put(name.to_string(), summed.iter().map(|p| f(p)).sum());
-                for p in &pools {
-                    put(format!("{name}.{}", label(p)), f(p));
+                for (l, p) in &pools {
+                    put(format!("{name}.{l}"), p.map_or(0, f));
                 }
             }
             Source::Current(f) => {
@@ -200,15 +219,15 @@ impl Scope {
                     format!("{name}.all.current"),
                     summed.iter().map(|p| f(p)).sum(),
                 );
-                for p in &pools {
-                    put(format!("{name}.{}.current", label(p)), f(p));
+                for (l, p) in &pools {
+                    put(format!("{name}.{l}.current"), p.map_or(0, f));
                 }
             }
             Source::Max(f) => {
                 let max = summed.iter().map(|p| f(p)).max().unwrap_or(0);
                 put(format!("{name}.all"), max);
-                for p in &pools {
-                    put(format!("{name}.{}", label(p)), f(p));
+                for (l, p) in &pools {
+                    put(format!("{name}.{l}"), p.map_or(0, f));
                 }
             }
             Source::SpaceGauge(f) => {

@@ -2,6 +2,7 @@
 functions, memory_summary, memory_snapshot, copy_stats."""
 
 import gc
+import json
 import pathlib
 import re
 
@@ -58,9 +59,12 @@ def expand(pattern, pools, spaces):
 
 
 def documented_keys(stats, device=None):
-    """The keys the README promises for memory_stats(device), given the pools and spaces."""
-    pools = [p["label"].replace(" ", "_") for p in syncmem.pool_snapshot(device)["pools"]]
+    """The keys the README promises for memory_stats(device), given the memory spaces: each
+    has its pool's keys, used or not."""
     spaces = {k.split(".")[1] for k in stats if k.startswith("in_use_bytes.")}
+    used = {p["label"].replace(" ", "_") for p in syncmem.pool_snapshot(device)["pools"]}
+    assert used <= spaces, f"pools without a memory space: {used - spaces}"
+    pools = sorted(spaces)
     keys = set()
     for pattern in readme_key_patterns():
         keys |= expand(pattern, pools, spaces)
@@ -96,6 +100,37 @@ def test_memory_stats_keys_are_the_readme_table(device):
     for key in ["num_ooms", "num_alloc_retries", "active_bytes.all.peak", "allocation.all.peak",
                 "segment.large_pool.current", "allocated_bytes.small_pool.freed"]:
         assert key in stats, key
+
+
+def test_memory_stats_keys_are_there_before_the_first_use(device):
+    """A fresh process: the keys of every pool are there before the pool is used (zeros), the
+    same keys as after."""
+    r = run_python(
+        f"""
+        import json, numpy, syncmem
+        dev = syncmem.Device({str(device)!r})
+        before = [syncmem.memory_stats(dev), syncmem.memory_stats()]
+        ws = syncmem.Workspace(device=dev)
+        ws.feed_blob("x", numpy.ones(1 << 18, "float32"))
+        ws.tensor("x").to_device()
+        after = [syncmem.memory_stats(dev), syncmem.memory_stats()]
+        print(json.dumps([before, after]))
+        """,
+        env={"SYNCMEM_ZERO_COPY": "off"},
+    )
+    assert r.returncode == 0, r.stderr
+    before, after = json.loads(r.stdout)
+    lbl = label(device)
+    for b, a, which in zip(before, after, ("the device", "all")):
+        assert set(b) == set(a), (
+            f"{which}: missing before the first use {sorted(set(a) - set(b))}, "
+            f"gone after it {sorted(set(b) - set(a))}"
+        )
+        assert b[f"allocated_bytes.{lbl}.current"] == 0, which
+        assert b[f"num_device_alloc.{lbl}"] == 0, which
+        assert a[f"allocated_bytes.{lbl}.current"] > 0, which
+    assert before[1]["reserved_bytes.host.peak"] == 0
+    assert after[1]["reserved_bytes.host.peak"] > 0
 
 
 def test_memory_stats_count_what_is_fed(device):
