@@ -36,3 +36,36 @@ fn the_default_device_does_not_fall_back_to_cpu_over_a_bad_setting() {
     assert!(!stderr.contains("training on cpu"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
 }
+
+/// A cap of 0 is refused the same way in every place that sets one: `memory_cap=0` and
+/// `memory_cap=0%` in `SYNCMEM_POOL_CONF` and `--memory-cap 0`, each naming the setting, before
+/// anything is trained.
+#[test]
+fn a_zero_memory_cap_is_refused_everywhere_naming_the_setting() {
+    for conf in ["memory_cap=0", "memory_cap=0%", "memory_cap=0MiB"] {
+        let out = run_env(
+            &["train", "--epochs", "1", "--device", "cpu", "--json"],
+            &[("SYNCMEM_POOL_CONF", conf)],
+        );
+        let stderr = common::refused(conf, &out);
+        assert!(out.stdout.is_empty(), "{conf}: trained before failing");
+        assert!(
+            stderr.contains("SYNCMEM_POOL_CONF") && stderr.contains("memory_cap"),
+            "{conf}: {stderr}"
+        );
+    }
+    for cap in ["0", "0B", "0KiB"] {
+        let out = common::run(&[
+            "train",
+            "--epochs",
+            "1",
+            "--device",
+            "cpu",
+            "--memory-cap",
+            cap,
+        ]);
+        let stderr = common::refused(cap, &out);
+        assert!(out.stdout.is_empty(), "{cap}: trained before failing");
+        assert!(stderr.contains("--memory-cap"), "{cap}: {stderr}");
+    }
+}

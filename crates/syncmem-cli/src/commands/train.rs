@@ -121,7 +121,8 @@ pub struct Args {
     /// makes room by dropping clean mirrors and spilling dirty ones to the host, and brings
     /// them back when they are used again; the report counts spills and refills per step. A
     /// cap too small for one step's working set fails with an out-of-memory error naming the
-    /// request, the cap and the largest holders.
+    /// request, the cap and the largest holders. At least 1 byte: 0 is an error, as
+    /// `memory_cap=0` in `SYNCMEM_POOL_CONF` is.
     #[arg(long, value_name = "SIZE", value_parser = crate::args::size)]
     pub memory_cap: Option<u64>,
 
@@ -258,7 +259,11 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
     let (devices, note) = pick_devices(args.device.clone())?;
     let dev = devices[0].clone();
     if let Some(cap) = args.memory_cap {
-        ensure!(cap > 0, "--memory-cap must be at least 1 byte");
+        // The pools' rule (`memory_cap=0` in SYNCMEM_POOL_CONF is refused as well).
+        ensure!(
+            cap > 0,
+            "--memory-cap: 0 bytes: must be at least 1 (no cap: leave it out)"
+        );
         // The pool the environment asks for, capped, on every device trained on.
         let config = syncmem::alloc::pool::config::device_pool_from_env()
             .context("--memory-cap: the device pool settings")?;

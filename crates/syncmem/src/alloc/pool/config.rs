@@ -174,7 +174,7 @@ pub struct PoolConfig {
     /// `None`: the kind's default (binned 10 GiB, caching unlimited).
     pub max_cached_bytes: Option<u64>,
     /// Most bytes the pool (plus direct allocations of the same device) may reserve. `None`:
-    /// only the backend limits it.
+    /// only the backend limits it. A cap of 0 bytes (or 0%) is invalid.
     pub memory_cap: Option<MemoryCap>,
     /// Shards: independent parts of the pool, each with its own lock, segments and cache; a
     /// thread allocates from the shard of its index (see [`crate::alloc::pool::Pool`]'s
@@ -360,10 +360,15 @@ impl PoolConfig {
         {
             return Err(invalid("max_bin", "bin_growth^max_bin overflows".into()));
         }
-        if let Some(MemoryCap::Fraction(f)) = self.memory_cap {
-            if !(f > 0.0 && f <= 1.0) {
+        match self.memory_cap {
+            Some(MemoryCap::Fraction(f)) if !(f > 0.0 && f <= 1.0) => {
                 return Err(invalid("memory_cap", format!("fraction {f} not in (0, 1]")));
             }
+            // As `0%`: no memory at all is not a cap anyone means (`none` is no cap).
+            Some(MemoryCap::Bytes(0)) => {
+                return Err(invalid("memory_cap", "0 bytes: must be at least 1".into()));
+            }
+            _ => {}
         }
         if self.shards > MAX_SHARDS {
             return Err(invalid(

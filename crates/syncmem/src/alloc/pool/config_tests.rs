@@ -87,3 +87,30 @@ fn sizes_with_units() {
     assert!(parse_size("x").is_err());
     assert!(parse_size("99999999999T").is_err());
 }
+
+/// A cap of 0 is an error however it is written, as `0%` is: a pool that may hold nothing is
+/// not a setting anyone means (`none` is no cap).
+#[test]
+fn a_zero_cap_is_an_error_in_every_spelling() {
+    for c in [
+        "memory_cap=0",
+        "cap=0B",
+        "memory_cap=0KiB",
+        "memory_cap_mb=0",
+        "memory_cap=0%",
+    ] {
+        let e = PoolConfig::from_vars(None, Some(c)).unwrap_err();
+        match &e {
+            Error::InvalidConfig { what, .. } => assert_eq!(what, "memory_cap", "{c}: {e}"),
+            other => panic!("{c}: {other}"),
+        }
+    }
+    let e = PoolConfig::default()
+        .with_memory_cap(MemoryCap::Bytes(0))
+        .validate()
+        .unwrap_err();
+    assert!(e.to_string().contains("memory_cap"), "{e}");
+    // One byte is a cap (the smallest).
+    let c = PoolConfig::from_vars(None, Some("memory_cap=1")).unwrap();
+    assert_eq!(c.memory_cap, Some(MemoryCap::Bytes(1)));
+}
