@@ -91,6 +91,16 @@ pub fn positive_number(s: &str) -> Result<f32, String> {
     }
 }
 
+/// A number strictly between 0 and 1.
+pub fn open_fraction(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x > 0.0 && x < 1.0 => Ok(x),
+        _ => Err(format!(
+            "must be a number between 0 and 1 (both excluded), got {s:?}"
+        )),
+    }
+}
+
 /// The one-line message for an argument a value parser rejected (`None` for other errors,
 /// which clap reports itself): the argument's name followed by the parser's phrase.
 pub fn value_error_line(e: &clap::Error) -> Option<String> {
@@ -122,6 +132,10 @@ mod tests {
         assert!(positive_int("0").is_err() && positive_int("-3").is_err());
         assert_eq!(non_negative_int("0"), Ok(0));
         assert!(non_negative_int("-1").is_err());
+        assert_eq!(open_fraction("0.25"), Ok(0.25));
+        for bad in ["0", "1", "-0.5", "1.5", "NaN", "x"] {
+            assert!(open_fraction(bad).is_err(), "{bad}");
+        }
         assert_eq!(positive_number("0.5"), Ok(0.5));
         for bad in ["0", "-1", "NaN", "inf", "x"] {
             assert!(positive_number(bad).is_err(), "{bad}");

@@ -211,6 +211,8 @@ fn record(args: &RecordArgs) -> anyhow::Result<()> {
         device: args.device.map(|d| crate::args::DeviceList(vec![d])),
         epochs: args.epochs,
         data: None,
+        test_data: None,
+        validation_split: None,
         seed: d.seed,
         batch: d.batch,
         lr: d.lr,

@@ -1,30 +1,21 @@
 //! `syncmem train`: trains a small MLP classifier with nets of operators, keeping weights and
 //! activations on the device, and reports where memory lives and what was copied.
 
+mod data;
 mod heap;
 mod report;
 mod snapshot;
 
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, ensure, Context as _};
+use anyhow::{ensure, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
 use syncmem::alloc::trace::Trace;
-use syncmem::dtype::DType;
-use syncmem::net::mlp::Dataset;
 use syncmem::net::train::{compare_planning, TrainConfig, Trainer};
-use syncmem::workspace::io::inspect;
-use syncmem::{BackendKind, Device, Workspace};
-
-/// Points per class of the built-in spirals.
-const POINTS_PER_CLASS: usize = 1000;
-/// Classes of the built-in spirals.
-const CLASSES: usize = 3;
-/// Angle noise of the built-in spirals.
-const NOISE: f32 = 0.2;
+use syncmem::{BackendKind, Device};
 
 /// Arguments of `syncmem train`.
 #[derive(clap::Args)]
@@ -51,6 +42,18 @@ pub struct Args {
     /// Default: 3 spiral arms of 1000 points each, drawn from the seed.
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
+
+    /// A held-out set to evaluate on after each epoch and at the end, never trained on: a
+    /// safetensors file as `--data` (the same features per sample; labels among the training
+    /// data's classes). Training is the same with it or without it.
+    #[arg(long, value_name = "FILE", conflicts_with = "validation_split")]
+    pub test_data: Option<PathBuf>,
+
+    /// Hold out this fraction (between 0 and 1) of the data, evaluated on after each epoch and
+    /// at the end and never trained on: the last fraction of the samples shuffled by the seed.
+    /// Not with `--test-data`.
+    #[arg(long, value_name = "F", value_parser = crate::args::open_fraction)]
+    pub validation_split: Option<f64>,
 
     /// Seed of the data, the initial weights and the batch order.
     #[arg(
@@ -156,8 +159,9 @@ over the rows), and each FCGradient writes its bias gradient (the column sums of
 GEMM's launch: 8 operators and 10 kernel launches per step at hidden 64, against 19 and 24
 unfused.
 
-Human output: one line per epoch (mean loss and accuracy of its steps, seconds), the final loss
-and accuracy over the whole dataset, a table of blobs (type, dims, bytes, capacity, head, copies
+Human output: one line per epoch (mean loss and accuracy of its steps, seconds; then the loss
+and accuracy on the held-out set, with one), the final loss and accuracy over the whole
+training set (and over the held-out set), a table of blobs (type, dims, bytes, capacity, head, copies
 made by each buffer), transfers, memory peaks per device, the memory summary of the device pool
 (in the style of torch.cuda.memory_summary(), with a legend) and the memory saved by planning.
 
@@ -165,11 +169,18 @@ JSON output (--json), one object:
   {\"device\": string (the first device trained on: it holds the parameters),
    \"devices\": [string] (every device trained on; several: data-parallel),
    \"note\": string | null,
-   \"data\": {\"source\": \"spirals\" | path, \"samples\", \"features\", \"classes\"},
+   \"data\": {\"source\": \"spirals\" | path, \"samples\" (trained on: without the held-out
+      ones of --validation-split), \"features\", \"classes\"},
    \"model\": {\"widths\": [D, H, H, C], \"parameters\"},
    \"settings\": {\"epochs\", \"batch\", \"lr\", \"seed\", \"plan\": bool, \"fuse\": bool},
-   \"epochs\": [{\"epoch\", \"loss\", \"accuracy\", \"steps\", \"seconds\"}],
-   \"final\": {\"loss\", \"accuracy\"}, \"seconds\": total,
+   \"epochs\": [{\"epoch\", \"loss\", \"accuracy\", \"steps\", \"seconds\",
+      \"held_out\": {\"loss\", \"accuracy\"} | null (the held-out set after the epoch)}],
+   \"final\": {\"loss\", \"accuracy\"} (over the training data),
+   \"held_out\": {\"source\": path | \"validation split\", \"samples\", \"fraction\": F | null,
+      \"loss\", \"accuracy\"} | null (the held-out set at the end: --test-data, or
+      --validation-split F; never trained on; evaluated on the device holding the
+      parameters),
+   \"seconds\": total,
    \"transfers\": {\"steps\": count, \"setup\", \"training\", \"per_step\", \"max_step\", \"eval\",
       \"process_training\", \"process\"},
       each but steps a {\"host_to_device\": {\"count\", \"bytes\"}, \"device_to_host\": {...},
@@ -280,13 +291,7 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
         Some(path) => Some(snapshot::PeakSnapshot::new(path, &dev)?),
         None => None,
     };
-    let (data, source) = match &args.data {
-        Some(path) => (load_dataset(path)?, path.display().to_string()),
-        None => (
-            Dataset::spirals(POINTS_PER_CLASS, CLASSES, NOISE, args.seed),
-            "spirals".to_string(),
-        ),
-    };
+    let (data, source, held_out) = data::datasets(args)?;
     let cfg = TrainConfig::default()
         .with_hidden(vec![args.hidden; 2])
         .with_epochs(args.epochs)
@@ -313,6 +318,13 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
             if cfg.plan { "on" } else { "off" },
             h = args.hidden,
         );
+        if let Some(h) = &held_out {
+            outln!(
+                "held out, not trained on: {} samples from {}",
+                h.data.len(),
+                h.source
+            );
+        }
     }
 
     let planning = compare_planning(&dev, &data, &cfg).context("measuring memory planning")?;
@@ -335,6 +347,11 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
     } else {
         Trainer::new(&dev, &data, &cfg).context("setting up training")?
     };
+    if let Some(h) = &held_out {
+        trainer
+            .set_held_out(&h.data)
+            .with_context(|| format!("uploading the held-out data ({})", h.source))?;
+    }
     let steps = (trainer.batch_count() as u64).saturating_mul(cfg.epochs as u64);
     let bar = progress_bar(!human, steps);
     // Grown as epochs end: never sized from the user's number up front.
@@ -356,6 +373,10 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
                 },
             )
             .with_context(|| format!("epoch {}", e + 1))?;
+        // After the epoch's steps, outside them: it changes nothing training reads.
+        let held = trainer
+            .evaluate_held_out()
+            .with_context(|| format!("evaluating the held-out data after epoch {}", e + 1))?;
         bar.set_message(format!(
             "loss {:.4} acc {:.1}%",
             stats.loss,
@@ -364,20 +385,27 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
         if human {
             bar.suspend(|| -> anyhow::Result<()> {
                 outln!(
-                    "epoch {:>3}/{}  loss {:.4}  accuracy {:>5.1}%  {:.3} s",
+                    "epoch {:>3}/{}  loss {:.4}  accuracy {:>5.1}%  {:.3} s{}",
                     stats.epoch,
                     cfg.epochs,
                     stats.loss,
                     stats.accuracy * 100.0,
-                    stats.seconds
+                    stats.seconds,
+                    held.map_or(String::new(), |(l, a)| format!(
+                        "  held-out loss {l:.4}  accuracy {:>5.1}%",
+                        a * 100.0
+                    ))
                 );
                 Ok(())
             })?;
         }
-        epochs.push(stats);
+        epochs.push((stats, held));
     }
     bar.finish_and_clear();
     let (loss, accuracy) = trainer.evaluate().context("evaluating")?;
+    let held_out_final = trainer
+        .evaluate_held_out()
+        .context("evaluating the held-out data")?;
     let seconds = start.elapsed().as_secs_f64();
     let process = syncmem::stats().copies.since(&process_before);
 
@@ -392,6 +420,16 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
         epochs: &epochs,
         final_loss: loss,
         final_accuracy: accuracy,
+        held_out: held_out
+            .as_ref()
+            .zip(held_out_final)
+            .map(|(h, (loss, accuracy))| report::HeldOutRun {
+                source: h.source.clone(),
+                samples: h.data.len(),
+                fraction: h.fraction,
+                loss,
+                accuracy,
+            }),
         seconds,
         process,
         planning: &planning,
@@ -474,60 +512,6 @@ fn pick_device() -> anyhow::Result<(Device, Option<String>)> {
             Some(format!("OpenCL unavailable ({e}); training on cpu")),
         )),
     }
-}
-
-/// Reads `x` (`f32 [N, D]`) and `y` (`i32` or `i64 [N]`) from a safetensors file with the library's
-/// loader ([`Workspace::load`]), after checking names, element types and shapes in the file's
-/// header so that each mistake gets its own message.
-fn load_dataset(path: &Path) -> anyhow::Result<Dataset> {
-    let file = path.display();
-    let info = inspect(path)?;
-    let find = |name: &str| {
-        info.tensors.iter().find(|t| t.name == name).ok_or_else(|| {
-            let names: Vec<&str> = info.tensors.iter().map(|t| t.name.as_str()).collect();
-            anyhow::anyhow!(
-                "{file}: tensor {name:?} missing; the file has: {}",
-                if names.is_empty() {
-                    "no tensors".to_string()
-                } else {
-                    names.join(", ")
-                }
-            )
-        })
-    };
-    let (x, y) = (find("x")?, find("y")?);
-    if x.element != Some(DType::F32) || x.shape.len() != 2 {
-        bail!(
-            "{file}: x must be f32 [N, D], it is {} {:?}",
-            x.dtype,
-            x.shape
-        );
-    }
-    let n = x.shape[0];
-    if !matches!(y.element, Some(DType::I32 | DType::I64)) {
-        bail!("{file}: y must be i32 or i64, it is {}", y.dtype);
-    }
-    if y.shape != [n] {
-        bail!(
-            "{file}: y must be [N] with N = {n} (rows of x), it is {:?}",
-            y.shape
-        );
-    }
-    let ws = Workspace::new();
-    ws.load(path, None, Some(&["x", "y"]))?;
-    let xv = ws.fetch::<f32>("x")?;
-    let yv: Vec<i32> = if y.element == Some(DType::I32) {
-        ws.fetch::<i32>("y")?
-    } else {
-        ws.fetch::<i64>("y")?
-            .into_iter()
-            .map(|v| {
-                i32::try_from(v)
-                    .map_err(|_| anyhow::anyhow!("{file}: y: label {v} does not fit in i32"))
-            })
-            .collect::<anyhow::Result<_>>()?
-    };
-    Dataset::new(xv, yv, x.shape[1]).with_context(|| format!("dataset in {file}"))
 }
 
 fn progress_bar(quiet: bool, steps: u64) -> ProgressBar {

@@ -136,6 +136,47 @@ impl Dataset {
     pub fn is_empty(&self) -> bool {
         self.y.is_empty()
     }
+
+    /// Splits off a held-out set: the samples are shuffled by `seed`, and the last `fraction`
+    /// of them (rounded to the nearest sample) is held out; returns (training, held out), each
+    /// in that shuffled order, both with this set's features and classes. Equal seeds give
+    /// equal splits.
+    ///
+    /// # Errors
+    /// [`Error::InvalidShape`] when `fraction` is not strictly between 0 and 1, or when either
+    /// part would have no sample.
+    pub fn split_held_out(&self, fraction: f64, seed: u64) -> Result<(Dataset, Dataset)> {
+        use rand::seq::SliceRandom;
+        let n = self.len();
+        let held = (fraction * n as f64).round();
+        let bad = |reason: String| Error::InvalidShape {
+            what: "held-out split".into(),
+            shape: format!("{n} samples, fraction {fraction}"),
+            reason,
+        };
+        if !(fraction > 0.0 && fraction < 1.0) {
+            return Err(bad("the fraction must be strictly between 0 and 1".into()));
+        }
+        if held < 1.0 || held >= n as f64 {
+            return Err(bad(format!(
+                "{held} samples held out: each part needs at least one sample"
+            )));
+        }
+        let mut order: Vec<usize> = (0..n).collect();
+        order.shuffle(&mut StdRng::seed_from_u64(seed));
+        let part = |rows: &[usize]| Dataset {
+            x: rows
+                .iter()
+                .flat_map(|&r| &self.x[r * self.features..(r + 1) * self.features])
+                .copied()
+                .collect(),
+            y: rows.iter().map(|&r| self.y[r]).collect(),
+            features: self.features,
+            classes: self.classes,
+        };
+        let (train, test) = order.split_at(n - held as usize);
+        Ok((part(train), part(test)))
+    }
 }
 
 /// A standard normal draw (Box-Muller).

@@ -54,6 +54,7 @@ use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use crate::workspace::Workspace;
 
+mod held_out;
 mod parallel;
 mod planning;
 mod scalars;
@@ -203,6 +204,8 @@ pub struct Trainer {
     order: Vec<usize>,
     epoch: usize,
     transfers: Transfers,
+    /// The held-out dataset on `device` ([`Trainer::set_held_out`]).
+    held_out: Option<held_out::HeldOut>,
 }
 
 impl Trainer {
@@ -434,6 +437,7 @@ impl Trainer {
         let batches = self
             .batches
             .iter()
+            .chain(self.held_out.iter().flat_map(|h| &h.batches))
             .chain(shards.clone().flat_map(|s| s.batches.iter().flatten()));
         for b in batches {
             visit(&b.x);

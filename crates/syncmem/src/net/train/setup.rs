@@ -92,6 +92,7 @@ impl Setup {
             rng: self.rng,
             epoch: 0,
             transfers: Transfers::default(),
+            held_out: None,
         }
     }
 }
