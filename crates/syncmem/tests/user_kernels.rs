@@ -374,6 +374,70 @@ fn bad_launches_are_typed_errors_on_cuda() {
     }
 }
 
+/// A NUL byte in a kernel's name (on every backend) or in its source: a build error, neither a
+/// panic in the bindings nor a source cut short at the NUL.
+fn nul_bytes_are_build_errors(dev: &Device) {
+    let with_sources = |name: &str, cl: &str, cu: &str| {
+        UserKernel::new(name)
+            .with_opencl(cl)
+            .with_cuda(cu)
+            .with_host(|_| Ok(()))
+    };
+    let build_error = |k: &UserKernel| match k.prepare(dev) {
+        Err(Error::KernelBuild {
+            kernel,
+            device,
+            reason,
+            ..
+        }) => {
+            assert_eq!((kernel.as_str(), device.as_str()), (k.name(), dev.label()));
+            reason
+        }
+        other => panic!("expected KernelBuild for {:?}, got {other:?}", k.name()),
+    };
+    let named = with_sources("sc\0ale", SCALE_CL, SCALE_CU);
+    let reason = build_error(&named);
+    assert!(
+        reason.contains("a NUL byte (at byte 2) in the kernel's name"),
+        "{reason}"
+    );
+    if dev.backend() != syncmem::BackendKind::Cpu {
+        // The source up to the NUL is a whole kernel: cut there, it would build.
+        let cl = format!("{SCALE_CL}\0 not C at all");
+        let cu = format!("{SCALE_CU}\0 not C at all");
+        let cut = with_sources("scale", &cl, &cu);
+        let reason = build_error(&cut);
+        assert!(
+            reason.contains("in the OpenCL C source") || reason.contains("in the CUDA C source"),
+            "{reason}"
+        );
+        if dev.backend() == syncmem::BackendKind::OpenCl {
+            let opts = with_sources("scale", SCALE_CL, SCALE_CU).with_opencl_options("-D A=1\0");
+            let reason = build_error(&opts);
+            assert!(reason.contains("in the OpenCL build options"), "{reason}");
+        }
+    }
+}
+
+#[test]
+fn nul_bytes_are_build_errors_on_cpu() {
+    nul_bytes_are_build_errors(&Device::cpu());
+}
+
+#[test]
+fn nul_bytes_are_build_errors_on_opencl() {
+    if let Some(dev) = syncmem::testing::opencl_or_skip("nul bytes in user kernels") {
+        nul_bytes_are_build_errors(&dev);
+    }
+}
+
+#[test]
+fn nul_bytes_are_build_errors_on_cuda() {
+    if let Some(dev) = syncmem::testing::cuda_or_skip("nul bytes in user kernels on cuda") {
+        nul_bytes_are_build_errors(&dev);
+    }
+}
+
 /// A source that does not compile: the build log names the problem; the kernel is not kept.
 #[test]
 fn a_build_failure_is_a_typed_error_with_the_log() {

@@ -271,6 +271,22 @@ pub(crate) struct Sources {
     pub(crate) host: Option<Arc<HostKernelFn>>,
 }
 
+/// Why kernel `name` cannot be handed to a compiler with `texts` (pairs of what each text is,
+/// `"OpenCL C source"`, and the text), or `None`: the C APIs of the compilers take C strings,
+/// which end at the first NUL byte, so a name or source holding one would panic in the
+/// bindings or be cut short without a word.
+pub(crate) fn nul_problem(name: &str, texts: &[(&str, &str)]) -> Option<String> {
+    if let Some(at) = name.find('\0') {
+        return Some(format!(
+            "a NUL byte (at byte {at}) in the kernel's name: no compiler takes one"
+        ));
+    }
+    texts.iter().find_map(|(what, text)| {
+        text.find('\0')
+            .map(|at| format!("a NUL byte (at byte {at}) in the {what}: no compiler takes one"))
+    })
+}
+
 /// The parameter list of kernel `name` in C source: the text between the parentheses after
 /// the first `name(` that follows `__kernel`, `kernel` or `__global__` (comments removed).
 /// `None` when it is not found. Used only to name parameters in messages and to tell which
@@ -384,6 +400,18 @@ mod tests {
             .accepts(ArgShape::Scalar(ScalarType::F64))
             .is_some());
         assert!(KernelParam::Local.accepts(ArgShape::Buffer).is_some());
+    }
+
+    #[test]
+    fn nul_bytes_in_names_and_sources_are_found() {
+        assert_eq!(
+            nul_problem("scale", &[("OpenCL C source", "kernel void scale() {}")]),
+            None
+        );
+        let e = nul_problem("sc\0ale", &[]).unwrap();
+        assert!(e.contains("(at byte 2) in the kernel's name"), "{e}");
+        let e = nul_problem("scale", &[("options", ""), ("CUDA C source", "a\0b")]).unwrap();
+        assert!(e.contains("(at byte 1) in the CUDA C source"), "{e}");
     }
 
     #[test]

@@ -92,7 +92,10 @@ pub use crate::backend::user::{Grid, KernelParam, ScalarArg, ScalarType};
 /// A source is built once per device on first use (or by [`UserKernel::prepare`]) and kept:
 /// OpenCL programs per device, by source and options; CUDA C by NVRTC once per process, its
 /// module loaded once per device. A failed build is [`Error::KernelBuild`] with the compiler's
-/// log, and is not kept (the next launch tries again). CUDA kernels must be `extern "C"`.
+/// log, and is not kept (the next launch tries again); a name, source or OpenCL build options
+/// holding a NUL byte (which the compilers' C strings cannot carry) is refused as
+/// [`Error::KernelBuild`] too, on every backend, before any compiler sees it. CUDA kernels must
+/// be `extern "C"`.
 /// **The CUDA path is compile-checked only**: NVRTC compiles the sources in CI, but it has
 /// never run on a GPU.
 ///

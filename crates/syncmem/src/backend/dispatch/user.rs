@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 
 use super::{mismatch, RawDevice, RawMem, RawStream};
 use crate::backend::cpu::user::{self as host, HostKernelFn};
-use crate::backend::user::{Grid, KernelParam, ScalarArg, Sources};
+use crate::backend::user::{nul_problem, Grid, KernelParam, ScalarArg, Sources};
 use crate::error::{Error, Result};
 
 /// A user's kernel built for one device.
@@ -89,22 +89,38 @@ impl RawDevice {
     /// the OpenCL C or CUDA C source elsewhere.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] when `src` has nothing for this backend; the build errors of the
-    /// backend ([`Error::KernelBuild`] with the compiler's log).
+    /// [`Error::Unsupported`] when `src` has nothing for this backend; [`Error::KernelBuild`]
+    /// when the name, or the source or options of this backend, hold a NUL byte; the build
+    /// errors of the backend ([`Error::KernelBuild`] with the compiler's log).
     pub(crate) fn build_user(&self, name: &str, src: &Sources) -> Result<RawUserKernel> {
         let label = self.info().label();
+        let refuse = |texts: &[(&str, &str)]| match nul_problem(name, texts) {
+            Some(reason) => Err(Error::KernelBuild {
+                kernel: name.to_string(),
+                device: label.clone(),
+                reason,
+                log: String::new(),
+            }),
+            None => Ok(()),
+        };
         match self {
-            RawDevice::Cpu(_) => src
-                .host
-                .clone()
-                .map(RawUserKernel::Cpu)
-                .ok_or_else(|| missing(&label, name, "host closure", "with_host")),
+            RawDevice::Cpu(_) => refuse(&[])
+                .and_then(|()| {
+                    src.host
+                        .clone()
+                        .ok_or_else(|| missing(&label, name, "host closure", "with_host"))
+                })
+                .map(RawUserKernel::Cpu),
             #[cfg(feature = "opencl")]
             RawDevice::OpenCl(d) => {
                 let source = src
                     .opencl
                     .as_ref()
                     .ok_or_else(|| missing(&label, name, "OpenCL C source", "with_opencl"))?;
+                refuse(&[
+                    ("OpenCL C source", source),
+                    ("OpenCL build options", &src.opencl_options),
+                ])?;
                 d.user_kernel(name, source, &src.opencl_options)
                     .map(RawUserKernel::OpenCl)
             }
@@ -114,6 +130,7 @@ impl RawDevice {
                     .cuda
                     .as_ref()
                     .ok_or_else(|| missing(&label, name, "CUDA C source", "with_cuda"))?;
+                refuse(&[("CUDA C source", source)])?;
                 d.user_kernel(name, source).map(RawUserKernel::Cuda)
             }
         }

@@ -40,6 +40,14 @@ impl Slot {
         label: &str,
     ) -> Result<Self> {
         let name = name.into();
+        if name.contains('\0') {
+            // `Kernel::create` would panic on it (a C string ends at its first NUL).
+            return Err(backend_error(
+                label,
+                "clCreateKernel",
+                opencl3::error_codes::CL_INVALID_KERNEL_NAME,
+            ));
+        }
         let k = Kernel::create(&program.0, &name)
             .map_err(|ClError(c)| backend_error(label, "clCreateKernel", c))?;
         let k = OwnedKernel(ManuallyDrop::new(k));
