@@ -374,6 +374,61 @@ fn bad_launches_are_typed_errors_on_cuda() {
     }
 }
 
+/// Grids past the device's limits, refused before anything is queued: more work-items than
+/// the device's addresses count (2^96 here, which a device would run for ever, if at all), and
+/// on CUDA more blocks or threads along an axis than the device launches.
+fn oversized_grids_are_refused(dev: &Device) {
+    let k = scale_kernel();
+    let stream = dev.default_stream().unwrap();
+    let x = filled(dev, &[1.0; 8]);
+    let y = filled(dev, &[7.0; 8]);
+    let launch = |grid: Grid| -> Error {
+        let args = [Arg::read(&x), Arg::write(&y), 8u32.into(), 1.0f32.into()];
+        // SAFETY: every launch here is refused before anything runs; were one to run, it
+        // would touch 8 elements of buffers of 8 floats.
+        unsafe { kernels::launch(&k, &stream, grid, &args) }.unwrap_err()
+    };
+    for grid in [
+        Grid::new([u32::MAX; 3], [1; 3]),
+        Grid::new([u32::MAX, u32::MAX, 2], [1, 1, 1]),
+        Grid::new([u32::MAX, 1 << 25, 1], [256, 1, 1]),
+    ] {
+        let e = launch(grid);
+        let (name, index, reason) = kernel_error(&e);
+        assert_eq!((name, index), ("scale", None));
+        assert!(
+            reason.contains("work-items") && reason.contains("-bit addresses"),
+            "{reason}"
+        );
+    }
+    if dev.backend() == syncmem::BackendKind::Cuda {
+        let e = launch(Grid::new([1, 65_536, 1], [8, 1, 1]));
+        assert!(kernel_error(&e).2.contains("blocks along y"), "{e}");
+        let e = launch(Grid::new([1, 1, 1], [1, 1, 128]));
+        assert!(kernel_error(&e).2.contains("threads along z"), "{e}");
+    }
+    assert_eq!(host_f32(&y), [7.0; 8], "no refused launch ran");
+}
+
+#[test]
+fn oversized_grids_are_refused_on_cpu() {
+    oversized_grids_are_refused(&Device::cpu());
+}
+
+#[test]
+fn oversized_grids_are_refused_on_opencl() {
+    if let Some(dev) = syncmem::testing::opencl_or_skip("oversized user kernel grids") {
+        oversized_grids_are_refused(&dev);
+    }
+}
+
+#[test]
+fn oversized_grids_are_refused_on_cuda() {
+    if let Some(dev) = syncmem::testing::cuda_or_skip("oversized user kernel grids on cuda") {
+        oversized_grids_are_refused(&dev);
+    }
+}
+
 /// A NUL byte in a kernel's name (on every backend) or in its source: a build error, neither a
 /// panic in the bindings nor a source cut short at the NUL.
 fn nul_bytes_are_build_errors(dev: &Device) {

@@ -69,6 +69,86 @@ impl Grid {
         }
         None
     }
+
+    /// `None` when a device of `limits` can launch the grid, else why not: more work-items in
+    /// all than its addresses count (and than the host's `size_t` counts), more threads or
+    /// blocks along an axis, or more threads per block than it launches.
+    pub(crate) fn exceeds(&self, limits: &GridLimits) -> Option<String> {
+        let bits = limits.address_bits.min(usize::BITS);
+        let total = self
+            .blocks
+            .iter()
+            .chain(&self.threads)
+            .try_fold(1u128, |n, &e| n.checked_mul(u128::from(e)));
+        match total {
+            Some(n) if bits >= 128 || n >> bits == 0 => {}
+            Some(n) => {
+                return Some(format!(
+                    "the grid {self} has {n} work-items, more than {bits}-bit addresses count \
+                     (2^{bits})"
+                ))
+            }
+            None => {
+                return Some(format!(
+                    "the grid {self} has more than 2^128 work-items, more than {bits}-bit \
+                     addresses count (2^{bits})"
+                ))
+            }
+        }
+        const AXES: [&str; 3] = ["x", "y", "z"];
+        for (d, axis) in AXES.iter().enumerate() {
+            let (t, b) = (u64::from(self.threads[d]), u64::from(self.blocks[d]));
+            if t > limits.threads[d] {
+                return Some(format!(
+                    "the grid {self} has {t} threads along {axis}; the device runs at most {} \
+                     per block",
+                    limits.threads[d]
+                ));
+            }
+            if b > limits.blocks[d] {
+                return Some(format!(
+                    "the grid {self} has {b} blocks along {axis}; the device launches at most {}",
+                    limits.blocks[d]
+                ));
+            }
+        }
+        let t = self.threads_per_block();
+        if t > limits.per_block {
+            return Some(format!(
+                "the grid {self} has {t} threads per block; the device runs at most {}",
+                limits.per_block
+            ));
+        }
+        None
+    }
+}
+
+/// What a device launches at most, from its own report: checked against every [`Grid`] of a
+/// kernel of the user before the launch (a device asked for more fails the launch at best,
+/// and at worst runs it for ever or aborts the process).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GridLimits {
+    /// Bits of the device's addresses (`CL_DEVICE_ADDRESS_BITS`; 64 on CUDA): a launch has
+    /// fewer than `2^address_bits` work-items in all.
+    pub(crate) address_bits: u32,
+    /// Most threads per block along x, y, z (`CL_DEVICE_MAX_WORK_ITEM_SIZES`, CUDA's
+    /// `MAX_BLOCK_DIM_*`).
+    pub(crate) threads: [u64; 3],
+    /// Most blocks along x, y, z (CUDA's `MAX_GRID_DIM_*`; OpenCL counts only the total).
+    pub(crate) blocks: [u64; 3],
+    /// Most threads per block in all (`CL_DEVICE_MAX_WORK_GROUP_SIZE`, CUDA's
+    /// `MAX_THREADS_PER_BLOCK`).
+    pub(crate) per_block: u64,
+}
+
+impl GridLimits {
+    /// The `cpu` device: a host closure takes any grid whose work-items the host counts.
+    pub(crate) const HOST: GridLimits = GridLimits {
+        address_bits: usize::BITS,
+        threads: [u64::MAX; 3],
+        blocks: [u64::MAX; 3],
+        per_block: u64::MAX,
+    };
 }
 
 impl fmt::Display for Grid {
@@ -367,6 +447,43 @@ mod tests {
         assert_eq!(Grid::new([1, 1, 2], [1, 1, 1]).dims(), 3);
         assert!(Grid::linear(0, 64).problem().is_some());
         assert!(Grid::linear(1, 64).problem().is_none());
+    }
+
+    #[test]
+    fn grids_past_a_devices_limits_are_refused() {
+        let limits = GridLimits {
+            address_bits: 32,
+            threads: [1024, 1024, 64],
+            blocks: [u64::from(u32::MAX >> 1), 65_535, 65_535],
+            per_block: 1024,
+        };
+        let ok = |g: Grid| g.exceeds(&limits);
+        assert_eq!(ok(Grid::new([4, 2, 1], [256, 4, 1])), None);
+        assert_eq!(ok(Grid::new([(1 << 22) - 1, 1, 1], [1024, 1, 1])), None);
+        let e = ok(Grid::new([1 << 22, 1, 1], [1024, 1, 1])).unwrap();
+        assert!(
+            e.contains("4294967296 work-items") && e.contains("32-bit"),
+            "{e}"
+        );
+        let e = Grid::new([u32::MAX; 3], [u32::MAX; 3]).exceeds(&GridLimits::HOST);
+        assert!(e.unwrap().contains("more than 2^128 work-items"));
+        assert!(Grid::new([u32::MAX; 3], [1; 3])
+            .exceeds(&GridLimits::HOST)
+            .unwrap()
+            .contains("64-bit addresses"));
+        assert_eq!(
+            Grid::new([u32::MAX, 1, 1], [u32::MAX, 1, 1]).exceeds(&GridLimits::HOST),
+            None
+        );
+        let e = ok(Grid::new([1, 1, 1], [1, 1, 128])).unwrap();
+        assert!(
+            e.contains("128 threads along z") && e.contains("at most 64"),
+            "{e}"
+        );
+        let e = ok(Grid::new([1, 65_536, 1], [1, 1, 1])).unwrap();
+        assert!(e.contains("65536 blocks along y"), "{e}");
+        let e = ok(Grid::new([1, 1, 1], [64, 32, 1])).unwrap();
+        assert!(e.contains("2048 threads per block"), "{e}");
     }
 
     #[test]

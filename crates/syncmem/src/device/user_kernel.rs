@@ -82,7 +82,11 @@ pub use crate::backend::user::{Grid, KernelParam, ScalarArg, ScalarType};
 /// scalars as `i32`, `u32`, `i64`, `u64`, `f32`, `f64`. Before anything is queued, a launch
 /// is refused with [`Error::KernelArgument`] naming the kernel and the argument when a buffer
 /// lives on another device than the stream, when a written buffer is passed twice, when the
-/// grid has an extent of 0 or more threads per block than the compiled kernel runs, and, from
+/// grid has an extent of 0, more threads per block than the compiled kernel runs, more
+/// work-items in all than the device's addresses count (2^64 on a 64-bit device: a grid the
+/// device could not index, which would run for ever if at all), or more threads or blocks
+/// along an axis than the device launches (OpenCL's `CL_DEVICE_MAX_WORK_ITEM_SIZES` and
+/// `CL_DEVICE_MAX_WORK_GROUP_SIZE`; CUDA's block and grid dimensions), and, from
 /// what the compiler reports of the kernel's parameters, when the count differs or an
 /// argument is not of the parameter's kind: a buffer for a pointer, a scalar of the exact type
 /// (OpenCL reports each parameter's type; CUDA's PTX tells only `float`, `double`, 32-bit
@@ -303,6 +307,9 @@ impl UserKernel {
                     ),
                 ));
             }
+        }
+        if let Some(reason) = grid.exceeds(&k.limits()) {
+            return Err(self.error(None, format!("{reason} on {}", dev.label())));
         }
         let mut reads: SmallVec<[Option<&DeviceBuffer>; 8]> = SmallVec::new();
         let mut writes: SmallVec<[Option<&DeviceBuffer>; 8]> = SmallVec::new();

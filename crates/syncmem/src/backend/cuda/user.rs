@@ -12,7 +12,7 @@
 
 use std::sync::{Arc, LazyLock};
 
-use cudarc::driver::{CudaFunction, LaunchConfig};
+use cudarc::driver::{sys, CudaContext, CudaFunction, LaunchConfig};
 use cudarc::nvrtc::Ptx;
 
 use super::error::driver_error;
@@ -20,7 +20,7 @@ use super::launch::Arg;
 use super::program::{compile, load_module};
 use super::{CuDevice, CuStream};
 use crate::backend::cache::BuildMap;
-use crate::backend::user::{Grid, KernelParam, ScalarType};
+use crate::backend::user::{Grid, GridLimits, KernelParam, ScalarType};
 use crate::error::{Error, Result};
 
 /// The PTX of each CUDA C source of the user, compiled once per process.
@@ -69,18 +69,48 @@ pub(crate) fn ptx_params(ptx: &str, name: &str) -> Option<Vec<KernelParam>> {
     Some(params)
 }
 
+/// What the device of `ctx` launches at most, from its attributes.
+fn grid_limits(label: &str, ctx: &CudaContext) -> Result<GridLimits> {
+    use sys::CUdevice_attribute as A;
+    let get = |a: A| {
+        ctx.attribute(a)
+            .map(|v| u64::try_from(v).unwrap_or(0))
+            .map_err(|e| driver_error(label, "cuDeviceGetAttribute", e))
+    };
+    Ok(GridLimits {
+        address_bits: 64,
+        threads: [
+            get(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)?,
+            get(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
+            get(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
+        ],
+        blocks: [
+            get(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
+            get(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
+            get(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
+        ],
+        per_block: get(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+    })
+}
+
 /// One kernel of the user, loaded on one device.
 pub(crate) struct CuUserKernel {
     name: String,
     func: CudaFunction,
     params: Vec<KernelParam>,
     max_threads: u64,
+    limits: GridLimits,
 }
 
 impl CuUserKernel {
     /// The kernel's parameters, from its PTX.
     pub(crate) fn params(&self) -> &[KernelParam] {
         &self.params
+    }
+
+    /// What the kernel's device launches at most.
+    pub(crate) fn limits(&self) -> GridLimits {
+        self.limits
     }
 
     /// The most threads per block the loaded kernel runs.
@@ -119,6 +149,7 @@ impl UserModules {
                 log: String::new(),
             })?;
             let label = dev.label();
+            let limits = grid_limits(label, dev.context())?;
             let what = format!("CUDA kernel {name}");
             load_module(label, &what, dev.context(), ptx, |module| {
                 let func = module
@@ -132,6 +163,7 @@ impl UserModules {
                     func,
                     params,
                     max_threads: u64::try_from(max).unwrap_or(0),
+                    limits,
                 })
             })
         })

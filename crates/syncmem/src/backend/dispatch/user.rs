@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 
 use super::{mismatch, RawDevice, RawMem, RawStream};
 use crate::backend::cpu::user::{self as host, HostKernelFn};
-use crate::backend::user::{nul_problem, Grid, KernelParam, ScalarArg, Sources};
+use crate::backend::user::{nul_problem, Grid, GridLimits, KernelParam, ScalarArg, Sources};
 use crate::error::{Error, Result};
 
 /// A user's kernel built for one device.
@@ -32,6 +32,17 @@ impl RawUserKernel {
             RawUserKernel::OpenCl(k) => Some(k.params()),
             #[cfg(feature = "cuda")]
             RawUserKernel::Cuda(k) => Some(k.params()),
+        }
+    }
+
+    /// What the kernel's device launches at most.
+    pub(crate) fn limits(&self) -> GridLimits {
+        match self {
+            RawUserKernel::Cpu(_) => GridLimits::HOST,
+            #[cfg(feature = "opencl")]
+            RawUserKernel::OpenCl(k) => k.limits(),
+            #[cfg(feature = "cuda")]
+            RawUserKernel::Cuda(k) => k.limits(),
         }
     }
 

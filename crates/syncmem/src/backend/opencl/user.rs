@@ -9,18 +9,21 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use opencl3::device::Device as ClDeviceHandle;
+use opencl3::error_codes::ClError;
 use opencl3::kernel::{
     Kernel, CL_KERNEL_ARG_ADDRESS_CONSTANT, CL_KERNEL_ARG_ADDRESS_GLOBAL,
     CL_KERNEL_ARG_ADDRESS_LOCAL, CL_KERNEL_ARG_TYPE_CONST,
 };
 use parking_lot::Mutex;
 
+use super::error::backend_error;
 use super::handle::OwnedProgram;
 use super::launch::{Arg, Grid as ClGrid, Slot};
 use super::program::compile_program;
 use super::{ClDevice, ClStream};
 use crate::backend::cache::BuildMap;
-use crate::backend::user::{Grid, KernelParam, ScalarType};
+use crate::backend::user::{Grid, GridLimits, KernelParam, ScalarType};
 use crate::error::{Error, Result};
 
 /// The option every program of the user is built with, so that arguments can be checked.
@@ -43,6 +46,7 @@ pub(crate) struct UserPrograms {
 pub(crate) struct ClUserKernel {
     slot: Slot,
     params: Vec<KernelParam>,
+    limits: GridLimits,
     // Declared last: dropped after the kernel made from it.
     _program: Arc<OwnedProgram>,
 }
@@ -51,6 +55,11 @@ impl ClUserKernel {
     /// The kernel's parameters, from the program's argument information.
     pub(crate) fn params(&self) -> &[KernelParam] {
         &self.params
+    }
+
+    /// What the kernel's device launches at most.
+    pub(crate) fn limits(&self) -> GridLimits {
+        self.limits
     }
 
     /// The most threads per block (work-items per work-group) the compiled kernel runs.
@@ -116,11 +125,39 @@ impl UserPrograms {
         let k = Arc::new(ClUserKernel {
             slot,
             params,
+            limits: grid_limits(dev)?,
             _program: program.program.clone(),
         });
         kernels.insert(name.to_string(), k.clone());
         Ok(k)
     }
+}
+
+/// What `dev` launches at most, as it reports it.
+fn grid_limits(dev: &ClDevice) -> Result<GridLimits> {
+    let label = dev.label();
+    let info = ClDeviceHandle::new(dev.device_id());
+    let query = |what| move |ClError(c)| backend_error(label, what, c);
+    let address_bits = info
+        .address_bits()
+        .map_err(query("clGetDeviceInfo(ADDRESS_BITS)"))?;
+    let sizes = info
+        .max_work_item_sizes()
+        .map_err(query("clGetDeviceInfo(MAX_WORK_ITEM_SIZES)"))?;
+    let per_block = info
+        .max_work_group_size()
+        .map_err(query("clGetDeviceInfo(MAX_WORK_GROUP_SIZE)"))?;
+    // A device reports at least three sizes; one that reports fewer launches 1 along the rest.
+    let mut threads = [1u64; 3];
+    for (t, &s) in threads.iter_mut().zip(&sizes) {
+        *t = s as u64;
+    }
+    Ok(GridLimits {
+        address_bits,
+        threads,
+        blocks: [u64::MAX; 3],
+        per_block: per_block as u64,
+    })
 }
 
 /// The parameters of `k` from its argument information.
@@ -229,6 +266,15 @@ mod tests {
             ]
         );
         assert!(a.max_threads() >= 1);
+        let limits = a.limits();
+        assert!(
+            limits.address_bits == 32 || limits.address_bits == 64,
+            "{limits:?}"
+        );
+        assert!(
+            limits.per_block >= a.max_threads() && limits.threads[0] >= 1,
+            "{limits:?}"
+        );
         // Another name of the same program: the program is not built again.
         let e = cache.kernel(cl, "missing", &src, &opts).err().unwrap();
         assert!(
