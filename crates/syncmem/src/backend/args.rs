@@ -18,6 +18,15 @@ pub(crate) enum KArg<P> {
     /// A device pointer: memory of the launch's context, or the null pointer for an operand
     /// the kernel does not read.
     Ptr(P),
+    /// The raw bytes of a by-value parameter of a user's kernel (a `char`, a `float4`, a
+    /// struct): `len` bytes at `ptr`, borrowed by the launch that holds this argument (valid
+    /// until it returns; the backends copy the value when the kernel is queued).
+    Bytes {
+        /// The first byte.
+        ptr: *const u8,
+        /// The number of bytes.
+        len: usize,
+    },
 }
 
 /// A device pointer type with a null value.

@@ -222,6 +222,37 @@ impl ScalarType {
     }
 }
 
+/// Bytes of a value of OpenCL C type `name` that the crate has no scalar for (`char`,
+/// `half`, `float4`, `size_t`; `None` for a struct, a union or an unknown name), on a device
+/// of `address_bits`-bit addresses.
+#[cfg_attr(not(feature = "opencl"), allow(dead_code))]
+pub(crate) fn opencl_type_size(name: &str, address_bits: u32) -> Option<usize> {
+    let words: Vec<&str> = name
+        .split_whitespace()
+        .filter(|w| !matches!(*w, "const" | "volatile" | "__private" | "private"))
+        .collect();
+    let name = words.join(" ");
+    let base = name.trim_end_matches(|c: char| c.is_ascii_digit());
+    let lanes = match &name[base.len()..] {
+        "" => 1,
+        // A 3-vector takes the room of a 4-vector.
+        "3" => 4,
+        n @ ("2" | "4" | "8" | "16") => n.parse().ok()?,
+        _ => return None,
+    };
+    let size = match base {
+        "char" | "uchar" | "signed char" | "unsigned char" => 1,
+        "short" | "ushort" | "unsigned short" | "half" => 2,
+        "int" | "uint" | "unsigned int" | "float" => 4,
+        "long" | "ulong" | "unsigned long" | "double" => 8,
+        "size_t" | "ptrdiff_t" | "intptr_t" | "uintptr_t" if lanes == 1 => {
+            (address_bits / 8) as usize
+        }
+        _ => return None,
+    };
+    Some(size * lanes)
+}
+
 impl fmt::Display for ScalarType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -281,7 +312,18 @@ pub enum KernelParam {
     /// A `__local` pointer (OpenCL): launches cannot pass one (declare the array in the
     /// kernel's body instead).
     Local,
-    /// Any other parameter, with its type as the compiler reports it.
+    /// A value of a type the crate has no scalar for (`char`, `half`, `float4`, a struct), of
+    /// `size` bytes as the compiler's report tells it: it takes raw bytes of that size
+    /// ([`crate::device::KernelArg::bytes`]) or a scalar of that size, nothing else.
+    Bytes {
+        /// The type as the compiler reports it (`char`, `float4`; CUDA's PTX tells only the
+        /// size: `.b8[12]`).
+        type_name: String,
+        /// Bytes of a value.
+        size: usize,
+    },
+    /// A parameter whose size the compiler's report does not tell, with its type as reported:
+    /// launches cannot pass one (it would read past whatever they passed).
     Other(String),
 }
 
@@ -290,13 +332,25 @@ pub enum KernelParam {
 pub(crate) enum ArgShape {
     Buffer,
     Scalar(ScalarType),
+    /// Raw bytes, so many.
+    Bytes(usize),
+}
+
+/// `1 byte`, `12 bytes`.
+fn bytes_text(n: usize) -> String {
+    if n == 1 {
+        "1 byte".to_string()
+    } else {
+        format!("{n} bytes")
+    }
 }
 
 impl ArgShape {
     fn describe(self) -> String {
         match self {
             ArgShape::Buffer => "a buffer".to_string(),
-            ArgShape::Scalar(t) => format!("a {t} scalar"),
+            ArgShape::Scalar(t) => format!("a {t} scalar ({})", bytes_text(t.size())),
+            ArgShape::Bytes(n) => format!("raw bytes ({})", bytes_text(n)),
         }
     }
 }
@@ -314,7 +368,8 @@ impl KernelParam {
             (KernelParam::Word64, ArgShape::Scalar(a)) => {
                 matches!(a, ScalarType::I64 | ScalarType::U64)
             }
-            (KernelParam::Other(_), _) => true,
+            (KernelParam::Bytes { size, .. }, ArgShape::Scalar(a)) => a.size() == *size,
+            (KernelParam::Bytes { size, .. }, ArgShape::Bytes(n)) => n == *size,
             _ => false,
         };
         if ok {
@@ -336,7 +391,13 @@ impl fmt::Display for KernelParam {
             KernelParam::Int32 => f.write_str("a 32-bit integer"),
             KernelParam::Word64 => f.write_str("a buffer or a 64-bit integer"),
             KernelParam::Local => f.write_str("a __local pointer (not supported by launches)"),
-            KernelParam::Other(t) => write!(f, "a {t}"),
+            KernelParam::Bytes { type_name, size } => {
+                write!(f, "a {type_name} of {}", bytes_text(*size))
+            }
+            KernelParam::Other(t) => write!(
+                f,
+                "a {t}, whose size the compiler does not report (launch it natively)"
+            ),
         }
     }
 }
@@ -517,6 +578,47 @@ mod tests {
             .accepts(ArgShape::Scalar(ScalarType::F64))
             .is_some());
         assert!(KernelParam::Local.accepts(ArgShape::Buffer).is_some());
+        // A type the crate has no scalar for takes exactly its size, as bytes or a scalar.
+        let char4 = KernelParam::Bytes {
+            type_name: "char4".into(),
+            size: 4,
+        };
+        assert!(char4.accepts(ArgShape::Bytes(4)).is_none());
+        assert!(char4.accepts(ArgShape::Scalar(ScalarType::U32)).is_none());
+        let e = char4.accepts(ArgShape::Bytes(16)).unwrap();
+        assert!(
+            e.contains("char4 of 4 bytes") && e.contains("16 bytes"),
+            "{e}"
+        );
+        assert!(char4.accepts(ArgShape::Scalar(ScalarType::F64)).is_some());
+        assert!(char4.accepts(ArgShape::Buffer).is_some());
+        // A size nobody reported: nothing fits.
+        let unknown = KernelParam::Other("struct pair".into());
+        for a in [
+            ArgShape::Buffer,
+            ArgShape::Bytes(8),
+            ArgShape::Scalar(ScalarType::U64),
+        ] {
+            assert!(unknown.accepts(a).is_some());
+        }
+        assert!(KernelParam::Scalar(ScalarType::F32)
+            .accepts(ArgShape::Bytes(4))
+            .is_some());
+    }
+
+    #[test]
+    fn opencl_types_have_their_sizes() {
+        let size = |n: &str| opencl_type_size(n, 64);
+        assert_eq!(size("char"), Some(1));
+        assert_eq!(size("const uchar"), Some(1));
+        assert_eq!(size("half"), Some(2));
+        assert_eq!(size("float4"), Some(16));
+        assert_eq!(size("int3"), Some(16));
+        assert_eq!(size("double16"), Some(128));
+        assert_eq!(opencl_type_size("size_t", 32), Some(4));
+        assert_eq!(size("float5"), None);
+        assert_eq!(size("struct pair"), None);
+        assert_eq!(size("triple"), None);
     }
 
     #[test]

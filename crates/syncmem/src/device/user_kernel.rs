@@ -79,7 +79,9 @@ pub use crate::backend::user::{Grid, KernelParam, ScalarArg, ScalarType};
 ///
 /// Buffers are passed read ([`KernelArg::read`], a [`crate::synced::DeviceRead`] guard) or
 /// written ([`KernelArg::write`], a [`crate::synced::DeviceWrite`] guard: read and written);
-/// scalars as `i32`, `u32`, `i64`, `u64`, `f32`, `f64`. Before anything is queued, a launch
+/// scalars as `i32`, `u32`, `i64`, `u64`, `f32`, `f64`; a by-value parameter of another type
+/// (`char`, `half`, `float4`, a struct) as its raw bytes ([`KernelArg::bytes`]). Before
+/// anything is queued, a launch
 /// is refused with [`Error::KernelArgument`] naming the kernel and the argument when a buffer
 /// lives on another device than the stream, when a written buffer is passed twice, when the
 /// grid has an extent of 0, more threads per block than the compiled kernel runs, more
@@ -90,7 +92,10 @@ pub use crate::backend::user::{Grid, KernelParam, ScalarArg, ScalarType};
 /// what the compiler reports of the kernel's parameters, when the count differs or an
 /// argument is not of the parameter's kind: a buffer for a pointer, a scalar of the exact type
 /// (OpenCL reports each parameter's type; CUDA's PTX tells only `float`, `double`, 32-bit
-/// integer, and 64-bit word, which is a pointer or a 64-bit integer). A host closure has no
+/// integer, and 64-bit word, which is a pointer or a 64-bit integer), and for a parameter of
+/// any other type ([`KernelParam::Bytes`]) raw bytes or a scalar of exactly its size (OpenCL's
+/// vector and small types by their names, CUDA's by the PTX; a parameter whose size neither
+/// tells, an OpenCL struct, takes nothing: [`KernelParam::Other`]). A host closure has no
 /// declared parameters: [`HostArgs`] checks each access instead.
 ///
 /// A source is built once per device on first use (or by [`UserKernel::prepare`]) and kept:
@@ -325,6 +330,7 @@ impl UserKernel {
                     }
                 }
                 ArgKind::Scalar(s) => RawArg::Scalar(s),
+                ArgKind::Bytes(b) => RawArg::Bytes(b),
             });
         }
         stream.kernels().queue(&reads, &writes, |d, s| {
@@ -429,10 +435,12 @@ impl fmt::Debug for UserKernel {
 enum ArgKind<'a> {
     Buffer { buf: &'a DeviceBuffer, write: bool },
     Scalar(ScalarArg),
+    Bytes(&'a [u8]),
 }
 
 /// One argument of [`UserKernel::launch`]: a device buffer the kernel reads, one it writes
-/// (and may read), or a scalar. Guards convert into it: `KernelArg::from(&read_guard)`,
+/// (and may read), a scalar, or the raw bytes of a by-value parameter of a type the crate has
+/// no scalar for ([`KernelArg::bytes`]). Guards convert into it: `KernelArg::from(&read_guard)`,
 /// `KernelArg::from(&mut write_guard)`; scalars with `.into()`.
 #[derive(Clone, Copy)]
 pub struct KernelArg<'a> {
@@ -466,10 +474,21 @@ impl<'a> KernelArg<'a> {
         }
     }
 
+    /// The raw bytes of a by-value parameter whose type the crate has no scalar for: a `char`,
+    /// a `half`, a `float4`, a struct (`bytemuck::bytes_of(&value)` of a `#[repr(C)]` twin).
+    /// A launch takes them only for a parameter of exactly their size
+    /// ([`KernelParam::Bytes`]); the layout inside is the caller's to get right.
+    pub fn bytes(bytes: &'a [u8]) -> Self {
+        Self {
+            kind: ArgKind::Bytes(bytes),
+        }
+    }
+
     fn shape(&self) -> ArgShape {
         match self.kind {
             ArgKind::Buffer { .. } => ArgShape::Buffer,
             ArgKind::Scalar(s) => ArgShape::Scalar(s.scalar_type()),
+            ArgKind::Bytes(b) => ArgShape::Bytes(b.len()),
         }
     }
 }
@@ -483,6 +502,7 @@ impl fmt::Debug for KernelArg<'_> {
                 .field("write", &write)
                 .finish(),
             ArgKind::Scalar(s) => f.debug_tuple("KernelArg").field(&s).finish(),
+            ArgKind::Bytes(b) => f.debug_struct("KernelArg").field("bytes", &b).finish(),
         }
     }
 }

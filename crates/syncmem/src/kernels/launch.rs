@@ -84,6 +84,7 @@ impl<'a> From<&'a mut Tensor> for BufferMut<'a> {
 enum Kind<'a> {
     Buffer(Buffer<'a>, Access),
     Scalar(ScalarArg),
+    Bytes(&'a [u8]),
 }
 
 /// One argument of [`launch`]: a buffer read, read and written, or overwritten, or a scalar
@@ -123,6 +124,14 @@ impl<'a> Arg<'a> {
     pub fn scalar(value: impl Into<ScalarArg>) -> Self {
         Self {
             kind: Kind::Scalar(value.into()),
+        }
+    }
+
+    /// The raw bytes of a by-value parameter of a type the crate has no scalar for (see
+    /// [`KernelArg::bytes`]).
+    pub fn bytes(bytes: &'a [u8]) -> Self {
+        Self {
+            kind: Kind::Bytes(bytes),
         }
     }
 }
@@ -271,6 +280,7 @@ pub unsafe fn launch(
     for (a, slot) in args.iter().zip(&slot_of) {
         kargs.push(match (a.kind, slot) {
             (Kind::Scalar(s), _) => KernelArg::scalar(s),
+            (Kind::Bytes(b), _) => KernelArg::bytes(b),
             (Kind::Buffer(_, access), None) => match access {
                 Access::Read => KernelArg::read(&empty),
                 _ => KernelArg::written(&empty),

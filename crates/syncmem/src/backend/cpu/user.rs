@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 pub type HostKernelFn = dyn Fn(&HostArgs<'_>) -> Result<()> + Send + Sync;
 
 /// One argument of a host launch.
-enum HostArg {
+enum HostArg<'a> {
     /// `len` bytes at `ptr` (dangling when `len == 0`); `write`: the launch may write it.
     Buffer {
         ptr: *mut u8,
@@ -25,6 +25,7 @@ enum HostArg {
         taken: Cell<bool>,
     },
     Scalar(ScalarArg),
+    Bytes(&'a [u8]),
 }
 
 /// The arguments of a launch on the `cpu` device, as the kernel's closure sees them: buffers
@@ -35,7 +36,7 @@ enum HostArg {
 pub struct HostArgs<'a> {
     kernel: &'a str,
     grid: Grid,
-    args: SmallVec<[HostArg; 8]>,
+    args: SmallVec<[HostArg<'a>; 8]>,
     /// The buffers' borrows.
     _mem: std::marker::PhantomData<&'a CpuMem>,
 }
@@ -49,6 +50,7 @@ pub(crate) enum In<'a> {
         write: bool,
     },
     Scalar(ScalarArg),
+    Bytes(&'a [u8]),
 }
 
 /// Runs `f` with the arguments `args`.
@@ -73,6 +75,7 @@ pub(crate) fn launch(f: &HostKernelFn, kernel: &str, grid: Grid, args: &[In<'_>]
                 }
             }
             In::Scalar(s) => HostArg::Scalar(s),
+            In::Bytes(b) => HostArg::Bytes(b),
         });
     }
     let host = HostArgs {
@@ -93,7 +96,7 @@ impl<'a> HostArgs<'a> {
         }
     }
 
-    fn arg(&self, i: usize) -> Result<&HostArg> {
+    fn arg(&self, i: usize) -> Result<&HostArg<'a>> {
         self.args.get(i).ok_or_else(|| {
             self.error(
                 Some(i),
@@ -146,9 +149,30 @@ impl<'a> HostArgs<'a> {
                 Some(i),
                 "the launch writes this buffer: read it through `output`".into(),
             )),
+            other => Err(self.not_a_buffer(i, other)),
+        }
+    }
+
+    fn not_a_buffer(&self, i: usize, arg: &HostArg<'_>) -> Error {
+        let what = match arg {
+            HostArg::Scalar(s) => format!("a {} scalar", s.scalar_type()),
+            HostArg::Bytes(b) => format!("{} raw bytes", b.len()),
+            HostArg::Buffer { .. } => "a buffer".to_string(),
+        };
+        self.error(Some(i), format!("{what}, not a buffer"))
+    }
+
+    /// The raw bytes of argument `i` (passed with [`crate::device::KernelArg::bytes`]).
+    ///
+    /// # Errors
+    /// [`Error::KernelArgument`] when argument `i` is missing, a buffer or a scalar.
+    pub fn bytes(&self, i: usize) -> Result<&'a [u8]> {
+        match self.arg(i)? {
+            HostArg::Bytes(b) => Ok(b),
+            HostArg::Buffer { .. } => Err(self.error(Some(i), "a buffer, not raw bytes".into())),
             HostArg::Scalar(s) => Err(self.error(
                 Some(i),
-                format!("a {} scalar, not a buffer", s.scalar_type()),
+                format!("a {} scalar, not raw bytes", s.scalar_type()),
             )),
         }
     }
@@ -183,10 +207,7 @@ impl<'a> HostArgs<'a> {
                 Some(i),
                 "the launch only reads this buffer: take it with `input`".into(),
             )),
-            HostArg::Scalar(s) => Err(self.error(
-                Some(i),
-                format!("a {} scalar, not a buffer", s.scalar_type()),
-            )),
+            other => Err(self.not_a_buffer(i, other)),
         }
     }
 
@@ -212,6 +233,9 @@ impl<'a> HostArgs<'a> {
         match self.arg(i)? {
             HostArg::Scalar(s) => Ok(*s),
             HostArg::Buffer { .. } => Err(self.error(Some(i), "a buffer, not a scalar".into())),
+            HostArg::Bytes(b) => {
+                Err(self.error(Some(i), format!("{} raw bytes, not a scalar", b.len())))
+            }
         }
     }
 

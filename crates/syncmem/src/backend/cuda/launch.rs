@@ -41,7 +41,8 @@ pub(super) fn linear(blocks: u32, block: u32) -> LaunchConfig {
 ///
 /// The caller passes the arguments in the order and of the types of the kernel's parameters
 /// (`unsigned int`, `unsigned long long`, `float`, `double`, pointers to live memory of the
-/// stream's context, kept alive until the kernel completes) and a configuration whose block size
+/// stream's context, kept alive until the kernel completes, or the bytes of a by-value
+/// parameter of exactly its size, alive for the call) and a configuration whose block size
 /// the kernel was written for (checked against the compiled function at build time) with static
 /// shared memory only.
 pub(super) fn launch(
@@ -61,6 +62,7 @@ pub(super) fn launch(
             KArg::U64(v) | KArg::Ptr(v) => v as *const u64 as *mut c_void,
             KArg::F32(v) => v as *const f32 as *mut c_void,
             KArg::F64(v) => v as *const f64 as *mut c_void,
+            KArg::Bytes { ptr, .. } => ptr.cast_mut().cast(),
         })
         .collect();
     let queued = stream.context().bind_to_thread().and_then(|()| {

@@ -56,12 +56,30 @@ pub(crate) fn ptx_params(ptx: &str, name: &str) -> Option<Vec<KernelParam>> {
         .filter(|p| !p.is_empty())
         .map(|p| {
             let words: Vec<&str> = p.split_whitespace().collect();
-            let ty = words.get(1).copied().unwrap_or("");
-            match ty {
-                ".f32" => KernelParam::Scalar(ScalarType::F32),
-                ".f64" => KernelParam::Scalar(ScalarType::F64),
-                ".u32" | ".s32" | ".b32" => KernelParam::Int32,
-                ".u64" | ".s64" | ".b64" => KernelParam::Word64,
+            // `.param [.align N] .type [.ptr ...] name[count]`.
+            let ty = words
+                .iter()
+                .skip(1)
+                .copied()
+                .find(|w| w.starts_with('.') && !matches!(*w, ".align" | ".ptr"))
+                .unwrap_or("");
+            let count = words.last().and_then(|w| {
+                let open = w.find('[')?;
+                w[open + 1..].strip_suffix(']')?.parse::<usize>().ok()
+            });
+            let bytes = |size: usize| KernelParam::Bytes {
+                type_name: format!("PTX {ty}[{}]", count.unwrap_or(1)),
+                size: size * count.unwrap_or(1),
+            };
+            match (ty, count) {
+                (".f32", None) => KernelParam::Scalar(ScalarType::F32),
+                (".f64", None) => KernelParam::Scalar(ScalarType::F64),
+                (".u32" | ".s32" | ".b32", None) => KernelParam::Int32,
+                (".u64" | ".s64" | ".b64", None) => KernelParam::Word64,
+                (".u8" | ".s8" | ".b8", _) => bytes(1),
+                (".u16" | ".s16" | ".b16" | ".f16", _) => bytes(2),
+                (".u32" | ".s32" | ".b32" | ".f32", Some(_)) => bytes(4),
+                (".u64" | ".s64" | ".b64" | ".f64", Some(_)) => bytes(8),
                 _ => KernelParam::Other(format!("PTX parameter `{p}`")),
             }
         })
@@ -223,6 +241,18 @@ mod tests {
             ]
         );
         assert!(ptx_params(ptx, "other").is_none());
+        // A char, a float4 and a struct of 12 bytes, by value.
+        let ptx = ".entry o(\n\t.param .u8 o_param_0,\n\t.param .align 16 .b8 o_param_1[16],\n\t\
+                   .param .align 4 .b8 o_param_2[12]\n)";
+        let sizes: Vec<usize> = ptx_params(ptx, "o")
+            .unwrap()
+            .iter()
+            .map(|p| match p {
+                KernelParam::Bytes { size, .. } => *size,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(sizes, [1, 16, 12]);
         assert_eq!(ptx_params(".entry e(\n)\n{", "e").unwrap(), []);
     }
 

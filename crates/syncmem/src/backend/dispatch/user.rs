@@ -67,6 +67,8 @@ pub(crate) enum RawArg<'a> {
         write: bool,
     },
     Scalar(ScalarArg),
+    /// The raw bytes of a by-value parameter.
+    Bytes(&'a [u8]),
 }
 
 fn missing(label: &str, name: &str, what: &str, call: &str) -> Error {
@@ -91,6 +93,10 @@ fn device_args<'a, P: crate::backend::args::DevicePtr>(
                 .map(KArg::Ptr)
                 .ok_or_else(|| mismatch("kernel launch", label)),
             RawArg::Scalar(s) => Ok(scalar(*s)),
+            RawArg::Bytes(b) => Ok(KArg::Bytes {
+                ptr: b.as_ptr(),
+                len: b.len(),
+            }),
         })
         .collect()
 }
@@ -178,6 +184,7 @@ impl RawDevice {
                             write: *write,
                         },
                         RawArg::Scalar(v) => host::In::Scalar(*v),
+                        RawArg::Bytes(b) => host::In::Bytes(b),
                     });
                 }
                 host::launch(f.as_ref(), name, *grid, &host_args)

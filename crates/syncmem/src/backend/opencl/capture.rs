@@ -25,6 +25,8 @@ use crate::error::Result;
 struct Launch {
     kernel: Kernel,
     args: Vec<Arg>,
+    /// The bytes of the by-value arguments (`KArg::Bytes` in `args` point into them).
+    _bytes: Vec<Box<[u8]>>,
     scratch: Option<usize>,
     global: Vec<usize>,
     local: Vec<usize>,
@@ -108,7 +110,8 @@ impl LaunchCapture {
             for (i, arg) in l.args.iter().enumerate() {
                 let i = i as cl_uint;
                 // SAFETY: the values the crate set when it launched this kernel, of the types
-                // of its parameters; the buffers are retained by the capture; the kernel object
+                // of its parameters; the buffers are retained by the capture, the by-value bytes
+                // are the capture's own copies; the kernel object
                 // is the capture's own (`&mut self`: no other thread sets its arguments).
                 unsafe {
                     match arg {
@@ -117,6 +120,10 @@ impl LaunchCapture {
                         KArg::F32(v) => k.set_arg(i, v),
                         KArg::F64(v) => k.set_arg(i, v),
                         KArg::Ptr(m) => k.set_arg(i, m),
+                        KArg::Bytes { ptr, len } => {
+                            opencl3::kernel::set_kernel_arg(k.get(), i, *len, ptr.cast())
+                                .map_err(ClError)
+                        }
                     }
                 }
                 .map_err(|ClError(c)| backend_error("replay", "clSetKernelArg", c))?;
@@ -165,9 +172,28 @@ pub(super) fn record(label: &str, kernel: &Kernel, args: &[Arg], grid: &Grid<'_>
             }
         }
     }
+    // The by-value bytes outlive the launch's borrow: the capture keeps a copy of each.
+    let mut bytes = Vec::new();
+    let args = args
+        .iter()
+        .map(|a| match *a {
+            KArg::Bytes { ptr, len } => {
+                // SAFETY: `len` bytes at `ptr`, valid for this launch (the argument's contract).
+                let copy: Box<[u8]> = unsafe { std::slice::from_raw_parts(ptr, len) }.into();
+                let arg = KArg::Bytes {
+                    ptr: copy.as_ptr(),
+                    len,
+                };
+                bytes.push(copy);
+                arg
+            }
+            other => other,
+        })
+        .collect();
     let launch = Launch {
         kernel,
-        args: args.to_vec(),
+        args,
+        _bytes: bytes,
         scratch: grid.scratch,
         global: grid.global.to_vec(),
         local: grid.local.to_vec(),

@@ -125,8 +125,9 @@ pub(super) fn launch(
         let i = i as cl_uint;
         // SAFETY: the arguments come in the order and of the types of the kernel's parameters
         // (this function's contract): `uint` (cl_uint), `ulong` (cl_ulong), `float` (f32),
-        // `double` (f64), or a `__global` pointer (a cl_mem of this context, or null for an
-        // operand the kernel does not read). The kernel is locked, so no other thread sets its
+        // `double` (f64), a `__global` pointer (a cl_mem of this context, or null for an
+        // operand the kernel does not read), or the bytes of a by-value parameter of exactly
+        // its size, valid for this call (the runtime copies them). The kernel is locked, so no other thread sets its
         // arguments until it is enqueued.
         unsafe {
             match arg {
@@ -135,6 +136,9 @@ pub(super) fn launch(
                 KArg::F32(v) => k.0.set_arg(i, v),
                 KArg::F64(v) => k.0.set_arg(i, v),
                 KArg::Ptr(m) => k.0.set_arg(i, m),
+                KArg::Bytes { ptr, len } => {
+                    opencl3::kernel::set_kernel_arg(k.0.get(), i, *len, ptr.cast()).map_err(ClError)
+                }
             }
         }
         .map_err(|e| set_err(i, e))?;

@@ -23,7 +23,7 @@ use super::launch::{Arg, Grid as ClGrid, Slot};
 use super::program::compile_program;
 use super::{ClDevice, ClStream};
 use crate::backend::cache::BuildMap;
-use crate::backend::user::{Grid, GridLimits, KernelParam, ScalarType};
+use crate::backend::user::{opencl_type_size, Grid, GridLimits, KernelParam, ScalarType};
 use crate::error::{Error, Result};
 
 /// The option every program of the user is built with, so that arguments can be checked.
@@ -114,8 +114,9 @@ impl UserPrograms {
             reason: format!("the program has no kernel of that name ({e})"),
             log: String::new(),
         })?;
+        let limits = grid_limits(dev)?;
         let params = slot
-            .with_kernel(params_of)
+            .with_kernel(|k| params_of(k, limits.address_bits))
             .map_err(|e| Error::KernelBuild {
                 kernel: name.to_string(),
                 device: dev.label().to_string(),
@@ -125,7 +126,7 @@ impl UserPrograms {
         let k = Arc::new(ClUserKernel {
             slot,
             params,
-            limits: grid_limits(dev)?,
+            limits,
             _program: program.program.clone(),
         });
         kernels.insert(name.to_string(), k.clone());
@@ -160,8 +161,9 @@ fn grid_limits(dev: &ClDevice) -> Result<GridLimits> {
     })
 }
 
-/// The parameters of `k` from its argument information.
-fn params_of(k: &Kernel) -> std::result::Result<Vec<KernelParam>, String> {
+/// The parameters of `k` from its argument information, on a device of `address_bits`-bit
+/// addresses (the size of a `size_t` parameter).
+fn params_of(k: &Kernel, address_bits: u32) -> std::result::Result<Vec<KernelParam>, String> {
     let n = k
         .num_args()
         .map_err(|e| format!("clGetKernelInfo(NUM_ARGS): {e}"))?;
@@ -183,7 +185,13 @@ fn params_of(k: &Kernel) -> std::result::Result<Vec<KernelParam>, String> {
                     let name = name.trim_end_matches('\0').trim().to_string();
                     match ScalarType::from_c_name(&name) {
                         Some(t) => KernelParam::Scalar(t),
-                        None => KernelParam::Other(name),
+                        None => match opencl_type_size(&name, address_bits) {
+                            Some(size) => KernelParam::Bytes {
+                                type_name: name,
+                                size,
+                            },
+                            None => KernelParam::Other(name),
+                        },
                     }
                 }
             })
