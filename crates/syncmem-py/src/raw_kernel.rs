@@ -11,7 +11,11 @@
 //! A tensor is read only when its parameter is read-only (`const` or `__constant`, as OpenCL
 //! reports it, or `const` in the CUDA source's declaration); otherwise it is read and written.
 //! A scalar is a NumPy scalar of the parameter's exact type (`numpy.float32(0.5)`), or a Python
-//! `int` / `float` converted to the parameter's type.
+//! `int` / `float` converted to the parameter's type (a value the type cannot hold is an
+//! error, not an infinity). A parameter of a type without a scalar (`char`, `float4`, a CUDA
+//! struct) takes `bytes` of its size, or a NumPy scalar of its size (`numpy.int8(3)`). A
+//! tensor passed for a pointer whose element type the source declares (`const float* x`) must
+//! be of that dtype.
 
 use std::sync::Arc;
 
@@ -21,7 +25,7 @@ use pyo3::types::{PyBool, PyFloat, PyInt, PySequence};
 use syncmem::device::{Grid, KernelParam, ScalarArg, ScalarType, UserKernel};
 use syncmem::kernels::{self, Arg};
 use syncmem::workspace::BlobRef;
-use syncmem::{BackendKind, Blob, Device, Error, Tensor};
+use syncmem::{BackendKind, Blob, DType, Device, Error, Tensor};
 
 use crate::device::remember;
 use crate::errors::{to_py, DeviceError, OrRaise};
@@ -36,6 +40,11 @@ use crate::views;
 /// OpenCL); `options` are the OpenCL build options. The kernel is built on each device at its
 /// first call (`compile(device)` builds it now); a build failure raises with the compiler's
 /// log. CUDA is compile-checked only: it has never run on a GPU.
+///
+/// The crate checks the arguments' count, kinds, sizes and the tensors' dtypes against the
+/// kernel, but not its indexing: a kernel that reads or writes past the end of a tensor (a
+/// grid larger than the tensor with no bounds check in the kernel, a wrong `n`) corrupts
+/// memory, as a CuPy kernel would.
 #[pyclass(module = "syncmem", name = "RawKernel", frozen)]
 pub struct PyRawKernel {
     kernel: Arc<UserKernel>,
@@ -50,6 +59,8 @@ enum Given {
     /// A Python `int` or `float`, typed by the kernel's parameter.
     Int(i128),
     Float(f64),
+    /// Raw bytes (`bytes`, or a NumPy scalar of a dtype without a kernel scalar type).
+    Bytes(Vec<u8>),
 }
 
 fn dims3(what: &str, v: &Bound<'_, PyAny>) -> PyResult<[u32; 3]> {
@@ -86,12 +97,54 @@ fn numpy_scalar(v: &Bound<'_, PyAny>) -> PyResult<Option<ScalarArg>> {
         "uint64" => ScalarArg::U64(item.extract()?),
         "float32" => ScalarArg::F32(item.extract::<f64>()? as f32),
         "float64" => ScalarArg::F64(item.extract()?),
-        other => {
-            return Err(PyTypeError::new_err(format!(
-                "a kernel scalar is int32, uint32, int64, uint64, float32 or float64, not {other}"
-            )))
-        }
+        _ => return Ok(None),
     }))
+}
+
+/// The bytes of a NumPy scalar of another dtype (`int8`, `float16`, a structured scalar).
+fn numpy_bytes(v: &Bound<'_, PyAny>) -> PyResult<Option<Vec<u8>>> {
+    let np = v.py().import("numpy")?;
+    if !v.is_instance(&np.getattr("generic")?)? {
+        return Ok(None);
+    }
+    Ok(Some(v.call_method0("tobytes")?.extract()?))
+}
+
+/// The element type of a pointer parameter as the source declares it (`const __global float*
+/// x` → `float`), as a dtype; `None` for anything else.
+fn pointee(decl: &str) -> Option<DType> {
+    let star = decl.find('*')?;
+    let words: Vec<&str> = decl[..star]
+        .split_whitespace()
+        .filter(|w| {
+            !matches!(
+                *w,
+                "const"
+                    | "volatile"
+                    | "restrict"
+                    | "__restrict__"
+                    | "__global"
+                    | "global"
+                    | "__constant"
+                    | "constant"
+            )
+        })
+        .collect();
+    Some(match words.join(" ").as_str() {
+        "float" => DType::F32,
+        "double" => DType::F64,
+        "half" | "__half" => DType::F16,
+        "int" | "signed int" | "int32_t" => DType::I32,
+        "uint" | "unsigned int" | "unsigned" | "uint32_t" => DType::U32,
+        "long" | "long long" | "int64_t" => DType::I64,
+        "ulong" | "unsigned long" | "unsigned long long" | "uint64_t" => DType::U64,
+        "short" | "int16_t" => DType::I16,
+        "ushort" | "unsigned short" | "uint16_t" => DType::U16,
+        "char" | "signed char" | "int8_t" => DType::I8,
+        "uchar" | "unsigned char" | "uint8_t" => DType::U8,
+        "bool" => DType::Bool,
+        _ => return None,
+    })
 }
 
 fn given(i: usize, v: &Bound<'_, PyAny>) -> PyResult<Given> {
@@ -107,6 +160,15 @@ fn given(i: usize, v: &Bound<'_, PyAny>) -> PyResult<Given> {
     if let Some(s) = numpy_scalar(v)? {
         return Ok(Given::Scalar(s));
     }
+    if let Some(b) = numpy_bytes(v)? {
+        return Ok(Given::Bytes(b));
+    }
+    if let Ok(b) = v.cast::<pyo3::types::PyBytes>() {
+        return Ok(Given::Bytes(b.as_bytes().to_vec()));
+    }
+    if let Ok(b) = v.cast::<pyo3::types::PyByteArray>() {
+        return Ok(Given::Bytes(b.to_vec()));
+    }
     if v.is_instance_of::<PyInt>() {
         return Ok(Given::Int(v.extract()?));
     }
@@ -114,7 +176,7 @@ fn given(i: usize, v: &Bound<'_, PyAny>) -> PyResult<Given> {
         return Ok(Given::Float(v.extract()?));
     }
     Err(PyTypeError::new_err(format!(
-        "argument {i}: a kernel argument is a syncmem.Tensor or a scalar, not {}",
+        "argument {i}: a kernel argument is a syncmem.Tensor, a scalar or bytes, not {}",
         v.get_type().name()?
     )))
 }
@@ -132,8 +194,17 @@ fn typed(name: &str, i: usize, p: Option<&KernelParam>, g: &Given) -> syncmem::R
         Some(KernelParam::Word64) => Some(ScalarType::I64),
         _ => None,
     };
+    // A finite value past a float's range would silently become an infinity.
+    let as_f32 = |v: f64, what: &dyn std::fmt::Display| {
+        let f = v as f32;
+        if v.is_finite() && f.is_infinite() {
+            Err(bad(format!("{what} does not fit a float parameter")))
+        } else {
+            Ok(ScalarArg::F32(f))
+        }
+    };
     match (g, want) {
-        (Given::Float(v), Some(ScalarType::F32)) => Ok(ScalarArg::F32(*v as f32)),
+        (Given::Float(v), Some(ScalarType::F32)) => as_f32(*v, v),
         (Given::Float(v), Some(ScalarType::F64) | None) => Ok(ScalarArg::F64(*v)),
         (Given::Int(v), t) => {
             let fits = |r: Option<ScalarArg>| {
@@ -146,7 +217,7 @@ fn typed(name: &str, i: usize, p: Option<&KernelParam>, g: &Given) -> syncmem::R
                 Some(ScalarType::I32) => fits(i32::try_from(*v).ok().map(ScalarArg::I32)),
                 Some(ScalarType::U32) => fits(u32::try_from(*v).ok().map(ScalarArg::U32)),
                 Some(ScalarType::U64) => fits(u64::try_from(*v).ok().map(ScalarArg::U64)),
-                Some(ScalarType::F32) => Ok(ScalarArg::F32(*v as f32)),
+                Some(ScalarType::F32) => as_f32(*v as f64, v),
                 Some(ScalarType::F64) => Ok(ScalarArg::F64(*v as f64)),
                 _ => fits(i64::try_from(*v).ok().map(ScalarArg::I64)),
             }
@@ -155,7 +226,9 @@ fn typed(name: &str, i: usize, p: Option<&KernelParam>, g: &Given) -> syncmem::R
             "a Python float for a {t} parameter (pass an int or a NumPy scalar)"
         ))),
         (Given::Scalar(s), _) => Ok(*s),
-        (Given::Tensor(..), _) => Err(bad("a tensor where a scalar was expected".into())),
+        (Given::Tensor(..) | Given::Bytes(_), _) => {
+            Err(bad("a tensor or bytes where a scalar was expected".into()))
+        }
     }
 }
 
@@ -249,6 +322,7 @@ impl PyRawKernel {
                         None => unreachable_lock()?,
                     },
                 },
+                Given::Bytes(b) => Arg::bytes(b),
                 _ => match scalars[i] {
                     Some(s) => Arg::scalar(s),
                     None => unreachable_lock()?,
@@ -363,16 +437,32 @@ impl PyRawKernel {
             for (i, g) in given.iter().enumerate() {
                 reads.push(self.reads_only(params, i));
                 scalars.push(match g {
-                    Given::Tensor(..) => None,
+                    Given::Tensor(..) | Given::Bytes(_) => None,
                     g => Some(typed(&name, i, params.and_then(|p| p.get(i)), g).map_err(to_py)?),
                 });
             }
             views::device_section(
                 || {
-                    for g in &given {
+                    let declared = self.kernel.declared_params(self.backend);
+                    for (i, g) in given.iter().enumerate() {
                         if let Given::Tensor(b, tensor) = g {
                             let b = b.read();
                             let t = b.get::<Tensor>().or_raise()?;
+                            let want = declared.as_ref().and_then(|d| pointee(d.get(i)?));
+                            if let (Some(want), Some(have)) = (want, t.dtype()) {
+                                if want != have {
+                                    return Err(to_py(Error::KernelArgument {
+                                        kernel: name.clone(),
+                                        index: Some(i),
+                                        reason: format!(
+                                            "tensor {tensor:?} is {}, the kernel's pointer \
+                                             points to {}",
+                                            have.name(),
+                                            want.name()
+                                        ),
+                                    }));
+                                }
+                            }
                             views::check_no_writable_view(t, &format!("tensor {tensor:?}"))?;
                         }
                     }

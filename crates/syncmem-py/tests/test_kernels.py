@@ -143,3 +143,63 @@ def test_python_operators_run_on_cpu_only(opencl):
     net = {"name": "n", "ops": [{"type": "PySquareCpuOnly", "inputs": ["x"], "outputs": ["y"]}]}
     with pytest.raises(syncmem.DeviceError, match="cpu only"):
         ws.create_net(net)
+
+
+ODD_CL = """
+__kernel void odd(__global float* y, char c, float4 v) {
+    y[0] = (float)c;
+    y[1] = v.x + v.w;
+}
+"""
+
+
+def test_raw_kernel_by_value_parameters_take_only_their_size(opencl):
+    ws = syncmem.Workspace(device=opencl)
+    ws.feed_blob("y", numpy.zeros(4, "float32"))
+    y = ws.tensor("y")
+    v = numpy.array([1, 2, 3, 4], "float32").tobytes()
+    k = syncmem.RawKernel(ODD_CL, "odd")
+    with pytest.raises(syncmem.SyncmemError, match=r"argument 1.*char of 1 byte"):
+        k(1, 1, (y, numpy.uint32(3), v))
+    with pytest.raises(syncmem.SyncmemError, match=r"argument 1.*char of 1 byte"):
+        k(1, 1, (y, 3, v))
+    with pytest.raises(syncmem.SyncmemError, match=r"argument 2.*float4 of 16 bytes"):
+        k(1, 1, (y, numpy.int8(3), numpy.float32(1.0)))
+    with pytest.raises(syncmem.SyncmemError, match=r"argument 2.*float4 of 16 bytes"):
+        k(1, 1, (y, numpy.int8(3), v[:8]))
+    numpy.testing.assert_array_equal(ws.fetch_blob("y"), numpy.zeros(4, "float32"))
+    k(1, 1, (y, numpy.int8(3), v))
+    numpy.testing.assert_array_equal(ws.fetch_blob("y"), [3, 5, 0, 0])
+    k(1, 1, (y, b"\x02", bytearray(v)))
+    numpy.testing.assert_array_equal(ws.fetch_blob("y"), [2, 5, 0, 0])
+
+
+def test_raw_kernel_checks_dtypes_and_float_ranges(opencl):
+    ws = syncmem.Workspace(device=opencl)
+    ws.feed_blob("x", numpy.ones(8, "int32"))
+    ws.feed_blob("f", numpy.ones(8, "float32"))
+    ws.feed_blob("y", numpy.zeros(8, "float32"))
+    k = syncmem.RawKernel(SCALE_CL, "scale")
+    with pytest.raises(syncmem.SyncmemError, match=r"argument 0.*is i32.*points to f32"):
+        k(1, 8, (ws.tensor("x"), ws.tensor("y"), 8, 1.0))
+    with pytest.raises(syncmem.SyncmemError, match=r"argument 3.*does not fit a float"):
+        k(1, 8, (ws.tensor("f"), ws.tensor("y"), 8, 1e300))
+    numpy.testing.assert_array_equal(ws.fetch_blob("y"), numpy.zeros(8, "float32"))
+    # An infinity asked for is passed as it is.
+    k(1, 8, (ws.tensor("f"), ws.tensor("y"), 8, float("inf")))
+    assert numpy.isinf(ws.fetch_blob("y")).all()
+
+
+def test_raw_kernel_refuses_nul_bytes_and_huge_grids(opencl):
+    ws = syncmem.Workspace(device=opencl)
+    ws.feed_blob("x", numpy.ones(8, "float32"))
+    ws.feed_blob("y", numpy.zeros(8, "float32"))
+    k = syncmem.RawKernel(SCALE_CL, "sc\0ale")
+    with pytest.raises(syncmem.SyncmemError, match="NUL byte"):
+        k.compile(opencl)
+    with pytest.raises(syncmem.SyncmemError, match="NUL byte"):
+        k(1, 8, (ws.tensor("x"), ws.tensor("y"), 8, 1.0))
+    k = syncmem.RawKernel(SCALE_CL, "scale")
+    with pytest.raises(syncmem.SyncmemError, match="work-items"):
+        k((2**32 - 1,) * 3, (1, 1, 1), (ws.tensor("x"), ws.tensor("y"), 8, 1.0))
+    numpy.testing.assert_array_equal(ws.fetch_blob("y"), numpy.zeros(8, "float32"))

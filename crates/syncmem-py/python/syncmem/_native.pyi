@@ -312,7 +312,14 @@ def operator_types() -> List[str]:
 
 class RawKernel:
     """A kernel from OpenCL C or CUDA C source, called as CuPy's: ``kernel(grid, block, args)``
-    with tensors and NumPy scalars (or Python numbers, typed by the kernel's parameters)."""
+    with tensors and NumPy scalars (or Python numbers, typed by the kernel's parameters; a
+    value the parameter's type cannot hold, such as ``1e300`` for a ``float``, is an error).
+    A parameter of a type without a scalar (``char``, ``float4``, a CUDA struct) takes
+    ``bytes`` of exactly its size, or a NumPy scalar of that size. A tensor passed for a
+    pointer whose element type the source declares must be of that dtype.
+
+    The arguments' count, kinds, sizes and dtypes are checked, the kernel's indexing is not:
+    a kernel that reads or writes past the end of a tensor corrupts memory."""
 
     def __init__(
         self, source: str, name: str, backend: Optional[str] = None, options: str = ""
