@@ -16,6 +16,7 @@ pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 pub(crate) mod dispatch;
+pub(crate) mod grid;
 #[cfg(feature = "opencl")]
 pub(crate) mod opencl;
 #[cfg(any(feature = "opencl", feature = "cuda"))]
