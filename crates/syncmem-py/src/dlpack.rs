@@ -23,6 +23,7 @@ use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use syncmem::synced::PlacementPin;
 use syncmem::{BackendKind, DType, Device, Tensor};
 
 use crate::device::device_arg;
@@ -109,12 +110,21 @@ struct Export<M> {
     _keep: Keep,
 }
 
-/// What keeps an export's memory alive.
+/// What keeps an export's memory alive, and where it is: the buffer's placement stays pinned
+/// until the export is released, so a spill or a zero-copy re-sharing never moves the memory
+/// the consumer was handed.
 enum Keep {
-    /// A host view.
+    /// A host view (it pins the buffer itself).
     Host(#[allow(dead_code)] HostView),
     /// The device memory (allocated until this goes).
-    Device(#[allow(dead_code)] std::sync::Arc<syncmem::DeviceBuffer>),
+    Device(#[allow(dead_code)] DeviceKeep),
+}
+
+/// A device export's memory: the buffer, a tensor sharing its storage, and its pin.
+struct DeviceKeep {
+    _buf: std::sync::Arc<syncmem::DeviceBuffer>,
+    _pin: PlacementPin,
+    _keeper: Tensor,
 }
 
 unsafe extern "C" fn delete_legacy(m: *mut DLManagedTensor) {
@@ -199,9 +209,9 @@ pub fn export<'py>(
     let (keep, data, dtype, dims) = if device_type != KDL_CPU {
         let dev = dev.ok_or_else(|| DeviceError::new_err(format!("{what}: no device")))?;
         let sync = !stream.is_some_and(|s| s.extract::<i64>().is_ok_and(|v| v == -1));
-        let (buf, dtype, dims) = device_export(py, t, &what, &dev, copied, sync)?;
-        let data = buf.native_address().unwrap_or(0) as *mut c_void;
-        (Keep::Device(buf), data, dtype, dims)
+        let (keep, dtype, dims) = device_export(py, t, &what, &dev, copied, sync)?;
+        let data = keep._buf.native_address().unwrap_or(0) as *mut c_void;
+        (Keep::Device(keep), data, dtype, dims)
     } else {
         let view = if copied {
             let blob = &t.blob;
@@ -515,7 +525,7 @@ fn device_export(
     dev: &Device,
     copied: bool,
     sync: bool,
-) -> PyResult<(std::sync::Arc<syncmem::DeviceBuffer>, DType, Vec<usize>)> {
+) -> PyResult<(DeviceKeep, DType, Vec<usize>)> {
     let blob = &t.blob;
     py.detach(|| {
         crate::views::device_section(
@@ -540,11 +550,19 @@ fn device_export(
                         dev.label()
                     ))
                 })?;
+                let keeper = crate::views::share(t).or_raise()?;
+                // The pin before the address is read: the one it protects.
+                let pin = mem.pin_placement();
                 let g = mem.device_mut().or_raise()?;
                 if sync {
                     g.stream().synchronize().or_raise()?;
                 }
-                Ok((g.shared_buffer(), dtype, t.dims().to_vec()))
+                let keep = DeviceKeep {
+                    _buf: g.shared_buffer(),
+                    _pin: pin,
+                    _keeper: keeper,
+                };
+                Ok((keep, dtype, t.dims().to_vec()))
             },
         )
     })

@@ -16,7 +16,8 @@ use crate::{arrays, dlpack, dtypes, views};
 /// `syncmem.from_dlpack`). The handle follows the blob: after `feed_blob` replaces the blob's
 /// tensor, it sees the new one.
 ///
-/// `numpy()` and `__array__` give NumPy views of the host mirror without copying; `__dlpack__`
+/// `numpy()` and `__array__` give live NumPy views of the host memory without copying
+/// (`numpy(copy=True)` a snapshot); `__dlpack__`
 /// exports host tensors to any DLPack consumer (`numpy.from_dlpack`, `torch.from_dlpack`), and
 /// device tensors as their device memory (OpenCL `cl_mem`, CUDA device pointer).
 /// A view keeps the buffer alive after the tensor, its blob and its workspace are gone.
@@ -135,18 +136,34 @@ impl PyTensor {
         copy_stats_dict(py, &c)
     }
 
-    /// A NumPy view of the host mirror, without copying; it keeps the buffer alive.
+    /// A NumPy view of the tensor's host memory, without copying; it keeps the buffer alive
+    /// and its memory where it is (no spill or eviction moves it while the view lives).
+    ///
+    /// A view is live, not a snapshot: it shows the buffer's host memory as it is now. Without
+    /// zero copy that is the host mirror, which shows device writes once the host is read
+    /// again (another `numpy()`, `fetch_blob`). With zero copy (the default on `cpu` and PoCL)
+    /// it is the device memory itself, which kernels and nets write in place, so a read-only
+    /// view changes as they write. `copy=True` returns a snapshot instead: a new array, the
+    /// tensor's elements now (as `fetch_blob`).
     ///
     /// Read-only (the default): the host is made current once (one device-to-host copy when
-    /// the device is newer) and the view shows the host mirror from then on: later device
-    /// writes show only after the host is read again (another `numpy()` or `fetch_blob`).
+    /// the device is newer).
     ///
     /// `writable=True`: the host becomes the head, and while the view (or any array made from
     /// it) lives, device access to this buffer raises `BusyError`, since it would race with
-    /// writes through the view. Delete the array to end it.
-    #[pyo3(signature = (writable = false))]
-    fn numpy<'py>(&self, py: Python<'py>, writable: bool) -> PyResult<Bound<'py, PyAny>> {
+    /// writes through the view. Delete the array to end it. With `copy=True` the copy is a
+    /// new writable array and `writable` changes nothing.
+    #[pyo3(signature = (writable = false, copy = false))]
+    fn numpy<'py>(
+        &self,
+        py: Python<'py>,
+        writable: bool,
+        copy: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let what = self.what();
+        if copy {
+            return arrays::fetch(py, &self.blob, &what);
+        }
         let view = py.detach(|| views::HostView::of_blob(&self.blob, &what, writable))?;
         views::to_numpy(py, view)
     }
@@ -163,7 +180,7 @@ impl PyTensor {
         let arr = if copy == Some(true) {
             arrays::fetch(py, &self.blob, &self.what())?
         } else {
-            self.numpy(py, false)?
+            self.numpy(py, false, false)?
         };
         match dtype {
             Some(d) if !d.is_none() => {

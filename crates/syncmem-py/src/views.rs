@@ -1,9 +1,16 @@
 //! Host views without copies: a NumPy array (or a DLPack export) over a tensor's host mirror.
 //!
 //! A [`HostView`] keeps the buffer alive by sharing the tensor's storage (a second tensor that
-//! [`Tensor::share_data`]s it): the host mirror of a buffer is allocated once and stays at the
-//! same address until the buffer is dropped, so the view outlives the tensor, its blob and its
-//! workspace.
+//! [`Tensor::share_data`]s it), so the view outlives the tensor, its blob and its workspace,
+//! and pins the buffer's placement ([`SyncedMemory::pin_placement`]) so that the address it
+//! hands out stays the buffer's host memory: while the view lives the buffer is neither
+//! spilled nor evicted under a memory cap, and a host mirror that is the device memory itself
+//! (zero copy) stays so.
+//!
+//! A view is live: it shows the buffer's host memory, not a snapshot. Without zero copy that
+//! memory is the host mirror, refreshed by host reads (another view, `fetch_blob`); with zero
+//! copy (the default on `cpu` and PoCL) it is the device memory, which kernels write in place.
+//! `Tensor.numpy(copy=True)` gives a snapshot.
 //!
 //! A read-only view makes the host current once (a device-to-host copy when the device is
 //! newer) and shows the host mirror from then on. A writable view also makes the host the head.
@@ -24,6 +31,7 @@ use numpy::npyffi::{
 use numpy::PyArrayDescrMethods;
 use parking_lot::{Mutex, RwLock};
 use pyo3::prelude::*;
+use syncmem::synced::PlacementPin;
 use syncmem::workspace::BlobRef;
 use syncmem::{DType, SyncedMemory, Tensor};
 
@@ -153,9 +161,12 @@ pub fn share(t: &Tensor) -> syncmem::Result<Tensor> {
     Ok(k)
 }
 
-/// A host view of a tensor's elements that keeps the buffer alive.
+/// A host view of a tensor's elements that keeps the buffer alive and its placement pinned.
 pub struct HostView {
     keeper: Tensor,
+    /// Keeps `ptr` the buffer's host memory: no spill, eviction or zero-copy re-sharing moves
+    /// it while the view lives.
+    _pin: Option<PlacementPin>,
     ptr: *mut u8,
     nbytes: usize,
     dims: Vec<usize>,
@@ -197,6 +208,8 @@ impl HostView {
         }
         let keeper = share(t).or_raise()?;
         let nbytes = keeper.nbytes();
+        // The pin first: the addresses it protects are the ones read after taking it.
+        let pin = keeper.synced().map(SyncedMemory::pin_placement);
         let ptr = match keeper.synced() {
             Some(mem) if nbytes > 0 => {
                 if writable {
@@ -215,6 +228,7 @@ impl HostView {
         Ok(HostView {
             dims: keeper.dims().to_vec(),
             keeper,
+            _pin: pin,
             ptr,
             nbytes,
             dtype,

@@ -18,9 +18,10 @@ it.
 
 Without copies:
 
-- ``ws.tensor(name).numpy()`` is a NumPy view of the host mirror that keeps the buffer alive
-  (read-only; ``writable=True`` for a writable one, during which device access to that buffer
-  raises ``BusyError``);
+- ``ws.tensor(name).numpy()`` is a live NumPy view of the host memory that keeps the buffer
+  alive and in place (read-only; ``writable=True`` for a writable one, during which device
+  access to that buffer raises ``BusyError``; ``copy=True`` for a snapshot: under zero copy a
+  view is the device memory, which kernels write in place);
 - ``ws.feed_blob(name, array, copy=False)`` takes the array's memory over as the host
   mirror: the array becomes a read-only view of it that NumPy will not make writable again;
 - ``numpy.from_dlpack(tensor)`` and ``syncmem.from_dlpack(obj)`` exchange host memory through

@@ -98,8 +98,8 @@ class Device:
 
 class Tensor:
     """A handle to the tensor in a blob (``Workspace.tensor``) or of its own
-    (``from_dlpack``). Views (``numpy``, ``__array__``, ``__dlpack__``) share the host mirror
-    without copying and keep the buffer alive."""
+    (``from_dlpack``). Views (``numpy``, ``__array__``, ``__dlpack__``) share the tensor's
+    memory without copying, live (not snapshots), and keep the buffer alive and in place."""
 
     @property
     def name(self) -> str:
@@ -128,10 +128,13 @@ class Tensor:
         storage."""
     def copy_stats(self) -> Dict[str, Dict[str, int]]:
         """Copies made by this tensor's buffer, by direction."""
-    def numpy(self, writable: bool = False) -> numpy.ndarray:
-        """A NumPy view of the host mirror, without copying. Read-only by default (a snapshot
-        of the host made current once); ``writable=True`` makes the host the head, and device
-        access to the buffer raises ``BusyError`` while the view lives."""
+    def numpy(self, writable: bool = False, copy: bool = False) -> numpy.ndarray:
+        """A live NumPy view of the host memory, without copying; the buffer stays alive and
+        in place (never spilled) while it lives. Not a snapshot: under zero copy (default on
+        ``cpu`` and PoCL) it is the device memory, which kernels write in place; otherwise the
+        host mirror, refreshed by host reads. Read-only by default (the host made current
+        once); ``writable=True`` makes the host the head, and device access to the buffer
+        raises ``BusyError`` while the view lives. ``copy=True``: a snapshot (a new array)."""
     def __array__(self, dtype: Any = None, copy: Optional[bool] = None) -> numpy.ndarray:
         """``numpy.asarray(t)``: a read-only view; ``copy=True`` or another dtype copy."""
     def to_device(self) -> None:
