@@ -13,24 +13,30 @@
 //!
 //! The structs are DLPack's C ABI (`dlpack.h`, version 1.0). An exported capsule owns one boxed
 //! [`Export`]: the managed tensor, the shape it points to, and what keeps the memory alive (a
-//! writable host view, or a copy). The box is freed by the managed tensor's deleter, called by
-//! the consumer once it is done, or by the capsule's destructor when nobody consumed it.
+//! writable host view, or a copy). The memory is released by the managed tensor's deleter,
+//! called by the consumer once it is done, or by the capsule's destructor when nobody consumed
+//! it; it is released once however often the deleter runs while the capsule lives (see
+//! [`Export`]).
 
 use std::ffi::{c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use pyo3::exceptions::{PyBufferError, PyTypeError};
+use parking_lot::Mutex;
+
+use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 use syncmem::synced::PlacementPin;
 use syncmem::{BackendKind, DType, Device, Tensor};
 
-use crate::device::device_arg;
 use crate::dtypes;
-use crate::errors::{to_py, DeviceError, OrRaise, ShapeError, TypeMismatchError};
+use crate::errors::{DeviceError, OrRaise, TypeMismatchError};
 use crate::tensor::PyTensor;
 use crate::views::HostView;
+
+mod import;
+pub use import::from_dlpack;
 
 const KDL_CPU: i32 = 1;
 const KDL_CUDA: i32 = 2;
@@ -102,12 +108,21 @@ pub fn device_of(dev: Option<&Device>) -> (i32, i32) {
 }
 
 /// One exported tensor: the managed struct first (its address is the capsule's pointer), then
-/// what it points to.
+/// what it points to and what keeps its memory alive.
+///
+/// Two owners share the box: the DLPack ownership (ended by the managed tensor's deleter) and
+/// the capsule (ended by its destructor). The deleter releases the memory once, however often
+/// and by whomever it is called while the box lives (`released`): a consumer that calls it and
+/// leaves the capsule's name unchanged (PyTorch does when it refuses a device type) is followed
+/// by the capsule's destructor, which sees the export released. The box itself is freed when
+/// the second owner is done (`owners`), so the destructor never reads freed memory.
 #[repr(C)]
 struct Export<M> {
     managed: M,
     shape: Vec<i64>,
-    _keep: Keep,
+    keep: Mutex<Option<Keep>>,
+    released: AtomicBool,
+    owners: AtomicUsize,
 }
 
 /// What keeps an export's memory alive, and where it is: the buffer's placement stays pinned
@@ -127,12 +142,42 @@ struct DeviceKeep {
     _keeper: Tensor,
 }
 
+/// Ends one owner of the export at `e`; the last one frees the box.
+///
+/// # Safety
+/// `e` is a box made by `export` whose owner count includes the caller's share.
+unsafe fn disown<M>(e: *mut Export<M>) {
+    // SAFETY: the caller's share keeps the box alive until the decrement.
+    if unsafe { (*e).owners.fetch_sub(1, Ordering::AcqRel) } == 1 {
+        // SAFETY: the last owner: nobody else reaches the box.
+        drop(unsafe { Box::from_raw(e) });
+    }
+}
+
+/// The deleter's work: the memory is released and the DLPack owner ends, the first time only.
+///
+/// # Safety
+/// `e` is a box made by `export` that is still alive (the capsule's share, or the DLPack one
+/// not yet ended, holds it).
+unsafe fn release<M>(e: *mut Export<M>) {
+    // SAFETY: alive per the contract; the fields read are atomics and a mutex.
+    let first = unsafe { !(*e).released.swap(true, Ordering::AcqRel) };
+    if first {
+        // SAFETY: as above.
+        let keep = unsafe { (*e).keep.lock().take() };
+        drop(keep);
+        // SAFETY: the DLPack share, ended exactly once (guarded by `released`).
+        unsafe { disown(e) };
+    }
+}
+
 unsafe extern "C" fn delete_legacy(m: *mut DLManagedTensor) {
     if !m.is_null() {
-        // SAFETY: `m` is the first field of a boxed `Export` made by `export`; the consumer
-        // calls the deleter once. Dropping never unwinds across the boundary.
+        // SAFETY: `m` is the first field of a boxed `Export` made by `export`, alive until
+        // both owners ended; a repeated call finds it released. Dropping never unwinds across
+        // the boundary.
         let _ = catch_unwind(AssertUnwindSafe(|| unsafe {
-            drop(Box::from_raw(m.cast::<Export<DLManagedTensor>>()));
+            release(m.cast::<Export<DLManagedTensor>>());
         }));
     }
 }
@@ -141,24 +186,65 @@ unsafe extern "C" fn delete_versioned(m: *mut DLManagedTensorVersioned) {
     if !m.is_null() {
         // SAFETY: as `delete_legacy`.
         let _ = catch_unwind(AssertUnwindSafe(|| unsafe {
-            drop(Box::from_raw(m.cast::<Export<DLManagedTensorVersioned>>()));
+            release(m.cast::<Export<DLManagedTensorVersioned>>());
         }));
     }
 }
 
-/// Frees an export nobody consumed (the capsule still has its original name).
-unsafe extern "C" fn capsule_destructor(capsule: *mut ffi::PyObject) {
-    // SAFETY: called by Python with the GIL held on a capsule made by `export`. `IsValid`
-    // never raises; the pointer is read under the name that `IsValid` confirmed.
+/// Releases an export that no capsule ended up holding, ending both of its shares.
+///
+/// # Safety
+/// `ptr` is a box made by `export` (of the versioned layout when `versioned`) with both shares
+/// held by the caller.
+unsafe fn abandon(ptr: *mut c_void, versioned: bool) {
+    // SAFETY: the caller's contract: `release` ends the DLPack share, `disown` the other.
     unsafe {
-        if ffi::PyCapsule_IsValid(capsule, LEGACY.as_ptr()) == 1 {
-            let m = ffi::PyCapsule_GetPointer(capsule, LEGACY.as_ptr());
-            delete_legacy(m.cast());
-        } else if ffi::PyCapsule_IsValid(capsule, VERSIONED.as_ptr()) == 1 {
-            let m = ffi::PyCapsule_GetPointer(capsule, VERSIONED.as_ptr());
-            delete_versioned(m.cast());
+        if versioned {
+            let e = ptr.cast::<Export<DLManagedTensorVersioned>>();
+            release(e);
+            disown(e);
+        } else {
+            let e = ptr.cast::<Export<DLManagedTensor>>();
+            release(e);
+            disown(e);
         }
     }
+}
+
+/// The capsule's context: which export it holds a share of.
+struct CapsuleShare {
+    export: *mut c_void,
+    versioned: bool,
+}
+
+/// Ends the capsule's share; releases the export first when nobody consumed it (the capsule
+/// still has its original name, and the deleter did not run).
+unsafe extern "C" fn capsule_destructor(capsule: *mut ffi::PyObject) {
+    // SAFETY: called by Python with the GIL held on a capsule made by `export`, whose context
+    // is a boxed `CapsuleShare` naming a box that the capsule's share keeps alive. `IsValid`
+    // never raises, nor does `GetContext` on a valid capsule (its pointer is non-null).
+    let _ = catch_unwind(AssertUnwindSafe(|| unsafe {
+        let ctx = ffi::PyCapsule_GetContext(capsule);
+        if ctx.is_null() {
+            return; // no share to end (see `export`)
+        }
+        let share = Box::from_raw(ctx.cast::<CapsuleShare>());
+        let name = if share.versioned { VERSIONED } else { LEGACY };
+        let unconsumed = ffi::PyCapsule_IsValid(capsule, name.as_ptr()) == 1;
+        if share.versioned {
+            let e = share.export.cast::<Export<DLManagedTensorVersioned>>();
+            if unconsumed {
+                release(e);
+            }
+            disown(e);
+        } else {
+            let e = share.export.cast::<Export<DLManagedTensor>>();
+            if unconsumed {
+                release(e);
+            }
+            disown(e);
+        }
+    }));
 }
 
 fn dl_tensor(
@@ -245,7 +331,9 @@ pub fn export<'py>(
                 dl_tensor: tensor,
             },
             shape,
-            _keep: keep,
+            keep: Mutex::new(Some(keep)),
+            released: AtomicBool::new(false),
+            owners: AtomicUsize::new(2),
         });
         let raw = Box::into_raw(b);
         // SAFETY: `raw` is a live box; the context points at the box itself.
@@ -259,7 +347,9 @@ pub fn export<'py>(
                 deleter: Some(delete_legacy),
             },
             shape,
-            _keep: keep,
+            keep: Mutex::new(Some(keep)),
+            released: AtomicBool::new(false),
+            owners: AtomicUsize::new(2),
         });
         let raw = Box::into_raw(b);
         // SAFETY: as above.
@@ -277,242 +367,31 @@ pub fn export<'py>(
             (*e).managed.dl_tensor.shape = (*e).shape.as_mut_ptr();
         }
     }
-    // SAFETY: `ptr` is non-null; on failure the box is freed through its deleter.
+    let share = Box::into_raw(Box::new(CapsuleShare {
+        export: ptr,
+        versioned,
+    }));
+    // SAFETY: `ptr` is non-null. On failure the capsule's share is ended here (it never
+    // existed as a capsule) and the DLPack one through the deleter; once the capsule exists
+    // its destructor owns `share`.
     unsafe {
         let cap = ffi::PyCapsule_New(ptr, name.as_ptr(), Some(capsule_destructor));
         if cap.is_null() {
-            if versioned {
-                delete_versioned(ptr.cast());
-            } else {
-                delete_legacy(ptr.cast());
-            }
-            return Err(PyErr::fetch(py));
+            let err = PyErr::fetch(py);
+            drop(Box::from_raw(share));
+            abandon(ptr, versioned);
+            return Err(err);
         }
-        Ok(Bound::from_owned_ptr(py, cap))
-    }
-}
-
-/// What a tensor adopted from DLPack holds: the producer's managed tensor, released through its
-/// deleter when the tensor lets go of the buffer.
-struct Imported {
-    managed: *mut c_void,
-    versioned: bool,
-    data: *mut u8,
-    len: usize,
-}
-
-// SAFETY: DLPack's contract: the memory stays valid until the deleter is called, and the
-// deleter may be called from any thread (producers that need the GIL take it themselves).
-unsafe impl Send for Imported {}
-// SAFETY: as above; the bytes are reached through `as_mut` only, under the buffer's locks.
-unsafe impl Sync for Imported {}
-
-impl AsMut<[u8]> for Imported {
-    fn as_mut(&mut self) -> &mut [u8] {
-        if self.len == 0 {
-            return &mut [];
+        let cap = Bound::from_owned_ptr(py, cap);
+        if ffi::PyCapsule_SetContext(cap.as_ptr(), share.cast()) != 0 {
+            // The capsule's destructor finds no context and does nothing: both shares end here.
+            let err = PyErr::fetch(py);
+            drop(Box::from_raw(share));
+            abandon(ptr, versioned);
+            return Err(err);
         }
-        // SAFETY: the producer's data, `len` bytes, valid until the deleter runs in `drop`.
-        unsafe { std::slice::from_raw_parts_mut(self.data, self.len) }
+        Ok(cap)
     }
-}
-
-impl Drop for Imported {
-    fn drop(&mut self) {
-        // SAFETY: `managed` is the producer's managed tensor, handed over with the capsule;
-        // its deleter is called exactly once, here.
-        unsafe {
-            if self.versioned {
-                let m = self.managed.cast::<DLManagedTensorVersioned>();
-                if let Some(d) = (*m).deleter {
-                    d(m);
-                }
-            } else {
-                let m = self.managed.cast::<DLManagedTensor>();
-                if let Some(d) = (*m).deleter {
-                    d(m);
-                }
-            }
-        }
-    }
-}
-
-fn capsule_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    // SAFETY: `PyCapsule_CheckExact` only reads the object's type.
-    if unsafe { ffi::PyCapsule_CheckExact(obj.as_ptr()) } == 1 {
-        return Ok(obj.clone());
-    }
-    if !obj.hasattr("__dlpack__")? {
-        return Err(PyTypeError::new_err(format!(
-            "from_dlpack needs an object with __dlpack__ (or a DLPack capsule), not {}",
-            obj.get_type().name()?
-        )));
-    }
-    let kwargs = PyDict::new(obj.py());
-    kwargs.set_item("max_version", (1, 0))?;
-    match obj.call_method("__dlpack__", (), Some(&kwargs)) {
-        Err(e) if e.is_instance_of::<PyTypeError>(obj.py()) => obj.call_method0("__dlpack__"),
-        r => r,
-    }
-}
-
-/// `syncmem.from_dlpack(obj, device=None)`: a tensor on `device` (default `cpu`) whose host
-/// mirror is the producer's memory, without copying. Read-only or misaligned sources are
-/// copied once; strided ones raise `ShapeError`, device memory `DeviceError`.
-#[pyfunction]
-#[pyo3(signature = (obj, device = None))]
-pub fn from_dlpack(
-    py: Python<'_>,
-    obj: &Bound<'_, PyAny>,
-    device: Option<&Bound<'_, PyAny>>,
-) -> PyResult<PyTensor> {
-    let target = device_arg(device, None)?;
-    let cap = capsule_of(obj)?;
-    // SAFETY: `cap` is a capsule (checked by name below); the pointers read are the producer's
-    // managed tensor and its DLTensor, valid until its deleter is called, which happens once
-    // (by `Imported::drop`, or right here after a copy or an error) after the capsule was
-    // renamed to mark it consumed.
-    unsafe {
-        let p = cap.as_ptr();
-        let versioned = if ffi::PyCapsule_IsValid(p, VERSIONED.as_ptr()) == 1 {
-            true
-        } else if ffi::PyCapsule_IsValid(p, LEGACY.as_ptr()) == 1 {
-            false
-        } else {
-            return Err(PyTypeError::new_err(
-                "not an unconsumed DLPack capsule (a capsule is consumed once)",
-            ));
-        };
-        let name = if versioned { VERSIONED } else { LEGACY };
-        let managed = ffi::PyCapsule_GetPointer(p, name.as_ptr());
-        if managed.is_null() {
-            return Err(PyErr::fetch(py));
-        }
-        let (t, flags) = if versioned {
-            let m = managed.cast::<DLManagedTensorVersioned>();
-            if (*m).version.major != 1 {
-                return Err(PyBufferError::new_err(format!(
-                    "DLPack version {}.{} is not supported (1.x is)",
-                    (*m).version.major,
-                    (*m).version.minor
-                )));
-            }
-            (&(*m).dl_tensor, (*m).flags)
-        } else {
-            (&(*managed.cast::<DLManagedTensor>()).dl_tensor, 0)
-        };
-        let parsed = parse(t)?;
-        let used = if versioned {
-            VERSIONED_USED
-        } else {
-            LEGACY_USED
-        };
-        if ffi::PyCapsule_SetName(p, used.as_ptr()) != 0 {
-            return Err(PyErr::fetch(py));
-        }
-        let owner = Imported {
-            managed,
-            versioned,
-            data: parsed.data,
-            len: parsed.nbytes,
-        };
-        let aligned = (parsed.data as usize).is_multiple_of(parsed.dtype.align());
-        let mut tensor = Tensor::on(Some(&target));
-        tensor.resize(&parsed.dims).or_raise()?;
-        if flags & FLAG_READ_ONLY != 0 || !aligned {
-            // Copied once: syncmem writes the host mirror, which must be writable and aligned.
-            tensor.set_dtype(parsed.dtype).or_raise()?;
-            if parsed.nbytes > 0 {
-                let mut g = tensor.host_bytes_overwrite().or_raise()?;
-                let src = std::slice::from_raw_parts(parsed.data, parsed.nbytes);
-                g.copy_from_slice(src);
-            }
-            drop(owner);
-        } else {
-            tensor.adopt_bytes(parsed.dtype, owner).map_err(to_py)?;
-        }
-        Ok(PyTensor::standalone(tensor))
-    }
-}
-
-struct Parsed {
-    data: *mut u8,
-    nbytes: usize,
-    dims: Vec<usize>,
-    dtype: DType,
-}
-
-/// Reads and checks a producer's DLTensor: host memory, a syncmem type, C-contiguous.
-///
-/// # Safety
-/// `t` must be a valid DLTensor whose `shape` (and `strides`, when non-null) hold `ndim`
-/// entries.
-unsafe fn parse(t: &DLTensor) -> PyResult<Parsed> {
-    if t.device.device_type != KDL_CPU {
-        let kind = match t.device.device_type {
-            KDL_CUDA => "cuda",
-            KDL_OPENCL => "opencl",
-            3 => "cuda host (pinned)",
-            _ => "non-host",
-        };
-        return Err(DeviceError::new_err(format!(
-            "from_dlpack takes host memory (kDLCPU) only; this tensor is {kind} memory \
-             (DLPack device type {}, id {})",
-            t.device.device_type, t.device.device_id
-        )));
-    }
-    let dtype =
-        dtypes::from_dlpack_code(t.dtype.code, t.dtype.bits, t.dtype.lanes).ok_or_else(|| {
-            TypeMismatchError::new_err(format!(
-                "DLPack type (code {}, bits {}, lanes {}) has no syncmem element type",
-                t.dtype.code, t.dtype.bits, t.dtype.lanes
-            ))
-        })?;
-    let ndim = usize::try_from(t.ndim).map_err(|_| ShapeError::new_err("negative ndim"))?;
-    let shape: &[i64] = if ndim == 0 {
-        &[]
-    } else {
-        // SAFETY: the caller's contract.
-        unsafe { std::slice::from_raw_parts(t.shape, ndim) }
-    };
-    let dims: Vec<usize> = shape
-        .iter()
-        .map(|&d| usize::try_from(d))
-        .collect::<Result<_, _>>()
-        .map_err(|_| ShapeError::new_err(format!("negative dims {shape:?}")))?;
-    let numel = dims
-        .iter()
-        .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .ok_or_else(|| ShapeError::new_err(format!("dims {dims:?} overflow")))?;
-    if !t.strides.is_null() && ndim > 0 && numel > 0 {
-        // SAFETY: the caller's contract.
-        let strides = unsafe { std::slice::from_raw_parts(t.strides, ndim) };
-        let mut expected = 1i64;
-        for (k, (&s, &d)) in strides.iter().zip(shape).enumerate().rev() {
-            if d != 1 && s != expected {
-                return Err(ShapeError::new_err(format!(
-                    "from_dlpack needs a C-contiguous tensor: dims {dims:?} have strides \
-                     {strides:?} (axis {k}); make it contiguous first"
-                )));
-            }
-            expected = expected.saturating_mul(d);
-        }
-    }
-    let nbytes = numel
-        .checked_mul(dtype.size())
-        .ok_or_else(|| ShapeError::new_err(format!("bytes of dims {dims:?} overflow")))?;
-    let data = if nbytes == 0 {
-        std::ptr::NonNull::<u64>::dangling().as_ptr().cast()
-    } else {
-        // SAFETY: the producer's data pointer plus its byte offset.
-        unsafe { t.data.cast::<u8>().add(t.byte_offset as usize) }
-    };
-    Ok(Parsed {
-        data,
-        nbytes,
-        dims,
-        dtype,
-    })
 }
 
 /// The device memory of `t` for a device export (see the module docs): taken for writing (the
