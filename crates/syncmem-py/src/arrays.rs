@@ -416,7 +416,7 @@ fn strings_tensor(
 
 /// What a fetch reads: dims and element type, read under the blob's lock.
 fn meta(blob: &BlobRef, what: &str) -> PyResult<(Vec<usize>, DType)> {
-    let b = blob.read();
+    let b = crate::reentry::read(blob, what)?;
     let t = b.get::<Tensor>().or_raise()?;
     let dtype = t.dtype().ok_or_else(|| {
         InvalidStateError::new_err(format!("{what} has no element type yet (uninitialised)"))
@@ -470,7 +470,7 @@ pub fn fetch<'py>(py: Python<'py>, blob: &BlobRef, what: &str) -> PyResult<Bound
             views::device_section(
                 || Ok(()),
                 || {
-                    let b = blob.read();
+                    let b = crate::reentry::read(blob, what)?;
                     let t = b.get::<Tensor>().or_raise()?;
                     if t.dims() != dims.as_slice() || t.dtype() != Some(dtype) {
                         return Ok(false); // changed meanwhile: read again
@@ -500,7 +500,7 @@ pub fn fetch<'py>(py: Python<'py>, blob: &BlobRef, what: &str) -> PyResult<Bound
 
 fn fetch_strings<'py>(py: Python<'py>, blob: &BlobRef) -> PyResult<Bound<'py, PyAny>> {
     let (dims, values) = py.detach(|| -> PyResult<(Vec<usize>, Vec<String>)> {
-        let b = blob.read();
+        let b = crate::reentry::read(blob, "fetch_blob")?;
         let t = b.get::<Tensor>().or_raise()?;
         let v = t.host::<String>().map_err(to_py)?.to_vec();
         Ok((t.dims().to_vec(), v))

@@ -17,6 +17,7 @@
 //! | `torch_snapshot` | the pools in PyTorch's snapshot format (`memory_snapshot(format="torch")`) |
 //! | `raw_kernel` | `RawKernel`: kernels from OpenCL C or CUDA C source, called as CuPy's |
 //! | `operators` | `register_operator`: operator types run by a Python function (`cpu`) |
+//! | `reentry` | calls from inside an operator function: `BusyError` instead of waiting on the run's own locks |
 //!
 //! No Rust panic crosses into Python: PyO3 turns a panic inside a call into an exception, and
 //! the library returns errors rather than panicking; the DLPack deleters, called from C, catch
@@ -31,6 +32,7 @@ mod dtypes;
 mod errors;
 mod operators;
 mod raw_kernel;
+mod reentry;
 mod report;
 mod stats;
 mod tensor;

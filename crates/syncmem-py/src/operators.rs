@@ -6,7 +6,8 @@
 //! (made current first: on `cpu` that is a copy from the `cpu` device's memory when it holds
 //! newer data) and the outputs as fresh writable NumPy arrays of their shapes, which it fills;
 //! they are then copied into the output tensors' host mirrors (one copy each), so the arrays
-//! may outlive the call without touching any buffer.
+//! may outlive the call without touching any buffer. The function may call the package; what
+//! would wait for the blobs the run holds raises `BusyError` instead (see `reentry`).
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
@@ -14,7 +15,7 @@ use syncmem::ops::{self, Operator, OperatorDef};
 use syncmem::{BackendKind, Context, DType, Device, Error, Result, Tensor, Workspace};
 
 use crate::errors::OrRaise;
-use crate::{dtypes, views};
+use crate::{dtypes, reentry, views};
 
 /// An operator whose work is a Python function.
 struct PyOperator {
@@ -85,6 +86,15 @@ impl Operator for PyOperator {
                     .map_err(|e| Python::attach(|_| failed(def, e)))?;
                 inputs.push(view);
             }
+            // The blobs this run holds, for the package's calls from the function (see
+            // `reentry`): they raise `BusyError` rather than wait for them.
+            let held = def
+                .inputs
+                .iter()
+                .map(|n| (n, def.outputs.contains(n)))
+                .chain(def.outputs.iter().map(|n| (n, true)))
+                .filter_map(|(n, written)| ws.try_get_blob(n).map(|b| (b, n.clone(), written)));
+            let _running = reentry::enter(def.label(), held);
             let results: Vec<(Vec<usize>, DType, Vec<u8>)> = Python::attach(|py| {
                 let outs = self.output_specs(py, &specs)?;
                 let arrays = inputs
@@ -134,7 +144,10 @@ impl Operator for PyOperator {
 /// zero-filled NumPy arrays to fill (each shaped and typed as the first input, or as
 /// `shapes(input_shapes)` says). `gradient` names the type of its gradient operator, for nets
 /// built with it (`Mlp` activations). Raises `AlreadyExistsError` for a type registered
-/// before; building the operator for another device than `cpu` raises `DeviceError`.
+/// before; building the operator for another device than `cpu` raises `DeviceError`. The
+/// function may call the package: a call that would wait for a blob the running operator holds
+/// (`feed_blob` of an input or output, reading an output, `run_net` of a net using one, `save`,
+/// a writable view) raises `BusyError` naming the blob instead of waiting forever.
 #[pyfunction]
 #[pyo3(signature = (op_type, func, gradient = None, shapes = None))]
 pub fn register_operator(

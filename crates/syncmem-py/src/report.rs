@@ -111,8 +111,10 @@ struct Entry {
 /// view, block by block, is `pool_snapshot()`): each tensor buffer reachable from a workspace
 /// made in Python (`owners`:
 /// `"workspace:blob"` names; `label`, `device`, `dtype`, `shape`, `nbytes`, `capacity_bytes`,
-/// `head`, `host_allocated`, `device_allocated`, `views`), buffers kept alive only by host
-/// views (`owners`: `["host view"]`), and device mirrors no workspace names (`owners`: `[]`).
+/// `head`, `host_allocated`, `device_allocated`, `views`, `busy`: false), buffers kept alive
+/// only by host views (`owners`: `["host view"]`), and device mirrors no workspace names
+/// (`owners`: `[]`). It waits for no blob: a blob locked for writing (the output of an
+/// operator running now) is listed with its name as `label`, its owner and `busy`: true only.
 #[pyfunction]
 pub fn memory_snapshot(py: Python<'_>) -> PyResult<Vec<Py<PyDict>>> {
     let mut entries: Vec<Entry> = Vec::new();
@@ -124,11 +126,22 @@ pub fn memory_snapshot(py: Python<'_>) -> PyResult<Vec<Py<PyDict>>> {
             let Some(b) = ws.try_get_blob(&blob) else {
                 continue;
             };
-            let b = b.read();
+            let owner = format!("{ws_name}:{blob}");
+            // Never waits for a blob: one locked for writing (a running operator's output,
+            // possibly that of the operator calling this) is listed as busy.
+            let Some(b) = b.try_read_recursive() else {
+                let d = PyDict::new(py);
+                d.set_item("label", &blob)?;
+                d.set_item("busy", true)?;
+                entries.push(Entry {
+                    owners: vec![owner],
+                    dict: d.unbind(),
+                });
+                continue;
+            };
             let Ok(t) = b.get::<Tensor>() else {
                 continue;
             };
-            let owner = format!("{ws_name}:{blob}");
             let Some(mem) = t.synced() else {
                 continue;
             };
@@ -139,6 +152,7 @@ pub fn memory_snapshot(py: Python<'_>) -> PyResult<Vec<Py<PyDict>>> {
             }
             let d = PyDict::new(py);
             d.set_item("label", mem.label())?;
+            d.set_item("busy", false)?;
             d.set_item("device", t.target().map(|x| x.label().to_string()))?;
             d.set_item("dtype", t.dtype().map(dtypes::name))?;
             d.set_item("shape", t.dims().to_vec())?;

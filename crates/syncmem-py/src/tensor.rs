@@ -51,8 +51,9 @@ impl PyTensor {
         f: impl FnOnce(&Tensor) -> PyResult<R> + Send,
     ) -> PyResult<R> {
         let blob = &self.blob;
+        let what = self.what();
         py.detach(|| {
-            let b = blob.read();
+            let b = crate::reentry::read(blob, &what)?;
             f(b.get::<Tensor>().or_raise()?)
         })
     }
@@ -203,7 +204,7 @@ impl PyTensor {
             views::device_section(
                 || Ok(()),
                 || {
-                    let b = blob.read();
+                    let b = crate::reentry::read(blob, &what)?;
                     let t = b.get::<Tensor>().or_raise()?;
                     views::check_no_writable_view(t, &what)?;
                     match t.synced() {

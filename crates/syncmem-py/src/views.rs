@@ -131,7 +131,13 @@ pub fn device_section<R>(
     check: impl FnOnce() -> PyResult<()>,
     f: impl FnOnce() -> PyResult<R>,
 ) -> PyResult<R> {
-    let _gate = GATE.read();
+    // Inside an operator function the running net holds the gate shared already: taken
+    // again recursively, it never queues behind a writer waiting for the net.
+    let _gate = if crate::reentry::running_op().is_some() {
+        GATE.read_recursive()
+    } else {
+        GATE.read()
+    };
     check()?;
     f()
 }
@@ -184,8 +190,11 @@ impl HostView {
     /// A view of the tensor in `blob` (named `what` in errors). Takes locks and may copy from
     /// the device: call it without the GIL.
     pub fn of_blob(blob: &BlobRef, what: &str, writable: bool) -> PyResult<HostView> {
+        if writable {
+            crate::reentry::check_writable_view(what)?;
+        }
         let _gate = writable.then(|| GATE.write());
-        let b = blob.read();
+        let b = crate::reentry::read(blob, what)?;
         let t = b.get::<Tensor>().or_raise()?;
         Self::of_tensor(t, what, writable)
     }

@@ -13,7 +13,7 @@ use syncmem::{Device, Tensor, Workspace};
 use crate::device::{device_arg, remember, PyDevice};
 use crate::errors::{to_py, OrRaise};
 use crate::tensor::PyTensor;
-use crate::{arrays, views};
+use crate::{arrays, reentry, views};
 
 /// Most ancestors a workspace made from Python may have. Python frees a chain of parents one
 /// C stack frame per workspace (50,000 nested `Workspace(parent)` crashed at exit); the library
@@ -54,6 +54,11 @@ pub struct PyWorkspace {
 
 impl PyWorkspace {
     fn tensor_handle(&self, name: &str) -> PyResult<PyTensor> {
+        // `Workspace::tensor` read-locks the blob to check its type: not one that a running
+        // operator holds for writing (see `reentry`).
+        if let Some(b) = self.ws.try_get_blob(name) {
+            reentry::check(&b, false, &format!("blob {name:?}"))?;
+        }
         let t = self.ws.tensor(name).or_raise()?;
         Ok(PyTensor {
             blob: t.blob().clone(),
@@ -64,9 +69,14 @@ impl PyWorkspace {
     /// `BusyError` when a tensor visible here has a writable host view alive. Takes each blob's
     /// read lock in turn: call it inside a device section, without the GIL.
     fn check_views(&self) -> PyResult<()> {
-        for name in self.ws.tensor_blobs() {
+        // `blobs()`, not `tensor_blobs()`, which waits for every blob's lock.
+        for name in self.ws.blobs() {
             if let Some(blob) = self.ws.try_get_blob(&name) {
-                let b = blob.read();
+                // A blob an operator running on this thread holds for writing is not one the
+                // net uses (`run_net` checked): skip it rather than wait.
+                let Ok(b) = crate::reentry::read(&blob, "") else {
+                    continue;
+                };
                 if let Ok(t) = b.get::<Tensor>() {
                     views::check_no_writable_view(t, &format!("blob {name:?}"))?;
                 }
@@ -216,6 +226,9 @@ impl PyWorkspace {
             arrays::tensor_from_value(py, value, name, &dev, copy)?
         };
         let ws = &self.ws;
+        if let Some(b) = ws.try_get_blob(name) {
+            reentry::check(&b, true, &format!("feed_blob({name:?})"))?;
+        }
         py.detach(|| ws.feed(name, tensor)).or_raise()
     }
 
@@ -317,6 +330,11 @@ impl PyWorkspace {
     fn run_net(&self, py: Python<'_>, name: &str, num_iter: usize) -> PyResult<()> {
         let net = self.ws.get_net(name).or_raise()?;
         let ws = &self.ws;
+        reentry::check_names(
+            &net.def().blob_names(),
+            |n| ws.try_get_blob(n),
+            &format!("run_net({name:?})"),
+        )?;
         py.detach(|| {
             views::device_section(
                 || self.check_views(),
@@ -341,6 +359,7 @@ impl PyWorkspace {
         let def = net_def(py, net)?;
         let dev = device_arg(device, Some(&self.device))?;
         let ws = &self.ws;
+        reentry::check_names(&def.blob_names(), |n| ws.try_get_blob(n), "run_net_once")?;
         py.detach(|| {
             views::device_section(
                 || self.check_views(),
@@ -374,6 +393,9 @@ impl PyWorkspace {
         names: Option<Vec<String>>,
     ) -> PyResult<Vec<String>> {
         let ws = &self.ws;
+        let all = names.is_none().then(|| ws.blobs());
+        let used = names.as_ref().or(all.as_ref()).into_iter().flatten();
+        reentry::check_names(used, |n| ws.try_get_blob(n), "save")?;
         py.detach(|| {
             // Saving reads the host side (a device-to-host copy at most): the gate keeps a
             // writable view from being made in the middle.
@@ -402,6 +424,10 @@ impl PyWorkspace {
     ) -> PyResult<Vec<String>> {
         let dev = device_arg(device, Some(&self.device))?;
         let ws = &self.ws;
+        // Without names the file's are unknown here: any blob may be replaced.
+        let all = names.is_none().then(|| ws.blobs());
+        let replaced = names.as_ref().or(all.as_ref()).into_iter().flatten();
+        reentry::check_names(replaced, |n| ws.try_get_blob(n), "load")?;
         py.detach(|| {
             let refs: Option<Vec<&str>> = names
                 .as_ref()

@@ -280,7 +280,8 @@ def load(
 
 
 def memory_snapshot(format: Optional[str] = None) -> Any:
-    """Every live buffer with its size, device, head and owners (a list of dicts).
+    """Every live buffer with its size, device, head and owners (a list of dicts). It waits
+    for no blob: one locked for writing by a running operator is listed with ``"busy": True``.
 
     ``format="torch"``: instead, every segment and block of every pool now as the dict that
     ``torch.cuda.memory._snapshot()`` returns (``segments`` with their ``blocks`` and the owner

@@ -292,7 +292,9 @@ def memory_summary(device: DeviceLike = None, abbreviated: bool = False) -> str:
     per space, copies, device mirrors and host views alive."""
 
 def memory_snapshot() -> List[Dict[str, Any]]:
-    """Every live buffer with its size, device, head and owners."""
+    """Every live buffer with its size, device, head and owners. Waits for no blob: a blob
+    locked for writing by a running operator is listed with ``"busy": True`` (and its name
+    and owner only)."""
 
 def torch_snapshot_pickle() -> bytes:
     """The pools now as a pickle of ``torch.cuda.memory._snapshot()``'s dict (protocol 3)."""
@@ -339,4 +341,8 @@ def register_operator(
     func: Callable[[List[Any], List[Any]], None],
     gradient: Optional[str] = None,
     shapes: Optional[Callable[[List[Tuple[int, ...]]], List[Sequence[int]]]] = None,
-) -> None: ...
+) -> None:
+    """Registers an operator type run by ``func(inputs, outputs)`` on ``cpu``. The function
+    may call the package; a call that would wait for the blobs the running operator holds
+    (``feed_blob`` of its input or output, ``fetch_blob`` of an output, ``run_net`` of a net
+    using them, ``save``, ``numpy(writable=True)``) raises ``BusyError`` naming the blob."""

@@ -303,7 +303,7 @@ pub fn export<'py>(
             let blob = &t.blob;
             let w = what.clone();
             py.detach(move || -> PyResult<HostView> {
-                let b = blob.read();
+                let b = crate::reentry::read(blob, &w)?;
                 let src = b.get::<Tensor>().or_raise()?;
                 let c = src.clone_deep().or_raise()?;
                 HostView::read_only(&c, &w)
@@ -410,7 +410,7 @@ fn device_export(
         crate::views::device_section(
             || Ok(()),
             || {
-                let b = blob.read();
+                let b = crate::reentry::read(blob, what)?;
                 let src = b.get::<Tensor>().or_raise()?;
                 crate::views::check_no_writable_view(src, what)?;
                 let owned;
