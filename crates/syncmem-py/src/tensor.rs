@@ -221,15 +221,17 @@ impl PyTensor {
         })
     }
 
-    /// DLPack export without copying: of the host mirror for a host tensor (see
-    /// `syncmem.from_dlpack`), of the device memory for an OpenCL or CUDA tensor (taken for
-    /// writing, its work waited for unless `stream=-1`).
+    /// DLPack export without copying: of the host mirror for a host-only or `cpu` tensor (see
+    /// `syncmem.from_dlpack`), of the device memory for an OpenCL or CUDA tensor (`data` the
+    /// `cl_mem` or the device pointer; the device copy is taken for writing, its work waited
+    /// for unless `stream=-1`).
     ///
-    /// Only tensors whose memory the host can address are exported: host-only tensors and
-    /// tensors on `cpu`. Tensors on `opencl` or `cuda` devices raise `DeviceError` naming
-    /// the device kind (use `numpy()` for a host view). The export is writable: until the
-    /// consumer releases it, device access to the buffer raises `BusyError`. `copy=True`
-    /// exports a copy instead.
+    /// The export is writable: until the consumer releases it, device access to the buffer
+    /// raises `BusyError`, and the buffer stays where it is (never spilled). `copy=True`
+    /// exports a copy instead, on the same device; with `dl_device=(1, 0)` (`kDLCPU`) a device
+    /// tensor exports a host copy (one device-to-host copy), as
+    /// `numpy.from_dlpack(t, device="cpu", copy=True)` asks. Any other `dl_device` than the
+    /// tensor's raises `BufferError`.
     #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
     fn __dlpack__<'py>(
         &self,

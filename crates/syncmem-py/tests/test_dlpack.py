@@ -216,3 +216,33 @@ def test_device_tensors_export_their_device_memory(opencl):
     gc.collect()
     # The host view is the way to NumPy, and DLPack works on it.
     numpy.testing.assert_array_equal(numpy.from_dlpack(t.numpy()), [1, 1, 1])
+
+
+def test_device_tensors_export_a_host_copy_when_asked(opencl, two_mirrors):
+    ws = syncmem.Workspace(device=opencl)
+    ws.run_net_once({"name": "f", "ops": [{"type": "ConstantFill", "outputs": ["x"],
+                                           "args": {"shape": [2, 3], "value": 3.0}}]})
+    t = ws.tensor("x")
+    assert t.head == "device"
+    before = t.copy_stats()["device_to_host"]
+    cap = t.__dlpack__(max_version=(1, 0), dl_device=(1, 0), copy=True)
+    m = _versioned(cap)
+    assert (m.dl_tensor.device.device_type, m.dl_tensor.device.device_id) == (1, 0)
+    assert m.flags & 2  # copied
+    # One device-to-host copy (into the host mirror, then copied), counted.
+    after = t.copy_stats()["device_to_host"]
+    assert after["count"] - before["count"] == 1 and after["bytes"] - before["bytes"] == 24
+    u = syncmem.from_dlpack(cap)
+    numpy.testing.assert_array_equal(u.numpy(), numpy.full((2, 3), 3.0))
+    assert address(u.numpy()) != address(t.numpy())
+    if _numpy_passes_copy():
+        a = numpy.from_dlpack(t, device="cpu", copy=True)
+        numpy.testing.assert_array_equal(a, numpy.full((2, 3), 3.0))
+        a[0, 0] = -1  # a copy: the tensor keeps its data
+        assert ws.fetch_blob("x")[0, 0] == 3.0
+    # Without copy=True the host is refused, as the protocol says.
+    for copy in (False, None):
+        with pytest.raises(BufferError, match=r"\(1, 0\)"):
+            t.__dlpack__(dl_device=(1, 0), copy=copy)
+    with pytest.raises(BufferError):
+        t.__dlpack__(dl_device=(2, 0), copy=True)

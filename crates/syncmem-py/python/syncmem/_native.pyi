@@ -147,8 +147,11 @@ class Tensor:
         dl_device: Optional[Tuple[int, int]] = None,
         copy: Optional[bool] = None,
     ) -> Any:
-        """A DLPack capsule of the host mirror (writable, no copy) for host-only and ``cpu``
-        tensors; ``DeviceError`` naming the device kind for ``opencl``/``cuda`` tensors."""
+        """A DLPack capsule without copying: of the host mirror for host-only and ``cpu``
+        tensors, of the device memory for ``opencl``/``cuda`` tensors (``cl_mem`` or device
+        pointer). Writable; the buffer is pinned in place until the consumer releases it.
+        ``copy=True``: a copy on the same device, or a host copy with ``dl_device=(1, 0)``;
+        another ``dl_device`` raises ``BufferError``."""
     def __dlpack_device__(self) -> Tuple[int, int]:
         """``(1, 0)`` for host memory, ``(4, N)`` OpenCL, ``(2, N)`` CUDA."""
     def __len__(self) -> int: ...

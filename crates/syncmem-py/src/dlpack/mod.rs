@@ -10,6 +10,9 @@
 //! the host waits instead), and hands out `data` = the `cl_mem` handle (OpenCL, as DLPack
 //! specifies) or the device pointer (CUDA), keeping the memory allocated until the deleter
 //! runs. Accesses through syncmem while the consumer still works on the memory race with it.
+//! Asked for the host (`dl_device=(kDLCPU, 0)`) with `copy=True`, a device tensor exports a
+//! host copy instead (flagged as copied); without `copy=True` that request raises
+//! `BufferError`, as DLPack's Python protocol says.
 //!
 //! The structs are DLPack's C ABI (`dlpack.h`, version 1.0). An exported capsule owns one boxed
 //! [`Export`]: the managed tensor, the shape it points to, and what keeps the memory alive (a
@@ -284,14 +287,27 @@ pub fn export<'py>(
     let dev = t.read(py, |x| Ok(x.target().cloned()))?;
     let (device_type, device_id) = device_of(dev.as_ref());
     let copied = copy == Some(true);
+    // A device tensor asked for on the host with copy=True: a host copy (DLPack lets a
+    // producer copy across devices when asked to copy).
+    let to_host = copied && device_type != KDL_CPU && dl_device == Some((KDL_CPU, 0));
     if let Some(req) = dl_device {
-        if req != (device_type, device_id) {
+        if req != (device_type, device_id) && !to_host {
+            let hint = if device_type != KDL_CPU && req == (KDL_CPU, 0) {
+                " without copying (copy=True gives a host copy)"
+            } else {
+                ""
+            };
             return Err(PyBufferError::new_err(format!(
                 "{what} is on ({device_type}, {device_id}) in DLPack's terms; it cannot be \
-                 exported to device {req:?}"
+                 exported to device {req:?}{hint}"
             )));
         }
     }
+    let (device_type, device_id) = if to_host {
+        (KDL_CPU, 0)
+    } else {
+        (device_type, device_id)
+    };
     let (keep, data, dtype, dims) = if device_type != KDL_CPU {
         let dev = dev.ok_or_else(|| DeviceError::new_err(format!("{what}: no device")))?;
         let sync = !stream.is_some_and(|s| s.extract::<i64>().is_ok_and(|v| v == -1));
@@ -299,7 +315,9 @@ pub fn export<'py>(
         let data = keep._buf.native_address().unwrap_or(0) as *mut c_void;
         (Keep::Device(keep), data, dtype, dims)
     } else {
-        let view = if copied {
+        let view = if to_host {
+            py.detach(|| host_copy(t, &what))?
+        } else if copied {
             let blob = &t.blob;
             let w = what.clone();
             py.detach(move || -> PyResult<HostView> {
@@ -392,6 +410,38 @@ pub fn export<'py>(
         }
         Ok(cap)
     }
+}
+
+/// A view of a host-only copy of `t`'s elements, copied from its host mirror once that is
+/// current (one device-to-host copy when only the device is, counted as one).
+fn host_copy(t: &PyTensor, what: &str) -> PyResult<HostView> {
+    crate::views::device_section(
+        || Ok(()),
+        || {
+            let b = crate::reentry::read(&t.blob, what)?;
+            let src = b.get::<Tensor>().or_raise()?;
+            let dtype = src.dtype().ok_or_else(|| {
+                TypeMismatchError::new_err(format!("{what} has no element type to export"))
+            })?;
+            if !dtype.is_pod() {
+                return Err(TypeMismatchError::new_err(format!(
+                    "{what} holds {dtype} elements, which have no DLPack type"
+                )));
+            }
+            let mut c = Tensor::on(None).with_label(src.label());
+            c.resize(src.dims()).or_raise()?;
+            c.set_dtype(dtype).or_raise()?;
+            if let Some(mem) = src.synced().filter(|_| c.nbytes() > 0) {
+                // Through the host mirror: made current (the copy counted as device to host),
+                // then copied.
+                let from = mem.host().or_raise()?;
+                let mut g = c.host_bytes_overwrite().or_raise()?;
+                let n = g.len();
+                g.copy_from_slice(&from[..n]);
+            }
+            HostView::read_only(&c, what)
+        },
+    )
 }
 
 /// The device memory of `t` for a device export (see the module docs): taken for writing (the
