@@ -121,7 +121,8 @@ impl PyDevice {
     /// or `"map"`. Where the device's memory is host memory (`cpu`, PoCL, integrated GPUs) a
     /// tensor then keeps one allocation for both sides and nothing is copied between them.
     /// Setting it (`dev.zero_copy = "off"`) applies to the tensors whose memory is allocated
-    /// from then on; a value other than `auto`, `off` or `map` raises `ConfigError`.
+    /// from then on. The values are exactly `auto`, `off` and `map`, in any case, as for
+    /// `SYNCMEM_ZERO_COPY`: any other (blanks, `on`, `1`, `0`, `""`) raises `ConfigError`.
     #[getter]
     fn zero_copy(&self) -> &'static str {
         self.dev.zero_copy().as_str()

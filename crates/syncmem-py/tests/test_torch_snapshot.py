@@ -64,3 +64,11 @@ def test_torch_memory_viz_reads_it(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert "segment" in out.stdout
+
+
+def test_torch_snapshot_pickle_is_exported_at_module_level():
+    from syncmem import torch_snapshot_pickle
+
+    assert "torch_snapshot_pickle" in syncmem.__all__
+    snapshot = pickle.loads(torch_snapshot_pickle())
+    assert "segments" in snapshot and "device_traces" in snapshot

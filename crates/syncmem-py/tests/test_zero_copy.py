@@ -130,3 +130,27 @@ def test_a_capped_device_spills_and_refills_with_memory_stats_counting(opencl):
                          text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("spills ")
+
+
+@pytest.mark.parametrize("value", ["", " auto", "off ", "on", "1", "0", "none", "OFF x"])
+def test_the_switch_takes_exactly_auto_off_or_map(setting, value):
+    dev = setting
+    dev.zero_copy = "off"
+    with pytest.raises(syncmem.ConfigError, match="expected auto, off or map"):
+        dev.zero_copy = value
+    assert dev.zero_copy == "off"
+    dev.zero_copy = "MAP"  # in any case
+    assert dev.zero_copy == "map"
+
+
+@pytest.mark.parametrize("value,ok", [("Off", True), ("map", True), (" auto", False),
+                                      ("on", False), ("1", False), ("", False)])
+def test_the_environment_variable_follows_the_same_rule(value, ok):
+    code = "import syncmem; print(syncmem.Device('cpu').zero_copy)"
+    env = dict(os.environ, SYNCMEM_ZERO_COPY=value)
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    if ok:
+        assert run.returncode == 0 and run.stdout.strip() == value.lower(), run.stderr
+    else:
+        assert run.returncode != 0 and "SYNCMEM_ZERO_COPY" in run.stderr, run.stdout

@@ -79,6 +79,7 @@ from ._native import (
     operator_types,
     pool_snapshot,
     reset_peak_memory_stats,
+    torch_snapshot_pickle,
 )
 
 __all__ = [
@@ -129,6 +130,7 @@ __all__ = [
     "run_net_once",
     "save",
     "switch_workspace",
+    "torch_snapshot_pickle",
     "workspaces",
 ]
 

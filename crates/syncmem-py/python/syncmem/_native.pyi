@@ -82,8 +82,9 @@ class Device:
         """The memory cap of the device's pool in bytes, or ``None``."""
     @property
     def zero_copy(self) -> str:
-        """``"auto"``, ``"off"`` or ``"map"``; settable (``ConfigError`` for another value),
-        for the memory allocated from then on."""
+        """``"auto"``, ``"off"`` or ``"map"``; settable, for the memory allocated from then
+        on, with exactly those values in any case (``ConfigError`` for any other, blanks,
+        ``"on"``, ``"1"`` and ``""`` included), as ``SYNCMEM_ZERO_COPY``."""
     @zero_copy.setter
     def zero_copy(self, setting: str) -> None: ...
     @property

@@ -2,7 +2,7 @@
 //! one allocation for both sides instead of two mirrors and copies between them.
 //!
 //! The setting ([`ZeroCopy`]) comes from `SYNCMEM_ZERO_COPY` (`auto`, the default; `off`;
-//! `map`) or [`crate::Device::set_zero_copy`], and applies to the mirrors a device allocates
+//! `map`; in any case, and nothing else: an empty or other value is an error) or [`crate::Device::set_zero_copy`], and applies to the mirrors a device allocates
 //! from then on. What it means on a device is [`crate::Device::zero_copy_protocol`]:
 //!
 //! | device | `auto` | `map` | `off` |
@@ -52,7 +52,7 @@ impl ZeroCopy {
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming the variable for a value other than `auto`, `off` or
-    /// `map` (or `on`, `1`, `0`).
+    /// `map` (in any case; see [`ZeroCopy::from_str`]).
     pub fn from_env() -> Result<ZeroCopy> {
         match std::env::var(ZERO_COPY_ENV) {
             Err(std::env::VarError::NotPresent) => Ok(ZeroCopy::Auto),
@@ -105,10 +105,13 @@ impl ZeroCopy {
 impl FromStr for ZeroCopy {
     type Err = Error;
 
+    /// Exactly `auto`, `off` or `map`, in any case, and no other spelling (no surrounding
+    /// blanks, no `on`, `1`, `0` or empty value): the one rule of `SYNCMEM_ZERO_COPY` and of
+    /// every setting parsed from text (the Python package's `Device.zero_copy`).
     fn from_str(s: &str) -> Result<ZeroCopy> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "auto" | "on" | "1" | "" => Ok(ZeroCopy::Auto),
-            "off" | "0" | "none" => Ok(ZeroCopy::Off),
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(ZeroCopy::Auto),
+            "off" => Ok(ZeroCopy::Off),
             "map" => Ok(ZeroCopy::Map),
             _ => Err(Error::InvalidConfig {
                 what: "zero-copy setting".to_string(),
@@ -235,9 +238,13 @@ mod tests {
     #[test]
     fn values_parse_and_bad_ones_name_the_choices() {
         assert_eq!("AUTO".parse::<ZeroCopy>().unwrap(), ZeroCopy::Auto);
-        assert_eq!(" off ".parse::<ZeroCopy>().unwrap(), ZeroCopy::Off);
+        assert_eq!("Off".parse::<ZeroCopy>().unwrap(), ZeroCopy::Off);
         assert_eq!("map".parse::<ZeroCopy>().unwrap(), ZeroCopy::Map);
         let e = "sometimes".parse::<ZeroCopy>().unwrap_err().to_string();
         assert!(e.contains("auto, off or map"), "{e}");
+        // One rule, no aliases: blanks, empty values and on/1/0/none are refused.
+        for bad in ["", " auto", "off ", "on", "1", "0", "none"] {
+            assert!(bad.parse::<ZeroCopy>().is_err(), "{bad:?}");
+        }
     }
 }
