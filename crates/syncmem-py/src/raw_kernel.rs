@@ -301,7 +301,9 @@ impl PyRawKernel {
             locks[s] = Some(if *write {
                 Lock::Write(b.write())
             } else {
-                Lock::Read(b.read())
+                // Recursive: an operator function running on this thread may hold it for
+                // reading (its input), checked above.
+                Lock::Read(b.read_recursive())
             });
         }
         let mut taken: Vec<Taken<'_>> = Vec::with_capacity(locks.len());
@@ -411,14 +413,24 @@ impl PyRawKernel {
             .map(|i| given(i, &items.get_item(i)?))
             .collect::<PyResult<_>>()?;
         let name = self.kernel.name().to_string();
+        let what = |tensor: &str| format!("kernel {name:?}: tensor {tensor:?}");
         py.detach(|| {
+            // A tensor whose blob an operator running on this thread holds for writing: its
+            // lock would never come (BusyError). One it holds for reading is read recursively.
+            for g in &given {
+                if let Given::Tensor(b, tensor) = g {
+                    crate::reentry::check(b, false, &what(tensor))?;
+                }
+            }
             // The device: the first tensor's.
             let dev = given
                 .iter()
                 .find_map(|g| match g {
-                    Given::Tensor(b, _) => {
-                        Some(b.read().get::<Tensor>().map(|t| t.target().cloned()))
-                    }
+                    Given::Tensor(b, _) => Some(
+                        b.read_recursive()
+                            .get::<Tensor>()
+                            .map(|t| t.target().cloned()),
+                    ),
                     _ => None,
                 })
                 .transpose()
@@ -440,13 +452,17 @@ impl PyRawKernel {
                     Given::Tensor(..) | Given::Bytes(_) => None,
                     g => Some(typed(&name, i, params.and_then(|p| p.get(i)), g).map_err(to_py)?),
                 });
+                if let (Given::Tensor(b, tensor), false) = (g, reads[i]) {
+                    // Written: a blob the running operator holds at all is busy.
+                    crate::reentry::check(b, true, &what(tensor))?;
+                }
             }
             views::device_section(
                 || {
                     let declared = self.kernel.declared_params(self.backend);
                     for (i, g) in given.iter().enumerate() {
                         if let Given::Tensor(b, tensor) = g {
-                            let b = b.read();
+                            let b = b.read_recursive();
                             let t = b.get::<Tensor>().or_raise()?;
                             let want = declared.as_ref().and_then(|d| pointee(d.get(i)?));
                             if let (Some(want), Some(have)) = (want, t.dtype()) {

@@ -146,7 +146,12 @@ impl Scope {
         let mut slots: Vec<(String, Option<&PoolStats>)> = self
             .spaces()
             .iter()
-            .map(|m| (key(&m.label), pools.iter().copied().find(|p| p.label == m.label)))
+            .map(|m| {
+                (
+                    key(&m.label),
+                    pools.iter().copied().find(|p| p.label == m.label),
+                )
+            })
             .collect();
         for p in pools {
             if !slots.iter().any(|(l, _)| *l == key(&p.label)) {

@@ -105,3 +105,56 @@ def test_memory_snapshot_lists_the_output_as_busy():
     assert len(y) == 1 and y[0]["busy"] is True, y
     x = [e for e in snapshot if f"{name}:x" in e["owners"]]
     assert len(x) == 1 and x[0]["busy"] is False and x[0]["nbytes"] == 16, x
+
+
+SCALE_CL = """
+__kernel void scale(const __global float* x, __global float* y, uint n, float a) {
+    size_t i = get_global_id(0);
+    if (i < n) y[i] = a * x[i];
+}
+"""
+
+
+def test_a_raw_kernel_on_the_operators_output_is_busy():
+    """A RawKernel called from inside an operator function (which runs on cpu) with tensors
+    taken before the run: the running operator's output, which it holds for writing, is busy
+    at once; its input, which it holds for reading, is not (the call goes on to the launch,
+    which a kernel without host code cannot make on cpu: an error, not a hang)."""
+    ws = syncmem.Workspace(device="cpu")
+    ws.feed_blob("x", numpy.arange(4, dtype="float32"))
+    ws.feed_blob("y", numpy.zeros(4, "float32"))
+    ws.feed_blob("z", numpy.zeros(4, "float32"))
+    x, y, z = ws.tensor("x"), ws.tensor("y"), ws.tensor("z")
+    k = syncmem.RawKernel(SCALE_CL, "scale")
+    got = {}
+
+    def op(inputs, outputs):
+        try:
+            k((1,), (4,), (z, y, numpy.uint32(4), numpy.float32(2)))
+        except Exception as e:  # noqa: BLE001 - handed to the test
+            got["write"] = e
+        try:
+            k((1,), (4,), (x, z, numpy.uint32(4), numpy.float32(2)))
+        except Exception as e:  # noqa: BLE001
+            got["read"] = e
+        outputs[0][:] = inputs[0] + 1
+
+    op_type = f"Reentry{next(_types)}"
+    syncmem.register_operator(op_type, op)
+    ws.create_net({"name": "outer", "ops": [{"type": op_type, "inputs": ["x"], "outputs": ["y"]}]})
+    done = threading.Event()
+
+    def runner():
+        try:
+            ws.run_net("outer")
+        except Exception as e:  # noqa: BLE001
+            got["run_error"] = e
+        done.set()
+
+    threading.Thread(target=runner, daemon=True).start()
+    assert done.wait(timeout=60), "the kernel call from inside the operator function hung"
+    assert "run_error" not in got, got["run_error"]
+    assert isinstance(got.get("write"), syncmem.BusyError), got
+    assert '"y"' in str(got["write"]), got["write"]
+    assert not isinstance(got.get("read"), syncmem.BusyError), got
+    numpy.testing.assert_array_equal(ws.fetch_blob("y"), [1, 2, 3, 4])
