@@ -11,7 +11,7 @@ use crate::error::Result;
 
 use super::Device;
 
-/// The countdown of one device (see the [module docs](self)).
+/// The countdown of one device.
 #[cfg(feature = "testing")]
 #[derive(Default)]
 pub(crate) struct Faults {
@@ -69,9 +69,9 @@ impl Device {
     /// [`crate::Error::OutOfMemory`]
     /// (`n = 1`: the next one); `0` disarms. Counted are device memory (pooled and direct) and
     /// the host mirrors of buffers on this device. The failure reaches the caller: the
-    /// out-of-memory path (eviction, spilling) does not run for it. For tests of error paths
-    /// (see the [module docs](self)); a handle from [`Device::isolated`] has a countdown of
-    /// its own.
+    /// out-of-memory path (eviction, spilling) does not run for it. For tests of error paths:
+    /// every operation that fails must leave every buffer as it was. A handle from
+    /// [`Device::isolated`] has a countdown of its own.
     pub fn fail_allocation(&self, n: u64) {
         use std::sync::atomic::Ordering::Release;
         self.shared.faults.countdown.store(n, Release);

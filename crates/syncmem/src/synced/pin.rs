@@ -22,9 +22,18 @@ use std::sync::Arc;
 
 use super::{Shared, SyncedMemory};
 
-/// Keeps a buffer's host and device memory where they are (see the [module docs](self)).
-/// Made by [`SyncedMemory::pin_placement`]; the pin ends when it is dropped. Pins nest: the
-/// buffer is pinned while any of its pins lives.
+/// Keeps a buffer's host and device memory where they are. Made by
+/// [`SyncedMemory::pin_placement`]; the pin ends when it is dropped. Pins nest: the buffer is
+/// pinned while any of its pins lives.
+///
+/// While a pin lives, the out-of-memory path neither spills nor evicts the buffer's device
+/// mirror; the host mirror is never replaced by zero-copy shared memory (a buffer brought back
+/// to the device while pinned keeps two mirrors) and a device overwrite does not drop it; and
+/// adopting memory on either side ([`SyncedMemory::set_host_data`],
+/// [`SyncedMemory::set_device_data`], [`SyncedMemory::take_device_data`]) is refused with
+/// [`crate::Error::Busy`]. So an address read after the pin was taken (a host view, a DLPack
+/// export, a native handle) stays the buffer's memory until the last pin goes. A pin does not
+/// keep the buffer alive: hold the buffer (or a tensor sharing its storage) at least as long.
 #[must_use = "the placement is pinned only while the pin lives"]
 pub struct PlacementPin {
     shared: Arc<Shared>,
@@ -33,6 +42,18 @@ pub struct PlacementPin {
 impl SyncedMemory {
     /// Pins the buffer's placement: while the pin lives, no mirror of the buffer is moved or
     /// freed by the crate (see [`PlacementPin`]). Takes no lock and allocates nothing.
+    ///
+    /// ```
+    /// use syncmem::{Device, SyncedMemory};
+    ///
+    /// let buf = SyncedMemory::new(64, &Device::cpu());
+    /// buf.host_mut().unwrap().fill(1);
+    /// let pin = buf.pin_placement();
+    /// let at = buf.host().unwrap().as_ptr(); // an address to hand out
+    /// // ... spilling, eviction and re-sharing leave it where it is ...
+    /// assert_eq!(buf.host().unwrap().as_ptr(), at);
+    /// drop(pin);
+    /// ```
     pub fn pin_placement(&self) -> PlacementPin {
         self.shared.pins.fetch_add(1, Ordering::AcqRel);
         PlacementPin {
