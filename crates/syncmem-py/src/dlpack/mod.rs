@@ -128,6 +128,50 @@ struct Export<M> {
     owners: AtomicUsize,
 }
 
+/// The two managed-tensor layouts (legacy and versioned), as [`new_export`] fills them.
+trait Managed {
+    fn set_context(&mut self, ctx: *mut c_void);
+    fn tensor(&mut self) -> &mut DLTensor;
+}
+
+impl Managed for DLManagedTensor {
+    fn set_context(&mut self, ctx: *mut c_void) {
+        self.manager_ctx = ctx;
+    }
+    fn tensor(&mut self) -> &mut DLTensor {
+        &mut self.dl_tensor
+    }
+}
+
+impl Managed for DLManagedTensorVersioned {
+    fn set_context(&mut self, ctx: *mut c_void) {
+        self.manager_ctx = ctx;
+    }
+    fn tensor(&mut self) -> &mut DLTensor {
+        &mut self.dl_tensor
+    }
+}
+
+/// A new export of two owners (the DLPack side and the capsule), on the heap: its context
+/// points at itself and its tensor at the shape it keeps. Returns the box, which
+/// `delete_legacy`/`delete_versioned` and the capsule's destructor end.
+fn new_export<M: Managed>(managed: M, shape: Vec<i64>, keep: Keep) -> *mut c_void {
+    let mut b = Box::new(Export {
+        managed,
+        shape,
+        keep: Mutex::new(Some(keep)),
+        released: AtomicBool::new(false),
+        owners: AtomicUsize::new(2),
+    });
+    // The shape vector lives in the box from now on: the tensor points at it there.
+    let e = &mut *b;
+    e.managed.tensor().shape = e.shape.as_mut_ptr();
+    let raw = Box::into_raw(b);
+    // SAFETY: `raw` is the live box just leaked; the context points at the box itself.
+    unsafe { (*raw).managed.set_context(raw.cast()) };
+    raw.cast()
+}
+
 /// What keeps an export's memory alive, and where it is: the buffer's placement stays pinned
 /// until the export is released, so a spill or a zero-copy re-sharing never moves the memory
 /// the consumer was handed.
@@ -340,51 +384,22 @@ pub fn export<'py>(
     let tensor = dl_tensor(data, dtype, &mut shape, device)?;
     let versioned = max_version.is_some_and(|(major, _)| major >= 1);
     let (ptr, name): (*mut c_void, &CStr) = if versioned {
-        let b = Box::new(Export {
-            managed: DLManagedTensorVersioned {
-                version: DLPackVersion { major: 1, minor: 0 },
-                manager_ctx: std::ptr::null_mut(),
-                deleter: Some(delete_versioned),
-                flags: if copied { FLAG_IS_COPIED } else { 0 },
-                dl_tensor: tensor,
-            },
-            shape,
-            keep: Mutex::new(Some(keep)),
-            released: AtomicBool::new(false),
-            owners: AtomicUsize::new(2),
-        });
-        let raw = Box::into_raw(b);
-        // SAFETY: `raw` is a live box; the context points at the box itself.
-        unsafe { (*raw).managed.manager_ctx = raw.cast() };
-        (raw.cast(), VERSIONED)
+        let managed = DLManagedTensorVersioned {
+            version: DLPackVersion { major: 1, minor: 0 },
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(delete_versioned),
+            flags: if copied { FLAG_IS_COPIED } else { 0 },
+            dl_tensor: tensor,
+        };
+        (new_export(managed, shape, keep), VERSIONED)
     } else {
-        let b = Box::new(Export {
-            managed: DLManagedTensor {
-                dl_tensor: tensor,
-                manager_ctx: std::ptr::null_mut(),
-                deleter: Some(delete_legacy),
-            },
-            shape,
-            keep: Mutex::new(Some(keep)),
-            released: AtomicBool::new(false),
-            owners: AtomicUsize::new(2),
-        });
-        let raw = Box::into_raw(b);
-        // SAFETY: as above.
-        unsafe { (*raw).managed.manager_ctx = raw.cast() };
-        (raw.cast(), LEGACY)
+        let managed = DLManagedTensor {
+            dl_tensor: tensor,
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(delete_legacy),
+        };
+        (new_export(managed, shape, keep), LEGACY)
     };
-    // The shape vector moved into the box: point the tensor at its new home.
-    // SAFETY: `ptr` is the box made above, whose first field is the managed tensor.
-    unsafe {
-        if versioned {
-            let e = ptr.cast::<Export<DLManagedTensorVersioned>>();
-            (*e).managed.dl_tensor.shape = (*e).shape.as_mut_ptr();
-        } else {
-            let e = ptr.cast::<Export<DLManagedTensor>>();
-            (*e).managed.dl_tensor.shape = (*e).shape.as_mut_ptr();
-        }
-    }
     let share = Box::into_raw(Box::new(CapsuleShare {
         export: ptr,
         versioned,
