@@ -14,6 +14,23 @@ import syncmem
 _types = itertools.count()
 
 
+def run_outer(ws, got, hung):
+    """Runs net "outer" of `ws` in a thread joined with a timeout (a deadlock fails with
+    `hung`); the run must not raise."""
+    done = threading.Event()
+
+    def runner():
+        try:
+            ws.run_net("outer")
+        except Exception as e:  # noqa: BLE001 - handed to the test
+            got["run_error"] = e
+        done.set()
+
+    threading.Thread(target=runner, daemon=True).start()
+    assert done.wait(timeout=60), hung
+    assert "run_error" not in got, got["run_error"]
+
+
 def run_inside(call):
     """Runs a net whose one operator, a Python function, calls `call(ws)` while it runs on
     input "x" and output "y"; returns what the call returned or raised."""
@@ -35,19 +52,7 @@ def run_inside(call):
     ws.create_net({"name": "uses_x", "ops": [{"type": "Relu", "inputs": ["x"], "outputs": ["z"]}]})
     ws.create_net({"name": "apart", "ops": [
         {"type": "Relu", "inputs": ["other"], "outputs": ["other2"]}]})
-    done = threading.Event()
-
-    def runner():
-        try:
-            ws.run_net("outer")
-        except Exception as e:  # noqa: BLE001
-            got["run_error"] = e
-        done.set()
-
-    t = threading.Thread(target=runner, daemon=True)
-    t.start()
-    assert done.wait(timeout=60), "the call from inside the operator function hung"
-    assert "run_error" not in got, got["run_error"]
+    run_outer(ws, got, "the call from inside the operator function hung")
     numpy.testing.assert_array_equal(ws.fetch_blob("y"), [1, 2, 3, 4])
     return ws, got
 
@@ -142,18 +147,7 @@ def test_a_raw_kernel_on_the_operators_output_is_busy():
     op_type = f"Reentry{next(_types)}"
     syncmem.register_operator(op_type, op)
     ws.create_net({"name": "outer", "ops": [{"type": op_type, "inputs": ["x"], "outputs": ["y"]}]})
-    done = threading.Event()
-
-    def runner():
-        try:
-            ws.run_net("outer")
-        except Exception as e:  # noqa: BLE001
-            got["run_error"] = e
-        done.set()
-
-    threading.Thread(target=runner, daemon=True).start()
-    assert done.wait(timeout=60), "the kernel call from inside the operator function hung"
-    assert "run_error" not in got, got["run_error"]
+    run_outer(ws, got, "the kernel call from inside the operator function hung")
     assert isinstance(got.get("write"), syncmem.BusyError), got
     assert '"y"' in str(got["write"]), got["write"]
     assert not isinstance(got.get("read"), syncmem.BusyError), got

@@ -35,6 +35,8 @@ use syncmem::{Device, Stream};
 mod gate;
 #[path = "common/interleave.rs"]
 mod interleave;
+#[path = "common/model.rs"]
+mod model;
 use interleave::{op, op_with, run, Op, SIZES, SLOTS, STRESS_MIX};
 
 /// The device of the capped cases: isolated (its own pool), capped at a little more than what

@@ -10,6 +10,10 @@
 
 #![cfg(feature = "opencl")]
 
+#[path = "common/model.rs"]
+mod model;
+
+use model::{pattern, same, values};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 use syncmem::synced::{DeviceRead, HostRead};
@@ -118,29 +122,6 @@ impl Held<'_> {
             Held::Host(s, _) | Held::Device(s, _) => *s,
         }
     }
-}
-
-fn values(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-fn same(what: &str, got: &[f32], want: &[f32]) -> Result<(), TestCaseError> {
-    if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
-        return Err(TestCaseError::fail(format!(
-            "{what}: element {i} is {} where the model has {}",
-            got[i], want[i]
-        )));
-    }
-    Ok(())
-}
-
-fn pattern(n: usize, seed: u8) -> Vec<f32> {
-    (0..n)
-        .map(|i| f32::from((i as u8).wrapping_add(seed) % 16) - 8.0)
-        .collect()
 }
 
 fn run(dev: &Device, streams: &[Stream; 3], ops: &[Op]) -> Result<(), TestCaseError> {

@@ -1,34 +1,13 @@
 //! Kernels of the user with by-value parameters of types the crate has no scalar for (`char`,
 //! `float4`, a struct): only raw bytes or scalars of their size are taken, on every backend.
 
+#[path = "common/model.rs"]
+mod model;
+
+use model::{filled, host_f32, kernel_error};
 use syncmem::device::{Grid, UserKernel};
 use syncmem::kernels::{self, Arg};
-use syncmem::{Device, Error, SyncedMemory};
-
-fn filled(dev: &Device, values: &[f32]) -> SyncedMemory {
-    let m = SyncedMemory::new(values.len() * 4, dev);
-    m.host_overwrite()
-        .unwrap()
-        .as_mut_slice_of::<f32>()
-        .unwrap()
-        .copy_from_slice(values);
-    m
-}
-
-fn host_f32(m: &SyncedMemory) -> Vec<f32> {
-    m.host().unwrap().as_slice_of::<f32>().unwrap().to_vec()
-}
-
-fn kernel_error(e: &Error) -> (&str, Option<usize>, &str) {
-    match e {
-        Error::KernelArgument {
-            kernel,
-            index,
-            reason,
-        } => (kernel, *index, reason),
-        other => panic!("expected KernelArgument, got {other}"),
-    }
-}
+use syncmem::Device;
 
 /// Parameters of types the crate has no scalar for, in OpenCL C and CUDA C: `odd` takes a
 /// struct too, `odd2` does not.

@@ -2,6 +2,10 @@
 //! device), the copies the guards make, queued launches ordered across streams without a host
 //! wait, and the typed errors of bad launches.
 
+#[path = "common/model.rs"]
+mod model;
+
+use model::{filled, host_f32, kernel_error};
 use syncmem::device::{Grid, KernelParam, ScalarType, UserKernel};
 use syncmem::kernels::{self, Arg};
 use syncmem::{Device, Error, Head, SyncedMemory, Tensor};
@@ -26,20 +30,6 @@ fn scale_kernel() -> UserKernel {
             }
             Ok(())
         })
-}
-
-fn filled(dev: &Device, values: &[f32]) -> SyncedMemory {
-    let m = SyncedMemory::new(values.len() * 4, dev);
-    m.host_overwrite()
-        .unwrap()
-        .as_mut_slice_of::<f32>()
-        .unwrap()
-        .copy_from_slice(values);
-    m
-}
-
-fn host_f32(m: &SyncedMemory) -> Vec<f32> {
-    m.host().unwrap().as_slice_of::<f32>().unwrap().to_vec()
 }
 
 /// `y = a * x` through `kernels::launch`: the input is uploaded once, the output neither
@@ -85,22 +75,7 @@ fn scales_through_the_guards(dev: &Device) {
     let want: Vec<f32> = xs.iter().map(|v| v * 0.5).collect();
     assert_eq!(host_f32(&y), want);
     // In place, read and written: y = 2 * y.
-    let k2 = UserKernel::new("twice")
-        .with_opencl(
-            "__kernel void twice(__global float* y, uint n) { size_t i = get_global_id(0); \
-             if (i < n) y[i] *= 2.0f; }",
-        )
-        .with_cuda(
-            "extern \"C\" __global__ void twice(float* y, unsigned int n) { unsigned int i = \
-             blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] *= 2.0f; }",
-        )
-        .with_host(|args| {
-            let n = args.u32(1)? as usize;
-            args.output::<f32>(0)?[..n]
-                .iter_mut()
-                .for_each(|v| *v *= 2.0);
-            Ok(())
-        });
+    let k2 = model::user_twice();
     let args = [Arg::write(&y), (n as u32).into()];
     // SAFETY: `twice` touches elements 0..n of y, which holds n floats.
     unsafe { kernels::launch(&k2, &stream, Grid::for_elements(n, 64), &args) }.unwrap();
@@ -229,17 +204,6 @@ fn launches_are_queued_and_ordered_after_other_streams() {
     gate.open();
     assert_eq!(host_f32(&y), vec![6.0; n]);
     assert_eq!(host_f32(&x), vec![6.0; n]);
-}
-
-fn kernel_error(e: &Error) -> (&str, Option<usize>, &str) {
-    match e {
-        Error::KernelArgument {
-            kernel,
-            index,
-            reason,
-        } => (kernel, *index, reason),
-        other => panic!("expected KernelArgument, got {other}"),
-    }
 }
 
 /// Wrong argument count or kind, a buffer of another device, a written buffer twice, a grid

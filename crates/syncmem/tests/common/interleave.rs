@@ -14,6 +14,7 @@ use proptest::prelude::*;
 use syncmem::{kernels, Device, Stream, SyncedMemory};
 
 use super::gate::Gate;
+pub use super::model::{same, values};
 
 /// Buffer slots the operations name.
 pub const SLOTS: usize = 4;
@@ -220,23 +221,6 @@ pub fn device_access(l: &mut Live, gates: &Gates) {
         l.host_newer = false;
         l.upload_held |= gates.is_held(l.stream);
     }
-}
-
-pub fn values(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-pub fn same(what: &str, got: &[f32], want: &[f32]) -> Result<(), TestCaseError> {
-    if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
-        return Err(TestCaseError::fail(format!(
-            "{what}: element {i} is {} where the model has {}",
-            got[i], want[i]
-        )));
-    }
-    Ok(())
 }
 
 /// Runs `ops` with a watchdog that opens the gates if one operation takes 10 s (the case

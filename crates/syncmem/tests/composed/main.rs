@@ -13,8 +13,11 @@
 //! its own. `SYNCMEM_PROPTEST_CASES` sets the number of programs per device and zero-copy
 //! setting (CI runs the default; a longer local run sets more).
 
+#[path = "../common/model.rs"]
+mod model;
 mod ops;
 
+use model::{pattern, same, user_twice, values};
 use ops::*;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};

@@ -1,7 +1,6 @@
 //! The operations of the composed model test and their random strategy.
 
 use proptest::prelude::*;
-use syncmem::kernels::UserKernel;
 
 /// Buffer slots.
 pub const SLOTS: usize = 8;
@@ -76,7 +75,7 @@ pub enum Op {
     ViewRead {
         slot: usize,
     },
-    /// `x *= 2` by a user's kernel ([`user_twice`]), on the buffer's stream.
+    /// `x *= 2` by a user's kernel (`user_twice`), on the buffer's stream.
     UserTwice {
         slot: usize,
     },
@@ -124,54 +123,4 @@ pub fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(slot, a)| Op::ReplicaScale { slot, a }),
         2 => (1u64..6).prop_map(|n| Op::FailNext { n }),
     ]
-}
-
-/// `y[i] *= 2` for `i < n`, on every backend.
-pub fn user_twice() -> UserKernel {
-    UserKernel::new("twice")
-        .with_opencl(
-            "__kernel void twice(__global float* y, uint n) { size_t i = get_global_id(0); \
-             if (i < n) y[i] *= 2.0f; }",
-        )
-        .with_cuda(
-            "extern \"C\" __global__ void twice(float* y, unsigned int n) { unsigned int i = \
-             blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] *= 2.0f; }",
-        )
-        .with_host(|args| {
-            let n = args.u32(1)? as usize;
-            args.output::<f32>(0)?[..n]
-                .iter_mut()
-                .for_each(|v| *v *= 2.0);
-            Ok(())
-        })
-}
-
-pub fn values(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-pub fn same(what: &str, got: &[f32], want: &[f32]) -> Result<(), TestCaseError> {
-    if got.len() != want.len() {
-        return Err(TestCaseError::fail(format!(
-            "{what}: {} elements where the model has {}",
-            got.len(),
-            want.len()
-        )));
-    }
-    if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
-        return Err(TestCaseError::fail(format!(
-            "{what}: element {i} is {} where the model has {}",
-            got[i], want[i]
-        )));
-    }
-    Ok(())
-}
-
-pub fn pattern(n: usize, seed: u8) -> Vec<f32> {
-    (0..n)
-        .map(|i| f32::from((i as u8).wrapping_add(seed) % 16) - 8.0)
-        .collect()
 }

@@ -111,8 +111,8 @@ impl LaunchCapture {
                 let i = i as cl_uint;
                 // SAFETY: the values the crate set when it launched this kernel, of the types
                 // of its parameters; the buffers are retained by the capture, the by-value bytes
-                // are the capture's own copies; the kernel object
-                // is the capture's own (`&mut self`: no other thread sets its arguments).
+                // are the capture's own copies; the kernel object is the capture's own
+                // (`&mut self`: no other thread sets its arguments).
                 unsafe {
                     match arg {
                         KArg::U32(v) => k.set_arg(i, v as &cl_uint),

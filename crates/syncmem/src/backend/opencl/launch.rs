@@ -127,8 +127,8 @@ pub(super) fn launch(
         // (this function's contract): `uint` (cl_uint), `ulong` (cl_ulong), `float` (f32),
         // `double` (f64), a `__global` pointer (a cl_mem of this context, or null for an
         // operand the kernel does not read), or the bytes of a by-value parameter of exactly
-        // its size, valid for this call (the runtime copies them). The kernel is locked, so no other thread sets its
-        // arguments until it is enqueued.
+        // its size, valid for this call (the runtime copies them). The kernel is locked, so no
+        // other thread sets its arguments until it is enqueued.
         unsafe {
             match arg {
                 KArg::U32(v) => k.0.set_arg(i, v as &cl_uint),
