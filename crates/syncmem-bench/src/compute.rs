@@ -8,11 +8,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use syncmem::net::mlp::Dataset;
-use syncmem::net::train::{TrainConfig, Trainer};
 use syncmem::ops::{create_operator, Operator, OperatorDef};
 use syncmem::tensor::Tensor;
 use syncmem::{BackendKind, Context, Device, Result, SyncedMemory, Workspace};
+use syncmem_nn::mlp::Dataset;
+use syncmem_nn::train::{TrainConfig, Trainer};
 
 use crate::peak;
 
@@ -170,6 +170,7 @@ fn time_op(
 /// # Errors
 /// Device and operator errors.
 pub fn gemm_row(dev: &Device, h: usize, quick: bool, peak: &PeakRow) -> Result<GemmRow> {
+    syncmem_nn::register_operators()?;
     let ws = Workspace::new();
     let ctx = Context::with_seed(dev, 0)?;
     put(&ws, dev, "x", &[BATCH, h])?;

@@ -23,8 +23,8 @@ pub const STEP_FLOOR_GOAL: f64 = 1.0 / 1.10;
 pub fn step_row(dev: &Device, h: usize, runs: Runs) -> Result<Option<Row>> {
     use crate::rows::compare;
     use syncmem::device::LaunchCapture;
-    use syncmem::net::mlp::Dataset;
-    use syncmem::net::train::{TrainConfig, Trainer};
+    use syncmem_nn::mlp::Dataset;
+    use syncmem_nn::train::{TrainConfig, Trainer};
     if dev.backend() != syncmem::BackendKind::OpenCl {
         return Ok(None);
     }

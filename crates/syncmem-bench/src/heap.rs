@@ -7,9 +7,9 @@ use std::cell::Cell;
 use std::fmt;
 
 use serde::Serialize;
-use syncmem::net::mlp::Dataset;
-use syncmem::net::train::{TrainConfig, Trainer};
 use syncmem::{Device, Result};
+use syncmem_nn::mlp::Dataset;
+use syncmem_nn::train::{TrainConfig, Trainer};
 
 /// Goal of the rows: no heap allocation in a steady step.
 pub const GOAL: f64 = 0.0;

@@ -5,9 +5,9 @@
 
 use serde::Serialize;
 use syncmem::alloc::pairs::PairCopies;
-use syncmem::net::mlp::Dataset;
-use syncmem::net::train::{TrainConfig, Trainer};
 use syncmem::{Device, Result, SyncedMemory};
+use syncmem_nn::mlp::Dataset;
+use syncmem_nn::train::{TrainConfig, Trainer};
 
 use crate::rows::median;
 use crate::rows::{compare, Runs};

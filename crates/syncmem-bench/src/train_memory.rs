@@ -8,9 +8,9 @@
 
 use serde::Serialize;
 use syncmem::alloc::pool::config::device_pool_from_env;
-use syncmem::net::mlp::Dataset;
-use syncmem::net::train::{TrainConfig, Trainer, Transfers};
 use syncmem::{CopyStats, Device, MemoryCap, Result, ZeroCopy};
+use syncmem_nn::mlp::Dataset;
+use syncmem_nn::train::{TrainConfig, Trainer, Transfers};
 
 use crate::rows::median;
 use crate::Row;

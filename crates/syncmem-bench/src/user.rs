@@ -7,15 +7,15 @@ use std::sync::LazyLock;
 use std::time::Instant;
 
 use syncmem::device::{Grid, KernelArg, UserKernel};
-use syncmem::net::mlp::{Dataset, Mlp};
-use syncmem::net::train::{TrainConfig, Trainer};
 use syncmem::{BackendKind, Device, Error, Result, SyncedMemory};
+use syncmem_nn::mlp::{Dataset, Mlp};
+use syncmem_nn::train::{TrainConfig, Trainer};
 
 use crate::rows::Runs;
 use crate::Row;
 
 /// The `LeakyRelu` operators of the `custom_operator` example, as they are.
-#[path = "../../syncmem/examples/custom_operator/leaky_relu.rs"]
+#[path = "../../syncmem-nn/examples/custom_operator/leaky_relu.rs"]
 #[allow(dead_code)]
 mod leaky_relu;
 

@@ -52,6 +52,7 @@ fn operator_types() -> Vec<&'static str> {
 #[pyo3(name = "_native")]
 fn syncmem_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
+    syncmem_nn::register_operators().map_err(errors::to_py)?;
     m.add_class::<device::PyDevice>()?;
     m.add_class::<workspace::PyWorkspace>()?;
     m.add_class::<tensor::PyTensor>()?;

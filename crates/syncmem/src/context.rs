@@ -72,11 +72,6 @@ impl Context {
         *self.rng.get_mut() = StdRng::seed_from_u64(seed);
     }
 
-    /// The kernels of the context's device, queued on the context's stream.
-    pub(crate) fn kernels(&self) -> crate::device::Kernels<'_> {
-        self.stream.kernels()
-    }
-
     /// Records an event on the context's stream.
     ///
     /// # Errors

@@ -43,7 +43,7 @@
 //! [`SyncedMemory::device_on`] and [`SyncedMemory::device_mut_on`] keep replicas of one buffer
 //! on other devices (one coherence state for all of them: a read copies only where no current
 //! copy is, from the cheapest one; a write makes the others stale), with the copies between
-//! devices counted per pair in [`alloc::pairs`]. [`net::train::Trainer::data_parallel`] trains
+//! devices counted per pair in [`alloc::pairs`]. `syncmem-nn`'s data-parallel trainer trains
 //! on several devices on top of them. For collective libraries, a guard's
 //! `DeviceBuffer::as_opencl` / `as_cuda` (features `opencl`, `cuda`) give the native memory and
 //! its stream the order.

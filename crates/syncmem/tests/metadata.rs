@@ -48,7 +48,10 @@ fn every_crate_has_complete_metadata() {
         .map(|p| p["name"].as_str().unwrap())
         .collect();
     names.sort_unstable();
-    assert_eq!(names, ["syncmem", "syncmem-bench", "syncmem-cli"]);
+    assert_eq!(
+        names,
+        ["syncmem", "syncmem-bench", "syncmem-cli", "syncmem-nn"]
+    );
     let manifest = std::fs::read_to_string(workspace_root().join("Cargo.toml")).unwrap();
     assert!(
         !manifest.contains(".invalid"),
@@ -155,7 +158,7 @@ fn published_packages_ship_the_license_texts() {
         }
     }
     published.sort_unstable();
-    assert_eq!(published, ["syncmem", "syncmem-cli"]);
+    assert_eq!(published, ["syncmem", "syncmem-cli", "syncmem-nn"]);
 
     let py = root.join("crates/syncmem-py");
     let pyproject = read(&py.join("pyproject.toml"));

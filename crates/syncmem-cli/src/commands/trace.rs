@@ -8,8 +8,8 @@ use anyhow::{ensure, Context as _};
 use serde::Serialize;
 use syncmem::alloc::stats::{human_bytes, CopyDir};
 use syncmem::alloc::trace::{replay_with, ReplayOptions, ReplayReport, Trace, TraceSummary};
-use syncmem::net::train::TrainConfig;
 use syncmem::{DeviceSpec, PoolConfig, PoolKind};
+use syncmem_nn::train::TrainConfig;
 
 use super::train;
 

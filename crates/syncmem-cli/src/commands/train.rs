@@ -14,8 +14,8 @@ use std::time::Instant;
 use anyhow::{ensure, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
 use syncmem::alloc::trace::Trace;
-use syncmem::net::train::{compare_planning, TrainConfig, Trainer};
 use syncmem::{BackendKind, Device};
+use syncmem_nn::train::{compare_planning, TrainConfig, Trainer};
 
 /// Arguments of `syncmem train`.
 #[derive(clap::Args)]

@@ -356,6 +356,12 @@ pub fn thread_host_waits() -> u64 {
     THREAD.try_with(|t| t.waits.get()).unwrap_or(0)
 }
 
+/// Every copy made through a [`crate::Stream`] in the process so far, on every thread: one
+/// read of the process-wide counters (no walk over devices, unlike [`crate::stats`]).
+pub fn process_copies() -> CopyStats {
+    COPIES.snapshot()
+}
+
 /// Counters for host memory made by [`crate::alloc::HostBlock`].
 pub(crate) static HOST: MemCounters = MemCounters::new();
 /// Every copy made through a [`crate::Stream`].

@@ -56,7 +56,6 @@ pub use crate::error::{OomReport, OomRetry};
 pub use buffer::DeviceBuffer;
 pub(crate) use buffer::Release;
 pub(crate) use in_place::MapAccess;
-pub(crate) use kernels::Kernels;
 pub(crate) use mirror::{Evictable, Freed, Mirrors};
 pub use mirror::{Head, LiveBuffer};
 pub use pinned::PinnedBuffer;

@@ -382,6 +382,12 @@ impl Stream {
         self.raw.wait_for(&event.raw)
     }
 
+    /// How many commands (kernel launches, copies, fills) were queued on this stream so far:
+    /// the difference over a call counts the launches it made.
+    pub fn commands_queued(&self) -> u64 {
+        self.raw.last_seq()
+    }
+
     /// Blocks until all queued work is done.
     ///
     /// # Errors

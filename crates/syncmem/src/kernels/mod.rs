@@ -1,19 +1,32 @@
-//! The math of parameter blobs, on a buffer's device: `axpy`, `scale`, `asum` and `sumsq` over
-//! `f32` and `f64` (Caffe's `caffe_gpu_axpy` and friends), and their host loops ([`host`]).
+//! Kernels: the one door through which the built-in operators, users' operators and users'
+//! code launch device work on [`SyncedMemory`](crate::SyncedMemory) buffers and
+//! [`Tensor`](crate::Tensor)s.
+//!
+//! | what | functions |
+//! |---|---|
+//! | the library's kernels (`f32`) | [`gemm`] with its fused epilogues (bias, ReLU, ReLU-gradient mask, column sums of `A`), [`col_sum`], [`relu`], [`relu_grad`], [`fill`], [`softmax_loss`] (with accuracy, gradient and both scalars in one pass), [`softmax_loss_grad`], [`accuracy`], [`axpy_multi`] |
+//! | parameter math (`f32`, `f64`; Caffe's `caffe_gpu_axpy` and friends) | [`axpy`], [`scale`], [`asum`], [`sumsq`], and their host loops ([`host`]) |
+//! | kernels of your own | [`launch`] of a [`UserKernel`] |
+//!
+//! Every launch is checked (each operand on the stream's device and large enough; errors name
+//! the kernel and the operand) and safe: operands are guards of device mirrors ([`Src`] for
+//! inputs, [`Dst`] for outputs, [`Empty`] for tensors without elements), so the caller has
+//! made the device mirror current (or taken it for writing) and no one else touches the memory
+//! meanwhile. The kernels with many operands take an operand struct ([`Gemm`],
+//! [`SoftmaxLoss`], [`SoftmaxLossGrad`], [`Accuracy`]). The built-in operators of
+//! `syncmem-nn` are written on exactly these functions.
 //!
 //! | backend | how it runs |
 //! |---|---|
-//! | host slices ([`host`]) | plain Rust loops |
-//! | `cpu` device | the same loops over the `cpu` device's memory |
+//! | `cpu` device | Rust loops and a blocked GEMM over the `cpu` device's memory |
 //! | `opencl:N` | OpenCL C kernels, built once per device; `f64` needs `cl_khr_fp64` |
-//! | `cuda:N` | CUDA C kernels compiled at run time by NVRTC (`libnvrtc` loaded at run time; absent: [`Error::RuntimeUnavailable`]), loaded once per device. **Compile-checked only: never run** (no GPU where it was written) |
+//! | `cuda:N` | CUDA C kernels compiled at run time by NVRTC (`libnvrtc` loaded at run time; absent: [`Error::RuntimeUnavailable`]), loaded once per device |
 //!
-//! The device functions take the access guards of [`SyncedMemory`](crate::SyncedMemory), so the
-//! caller has already made the device mirror current (or taken it for writing), and they run
-//! on the written guard's stream. Every call is queued when it returns, not waited for (the
-//! reductions, which return a value, wait for their partial sums): a later access of any kind,
-//! on any stream, sees the result (device work on another stream is ordered after it on the
-//! device; a host access waits for it).
+//! The library's kernels run on the stream they are given; [`axpy`], [`scale`], [`asum`] and
+//! [`sumsq`] on the written guard's stream. Every call is queued when it returns, not waited
+//! for (the reductions, which return a value, wait for their partial sums): a later access of
+//! any kind, on any stream, sees the result (device work on another stream is ordered after it
+//! on the device; a host access waits for it).
 //!
 //! Reductions run in two stages: each work-group writes one partial sum, and the host adds the
 //! partial sums (in `f64`). `n` may be anything, including 0 and values that are not a multiple
@@ -45,11 +58,18 @@ use crate::error::{Error, Result};
 use crate::synced::{DeviceRead, DeviceWrite};
 
 mod launch;
+mod library;
+mod operand;
 
 pub use crate::backend::cpu::math as host;
 pub use crate::device::{Grid, UserKernel};
 pub use crate::dtype::{Float, Scalar, ScalarKind};
 pub use launch::{launch, Arg, Buffer, BufferMut};
+pub use library::{
+    accuracy, axpy_multi, col_sum, fill, gemm, relu, relu_grad, softmax_loss, softmax_loss_grad,
+    Accuracy, AxpyTriple, Gemm, SoftmaxLoss, SoftmaxLossGrad, AXPY_MULTI,
+};
+pub use operand::{BadLabel, Dst, Empty, Src};
 
 /// The four operations, for error messages and dispatch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,21 +1,33 @@
 //! Nets: operators run in order in a workspace (Caffe2's `NetBase` / `SimpleNet`), their
-//! management in a [`Workspace`], memory planning, and a small training loop built on them.
+//! management in a [`Workspace`], rewrites at build time, and memory planning. The built-in
+//! operators, their fusion, the MLP and the training loop are in the `syncmem-nn` crate.
 //!
 //! ```
 //! use syncmem::net::{NetDef, NetOptions};
-//! use syncmem::ops::OperatorDef;
-//! use syncmem::{Device, Workspace};
+//! use syncmem::ops::{register_operator, Operator, OperatorDef};
+//! use syncmem::{Context, Device, Result, Workspace};
 //!
-//! # fn main() -> syncmem::Result<()> {
+//! /// Creates its output blob (and does nothing else).
+//! struct Touch(OperatorDef);
+//!
+//! impl Operator for Touch {
+//!     fn def(&self) -> &OperatorDef {
+//!         &self.0
+//!     }
+//!     fn run(&self, ws: &Workspace, _: &Context) -> Result<()> {
+//!         ws.create_blob(&self.0.outputs[0]).map(drop)
+//!     }
+//! }
+//!
+//! # fn main() -> Result<()> {
+//! register_operator("Touch", None, |def, _| Ok(Box::new(Touch(def.clone()))))?;
 //! let dev = Device::cpu();
 //! let ws = Workspace::new();
-//! let def = NetDef::new("init")
-//!     .op(OperatorDef::new("ConstantFill", &[], &["x"]).arg("shape", vec![2, 3]).arg("value", 1.5));
-//! # if syncmem::ops::registered_types().contains(&"ConstantFill") {
+//! let def = NetDef::new("init").op(OperatorDef::new("Touch", &[], &["x"]));
 //! ws.create_net(&def, &dev, &NetOptions::new())?;    // builds every operator, or fails whole
 //! ws.run_net("init")?;                                // errors name the net and the operator
 //! assert_eq!(ws.nets(), vec!["init".to_string()]);
-//! # }
+//! assert!(ws.has_blob("x"));
 //! # Ok(())
 //! # }
 //! ```
@@ -28,9 +40,8 @@
 //! | [`Net`] | a net built for a device: its operators and a [`Context`] |
 //! | `Workspace` net methods | `create_net`, `get_net`, `run_net`, `delete_net`, `nets`, `run_net_once` |
 //! | [`plan`] | memory planning: intermediate blobs whose lifetimes do not overlap share buffers |
-//! | [`fuse`], [`fuse_grad`], [`fuse_sgd`], [`fuse_loss`] | operator fusion: an `FC` read only by a following `Relu` becomes one fused `FC`; an `FCGradient` whose `dX` only a `ReluGradient` reads applies the mask itself; consecutive `SGD`s become one multi-parameter `SGD`; the `Accuracy` and gradient of a `SoftmaxWithLoss` run inside it |
+//! | [`NetRewrite`] | a rewrite of a net's definition applied at build time, before planning (`syncmem-nn`'s operator fusion is one) |
 //! | [`memory`] | where each blob lives, bytes per side, peaks measured while a net runs |
-//! | [`mlp`], [`train`] | a multilayer perceptron as nets of operators, datasets, a training loop |
 //!
 //! # Departures from Caffe2, on purpose
 //!
@@ -44,19 +55,11 @@
 //! | memonger is a separate Python pass | [`NetOptions::plan_memory`] at creation |
 
 mod def;
-pub mod fuse;
-pub mod fuse_grad;
-pub mod fuse_loss;
-pub mod fuse_sgd;
 pub mod memory;
-pub mod mlp;
 pub mod plan;
-pub mod train;
-mod train_config;
 mod workspace_nets;
 
 pub use def::NetDef;
-pub use fuse::{fuse_fc_relu, fuse_net, Fusion};
 pub use plan::{plan_memory, MemoryPlan, PlanOptions};
 
 use std::fmt;
@@ -70,7 +73,19 @@ use crate::error::{Error, Result};
 use crate::ops::{create_operator, Operator, OperatorDef};
 use crate::workspace::Workspace;
 
-/// A source of operators tried before the built-in ones ([`create_operator`]): returns
+/// A rewrite of a net's definition, applied when the net is built and before planning: operator
+/// fusion (`syncmem-nn`'s `Fuse`), or any pass of the user's. It returns the definition to
+/// run, which must still write every blob of `keep` (the planner's `keep` names: what the
+/// caller reads after a run) and every external output.
+pub trait NetRewrite: Send + Sync {
+    /// Rewrites `def`.
+    ///
+    /// # Errors
+    /// Any error of the pass; [`Net::build`] returns it, naming the net.
+    fn rewrite(&self, def: &NetDef, keep: &[String]) -> Result<NetDef>;
+}
+
+/// A source of operators tried before the registry ([`create_operator`]): returns
 /// `Ok(None)` for a type it does not know. Lets users (and tests) add operator types.
 pub type OperatorFactory =
     Arc<dyn Fn(&OperatorDef, &Device) -> Result<Option<Box<dyn Operator>>> + Send + Sync>;
@@ -85,14 +100,9 @@ pub struct NetOptions {
     /// Options of the planner (names to keep, size hints); its `keep` names are never fused
     /// away either.
     pub plan: PlanOptions,
-    /// Fuse each `FC` whose output only a following `Relu` reads into one `FC` that applies
-    /// the ReLU (see [`fuse`]), and each `FCGradient` whose input gradient only a following
-    /// `ReluGradient` reads into one `FCGradient` that applies the mask (see [`fuse_grad`]),
-    /// consecutive `SGD`s into one that updates every parameter in one launch (see
-    /// [`fuse_sgd`]), and a `SoftmaxWithLoss` with the `Accuracy` and gradient that read its
-    /// probabilities (see [`fuse_loss`]), before planning ([`fuse_net`]). Off by default: the blobs fused away are
-    /// no longer written.
-    pub fuse: bool,
+    /// A rewrite applied before planning (see [`NetRewrite`]); `None` by default. Blobs a
+    /// rewrite removes are no longer written.
+    pub rewrite: Option<Arc<dyn NetRewrite>>,
     /// Seed of the net's context (random fills); `None` draws one.
     pub seed: Option<u64>,
     /// Operators tried before the built-in ones.
@@ -100,7 +110,7 @@ pub struct NetOptions {
 }
 
 impl NetOptions {
-    /// The defaults: no overwrite, no planning, no fusion, a random seed, built-in operators.
+    /// The defaults: no overwrite, no planning, no rewrite, a random seed, registered operators.
     pub fn new() -> Self {
         Self::default()
     }
@@ -117,9 +127,9 @@ impl NetOptions {
         self
     }
 
-    /// Sets [`NetOptions::fuse`].
-    pub fn fuse(mut self, yes: bool) -> Self {
-        self.fuse = yes;
+    /// Sets [`NetOptions::rewrite`].
+    pub fn rewrite(mut self, pass: Option<Arc<dyn NetRewrite>>) -> Self {
+        self.rewrite = pass;
         self
     }
 
@@ -149,7 +159,7 @@ impl fmt::Debug for NetOptions {
             .field("overwrite", &self.overwrite)
             .field("plan_memory", &self.plan_memory)
             .field("plan", &self.plan)
-            .field("fuse", &self.fuse)
+            .field("rewrite", &self.rewrite.is_some())
             .field("seed", &self.seed)
             .field("operators", &self.operators.is_some())
             .finish()
@@ -163,7 +173,7 @@ impl fmt::Debug for NetOptions {
 /// runs"); different nets run concurrently, each blob being protected by its own lock.
 pub struct Net {
     def: NetDef,
-    fusion: Option<Fusion>,
+    rewritten: Option<NetDef>,
     plan: Option<MemoryPlan>,
     device: Device,
     ctx: Context,
@@ -172,17 +182,32 @@ pub struct Net {
 }
 
 impl Net {
-    /// Builds every operator of `def` for `device` (after fusing when `opts.fuse`, then
+    /// Builds every operator of `def` for `device` (after `opts.rewrite`, then
     /// planning memory when `opts.plan_memory`). The workspace is not touched; on error
     /// nothing is left behind.
     ///
     /// # Errors
     /// [`Error::OperatorFailed`] (stage `"build"`) naming the net and the operator whose
-    /// construction failed (unknown type, bad arguments); an error of the planner; a backend
+    /// construction failed (unknown type, bad arguments), or (stage `"rewrite"`) wrapping the
+    /// error of the rewrite; an error of the planner; a backend
     /// error creating the context.
     pub fn build(def: &NetDef, device: &Device, opts: &NetOptions) -> Result<Net> {
-        let fusion = opts.fuse.then(|| fuse_net(def, &opts.plan.keep));
-        let base = fusion.as_ref().map_or(def, |f| &f.def);
+        let rewritten = match &opts.rewrite {
+            Some(pass) => {
+                Some(
+                    pass.rewrite(def, &opts.plan.keep)
+                        .map_err(|e| Error::OperatorFailed {
+                            net: def.name.clone(),
+                            stage: "rewrite",
+                            index: 0,
+                            op: "(the net's rewrite)".into(),
+                            error: Box::new(e),
+                        })?,
+                )
+            }
+            None => None,
+        };
+        let base = rewritten.as_ref().unwrap_or(def);
         let plan = if opts.plan_memory {
             Some(plan_memory(base, &opts.plan)?)
         } else {
@@ -204,7 +229,7 @@ impl Net {
         let ctx = Context::with_seed(device, opts.seed.unwrap_or_else(random_seed))?;
         Ok(Net {
             def: def.clone(),
-            fusion,
+            rewritten,
             plan,
             device: device.clone(),
             ctx,
@@ -223,22 +248,22 @@ impl Net {
         &self.def
     }
 
-    /// The definition that runs: fused when the net was built with [`NetOptions::fuse`], then
-    /// planned when memory was planned; else [`Net::def`].
+    /// The definition that runs: rewritten when the net was built with
+    /// [`NetOptions::rewrite`], then planned when memory was planned; else [`Net::def`].
     pub fn run_def(&self) -> &NetDef {
         self.plan
             .as_ref()
             .map_or_else(|| self.base_def(), |p| &p.def)
     }
 
-    /// The definition before planning: the fused one, else [`Net::def`].
+    /// The definition before planning: the rewritten one, else [`Net::def`].
     fn base_def(&self) -> &NetDef {
-        self.fusion.as_ref().map_or(&self.def, |f| &f.def)
+        self.rewritten.as_ref().unwrap_or(&self.def)
     }
 
-    /// The fusion, when the net was built with [`NetOptions::fuse`].
-    pub fn fusion(&self) -> Option<&Fusion> {
-        self.fusion.as_ref()
+    /// The rewritten definition, when the net was built with [`NetOptions::rewrite`].
+    pub fn rewritten(&self) -> Option<&NetDef> {
+        self.rewritten.as_ref()
     }
 
     /// The memory plan, when the net was created with one.
@@ -362,7 +387,7 @@ impl fmt::Debug for Net {
             .field("name", &self.def.name)
             .field("device", &self.device.label())
             .field("ops", &self.ops.len())
-            .field("fused", &self.fusion.as_ref().map_or(0, |f| f.fused.len()))
+            .field("rewritten", &self.rewritten.is_some())
             .field("planned", &self.plan.is_some())
             .finish()
     }

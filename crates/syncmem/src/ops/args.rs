@@ -33,7 +33,7 @@ impl<'a> Args<'a> {
             } else {
                 format!("{lo} to {hi}")
             };
-            Err(invalid(def, format!("takes {want} {what}, got {n}")))
+            Err(invalid_def(def, format!("takes {want} {what}, got {n}")))
         };
         count("input(s)", def.inputs.len(), inputs)?;
         count("output(s)", def.outputs.len(), outputs)?;
@@ -44,7 +44,7 @@ impl<'a> Args<'a> {
                 } else {
                     known.join(", ")
                 };
-                return Err(invalid(
+                return Err(invalid_def(
                     def,
                     format!("unknown argument {key:?} (known arguments: {known})"),
                 ));
@@ -52,7 +52,7 @@ impl<'a> Args<'a> {
         }
         for (i, name) in def.inputs.iter().chain(&def.outputs).enumerate() {
             if name.is_empty() {
-                return Err(invalid(def, format!("blob name #{i} is empty")));
+                return Err(invalid_def(def, format!("blob name #{i} is empty")));
             }
         }
         Ok(Self { def })
@@ -63,7 +63,7 @@ impl<'a> Args<'a> {
     }
 
     fn wrong(&self, key: &str, want: &str, v: &Value) -> Error {
-        invalid(
+        invalid_def(
             self.def,
             format!("argument {key:?} must be {want}, got {v}"),
         )
@@ -89,7 +89,10 @@ impl<'a> Args<'a> {
     /// [`Error::InvalidState`] when the argument is absent or not a finite number.
     pub fn f32_required(&self, key: &str) -> Result<f32> {
         if self.get(key).is_none() {
-            return Err(invalid(self.def, format!("argument {key:?} is required")));
+            return Err(invalid_def(
+                self.def,
+                format!("argument {key:?} is required"),
+            ));
         }
         self.f32_or(key, 0.0)
     }
@@ -137,8 +140,9 @@ impl<'a> Args<'a> {
     }
 }
 
-/// The error for a def that cannot be built.
-pub(crate) fn invalid(def: &OperatorDef, reason: String) -> Error {
+/// The error for a def that cannot be built (a bad argument value, a bad combination of
+/// arguments), naming the operator: what an operator's builder returns.
+pub fn invalid_def(def: &OperatorDef, reason: String) -> Error {
     Error::InvalidState {
         op: "create_operator",
         buffer: format!("operator {}", def.label()),

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
 use smallvec::{smallvec, SmallVec};
 
-use super::access::What;
+use super::operand::Operand as What;
 use super::OperatorDef;
 use crate::blob::Blob;
 use crate::device::Device;

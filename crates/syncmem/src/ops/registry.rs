@@ -1,14 +1,15 @@
 //! The operator registry (Caffe2's `REGISTER_CPU_OPERATOR` / `REGISTER_CUDA_OPERATOR` and
 //! `REGISTER_GRADIENT`): operator types by name, each with its builder and the name of its
-//! gradient operator. The built-in operators are registered through the same call as the
-//! user's ([`register_operator`]), when the registry is first used; [`create_operator`], JSON
-//! nets, the planner and the training loop find every registered type the same way.
+//! gradient operator. The registry starts empty: the operators of `syncmem-nn` (`FC`, `Relu`,
+//! `SoftmaxWithLoss`, ...) are registered through the same call as a user's
+//! ([`register_operator`]); [`create_operator`], JSON nets and the planner find every
+//! registered type the same way.
 
 use std::sync::{Arc, LazyLock};
 
 use parking_lot::RwLock;
 
-use super::{fc, fill, loss, relu, sgd, Operator, OperatorDef};
+use super::{Operator, OperatorDef};
 use crate::device::Device;
 use crate::error::{Error, Result};
 
@@ -25,7 +26,7 @@ struct Entry {
     build: OperatorBuilder,
 }
 
-/// Every registered type, in the order of registration (the built-in ones first).
+/// Every registered type, in the order of registration.
 struct Registry {
     entries: Vec<Entry>,
 }
@@ -72,57 +73,22 @@ impl Registry {
     }
 }
 
-type BuiltIn = (
-    &'static str,
-    Option<&'static str>,
-    fn(&OperatorDef, &Device) -> Result<Box<dyn Operator>>,
-);
-
-/// The built-in operator types, their gradients and builders.
-const BUILT_IN: [BuiltIn; 13] = [
-    ("ConstantFill", None, fill::build_constant),
-    ("UniformFill", None, fill::build_uniform),
-    ("GaussianFill", None, fill::build_gaussian),
-    ("XavierFill", None, fill::build_xavier),
-    ("MSRAFill", None, fill::build_msra),
-    ("FC", Some("FCGradient"), fc::build_fc),
-    ("FCGradient", None, fc::build_fc_gradient),
-    ("Relu", Some("ReluGradient"), relu::build_relu),
-    ("ReluGradient", None, relu::build_relu_gradient),
-    (
-        "SoftmaxWithLoss",
-        Some("SoftmaxWithLossGradient"),
-        loss::build_softmax_with_loss,
-    ),
-    (
-        "SoftmaxWithLossGradient",
-        None,
-        loss::build_softmax_with_loss_gradient,
-    ),
-    ("Accuracy", None, loss::build_accuracy),
-    ("SGD", None, sgd::build_sgd),
-];
-
 static REGISTRY: LazyLock<RwLock<Registry>> = LazyLock::new(|| {
-    let mut r = Registry {
+    RwLock::new(Registry {
         entries: Vec::new(),
-    };
-    for (name, gradient, build) in BUILT_IN {
-        // Distinct, well-formed names: cannot fail (checked by a test).
-        let _ = r.register(name, gradient, Arc::new(build));
-    }
-    RwLock::new(r)
+    })
 });
 
 /// Registers operator type `op_type`, built by `build`, whose gradient operator (if it has
 /// one) is `gradient`: from then on [`create_operator`] builds it, nets (and JSON nets) may use
-/// it, and [`crate::net::mlp::Mlp::with_activation`] builds the backward pass of an activation
-/// with its gradient's type. A type is registered for the life of the process.
+/// it, and the gradient name tells a backward-pass builder (such as `syncmem-nn`'s MLP) which
+/// type computes its gradient. A type is registered for the life of the process.
 ///
 /// The builder runs when an operator of the type is created for a device (by
 /// [`create_operator`], once per operator of a net when the net is built): it checks the def
 /// ([`super::Args::check`]) and returns the operator, which reaches its blobs with
-/// [`super::with_io`] and launches its kernels with [`crate::kernels::launch`].
+/// [`super::with_io`] and launches the library's kernels ([`crate::kernels::gemm`], ...) or its
+/// own ([`crate::kernels::launch`]).
 ///
 /// # Errors
 /// [`Error::AlreadyExists`] when `op_type` is registered already (built-in or not);
@@ -160,11 +126,7 @@ pub fn create_operator(def: &OperatorDef, device: &Device) -> Result<Box<dyn Ope
                             .as_ref()
                             .map(|n| format!(" for operator {n:?}"))
                             .unwrap_or_default(),
-                        r.entries
-                            .iter()
-                            .map(|e| e.name)
-                            .collect::<Vec<_>>()
-                            .join(", ")
+                        known_types(&r)
                     ),
                 })
             }
@@ -174,8 +136,22 @@ pub fn create_operator(def: &OperatorDef, device: &Device) -> Result<Box<dyn Ope
     build(def, device)
 }
 
-/// The operator types [`create_operator`] knows, built-in first, in the order of
-/// registration.
+/// The registered names for an error message; a hint where the built-in operators come from
+/// when none is registered.
+fn known_types(r: &Registry) -> String {
+    if r.entries.is_empty() {
+        return "none: the built-in operators (FC, Relu, SoftmaxWithLoss, ...) are registered by \
+                the syncmem-nn crate's `syncmem_nn::register_operators()`"
+            .into();
+    }
+    r.entries
+        .iter()
+        .map(|e| e.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The operator types [`create_operator`] knows, in the order of registration.
 pub fn registered_types() -> Vec<&'static str> {
     REGISTRY.read().entries.iter().map(|e| e.name).collect()
 }
@@ -201,36 +177,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_built_in_types_are_registered_through_the_same_path() {
-        let mut r = Registry {
-            entries: Vec::new(),
-        };
-        for (name, gradient, build) in BUILT_IN {
-            r.register(name, gradient, Arc::new(build)).unwrap();
-        }
-        let names: Vec<&str> = r.entries.iter().map(|e| e.name).collect();
-        assert_eq!(names, BUILT_IN.map(|b| b.0));
-        for name in names {
-            assert!(registered_types().contains(&name), "{name}");
-        }
-        assert_eq!(gradient_of("Relu"), Some("ReluGradient"));
-        assert_eq!(gradient_of("FC"), Some("FCGradient"));
-        assert_eq!(gradient_of("SGD"), None);
-        assert_eq!(gradient_of("NoSuchType"), None);
-        // Every gradient named is itself registered.
-        for (_, gradient, _) in BUILT_IN {
-            if let Some(g) = gradient {
-                assert!(is_registered(g), "{g}");
-            }
-        }
-    }
-
-    #[test]
     fn names_are_checked() {
         let mut r = Registry {
             entries: Vec::new(),
         };
-        let build: OperatorBuilder = Arc::new(relu::build_relu);
+        let build: OperatorBuilder = Arc::new(|def: &OperatorDef, _: &Device| {
+            Err(Error::Unsupported {
+                device: "any".into(),
+                what: def.op_type.clone(),
+            })
+        });
         for bad in ["", "Leaky Relu"] {
             let e = r.register(bad, None, build.clone()).unwrap_err();
             assert!(matches!(e, Error::InvalidState { .. }), "{e}");

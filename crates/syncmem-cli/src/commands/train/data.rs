@@ -5,9 +5,9 @@ use std::path::Path;
 
 use anyhow::{bail, ensure, Context as _};
 use syncmem::dtype::DType;
-use syncmem::net::mlp::Dataset;
 use syncmem::workspace::io::inspect;
 use syncmem::Workspace;
+use syncmem_nn::mlp::Dataset;
 
 use super::Args;
 

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use syncmem::alloc::stats::CopyDir;
 use syncmem::net::memory::{blob_report, BlobInfo};
-use syncmem::net::mlp::Dataset;
-use syncmem::net::train::{EpochStats, PlanningComparison, TrainConfig, Trainer, Transfers};
 use syncmem::{CopyStats, Device, MemorySummary};
+use syncmem_nn::mlp::Dataset;
+use syncmem_nn::train::{EpochStats, PlanningComparison, TrainConfig, Trainer, Transfers};
 
 pub(super) use super::heap::HeapSteps;
 
@@ -434,7 +434,7 @@ fn planning_row(trainer: &Trainer, p: &PlanningComparison) -> PlanningRow {
     if let Some(plan) = plan {
         // In the order the net first writes them (the fused def is the one planned).
         let net = trainer.train_net();
-        let planned = net.fusion().map_or(&trainer.nets().train, |f| &f.def);
+        let planned = net.rewritten().unwrap_or(&trainer.nets().train);
         for op in &planned.ops {
             for o in &op.outputs {
                 if let Some(slot) = plan.mapping.get(o) {

@@ -287,8 +287,12 @@ pub(crate) fn relu_grad_in_place(y: &[f32], dx: &mut [f32]) {
     });
 }
 
-/// Checks that every label is a class index below `classes`.
-pub(crate) fn check_labels(labels: &[i32], classes: usize) -> std::result::Result<(), BadLabel> {
+/// Checks that every label is a class index below `classes`; the error is the first row whose
+/// label is not, and its label.
+///
+/// # Errors
+/// `(row, label)` of the first label out of range.
+pub fn check_labels(labels: &[i32], classes: usize) -> std::result::Result<(), BadLabel> {
     match labels
         .iter()
         .enumerate()

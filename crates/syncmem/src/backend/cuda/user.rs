@@ -223,7 +223,8 @@ mod tests {
     use super::*;
 
     /// The CUDA C of the `custom_operator` example (its `LeakyRelu` and gradient kernels).
-    const EXAMPLE: &str = include_str!("../../../examples/custom_operator/leaky_relu.cu");
+    const EXAMPLE: &str =
+        include_str!("../../../../syncmem-nn/examples/custom_operator/leaky_relu.cu");
 
     #[test]
     fn ptx_parameters_are_read_from_the_entry() {

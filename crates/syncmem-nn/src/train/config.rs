@@ -1,0 +1,55 @@
+//! The `with_*` builder of [`TrainConfig`] (a `#[non_exhaustive]` struct: code outside the
+//! crate makes one from [`TrainConfig::default`]).
+
+use super::TrainConfig;
+
+impl TrainConfig {
+    /// The same settings with these hidden layer widths.
+    #[must_use]
+    pub fn with_hidden(mut self, hidden: Vec<usize>) -> Self {
+        self.hidden = hidden;
+        self
+    }
+
+    /// The same settings with this many epochs.
+    #[must_use]
+    pub fn with_epochs(mut self, epochs: usize) -> Self {
+        self.epochs = epochs;
+        self
+    }
+
+    /// The same settings with this batch size.
+    #[must_use]
+    pub fn with_batch(mut self, batch: usize) -> Self {
+        self.batch = batch;
+        self
+    }
+
+    /// The same settings with this learning rate.
+    #[must_use]
+    pub fn with_lr(mut self, lr: f32) -> Self {
+        self.lr = lr;
+        self
+    }
+
+    /// The same settings with this seed.
+    #[must_use]
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// The same settings with memory planning on or off.
+    #[must_use]
+    pub fn with_plan(mut self, plan: bool) -> Self {
+        self.plan = plan;
+        self
+    }
+
+    /// The same settings with fusion on or off.
+    #[must_use]
+    pub fn with_fuse(mut self, fuse: bool) -> Self {
+        self.fuse = fuse;
+        self
+    }
+}

@@ -1,0 +1,316 @@
+//! Data-parallel training on several devices (see the parent module's docs).
+
+use std::sync::Arc;
+
+use super::{Batch, Trainer};
+use crate::mlp::{Dataset, Mlp, MlpNets, ACCURACY, DATA, LABEL, LOSS};
+use syncmem::kernels;
+use syncmem::net::{Net, NetDef, NetOptions};
+use syncmem::Device;
+use syncmem::Tensor;
+use syncmem::Workspace;
+use syncmem::{Error, Result};
+
+/// One device's part of data-parallel training.
+pub(super) struct Shard {
+    pub(super) device: Device,
+    pub(super) ws: Workspace,
+    train: Arc<Net>,
+    eval: Arc<Net>,
+    /// This shard's rows of each batch (`None`: the batch has none for it).
+    pub(super) batches: Vec<Option<Batch>>,
+}
+
+/// The shards and the update, when training on several devices.
+pub(super) struct Parallel {
+    pub(super) shards: Vec<Shard>,
+    update: Arc<Net>,
+    /// `(parameter, gradient)` names, from the update's `SGD` operators.
+    pairs: Vec<(String, String)>,
+}
+
+impl Parallel {
+    /// Runs the first shard's net on its rows of the first batch and measures its memory.
+    pub(super) fn measure_first(&self) -> Result<syncmem::net::memory::RunMemory> {
+        let s = &self.shards[0];
+        if let Some(b) = s.batches.first().and_then(Option::as_ref) {
+            super::feed_batch(&s.ws, &s.device, b)?;
+        }
+        syncmem::net::memory::measure_run(&s.train, &s.ws)
+    }
+}
+
+/// Row counts of `len` rows split over `parts` shards: the first ones get one more.
+fn split(len: usize, parts: usize) -> Vec<usize> {
+    let (base, extra) = (len / parts, len % parts);
+    (0..parts).map(|r| base + usize::from(r < extra)).collect()
+}
+
+pub(super) fn upload(
+    rows: &[usize],
+    data: &Dataset,
+    device: &Device,
+    label: &str,
+) -> Result<Batch> {
+    let mut xs = Vec::with_capacity(rows.len() * data.features);
+    for &s in rows {
+        xs.extend_from_slice(&data.x[s * data.features..(s + 1) * data.features]);
+    }
+    let ys: Vec<i32> = rows.iter().map(|&s| data.y[s]).collect();
+    let x = Tensor::from_slice(&[rows.len(), data.features], &xs, Some(device))?
+        .with_label(format!("{label}/{DATA}"));
+    let y = Tensor::from_slice(&[rows.len()], &ys, Some(device))?
+        .with_label(format!("{label}/{LABEL}"));
+    drop(x.device::<f32>()?); // upload once, now
+    drop(y.device::<i32>()?);
+    Ok(Batch { x, y })
+}
+
+impl Trainer {
+    /// Sets up data-parallel training of an MLP on `devices` (at least one; one device is
+    /// [`Trainer::new`]): see the [module docs](crate::train#several-devices). The first device holds the
+    /// parameters and runs the update.
+    ///
+    /// # Errors
+    /// [`Error::InvalidState`] for an empty list or a device listed twice; as
+    /// [`Trainer::new`].
+    pub fn data_parallel(
+        devices: &[Device],
+        data: &Dataset,
+        cfg: &super::TrainConfig,
+    ) -> Result<Self> {
+        let (mlp, nets) = super::default_mlp(data, cfg)?;
+        Self::data_parallel_with_nets(devices, data, cfg, mlp, nets)
+    }
+
+    /// [`Trainer::data_parallel`] with nets of its own (see [`Trainer::with_nets`]); their
+    /// `SGD` operators are the update, run once per step on the first device.
+    ///
+    /// # Errors
+    /// As [`Trainer::data_parallel`] and [`Trainer::with_nets`].
+    pub fn data_parallel_with_nets(
+        devices: &[Device],
+        data: &Dataset,
+        cfg: &super::TrainConfig,
+        mlp: Mlp,
+        nets: MlpNets,
+    ) -> Result<Self> {
+        crate::register_operators()?;
+        let Some(first) = devices.first() else {
+            return Err(parallel_error("no device to train on".into()));
+        };
+        for (i, d) in devices.iter().enumerate() {
+            if devices[..i].iter().any(|e| e.same(d)) {
+                return Err(parallel_error(format!("{} is listed twice", d.label())));
+            }
+        }
+        if devices.len() == 1 {
+            return Self::with_nets(first, data, cfg, mlp, nets);
+        }
+        super::check_widths(&mlp, data)?;
+        let setup = super::Setup::new(first, data, cfg, &nets)?;
+        let (train, update, pairs) = split_update(&nets.train);
+        if pairs.is_empty() {
+            return Err(parallel_error(
+                "the train net has no SGD operator to run once per step".into(),
+            ));
+        }
+        // Each shard runs the net without the update: an operator of it that writes a blob of
+        // the parent (a parameter) would write it once per device.
+        let grads: Vec<&str> = pairs.iter().map(|(_, g)| g.as_str()).collect();
+        for op in &train.ops {
+            if let Some(out) = op.outputs.iter().find(|o| {
+                !grads.contains(&o.as_str())
+                    && ![DATA, LABEL].contains(&o.as_str())
+                    && setup.ws.try_get_blob(o).is_some()
+            }) {
+                return Err(parallel_error(format!(
+                    "operator {} ({}) writes {out:?}, a blob of the trainer's workspace (a \
+                     parameter): only SGD operators, run once per step on the first device, \
+                     may update those",
+                    op.name.as_deref().unwrap_or("unnamed"),
+                    op.op_type
+                )));
+            }
+        }
+        let mut keep: Vec<String> = pairs.iter().map(|(_, g)| g.clone()).collect();
+        keep.extend([LOSS.to_string(), ACCURACY.to_string()]);
+        let opts = setup.options(cfg, &mlp, keep);
+        let parts = devices.len();
+        let mut shards = Vec::with_capacity(parts);
+        for (r, device) in devices.iter().enumerate() {
+            let ws = Workspace::with_parent(setup.ws.clone());
+            let mut batches = Vec::with_capacity(setup.rows.len());
+            for (i, rows) in setup.rows.iter().enumerate() {
+                let counts = split(rows.len(), parts);
+                let start: usize = counts[..r].iter().sum();
+                let mine = &rows[start..start + counts[r]];
+                batches.push(if mine.is_empty() {
+                    None
+                } else {
+                    Some(upload(
+                        mine,
+                        data,
+                        device,
+                        &format!("batch{i}@{}", device.label()),
+                    )?)
+                });
+            }
+            for name in [DATA, LABEL] {
+                // Local blobs: each shard feeds its own rows (whatever the parent holds).
+                ws.create_local_blob(name)?
+                    .write()
+                    .reset(Tensor::new(device).with_label(name));
+            }
+            for (_, g) in &pairs {
+                // Each shard's gradients are its own, even where the parent has such a blob.
+                ws.create_local_blob(g)?;
+            }
+            let train = ws.create_net(&train, device, &opts)?;
+            let eval = ws.create_net(&nets.eval, device, &opts)?;
+            shards.push(Shard {
+                device: device.clone(),
+                ws,
+                train,
+                eval,
+                batches,
+            });
+        }
+        let update = shards[0].ws.create_net(
+            &update,
+            first,
+            &NetOptions::new()
+                .seed(cfg.seed)
+                .rewrite(crate::fuse::Fuse::when(cfg.fuse)),
+        )?;
+        let (train0, eval0) = (shards[0].train.clone(), shards[0].eval.clone());
+        let mut t = setup.trainer(first, data, mlp, nets, train0, eval0);
+        t.parallel = Some(Parallel {
+            shards,
+            update,
+            pairs,
+        });
+        t.transfers.setup = t.copy_totals();
+        Ok(t)
+    }
+
+    /// The devices trained on: the first holds the parameters.
+    pub fn devices(&self) -> Vec<Device> {
+        match &self.parallel {
+            Some(p) => p.shards.iter().map(|s| s.device.clone()).collect(),
+            None => vec![self.device.clone()],
+        }
+    }
+
+    /// One data-parallel step on batch `i` (see the [module docs](crate::train#several-devices)).
+    pub(super) fn parallel_step(&mut self, i: usize) -> Result<(f32, f32)> {
+        let Some(p) = &self.parallel else {
+            return Err(parallel_error("not a data-parallel trainer".into()));
+        };
+        let total = self.sizes[i].max(1) as f32;
+        // Each shard's share of the batch (`None`: no rows for it this step).
+        let mut shares: smallvec::SmallVec<[Option<f32>; 8]> = smallvec::SmallVec::new();
+        for s in &p.shards {
+            let Some(b) = &s.batches[i] else {
+                shares.push(None);
+                continue;
+            };
+            super::feed_batch(&s.ws, &s.device, b)?;
+            s.train.run(&s.ws)?;
+            shares.push(Some(b.y.numel().unwrap_or(0) as f32 / total));
+        }
+        let first = &p.shards[0];
+        for (_, g) in &p.pairs {
+            let blob = first.ws.get_blob(g)?;
+            let mut guard = blob.write();
+            let g0 = guard.get_mut::<Tensor>()?;
+            let n = g0.numel().unwrap_or(0);
+            let Some(m0) = g0.synced() else { continue };
+            if let Some(w0) = shares[0].filter(|&w| w != 1.0) {
+                kernels::scale(n, w0, &mut m0.device_mut()?)?;
+            }
+            for (s, w) in p.shards.iter().zip(&shares).skip(1) {
+                let Some(w) = *w else { continue };
+                let other = s.ws.get_blob(g)?;
+                let other = other.read();
+                let Some(mr) = other.get::<Tensor>()?.synced() else {
+                    continue;
+                };
+                let x = mr.device_on(&first.device)?;
+                kernels::axpy(n, w, &x, &mut m0.device_mut()?)?;
+            }
+        }
+        p.update.run(&first.ws)?;
+        let (mut loss, mut acc) = (0.0f32, 0.0f32);
+        for (s, w) in p.shards.iter().zip(&shares) {
+            let Some(w) = *w else { continue };
+            let (l, a) = super::scalars::read_scalars(&s.ws, &s.train)?;
+            loss += w * l;
+            acc += w * a;
+        }
+        Ok((loss, acc))
+    }
+
+    /// Loss and accuracy of batch `i` by the shards' eval nets, weighted by their rows.
+    pub(super) fn parallel_eval(&self, i: usize) -> Result<(f32, f32)> {
+        let Some(p) = &self.parallel else {
+            return Err(parallel_error("not a data-parallel trainer".into()));
+        };
+        let total = self.sizes[i].max(1) as f32;
+        let (mut loss, mut acc) = (0.0f32, 0.0f32);
+        for s in &p.shards {
+            let Some(b) = &s.batches[i] else { continue };
+            super::feed_batch(&s.ws, &s.device, b)?;
+            s.eval.run(&s.ws)?;
+            let w = b.y.numel().unwrap_or(0) as f32 / total;
+            let (l, a) = super::scalars::read_scalars(&s.ws, &s.eval)?;
+            loss += w * l;
+            acc += w * a;
+        }
+        Ok((loss, acc))
+    }
+}
+
+/// The train net without its `SGD` operators, a net of just those, and their
+/// `(parameter, gradient)` names.
+fn split_update(train: &NetDef) -> (NetDef, NetDef, Vec<(String, String)>) {
+    let (sgd, rest): (Vec<_>, Vec<_>) = train.ops.iter().cloned().partition(|o| o.op_type == "SGD");
+    let pairs: Vec<(String, String)> = sgd
+        .iter()
+        .filter_map(|o| Some((o.inputs.first()?.clone(), o.inputs.get(1)?.clone())))
+        .collect();
+    let mut shard = NetDef::new(format!("{}_shard", train.name));
+    shard.ops = rest;
+    shard.external_inputs = train.external_inputs.clone();
+    let mut outputs = train.external_outputs.clone().unwrap_or_default();
+    outputs.extend(pairs.iter().map(|(_, g)| g.clone()));
+    shard.external_outputs = Some(outputs);
+    let mut update = NetDef::new(format!("{}_update", train.name));
+    update.ops = sgd;
+    let mut inputs: Vec<String> = pairs.iter().map(|(p, _)| p.clone()).collect();
+    inputs.extend(pairs.iter().map(|(_, g)| g.clone()));
+    update.external_inputs = Some(inputs);
+    update.external_outputs = Some(pairs.iter().map(|(p, _)| p.clone()).collect());
+    (shard, update, pairs)
+}
+
+fn parallel_error(reason: String) -> Error {
+    Error::InvalidState {
+        op: "Trainer::data_parallel",
+        buffer: "training devices".into(),
+        reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split;
+
+    #[test]
+    fn rows_split_with_the_first_shards_taking_the_rest() {
+        assert_eq!(split(64, 2), [32, 32]);
+        assert_eq!(split(7, 3), [3, 2, 2]);
+        assert_eq!(split(1, 2), [1, 0]);
+        assert_eq!(split(0, 2), [0, 0]);
+    }
+}
