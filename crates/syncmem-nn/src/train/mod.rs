@@ -44,23 +44,23 @@ use std::time::Instant;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
-use crate::mlp::{Dataset, Mlp, MlpNets, DATA, LABEL};
-use syncmem::alloc::pairs::{counts_into, pair_copies, PairCopies};
-use syncmem::alloc::stats::{process_copies, thread_copies, thread_host_waits, CopyDir, CopyStats};
+use syncmem::alloc::pairs::{pair_copies, PairCopies};
+use syncmem::alloc::stats::CopyStats;
 use syncmem::net::memory::{measure_run, RunMemory};
 use syncmem::net::Net;
-use syncmem::Device;
-use syncmem::Tensor;
-use syncmem::Workspace;
-use syncmem::{Error, Result};
+use syncmem::{Device, Error, Result, Tensor, Workspace};
+
+use crate::mlp::{Dataset, Mlp, MlpNets, DATA, LABEL};
 
 mod config;
 mod held_out;
+mod meter;
 mod parallel;
 mod planning;
 mod scalars;
 mod setup;
 
+use meter::{add, PairMeter, StepMeter};
 use scalars::read_scalars;
 
 pub use planning::{compare_planning, PlanningComparison};
@@ -196,9 +196,7 @@ pub struct Trainer {
     parallel: Option<parallel::Parallel>,
     /// Copies between devices during the steps: (count, bytes) per entry of
     /// [`pair_copies`], and the readings around a step (kept to reuse their memory).
-    pairs: Vec<(u64, u64)>,
-    pairs_before: Vec<(u64, u64)>,
-    pairs_after: Vec<(u64, u64)>,
+    pairs: PairMeter,
     samples: usize,
     rng: StdRng,
     /// The batch order of the current epoch (reshuffled in place each epoch).
@@ -297,13 +295,8 @@ impl Trainer {
         // The events of traces recording the device carry the step (counted from 1).
         self.device
             .mark_trace_step(Some(self.transfers.step_count + 1));
-        let process_before = process_copies();
-        let before = thread_copies();
-        let waits_before = thread_host_waits();
         let parallel = self.parallel.is_some();
-        if parallel {
-            counts_into(&mut self.pairs_before);
-        }
+        let meter = StepMeter::start(parallel.then_some(&mut self.pairs));
         let (loss, acc) = if parallel {
             self.parallel_step(i)?
         } else {
@@ -311,28 +304,7 @@ impl Trainer {
             self.train.run(&self.ws)?;
             self.read_scalars(&self.train)?
         };
-        if parallel {
-            counts_into(&mut self.pairs_after);
-            if self.pairs.len() < self.pairs_after.len() {
-                self.pairs.resize(self.pairs_after.len(), (0, 0));
-            }
-            for (i, (c, b)) in self.pairs_after.iter().enumerate() {
-                let (c0, b0) = self.pairs_before.get(i).copied().unwrap_or((0, 0));
-                self.pairs[i].0 += c - c0;
-                self.pairs[i].1 += b - b0;
-            }
-        }
-        let d = thread_copies().since(&before);
-        let w = thread_host_waits() - waits_before;
-        let tr = &mut self.transfers;
-        tr.process_steps = add(tr.process_steps, process_copies().since(&process_before));
-        tr.steps = add(tr.steps, d);
-        tr.last_step = d;
-        tr.max_step = max(tr.max_step, d);
-        tr.step_count += 1;
-        tr.waits.total += w;
-        tr.waits.last_step = w;
-        tr.waits.max_step = tr.waits.max_step.max(w);
+        meter.stop(&mut self.transfers, parallel.then_some(&mut self.pairs));
         Ok((loss, acc))
     }
 
@@ -493,7 +465,7 @@ impl Trainer {
     pub fn pair_transfers(&self) -> Vec<PairCopies> {
         pair_copies()
             .into_iter()
-            .zip(&self.pairs)
+            .zip(&self.pairs.totals)
             .filter(|(_, (count, _))| *count > 0)
             .map(|(mut p, &(count, bytes))| {
                 p.count = count;
@@ -571,18 +543,4 @@ fn check_widths(mlp: &Mlp, data: &Dataset) -> Result<()> {
         });
     }
     Ok(())
-}
-
-fn add(a: CopyStats, b: CopyStats) -> CopyStats {
-    a.plus(&b)
-}
-
-fn max(a: CopyStats, b: CopyStats) -> CopyStats {
-    CopyStats::from_fn(|d| {
-        let (x, y) = (a.get(d), b.get(d));
-        CopyDir {
-            count: x.count.max(y.count),
-            bytes: x.bytes.max(y.bytes),
-        }
-    })
 }

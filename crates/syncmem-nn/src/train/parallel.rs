@@ -96,86 +96,21 @@ impl Trainer {
         nets: MlpNets,
     ) -> Result<Self> {
         crate::register_operators()?;
-        let Some(first) = devices.first() else {
-            return Err(parallel_error("no device to train on".into()));
-        };
-        for (i, d) in devices.iter().enumerate() {
-            if devices[..i].iter().any(|e| e.same(d)) {
-                return Err(parallel_error(format!("{} is listed twice", d.label())));
-            }
-        }
+        let first = check_devices(devices)?;
         if devices.len() == 1 {
             return Self::with_nets(first, data, cfg, mlp, nets);
         }
         super::check_widths(&mlp, data)?;
         let setup = super::Setup::new(first, data, cfg, &nets)?;
         let (train, update, pairs) = split_update(&nets.train);
-        if pairs.is_empty() {
-            return Err(parallel_error(
-                "the train net has no SGD operator to run once per step".into(),
-            ));
-        }
-        // Each shard runs the net without the update: an operator of it that writes a blob of
-        // the parent (a parameter) would write it once per device.
-        let grads: Vec<&str> = pairs.iter().map(|(_, g)| g.as_str()).collect();
-        for op in &train.ops {
-            if let Some(out) = op.outputs.iter().find(|o| {
-                !grads.contains(&o.as_str())
-                    && ![DATA, LABEL].contains(&o.as_str())
-                    && setup.ws.try_get_blob(o).is_some()
-            }) {
-                return Err(parallel_error(format!(
-                    "operator {} ({}) writes {out:?}, a blob of the trainer's workspace (a \
-                     parameter): only SGD operators, run once per step on the first device, \
-                     may update those",
-                    op.name.as_deref().unwrap_or("unnamed"),
-                    op.op_type
-                )));
-            }
-        }
+        check_shard_net(&train, &pairs, &setup.ws)?;
         let mut keep: Vec<String> = pairs.iter().map(|(_, g)| g.clone()).collect();
         keep.extend([LOSS.to_string(), ACCURACY.to_string()]);
         let opts = setup.options(cfg, &mlp, keep);
-        let parts = devices.len();
-        let mut shards = Vec::with_capacity(parts);
-        for (r, device) in devices.iter().enumerate() {
-            let ws = Workspace::with_parent(setup.ws.clone());
-            let mut batches = Vec::with_capacity(setup.rows.len());
-            for (i, rows) in setup.rows.iter().enumerate() {
-                let counts = split(rows.len(), parts);
-                let start: usize = counts[..r].iter().sum();
-                let mine = &rows[start..start + counts[r]];
-                batches.push(if mine.is_empty() {
-                    None
-                } else {
-                    Some(upload(
-                        mine,
-                        data,
-                        device,
-                        &format!("batch{i}@{}", device.label()),
-                    )?)
-                });
-            }
-            for name in [DATA, LABEL] {
-                // Local blobs: each shard feeds its own rows (whatever the parent holds).
-                ws.create_local_blob(name)?
-                    .write()
-                    .reset(Tensor::new(device).with_label(name));
-            }
-            for (_, g) in &pairs {
-                // Each shard's gradients are its own, even where the parent has such a blob.
-                ws.create_local_blob(g)?;
-            }
-            let train = ws.create_net(&train, device, &opts)?;
-            let eval = ws.create_net(&nets.eval, device, &opts)?;
-            shards.push(Shard {
-                device: device.clone(),
-                ws,
-                train,
-                eval,
-                batches,
-            });
-        }
+        let nets_of_shard = (&train, &nets.eval, &opts);
+        let shards = (0..devices.len())
+            .map(|r| Shard::build(r, devices, data, &setup, &pairs, nets_of_shard))
+            .collect::<Result<Vec<_>>>()?;
         let update = shards[0].ws.create_net(
             &update,
             first,
@@ -268,6 +203,93 @@ impl Trainer {
             acc += w * a;
         }
         Ok((loss, acc))
+    }
+}
+
+/// The first device of `devices`; an error for none, or for a device listed twice.
+fn check_devices(devices: &[Device]) -> Result<&Device> {
+    let Some(first) = devices.first() else {
+        return Err(parallel_error("no device to train on".into()));
+    };
+    for (i, d) in devices.iter().enumerate() {
+        if devices[..i].iter().any(|e| e.same(d)) {
+            return Err(parallel_error(format!("{} is listed twice", d.label())));
+        }
+    }
+    Ok(first)
+}
+
+/// Each shard runs the train net without the update (`pairs` are its `SGD`s): an operator of
+/// it that writes a blob of the parent `ws` (a parameter) would write it once per device.
+fn check_shard_net(train: &NetDef, pairs: &[(String, String)], ws: &Workspace) -> Result<()> {
+    if pairs.is_empty() {
+        return Err(parallel_error(
+            "the train net has no SGD operator to run once per step".into(),
+        ));
+    }
+    let grads: Vec<&str> = pairs.iter().map(|(_, g)| g.as_str()).collect();
+    for op in &train.ops {
+        if let Some(out) = op.outputs.iter().find(|o| {
+            !grads.contains(&o.as_str())
+                && ![DATA, LABEL].contains(&o.as_str())
+                && ws.try_get_blob(o).is_some()
+        }) {
+            return Err(parallel_error(format!(
+                "operator {} ({}) writes {out:?}, a blob of the trainer's workspace (a \
+                 parameter): only SGD operators, run once per step on the first device, may \
+                 update those",
+                op.name.as_deref().unwrap_or("unnamed"),
+                op.op_type
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Shard {
+    /// Shard `r` of `devices`: a child workspace of the trainer's, its rows of every batch
+    /// uploaded, local data, label and gradient blobs, its train and eval nets.
+    fn build(
+        r: usize,
+        devices: &[Device],
+        data: &Dataset,
+        setup: &super::Setup,
+        pairs: &[(String, String)],
+        (train, eval, opts): (&NetDef, &NetDef, &NetOptions),
+    ) -> Result<Self> {
+        let device = &devices[r];
+        let parts = devices.len();
+        let ws = Workspace::with_parent(setup.ws.clone());
+        let mut batches = Vec::with_capacity(setup.rows.len());
+        for (i, rows) in setup.rows.iter().enumerate() {
+            let counts = split(rows.len(), parts);
+            let start: usize = counts[..r].iter().sum();
+            let mine = &rows[start..start + counts[r]];
+            let label = format!("batch{i}@{}", device.label());
+            batches.push(match mine.is_empty() {
+                true => None,
+                false => Some(upload(mine, data, device, &label)?),
+            });
+        }
+        for name in [DATA, LABEL] {
+            // Local blobs: each shard feeds its own rows (whatever the parent holds).
+            ws.create_local_blob(name)?
+                .write()
+                .reset(Tensor::new(device).with_label(name));
+        }
+        for (_, g) in pairs {
+            // Each shard's gradients are its own, even where the parent has such a blob.
+            ws.create_local_blob(g)?;
+        }
+        let train = ws.create_net(train, device, opts)?;
+        let eval = ws.create_net(eval, device, opts)?;
+        Ok(Shard {
+            device: device.clone(),
+            ws,
+            train,
+            eval,
+            batches,
+        })
     }
 }
 

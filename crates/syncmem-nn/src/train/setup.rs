@@ -6,7 +6,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
-use super::{TrainConfig, Trainer, Transfers};
+use super::{PairMeter, TrainConfig, Trainer, Transfers};
 use crate::mlp::{Dataset, Mlp, MlpNets};
 use syncmem::net::{Net, NetOptions, PlanOptions};
 use syncmem::Device;
@@ -87,9 +87,7 @@ impl Setup {
             order: (0..sizes.len()).collect(),
             sizes,
             parallel: None,
-            pairs: Vec::new(),
-            pairs_before: Vec::new(),
-            pairs_after: Vec::new(),
+            pairs: PairMeter::default(),
             samples: data.len(),
             rng: self.rng,
             epoch: 0,

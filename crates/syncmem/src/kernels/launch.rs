@@ -201,14 +201,47 @@ pub unsafe fn launch(
     args: &[Arg<'_>],
 ) -> Result<()> {
     let dev = stream.device();
+    let (slot_of, wanted) = plan_guards(kernel, dev, args)?;
+    let guards = take_guards(&wanted)?;
+    let empty = DeviceBuffer::empty(dev);
+    let mut kargs: SmallVec<[KernelArg<'_>; 16]> = SmallVec::new();
+    for (a, slot) in args.iter().zip(&slot_of) {
+        kargs.push(match (a.kind, slot) {
+            (Kind::Scalar(s), _) => KernelArg::scalar(s),
+            (Kind::Bytes(b), _) => KernelArg::bytes(b),
+            (Kind::Buffer(_, access), None) => match access {
+                Access::Read => KernelArg::read(&empty),
+                _ => KernelArg::written(&empty),
+            },
+            (Kind::Buffer(..), Some(s)) => match &guards[*s] {
+                Some(Guard::Read(g)) => KernelArg::read(g.buffer()),
+                Some(Guard::Write(g)) => KernelArg::written(g.buffer()),
+                None => unreachable_guard(kernel)?,
+            },
+        });
+    }
+    kernel.launch_checked(stream, grid, &kargs)
+}
+
+/// A buffer a launch takes a guard of: its lock key, its memory, its label, the access.
+type Wanted<'a> = (usize, &'a SyncedMemory, &'a str, Access);
+
+/// Which guard each argument uses (`None`: a scalar or an empty buffer; the same buffer read
+/// twice shares one), and the guards wanted. Checks each buffer's device, and that no buffer
+/// written is passed twice.
+#[allow(clippy::type_complexity)]
+fn plan_guards<'a>(
+    kernel: &UserKernel,
+    dev: &Device,
+    args: &'a [Arg<'a>],
+) -> Result<(SmallVec<[Option<usize>; 16]>, SmallVec<[Wanted<'a>; 8]>)> {
     let error = |i: usize, reason: String| Error::KernelArgument {
         kernel: kernel.name().to_string(),
         index: Some(i),
         reason,
     };
-    // Which guard each argument uses (the same buffer read twice shares one).
     let mut slot_of: SmallVec<[Option<usize>; 16]> = SmallVec::new();
-    let mut wanted: SmallVec<[(usize, &SyncedMemory, &str, Access); 8]> = SmallVec::new();
+    let mut wanted: SmallVec<[Wanted<'a>; 8]> = SmallVec::new();
     for (i, a) in args.iter().enumerate() {
         let Kind::Buffer(b, access) = a.kind else {
             slot_of.push(None);
@@ -263,10 +296,15 @@ pub unsafe fn launch(
             }
         }
     }
-    // Guards in the order of the buffers' locks.
+    Ok((slot_of, wanted))
+}
+
+/// The guards of `wanted`, taken in the order of the buffers' locks (so that two launches
+/// cannot deadlock), each at its index in `wanted`.
+fn take_guards<'a>(wanted: &[Wanted<'a>]) -> Result<SmallVec<[Option<Guard<'a>>; 8]>> {
     let mut order: SmallVec<[usize; 8]> = (0..wanted.len()).collect();
     order.sort_unstable_by_key(|&s| wanted[s].0);
-    let mut guards: SmallVec<[Option<Guard<'_>>; 8]> = (0..wanted.len()).map(|_| None).collect();
+    let mut guards: SmallVec<[Option<Guard<'a>>; 8]> = (0..wanted.len()).map(|_| None).collect();
     for s in order {
         let (_, mem, label, access) = wanted[s];
         guards[s] = Some(match access {
@@ -275,24 +313,7 @@ pub unsafe fn launch(
             Access::Overwrite => Guard::Write(mem.device_write_for(Some(label), true)?),
         });
     }
-    let empty = DeviceBuffer::empty(dev);
-    let mut kargs: SmallVec<[KernelArg<'_>; 16]> = SmallVec::new();
-    for (a, slot) in args.iter().zip(&slot_of) {
-        kargs.push(match (a.kind, slot) {
-            (Kind::Scalar(s), _) => KernelArg::scalar(s),
-            (Kind::Bytes(b), _) => KernelArg::bytes(b),
-            (Kind::Buffer(_, access), None) => match access {
-                Access::Read => KernelArg::read(&empty),
-                _ => KernelArg::written(&empty),
-            },
-            (Kind::Buffer(..), Some(s)) => match &guards[*s] {
-                Some(Guard::Read(g)) => KernelArg::read(g.buffer()),
-                Some(Guard::Write(g)) => KernelArg::written(g.buffer()),
-                None => unreachable_guard(kernel)?,
-            },
-        });
-    }
-    kernel.launch_checked(stream, grid, &kargs)
+    Ok(guards)
 }
 
 /// Every wanted guard was taken above; an error rather than a panic all the same.
