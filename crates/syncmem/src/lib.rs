@@ -27,16 +27,22 @@
 //!
 //! The repository's `crates/syncmem/examples` hold runnable programs (`cargo run -p syncmem
 //! --example NAME [-- DEVICE]`): `quick_start` (Caffe's nine-step sequence with its copies),
-//! `prefetch` (copies on a second stream), `pools` (choosing and configuring a pool, its
-//! statistics), `workspace_net` (a workspace with nets, saved and loaded as safetensors) and
+//! `prefetch` (copies on a second stream) and `pools` (choosing and configuring a pool, its
+//! statistics). The `syncmem-nn` crate's examples build on this crate's public API:
+//! `workspace_net` (a workspace with nets, saved and loaded as safetensors) and
 //! `custom_operator` (an operator of your own with its kernels, registered and trained).
 //!
-//! # Kernels and operators of your own
+//! # Kernels and operators
 //!
-//! [`device::UserKernel`] compiles a kernel from OpenCL C or CUDA C source once per device (or
-//! takes a Rust closure over host slices for `cpu`); [`kernels::launch`] runs it on tensors and
-//! [`SyncedMemory`] buffers through their guards, checked, queued and ordered like the crate's
-//! own kernels. [`ops::register_operator`] adds an operator type to the registry that nets read.
+//! [`kernels`] is the one door for device work: the library's kernels ([`kernels::gemm`] with
+//! its fused epilogues, [`kernels::relu`], [`kernels::softmax_loss`], ...), checked and safe,
+//! taking guards of device mirrors as operands; and kernels of your own: [`device::UserKernel`]
+//! compiles one from OpenCL C or CUDA C source once per device (or takes a Rust closure over
+//! host slices for `cpu`), and [`kernels::launch`] runs it on tensors and [`SyncedMemory`]
+//! buffers through their guards, checked, queued and ordered like the library's.
+//! [`ops::register_operator`] adds an operator type to the registry that nets read; the
+//! built-in operators (`FC`, `Relu`, `SoftmaxWithLoss`, ...) are the `syncmem-nn` crate's,
+//! written on this crate's public API alone and registered the same way.
 //!
 //! # Several devices
 //!
@@ -81,7 +87,7 @@
 //! | [`synced`] | [`SyncedMemory`]: one buffer mirrored on host and device, lazily; the registry of evictable mirrors |
 //! | [`tensor`], [`param`], [`context`], [`kernels`] | Caffe2-style [`Tensor`]s, Caffe's data+diff [`ParamBlob`], contexts (device, stream, seeded generator), the math of parameter blobs |
 //! | [`blob`], [`workspace`] | the type-erased [`Blob`] and the [`Workspace`] of named blobs, safetensors save/load |
-//! | [`ops`], [`net`] | operators over workspace blobs, nets of operators, memory planning, training |
+//! | [`ops`], [`net`] | the operator trait and registry, operators' access to workspace blobs, nets of operators, rewrites, memory planning (the operators themselves, fusion and training: the `syncmem-nn` crate) |
 //!
 //! # Backends
 //!
@@ -89,9 +95,9 @@
 //! (feature `cuda`, via `cudarc`) load their runtime at run time, so the crate builds and runs
 //! everywhere; a missing runtime is an [`Error::RuntimeUnavailable`], never a panic.
 //!
-//! The operators of [`ops`] and the math of [`kernels`] have CUDA kernels, compiled with NVRTC
-//! (`libnvrtc`, loaded at run time) at first use. They have never been run in this project's
-//! CI, which has no GPU: the CUDA path is untested on hardware.
+//! The library's kernels ([`kernels`]) have CUDA kernels, compiled with NVRTC (`libnvrtc`,
+//! loaded at run time) at first use. CI, which has no GPU, compiles them; the CUDA tests ran
+//! on an NVIDIA GPU by hand (see the README).
 
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
