@@ -127,12 +127,7 @@ fn json_round_trip(nets: &MlpNets) -> Result<MlpNets, Failure> {
     }
     std::fs::remove_dir_all(&dir)?;
     let [init, train, eval]: [NetDef; 3] = read.try_into().map_err(|_| "three nets")?;
-    Ok(MlpNets {
-        init,
-        train,
-        eval,
-        params: nets.params.clone(),
-    })
+    Ok(MlpNets::new(init, train, eval, nets.params.clone()))
 }
 
 fn fetch_all(ws: &Workspace, names: &[String]) -> syncmem::Result<Vec<Vec<f32>>> {

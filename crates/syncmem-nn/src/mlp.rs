@@ -37,6 +37,7 @@ pub const LOSS_AND_ACCURACY: &str = "loss_and_accuracy";
 /// A labelled dataset held on the host: `x` is `f32 [len, features]` row-major, `y` holds
 /// class indices `0..classes`.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Dataset {
     /// Features, row-major.
     pub x: Vec<f32>,
@@ -189,6 +190,7 @@ fn normal(rng: &mut StdRng) -> f32 {
 /// A fully connected classifier: `widths[0]` inputs, hidden layers `widths[1..n-1]` with
 /// ReLU (or another activation, [`Mlp::with_activation`]), `widths[n-1]` classes.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Mlp {
     /// Layer widths, input first, classes last.
     pub widths: Vec<usize>,
@@ -200,6 +202,7 @@ pub struct Mlp {
 
 /// The nets of an [`Mlp`] (see the [module docs](self)).
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct MlpNets {
     /// Parameter initialisation.
     pub init: NetDef,
@@ -209,6 +212,19 @@ pub struct MlpNets {
     pub eval: NetDef,
     /// Parameter blob names (weights and biases, first layer first).
     pub params: Vec<String>,
+}
+
+impl MlpNets {
+    /// Nets of an MLP made elsewhere (read from JSON files, say): they must use the blob names
+    /// of [`Mlp::nets`].
+    pub fn new(init: NetDef, train: NetDef, eval: NetDef, params: Vec<String>) -> Self {
+        Self {
+            init,
+            train,
+            eval,
+            params,
+        }
+    }
 }
 
 impl Mlp {

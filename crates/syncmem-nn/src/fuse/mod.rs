@@ -70,6 +70,7 @@ impl NetRewrite for Fuse {
 
 /// A net after [`fuse_fc_relu`] or [`fuse_net`].
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Fusion {
     /// The rewritten def (external inputs and outputs as in the original, and the
     /// `[loss, accuracy]` pairs that loss fusion adds as outputs).
