@@ -186,89 +186,7 @@ fn run_ops(
         ) {
             gates.open_all();
         }
-        match *op {
-            Op::Hold { stream } => gates.hold(&rig.streams, stream),
-            Op::Alloc { slot, size, seed } => {
-                let n = SIZES[size];
-                let values: Vec<f32> = (0..n)
-                    .map(|i| f32::from((i as u8).wrapping_add(seed) % 16) - 8.0)
-                    .collect();
-                let t = Tensor::from_slice(&[n], &values, Some(&rig.dev))
-                    .unwrap()
-                    .with_label(format!("slot {slot} (step {step})"));
-                ws.feed(&name(slot), t).unwrap();
-                model[slot] = Some(values);
-            }
-            Op::Drop { slot } => {
-                if model[slot].take().is_some() {
-                    assert!(ws.remove_blob(&name(slot)));
-                }
-            }
-            Op::HostRead { slot } => {
-                if let Some(m) = &model[slot] {
-                    let got = ws.fetch::<f32>(&name(slot)).unwrap();
-                    same(&format!("host read, step {step}"), &got, m)?;
-                }
-            }
-            Op::HostWrite { slot, at, value } => {
-                if let Some(m) = &mut model[slot] {
-                    let at = at % m.len();
-                    m[at] = f32::from(value);
-                    let blob = ws.get_blob(&name(slot)).unwrap();
-                    let mut b = blob.write();
-                    let t = b.get_mut::<Tensor>().unwrap();
-                    t.host_mut::<f32>().unwrap()[at] = f32::from(value);
-                }
-            }
-            Op::Scale { slot, stream, a } => {
-                if let Some(m) = &mut model[slot] {
-                    let blob = ws.get_blob(&name(slot)).unwrap();
-                    let mut b = blob.write();
-                    let t = b.get_mut::<Tensor>().unwrap();
-                    let n = m.len();
-                    let args = [Arg::write(t), (n as u32).into(), a.into()];
-                    // SAFETY: the kernel's loop touches elements 0..n of a tensor of n floats.
-                    unsafe {
-                        kernels::launch(&rig.scale, &rig.streams[stream], launch_grid(n), &args)
-                    }
-                    .unwrap();
-                    m.iter_mut().for_each(|v| *v *= a);
-                }
-            }
-            Op::Axpy { x, y, stream, a } => {
-                if x == y || model[x].is_none() || model[y].is_none() {
-                    continue;
-                }
-                let (bx, by) = (
-                    ws.get_blob(&name(x)).unwrap(),
-                    ws.get_blob(&name(y)).unwrap(),
-                );
-                let (gx, mut gy) = (bx.read(), by.write());
-                let tx = gx.get::<Tensor>().unwrap();
-                let ty = gy.get_mut::<Tensor>().unwrap();
-                let xs = model[x].clone().unwrap();
-                let ys = model[y].as_mut().unwrap();
-                let n = xs.len().min(ys.len());
-                let args = [Arg::read(tx), Arg::write(ty), (n as u32).into(), a.into()];
-                // SAFETY: the kernel's loop touches elements 0..n, which both tensors hold.
-                unsafe { kernels::launch(&rig.axpy, &rig.streams[stream], launch_grid(n), &args) }
-                    .unwrap();
-                for (v, xv) in ys.iter_mut().zip(xs) {
-                    *v += a * xv;
-                }
-            }
-            Op::Relu { slot, stream } => {
-                if let Some(m) = &mut model[slot] {
-                    let def = OperatorDef::new("Relu", &[&name(slot)], &[&name(slot)]);
-                    create_operator(&def, &rig.dev)
-                        .unwrap()
-                        .run(&ws, &rig.contexts[stream])
-                        .unwrap();
-                    m.iter_mut()
-                        .for_each(|v| *v = if *v > 0.0 { *v } else { 0.0 });
-                }
-            }
-        }
+        apply(rig, &ws, &mut model, gates, step, op)?;
     }
     gates.open_all();
     for (slot, m) in model.iter().enumerate() {
@@ -278,6 +196,109 @@ fn run_ops(
         }
     }
     Ok(())
+}
+
+/// Runs step `step`, `op`, of a program on `ws`, and on the model.
+fn apply(
+    rig: &Rig,
+    ws: &Workspace,
+    model: &mut [Option<Vec<f32>>],
+    gates: &Gates,
+    step: usize,
+    op: &Op,
+) -> Result<(), TestCaseError> {
+    match *op {
+        Op::Hold { stream } => gates.hold(&rig.streams, stream),
+        Op::Alloc { slot, size, seed } => {
+            let n = SIZES[size];
+            let values: Vec<f32> = (0..n)
+                .map(|i| f32::from((i as u8).wrapping_add(seed) % 16) - 8.0)
+                .collect();
+            let t = Tensor::from_slice(&[n], &values, Some(&rig.dev))
+                .unwrap()
+                .with_label(format!("slot {slot} (step {step})"));
+            ws.feed(&name(slot), t).unwrap();
+            model[slot] = Some(values);
+        }
+        Op::Drop { slot } => {
+            if model[slot].take().is_some() {
+                assert!(ws.remove_blob(&name(slot)));
+            }
+        }
+        Op::HostRead { slot } => {
+            if let Some(m) = &model[slot] {
+                let got = ws.fetch::<f32>(&name(slot)).unwrap();
+                same(&format!("host read, step {step}"), &got, m)?;
+            }
+        }
+        Op::HostWrite { slot, at, value } => {
+            if let Some(m) = &mut model[slot] {
+                let at = at % m.len();
+                m[at] = f32::from(value);
+                let blob = ws.get_blob(&name(slot)).unwrap();
+                let mut b = blob.write();
+                let t = b.get_mut::<Tensor>().unwrap();
+                t.host_mut::<f32>().unwrap()[at] = f32::from(value);
+            }
+        }
+        Op::Scale { slot, stream, a } => {
+            if let Some(m) = &mut model[slot] {
+                let blob = ws.get_blob(&name(slot)).unwrap();
+                let mut b = blob.write();
+                let t = b.get_mut::<Tensor>().unwrap();
+                let n = m.len();
+                let args = [Arg::write(t), (n as u32).into(), a.into()];
+                // SAFETY: the kernel's loop touches elements 0..n of a tensor of n floats.
+                unsafe { kernels::launch(&rig.scale, &rig.streams[stream], launch_grid(n), &args) }
+                    .unwrap();
+                m.iter_mut().for_each(|v| *v *= a);
+            }
+        }
+        Op::Axpy { x, y, stream, a } => axpy(rig, ws, model, (x, y), stream, a),
+        Op::Relu { slot, stream } => {
+            if let Some(m) = &mut model[slot] {
+                let def = OperatorDef::new("Relu", &[&name(slot)], &[&name(slot)]);
+                create_operator(&def, &rig.dev)
+                    .unwrap()
+                    .run(ws, &rig.contexts[stream])
+                    .unwrap();
+                m.iter_mut()
+                    .for_each(|v| *v = if *v > 0.0 { *v } else { 0.0 });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `y += a * x` by the user kernel on stream `stream`, and on the model (nothing when `x` is
+/// `y` or either slot is empty).
+fn axpy(
+    rig: &Rig,
+    ws: &Workspace,
+    model: &mut [Option<Vec<f32>>],
+    (x, y): (usize, usize),
+    stream: usize,
+    a: f32,
+) {
+    if x == y || model[x].is_none() || model[y].is_none() {
+        return;
+    }
+    let (bx, by) = (
+        ws.get_blob(&name(x)).unwrap(),
+        ws.get_blob(&name(y)).unwrap(),
+    );
+    let (gx, mut gy) = (bx.read(), by.write());
+    let tx = gx.get::<Tensor>().unwrap();
+    let ty = gy.get_mut::<Tensor>().unwrap();
+    let xs = model[x].clone().unwrap();
+    let ys = model[y].as_mut().unwrap();
+    let n = xs.len().min(ys.len());
+    let args = [Arg::read(tx), Arg::write(ty), (n as u32).into(), a.into()];
+    // SAFETY: the kernel's loop touches elements 0..n, which both tensors hold.
+    unsafe { kernels::launch(&rig.axpy, &rig.streams[stream], launch_grid(n), &args) }.unwrap();
+    for (v, xv) in ys.iter_mut().zip(xs) {
+        *v += a * xv;
+    }
 }
 
 /// The tests of this file share the device's default stream (the tensors' uploads and

@@ -228,70 +228,10 @@ fn bad_launches_are_typed_errors(dev: &Device) {
     let (name, index, reason) = kernel_error(&e);
     assert_eq!((name, index), ("scale", Some(1)));
     assert!(reason.contains("passed twice"), "{reason}");
-    // A buffer of another device.
     if device {
-        let on_cpu = filled(&Device::cpu(), &[1.0; 8]);
-        let e = launch(
-            &[
-                Arg::read(&on_cpu),
-                Arg::write(&y),
-                8u32.into(),
-                1.0f32.into(),
-            ],
-            g,
-        );
-        let (_, index, reason) = kernel_error(&e);
-        assert_eq!(index, Some(0));
-        assert!(reason.contains("lives on cpu"), "{reason}");
-        // The count and the kinds, from the compiled kernel's parameters.
-        let e = launch(&[Arg::read(&x), Arg::write(&y), 8u32.into()], g);
-        let (_, index, reason) = kernel_error(&e);
-        assert_eq!(index, None);
-        assert!(
-            reason.contains("takes 4 arguments, the launch passes 3"),
-            "{reason}"
-        );
-        let e = launch(
-            &[Arg::read(&x), Arg::write(&y), 8u32.into(), 1.0f64.into()],
-            g,
-        );
-        let (_, index, reason) = kernel_error(&e);
-        assert_eq!(index, Some(3));
-        assert!(
-            reason.contains("float scalar") && reason.contains("double scalar"),
-            "{reason}"
-        );
-        if dev.backend() == syncmem::BackendKind::OpenCl {
-            assert!(
-                reason.contains("`float a`"),
-                "the parameter is named: {reason}"
-            );
-        }
-        let e = launch(
-            &[Arg::read(&x), 8u32.into(), Arg::write(&y), 1.0f32.into()],
-            g,
-        );
-        assert_eq!(kernel_error(&e).1, Some(1));
-        // More threads per block than the kernel runs.
-        let e = launch(
-            &[Arg::read(&x), Arg::write(&y), 8u32.into(), 1.0f32.into()],
-            Grid::linear(1, 1 << 20),
-        );
-        assert!(kernel_error(&e).2.contains("threads per block"), "{e}");
+        device_launch_errors(dev, &launch, &x, &y);
     } else {
-        // A host closure checks its accesses: a scalar read as a buffer.
-        let e = launch(
-            &[8u32.into(), Arg::write(&y), 8u32.into(), 1.0f32.into()],
-            g,
-        );
-        let (name, index, reason) = kernel_error(&e);
-        assert_eq!((name, index), ("scale", Some(0)));
-        assert!(reason.contains("not a buffer"), "{reason}");
-        let e = launch(
-            &[Arg::read(&x), Arg::write(&y), 8u32.into(), 1.0f64.into()],
-            g,
-        );
-        assert_eq!(kernel_error(&e).1, Some(3));
+        host_closure_errors(&launch, &x, &y);
     }
     let e = launch(
         &[Arg::read(&x), Arg::write(&y), 8u32.into(), 1.0f32.into()],
@@ -307,6 +247,79 @@ fn bad_launches_are_typed_errors(dev: &Device) {
     };
     let e = elsewhere.prepare(dev).unwrap_err();
     assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+}
+
+/// What a launch of [`scale_kernel`] returns: the error of a refused launch.
+type Launch<'a> = dyn Fn(&[Arg<'_>], Grid) -> Error + 'a;
+
+/// On a device: a buffer of another device, the count and kinds of the arguments from the
+/// compiled kernel's parameters, more threads per block than the kernel runs.
+fn device_launch_errors(dev: &Device, launch: &Launch<'_>, x: &SyncedMemory, y: &SyncedMemory) {
+    let g = Grid::linear(1, 8);
+    // A buffer of another device.
+    let on_cpu = filled(&Device::cpu(), &[1.0; 8]);
+    let e = launch(
+        &[
+            Arg::read(&on_cpu),
+            Arg::write(y),
+            8u32.into(),
+            1.0f32.into(),
+        ],
+        g,
+    );
+    let (_, index, reason) = kernel_error(&e);
+    assert_eq!(index, Some(0));
+    assert!(reason.contains("lives on cpu"), "{reason}");
+    // The count and the kinds, from the compiled kernel's parameters.
+    let e = launch(&[Arg::read(x), Arg::write(y), 8u32.into()], g);
+    let (_, index, reason) = kernel_error(&e);
+    assert_eq!(index, None);
+    assert!(
+        reason.contains("takes 4 arguments, the launch passes 3"),
+        "{reason}"
+    );
+    let e = launch(
+        &[Arg::read(x), Arg::write(y), 8u32.into(), 1.0f64.into()],
+        g,
+    );
+    let (_, index, reason) = kernel_error(&e);
+    assert_eq!(index, Some(3));
+    assert!(
+        reason.contains("float scalar") && reason.contains("double scalar"),
+        "{reason}"
+    );
+    if dev.backend() == syncmem::BackendKind::OpenCl {
+        assert!(
+            reason.contains("`float a`"),
+            "the parameter is named: {reason}"
+        );
+    }
+    let e = launch(
+        &[Arg::read(x), 8u32.into(), Arg::write(y), 1.0f32.into()],
+        g,
+    );
+    assert_eq!(kernel_error(&e).1, Some(1));
+    // More threads per block than the kernel runs.
+    let e = launch(
+        &[Arg::read(x), Arg::write(y), 8u32.into(), 1.0f32.into()],
+        Grid::linear(1, 1 << 20),
+    );
+    assert!(kernel_error(&e).2.contains("threads per block"), "{e}");
+}
+
+/// On `cpu`: a host closure checks its accesses.
+fn host_closure_errors(launch: &Launch<'_>, x: &SyncedMemory, y: &SyncedMemory) {
+    let g = Grid::linear(1, 8);
+    // A scalar read as a buffer.
+    let e = launch(&[8u32.into(), Arg::write(y), 8u32.into(), 1.0f32.into()], g);
+    let (name, index, reason) = kernel_error(&e);
+    assert_eq!((name, index), ("scale", Some(0)));
+    assert!(reason.contains("not a buffer"), "{reason}");
+    let e = launch(
+        &[Arg::read(x), Arg::write(y), 8u32.into(), 1.0f64.into()],
+        g,
+    );
+    assert_eq!(kernel_error(&e).1, Some(3));
 }
 
 #[test]

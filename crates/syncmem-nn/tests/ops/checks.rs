@@ -13,8 +13,15 @@ fn errors_name_the_operator_and_the_blob(dev: &Device) {
     syncmem_nn::register_operators().unwrap();
     let ctx = Context::with_seed(dev, 1).unwrap();
     let ws = Workspace::new();
-    let err = |def: &OperatorDef| run(&ws, &ctx, def).unwrap_err();
+    fc_errors_name_the_blob(dev, &ctx, &ws);
+    bad_definitions_are_refused(dev, &ctx, &ws);
+    other_devices_are_read_through_replicas(dev, &ctx, &ws);
+}
 
+/// An unknown type, then an `FC` whose inputs are missing, of the wrong shape, of the wrong
+/// type, not tensors, or written in place; labels of the wrong type.
+fn fc_errors_name_the_blob(dev: &Device, ctx: &Context, ws: &Workspace) {
+    let err = |def: &OperatorDef| run(ws, ctx, def).unwrap_err();
     let e = create_operator(&OperatorDef::new("Conv", &["x"], &["y"]).named("c1"), dev)
         .err()
         .unwrap();
@@ -32,9 +39,9 @@ fn errors_name_the_operator_and_the_blob(dev: &Device) {
         "{s}"
     );
 
-    put(&ws, dev, "x", &[4, 5], &data(20, 1));
-    put(&ws, dev, "w", &[3, 6], &data(18, 2));
-    put(&ws, dev, "b", &[3], &data(3, 3));
+    put(ws, dev, "x", &[4, 5], &data(20, 1));
+    put(ws, dev, "w", &[3, 6], &data(18, 2));
+    put(ws, dev, "b", &[3], &data(3, 3));
     let e = err(&fc);
     let s = e.to_string();
     assert!(
@@ -42,12 +49,12 @@ fn errors_name_the_operator_and_the_blob(dev: &Device) {
         "{s}"
     );
 
-    put(&ws, dev, "w", &[3, 5], &data(15, 2));
-    put(&ws, dev, "b", &[4], &data(4, 3));
+    put(ws, dev, "w", &[3, 5], &data(15, 2));
+    put(ws, dev, "b", &[4], &data(4, 3));
     let s = err(&fc).to_string();
     assert!(s.contains("\"b\"") && s.contains("[3]"), "{s}");
 
-    put(&ws, dev, "b", &[3], &[1i32, 2, 3]);
+    put(ws, dev, "b", &[3], &[1i32, 2, 3]);
     let e = err(&fc);
     let s = e.to_string();
     assert!(
@@ -63,7 +70,7 @@ fn errors_name_the_operator_and_the_blob(dev: &Device) {
     let s = err(&inplace).to_string();
     assert!(s.contains("FC") && s.contains("\"x\""), "{s}");
 
-    put(&ws, dev, "labels", &[4], &[0.0f32; 4]);
+    put(ws, dev, "labels", &[4], &[0.0f32; 4]);
     let sm = OperatorDef::new("SoftmaxWithLoss", &["x", "labels"], &["p", "loss"]);
     let e = err(&sm);
     let s = e.to_string();
@@ -73,7 +80,11 @@ fn errors_name_the_operator_and_the_blob(dev: &Device) {
             && s.contains("SoftmaxWithLoss"),
         "{s}"
     );
+}
 
+/// Definitions no builder accepts, and a ReLU mask whose dims are not X's.
+fn bad_definitions_are_refused(dev: &Device, ctx: &Context, ws: &Workspace) {
+    let err = |def: &OperatorDef| run(ws, ctx, def).unwrap_err();
     for bad in [
         OperatorDef::new("SGD", &["w", "g"], &["v"]).arg("lr", 0.1),
         OperatorDef::new("SGD", &["w", "g"], &["w"]),
@@ -89,8 +100,8 @@ fn errors_name_the_operator_and_the_blob(dev: &Device) {
         assert!(e.to_string().contains(&bad.op_type), "{e}");
     }
     // A ReLU mask whose dims are not X's.
-    put(&ws, dev, "dy3", &[4, 3], &data(12, 4));
-    put(&ws, dev, "m", &[5, 4], &data(20, 5));
+    put(ws, dev, "dy3", &[4, 3], &data(12, 4));
+    put(ws, dev, "m", &[5, 4], &data(20, 5));
     let masked = OperatorDef::new("FCGradient", &["x", "w", "dy3", "m"], &["dw", "db", "dx"]);
     let e = err(&masked);
     let s = e.to_string();
@@ -99,13 +110,17 @@ fn errors_name_the_operator_and_the_blob(dev: &Device) {
         "{s}"
     );
     assert!(registered_types().contains(&"SoftmaxWithLossGradient"));
+}
 
-    // A tensor of another device is read through a replica on the operator's device.
+/// A tensor of another device is read through a replica on the operator's device; a host-only
+/// tensor is refused.
+fn other_devices_are_read_through_replicas(dev: &Device, ctx: &Context, ws: &Workspace) {
+    let err = |def: &OperatorDef| run(ws, ctx, def).unwrap_err();
     if dev.backend() != BackendKind::Cpu {
         let cpu = Device::cpu();
-        put(&ws, &cpu, "xc", &[2], &[1.0f32, -1.0]);
+        put(ws, &cpu, "xc", &[2], &[1.0f32, -1.0]);
         let relu = create_operator(&OperatorDef::new("Relu", &["xc"], &["yc"]), dev).unwrap();
-        relu.run(&ws, &ctx).unwrap();
+        relu.run(ws, ctx).unwrap();
         assert_eq!(ws.fetch::<f32>("yc").unwrap(), [1.0, 0.0]);
         let blob = ws.get_blob("xc").unwrap();
         let guard = blob.read();
@@ -244,26 +259,37 @@ fn fused_loss_equals_the_three_operators(dev: &Device) {
         );
         assert_eq!(get(&ws, "dx"), get(&ws, "dx3"));
         assert_eq!(get(&ws, "acc"), get(&ws, "acc4"));
-        // The pair, with and without the gradient: [loss, accuracy], bit for bit.
-        let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        let want = bits(vec![get(&ws, "loss")[0], get(&ws, "acc")[0]]);
-        for (outs, gradient) in [
-            (&["p5", "loss5", "acc5", "dx5", "both5"][..], true),
-            (&["p6", "loss6", "acc6", "both6"][..], false),
-        ] {
-            let mut def = sm(outs).arg("accuracy_top_k", top_k).arg("scalars", 1);
-            if gradient {
-                def = def.arg("gradient", 1);
-            }
-            ok(&ws, &ctx, def);
-            let both = outs[outs.len() - 1];
-            assert_eq!(bits(get(&ws, both)), want, "{both} on {}", dev.label());
-            let prefix = &both[4..];
-            assert_eq!(get(&ws, &format!("loss{prefix}")), get(&ws, "loss"));
-            assert_eq!(get(&ws, &format!("acc{prefix}")), get(&ws, "acc"));
-        }
+        loss_scalars_are_the_pair(dev, &ctx, &ws, top_k);
         assert_eq!(get(&ws, "dx5"), get(&ws, "dx"));
     }
+    fused_loss_definitions_are_checked(dev);
+}
+
+/// With `scalars = 1` (with and without the gradient) the last output is `[loss, accuracy]`,
+/// bit for bit the values the separate operators wrote in `ws`.
+fn loss_scalars_are_the_pair(dev: &Device, ctx: &Context, ws: &Workspace, top_k: i64) {
+    let sm = |outs: &[&str]| OperatorDef::new("SoftmaxWithLoss", &["x", "l"], outs);
+    let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let want = bits(vec![get(ws, "loss")[0], get(ws, "acc")[0]]);
+    for (outs, gradient) in [
+        (&["p5", "loss5", "acc5", "dx5", "both5"][..], true),
+        (&["p6", "loss6", "acc6", "both6"][..], false),
+    ] {
+        let mut def = sm(outs).arg("accuracy_top_k", top_k).arg("scalars", 1);
+        if gradient {
+            def = def.arg("gradient", 1);
+        }
+        ok(ws, ctx, def);
+        let both = outs[outs.len() - 1];
+        assert_eq!(bits(get(ws, both)), want, "{both} on {}", dev.label());
+        let prefix = &both[4..];
+        assert_eq!(get(ws, &format!("loss{prefix}")), get(ws, "loss"));
+        assert_eq!(get(ws, &format!("acc{prefix}")), get(ws, "acc"));
+    }
+}
+
+/// A wrong output count, or `scalars` without the accuracy, is refused.
+fn fused_loss_definitions_are_checked(dev: &Device) {
     for bad in [
         OperatorDef::new("SoftmaxWithLoss", &["x", "l"], &["p", "loss", "a"]),
         OperatorDef::new("SoftmaxWithLoss", &["x", "l"], &["p", "loss"]).arg("gradient", 1),
