@@ -183,8 +183,9 @@ fn at(dev: &Device, head: Head, n: usize) -> SyncedMemory {
             m.host_mut().unwrap().fill(5);
             drop(m.device().unwrap());
         }
-        // Caffe's table has one device: no replica elsewhere.
-        Head::Elsewhere => unreachable!("not a head of Caffe's table"),
+        // Caffe's table has one device: no replica elsewhere (`Head::Elsewhere`), and no head
+        // added after it.
+        other => unreachable!("{other}: not a head of Caffe's table"),
     }
     assert_eq!(m.head(), head);
     m

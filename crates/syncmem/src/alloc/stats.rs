@@ -148,6 +148,7 @@ impl CopyCounters {
 
 /// Count and bytes of copies in one direction.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct CopyDir {
     /// Number of copies.
     pub count: u64,

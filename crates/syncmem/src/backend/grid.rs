@@ -7,6 +7,7 @@ use std::fmt;
 /// up to three dimensions. On OpenCL the global size is `blocks × threads` and the local
 /// (work-group) size `threads`; a host closure on `cpu` gets it as it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct Grid {
     /// Blocks (CUDA's grid, OpenCL's number of work-groups) along x, y, z.
     pub blocks: [u32; 3],

@@ -14,6 +14,7 @@ use super::cpu::user::HostKernelFn;
 
 /// The type of a scalar argument, named as OpenCL C names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ScalarType {
     /// `int` (`i32`).
     I32,
@@ -114,6 +115,7 @@ impl fmt::Display for ScalarType {
 
 /// A scalar argument of a launch.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub enum ScalarArg {
     /// `int`.
     I32(i32),

@@ -14,6 +14,7 @@ use crate::alloc::stats::human_bytes;
 
 /// Caffe's head: which mirror holds the newest data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Head {
     /// Nothing has been allocated or written yet (`UNINITIALIZED`).
     Uninitialized,

@@ -81,6 +81,7 @@ use memory::DeviceMemory;
 
 /// A parsed device string (`cpu`, `opencl:N`, `cuda:N`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct DeviceSpec {
     /// The backend.
     pub backend: BackendKind,
@@ -115,7 +116,25 @@ impl FromStr for DeviceSpec {
                 .map_err(|_| bad("the device index must be a non-negative integer"))?,
         };
         if backend == BackendKind::Cpu && ordinal != 0 {
-            return Err(bad("there is one cpu device, cpu:0"));
+            return Err(bad(ONE_CPU));
+        }
+        Ok(Self { backend, ordinal })
+    }
+}
+
+/// Why `cpu:N` with `N > 0` is not a device.
+const ONE_CPU: &str = "there is one cpu device, cpu:0";
+
+impl DeviceSpec {
+    /// The device `ordinal` of `backend`, as `"opencl:1"` parses: [`Error::InvalidDeviceSpec`]
+    /// for a `cpu` ordinal other than 0 (there is one `cpu` device). Whether the device exists
+    /// is known only when it is opened.
+    pub fn new(backend: BackendKind, ordinal: usize) -> Result<Self> {
+        if backend == BackendKind::Cpu && ordinal != 0 {
+            return Err(Error::InvalidDeviceSpec {
+                spec: format!("cpu:{ordinal}"),
+                reason: ONE_CPU.to_string(),
+            });
         }
         Ok(Self { backend, ordinal })
     }
@@ -504,6 +523,19 @@ mod tests {
             let e = p(bad).unwrap_err();
             assert!(matches!(e, Error::InvalidDeviceSpec { .. }), "{bad}: {e}");
         }
+        assert_eq!(
+            DeviceSpec::new(BackendKind::OpenCl, 2).unwrap(),
+            p("opencl:2").unwrap()
+        );
+        assert_eq!(
+            DeviceSpec::new(BackendKind::Cpu, 0).unwrap(),
+            p("cpu").unwrap()
+        );
+        let e = DeviceSpec::new(BackendKind::Cpu, 1).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidDeviceSpec { spec, .. } if spec == "cpu:1"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -79,6 +79,7 @@ pub(crate) fn devices(backend: BackendKind) -> Result<Vec<Device>> {
 
 /// What one backend offers on this machine: see [`probe`].
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct BackendReport {
     /// The backend.
     pub backend: BackendKind,

@@ -77,6 +77,7 @@ pub(crate) struct Pending {
 
 /// What is in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PendingKind {
     /// An asynchronous host-to-device copy: the device replica becomes valid when it ends.
     ToDevice,

@@ -91,6 +91,7 @@ use storage::Storage;
 /// [reserved](Tensor::reserve), it frees when `keep_on_shrink` is off, or when the unused bytes
 /// (`capacity - new bytes`) exceed `max_slack_bytes`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ShrinkPolicy {
     /// Keep the storage when the tensor shrinks (default `true`).
     pub keep_on_shrink: bool,
@@ -104,6 +105,20 @@ impl Default for ShrinkPolicy {
             keep_on_shrink: true,
             max_slack_bytes: None,
         }
+    }
+}
+
+impl ShrinkPolicy {
+    /// The policy with [`ShrinkPolicy::keep_on_shrink`] set to `keep`.
+    pub fn with_keep_on_shrink(mut self, keep: bool) -> Self {
+        self.keep_on_shrink = keep;
+        self
+    }
+
+    /// The policy with [`ShrinkPolicy::max_slack_bytes`] set to `max` (`None`: unlimited).
+    pub fn with_max_slack_bytes(mut self, max: Option<usize>) -> Self {
+        self.max_slack_bytes = max;
+        self
     }
 }
 

@@ -68,10 +68,11 @@ fn extend_keeps_device_data(dev: &Device) {
 
 fn reserve_keeps_data(dev: &Device) {
     let mut t = Tensor::from_slice(&[2, 3], &[1u16, 2, 3, 4, 5, 6], Some(dev)).unwrap();
-    t.set_policy(ShrinkPolicy {
-        keep_on_shrink: false,
-        max_slack_bytes: Some(0),
-    });
+    t.set_policy(
+        ShrinkPolicy::default()
+            .with_keep_on_shrink(false)
+            .with_max_slack_bytes(Some(0)),
+    );
     t.reserve(&[10, 3]).unwrap();
     assert!(t.is_reserved());
     assert_eq!((t.dims(), t.capacity_bytes()), (&[2, 3][..], 60));

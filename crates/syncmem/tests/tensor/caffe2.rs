@@ -195,20 +195,15 @@ fn keep_on_shrink<T: Sample>(dev: &Device) {
     assert_eq!(t.host_mut::<T>().unwrap().as_ptr() as usize, p);
     assert_eq!(t.capacity_bytes(), 72 * T::DTYPE.size());
     // keep_on_shrink off: a shrink frees.
-    t.set_policy(ShrinkPolicy {
-        keep_on_shrink: false,
-        max_slack_bytes: None,
-    });
+    t.set_policy(ShrinkPolicy::default().with_keep_on_shrink(false));
     t.resize(&[1, 2, 4]).unwrap();
     assert!(!t.has_storage());
 }
 
 fn max_keep_on_shrink<T: Sample>(dev: &Device) {
     let size = T::DTYPE.size();
-    let mut t = Tensor::new(dev).with_policy(ShrinkPolicy {
-        keep_on_shrink: true,
-        max_slack_bytes: Some(32 * size),
-    });
+    let mut t =
+        Tensor::new(dev).with_policy(ShrinkPolicy::default().with_max_slack_bytes(Some(32 * size)));
     t.resize(&[1, 8, 8]).unwrap();
     let p = t.host_mut::<T>().unwrap().as_ptr() as usize;
     t.resize(&[1, 7, 8]).unwrap(); // slack 8 elements

@@ -89,6 +89,7 @@ impl FromStr for PoolKind {
 
 /// A limit on the memory a device (or the host) may reserve.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub enum MemoryCap {
     /// At most this many bytes.
     Bytes(u64),

@@ -37,6 +37,7 @@ pub enum BlockState {
 /// The two size classes of blocks and segments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum SizeClass {
     /// Blocks up to [`PoolStats::small_size`] (the caching pool's small pool).
     Small,

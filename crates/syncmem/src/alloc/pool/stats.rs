@@ -11,6 +11,7 @@ use crate::alloc::stats::human_bytes;
 /// A byte count with its high-water mark and its cumulative movements (PyTorch's `current`,
 /// `peak`, `allocated` and `freed` of a memory statistic).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Gauge {
     /// Bytes now.
     pub current: u64,
@@ -57,6 +58,7 @@ impl Gauge {
 
 /// The byte gauges of one size class (small or large blocks).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SizeStats {
     /// Bytes in blocks handed out.
     pub allocated: Gauge,

@@ -10,6 +10,7 @@ use crate::alloc::stats::human_bytes;
 
 /// One byte statistic for all blocks, and for small and large blocks apart.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SizeSplit {
     /// All blocks.
     pub all: Gauge,
@@ -21,6 +22,7 @@ pub struct SizeSplit {
 
 /// A count for all segments, and for those of small and large blocks apart.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct CountSplit {
     /// All.
     pub all: u64,
