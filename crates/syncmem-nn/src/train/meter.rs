@@ -79,9 +79,6 @@ pub(super) fn add(a: CopyStats, b: CopyStats) -> CopyStats {
 fn max(a: CopyStats, b: CopyStats) -> CopyStats {
     CopyStats::from_fn(|d| {
         let (x, y) = (a.get(d), b.get(d));
-        CopyDir {
-            count: x.count.max(y.count),
-            bytes: x.bytes.max(y.bytes),
-        }
+        CopyDir::new(x.count.max(y.count), x.bytes.max(y.bytes))
     })
 }

@@ -156,6 +156,13 @@ pub struct CopyDir {
     pub bytes: u64,
 }
 
+impl CopyDir {
+    /// `count` copies of `bytes` bytes in all (for figures derived from readings: sums, maxima).
+    pub fn new(count: u64, bytes: u64) -> Self {
+        Self { count, bytes }
+    }
+}
+
 /// A reading of copy counters (of the process, of a thread, or of one buffer): copies by
 /// direction, zero-copy syncs, spills and refills.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
