@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # The gated crates: one entry per library crate whose public API is listed.
-crates=(syncmem)
+crates=(syncmem syncmem-nn)
 
 nightly=nightly-2026-05-20
 tool_version=0.52.0

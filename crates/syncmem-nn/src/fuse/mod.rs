@@ -52,6 +52,7 @@ use syncmem::ops::OperatorDef;
 /// Every fusion of [`fuse_net`] as a rewrite of nets at build time
 /// ([`NetOptions::rewrite`](syncmem::net::NetOptions::rewrite)).
 #[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
 pub struct Fuse;
 
 impl Fuse {

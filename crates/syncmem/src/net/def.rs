@@ -25,6 +25,7 @@ use crate::ops::OperatorDef;
 /// # }
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct NetDef {
     /// The net's name; required to register it in a workspace.
     #[serde(default)]

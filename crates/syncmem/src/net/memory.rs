@@ -53,6 +53,7 @@ impl BlobInfo {
 
 /// Bytes of tensor storage on each side.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SideBytes {
     /// Bytes of host mirrors.
     pub host: u64,

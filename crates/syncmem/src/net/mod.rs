@@ -92,6 +92,7 @@ pub type OperatorFactory =
 
 /// How a net is created.
 #[derive(Clone, Default)]
+#[non_exhaustive]
 pub struct NetOptions {
     /// Replace a net of the same name (only once the new one has built).
     pub overwrite: bool,

@@ -60,6 +60,7 @@ use crate::workspace::Workspace;
 
 /// The description of one operator: its type, the blobs it reads and writes, and arguments.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct OperatorDef {
     /// The operator type, e.g. `"FC"`, `"Relu"`.
     #[serde(rename = "type")]
