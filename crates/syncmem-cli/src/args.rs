@@ -2,12 +2,13 @@
 //! the same way everywhere.
 //!
 //! Each error is a phrase that follows the argument's name: `main` prints
-//! `syncmem: error: --lr must be a positive number, got "-1"` on one line and exits with 1.
+//! `syncmem: error: --lr must be a positive number, got "-1"` on one line and exits with 2, the
+//! status of every usage error.
 //! Numeric arguments also take `allow_negative_numbers`, so `--lr -1` reaches the parser (and
 //! its real reason) instead of being read as an unknown flag.
 
 use syncmem::alloc::pool::config::parse_size;
-use syncmem::DeviceSpec;
+use syncmem::{DeviceSpec, PoolKind};
 
 /// A device string: `cpu`, `opencl:N` or `cuda:N`. Whether the device exists is checked when it
 /// is opened.
@@ -52,6 +53,35 @@ pub fn buffer_size(s: &str) -> Result<usize, String> {
         return Err(format!("must be at least 1 byte, got {s:?}"));
     }
     usize::try_from(n).map_err(|_| format!("must fit in memory, got {s:?}"))
+}
+
+/// A memory cap: a [`size`] of at least one byte (as `memory_cap` in `SYNCMEM_POOL_CONF`).
+pub fn memory_cap(s: &str) -> Result<u64, String> {
+    match size(s)? {
+        0 => Err(format!(
+            "must be at least 1 byte (no cap: leave it out), got {s:?}"
+        )),
+        n => Ok(n),
+    }
+}
+
+/// Pool kinds to compare, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolKinds(pub Vec<PoolKind>);
+
+/// `caching`, `binned`, `none`, or `all` (the three), in any case.
+pub fn pool_kinds(s: &str) -> Result<PoolKinds, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "all" => Ok(PoolKinds(vec![
+            PoolKind::Caching,
+            PoolKind::Binned,
+            PoolKind::None,
+        ])),
+        one => one
+            .parse::<PoolKind>()
+            .map(|k| PoolKinds(vec![k]))
+            .map_err(|_| format!("must be caching, binned, none or all, got {s:?}")),
+    }
 }
 
 /// An integer of at least 1.
@@ -136,6 +166,13 @@ mod tests {
         for bad in ["0", "1", "-0.5", "1.5", "NaN", "x"] {
             assert!(open_fraction(bad).is_err(), "{bad}");
         }
+        assert_eq!(memory_cap("64KiB"), Ok(64 << 10));
+        for bad in ["0", "0B", "0%", "lots"] {
+            assert!(memory_cap(bad).is_err(), "{bad}");
+        }
+        assert_eq!(pool_kinds(" Binned ").unwrap().0, [PoolKind::Binned]);
+        assert_eq!(pool_kinds("all").unwrap().0.len(), 3);
+        assert!(pool_kinds("lru").unwrap_err().contains("\"lru\""));
         assert_eq!(positive_number("0.5"), Ok(0.5));
         for bad in ["0", "-1", "NaN", "inf", "x"] {
             assert!(positive_number(bad).is_err(), "{bad}");

@@ -1,4 +1,9 @@
 //! The `syncmem` command: lists devices and replays Caffe's SyncedMemory sequence on one.
+//!
+//! Exit status: 0 on success (and on `--help`, `--version`, or a closed stdout), 2 on a usage
+//! error (an unknown flag, a missing argument, a value its parser rejects: clap's convention),
+//! 1 on any failure while running (a device that cannot be opened, a bad file, a bad
+//! `SYNCMEM_*` variable, out of memory).
 
 mod args;
 #[macro_use]
@@ -35,7 +40,12 @@ enum Command {
     /// Record memory traffic (allocations, frees, copies, evictions) and replay it against
     /// pool configurations.
     Trace(commands::trace::Args),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions(commands::completions::Args),
 }
+
+/// Exit status of a usage error: an unknown flag, a missing argument, a rejected value.
+const USAGE_ERROR: u8 = 2;
 
 /// The system allocator with a counter (see [`heap`]).
 #[global_allocator]
@@ -45,31 +55,31 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => match args::value_error_line(&e) {
-            // A value a parser rejected: one line and exit code 1, like any other bad input.
+            // A value a parser rejected: one line, and the status of every usage error.
             Some(line) => {
                 eprintln!("syncmem: error: {line}");
-                return ExitCode::FAILURE;
+                return ExitCode::from(USAGE_ERROR);
             }
-            // Usage errors, --help and --version, as clap reports them.
+            // Other usage errors (status 2), --help and --version (status 0), as clap reports
+            // them.
             None => e.exit(),
         },
     };
-    // A bad pool or zero-copy variable fails every command at once, naming the variable, even
-    // when what it configures is never used.
-    if let Err(e) = syncmem::alloc::pool::config::check_env()
-        .and_then(|()| syncmem::device::zero_copy::check_env())
-    {
-        eprintln!("syncmem: error: {e}");
-        return ExitCode::FAILURE;
-    }
-    let result = with_env_trace(|| match cli.command {
-        Command::Devices(args) => commands::devices::run(&args),
-        Command::Demo(args) => commands::demo::run(&args),
-        Command::Inspect(args) => commands::inspect::run(&args),
-        Command::Train(args) => commands::train::run(&args),
-        Command::Bench(args) => commands::bench::run(&args),
-        Command::Trace(args) => commands::trace::run(&args),
-    });
+    let result = match cli.command {
+        // A completion script depends on nothing but the arguments: no setting can spoil it.
+        Command::Completions(args) => commands::completions::run::<Cli>(&args),
+        command => {
+            // A bad pool or zero-copy variable fails every command at once, naming the
+            // variable, even when what it configures is never used.
+            if let Err(e) = syncmem::alloc::pool::config::check_env()
+                .and_then(|()| syncmem::device::zero_copy::check_env())
+            {
+                eprintln!("syncmem: error: {e}");
+                return ExitCode::FAILURE;
+            }
+            with_env_trace(|| run(command))
+        }
+    };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         // A closed stdout (`syncmem ... | head`) is a normal end.
@@ -78,6 +88,19 @@ fn main() -> ExitCode {
             eprintln!("syncmem: error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Runs one subcommand.
+fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Devices(args) => commands::devices::run(&args),
+        Command::Demo(args) => commands::demo::run(&args),
+        Command::Inspect(args) => commands::inspect::run(&args),
+        Command::Train(args) => commands::train::run(&args),
+        Command::Bench(args) => commands::bench::run(&args),
+        Command::Trace(args) => commands::trace::run(&args),
+        Command::Completions(args) => commands::completions::run::<Cli>(&args),
     }
 }
 

@@ -4,17 +4,14 @@ mod common;
 
 use std::process::Output;
 
-use common::{json, run, u};
+use common::{json, rejected_value, run, u};
 
-/// Requires exit code 1 with exactly one line on stderr and nothing on stdout; returns the line.
+/// Requires a usage error's exit code (2) with exactly one line on stderr and nothing on
+/// stdout; returns the line.
 fn one_line_error(args: &[&str]) -> String {
     let out: Output = run(args);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(1), "syncmem {args:?}:\n{stderr}");
-    assert_eq!(stderr.lines().count(), 1, "syncmem {args:?}:\n{stderr}");
     assert!(out.stdout.is_empty(), "syncmem {args:?} printed to stdout");
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    stderr
+    rejected_value(&format!("syncmem {args:?}"), &out)
 }
 
 /// A trace file path in the temporary directory that no test writes.

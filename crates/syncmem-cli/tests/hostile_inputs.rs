@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{ok, refused, run_limited, TempPath};
+use common::{ok, refused, rejected_value, run_limited, TempPath};
 
 /// The address-space limit of the runs below (MiB): far more than they need.
 const LIMIT_MIB: u64 = 4096;
@@ -29,7 +29,7 @@ fn huge_epoch_counts_are_errors() {
             let mut args = command.to_vec();
             args.extend(["--device", "cpu", "--epochs", epochs]);
             let out = run_limited(&args, LIMIT_MIB);
-            let stderr = refused(&format!("{args:?}"), &out);
+            let stderr = rejected_value(&format!("{args:?}"), &out);
             for needle in ["--epochs", "1000000", epochs] {
                 assert!(
                     stderr.contains(needle),

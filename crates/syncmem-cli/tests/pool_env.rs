@@ -39,7 +39,7 @@ fn the_default_device_does_not_fall_back_to_cpu_over_a_bad_setting() {
 
 /// A cap of 0 is refused the same way in every place that sets one: `memory_cap=0` and
 /// `memory_cap=0%` in `SYNCMEM_POOL_CONF` and `--memory-cap 0`, each naming the setting, before
-/// anything is trained.
+/// anything is trained (the variable with status 1, the flag with the usage error's 2).
 #[test]
 fn a_zero_memory_cap_is_refused_everywhere_naming_the_setting() {
     for conf in ["memory_cap=0", "memory_cap=0%", "memory_cap=0MiB"] {
@@ -64,7 +64,8 @@ fn a_zero_memory_cap_is_refused_everywhere_naming_the_setting() {
             "--memory-cap",
             cap,
         ]);
-        let stderr = common::refused(cap, &out);
+        // A value the command line rejects: a usage error.
+        let stderr = common::rejected_value(cap, &out);
         assert!(out.stdout.is_empty(), "{cap}: trained before failing");
         assert!(stderr.contains("--memory-cap"), "{cap}: {stderr}");
     }

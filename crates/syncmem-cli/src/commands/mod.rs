@@ -28,6 +28,7 @@ macro_rules! outln {
 }
 
 pub mod bench;
+pub mod completions;
 pub mod demo;
 pub mod devices;
 pub mod inspect;

@@ -67,7 +67,7 @@ struct RecordArgs {
 
     /// Cap the device's memory during the run (as `syncmem train --memory-cap`): the trace
     /// records its spills and refills.
-    #[arg(long, value_name = "SIZE", value_parser = crate::args::size)]
+    #[arg(long, value_name = "SIZE", value_parser = crate::args::memory_cap)]
     memory_cap: Option<u64>,
 
     /// The trace file to write (JSON lines).
@@ -116,8 +116,8 @@ struct ReplayArgs {
     file: PathBuf,
 
     /// The pool kinds to compare: `caching`, `binned`, `none` or `all`.
-    #[arg(long, value_name = "KIND", default_value = "all")]
-    pool: String,
+    #[arg(long, value_name = "KIND", default_value = "all", value_parser = crate::args::pool_kinds)]
+    pool: crate::args::PoolKinds,
 
     /// A memory cap for each device pool (`512MiB`, `2G`, bytes): allocations that do not fit
     /// even after releasing the pool's cache count as OOMs.
@@ -345,18 +345,12 @@ struct ReplayOutput {
 }
 
 fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
-    let kinds = match args.pool.trim().to_ascii_lowercase().as_str() {
-        "all" => vec![PoolKind::Caching, PoolKind::Binned, PoolKind::None],
-        other => vec![other.parse::<PoolKind>().map_err(|_| {
-            anyhow::anyhow!("--pool {other:?}: expected caching, binned, none or all")
-        })?],
-    };
     let trace = Trace::load_file(&args.file)?;
     let opts = ReplayOptions::new()
         .with_cap(args.cap)
         .with_host_cap(args.host_cap);
     let mut rows = Vec::new();
-    for kind in kinds {
+    for &kind in &args.pool.0 {
         let r = replay_with(&trace, &PoolConfig::new(kind), &opts)
             .with_context(|| format!("replaying {} on {kind} pools", args.file.display()))?;
         for d in &r.devices {

@@ -126,7 +126,7 @@ pub struct Args {
     /// cap too small for one step's working set fails with an out-of-memory error naming the
     /// request, the cap and the largest holders. At least 1 byte: 0 is an error, as
     /// `memory_cap=0` in `SYNCMEM_POOL_CONF` is.
-    #[arg(long, value_name = "SIZE", value_parser = crate::args::size)]
+    #[arg(long, value_name = "SIZE", value_parser = crate::args::memory_cap)]
     pub memory_cap: Option<u64>,
 
     /// Write a memory snapshot (every segment and block of every pool, with the tensor or blob

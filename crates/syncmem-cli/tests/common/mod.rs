@@ -52,19 +52,37 @@ pub fn run_limited(args: &[&str], mib: u64) -> Output {
         .expect("run the syncmem binary under sh")
 }
 
-/// Requires `out` to be a clean failure, as bad input gets: exit status 1, no panic, one line
-/// on stderr; returns stderr.
-pub fn refused(what: &str, out: &Output) -> String {
+/// Exit status of a failure while running (bad input found at run time: a file, a setting).
+pub const RUNTIME_FAILURE: i32 = 1;
+
+/// Exit status of a usage error (an unknown flag, a value its parser rejects): clap's.
+pub const USAGE_ERROR: i32 = 2;
+
+/// Requires `out` to be a clean failure with exit status `code`: no panic, one line on stderr;
+/// returns stderr.
+pub fn one_line_failure(what: &str, out: &Output, code: i32) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(
         out.status.code(),
-        Some(1),
+        Some(code),
         "{what}: {}\n{stderr}",
         out.status
     );
     assert!(!stderr.contains("panicked"), "{what}: {stderr}");
     assert_eq!(stderr.lines().count(), 1, "{what}: {stderr}");
     stderr
+}
+
+/// Requires `out` to be a clean failure, as bad input found while running gets: exit status
+/// 1, no panic, one line on stderr; returns stderr.
+pub fn refused(what: &str, out: &Output) -> String {
+    one_line_failure(what, out, RUNTIME_FAILURE)
+}
+
+/// Requires `out` to be a value rejected on the command line: exit status 2, no panic, one
+/// line on stderr; returns stderr.
+pub fn rejected_value(what: &str, out: &Output) -> String {
+    one_line_failure(what, out, USAGE_ERROR)
 }
 
 /// Runs `syncmem args`.
