@@ -3,6 +3,7 @@
 
 mod data;
 mod heap;
+mod help;
 mod report;
 mod snapshot;
 
@@ -13,13 +14,14 @@ use std::time::Instant;
 
 use anyhow::{ensure, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
-use syncmem::alloc::trace::Trace;
+use syncmem::alloc::trace::{Trace, TraceGuard};
 use syncmem::{BackendKind, Device};
-use syncmem_nn::train::{compare_planning, TrainConfig, Trainer};
+use syncmem_nn::mlp::Dataset;
+use syncmem_nn::train::{compare_planning, EpochStats, TrainConfig, Trainer};
 
 /// Arguments of `syncmem train`.
 #[derive(clap::Args)]
-#[command(after_long_help = AFTER_HELP)]
+#[command(after_long_help = help::AFTER_HELP)]
 pub struct Args {
     /// Device to train on: `cpu`, `opencl:N` or `cuda:N`; several separated by commas
     /// (`opencl:0,opencl:1`) train data-parallel: each batch is split over them, the
@@ -142,92 +144,6 @@ pub struct Args {
     pub memory_html: Option<PathBuf>,
 }
 
-const AFTER_HELP: &str = "\
-The model is an MLP D -> H -> H -> C (ReLU) built from operators: FC, Relu, FC, Relu, FC,
-SoftmaxWithLoss, Accuracy; then SoftmaxWithLossGradient, FCGradient, ReluGradient; then SGD on
-each parameter. Data, weights and activations stay on the device: each step shares one uploaded
-batch (no copy) and reads back only the loss and accuracy scalars. Memory saved by planning is
-measured on one step with and without it, in fresh workspaces.
-
-Fusion (on by default, off with --no-fuse; the results are the same bit for bit): each FC whose
-output only a Relu reads applies the ReLU in its GEMM (no fc1, fc2 blobs), and each FCGradient
-whose dX only a ReluGradient reads applies the ReLU mask in its dX GEMM (no relu1_grad,
-relu2_grad blobs), the six SGD updates run as one SGD over every (parameter, gradient) pair,
-one kernel launch on a device (a parameter of 16384 values or more gets a launch of its own on
-OpenCL), the Accuracy and SoftmaxWithLossGradient run inside the SoftmaxWithLoss (one pass
-over the rows), and each FCGradient writes its bias gradient (the column sums of dY) in its dW
-GEMM's launch: 8 operators and 10 kernel launches per step at hidden 64, against 19 and 24
-unfused.
-
-Human output: one line per epoch (mean loss and accuracy of its steps, seconds; then the loss
-and accuracy on the held-out set, with one), the final loss and accuracy over the whole
-training set (and over the held-out set), a table of blobs (type, dims, bytes, capacity, head, copies
-made by each buffer), transfers, memory peaks per device, the memory summary of the device pool
-(in the style of torch.cuda.memory_summary(), with a legend) and the memory saved by planning.
-
-JSON output (--json), one object:
-  {\"device\": string (the first device trained on: it holds the parameters),
-   \"devices\": [string] (every device trained on; several: data-parallel),
-   \"note\": string | null,
-   \"data\": {\"source\": \"spirals\" | path, \"samples\" (trained on: without the held-out
-      ones of --validation-split), \"features\", \"classes\"},
-   \"model\": {\"widths\": [D, H, H, C], \"parameters\"},
-   \"settings\": {\"epochs\", \"batch\", \"lr\", \"seed\", \"plan\": bool, \"fuse\": bool},
-   \"epochs\": [{\"epoch\", \"loss\", \"accuracy\", \"steps\", \"seconds\",
-      \"held_out\": {\"loss\", \"accuracy\"} | null (the held-out set after the epoch)}],
-   \"final\": {\"loss\", \"accuracy\"} (over the training data),
-   \"held_out\": {\"source\": path | \"validation split\", \"samples\", \"fraction\": F | null,
-      \"loss\", \"accuracy\"} | null (the held-out set at the end: --test-data, or
-      --validation-split F; never trained on; evaluated on the device holding the
-      parameters),
-   \"seconds\": total,
-   \"transfers\": {\"steps\": count, \"setup\", \"training\", \"per_step\", \"max_step\", \"eval\",
-      \"process_training\", \"process\"},
-      each but steps a {\"host_to_device\": {\"count\", \"bytes\"}, \"device_to_host\": {...},
-      \"device_to_device\": {...}, \"mapped\", \"spilled\", \"refilled\"}: copies during setup
-      (the run's buffers), all steps, one step on average, the worst step (the copies of the
-      thread running a step), the final evaluation (the run's buffers); then every copy the
-      process made during the steps and during the whole run; \"mapped\" counts zero-copy
-      syncs (host and device share the memory: no byte copied), \"spilled\" and \"refilled\"
-      the dirty mirrors written back to the host under --memory-cap and brought back,
-   \"device_pairs\": [{\"from\", \"to\", \"direct\": bool (one device command, or through the
-      host), \"count\", \"bytes\", \"count_per_step\", \"bytes_per_step\"}]: copies between
-      devices during the steps, per pair and route (empty on one device),
-   \"memory_cap\": {\"cap\": bytes | null, \"spills_per_step\", \"spilled_bytes_per_step\",
-      \"refills_per_step\", \"refilled_bytes_per_step\", \"spills\", \"refills\"} (during the
-      steps; fractions per step),
-   \"waits\": {\"per_step\", \"max_step\", \"total\"}: host waits on device work during the
-      steps (event waits, blocking reads, queue finishes; counted by the library),
-   \"heap_allocations\": {\"per_step\", \"max_step\" (over the steps after the first),
-      \"first_step\", \"steps\"}: heap allocations of the process during each step (the
-      binary's global allocator counts them),
-   \"blobs\": [{\"name\", \"dtype\", \"dims\", \"bytes\", \"capacity\", \"head\": \"host\" | \"device\" |
-      \"synced\" | \"uninitialized\" | \"none\", \"host\": bool, \"device\": bool (mirror allocated),
-      \"host_to_device\", \"device_to_host\", \"mapped\"}],
-   \"memory\": [{\"label\", \"in_use\", \"peak\"}]  (host, then each device; peaks since setup),
-   \"saved\": {\"file\", \"tensors\": [names]} | null  (the parameters written by --save),
-   \"memory_summary\": {...} | null  (the device pool at the end, as the human summary shows it:
-      \"label\", \"kind\", \"small_size\" (blocks up to it are small), then \"allocated\",
-      \"requested\", \"reserved\", \"inactive_split\", each {\"all\", \"small\", \"large\"} of
-      {\"current\", \"peak\", \"allocated\", \"freed\"} bytes (peaks since training started;
-      allocated and freed are cumulative), \"segments\": {\"all\", \"small\", \"large\"},
-      \"allocations\", \"frees\", \"cache_hits\", \"backend_allocs\", \"backend_frees\",
-      \"alloc_retries\", \"ooms\", \"free_bytes\", \"largest_free_block\", \"cap\" (null: none),
-      \"direct_bytes\"),
-   \"planning\": {\"enabled\", \"unplanned_peak\", \"planned_peak\", \"saved\" (tensor bytes on the
-      device at the peak of one step), \"device_peak_unplanned\", \"device_peak_planned\" (the
-      device allocator's peak), \"planned_blobs\", \"slots\",
-      \"shared\": {slot name: [blob names it holds, in order]}}}
-Accuracies are fractions (0-1); bytes are integers.
-
---snapshot FILE writes one JSON object: {\"device\", \"step\" (the step after which it was
-taken, counted over all epochs from 1), \"pools\": [{\"label\", \"kind\", \"stats\" (the pool's
-statistics at that instant), \"segments\": [{\"id\", \"size\", \"class\": \"small\" | \"large\",
-\"blocks\": [{\"offset\", \"size\", \"requested\", \"state\": \"allocated\" | \"free\" |
-\"pending\" (cached, work queued before its free may still run), \"stream\", \"owner\" (the
-tensor or blob holding it) | null}]}]}]}: the host pool, then the device's device and pinned
-pools (those used).";
-
 /// Runs `syncmem train`.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let report = execute(args, !args.json)?;
@@ -247,161 +163,39 @@ pub fn train_quietly(args: &Args) -> anyhow::Result<String> {
 /// Trains and builds the report; `human` prints the header, a progress bar on a terminal and a
 /// line per epoch.
 fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
-    ensure!(
-        (1..=crate::args::MAX_EPOCHS).contains(&args.epochs),
-        "--epochs must be from 1 to {}, got {}",
-        crate::args::MAX_EPOCHS,
-        args.epochs
-    );
-    ensure!(args.batch >= 1, "--batch must be at least 1");
-    ensure!(args.hidden >= 1, "--hidden must be at least 1");
-    ensure!(
-        args.lr.is_finite() && args.lr > 0.0,
-        "--lr must be a positive number, got {}",
-        args.lr
-    );
-    if let Some(path) = &args.save {
-        // Fail on a path that cannot be written before training, not after.
-        syncmem::file::check_target(path).with_context(|| format!("--save {}", path.display()))?;
-    }
-    if let Some(path) = &args.memory_html {
-        super::trace_files::check_dir("--memory-html", path)?;
-    }
+    check_args(args)?;
     let (devices, note) = pick_devices(args.device.clone())?;
     let dev = devices[0].clone();
     if let Some(cap) = args.memory_cap {
-        // The pools' rule (`memory_cap=0` in SYNCMEM_POOL_CONF is refused as well).
-        ensure!(
-            cap > 0,
-            "--memory-cap: 0 bytes: must be at least 1 (no cap: leave it out)"
-        );
-        // The pool the environment asks for, capped, on every device trained on.
-        let config = syncmem::alloc::pool::config::device_pool_from_env()
-            .context("--memory-cap: the device pool settings")?;
-        for d in &devices {
-            d.set_pool(
-                config
-                    .clone()
-                    .with_memory_cap(syncmem::MemoryCap::Bytes(cap)),
-            )
-            .with_context(|| format!("--memory-cap on {}", d.label()))?;
-        }
+        cap_devices(&devices, cap)?;
     }
     let mut peak_snapshot = match &args.snapshot {
         Some(path) => Some(snapshot::PeakSnapshot::new(path, &dev)?),
         None => None,
     };
     let (data, source, held_out) = data::datasets(args)?;
-    let cfg = TrainConfig::default()
-        .with_hidden(vec![args.hidden; 2])
-        .with_epochs(args.epochs)
-        .with_batch(args.batch)
-        .with_lr(args.lr)
-        .with_seed(args.seed)
-        .with_plan(!args.no_plan)
-        .with_fuse(!args.no_fuse);
+    let cfg = config(args);
     if human {
-        if let Some(n) = &note {
-            outln!("note: {n}");
-        }
-        outln!(
-            "training an MLP {} -> {h} -> {h} -> {} on {} ({} samples from {source}), {} epochs \
-             of batches of {}, lr {}, seed {}, memory planning {}",
-            data.features,
-            data.classes,
-            dev.label(),
-            data.len(),
-            cfg.epochs,
-            cfg.batch,
-            cfg.lr,
-            cfg.seed,
-            if cfg.plan { "on" } else { "off" },
-            h = args.hidden,
-        );
-        if let Some(h) = &held_out {
-            outln!(
-                "held out, not trained on: {} samples from {}",
-                h.data.len(),
-                h.source
-            );
-        }
+        print_header(
+            note.as_deref(),
+            &dev,
+            &data,
+            &source,
+            &cfg,
+            held_out.as_ref(),
+        )?;
     }
 
     let planning = compare_planning(&dev, &data, &cfg).context("measuring memory planning")?;
-    // The page shows the run from empty pools: what the planning measurement left cached goes
-    // back first.
-    let recording = args.memory_html.as_ref().map(|_| {
-        dev.empty_cache();
-        if let Ok(host) = syncmem::HostPool::global() {
-            host.empty_cache();
-        }
-        let trace = Arc::new(Trace::new());
-        trace.attach(&dev)
-    });
+    let recording = args
+        .memory_html
+        .as_ref()
+        .map(|_| record_from_empty_pools(&dev));
     let process_before = syncmem::stats().copies;
     dev.reset_peak_stats();
     let start = Instant::now();
-    let mut trainer = if devices.len() > 1 {
-        Trainer::data_parallel(&devices, &data, &cfg)
-            .context("setting up data-parallel training")?
-    } else {
-        Trainer::new(&dev, &data, &cfg).context("setting up training")?
-    };
-    if let Some(h) = &held_out {
-        trainer
-            .set_held_out(&h.data)
-            .with_context(|| format!("uploading the held-out data ({})", h.source))?;
-    }
-    let steps = (trainer.batch_count() as u64).saturating_mul(cfg.epochs as u64);
-    let bar = progress_bar(!human, steps);
-    // Grown as epochs end: never sized from the user's number up front.
-    let mut epochs = Vec::new();
-    // Heap allocations of each step: counted between the hooks around it.
-    let mut heap = report::HeapSteps::default();
-    for e in 0..cfg.epochs {
-        let at_start = std::cell::Cell::new(0);
-        let stats = trainer
-            .run_epoch_around(
-                |_| at_start.set(crate::heap::allocations()),
-                |_, _| {
-                    heap.record(crate::heap::allocations() - at_start.get());
-                    // Outside the step's count: what it allocates is not the step's.
-                    if let Some(p) = &mut peak_snapshot {
-                        p.after_step();
-                    }
-                    bar.inc(1);
-                },
-            )
-            .with_context(|| format!("epoch {}", e + 1))?;
-        // After the epoch's steps, outside them: it changes nothing training reads.
-        let held = trainer
-            .evaluate_held_out()
-            .with_context(|| format!("evaluating the held-out data after epoch {}", e + 1))?;
-        bar.set_message(format!(
-            "loss {:.4} acc {:.1}%",
-            stats.loss,
-            stats.accuracy * 100.0
-        ));
-        if human {
-            bar.suspend(|| -> anyhow::Result<()> {
-                outln!(
-                    "epoch {:>3}/{}  loss {:.4}  accuracy {:>5.1}%  {:.3} s{}",
-                    stats.epoch,
-                    cfg.epochs,
-                    stats.loss,
-                    stats.accuracy * 100.0,
-                    stats.seconds,
-                    held.map_or(String::new(), |(l, a)| format!(
-                        "  held-out loss {l:.4}  accuracy {:>5.1}%",
-                        a * 100.0
-                    ))
-                );
-                Ok(())
-            })?;
-        }
-        epochs.push((stats, held));
-    }
-    bar.finish_and_clear();
+    let mut trainer = new_trainer(&devices, &data, &cfg, held_out.as_ref())?;
+    let (epochs, heap) = run_epochs(&mut trainer, &cfg, human, peak_snapshot.as_mut())?;
     let (loss, accuracy) = trainer.evaluate().context("evaluating")?;
     let held_out_final = trainer
         .evaluate_held_out()
@@ -439,35 +233,249 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
     }
     if let Some(path) = &args.save {
         // After the report, which shows the parameters where training left them.
-        let params: Vec<&str> = trainer.nets().params.iter().map(String::as_str).collect();
-        let saved = trainer
-            .workspace()
-            .save(path, Some(&params))
-            .with_context(|| format!("--save: saving the parameters to {}", path.display()))?;
-        report.set_saved(path.display().to_string(), saved);
+        save_parameters(&trainer, path, &mut report)?;
     }
     if let (Some(guard), Some(path)) = (recording, &args.memory_html) {
         // The run's buffers go back with the trainer: their frees belong on the page.
         drop(trainer);
-        let trace = guard.detach();
-        let title = format!(
-            "syncmem train on {}: {} epoch(s) of batches of {}, hidden width {}",
-            dev.label(),
-            cfg.epochs,
-            cfg.batch,
-            args.hidden
-        );
-        let size = super::trace_files::write_page(&trace, &title, path)?;
-        if human {
-            outln!(
-                "memory page of the run ({} events, {}): {}",
-                trace.len(),
-                syncmem::alloc::stats::human_bytes(size as u64),
-                path.display()
-            );
-        }
+        write_memory_page(&guard.detach(), path, &dev, &cfg, human)?;
     }
     Ok(report)
+}
+
+/// Checks what the value parsers cannot (the arguments may be built by another command), and
+/// that the output files can be written, before any work.
+fn check_args(args: &Args) -> anyhow::Result<()> {
+    ensure!(
+        (1..=crate::args::MAX_EPOCHS).contains(&args.epochs),
+        "--epochs must be from 1 to {}, got {}",
+        crate::args::MAX_EPOCHS,
+        args.epochs
+    );
+    ensure!(args.batch >= 1, "--batch must be at least 1");
+    ensure!(args.hidden >= 1, "--hidden must be at least 1");
+    ensure!(
+        args.lr.is_finite() && args.lr > 0.0,
+        "--lr must be a positive number, got {}",
+        args.lr
+    );
+    if let Some(path) = &args.save {
+        // Fail on a path that cannot be written before training, not after.
+        syncmem::file::check_target(path).with_context(|| format!("--save {}", path.display()))?;
+    }
+    if let Some(path) = &args.memory_html {
+        super::trace_files::check_dir("--memory-html", path)?;
+    }
+    Ok(())
+}
+
+/// Caps the device memory of every device trained on at `cap` bytes (`--memory-cap`), with the
+/// pool the environment asks for.
+fn cap_devices(devices: &[Device], cap: u64) -> anyhow::Result<()> {
+    // The pools' rule (`memory_cap=0` in SYNCMEM_POOL_CONF is refused as well).
+    ensure!(
+        cap > 0,
+        "--memory-cap: 0 bytes: must be at least 1 (no cap: leave it out)"
+    );
+    let config = syncmem::alloc::pool::config::device_pool_from_env()
+        .context("--memory-cap: the device pool settings")?;
+    for d in devices {
+        d.set_pool(
+            config
+                .clone()
+                .with_memory_cap(syncmem::MemoryCap::Bytes(cap)),
+        )
+        .with_context(|| format!("--memory-cap on {}", d.label()))?;
+    }
+    Ok(())
+}
+
+/// The training settings of the arguments.
+fn config(args: &Args) -> TrainConfig {
+    TrainConfig::default()
+        .with_hidden(vec![args.hidden; 2])
+        .with_epochs(args.epochs)
+        .with_batch(args.batch)
+        .with_lr(args.lr)
+        .with_seed(args.seed)
+        .with_plan(!args.no_plan)
+        .with_fuse(!args.no_fuse)
+}
+
+/// The lines of the text report before training: the note on the device, the model, the data
+/// and the settings, the held-out set.
+fn print_header(
+    note: Option<&str>,
+    dev: &Device,
+    data: &Dataset,
+    source: &str,
+    cfg: &TrainConfig,
+    held_out: Option<&data::HeldOutData>,
+) -> anyhow::Result<()> {
+    if let Some(n) = note {
+        outln!("note: {n}");
+    }
+    outln!(
+        "training an MLP {} -> {h} -> {h} -> {} on {} ({} samples from {source}), {} epochs \
+         of batches of {}, lr {}, seed {}, memory planning {}",
+        data.features,
+        data.classes,
+        dev.label(),
+        data.len(),
+        cfg.epochs,
+        cfg.batch,
+        cfg.lr,
+        cfg.seed,
+        if cfg.plan { "on" } else { "off" },
+        h = cfg.hidden[0],
+    );
+    if let Some(h) = held_out {
+        outln!(
+            "held out, not trained on: {} samples from {}",
+            h.data.len(),
+            h.source
+        );
+    }
+    Ok(())
+}
+
+/// Starts recording `dev`'s pools for the memory page. The page shows the run from empty
+/// pools: what the planning measurement left cached goes back first.
+fn record_from_empty_pools(dev: &Device) -> TraceGuard {
+    dev.empty_cache();
+    if let Ok(host) = syncmem::HostPool::global() {
+        host.empty_cache();
+    }
+    Arc::new(Trace::new()).attach(dev)
+}
+
+/// The trainer on one device, or data-parallel over several, with the held-out set uploaded.
+fn new_trainer(
+    devices: &[Device],
+    data: &Dataset,
+    cfg: &TrainConfig,
+    held_out: Option<&data::HeldOutData>,
+) -> anyhow::Result<Trainer> {
+    let mut trainer = if devices.len() > 1 {
+        Trainer::data_parallel(devices, data, cfg).context("setting up data-parallel training")?
+    } else {
+        Trainer::new(&devices[0], data, cfg).context("setting up training")?
+    };
+    if let Some(h) = held_out {
+        trainer
+            .set_held_out(&h.data)
+            .with_context(|| format!("uploading the held-out data ({})", h.source))?;
+    }
+    Ok(trainer)
+}
+
+/// Each epoch's statistics, with the held-out loss and accuracy after it.
+type EpochRows = Vec<(EpochStats, Option<(f64, f64)>)>;
+
+/// Runs every epoch: the heap allocations of each step counted between the hooks around it,
+/// the peak snapshot taken after it; the held-out set evaluated after each epoch; `human`
+/// prints a line per epoch (and a progress bar on a terminal).
+fn run_epochs(
+    trainer: &mut Trainer,
+    cfg: &TrainConfig,
+    human: bool,
+    mut peak_snapshot: Option<&mut snapshot::PeakSnapshot>,
+) -> anyhow::Result<(EpochRows, report::HeapSteps)> {
+    let steps = (trainer.batch_count() as u64).saturating_mul(cfg.epochs as u64);
+    let bar = progress_bar(!human, steps);
+    // Grown as epochs end: never sized from the user's number up front.
+    let mut epochs = Vec::new();
+    let mut heap = report::HeapSteps::default();
+    for e in 0..cfg.epochs {
+        let at_start = std::cell::Cell::new(0);
+        let stats = trainer
+            .run_epoch_around(
+                |_| at_start.set(crate::heap::allocations()),
+                |_, _| {
+                    heap.record(crate::heap::allocations() - at_start.get());
+                    // Outside the step's count: what it allocates is not the step's.
+                    if let Some(p) = peak_snapshot.as_deref_mut() {
+                        p.after_step();
+                    }
+                    bar.inc(1);
+                },
+            )
+            .with_context(|| format!("epoch {}", e + 1))?;
+        // After the epoch's steps, outside them: it changes nothing training reads.
+        let held = trainer
+            .evaluate_held_out()
+            .with_context(|| format!("evaluating the held-out data after epoch {}", e + 1))?;
+        bar.set_message(format!(
+            "loss {:.4} acc {:.1}%",
+            stats.loss,
+            stats.accuracy * 100.0
+        ));
+        if human {
+            bar.suspend(|| print_epoch(&stats, cfg.epochs, held))?;
+        }
+        epochs.push((stats, held));
+    }
+    bar.finish_and_clear();
+    Ok((epochs, heap))
+}
+
+/// The text report's line of one epoch.
+fn print_epoch(stats: &EpochStats, epochs: usize, held: Option<(f64, f64)>) -> anyhow::Result<()> {
+    outln!(
+        "epoch {:>3}/{}  loss {:.4}  accuracy {:>5.1}%  {:.3} s{}",
+        stats.epoch,
+        epochs,
+        stats.loss,
+        stats.accuracy * 100.0,
+        stats.seconds,
+        held.map_or(String::new(), |(l, a)| format!(
+            "  held-out loss {l:.4}  accuracy {:>5.1}%",
+            a * 100.0
+        ))
+    );
+    Ok(())
+}
+
+/// Saves the trained parameters to `path` (`--save`) and notes them in the report.
+fn save_parameters(
+    trainer: &Trainer,
+    path: &std::path::Path,
+    report: &mut report::Report,
+) -> anyhow::Result<()> {
+    let params: Vec<&str> = trainer.nets().params.iter().map(String::as_str).collect();
+    let saved = trainer
+        .workspace()
+        .save(path, Some(&params))
+        .with_context(|| format!("--save: saving the parameters to {}", path.display()))?;
+    report.set_saved(path.display().to_string(), saved);
+    Ok(())
+}
+
+/// Writes the memory page of the recorded run (`--memory-html`); `human` says where.
+fn write_memory_page(
+    trace: &Trace,
+    path: &std::path::Path,
+    dev: &Device,
+    cfg: &TrainConfig,
+    human: bool,
+) -> anyhow::Result<()> {
+    let title = format!(
+        "syncmem train on {}: {} epoch(s) of batches of {}, hidden width {}",
+        dev.label(),
+        cfg.epochs,
+        cfg.batch,
+        cfg.hidden[0]
+    );
+    let size = super::trace_files::write_page(trace, &title, path)?;
+    if human {
+        outln!(
+            "memory page of the run ({} events, {}): {}",
+            trace.len(),
+            syncmem::alloc::stats::human_bytes(size as u64),
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 /// The devices asked for, each opened (an absent one is an error naming it), or the default

@@ -125,7 +125,33 @@ pub(super) fn chart(t: &Timeline, p: &PoolTimeline, idx: usize) -> String {
         esc(&p.label),
         esc(&p.label)
     );
-    // Byte grid and labels.
+    byte_grid(&mut s, &f);
+    step_lines(&mut s, &f, t);
+    // Hover target for the read-out of the series, under everything drawn on the plot (which
+    // lets the pointer through) but the out-of-memory lines (which have tooltips of their own).
+    let _ = write!(
+        s,
+        r#"<rect class="hover" data-chart="{idx}" x="{LEFT}" y="{TOP:.1}" width="{:.1}" height="{PLOT:.1}"/>"#,
+        WIDTH - LEFT - RIGHT
+    );
+    series(&mut s, &f, t, p);
+    oom_lines(&mut s, &f, t, p);
+    // The lifetime of a hovered block (set by the page's script).
+    let _ = write!(
+        s,
+        r#"<rect class="life" x="0" y="{TOP:.1}" width="0" height="{PLOT:.1}"/>"#
+    );
+    peak(&mut s, &f, t, p);
+    time_axis(&mut s, &f, t);
+    for (i, kind) in kinds.iter().enumerate() {
+        lane(&mut s, &f, t, p, kind, i);
+    }
+    s.push_str("</svg>");
+    s
+}
+
+/// The byte grid and its labels.
+fn byte_grid(s: &mut String, f: &Frame) {
     s.push_str(r#"<g class="axis-y">"#);
     for b in byte_ticks((f.top_bytes / 1.1) as u64) {
         let y = f.py(b);
@@ -139,7 +165,10 @@ pub(super) fn chart(t: &Timeline, p: &PoolTimeline, idx: usize) -> String {
         );
     }
     s.push_str("</g>");
-    // Steps.
+}
+
+/// A line and a label per training step, skipping steps too close to the last label drawn.
+fn step_lines(s: &mut String, f: &Frame, t: &Timeline) {
     s.push_str(r#"<g class="steps">"#);
     // Where the room after the last label drawn ends.
     let mut free_from = f64::NEG_INFINITY;
@@ -165,35 +194,34 @@ pub(super) fn chart(t: &Timeline, p: &PoolTimeline, idx: usize) -> String {
         );
     }
     s.push_str("</g>");
-    // Hover target for the read-out of the series, under everything drawn on the plot (which
-    // lets the pointer through) but the out-of-memory lines (which have tooltips of their own).
-    let _ = write!(
-        s,
-        r#"<rect class="hover" data-chart="{idx}" x="{LEFT}" y="{TOP:.1}" width="{:.1}" height="{PLOT:.1}"/>"#,
-        WIDTH - LEFT - RIGHT
-    );
-    // The series: allocated (highest and lowest of each span), reserved.
+}
+
+/// The series: allocated (highest and lowest of each span), reserved.
+fn series(s: &mut String, f: &Frame, t: &Timeline, p: &PoolTimeline) {
     let downsampled = p.samples.iter().any(|x| x.alloc_lo != x.alloc_hi);
     let _ = write!(
         s,
         r#"<polygon class="series series-allocated" points="{}"/>"#,
-        area(&f, &p.samples, t.end, |x| x.alloc_hi)
+        area(f, &p.samples, t.end, |x| x.alloc_hi)
     );
     if downsampled {
         let _ = write!(
             s,
             r#"<polygon class="series series-allocated-held" points="{}"/>"#,
-            area(&f, &p.samples, t.end, |x| x.alloc_lo)
+            area(f, &p.samples, t.end, |x| x.alloc_lo)
         );
     }
     if p.segments_recorded {
         let _ = write!(
             s,
             r#"<polyline class="series series-reserved" points="{}"/>"#,
-            line(&f, &p.samples, t.end, |x| x.reserved_hi)
+            line(f, &p.samples, t.end, |x| x.reserved_hi)
         );
     }
-    // Out-of-memory failures across the plot.
+}
+
+/// Out-of-memory failures, as lines across the plot.
+fn oom_lines(s: &mut String, f: &Frame, t: &Timeline, p: &PoolTimeline) {
     for m in p.marks.iter().filter(|m| m.kind == "oom") {
         let x = f.px(m.x);
         let _ = write!(
@@ -203,32 +231,34 @@ pub(super) fn chart(t: &Timeline, p: &PoolTimeline, idx: usize) -> String {
             esc(&mark_tip(m, t))
         );
     }
-    // The lifetime of a hovered block (set by the page's script).
+}
+
+/// The peak of allocated bytes: a dot and its label.
+fn peak(s: &mut String, f: &Frame, t: &Timeline, p: &PoolTimeline) {
+    let pk = &p.peak_allocated;
+    if pk.bytes == 0 {
+        return;
+    }
+    let (x, y) = (f.px(pk.x), f.py(pk.bytes));
+    let step = pk.step.map(|s| format!(", step {s}")).unwrap_or_default();
+    let label = format!(
+        "peak {} at {}{step}",
+        bytes(pk.bytes),
+        x_label(pk.x, t.timed)
+    );
+    let anchor = if x > WIDTH * 0.7 { "end" } else { "start" };
+    let dx = if anchor == "end" { -8.0 } else { 8.0 };
     let _ = write!(
         s,
-        r#"<rect class="life" x="0" y="{TOP:.1}" width="0" height="{PLOT:.1}"/>"#
+        r#"<g class="peak"><circle cx="{x:.1}" cy="{y:.1}" r="4.5"/><text x="{:.1}" y="{:.1}" text-anchor="{anchor}">{}</text></g>"#,
+        x + dx,
+        (y - 6.0).max(12.0),
+        esc(&label)
     );
-    // The peak.
-    let pk = &p.peak_allocated;
-    if pk.bytes > 0 {
-        let (x, y) = (f.px(pk.x), f.py(pk.bytes));
-        let step = pk.step.map(|s| format!(", step {s}")).unwrap_or_default();
-        let label = format!(
-            "peak {} at {}{step}",
-            bytes(pk.bytes),
-            x_label(pk.x, t.timed)
-        );
-        let anchor = if x > WIDTH * 0.7 { "end" } else { "start" };
-        let dx = if anchor == "end" { -8.0 } else { 8.0 };
-        let _ = write!(
-            s,
-            r#"<g class="peak"><circle cx="{x:.1}" cy="{y:.1}" r="4.5"/><text x="{:.1}" y="{:.1}" text-anchor="{anchor}">{}</text></g>"#,
-            x + dx,
-            (y - 6.0).max(12.0),
-            esc(&label)
-        );
-    }
-    // The time axis.
+}
+
+/// The time axis: ticks, their labels and the axis title.
+fn time_axis(s: &mut String, f: &Frame, t: &Timeline) {
     let base = TOP + PLOT;
     let _ = write!(
         s,
@@ -256,41 +286,40 @@ pub(super) fn chart(t: &Timeline, p: &PoolTimeline, idx: usize) -> String {
         (LEFT + WIDTH - RIGHT) / 2.0,
         base + 34.0
     );
-    // One lane per kind of mark.
-    for (i, kind) in kinds.iter().enumerate() {
-        let (_, _, label, colour) = kind_style(kind);
-        let y0 = base + AXIS + i as f64 * LANE;
-        let most = p
-            .marks
-            .iter()
-            .filter(|m| m.kind == *kind)
-            .map(|m| m.bytes)
-            .max()
-            .unwrap_or(1)
-            .max(1) as f64;
+}
+
+/// Lane `i`: the marks of one kind, each as tall as its bytes (on a log scale).
+fn lane(s: &mut String, f: &Frame, t: &Timeline, p: &PoolTimeline, kind: &str, i: usize) {
+    let (_, _, label, colour) = kind_style(kind);
+    let y0 = TOP + PLOT + AXIS + i as f64 * LANE;
+    let most = p
+        .marks
+        .iter()
+        .filter(|m| m.kind == kind)
+        .map(|m| m.bytes)
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let _ = write!(
+        s,
+        r#"<g class="lane" data-kind="{}"><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
+        esc(kind),
+        LEFT - 6.0,
+        y0 + 12.0,
+        esc(label)
+    );
+    for m in p.marks.iter().filter(|m| m.kind == kind) {
+        // Taller for more bytes (logarithmic), never less than a third of the lane.
+        let h = 5.0 + 9.0 * ((m.bytes.max(1) as f64).ln() / most.ln().max(1.0)).min(1.0);
         let _ = write!(
             s,
-            r#"<g class="lane" data-kind="{}"><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
-            esc(kind),
-            LEFT - 6.0,
-            y0 + 12.0,
-            esc(label)
+            r#"<rect class="mark" x="{:.1}" y="{:.1}" width="2.5" height="{h:.1}" fill="{colour}" data-tip="{}"/>"#,
+            f.px(m.x) - 1.0,
+            y0 + 14.0 - h,
+            esc(&mark_tip(m, t))
         );
-        for m in p.marks.iter().filter(|m| m.kind == *kind) {
-            // Taller for more bytes (logarithmic), never less than a third of the lane.
-            let h = 5.0 + 9.0 * ((m.bytes.max(1) as f64).ln() / most.ln().max(1.0)).min(1.0);
-            let _ = write!(
-                s,
-                r#"<rect class="mark" x="{:.1}" y="{:.1}" width="2.5" height="{h:.1}" fill="{colour}" data-tip="{}"/>"#,
-                f.px(m.x) - 1.0,
-                y0 + 14.0 - h,
-                esc(&mark_tip(m, t))
-            );
-        }
-        s.push_str("</g>");
     }
-    s.push_str("</svg>");
-    s
+    s.push_str("</g>");
 }
 
 /// The series of `p` for the page's script: `[[x, alloc_lo, alloc_hi, reserved_hi], ...]`.

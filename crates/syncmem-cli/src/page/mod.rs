@@ -18,7 +18,7 @@ mod scale;
 
 use std::fmt::Write as _;
 
-use syncmem::alloc::trace::timeline::{PoolTimeline, Timeline, TimelineOptions};
+use syncmem::alloc::trace::timeline::{BlockLife, PoolTimeline, Timeline, TimelineOptions};
 use syncmem::alloc::trace::Trace;
 
 use scale::{bytes, esc, x_label};
@@ -289,48 +289,7 @@ fn pool(h: &mut String, t: &Timeline, p: &PoolTimeline, i: usize) {
     );
     let peak = p.peak_allocated.bytes.max(1) as f64;
     for b in &p.at_peak {
-        let owner = b.owner.as_deref().unwrap_or("(no owner)");
-        let freed = b.free_x.map_or_else(
-            || "still alive at the end".to_string(),
-            |x| x_label(x, t.timed),
-        );
-        let end = b.free_x.unwrap_or(t.end);
-        let life = if t.timed {
-            scale::time(end - b.alloc_x)
-        } else {
-            plural((end - b.alloc_x) as usize, "event")
-        };
-        let share = b.size as f64 / peak * 100.0;
-        let tip = format!(
-            "{owner}: {} ({} asked for), stream {}, allocated at {}{}, freed at {freed}, alive {life}",
-            bytes(b.size),
-            bytes(b.requested),
-            b.stream,
-            x_label(b.alloc_x, t.timed),
-            b.step.map(|s| format!(" (step {s})")).unwrap_or_default()
-        );
-        let total = t.end.max(1) as f64;
-        let _ = write!(
-            h,
-            "<tr class=\"block\" data-chart=\"{i}\" data-alloc=\"{}\" data-free=\"{end}\" data-tip=\"{}\">\
-             <td class=\"owner\">{}</td><td class=\"num\">{}</td>\
-             <td><span class=\"share\" style=\"width:{:.1}%\"></span> {share:.1}%</td>\
-             <td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td>\
-             <td><svg class=\"lifebar\" viewBox=\"0 0 100 8\" preserveAspectRatio=\"none\">\
-             <rect x=\"{:.2}\" y=\"0\" width=\"{:.2}\" height=\"8\"/></svg> {}</td></tr>",
-            b.alloc_x,
-            esc(&tip),
-            esc(owner),
-            bytes(b.size),
-            share.min(100.0),
-            bytes(b.requested),
-            b.stream,
-            esc(&x_label(b.alloc_x, t.timed)),
-            esc(&freed),
-            b.alloc_x as f64 / total * 100.0,
-            ((end - b.alloc_x) as f64 / total * 100.0).max(0.3),
-            esc(&life)
-        );
+        block_row(h, t, b, i, peak);
     }
     if more > 0 {
         let _ = write!(
@@ -341,4 +300,50 @@ fn pool(h: &mut String, t: &Timeline, p: &PoolTimeline, i: usize) {
         );
     }
     h.push_str("</tbody></table></section>\n");
+}
+
+/// The row of block `b` alive at the peak of chart `i` (`peak`: the peak's bytes).
+fn block_row(h: &mut String, t: &Timeline, b: &BlockLife, i: usize, peak: f64) {
+    let owner = b.owner.as_deref().unwrap_or("(no owner)");
+    let freed = b.free_x.map_or_else(
+        || "still alive at the end".to_string(),
+        |x| x_label(x, t.timed),
+    );
+    let end = b.free_x.unwrap_or(t.end);
+    let life = if t.timed {
+        scale::time(end - b.alloc_x)
+    } else {
+        plural((end - b.alloc_x) as usize, "event")
+    };
+    let share = b.size as f64 / peak * 100.0;
+    let tip = format!(
+        "{owner}: {} ({} asked for), stream {}, allocated at {}{}, freed at {freed}, alive {life}",
+        bytes(b.size),
+        bytes(b.requested),
+        b.stream,
+        x_label(b.alloc_x, t.timed),
+        b.step.map(|s| format!(" (step {s})")).unwrap_or_default()
+    );
+    let total = t.end.max(1) as f64;
+    let _ = write!(
+        h,
+        "<tr class=\"block\" data-chart=\"{i}\" data-alloc=\"{}\" data-free=\"{end}\" data-tip=\"{}\">\
+         <td class=\"owner\">{}</td><td class=\"num\">{}</td>\
+         <td><span class=\"share\" style=\"width:{:.1}%\"></span> {share:.1}%</td>\
+         <td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td>\
+         <td><svg class=\"lifebar\" viewBox=\"0 0 100 8\" preserveAspectRatio=\"none\">\
+         <rect x=\"{:.2}\" y=\"0\" width=\"{:.2}\" height=\"8\"/></svg> {}</td></tr>",
+        b.alloc_x,
+        esc(&tip),
+        esc(owner),
+        bytes(b.size),
+        share.min(100.0),
+        bytes(b.requested),
+        b.stream,
+        esc(&x_label(b.alloc_x, t.timed)),
+        esc(&freed),
+        b.alloc_x as f64 / total * 100.0,
+        ((end - b.alloc_x) as f64 / total * 100.0).max(0.3),
+        esc(&life)
+    );
 }

@@ -290,7 +290,6 @@ fn cap_report(cap: Option<u64>, t: &Transfers) -> CapReport {
 
 /// Builds the report of a finished run.
 pub(super) fn build(r: Run<'_>) -> Report {
-    let steps = r.trainer.transfers().step_count.max(1) as f64;
     Report {
         device: r.device.label().to_string(),
         devices: r
@@ -299,20 +298,7 @@ pub(super) fn build(r: Run<'_>) -> Report {
             .iter()
             .map(|d| d.label().to_string())
             .collect(),
-        device_pairs: r
-            .trainer
-            .pair_transfers()
-            .iter()
-            .map(|p| PairRow {
-                from: p.from.clone(),
-                to: p.to.clone(),
-                direct: p.direct,
-                count: p.count,
-                bytes: p.bytes,
-                count_per_step: p.count as f64 / steps,
-                bytes_per_step: p.bytes as f64 / steps,
-            })
-            .collect(),
+        device_pairs: pair_rows(r.trainer),
         note: r.note,
         data: DataInfo {
             source: r.source,
@@ -332,18 +318,7 @@ pub(super) fn build(r: Run<'_>) -> Report {
             plan: r.cfg.plan,
             fuse: r.cfg.fuse,
         },
-        epochs: r
-            .epochs
-            .iter()
-            .map(|(e, held)| EpochRow {
-                epoch: e.epoch,
-                loss: e.loss,
-                accuracy: e.accuracy,
-                steps: e.steps,
-                seconds: e.seconds,
-                held_out: held.map(|(loss, accuracy)| Final { loss, accuracy }),
-            })
-            .collect(),
+        epochs: r.epochs.iter().map(epoch_row).collect(),
         final_: Final {
             loss: r.final_loss,
             accuracy: r.final_accuracy,
@@ -358,24 +333,8 @@ pub(super) fn build(r: Run<'_>) -> Report {
         seconds: r.seconds,
         transfers: transfer_report(r.trainer.transfers(), r.process),
         memory_cap: cap_report(r.device.memory_cap(), &r.trainer.transfers()),
-        waits: {
-            let t = r.trainer.transfers();
-            WaitReport {
-                per_step: t.waits.per_step(t.step_count),
-                max_step: t.waits.max_step,
-                total: t.waits.total,
-            }
-        },
-        heap_allocations: HeapReport {
-            per_step: if r.heap.steps > 1 {
-                r.heap.rest as f64 / (r.heap.steps - 1) as f64
-            } else {
-                0.0
-            },
-            max_step: r.heap.max_rest,
-            first_step: r.heap.first,
-            steps: r.heap.steps,
-        },
+        waits: wait_report(&r.trainer.transfers()),
+        heap_allocations: heap_report(&r.heap),
         blobs: blob_report(r.trainer.workspace())
             .iter()
             .map(blob_row)
@@ -384,6 +343,59 @@ pub(super) fn build(r: Run<'_>) -> Report {
         saved: None,
         planning: planning_row(r.trainer, r.planning),
         memory_summary: r.device.pool_stats().map(|s| s.summary()),
+    }
+}
+
+/// Copies between devices during the steps, per pair and route.
+fn pair_rows(trainer: &Trainer) -> Vec<PairRow> {
+    let steps = trainer.transfers().step_count.max(1) as f64;
+    trainer
+        .pair_transfers()
+        .iter()
+        .map(|p| PairRow {
+            from: p.from.clone(),
+            to: p.to.clone(),
+            direct: p.direct,
+            count: p.count,
+            bytes: p.bytes,
+            count_per_step: p.count as f64 / steps,
+            bytes_per_step: p.bytes as f64 / steps,
+        })
+        .collect()
+}
+
+/// One epoch, with the held-out loss and accuracy after it.
+fn epoch_row((e, held): &(EpochStats, Option<(f64, f64)>)) -> EpochRow {
+    EpochRow {
+        epoch: e.epoch,
+        loss: e.loss,
+        accuracy: e.accuracy,
+        steps: e.steps,
+        seconds: e.seconds,
+        held_out: held.map(|(loss, accuracy)| Final { loss, accuracy }),
+    }
+}
+
+/// Host waits on device work during the steps.
+fn wait_report(t: &Transfers) -> WaitReport {
+    WaitReport {
+        per_step: t.waits.per_step(t.step_count),
+        max_step: t.waits.max_step,
+        total: t.waits.total,
+    }
+}
+
+/// Heap allocations of the steps: the first apart, the others per step.
+fn heap_report(h: &HeapSteps) -> HeapReport {
+    HeapReport {
+        per_step: if h.steps > 1 {
+            h.rest as f64 / (h.steps - 1) as f64
+        } else {
+            0.0
+        },
+        max_step: h.max_rest,
+        first_step: h.first,
+        steps: h.steps,
     }
 }
 

@@ -17,6 +17,15 @@ fn fmt_count(d: Dir, what: &str) -> String {
 impl Report {
     /// Prints the text form.
     pub(crate) fn print_human(&self) -> anyhow::Result<()> {
+        self.print_results()?;
+        self.print_blobs()?;
+        self.print_transfers()?;
+        self.print_waits_and_memory()?;
+        self.print_planning()
+    }
+
+    /// The final loss and accuracy, on the training data and the held-out set.
+    fn print_results(&self) -> anyhow::Result<()> {
         let r = self;
         let last = r.epochs.last().map_or(0.0, |e| e.seconds);
         let mean = r.epochs.iter().map(|e| e.seconds).sum::<f64>() / r.epochs.len().max(1) as f64;
@@ -41,7 +50,12 @@ impl Report {
                 }
             );
         }
+        Ok(())
+    }
 
+    /// Each blob: type, dims, bytes, capacity, head, and the copies of its buffer.
+    fn print_blobs(&self) -> anyhow::Result<()> {
+        let r = self;
         outln!("\nblobs ({}): where each lives", r.device);
         outln!(
             "  {:<18} {:<5} {:<10} {:>10} {:>10}  {:<7} {:>6} {:>6} {:>6}",
@@ -69,7 +83,12 @@ impl Report {
                 b.mapped.count
             );
         }
+        Ok(())
+    }
 
+    /// Copies by phase, between devices, and spills and refills under a cap.
+    fn print_transfers(&self) -> anyhow::Result<()> {
+        let r = self;
         let t = &r.transfers;
         outln!("\ntransfers ({} steps)", t.steps);
         for (what, c) in [
@@ -115,7 +134,12 @@ impl Report {
                 human_bytes(m.refilled_bytes_per_step as u64)
             );
         }
+        Ok(())
+    }
 
+    /// Host waits and heap allocations per step, memory per device, the pool's summary.
+    fn print_waits_and_memory(&self) -> anyhow::Result<()> {
+        let r = self;
         let (w, h) = (&r.waits, &r.heap_allocations);
         outln!(
             "\nhost waits on the device: {:.2} per step (worst step {}, {} in all)",
@@ -143,6 +167,12 @@ impl Report {
             outln!("\nmemory summary of the device pool (peaks since training started)");
             out!("{s}");
         }
+        Ok(())
+    }
+
+    /// What memory planning saved, and the parameters saved by `--save`.
+    fn print_planning(&self) -> anyhow::Result<()> {
+        let r = self;
         let p = &r.planning;
         let pct = if p.unplanned_peak > 0 {
             100.0 * p.saved as f64 / p.unplanned_peak as f64
