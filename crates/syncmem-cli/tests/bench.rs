@@ -40,36 +40,7 @@ fn bench_quick_json_has_ratios() {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
     for r in rows {
-        for field in ["ratio", "ours_ns", "baseline_ns"] {
-            let x = r[field].as_f64().unwrap_or(-1.0);
-            assert!(x.is_finite() && x > 0.0, "{field} of {r}");
-        }
-        let ratio = r["ratio"].as_f64().unwrap();
-        let want = r["baseline_ns"].as_f64().unwrap() / r["ours_ns"].as_f64().unwrap();
-        assert!((ratio - want).abs() <= 1e-9 * want, "{r}");
-        // The rows of the goal table have a goal, and say whether it is met.
-        let name = r["name"].as_str().unwrap();
-        let goal = match name {
-            "host pool 4 KiB" | "device pool 4 KiB" | "device pool 64 MiB" => Some(1.0),
-            "synced round trip 64 MiB" | "synced round trip 64 MiB pinned" => Some(0.95),
-            "user kernel launch" => Some(syncmem_bench::user::LAUNCH_GOAL),
-            "epoch LeakyRelu vs Relu" => Some(syncmem_bench::user::EPOCH_GOAL),
-            "zero-copy cycle 64 MiB" => Some(syncmem_bench::zero_copy::VS_COPIES_GOAL),
-            "zero-copy map cycle 64 MiB" => Some(syncmem_bench::zero_copy::VS_RAW_MAP_GOAL),
-            "256 B cycle, 100000 live buffers" => Some(syncmem_bench::zero_copy::LIVE_BUFFERS_GOAL),
-            "host pool 4 KiB, 8 threads" | "device pool 4 KiB, 8 threads" => {
-                Some(syncmem_bench::threads::EIGHT_THREADS_GOAL)
-            }
-            n if n.starts_with("train epoch zero-copy/off ") => {
-                Some(syncmem_bench::train_memory::ZERO_COPY_EPOCH_GOAL)
-            }
-            _ => None,
-        };
-        assert_eq!(r["goal"].as_f64(), goal, "{r}");
-        match goal {
-            Some(g) => assert_eq!(r["goal_met"].as_bool(), Some(ratio >= g), "{r}"),
-            None => assert!(r.get("goal_met").is_none(), "{r}"),
-        }
+        check_ratio_row(r);
     }
     // The device rows compare with the raw backend call and with Device::alloc.
     let raw = rows
@@ -80,7 +51,59 @@ fn bench_quick_json_has_ratios() {
         raw["baseline"].as_str().unwrap().contains("alloc_zeroed"),
         "{raw}"
     );
-    // Every trace, pool and kind is replayed, with its goal.
+    check_replay_rows(&v);
+    assert!(v["notes"].as_array().is_some_and(|n| !n.is_empty()));
+    assert_eq!(v["skipped"].as_array().map(Vec::len), Some(0));
+    check_train_memory(&v, &["cpu"]);
+    assert!(v["multi_device"].is_null(), "one cpu device");
+    // The compute section on cpu: the FMA peak and the cpu GEMM rows; the device rows need an
+    // accelerator and say so.
+    let c = &v["compute"];
+    check_peak_and_gemm(c, &["cpu"]);
+    assert!(c["train"].as_array().is_some_and(Vec::is_empty), "{c}");
+    assert!(c["launch"].is_null());
+    assert!(
+        c["notes"][0].as_str().unwrap().contains("accelerator"),
+        "{c}"
+    );
+}
+
+/// A row of the ratio table: its ratio is baseline / ours, and the rows of the goal table have
+/// their goal and say whether it is met.
+fn check_ratio_row(r: &Value) {
+    for field in ["ratio", "ours_ns", "baseline_ns"] {
+        let x = r[field].as_f64().unwrap_or(-1.0);
+        assert!(x.is_finite() && x > 0.0, "{field} of {r}");
+    }
+    let ratio = r["ratio"].as_f64().unwrap();
+    let want = r["baseline_ns"].as_f64().unwrap() / r["ours_ns"].as_f64().unwrap();
+    assert!((ratio - want).abs() <= 1e-9 * want, "{r}");
+    let name = r["name"].as_str().unwrap();
+    let goal = match name {
+        "host pool 4 KiB" | "device pool 4 KiB" | "device pool 64 MiB" => Some(1.0),
+        "synced round trip 64 MiB" | "synced round trip 64 MiB pinned" => Some(0.95),
+        "user kernel launch" => Some(syncmem_bench::user::LAUNCH_GOAL),
+        "epoch LeakyRelu vs Relu" => Some(syncmem_bench::user::EPOCH_GOAL),
+        "zero-copy cycle 64 MiB" => Some(syncmem_bench::zero_copy::VS_COPIES_GOAL),
+        "zero-copy map cycle 64 MiB" => Some(syncmem_bench::zero_copy::VS_RAW_MAP_GOAL),
+        "256 B cycle, 100000 live buffers" => Some(syncmem_bench::zero_copy::LIVE_BUFFERS_GOAL),
+        "host pool 4 KiB, 8 threads" | "device pool 4 KiB, 8 threads" => {
+            Some(syncmem_bench::threads::EIGHT_THREADS_GOAL)
+        }
+        n if n.starts_with("train epoch zero-copy/off ") => {
+            Some(syncmem_bench::train_memory::ZERO_COPY_EPOCH_GOAL)
+        }
+        _ => None,
+    };
+    assert_eq!(r["goal"].as_f64(), goal, "{r}");
+    match goal {
+        Some(g) => assert_eq!(r["goal_met"].as_bool(), Some(ratio >= g), "{r}"),
+        None => assert!(r.get("goal_met").is_none(), "{r}"),
+    }
+}
+
+/// Every trace, pool and kind is replayed, with its goal.
+fn check_replay_rows(v: &Value) {
     let replay = v["replay"].as_array().expect("replay");
     assert_eq!(replay.len(), 3 * 2 * 3, "3 traces x 2 pools x 3 kinds");
     for r in replay {
@@ -103,20 +126,6 @@ fn bench_quick_json_has_ratios() {
             assert_eq!(reserved, requested, "{r}");
         }
     }
-    assert!(v["notes"].as_array().is_some_and(|n| !n.is_empty()));
-    assert_eq!(v["skipped"].as_array().map(Vec::len), Some(0));
-    check_train_memory(&v, &["cpu"]);
-    assert!(v["multi_device"].is_null(), "one cpu device");
-    // The compute section on cpu: the FMA peak and the cpu GEMM rows; the device rows need an
-    // accelerator and say so.
-    let c = &v["compute"];
-    check_peak_and_gemm(c, &["cpu"]);
-    assert!(c["train"].as_array().is_some_and(Vec::is_empty), "{c}");
-    assert!(c["launch"].is_null());
-    assert!(
-        c["notes"][0].as_str().unwrap().contains("accelerator"),
-        "{c}"
-    );
 }
 
 /// The train memory table: per device, zero-copy and two mirrors, then capped and uncapped, with
@@ -228,30 +237,39 @@ fn bench_on_opencl_compares_train_gemm_and_launch() {
             assert!(r["baseline"].as_str().unwrap().contains("kernels"), "{r}");
         }
     }
-    // With a second OpenCL device: the copy between devices and data-parallel train.
     if syncmem::testing::two_or_skip(syncmem::BackendKind::OpenCl, "bench two devices").is_some() {
-        let row = v["rows"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["name"] == "device to device 64 MiB")
-            .expect("device to device row");
-        assert!(row["ratio"].as_f64().is_some_and(|r| r > 0.0), "{row}");
-        let m = &v["multi_device"];
-        assert_eq!(
-            m["devices"],
-            serde_json::json!(["opencl:0", "opencl:1"]),
-            "{m}"
-        );
-        assert!(m["bytes_per_step"].as_f64().is_some_and(|b| b > 0.0), "{m}");
-        assert!(
-            m["loss_difference"]
-                .as_f64()
-                .is_some_and(|d| d.abs() < 1e-4),
-            "{m}"
-        );
+        check_two_devices(&v);
     }
-    let c = &v["compute"];
+    check_device_compute(&v["compute"]);
+}
+
+/// With a second OpenCL device: the copy between devices and data-parallel train.
+fn check_two_devices(v: &Value) {
+    let row = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "device to device 64 MiB")
+        .expect("device to device row");
+    assert!(row["ratio"].as_f64().is_some_and(|r| r > 0.0), "{row}");
+    let m = &v["multi_device"];
+    assert_eq!(
+        m["devices"],
+        serde_json::json!(["opencl:0", "opencl:1"]),
+        "{m}"
+    );
+    assert!(m["bytes_per_step"].as_f64().is_some_and(|b| b > 0.0), "{m}");
+    assert!(
+        m["loss_difference"]
+            .as_f64()
+            .is_some_and(|d| d.abs() < 1e-4),
+        "{m}"
+    );
+}
+
+/// The compute section on `opencl:0`: the GEMM rows of both devices, the train epochs against
+/// `cpu`, the launch of a trivial kernel.
+fn check_device_compute(c: &Value) {
     assert_eq!(c["device"], "opencl:0");
     check_peak_and_gemm(c, &["cpu", "opencl:0"]);
     let train = c["train"].as_array().expect("train rows");

@@ -245,9 +245,15 @@ fn the_page_of_a_training_run_renders_in_a_browser() {
     let html = std::fs::read_to_string(&page.0).unwrap();
     let first = trace_first_device(&trace.0);
     check_page_file(&html, &first);
+    check_runs_clean(&browser, &page.0, &html);
+    check_hover(&browser, &html);
+    check_error_is_seen(&browser, &html);
+    check_screenshot(&browser, &page.0);
+}
 
-    // The script runs without an error, and the drawing is in the DOM the browser built.
-    let dom = run_chromium(&browser, &page.0, &["--dump-dom"]);
+/// The script runs without an error, and the drawing is in the DOM the browser built.
+fn check_runs_clean(browser: &Path, page: &Path, html: &str) {
+    let dom = run_chromium(browser, page, &["--dump-dom"]);
     assert!(
         dom.contains("data-ready=\"1\""),
         "the page's script did not finish"
@@ -267,10 +273,12 @@ fn the_page_of_a_training_run_renders_in_a_browser() {
         dom.matches("class=\"series series-allocated\"").count(),
         html.matches("class=\"series series-allocated\"").count()
     );
+}
 
-    // Hovering: a block's row shows its owner, size and lifetime (and marks the lifetime on
-    // the chart); the chart shows the bytes under the pointer. Mouse events are sent by a
-    // script added to a copy of the page, which writes what the tooltip said into the page.
+/// Hovering: a block's row shows its owner, size and lifetime (and marks the lifetime on the
+/// chart); the chart shows the bytes under the pointer. Mouse events are sent by a script
+/// added to a copy of the page, which writes what the tooltip said into the page.
+fn check_hover(browser: &Path, html: &str) {
     let hover = TempPath::new("memory-page", "hover.html");
     let probe = r##"<script>
 const tip = document.getElementById("tip");
@@ -286,7 +294,7 @@ document.body.dataset.hoverLife = document.querySelector("#chart-0 rect.life").g
 document.body.dataset.hoverChart = move(document.querySelector("#chart-0 rect.hover"), 0.9);
 </script></body>"##;
     std::fs::write(&hover.0, html.replace("</body>", probe)).unwrap();
-    let dom = run_chromium(&browser, &hover.0, &["--dump-dom"]);
+    let dom = run_chromium(browser, &hover.0, &["--dump-dom"]);
     assert!(
         dom.contains("data-errors=\"0\""),
         "errors: {}",
@@ -323,22 +331,26 @@ document.body.dataset.hoverChart = move(document.querySelector("#chart-0 rect.ho
         chart.contains("allocated") && chart.contains("reserved"),
         "{chart}"
     );
+}
 
-    // The same check sees an error when there is one: a page whose script logs one.
+/// The same check sees an error when there is one: a page whose script logs one.
+fn check_error_is_seen(browser: &Path, html: &str) {
     let broken = TempPath::new("memory-page", "broken.html");
     let bad = html.replace("</body>", "<script>console.error('boom')</script></body>");
     std::fs::write(&broken.0, bad).unwrap();
-    let dom = run_chromium(&browser, &broken.0, &["--dump-dom"]);
+    let dom = run_chromium(browser, &broken.0, &["--dump-dom"]);
     assert!(dom.contains("data-errors=\"1\""), "an error was not caught");
     assert!(errors_of(&dom).contains("boom"));
+}
 
-    // The screenshot at 1280x800 shows the charts: the allocated area and the reserved line
-    // in their colours, on a page that is not blank.
+/// The screenshot at 1280x800 shows the charts: the allocated area and the reserved line in
+/// their colours, on a page that is not blank.
+fn check_screenshot(browser: &Path, page: &Path) {
     let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("memory-page.png");
     let _ = std::fs::remove_file(&shot);
     run_chromium(
-        &browser,
-        &page.0,
+        browser,
+        page,
         &[&format!("--screenshot={}", shot.display())],
     );
     let (w, h, px) = decode_png(&std::fs::read(&shot).expect("the screenshot"));

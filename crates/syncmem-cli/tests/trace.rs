@@ -29,9 +29,17 @@ fn record_and_replay(device: &str) {
     assert_eq!(r["file"], f);
     assert_eq!(r["hidden"], 24);
     let s = &r["summary"];
-
-    // The file: one JSON event per line, as many as the summary says.
     let text = std::fs::read_to_string(&file).unwrap();
+    check_trace_file(&text, s, device);
+    let devices = check_recorded_traffic(&r, device);
+    check_replay(f, s, device, devices.len());
+    check_capped_replay(f, device);
+    check_replay_table(f, device);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The file: one JSON event per line, as many as the summary `s` says, each in time order.
+fn check_trace_file(text: &str, s: &Value, device: &str) {
     let lines: Vec<Value> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
@@ -79,6 +87,16 @@ fn record_and_replay(device: &str) {
     let times: Vec<u64> = lines.iter().map(|l| u(&l["t_us"])).collect();
     assert!(times.windows(2).all(|w| w[0] <= w[1]));
     assert!(lines.iter().any(|l| l["step"] == 1), "no step marked");
+    let copy_bytes: u64 = lines
+        .iter()
+        .filter(|l| l["op"] == "copy" && l["direction"] == "host_to_device")
+        .map(|l| u(&l["bytes"]))
+        .sum();
+    assert_eq!(copy_bytes, u(&s["copies"]["host_to_device"]["bytes"]));
+    assert!(lines
+        .iter()
+        .filter(|l| l["op"] == "copy")
+        .all(|l| l["device"] == device));
     // Blocks name their owners: the weights of the second layer are `fc2_w`.
     assert!(
         lines
@@ -86,6 +104,11 @@ fn record_and_replay(device: &str) {
             .any(|l| l["op"] == "alloc" && l["owner"] == "fc2_w"),
         "no block owned by fc2_w"
     );
+}
+
+/// What the run of `record` `r` moved and allocated; returns the devices its trace covers.
+fn check_recorded_traffic<'a>(r: &'a Value, device: &str) -> Vec<&'a str> {
+    let s = &r["summary"];
     // The run uploads its data and parameters and reads back the loss each step (copies, or
     // zero-copy syncs where the device shares host memory); everything it allocates it frees.
     let moved = |d: &str| u(&s["copies"][d]["count"]);
@@ -98,16 +121,6 @@ fn record_and_replay(device: &str) {
     }
     assert!(u(&s["allocs"]) > 0);
     assert_eq!(u(&s["allocs"]), u(&s["frees"]), "{s}");
-    let copy_bytes: u64 = lines
-        .iter()
-        .filter(|l| l["op"] == "copy" && l["direction"] == "host_to_device")
-        .map(|l| u(&l["bytes"]))
-        .sum();
-    assert_eq!(copy_bytes, u(&s["copies"]["host_to_device"]["bytes"]));
-    assert!(lines
-        .iter()
-        .filter(|l| l["op"] == "copy")
-        .all(|l| l["device"] == device));
     let devices: Vec<&str> = r["devices"]
         .as_array()
         .unwrap()
@@ -129,11 +142,15 @@ fn record_and_replay(device: &str) {
         .map(|d| u(&d["summary"]["events"]))
         .sum();
     assert_eq!(per_device, u(&s["events"]));
+    devices
+}
 
-    // Replay on every pool kind.
+/// Replays the file `f` on every pool kind: the same allocations as recorded (summary `s`) on
+/// each, the `none` pool holding exactly what was asked for, the caching pool reusing blocks.
+fn check_replay(f: &str, s: &Value, device: &str, recorded_devices: usize) {
     let v = json(&["trace", "replay", f, "--json"]);
     let rows = v["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 3 * (devices.len() + 1), "{v:#}");
+    assert_eq!(rows.len(), 3 * (recorded_devices + 1), "{v:#}");
     let row = |kind: &str, dev: &str| -> &Value {
         rows.iter()
             .find(|r| r["kind"] == kind && r["device"] == dev)
@@ -163,9 +180,11 @@ fn record_and_replay(device: &str) {
     let caching = row("caching", device);
     assert!(u(&caching["cache_hits"]) > 0, "{caching}");
     assert!(u(&caching["backend_calls"]) < u(&none["backend_calls"]));
+}
 
-    // Under a 4 KiB cap per device pool, the device runs out of memory; the host (where the
-    // run used host mirrors at all) does not.
+/// Under a 4 KiB cap per device pool, the device runs out of memory; the host (where the run
+/// used host mirrors at all) does not.
+fn check_capped_replay(f: &str, device: &str) {
     let v = json(&[
         "trace", "replay", f, "--pool", "binned", "--cap", "4KiB", "--json",
     ]);
@@ -178,8 +197,10 @@ fn record_and_replay(device: &str) {
     if let Some(host_row) = rows.iter().find(|r| r["device"] == "host") {
         assert_eq!(u(&host_row["ooms"]), 0);
     }
+}
 
-    // The text table.
+/// The text table of a replay, with its legend.
+fn check_replay_table(f: &str, device: &str) {
     let out = common::run(&["trace", "replay", f]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
@@ -200,7 +221,6 @@ fn record_and_replay(device: &str) {
     ] {
         assert!(text.contains(needle), "missing {needle:?}:\n{text}");
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

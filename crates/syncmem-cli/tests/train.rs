@@ -28,7 +28,12 @@ fn check_report(r: &Value, device: &str, epochs: usize, shared: bool) {
         "the loss goes down"
     );
 
-    let t = &r["transfers"];
+    check_transfers(&r["transfers"], epochs, shared);
+    check_blobs_and_planning(r, device);
+}
+
+/// Copies during setup and the steps: only the loss and the accuracy come back each step.
+fn check_transfers(t: &Value, epochs: usize, shared: bool) {
     assert_eq!(u(&t["steps"]) as usize, 47 * epochs);
     for key in ["training", "max_step"] {
         assert_eq!(u(&t[key]["host_to_device"]["count"]), 0, "{key}: {t}");
@@ -61,7 +66,10 @@ fn check_report(r: &Value, device: &str, epochs: usize, shared: bool) {
     assert_eq!(u(&pt["device_to_device"]["count"]), 0, "{t}");
     assert_eq!(u(&pt[back]["count"]), steps, "{t}");
     assert_eq!(u(&pt[back]["bytes"]), 8 * steps, "{t}");
+}
 
+/// Where the blobs live, how planning shared their buffers, the device's memory row.
+fn check_blobs_and_planning(r: &Value, device: &str) {
     let blobs = r["blobs"].as_array().expect("blobs array");
     let blob = |name: &str| {
         blobs

@@ -117,36 +117,47 @@ fn size_cell(bytes: u64) -> String {
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let reports = probe();
     if args.json {
-        let mut entries = Vec::new();
-        for r in &reports {
-            match why_none(r) {
-                Some(error) => entries.push(Entry::Unavailable {
-                    backend: r.backend.as_str(),
-                    compiled: r.compiled,
-                    error,
-                }),
-                None => {
-                    if let Ok(list) = &r.devices {
-                        entries.extend(list.iter().map(Entry::device));
-                    }
+        return super::print_json(&json_entries(&reports));
+    }
+    print_table(&reports)
+}
+
+/// The entries of `--json`: every device of every backend, or why a backend has none.
+fn json_entries(reports: &[BackendReport]) -> Vec<Entry> {
+    let mut entries = Vec::new();
+    for r in reports {
+        match why_none(r) {
+            Some(error) => entries.push(Entry::Unavailable {
+                backend: r.backend.as_str(),
+                compiled: r.compiled,
+                error,
+            }),
+            None => {
+                if let Ok(list) = &r.devices {
+                    entries.extend(list.iter().map(Entry::device));
                 }
             }
         }
-        return super::print_json(&entries);
     }
+    entries
+}
 
-    let header = [
-        "BACKEND",
-        "DEVICE",
-        "NAME",
-        "VENDOR",
-        "MEMORY",
-        "MAX ALLOC",
-        "HOST-UNIFIED",
-    ];
+/// Columns of the table.
+const HEADER: [&str; 7] = [
+    "BACKEND",
+    "DEVICE",
+    "NAME",
+    "VENDOR",
+    "MEMORY",
+    "MAX ALLOC",
+    "HOST-UNIFIED",
+];
+
+/// The table: a row per device, then a line per backend without devices saying why.
+fn print_table(reports: &[BackendReport]) -> anyhow::Result<()> {
     let mut rows: Vec<[String; 7]> = Vec::new();
     let mut notes = Vec::new();
-    for r in &reports {
+    for r in reports {
         match why_none(r) {
             Some(why) => notes.push(format!("{}: {why}", r.backend)),
             None => {
@@ -164,34 +175,36 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             }
         }
     }
-    let mut width = header.map(str::len);
+    let mut width = HEADER.map(str::len);
     for row in &rows {
         for (w, cell) in width.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
     }
-    let line = |cells: &[String]| {
-        let mut s = String::new();
-        for (i, (cell, w)) in cells.iter().zip(width).enumerate() {
-            // Byte counts are right-aligned, text left-aligned.
-            let part = if i == 4 || i == 5 {
-                format!("{cell:>w$}")
-            } else {
-                format!("{cell:<w$}")
-            };
-            if i > 0 {
-                s.push_str("  ");
-            }
-            s.push_str(&part);
-        }
-        s.trim_end().to_string()
-    };
-    outln!("{}", line(&header.map(String::from)));
+    outln!("{}", table_line(&HEADER.map(String::from), &width));
     for row in &rows {
-        outln!("{}", line(row));
+        outln!("{}", table_line(row, &width));
     }
     for note in notes {
         outln!("{note}");
     }
     Ok(())
+}
+
+/// One line of the table, each cell padded to its column's width.
+fn table_line(cells: &[String], width: &[usize; 7]) -> String {
+    let mut s = String::new();
+    for (i, (cell, &w)) in cells.iter().zip(width).enumerate() {
+        // Byte counts are right-aligned, text left-aligned.
+        let part = if i == 4 || i == 5 {
+            format!("{cell:>w$}")
+        } else {
+            format!("{cell:<w$}")
+        };
+        if i > 0 {
+            s.push_str("  ");
+        }
+        s.push_str(&part);
+    }
+    s.trim_end().to_string()
 }

@@ -369,6 +369,11 @@ fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
     if args.json {
         return super::print_json(&out);
     }
+    print_replay(&out)
+}
+
+/// The text form of a replay: what was recorded, then a row per device and pool kind.
+fn print_replay(out: &ReplayOutput) -> anyhow::Result<()> {
     let cap = |c: Option<u64>| c.map_or_else(|| "none".to_string(), human_bytes);
     outln!(
         "{}: {} events; cap per device pool {}, per host pool {}",
@@ -380,6 +385,15 @@ fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
     outln!("recorded:");
     print_summaries(&out.summary, &out.devices)?;
     outln!("replayed:");
+    print_replay_rows(&out.rows)?;
+    for line in LEGEND {
+        outln!("{line}");
+    }
+    Ok(())
+}
+
+/// The replay table: a row per device and pool kind, grouped by device.
+fn print_replay_rows(rows: &[Row]) -> anyhow::Result<()> {
     outln!(
         "{:<18} {:>8} {:>13} {:>14} {:>9} {:>14} {:>9} {:>13} {:>10} {:>8} {:>6}",
         "device",
@@ -406,13 +420,13 @@ fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
     );
     // Grouped by device (in the trace's order, total last), the pool kinds together.
     let mut order: Vec<&str> = Vec::new();
-    for r in &out.rows {
+    for r in rows {
         if !order.contains(&r.device.as_str()) {
             order.push(&r.device);
         }
     }
     for device in order {
-        for r in out.rows.iter().filter(|r| r.device == device) {
+        for r in rows.iter().filter(|r| r.device == device) {
             outln!(
                 "{:<18} {:>8} {:>13} {:>14} {:>9.3} {:>14} {:>9.3} {:>13} {:>10} {:>8} {:>6}",
                 r.device,
@@ -428,9 +442,6 @@ fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
                 r.ooms
             );
         }
-    }
-    for line in LEGEND {
-        outln!("{line}");
     }
     Ok(())
 }
