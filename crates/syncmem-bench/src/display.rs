@@ -4,7 +4,8 @@ use std::fmt;
 
 use syncmem::alloc::stats::human_bytes;
 
-use crate::{train_memory, BenchReport};
+use crate::multi::MultiTrainRow;
+use crate::{train_memory, BenchReport, ReplayRow};
 
 /// A duration for the tables: `ns`, `µs`, `ms` or `s` (the JSON output has nanoseconds).
 fn time(ns: f64) -> String {
@@ -61,68 +62,9 @@ impl fmt::Display for BenchReport {
             writeln!(f)?;
         }
         if let Some(m) = &self.multi_device {
-            writeln!(
-                f,
-                "train on {}: epoch {:.2} ms against {:.2} ms on {} alone (ratio {:.3}; no \
-                 speedup expected on a 2-core machine: the figure is the reduction's cost), {} \
-                 between devices per step, final loss {:+.2e} from one device's",
-                m.devices.join(" + "),
-                m.many_ms,
-                m.one_ms,
-                m.devices[0],
-                m.ratio,
-                human_bytes(m.bytes_per_step.round() as u64),
-                m.loss_difference
-            )?;
-            for p in &m.pairs {
-                writeln!(
-                    f,
-                    "  {} -> {} {}: {} copies, {} per step",
-                    p.from,
-                    p.to,
-                    if p.direct { "direct" } else { "via host" },
-                    p.count,
-                    human_bytes(p.bytes)
-                )?;
-            }
-            writeln!(f)?;
+            write_multi_device(f, m)?;
         }
-        writeln!(
-            f,
-            "{:<12} {:<9} {:<8} {:>13} {:>14} {:>9} {:>14} {:>9}  goal",
-            "trace",
-            "pool",
-            "kind",
-            "peak reserved",
-            "peak requested",
-            "reserved/",
-            "peak allocated",
-            "reserved/"
-        )?;
-        writeln!(
-            f,
-            "{:<12} {:<9} {:<8} {:>13} {:>14} {:>9} {:>14} {:>9}",
-            "", "", "", "", "", "requested", "", "allocated"
-        )?;
-        for r in &self.replay {
-            writeln!(
-                f,
-                "{:<12} {:<9} {:<8} {:>13} {:>14} {:>9.3} {:>14} {:>9.3}  {}: {}",
-                r.trace,
-                r.pool,
-                r.kind,
-                human_bytes(r.peak_reserved),
-                human_bytes(r.peak_requested),
-                r.reserved_per_requested,
-                human_bytes(r.peak_allocated),
-                r.overhead,
-                r.goal,
-                if r.goal_met { "met" } else { "NOT met" }
-            )?;
-        }
-        for line in REPLAY_LEGEND {
-            writeln!(f, "{line}")?;
-        }
+        write_replay(f, &self.replay)?;
         for s in &self.skipped {
             writeln!(f, "note: skipped {s}")?;
         }
@@ -139,3 +81,74 @@ const REPLAY_LEGEND: [&str; 5] = [
     "peak allocated: the most bytes of blocks handed out at once (sizes rounded up by the pool)",
     "reserved/allocated: peak reserved / peak allocated (rounding waste does not show here)",
 ];
+
+/// `train` data-parallel on two devices against one, and the copies between them.
+fn write_multi_device(f: &mut fmt::Formatter<'_>, m: &MultiTrainRow) -> fmt::Result {
+    writeln!(
+        f,
+        "train on {}: epoch {:.2} ms against {:.2} ms on {} alone (ratio {:.3}; no \
+         speedup expected on a 2-core machine: the figure is the reduction's cost), {} \
+         between devices per step, final loss {:+.2e} from one device's",
+        m.devices.join(" + "),
+        m.many_ms,
+        m.one_ms,
+        m.devices[0],
+        m.ratio,
+        human_bytes(m.bytes_per_step.round() as u64),
+        m.loss_difference
+    )?;
+    for p in &m.pairs {
+        writeln!(
+            f,
+            "  {} -> {} {}: {} copies, {} per step",
+            p.from,
+            p.to,
+            if p.direct { "direct" } else { "via host" },
+            p.count,
+            human_bytes(p.bytes)
+        )?;
+    }
+    writeln!(f)?;
+    Ok(())
+}
+
+/// The replay table, with its legend.
+fn write_replay(f: &mut fmt::Formatter<'_>, rows: &[ReplayRow]) -> fmt::Result {
+    writeln!(
+        f,
+        "{:<12} {:<9} {:<8} {:>13} {:>14} {:>9} {:>14} {:>9}  goal",
+        "trace",
+        "pool",
+        "kind",
+        "peak reserved",
+        "peak requested",
+        "reserved/",
+        "peak allocated",
+        "reserved/"
+    )?;
+    writeln!(
+        f,
+        "{:<12} {:<9} {:<8} {:>13} {:>14} {:>9} {:>14} {:>9}",
+        "", "", "", "", "", "requested", "", "allocated"
+    )?;
+    for r in rows {
+        writeln!(
+            f,
+            "{:<12} {:<9} {:<8} {:>13} {:>14} {:>9.3} {:>14} {:>9.3}  {}: {}",
+            r.trace,
+            r.pool,
+            r.kind,
+            human_bytes(r.peak_reserved),
+            human_bytes(r.peak_requested),
+            r.reserved_per_requested,
+            human_bytes(r.peak_allocated),
+            r.overhead,
+            r.goal,
+            if r.goal_met { "met" } else { "NOT met" }
+        )?;
+    }
+    for line in REPLAY_LEGEND {
+        writeln!(f, "{line}")?;
+    }
+    Ok(())
+}

@@ -20,6 +20,7 @@ pub mod raw;
 mod rawcl;
 pub mod replay;
 pub mod rows;
+mod runner;
 pub mod threads;
 pub mod train_memory;
 pub mod user;
@@ -27,10 +28,9 @@ pub mod zero_copy;
 
 use serde::Serialize;
 
-use syncmem::{Device, Result};
+use syncmem::Result;
 
 pub use replay::ReplayRow;
-use rows::Runs;
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -239,19 +239,6 @@ pub(crate) fn size_name(bytes: usize) -> String {
     }
 }
 
-/// Reports the steps of [`run`].
-struct Progress<'a> {
-    step: usize,
-    progress: &'a mut dyn FnMut(usize, &str),
-}
-
-impl Progress<'_> {
-    fn next(&mut self) {
-        (self.progress)(self.step, STEPS[self.step]);
-        self.step += 1;
-    }
-}
-
 /// Runs every comparison; `progress(step, name)` is called before each of the
 /// [`step_count`] steps.
 ///
@@ -259,265 +246,14 @@ impl Progress<'_> {
 /// [`syncmem::Error::InvalidDeviceSpec`] when `opts.device` names no device; errors of the host
 /// rows and the replays (device errors skip the device rows with a note).
 pub fn run(opts: &BenchOptions, progress: &mut dyn FnMut(usize, &str)) -> Result<BenchReport> {
-    // A string that names no device is the caller's mistake; a device that is absent (or whose
-    // backend is missing) skips its rows with a note.
-    let spec: syncmem::DeviceSpec = opts.device.parse()?;
-    let samples = if opts.quick { 5 } else { 21 };
-    let few = if opts.quick { 3 } else { 7 };
-    let small = Runs {
-        samples,
-        batch: if opts.quick { 200 } else { 1000 },
-    };
-    let medium = Runs { samples, batch: 10 };
-    let large = Runs {
-        samples: few,
-        batch: 1,
-    };
-    // Calls per thread of a sample of the rows with threads.
-    let threaded = Runs {
-        samples,
-        batch: if opts.quick { 20_000 } else { 100_000 },
-    };
-    let mut rows = Vec::new();
-    let mut skipped = Vec::new();
-    let mut p = Progress { step: 0, progress };
-    p.next();
-    rows.push(
-        rows::host_pool_row("host pool 4 KiB", 4 * KIB, 64, false, small)?
-            .with_goal(HOST_SMALL_GOAL),
-    );
-    p.next();
-    rows.push(rows::host_pool_row(
-        "host pool 4 KiB vs malloc",
-        4 * KIB,
-        16,
-        false,
-        small,
-    )?);
-    p.next();
-    rows.push(rows::host_pool_row(
-        "host pool 1 MiB",
-        MIB,
-        64,
-        false,
-        medium,
-    )?);
-    p.next();
-    rows.push(rows::host_pool_row(
-        "host pool 64 MiB",
-        64 * MIB,
-        64,
-        false,
-        medium,
-    )?);
-    p.next();
-    rows.push(rows::host_pool_row(
-        "host pool 64 MiB touched",
-        64 * MIB,
-        64,
-        true,
-        large,
-    )?);
-    p.next();
-    rows.extend(threads::host_pool_rows(threaded)?);
-    let device_rows = |dev: &Device, rows: &mut Vec<Row>, p: &mut Progress| -> Result<()> {
-        for bytes in [4 * KIB, 64 * MIB] {
-            p.next();
-            rows.push(rows::device_pool_row(dev, bytes, true, medium)?.with_goal(DEVICE_RAW_GOAL));
-            p.next();
-            rows.push(rows::device_pool_row(dev, bytes, false, medium)?);
-        }
-        for pinned in [false, true] {
-            p.next();
-            rows.push(
-                rows::round_trip_row(dev, 64 * MIB, pinned, large)?.with_goal(ROUND_TRIP_GOAL),
-            );
-        }
-        p.next();
-        rows.extend(threads::device_pool_rows(dev, threaded)?);
-        Ok(())
-    };
-    // The device rows are the next 7 steps, whether they run or not.
-    let after_device = p.step + 7;
-    let dev = Device::open_spec(spec);
-    match &dev {
-        Ok(d) => {
-            if let Err(e) = device_rows(d, &mut rows, &mut p) {
-                skipped.push(format!("device rows on {}: {e}", opts.device));
-            }
-        }
-        Err(e) => skipped.push(format!(
-            "device pool, round trip and user kernel rows ({spec}): {e}"
-        )),
-    }
-    while p.step < after_device {
-        p.next();
-    }
-    p.next();
-    rows.push(rows::host_read_row(Runs {
-        samples,
-        batch: if opts.quick { 10_000 } else { 100_000 },
-    })?);
-    let zero_copy_rows = |d: &Device, rows: &mut Vec<Row>, p: &mut Progress| -> Result<()> {
-        p.next();
-        rows.extend(zero_copy::vs_copies_row(d, 64 * MIB, large)?);
-        p.next();
-        rows.extend(zero_copy::vs_raw_map_row(d, 64 * MIB, large)?);
-        p.next();
-        rows.push(zero_copy::live_buffers_row(d, small)?);
-        Ok(())
-    };
-    let zero_copy_end = p.step + 3;
-    if let Ok(d) = &dev {
-        if let Err(e) = zero_copy_rows(d, &mut rows, &mut p) {
-            skipped.push(format!("zero-copy rows on {}: {e}", opts.device));
-        }
-    }
-    while p.step < zero_copy_end {
-        p.next();
-    }
-    p.next();
-    // Without the device, the note above covers these rows too.
-    if let Ok(d) = &dev {
-        match user::launch_row(d, small) {
-            Ok(r) => rows.push(r),
-            Err(e) => skipped.push(format!("user kernel launch row on {}: {e}", opts.device)),
-        }
-    }
-    p.next();
-    if let Ok(d) = &dev {
-        match user::epoch_rows(d, opts.quick) {
-            Ok(r) => rows.extend(r),
-            Err(e) => skipped.push(format!("LeakyRelu epoch rows on {}: {e}", opts.device)),
-        }
-    }
-    // The train rows run on the device and, where it is another, on `cpu`.
-    let mut train_devices = vec![Device::cpu()];
-    if let Ok(d) = &dev {
-        if d.backend() != syncmem::BackendKind::Cpu {
-            train_devices.insert(0, d.clone());
-        }
-    }
-    let mut train_memory = Vec::new();
-    p.next();
-    for d in &train_devices {
-        match train_memory::zero_copy_rows(d, opts.quick) {
-            Ok(Some((row, table))) => {
-                rows.push(row);
-                train_memory.extend(table);
-            }
-            Ok(None) => skipped.push(format!(
-                "train zero-copy rows on {}: its memory is not host memory",
-                d.label()
-            )),
-            Err(e) => skipped.push(format!("train zero-copy rows on {}: {e}", d.label())),
-        }
-    }
-    p.next();
-    for d in &train_devices {
-        match train_memory::memory_cap_rows(d, opts.quick) {
-            Ok((row, table)) => {
-                rows.push(row);
-                train_memory.extend(table);
-            }
-            Err(e) => skipped.push(format!("train memory cap rows on {}: {e}", d.label())),
-        }
-    }
-    // Two devices: the bench device and the next one of its backend.
-    let second = dev.as_ref().ok().and_then(multi::second_device);
-    p.next();
-    match (&dev, &second) {
-        (Ok(a), Some(b)) => match multi::copy_row(a, b, 64 * MIB, large) {
-            Ok(r) => rows.push(r),
-            Err(e) => skipped.push(format!("device to device row: {e}")),
-        },
-        // There is one `cpu` device: nothing to say on it; an absent device has its note.
-        (Ok(a), None) if a.backend() == syncmem::BackendKind::Cpu => {}
-        (Err(_), _) => {}
-        (Ok(_), None) => skipped.push(format!(
-            "device to device and two-device train rows: no second device of {}'s backend \
-             (with PoCL, POCL_DEVICES=\"pthread pthread\" gives two)",
-            opts.device
-        )),
-    }
-    p.next();
-    let mut multi_device = None;
-    if let (Ok(a), Some(b)) = (&dev, &second) {
-        match multi::train_row(&[a.clone(), b.clone()], opts.quick) {
-            Ok(r) => multi_device = Some(r),
-            Err(e) => skipped.push(format!("two-device train row: {e}")),
-        }
-    }
-    p.next();
-    if let Ok(d) = &dev {
-        for h in [64, 1024] {
-            let runs = Runs {
-                samples: few,
-                batch: if h >= 1024 { 2 } else { 20 },
-            };
-            match floor::step_row(d, h, runs) {
-                Ok(r) => rows.extend(r),
-                Err(e) => skipped.push(format!("train step vs raw row on {}: {e}", opts.device)),
-            }
-        }
-    }
-    let mut replay = Vec::new();
-    for (name, text) in replay::TRACES {
-        p.next();
-        replay.extend(replay::replay_rows(name, text)?);
-    }
-    let mut notes: Vec<String> = BASELINES.iter().map(|s| s.to_string()).collect();
-    let device_miss = rows
-        .iter()
-        .any(|r| r.name.starts_with("device pool") && r.goal_met == Some(false));
-    if device_miss {
-        notes.push(DEVICE_VIEW_NOTE.to_string());
-    }
-    p.next();
-    let mut heap = Vec::new();
-    match opts.heap_allocations {
-        Some(count) => {
-            let mut devices = vec![Device::cpu()];
-            if let Ok(d) = &dev {
-                if d.backend() != syncmem::BackendKind::Cpu {
-                    devices.push(d.clone());
-                }
-            }
-            for d in devices {
-                match heap::heap_row(&d, count) {
-                    Ok(r) => heap.push(r),
-                    Err(e) => skipped.push(format!("heap row on {}: {e}", d.label())),
-                }
-            }
-        }
-        None => skipped.push(
-            "heap allocation rows: no allocation counter (the syncmem binary counts them)"
-                .to_string(),
-        ),
-    }
-    let mut step = p.step;
-    let compute = compute::run(dev.as_ref().ok(), &opts.device, opts.quick, &mut |name| {
-        (p.progress)(step, name);
-        step += 1;
-    })?;
-    Ok(BenchReport {
-        device: opts.device.clone(),
-        quick: opts.quick,
-        rows,
-        replay,
-        notes,
-        skipped,
-        train_memory,
-        multi_device,
-        compute,
-        heap,
-    })
+    runner::run(opts, progress)
 }
 
 #[cfg(test)]
 mod tests {
     use super::display::goal_text;
     use super::*;
+    use syncmem::Device;
 
     #[test]
     fn a_string_that_names_no_device_is_an_error() {
