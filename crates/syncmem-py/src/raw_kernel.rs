@@ -245,6 +245,35 @@ enum Taken<'a> {
 }
 
 impl PyRawKernel {
+    /// Each tensor argument has the element type its pointer parameter declares (where the
+    /// source declares one) and no writable view.
+    fn check_tensors(&self, name: &str, given: &[Given]) -> PyResult<()> {
+        let declared = self.kernel.declared_params(self.backend);
+        for (i, g) in given.iter().enumerate() {
+            let Given::Tensor(b, tensor) = g else {
+                continue;
+            };
+            let b = b.read_recursive();
+            let t = b.get::<Tensor>().or_raise()?;
+            let want = declared.as_ref().and_then(|d| pointee(d.get(i)?));
+            if let (Some(want), Some(have)) = (want, t.dtype()) {
+                if want != have {
+                    return Err(to_py(Error::KernelArgument {
+                        kernel: name.to_string(),
+                        index: Some(i),
+                        reason: format!(
+                            "tensor {tensor:?} is {}, the kernel's pointer points to {}",
+                            have.name(),
+                            want.name()
+                        ),
+                    }));
+                }
+            }
+            views::check_no_writable_view(t, &format!("tensor {tensor:?}"))?;
+        }
+        Ok(())
+    }
+
     /// True when parameter `i` only reads its buffer.
     fn reads_only(&self, params: Option<&[KernelParam]>, i: usize) -> bool {
         match params.and_then(|p| p.get(i)) {
@@ -348,6 +377,28 @@ fn unreachable_lock<T>() -> syncmem::Result<T> {
     })
 }
 
+/// The device a launch runs on: the first tensor argument's.
+fn launch_device(name: &str, given: &[Given]) -> PyResult<Device> {
+    given
+        .iter()
+        .find_map(|g| match g {
+            Given::Tensor(b, _) => Some(
+                b.read_recursive()
+                    .get::<Tensor>()
+                    .map(|t| t.target().cloned()),
+            ),
+            _ => None,
+        })
+        .transpose()
+        .or_raise()?
+        .flatten()
+        .ok_or_else(|| {
+            DeviceError::new_err(format!(
+                "kernel {name:?}: no argument is a tensor on a device to launch on"
+            ))
+        })
+}
+
 #[pymethods]
 impl PyRawKernel {
     #[new]
@@ -422,26 +473,7 @@ impl PyRawKernel {
                     crate::reentry::check(b, false, &what(tensor))?;
                 }
             }
-            // The device: the first tensor's.
-            let dev = given
-                .iter()
-                .find_map(|g| match g {
-                    Given::Tensor(b, _) => Some(
-                        b.read_recursive()
-                            .get::<Tensor>()
-                            .map(|t| t.target().cloned()),
-                    ),
-                    _ => None,
-                })
-                .transpose()
-                .or_raise()?
-                .flatten()
-                .ok_or_else(|| {
-                    DeviceError::new_err(format!(
-                        "kernel {name:?}: no argument is a tensor on a device to launch on"
-                    ))
-                })?;
-            let dev = remember(dev);
+            let dev = remember(launch_device(&name, &given)?);
             let params = self.kernel.params(&dev).or_raise()?;
             let params = params.as_deref();
             let mut scalars = Vec::with_capacity(given.len());
@@ -458,32 +490,7 @@ impl PyRawKernel {
                 }
             }
             views::device_section(
-                || {
-                    let declared = self.kernel.declared_params(self.backend);
-                    for (i, g) in given.iter().enumerate() {
-                        if let Given::Tensor(b, tensor) = g {
-                            let b = b.read_recursive();
-                            let t = b.get::<Tensor>().or_raise()?;
-                            let want = declared.as_ref().and_then(|d| pointee(d.get(i)?));
-                            if let (Some(want), Some(have)) = (want, t.dtype()) {
-                                if want != have {
-                                    return Err(to_py(Error::KernelArgument {
-                                        kernel: name.clone(),
-                                        index: Some(i),
-                                        reason: format!(
-                                            "tensor {tensor:?} is {}, the kernel's pointer \
-                                             points to {}",
-                                            have.name(),
-                                            want.name()
-                                        ),
-                                    }));
-                                }
-                            }
-                            views::check_no_writable_view(t, &format!("tensor {tensor:?}"))?;
-                        }
-                    }
-                    Ok(())
-                },
+                || self.check_tensors(&name, &given),
                 || self.launch(&dev, grid, &given, &scalars, &reads).or_raise(),
             )
         })

@@ -117,10 +117,7 @@ struct Entry {
 /// operator running now) is listed with its name as `label`, its owner and `busy`: true only.
 #[pyfunction]
 pub fn memory_snapshot(py: Python<'_>) -> PyResult<Vec<Py<PyDict>>> {
-    let mut entries: Vec<Entry> = Vec::new();
-    let mut by_key: HashMap<usize, usize> = HashMap::new();
-    // (device, label) of the device mirrors accounted for, to subtract from the registry.
-    let mut mirrors: HashMap<(String, String), usize> = HashMap::new();
+    let mut snap = Snapshot::default();
     for (ws_name, ws) in workspace::live() {
         for blob in ws.local_blobs() {
             let Some(b) = ws.try_get_blob(&blob) else {
@@ -130,101 +127,132 @@ pub fn memory_snapshot(py: Python<'_>) -> PyResult<Vec<Py<PyDict>>> {
             // Never waits for a blob: one locked for writing (a running operator's output,
             // possibly that of the operator calling this) is listed as busy.
             let Some(b) = b.try_read_recursive() else {
-                let d = PyDict::new(py);
-                d.set_item("label", &blob)?;
-                d.set_item("busy", true)?;
-                entries.push(Entry {
-                    owners: vec![owner],
-                    dict: d.unbind(),
-                });
+                snap.add_busy(py, &blob, owner)?;
                 continue;
             };
-            let Ok(t) = b.get::<Tensor>() else {
-                continue;
-            };
-            let Some(mem) = t.synced() else {
-                continue;
-            };
-            let k = views::key(mem);
-            if let Some(&i) = by_key.get(&k) {
-                entries[i].owners.push(owner);
-                continue;
+            if let Ok(t) = b.get::<Tensor>() {
+                snap.add_tensor(py, t, owner)?;
             }
-            let d = PyDict::new(py);
-            d.set_item("label", mem.label())?;
-            d.set_item("busy", false)?;
-            d.set_item("device", t.target().map(|x| x.label().to_string()))?;
-            d.set_item("dtype", t.dtype().map(dtypes::name))?;
-            d.set_item("shape", t.dims().to_vec())?;
-            d.set_item("nbytes", t.nbytes())?;
-            d.set_item("capacity_bytes", mem.len())?;
-            d.set_item("head", mem.head().as_str())?;
-            d.set_item("host_allocated", mem.host_allocated())?;
-            d.set_item("device_allocated", mem.device_allocated())?;
-            let (ro, rw) = views::view_counts(mem);
-            let v = PyDict::new(py);
-            v.set_item("read_only", ro)?;
-            v.set_item("writable", rw)?;
-            d.set_item("views", v)?;
-            if mem.device_allocated() {
-                if let Some(dev) = t.target() {
-                    *mirrors
-                        .entry((dev.label().to_string(), mem.label().to_string()))
-                        .or_insert(0) += 1;
-                }
-            }
-            by_key.insert(k, entries.len());
-            entries.push(Entry {
-                owners: vec![owner],
-                dict: d.unbind(),
-            });
         }
     }
-    for (k, e) in views::live_views() {
-        if by_key.contains_key(&k) {
-            continue;
-        }
-        let d = PyDict::new(py);
-        d.set_item("label", &e.label)?;
-        d.set_item("device", &e.device)?;
-        d.set_item("capacity_bytes", e.bytes)?;
-        let v = PyDict::new(py);
-        v.set_item("read_only", e.read_only)?;
-        v.set_item("writable", e.writable)?;
-        d.set_item("views", v)?;
-        entries.push(Entry {
-            owners: vec!["host view".to_string()],
-            dict: d.unbind(),
-        });
-    }
-    for dev in opened() {
-        for b in dev.live_buffers() {
-            let key = (dev.label().to_string(), b.label.clone());
-            if let Some(n) = mirrors.get_mut(&key) {
-                if *n > 0 {
-                    *n -= 1;
-                    continue;
-                }
-            }
-            let d = PyDict::new(py);
-            d.set_item("label", &b.label)?;
-            d.set_item("device", dev.label())?;
-            d.set_item("capacity_bytes", b.bytes)?;
-            d.set_item("head", b.head.map(|h| h.as_str()))?;
-            d.set_item("device_allocated", true)?;
-            entries.push(Entry {
-                owners: Vec::new(),
-                dict: d.unbind(),
-            });
-        }
-    }
-    entries
+    snap.add_host_views(py)?;
+    snap.add_unnamed_mirrors(py)?;
+    snap.entries
         .into_iter()
         .map(|e| {
             e.dict.bind(py).set_item("owners", e.owners)?;
             Ok(e.dict)
         })
         .collect()
+}
+
+/// The buffers of [`memory_snapshot`] so far.
+#[derive(Default)]
+struct Snapshot {
+    entries: Vec<Entry>,
+    /// The entry of each buffer listed (by [`views::key`]).
+    by_key: HashMap<usize, usize>,
+    /// (device, label) of the device mirrors accounted for, to subtract from the registry.
+    mirrors: HashMap<(String, String), usize>,
+}
+
+impl Snapshot {
+    fn push(&mut self, owners: Vec<String>, dict: Bound<'_, PyDict>) {
+        self.entries.push(Entry {
+            owners,
+            dict: dict.unbind(),
+        });
+    }
+
+    /// A blob locked for writing: its name and owner only.
+    fn add_busy(&mut self, py: Python<'_>, blob: &str, owner: String) -> PyResult<()> {
+        let d = PyDict::new(py);
+        d.set_item("label", blob)?;
+        d.set_item("busy", true)?;
+        self.push(vec![owner], d);
+        Ok(())
+    }
+
+    /// The buffer of tensor `t`, or one more owner of a buffer already listed.
+    fn add_tensor(&mut self, py: Python<'_>, t: &Tensor, owner: String) -> PyResult<()> {
+        let Some(mem) = t.synced() else {
+            return Ok(());
+        };
+        let k = views::key(mem);
+        if let Some(&i) = self.by_key.get(&k) {
+            self.entries[i].owners.push(owner);
+            return Ok(());
+        }
+        let d = PyDict::new(py);
+        d.set_item("label", mem.label())?;
+        d.set_item("busy", false)?;
+        d.set_item("device", t.target().map(|x| x.label().to_string()))?;
+        d.set_item("dtype", t.dtype().map(dtypes::name))?;
+        d.set_item("shape", t.dims().to_vec())?;
+        d.set_item("nbytes", t.nbytes())?;
+        d.set_item("capacity_bytes", mem.len())?;
+        d.set_item("head", mem.head().as_str())?;
+        d.set_item("host_allocated", mem.host_allocated())?;
+        d.set_item("device_allocated", mem.device_allocated())?;
+        let (ro, rw) = views::view_counts(mem);
+        let v = PyDict::new(py);
+        v.set_item("read_only", ro)?;
+        v.set_item("writable", rw)?;
+        d.set_item("views", v)?;
+        if mem.device_allocated() {
+            if let Some(dev) = t.target() {
+                *self
+                    .mirrors
+                    .entry((dev.label().to_string(), mem.label().to_string()))
+                    .or_insert(0) += 1;
+            }
+        }
+        self.by_key.insert(k, self.entries.len());
+        self.push(vec![owner], d);
+        Ok(())
+    }
+
+    /// Buffers kept alive only by host views.
+    fn add_host_views(&mut self, py: Python<'_>) -> PyResult<()> {
+        for (k, e) in views::live_views() {
+            if self.by_key.contains_key(&k) {
+                continue;
+            }
+            let d = PyDict::new(py);
+            d.set_item("label", &e.label)?;
+            d.set_item("device", &e.device)?;
+            d.set_item("capacity_bytes", e.bytes)?;
+            let v = PyDict::new(py);
+            v.set_item("read_only", e.read_only)?;
+            v.set_item("writable", e.writable)?;
+            d.set_item("views", v)?;
+            self.push(vec!["host view".to_string()], d);
+        }
+        Ok(())
+    }
+
+    /// Device mirrors that no workspace names (those of the tensors listed are subtracted).
+    fn add_unnamed_mirrors(&mut self, py: Python<'_>) -> PyResult<()> {
+        for dev in opened() {
+            for b in dev.live_buffers() {
+                let key = (dev.label().to_string(), b.label.clone());
+                if let Some(n) = self.mirrors.get_mut(&key) {
+                    if *n > 0 {
+                        *n -= 1;
+                        continue;
+                    }
+                }
+                let d = PyDict::new(py);
+                d.set_item("label", &b.label)?;
+                d.set_item("device", dev.label())?;
+                d.set_item("capacity_bytes", b.bytes)?;
+                d.set_item("head", b.head.map(|h| h.as_str()))?;
+                d.set_item("device_allocated", true)?;
+                self.push(Vec::new(), d);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Every block of every pool, as `torch.cuda.memory._snapshot()` lists them: `{"pools":

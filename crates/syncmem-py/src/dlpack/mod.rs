@@ -329,29 +329,9 @@ pub fn export<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let what = t.what();
     let dev = t.read(py, |x| Ok(x.target().cloned()))?;
-    let (device_type, device_id) = device_of(dev.as_ref());
     let copied = copy == Some(true);
-    // A device tensor asked for on the host with copy=True: a host copy (DLPack lets a
-    // producer copy across devices when asked to copy).
-    let to_host = copied && device_type != KDL_CPU && dl_device == Some((KDL_CPU, 0));
-    if let Some(req) = dl_device {
-        if req != (device_type, device_id) && !to_host {
-            let hint = if device_type != KDL_CPU && req == (KDL_CPU, 0) {
-                " without copying (copy=True gives a host copy)"
-            } else {
-                ""
-            };
-            return Err(PyBufferError::new_err(format!(
-                "{what} is on ({device_type}, {device_id}) in DLPack's terms; it cannot be \
-                 exported to device {req:?}{hint}"
-            )));
-        }
-    }
-    let (device_type, device_id) = if to_host {
-        (KDL_CPU, 0)
-    } else {
-        (device_type, device_id)
-    };
+    let (device_type, device_id, to_host) =
+        export_device(&what, device_of(dev.as_ref()), dl_device, copied)?;
     let (keep, data, dtype, dims) = if device_type != KDL_CPU {
         let dev = dev.ok_or_else(|| DeviceError::new_err(format!("{what}: no device")))?;
         let sync = !stream.is_some_and(|s| s.extract::<i64>().is_ok_and(|v| v == -1));
@@ -359,20 +339,7 @@ pub fn export<'py>(
         let data = keep._buf.native_address().unwrap_or(0) as *mut c_void;
         (Keep::Device(keep), data, dtype, dims)
     } else {
-        let view = if to_host {
-            py.detach(|| host_copy(t, &what))?
-        } else if copied {
-            let blob = &t.blob;
-            let w = what.clone();
-            py.detach(move || -> PyResult<HostView> {
-                let b = crate::reentry::read(blob, &w)?;
-                let src = b.get::<Tensor>().or_raise()?;
-                let c = src.clone_deep().or_raise()?;
-                HostView::read_only(&c, &w)
-            })?
-        } else {
-            py.detach(|| HostView::of_blob(&t.blob, &what, true))?
-        };
+        let view = host_export(py, t, &what, to_host, copied)?;
         let (data, dtype, dims) = (view.ptr().cast(), view.dtype(), view.dims().to_vec());
         (Keep::Host(view), data, dtype, dims)
     };
@@ -400,6 +367,72 @@ pub fn export<'py>(
         };
         (new_export(managed, shape, keep), LEGACY)
     };
+    into_capsule(py, ptr, name, versioned)
+}
+
+/// The DLPack device an export of a tensor on `(device_type, device_id)` goes to, and whether
+/// it is a host copy of a device tensor: a device tensor asked for on the host with
+/// `copy=True` (DLPack lets a producer copy across devices when asked to copy). Any other
+/// device than the tensor's own is refused.
+fn export_device(
+    what: &str,
+    (device_type, device_id): (i32, i32),
+    dl_device: Option<(i32, i32)>,
+    copied: bool,
+) -> PyResult<(i32, i32, bool)> {
+    let to_host = copied && device_type != KDL_CPU && dl_device == Some((KDL_CPU, 0));
+    if let Some(req) = dl_device {
+        if req != (device_type, device_id) && !to_host {
+            let hint = if device_type != KDL_CPU && req == (KDL_CPU, 0) {
+                " without copying (copy=True gives a host copy)"
+            } else {
+                ""
+            };
+            return Err(PyBufferError::new_err(format!(
+                "{what} is on ({device_type}, {device_id}) in DLPack's terms; it cannot be \
+                 exported to device {req:?}{hint}"
+            )));
+        }
+    }
+    Ok(if to_host {
+        (KDL_CPU, 0, true)
+    } else {
+        (device_type, device_id, false)
+    })
+}
+
+/// The host memory of a host export: the tensor's host mirror, a deep copy of it (`copied`),
+/// or a host copy of a device tensor (`to_host`).
+fn host_export(
+    py: Python<'_>,
+    t: &PyTensor,
+    what: &str,
+    to_host: bool,
+    copied: bool,
+) -> PyResult<HostView> {
+    if to_host {
+        py.detach(|| host_copy(t, what))
+    } else if copied {
+        let blob = &t.blob;
+        py.detach(move || -> PyResult<HostView> {
+            let b = crate::reentry::read(blob, what)?;
+            let src = b.get::<Tensor>().or_raise()?;
+            let c = src.clone_deep().or_raise()?;
+            HostView::read_only(&c, what)
+        })
+    } else {
+        py.detach(|| HostView::of_blob(&t.blob, what, true))
+    }
+}
+
+/// The capsule named `name` of the export `ptr` (made by [`new_export`]), which shares the
+/// export with the DLPack consumer.
+fn into_capsule<'py>(
+    py: Python<'py>,
+    ptr: *mut c_void,
+    name: &'static CStr,
+    versioned: bool,
+) -> PyResult<Bound<'py, PyAny>> {
     let share = Box::into_raw(Box::new(CapsuleShare {
         export: ptr,
         versioned,
