@@ -3,7 +3,7 @@
 //! that gives the same predictions.
 //!
 //! ```sh
-//! cargo run -p syncmem-nn --example workspace_net             # first OpenCL device, else cpu
+//! cargo run -p syncmem-nn --example workspace_net             # first accelerator, else cpu
 //! cargo run -p syncmem-nn --example workspace_net -- cpu      # or opencl:0, cuda:0
 //! ```
 //!
@@ -13,17 +13,15 @@
 
 use syncmem::net::{NetDef, NetOptions};
 use syncmem::ops::OperatorDef;
-use syncmem::{BackendKind, Device, Tensor, Workspace};
+use syncmem::{Device, Tensor, Workspace};
 
 /// The device named by the first argument (`cpu`, `opencl:0`, `cuda:0`), else the first
-/// OpenCL device, else the cpu (host memory standing in for device memory).
+/// accelerator (an OpenCL device, else a CUDA one), else the cpu (host memory standing in for
+/// device memory).
 fn pick_device() -> syncmem::Result<Device> {
     match std::env::args().nth(1) {
         Some(spec) => Device::open(&spec),
-        None => Ok(Device::all(BackendKind::OpenCl)
-            .ok()
-            .and_then(|list| list.into_iter().next())
-            .unwrap_or_else(Device::cpu)),
+        None => Ok(Device::first_accelerator().unwrap_or_else(Device::cpu)),
     }
 }
 

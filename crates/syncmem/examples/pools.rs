@@ -1,7 +1,7 @@
 //! Choosing and configuring a device pool, and reading its statistics.
 //!
 //! ```sh
-//! cargo run -p syncmem --example pools             # first OpenCL device, else cpu
+//! cargo run -p syncmem --example pools             # first accelerator, else cpu
 //! cargo run -p syncmem --example pools -- cpu      # or opencl:0, cuda:0
 //! ```
 //!
@@ -15,17 +15,15 @@
 
 use syncmem::alloc::pool::MemoryCap;
 use syncmem::alloc::stats::human_bytes;
-use syncmem::{BackendKind, Device, PoolConfig, PoolKind, PoolStats, SyncedMemory};
+use syncmem::{Device, PoolConfig, PoolKind, PoolStats, SyncedMemory};
 
 /// The device named by the first argument (`cpu`, `opencl:0`, `cuda:0`), else the first
-/// OpenCL device, else the cpu (host memory standing in for device memory).
+/// accelerator (an OpenCL device, else a CUDA one), else the cpu (host memory standing in for
+/// device memory).
 fn pick_device() -> syncmem::Result<Device> {
     match std::env::args().nth(1) {
         Some(spec) => Device::open(&spec),
-        None => Ok(Device::all(BackendKind::OpenCl)
-            .ok()
-            .and_then(|list| list.into_iter().next())
-            .unwrap_or_else(Device::cpu)),
+        None => Ok(Device::first_accelerator().unwrap_or_else(Device::cpu)),
     }
 }
 

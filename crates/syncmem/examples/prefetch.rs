@@ -3,7 +3,7 @@
 //! `async_gpu_push`, plus the way back).
 //!
 //! ```sh
-//! cargo run -p syncmem --example prefetch             # first OpenCL device, else cpu
+//! cargo run -p syncmem --example prefetch             # first accelerator, else cpu
 //! cargo run -p syncmem --example prefetch -- cpu      # or opencl:0, cuda:0
 //! ```
 //!
@@ -16,17 +16,15 @@
 //! copies a discrete GPU makes.
 
 use syncmem::synced::PendingKind;
-use syncmem::{BackendKind, Device, Head, SyncedMemory, ZeroCopy};
+use syncmem::{Device, Head, SyncedMemory, ZeroCopy};
 
 /// The device named by the first argument (`cpu`, `opencl:0`, `cuda:0`), else the first
-/// OpenCL device, else the cpu (host memory standing in for device memory).
+/// accelerator (an OpenCL device, else a CUDA one), else the cpu (host memory standing in for
+/// device memory).
 fn pick_device() -> syncmem::Result<Device> {
     match std::env::args().nth(1) {
         Some(spec) => Device::open(&spec),
-        None => Ok(Device::all(BackendKind::OpenCl)
-            .ok()
-            .and_then(|list| list.into_iter().next())
-            .unwrap_or_else(Device::cpu)),
+        None => Ok(Device::first_accelerator().unwrap_or_else(Device::cpu)),
     }
 }
 

@@ -2,7 +2,7 @@
 //! `SyncedMemory` sequence, with the copies each step makes printed and checked.
 //!
 //! ```sh
-//! cargo run -p syncmem --example quick_start             # first OpenCL device, else cpu
+//! cargo run -p syncmem --example quick_start             # first accelerator, else cpu
 //! cargo run -p syncmem --example quick_start -- cpu      # or opencl:0, cuda:0
 //! ```
 //!
@@ -14,17 +14,15 @@
 //! The table is walked twice: with two mirrors (zero-copy off, as on a discrete GPU), then,
 //! where the device's memory is host memory, on one shared allocation that copies nothing.
 
-use syncmem::{BackendKind, Device, Head, SyncedMemory, ZeroCopy};
+use syncmem::{Device, Head, SyncedMemory, ZeroCopy};
 
 /// The device named by the first argument (`cpu`, `opencl:0`, `cuda:0`), else the first
-/// OpenCL device, else the cpu (host memory standing in for device memory).
+/// accelerator (an OpenCL device, else a CUDA one), else the cpu (host memory standing in for
+/// device memory).
 fn pick_device() -> syncmem::Result<Device> {
     match std::env::args().nth(1) {
         Some(spec) => Device::open(&spec),
-        None => Ok(Device::all(BackendKind::OpenCl)
-            .ok()
-            .and_then(|list| list.into_iter().next())
-            .unwrap_or_else(Device::cpu)),
+        None => Ok(Device::first_accelerator().unwrap_or_else(Device::cpu)),
     }
 }
 
