@@ -6,7 +6,7 @@
 //! reference: the loss within 1e-5, and the weights after the update.
 //!
 //! ```sh
-//! cargo run -p syncmem-nn --example custom_operator             # first OpenCL device, else cpu
+//! cargo run -p syncmem-nn --example custom_operator             # first accelerator, else cpu
 //! cargo run -p syncmem-nn --example custom_operator -- cpu      # or opencl:0, cuda:0
 //! ```
 
@@ -14,19 +14,16 @@
 mod leaky_relu;
 
 use syncmem::net::NetDef;
-use syncmem::{BackendKind, Device, Workspace};
+use syncmem::{Device, Workspace};
 use syncmem_nn::mlp::{Dataset, Mlp, MlpNets};
 use syncmem_nn::train::{TrainConfig, Trainer};
 
 /// The device named by the first argument (`cpu`, `opencl:0`, `cuda:0`), else the first
-/// OpenCL device, else the cpu.
+/// accelerator (an OpenCL device, else a CUDA one), else the cpu.
 fn pick_device() -> syncmem::Result<Device> {
     match std::env::args().nth(1) {
         Some(spec) => Device::open(&spec),
-        None => Ok(Device::all(BackendKind::OpenCl)
-            .ok()
-            .and_then(|list| list.into_iter().next())
-            .unwrap_or_else(Device::cpu)),
+        None => Ok(Device::first_accelerator().unwrap_or_else(Device::cpu)),
     }
 }
 
