@@ -258,6 +258,46 @@ fn fraction_caps_resolve_against_total_memory(dev: &Device) {
     assert!(matches!(e, Error::InvalidConfig { .. }), "{e}");
 }
 
+/// A setting given after the buffer's device mirror exists and while a pin lives (a label
+/// given late) leaves the buffer as it was: its data, copy counts and pin, and its one place
+/// in the out-of-memory path, which names it by its new label.
+fn settings_given_late_keep_the_buffer(dev: &Device) {
+    let d = capped(dev, 32 * MIB);
+    let m = SyncedMemory::new(BUF, &d).with_label("before");
+    m.host_mut().unwrap().fill(5);
+    drop(m.device().unwrap());
+    let pin = m.pin_placement();
+    let m = m.with_label("after").with_pinned_host(false);
+    assert_eq!(m.label(), "after");
+    assert_eq!((m.placement_pins(), m.head()), (1, Head::Synced));
+    assert_eq!(m.copy_stats().host_to_device.count, 1);
+    let other = SyncedMemory::new(BUF, &d).with_label("other");
+    let held = other.device_mut().unwrap();
+    // Pinned, the clean mirror may not go: the allocation fails, naming both holders once.
+    let e = SyncedMemory::new(BUF, &d);
+    let err = e.device_mut().unwrap_err();
+    let mut holders: Vec<String> = err
+        .oom_report()
+        .unwrap()
+        .holders
+        .iter()
+        .map(|h| h.0.clone())
+        .collect();
+    holders.sort();
+    assert_eq!(holders, ["after", "other"], "{err}");
+    drop(pin);
+    assert_eq!(m.placement_pins(), 0);
+    e.device_mut().unwrap().fill(7).unwrap();
+    assert!(
+        !m.device_allocated(),
+        "unpinned, the clean mirror was dropped"
+    );
+    assert_eq!(d.pool_stats().unwrap().evictions, 1);
+    assert!(m.host().unwrap().iter().all(|&b| b == 5));
+    assert_eq!(m.head(), Head::AtHost);
+    drop(held);
+}
+
 fn threads_under_pressure_neither_deadlock_nor_lose_data(dev: &Device) {
     let d = capped(dev, 24 * MIB);
     std::thread::scope(|s| {
@@ -296,5 +336,6 @@ syncmem::for_each_device!(
     cached_blocks_go_before_mirrors,
     direct_allocations_share_the_cap,
     fraction_caps_resolve_against_total_memory,
+    settings_given_late_keep_the_buffer,
     threads_under_pressure_neither_deadlock_nor_lose_data,
 );

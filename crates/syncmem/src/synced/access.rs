@@ -28,10 +28,10 @@ impl SyncedMemory {
         let lock = self.lock_read(tensor)?;
         // Fast path: the host mirror is current and nothing is in flight (no state to change).
         if let Some(ptr) = self.shared.core.current_host() {
-            return Ok(HostRead::new(lock, ptr, self.size));
+            return Ok(HostRead::new(lock, ptr, self.len()));
         }
         let ptr = self.prepare_host(Access::HostRead, false)?;
-        Ok(HostRead::new(lock, ptr, self.size))
+        Ok(HostRead::new(lock, ptr, self.len()))
     }
 
     /// Host write access (Caffe's `mutable_cpu_data`): head becomes [`Head::AtHost`].
@@ -62,7 +62,7 @@ impl SyncedMemory {
     ) -> Result<HostWrite<'_>> {
         let lock = self.lock_write(tensor)?;
         let ptr = self.prepare_host(Access::HostWrite, overwrite)?;
-        Ok(HostWrite::new(lock, ptr, self.size))
+        Ok(HostWrite::new(lock, ptr, self.len()))
     }
 
     /// Device read access (Caffe's `gpu_data`). From the head at host, copies host to device.
@@ -123,10 +123,10 @@ impl SyncedMemory {
             .map(ReadHeld::new)
             .ok_or_else(|| self.busy("a write guard is alive"))?;
         if let Some(ptr) = self.shared.core.current_host() {
-            return Ok(HostRead::new(lock, ptr, self.size));
+            return Ok(HostRead::new(lock, ptr, self.len()));
         }
         let ptr = self.prepare_host(Access::HostRead, false)?;
-        Ok(HostRead::new(lock, ptr, self.size))
+        Ok(HostRead::new(lock, ptr, self.len()))
     }
 
     /// As [`SyncedMemory::host_mut`], but [`Error::Busy`] instead of waiting for other guards.
@@ -141,7 +141,7 @@ impl SyncedMemory {
             .map(WriteHeld::new)
             .ok_or_else(|| self.busy("another guard is alive"))?;
         let ptr = self.prepare_host(Access::HostWrite, false)?;
-        Ok(HostWrite::new(lock, ptr, self.size))
+        Ok(HostWrite::new(lock, ptr, self.len()))
     }
 
     /// As [`SyncedMemory::device`], but [`Error::Busy`] instead of waiting for a writer.

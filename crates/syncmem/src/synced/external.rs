@@ -3,8 +3,8 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::state::{Place, Valid};
-use super::{HostMem, SyncedMemory};
+use super::state::Place;
+use super::{DevMirror, HostMem, SyncedMemory};
 use crate::device::DeviceBuffer;
 use crate::error::{Error, Result};
 
@@ -53,7 +53,7 @@ impl SyncedMemory {
         self.check_len("set_host_ptr", len)?;
         let ptr = NonNull::new(ptr).ok_or_else(|| Error::InvalidState {
             op: "set_host_ptr",
-            buffer: self.label.to_string(),
+            buffer: self.label().to_string(),
             reason: "null pointer".into(),
         })?;
         self.adopt_host(HostMem::External { ptr, _owner: None })
@@ -69,7 +69,7 @@ impl SyncedMemory {
     /// a guard of the buffer, or while its placement is pinned
     /// ([`SyncedMemory::pin_placement`]).
     pub fn set_device_data(&self, buf: DeviceBuffer) -> Result<()> {
-        let dev = self.device.as_ref().ok_or_else(|| self.no_device())?;
+        let dev = self.target().ok_or_else(|| self.no_device())?;
         if !buf.device().same(dev) {
             return Err(Error::DeviceMismatch {
                 op: "set_device_data",
@@ -81,13 +81,17 @@ impl SyncedMemory {
         let _lock = self.lock_write(None)?;
         self.refuse_if_pinned()?;
         let mut core = self.shared.core.lock();
-        self.finish_pending(&mut core)?;
+        core.coh.finish_pending()?;
         // Shared memory goes with the old device mirror: the adopted buffer holds the data now.
         self.unshare(&mut core)?;
-        core.release_device(self.device.as_ref());
-        core.dev = Some(Arc::new(buf));
-        core.dev_owned = false;
-        core.valid = Valid::only(Place::Device);
+        core.release_device(self.target());
+        core.dev = Some(DevMirror {
+            buf: Arc::new(buf),
+            owned: false,
+            exposed: false,
+            reg: None,
+        });
+        core.coh.wrote(Place::Device);
         Ok(())
     }
 
@@ -103,26 +107,21 @@ impl SyncedMemory {
         let _lock = self.lock_write(None)?;
         self.refuse_if_pinned()?;
         let mut core = self.shared.core.lock();
-        self.finish_pending(&mut core)?;
-        if core.dev_owned || core.dev.is_none() {
+        core.coh.finish_pending()?;
+        if core.dev_owned() || core.dev.is_none() {
             return Ok(None);
         }
-        let Some(arc) = core.dev.take() else {
+        let Some(mirror) = core.dev.take() else {
             return Ok(None);
         };
         // The access lock is held exclusively and no guard exists, so this is the only Arc.
-        let buf = Arc::try_unwrap(arc).map_err(|_| Error::InvalidState {
+        let buf = Arc::try_unwrap(mirror.buf).map_err(|_| Error::InvalidState {
             op: "take_device_data",
-            buffer: self.label.to_string(),
+            buffer: self.label().to_string(),
             reason: "device mirror still referenced".into(),
         })?;
-        // Replicas on other devices keep theirs.
-        core.valid = if core.valid.has(Place::Host) {
-            Valid::only(Place::Host)
-        } else {
-            Valid::NONE
-        }
-        .keep_remote(core.valid);
+        // The host keeps its data if it was current, and so do replicas on other devices.
+        core.coh.device_lost();
         Ok(Some(buf))
     }
 }

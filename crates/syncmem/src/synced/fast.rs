@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
+use super::state::Place;
 use super::{Core, HostMem};
 
 /// The state of a buffer behind its lock, and the published host pointer.
@@ -99,8 +100,8 @@ impl Core {
     /// for shared memory that must be mapped first: see [`super::shared`]).
     fn current_host(&self) -> *mut u8 {
         let ready = self.zc.is_none_or(|z| z.host_ready());
-        match (&self.host, &self.pending) {
-            (Some(h), None) if ready && self.valid.has(super::state::Place::Host) => {
+        match &self.host {
+            Some(h) if ready && self.coh.pending().is_none() && self.coh.has(Place::Host) => {
                 HostMem::ptr(h)
             }
             _ => ptr::null_mut(),

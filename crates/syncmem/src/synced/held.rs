@@ -380,7 +380,7 @@ impl SyncedMemory {
     #[inline]
     pub(super) fn lock_read(&self, tensor: Option<&str>) -> Result<ReadHeld<'_, ()>> {
         read_lock(&self.shared.access, |h| {
-            self_deadlock(tensor, &self.label, h)
+            self_deadlock(tensor, self.label(), h)
         })
     }
 
@@ -388,7 +388,7 @@ impl SyncedMemory {
     #[inline]
     pub(super) fn lock_write(&self, tensor: Option<&str>) -> Result<WriteHeld<'_, ()>> {
         write_lock(&self.shared.access, |h| {
-            self_deadlock(tensor, &self.label, h)
+            self_deadlock(tensor, self.label(), h)
         })
     }
 

@@ -69,7 +69,6 @@
 //! When the device runs out of memory, clean device mirrors (head [`Head::Synced`]) of buffers
 //! not in use are dropped (head becomes [`Head::AtHost`]; the next device access uploads again).
 //! Dirty data (head [`Head::AtDevice`]) is never dropped.
-
 //!
 //! # Replicas on other devices
 //!
@@ -107,18 +106,18 @@ pub use state::{Head, PendingKind};
 
 use std::fmt;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 
 use fast::CoreCell;
 
 use crate::alloc::pool::HostAllocation;
 use crate::alloc::stats::{CopyCounters, CopyStats};
-use crate::device::{Device, DeviceBuffer, PinnedBuffer, Point, Stream};
+use crate::device::{Device, DeviceBuffer, PinnedBuffer, Stream};
 use crate::error::{checked_mul, Error, Result};
-use state::{Pending, Valid};
+use state::Coherence;
 
 /// The host mirror.
 enum HostMem {
@@ -154,95 +153,104 @@ impl HostMem {
     }
 }
 
-struct Core {
-    valid: Valid,
-    host: Option<HostMem>,
-    dev: Option<Arc<DeviceBuffer>>,
-    dev_owned: bool,
+/// The device mirror, and what the buffer knows of it.
+struct DevMirror {
+    buf: Arc<DeviceBuffer>,
+    /// Allocated by this buffer from the device's pool (not adopted).
+    owned: bool,
     /// A device guard was handed out since the mirror was allocated: work may be queued on it.
-    dev_exposed: bool,
+    exposed: bool,
     /// Id in the device's registry of evictable mirrors.
-    dev_reg: Option<u64>,
-    pending: Option<Pending>,
-    /// The newest queued copy that reads the host mirror (the upload behind a device access):
-    /// whatever writes, replaces or frees the host mirror waits for it first. Host reads do
-    /// not.
-    host_busy: Option<Point>,
+    reg: Option<u64>,
+}
+
+/// The state of a buffer, behind its state lock: where the newest data is (the head, and
+/// every change of it: [`Coherence`]) and the memory that holds it.
+#[derive(Default)]
+struct Core {
+    coh: Coherence,
+    host: Option<HostMem>,
+    dev: Option<DevMirror>,
     /// Host and device share the device mirror's memory (zero-copy, see [`shared`]).
     zc: Option<shared::ZeroCopyState>,
-    /// The device mirror was written back to the host to make room (see [`spill`]): the next
-    /// upload brings it back, and counts as a refill.
-    spilled: bool,
     /// Replicas on other devices (see [`replica`]).
     remote: Vec<replica::Remote>,
 }
 
 impl Core {
-    /// Caffe's head, counting a transfer in flight as done.
-    fn head(&self) -> Head {
-        let mut valid = self.valid;
-        if let Some(place) = self.pending.as_ref().and_then(|p| p.kind.lands_on()) {
-            valid = valid.with(place);
-        }
-        valid.head()
+    /// The device mirror's memory, if it exists.
+    fn dev_buf(&self) -> Option<Arc<DeviceBuffer>> {
+        self.dev.as_ref().map(|d| d.buf.clone())
     }
 
-    /// Waits for the work in flight and takes its result into the valid set.
-    ///
-    /// The work is settled either way: when the wait fails (the copy or the work before its
-    /// event failed), its destination is *not* marked valid, so the next access that needs it
-    /// copies again, and the error is returned (once).
-    /// Waits for the queued copy that reads the host mirror, if any (before the host mirror is
-    /// written, replaced or freed).
-    ///
-    /// # Errors
-    /// The copy's error (it failed: the device mirror it was filling is not current).
-    fn release_host(&mut self) -> Result<()> {
-        let Some(p) = self.host_busy.take() else {
-            return Ok(());
-        };
-        p.wait().inspect_err(|_| {
-            // The upload did not land: only the host holds the data (a device write since
-            // would have made the host stale, and then nothing is valid any more).
-            self.valid = if self.valid.has(state::Place::Host) {
-                Valid::only(state::Place::Host)
-            } else {
-                Valid::NONE
-            }
-            .keep_remote(self.valid);
-        })
+    /// The device mirror exists and this buffer allocated it (not adopted).
+    fn dev_owned(&self) -> bool {
+        self.dev.as_ref().is_some_and(|d| d.owned)
     }
 
-    fn finish_pending(&mut self) -> Result<()> {
-        if let Some(p) = self.pending.take() {
-            p.point.wait()?;
-            if let Some(place) = p.kind.lands_on() {
-                self.valid = self.valid.with(place);
-            }
-        }
-        Ok(())
+    /// The host mirror's start, if it exists.
+    fn host_ptr(&self) -> Option<*mut u8> {
+        self.host.as_ref().map(HostMem::ptr)
     }
 }
 
-/// The part of a buffer the device's out-of-memory path reaches through a weak reference.
+/// What a buffer is and how it behaves: set while it is built (the `with_*` methods), the same
+/// for the rest of its life. The one record of each: the buffer's accessors, its transitions
+/// and the device's out-of-memory path all read it here.
+#[derive(Clone)]
+struct Settings {
+    /// Names the buffer in errors, and its blocks in the pools' snapshots.
+    label: Arc<str>,
+    size: usize,
+    device: Option<Device>,
+    /// The buffer's stream (`None`: the device's default stream).
+    stream: Option<Stream>,
+    /// Host mirrors come from the device's pinned pool ([`SyncedMemory::with_pinned_host`]).
+    pinned_host: bool,
+    /// The buffer may share memory with its device (zero-copy) where the device allows it.
+    zero_copy: bool,
+}
+
+/// The part of a buffer the device's out-of-memory path reaches through a weak reference (and
+/// its pins through a strong one).
 pub(crate) struct Shared {
+    settings: Settings,
     access: RwLock<()>,
     core: CoreCell,
-    label: Mutex<String>,
-    device: Option<Device>,
-    size: usize,
     /// Copies made by the buffer's transitions (and spills, refills, zero-copy syncs).
-    copies: CopyCounters,
-    /// Host mirrors come from the device's pinned pool ([`SyncedMemory::with_pinned_host`]).
-    pinned_host: AtomicBool,
-    /// The buffer's stream, for a spill ([`SyncedMemory::with_stream`]; `None`: the device's
-    /// default stream).
-    stream: Mutex<Option<Stream>>,
+    copies: Arc<CopyCounters>,
     /// When the device mirror was last used (a tick of [`spill::tick`]): spills go least
     /// recently used first.
     last_use: AtomicU64,
     /// Live [`PlacementPin`]s: while any lives, no mirror moves (see [`pin`]).
-    pins: std::sync::atomic::AtomicUsize,
+    pins: Arc<AtomicUsize>,
+}
+
+impl Shared {
+    fn new(settings: Settings) -> Self {
+        Self {
+            settings,
+            access: RwLock::new(()),
+            core: CoreCell::new(Core::default()),
+            copies: Arc::new(CopyCounters::new()),
+            last_use: AtomicU64::new(0),
+            pins: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// A new shared part that takes over this one's state, counters and pins, leaving this
+    /// one empty (what the out-of-memory path or a pin still reaches of it holds no memory).
+    fn take_over(&self) -> Shared {
+        let core = std::mem::take(&mut *self.core.lock());
+        Shared {
+            settings: self.settings.clone(),
+            access: RwLock::new(()),
+            core: CoreCell::new(core),
+            copies: self.copies.clone(),
+            last_use: AtomicU64::new(self.last_use.load(Ordering::Relaxed)),
+            pins: self.pins.clone(),
+        }
+    }
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
@@ -252,14 +260,6 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 /// `Send + Sync`: share it with `&` or `Arc` across threads; readers run concurrently, writers
 /// exclusively. See the [module docs](self) for the access rules.
 pub struct SyncedMemory {
-    /// Shared with the pools, which keep it with the blocks of the mirrors (snapshots).
-    label: Arc<str>,
-    size: usize,
-    device: Option<Device>,
-    stream: Option<Stream>,
-    pinned_host: bool,
-    /// The buffer may share memory with its device (zero-copy) where the device allows it.
-    zero_copy: bool,
     shared: Arc<Shared>,
 }
 
@@ -289,56 +289,50 @@ impl SyncedMemory {
 
     fn build(size: usize, device: Option<Device>) -> Self {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let label: Arc<str> = format!("synced#{id}").into();
-        Self {
-            shared: Arc::new(Shared {
-                access: RwLock::new(()),
-                core: CoreCell::new(Core {
-                    valid: Valid::NONE,
-                    host: None,
-                    dev: None,
-                    dev_owned: false,
-                    dev_exposed: false,
-                    dev_reg: None,
-                    pending: None,
-                    host_busy: None,
-                    zc: None,
-                    spilled: false,
-                    remote: Vec::new(),
-                }),
-                label: Mutex::new(label.to_string()),
-                device: device.clone(),
-                size,
-                copies: CopyCounters::new(),
-                pinned_host: AtomicBool::new(false),
-                stream: Mutex::new(None),
-                last_use: AtomicU64::new(0),
-                pins: std::sync::atomic::AtomicUsize::new(0),
-            }),
-            label,
+        let settings = Settings {
+            label: format!("synced#{id}").into(),
             size,
             device,
             stream: None,
             pinned_host: false,
             zero_copy: true,
+        };
+        Self {
+            shared: Arc::new(Shared::new(settings)),
         }
+    }
+
+    /// Changes the settings of the buffer being built. Once a device mirror or a pin exists,
+    /// the device's out-of-memory path or the pin share the settings: a new shared part then
+    /// takes the buffer's state over, with the new settings, and the mirror is registered for
+    /// eviction anew.
+    fn configure(mut self, change: impl FnOnce(&mut Settings)) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            change(&mut shared.settings);
+            return self;
+        }
+        let mut next = self.shared.take_over();
+        change(&mut next.settings);
+        self.shared = Arc::new(next);
+        self.register_again();
+        self
+    }
+
+    fn settings(&self) -> &Settings {
+        &self.shared.settings
     }
 
     /// Names the buffer in errors and reports (e.g. the blob name), and the blocks its mirrors
     /// get from the pools, in memory snapshots (mirrors allocated before keep the old name).
-    pub fn with_label(mut self, label: impl Into<String>) -> Self {
-        let label: String = label.into();
-        self.label = label.as_str().into();
-        *self.shared.label.lock() = label;
-        self
+    pub fn with_label(self, label: impl Into<String>) -> Self {
+        let label: Arc<str> = label.into().into();
+        self.configure(|s| s.label = label)
     }
 
     /// Allocates the host mirror as pinned memory of the device (faster copies), instead of
     /// ordinary host memory. A policy per buffer: other host allocations are unaffected.
-    pub fn with_pinned_host(mut self, pinned: bool) -> Self {
-        self.pinned_host = pinned;
-        self.shared.pinned_host.store(pinned, Ordering::Relaxed);
-        self
+    pub fn with_pinned_host(self, pinned: bool) -> Self {
+        self.configure(|s| s.pinned_host = pinned)
     }
 
     /// Whether this buffer may share one allocation with its device where the device's memory
@@ -346,9 +340,8 @@ impl SyncedMemory {
     /// follows the device's setting, `false` keeps two mirrors and copies between them. Takes
     /// effect at the next allocation of the device mirror. A buffer with a pinned host mirror
     /// ([`SyncedMemory::with_pinned_host`]) keeps two mirrors.
-    pub fn with_zero_copy(mut self, zero_copy: bool) -> Self {
-        self.zero_copy = zero_copy;
-        self
+    pub fn with_zero_copy(self, zero_copy: bool) -> Self {
+        self.configure(|s| s.zero_copy = zero_copy)
     }
 
     /// How the host and the device share this buffer's memory, or `None` while it has two
@@ -362,8 +355,8 @@ impl SyncedMemory {
     /// # Errors
     /// [`Error::DeviceMismatch`] when the stream belongs to another device, [`Error::NoDevice`]
     /// for a host-only buffer.
-    pub fn with_stream(mut self, stream: &Stream) -> Result<Self> {
-        let dev = self.device.as_ref().ok_or_else(|| self.no_device())?;
+    pub fn with_stream(self, stream: &Stream) -> Result<Self> {
+        let dev = self.target().ok_or_else(|| self.no_device())?;
         if !stream.device().same(dev) {
             return Err(Error::DeviceMismatch {
                 op: "SyncedMemory::with_stream",
@@ -371,35 +364,34 @@ impl SyncedMemory {
                 actual: stream.device().label().to_string(),
             });
         }
-        self.stream = Some(stream.clone());
-        *self.shared.stream.lock() = Some(stream.clone());
-        Ok(self)
+        let stream = stream.clone();
+        Ok(self.configure(|s| s.stream = Some(stream)))
     }
 
     /// Size in bytes, fixed at construction.
     pub fn len(&self) -> usize {
-        self.size
+        self.settings().size
     }
 
     /// True when the size is 0.
     pub fn is_empty(&self) -> bool {
-        self.size == 0
+        self.len() == 0
     }
 
     /// The label used in errors.
     pub fn label(&self) -> &str {
-        &self.label
+        &self.settings().label
     }
 
     /// The device this buffer mirrors to, if any.
     pub fn target(&self) -> Option<&Device> {
-        self.device.as_ref()
+        self.settings().device.as_ref()
     }
 
     /// Which mirror holds the newest data. A transfer in flight counts as done (as in Caffe):
     /// an access that needs its data waits for it. See [`SyncedMemory::pending`].
     pub fn head(&self) -> Head {
-        self.shared.core.lock().head()
+        self.shared.core.lock().coh.head()
     }
 
     /// The transfer or device work in flight, if any (completed work is settled first).
@@ -409,7 +401,7 @@ impl SyncedMemory {
     pub fn pending(&self) -> Result<Option<PendingKind>> {
         let mut core = self.shared.core.lock();
         self.settle_if_complete(&mut core)?;
-        Ok(core.pending.as_ref().map(|p| p.kind))
+        Ok(core.coh.pending().map(|p| p.kind))
     }
 
     /// Blocks until any transfer or device work in flight is done: a transfer or announced work
@@ -421,9 +413,9 @@ impl SyncedMemory {
     /// A backend error from the work waited for.
     pub fn wait(&self) -> Result<()> {
         let mut core = self.shared.core.lock();
-        self.finish_pending(&mut core)?;
+        core.coh.finish_pending()?;
         if let Some(dev) = &core.dev {
-            dev.wait_uses()?;
+            dev.buf.wait_uses()?;
         }
         core.wait_remotes()
     }
@@ -453,8 +445,7 @@ impl SyncedMemory {
 
     /// True when the device mirror is owned by this buffer (not adopted).
     pub fn owns_device(&self) -> bool {
-        let core = self.shared.core.lock();
-        core.dev.is_some() && core.dev_owned
+        self.shared.core.lock().dev_owned()
     }
 }
 
@@ -462,20 +453,15 @@ impl Drop for SyncedMemory {
     fn drop(&mut self) {
         let mut core = self.shared.core.lock();
         // A transfer in flight still uses the mirrors: wait before freeing them.
-        if let Some(p) = core.pending.take() {
-            let _ = p.point.wait();
-        }
-        let _ = core.release_host();
+        core.coh.abandon_pending();
+        let _ = core.coh.release_host();
         if core.zc.is_some_and(|z| z.mapped.is_some()) {
             // The mapping goes before the memory does (the pool hands the block out again).
-            if let (Ok(stream), Some(dev)) = (self.pick_stream(None), core.dev.clone()) {
-                let _ = stream.unmap(
-                    &dev,
-                    core.host.as_ref().map_or(ptr::null_mut(), HostMem::ptr),
-                );
+            if let (Ok(stream), Some(dev)) = (self.pick_stream(None), core.dev_buf()) {
+                let _ = stream.unmap(&dev, core.host_ptr().unwrap_or(ptr::null_mut()));
             }
         }
-        core.release_device(self.device.as_ref());
+        core.release_device(self.target());
         core.host = None;
     }
 }
@@ -483,12 +469,9 @@ impl Drop for SyncedMemory {
 impl fmt::Debug for SyncedMemory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SyncedMemory")
-            .field("label", &self.label)
-            .field("size", &self.size)
-            .field(
-                "device",
-                &self.device.as_ref().map(|d| d.label().to_string()),
-            )
+            .field("label", &self.label())
+            .field("size", &self.len())
+            .field("device", &self.target().map(|d| d.label().to_string()))
             .field("head", &self.head())
             .finish()
     }

@@ -86,7 +86,7 @@ impl Drop for PlacementPin {
 impl std::fmt::Debug for PlacementPin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PlacementPin")
-            .field("buffer", &*self.shared.label.lock())
+            .field("buffer", &&*self.shared.settings.label)
             .field("pins", &self.shared.pins.load(Ordering::Relaxed))
             .finish()
     }

@@ -2,8 +2,8 @@
 //! with.
 
 use super::shared::{Mapping, ZeroCopyState};
-use super::state::{Access, Pending, Place};
-use super::{HostMem, PendingKind, SyncedMemory};
+use super::state::{Access, Place};
+use super::{PendingKind, SyncedMemory};
 use crate::alloc::stats::Direction;
 use crate::device::{Event, MapAccess, Stream, ZeroCopyProtocol};
 use crate::error::Result;
@@ -32,10 +32,10 @@ impl SyncedMemory {
         self.settle(&mut core, Access::DeviceRead)?;
         // Only replicas on other devices are current: the data comes back first (blocking).
         self.pull_if_elsewhere(&mut core)?;
-        if core.valid.has(Place::Device) {
+        if core.coh.has(Place::Device) {
             return Ok(None);
         }
-        if core.valid.is_empty() {
+        if core.coh.is_fresh() {
             return Err(self.uninit("prefetch_to_device"));
         }
         let stream = self.pick_stream(stream)?;
@@ -45,32 +45,22 @@ impl SyncedMemory {
         if core.zc.is_some() {
             // Shared memory (a spilled buffer's data moved in while allocating, if it was one):
             // nothing to copy, nothing queued but an unmap where the device needs one.
-            if !core.valid.has(Place::Device) {
+            if !core.coh.has(Place::Device) {
                 self.shared_device(&mut core, Access::DeviceRead, false, &stream)?;
             }
             return Ok(None);
         }
-        let src = core
-            .host
-            .as_ref()
-            .map(HostMem::ptr)
-            .ok_or_else(|| self.no_host())?;
+        let src = core.host_ptr().ok_or_else(|| self.no_host())?;
         // SAFETY: `src` is the host mirror, valid for `size` bytes. It stays alive and
         // unmodified until the event completes: it is freed or replaced only under the exclusive
         // lock after `finish_pending`, and host writes conflict with `ToDevice` and wait.
-        unsafe { stream.write_raw(&dev, 0, src, self.size, false)? };
+        unsafe { stream.write_raw(&dev, 0, src, self.len(), false)? };
         // The event first, then the point after it: an access that waits for the transfer
         // waits for the event too, so the event a caller holds is complete once it returns.
         let event = stream.record()?;
         let point = stream.point_now();
         self.count(Direction::HostToDevice);
-        core.pending = point.map(|point| Pending {
-            kind: PendingKind::ToDevice,
-            point,
-        });
-        if core.pending.is_none() {
-            core.valid = core.valid.with(Place::Device);
-        }
+        core.coh.queued(PendingKind::ToDevice, point);
         Ok(Some(event))
     }
 
@@ -89,14 +79,14 @@ impl SyncedMemory {
         self.settle(&mut core, Access::HostRead)?;
         // Only replicas on other devices are current: the data comes back first (blocking).
         self.pull_if_elsewhere(&mut core)?;
-        if core.valid.has(Place::Host) {
+        if core.coh.has(Place::Host) {
             return Ok(None);
         }
-        if core.valid.is_empty() {
+        if core.coh.is_fresh() {
             return Err(self.uninit("prefetch_to_host"));
         }
         let stream = self.pick_stream(stream)?;
-        if let (Some(state), Some(dev)) = (core.zc, core.dev.clone()) {
+        if let (Some(state), Some(dev)) = (core.zc, core.dev_buf()) {
             // Shared memory: the host side is current once the last device writer is done (and,
             // where the device needs it, the buffer is mapped). Nothing is copied.
             let point = match state.protocol {
@@ -112,35 +102,21 @@ impl SyncedMemory {
                 }
             };
             self.count_on(&stream, Direction::Mapped);
-            match point {
-                Some(point) => {
-                    core.pending = Some(Pending {
-                        kind: PendingKind::ToHost,
-                        point,
-                    })
-                }
-                None => core.valid = core.valid.with(Place::Host),
-            }
+            core.coh.queued(PendingKind::ToHost, point);
             return Ok(None);
         }
         let dst = self.ensure_host_alloc(&mut core, false)?;
-        let dev = core.dev.clone().ok_or_else(|| self.no_device())?;
+        let dev = core.dev_buf().ok_or_else(|| self.no_device())?;
         // SAFETY: `dst` is the host mirror, valid for `size` bytes; the host is not valid, so no
         // host guard reads it, and host accesses conflict with `ToHost` and wait for the event.
         // The mirror is freed or replaced only after `finish_pending`.
-        unsafe { stream.read_raw(&dev, 0, dst, self.size, false)? };
+        unsafe { stream.read_raw(&dev, 0, dst, self.len(), false)? };
         // The event first, then the point after it: an access that waits for the transfer
         // waits for the event too, so the event a caller holds is complete once it returns.
         let event = stream.record()?;
         let point = stream.point_now();
         self.count(Direction::DeviceToHost);
-        core.pending = point.map(|point| Pending {
-            kind: PendingKind::ToHost,
-            point,
-        });
-        if core.pending.is_none() {
-            core.valid = core.valid.with(Place::Host);
-        }
+        core.coh.queued(PendingKind::ToHost, point);
         Ok(Some(event))
     }
 }

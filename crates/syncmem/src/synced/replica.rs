@@ -23,7 +23,7 @@
 
 use std::sync::Arc;
 
-use super::state::{Access, Place, Valid};
+use super::state::{Access, Place};
 use super::{Core, DeviceRead, DeviceWrite, SyncedMemory};
 use crate::alloc::pairs;
 use crate::alloc::stats::Direction;
@@ -45,7 +45,7 @@ impl Core {
     /// Forgets replicas marked current when the valid set says none is: a write elsewhere
     /// cleared [`Place::Remote`] without visiting them.
     fn reconcile_remotes(&mut self) {
-        if !self.valid.has(Place::Remote) {
+        if !self.coh.has(Place::Remote) {
             for r in &mut self.remote {
                 r.current = false;
             }
@@ -65,7 +65,7 @@ impl Core {
     }
 
     fn current_remote(&self) -> Option<usize> {
-        if !self.valid.has(Place::Remote) {
+        if !self.coh.has(Place::Remote) {
             return None;
         }
         self.remote.iter().position(|r| r.current)
@@ -136,7 +136,7 @@ impl SyncedMemory {
     }
 
     fn is_home(&self, device: &Device) -> bool {
-        self.device.as_ref().is_some_and(|d| d.same(device))
+        self.target().is_some_and(|d| d.same(device))
     }
 
     /// Readies the replica on `device` for `access` and returns it with the stream of its
@@ -151,26 +151,26 @@ impl SyncedMemory {
         let mut core = self.shared.core.lock();
         // Work in flight on the home mirrors is settled first: a copy from them needs it done,
         // and a write here must not race a transfer that lands later.
-        self.finish_pending(&mut core)?;
+        core.coh.finish_pending()?;
         core.reconcile_remotes();
         let i = self.remote_index(&mut core, device, &stream)?;
         let write = access == Access::DeviceWrite;
         if !core.remote[i].current && !overwrite {
-            if core.valid.is_empty() {
+            if core.coh.is_fresh() {
                 // Never written: the replica reads zeros, as a fresh mirror does.
                 let buf = core.remote[i].buf.clone();
-                stream.fill_raw(&buf, 0, self.size, 0)?;
+                stream.fill_raw(&buf, 0, self.len(), 0)?;
             } else {
                 self.fill_remote(&mut core, i, &stream)?;
             }
             core.remote[i].current = true;
-            core.valid = core.valid.with(Place::Remote);
+            core.coh.arrived(Place::Remote);
         }
         if write {
             for (j, r) in core.remote.iter_mut().enumerate() {
                 r.current = j == i;
             }
-            core.valid = Valid::only(Place::Remote);
+            core.coh.wrote(Place::Remote);
         }
         let buf = core.remote[i].buf.clone();
         buf.order_before(&stream, write)?;
@@ -182,7 +182,7 @@ impl SyncedMemory {
         if let Some(i) = core.remote.iter().position(|r| r.device.same(device)) {
             return Ok(i);
         }
-        let buf = DeviceBuffer::pooled(device, self.size, stream, Some(&self.label))
+        let buf = DeviceBuffer::pooled(device, self.len(), stream, Some(&self.settings().label))
             .map_err(|e| self.named(e))?;
         core.remote.push(Remote {
             device: device.clone(),
@@ -199,8 +199,8 @@ impl SyncedMemory {
         let dst = core.remote[i].buf.clone();
         let dst_dev = core.remote[i].device.clone();
         // A current device copy reachable with one command: the home mirror, then replicas.
-        let home = match (&self.device, &core.dev) {
-            (Some(d), Some(b)) if core.valid.has(Place::Device) => Some((d.clone(), b.clone())),
+        let home = match (self.target(), core.dev_buf()) {
+            (Some(d), Some(b)) if core.coh.has(Place::Device) => Some((d.clone(), b)),
             _ => None,
         };
         let remotes = core
@@ -213,7 +213,7 @@ impl SyncedMemory {
             .chain(remotes)
             .find(|(d, _)| dst_dev.copies_directly_from(d));
         if let Some((src_dev, src)) = direct {
-            let from_home = core.dev.as_ref().is_some_and(|b| Arc::ptr_eq(b, &src));
+            let from_home = core.dev.as_ref().is_some_and(|d| Arc::ptr_eq(&d.buf, &src));
             // The stream of the source's guards.
             let src_stream = if from_home {
                 self.pick_stream(None)?
@@ -226,26 +226,26 @@ impl SyncedMemory {
                 self.shared_device(core, Access::DeviceRead, false, &src_stream)?;
             }
             after_native_work(&src, &src_stream, stream)?;
-            stream.copy_raw(&src, 0, &dst, 0, self.size)?;
+            stream.copy_raw(&src, 0, &dst, 0, self.len())?;
             self.count(Direction::DeviceToDevice);
-            pairs::record(src_dev.label(), dst_dev.label(), true, self.size);
+            pairs::record(src_dev.label(), dst_dev.label(), true, self.len());
             return Ok(());
         }
         // Through the host: from the device that holds the data, then to this one.
-        let from = if core.valid.has(Place::Host) {
+        let from = if core.coh.has(Place::Host) {
             None
-        } else if core.valid.has(Place::Device) {
-            self.device.clone()
+        } else if core.coh.has(Place::Device) {
+            self.target().cloned()
         } else {
             core.current_remote().map(|j| core.remote[j].device.clone())
         };
         let src = self.host_source(core)?;
         // SAFETY: `src` is the current host mirror (or the shared memory, ready for the host),
         // `size` bytes; the copy is blocking, so nothing can change or free it meanwhile.
-        unsafe { stream.write_counted(&dst, 0, src, self.size, true, Direction::HostToDevice)? };
+        unsafe { stream.write_counted(&dst, 0, src, self.len(), true, Direction::HostToDevice)? };
         self.count(Direction::HostToDevice);
         if let Some(from) = from {
-            pairs::record(from.label(), dst_dev.label(), false, self.size);
+            pairs::record(from.label(), dst_dev.label(), false, self.len());
         }
         Ok(())
     }
@@ -253,7 +253,7 @@ impl SyncedMemory {
     /// The address of a current host copy, made current first: from the home device (as a
     /// host read does) or from a replica ([`SyncedMemory::pull_remote`]).
     fn host_source(&self, core: &mut Core) -> Result<*const u8> {
-        if core.valid.remote_only() {
+        if core.coh.remote_only() {
             self.pull_remote(core)?;
         }
         if core.zc.is_some() {
@@ -275,22 +275,22 @@ impl SyncedMemory {
             return Ok(());
         };
         // Until the copy has landed, only the replicas hold the data (restored on failure).
-        let before = core.valid;
+        let before = core.coh.save();
         let dst = if core.zc.is_some() {
             // The shared memory is written from the host: ready it as for a host overwrite (no
             // host guard can exist: the host was stale).
             self.shared_host(core, Access::HostWrite, true)?
         } else {
-            core.release_host()?;
+            core.coh.release_host()?;
             self.ensure_host_alloc(core, false)?
         };
         let stream = src_dev.default_stream()?;
         // SAFETY: `dst` is the host mirror (or the shared memory, ready for host writes),
         // `size` bytes, which no guard reads (the host was stale); the read is blocking.
         let read =
-            unsafe { stream.read_counted(&src, 0, dst, self.size, true, Direction::DeviceToHost) };
+            unsafe { stream.read_counted(&src, 0, dst, self.len(), true, Direction::DeviceToHost) };
         if let Err(e) = read {
-            core.valid = before;
+            core.coh.restore(before);
             return Err(e);
         }
         self.pulled(core, &src_dev, Place::Host);
@@ -299,7 +299,7 @@ impl SyncedMemory {
 
     /// Pulls the data back before an access of the home mirrors when only replicas hold it.
     pub(super) fn pull_if_elsewhere(&self, core: &mut Core) -> Result<()> {
-        if core.valid.remote_only() {
+        if core.coh.remote_only() {
             self.pull_remote(core)?;
         }
         Ok(())
@@ -319,30 +319,29 @@ impl SyncedMemory {
         stream: &Stream,
         exclusive: bool,
     ) -> Result<()> {
-        if !core.valid.remote_only() {
+        if !core.coh.remote_only() {
             return Ok(());
         }
         let Some((src_dev, src)) = core.current_source() else {
             return Ok(());
         };
         let direct = self
-            .device
-            .as_ref()
+            .target()
             .is_some_and(|h| h.copies_directly_from(&src_dev));
         if !direct {
             return self.pull_remote(core);
         }
-        let before = core.valid;
+        let before = core.coh.save();
         let mut dst = self.ensure_dev_alloc(core, exclusive)?;
         if core.zc.is_some() {
             // Shared memory: unmapped where it is mapped before a device command writes it.
             dst = self.shared_device(core, Access::DeviceWrite, true, stream)?;
         }
         let copied = after_native_work(&src, &src_dev.default_stream()?, stream)
-            .and_then(|()| stream.copy_raw(&src, 0, &dst, 0, self.size));
+            .and_then(|()| stream.copy_raw(&src, 0, &dst, 0, self.len()));
         if let Err(e) = copied {
             // Only the replicas hold the data still.
-            core.valid = before;
+            core.coh.restore(before);
             return Err(e);
         }
         self.pulled(core, &src_dev, Place::Device);
@@ -360,11 +359,10 @@ impl SyncedMemory {
         } else {
             Direction::DeviceToHost
         });
-        if let Some(home) = &self.device {
-            pairs::record(src_dev.label(), home.label(), direct, self.size);
+        if let Some(home) = self.target() {
+            pairs::record(src_dev.label(), home.label(), direct, self.len());
         }
-        core.valid = Valid::only(place).with(Place::Remote);
-        core.spilled = false;
+        core.coh.pulled(place);
     }
 }
 

@@ -24,7 +24,7 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::state::{Access, Place, Valid};
+use super::state::{Access, Place};
 use super::{Core, HostMem, SyncedMemory};
 use crate::alloc::stats::Direction;
 use crate::device::{DeviceBuffer, MapAccess, Stream, ZeroCopyProtocol};
@@ -57,10 +57,10 @@ impl ZeroCopyState {
 impl SyncedMemory {
     /// The protocol a new device mirror of this buffer would share memory with, if any.
     pub(super) fn share_protocol(&self) -> Option<ZeroCopyProtocol> {
-        if !self.zero_copy || self.pinned_host || self.size == 0 {
+        if !self.settings().zero_copy || self.settings().pinned_host || self.is_empty() {
             return None;
         }
-        self.device.as_ref()?.zero_copy_protocol()
+        self.target()?.zero_copy_protocol()
     }
 
     /// Makes `buf`, a device mirror just allocated, the buffer's one allocation when zero-copy
@@ -100,14 +100,14 @@ impl SyncedMemory {
             protocol,
             mapped: None,
         };
-        if let Some(old) = core.host.as_ref().filter(|_| core.valid.has(Place::Host)) {
+        if let Some(old) = core.host.as_ref().filter(|_| core.coh.has(Place::Host)) {
             // The block may still be in use by its previous owner's commands.
             let old = old.ptr();
             // SAFETY: the old host mirror is valid for `size` bytes and no guard exists (the
             // caller holds the state lock during an allocation); `host` is `buf`'s memory.
             unsafe { self.move_in(core, buf, &stream, &mut state, old, host)? };
         }
-        core.release_host()?;
+        core.coh.release_host()?;
         core.host = Some(HostMem::Shared(host));
         core.zc = Some(state);
         Ok(())
@@ -122,7 +122,7 @@ impl SyncedMemory {
     /// A backend error of the waits.
     pub(super) fn reshare(&self, core: &mut Core) -> Result<()> {
         if core.zc.is_some()
-            || !core.dev_owned
+            || !core.dev_owned()
             || !matches!(core.host, Some(HostMem::Owned(_)))
             || self.shared.pinned()
         {
@@ -131,7 +131,7 @@ impl SyncedMemory {
         let Some(protocol) = self.share_protocol() else {
             return Ok(());
         };
-        let Some(dev) = core.dev.clone().filter(|d| d.in_place()) else {
+        let Some(dev) = core.dev_buf().filter(|d| d.in_place()) else {
             return Ok(());
         };
         let Some(host) = dev.host_ptr().and_then(NonNull::new) else {
@@ -142,8 +142,8 @@ impl SyncedMemory {
             mapped: None,
         };
         // The uploads still reading the host mirror end first.
-        core.release_host()?;
-        if core.valid.has(Place::Host) && !core.valid.has(Place::Device) {
+        core.coh.release_host()?;
+        if core.coh.has(Place::Host) && !core.coh.has(Place::Device) {
             let stream = self.pick_stream(None)?;
             let old = core
                 .host
@@ -184,8 +184,8 @@ impl SyncedMemory {
         }
         // SAFETY: per the contract, `old` and `host` are valid for `size` bytes and do not
         // overlap; no device command uses `host` any more (waited for, or mapped after them).
-        unsafe { std::ptr::copy_nonoverlapping(old, host.as_ptr(), self.size) };
-        let kind = if core.spilled {
+        unsafe { std::ptr::copy_nonoverlapping(old, host.as_ptr(), self.len()) };
+        let kind = if core.coh.spilled() {
             Direction::Refill
         } else {
             Direction::HostToDevice
@@ -194,8 +194,7 @@ impl SyncedMemory {
         if kind == Direction::Refill {
             self.note_refill();
         }
-        core.spilled = false;
-        core.valid = core.valid.with(Place::Device);
+        core.coh.uploaded();
         Ok(())
     }
 
@@ -211,16 +210,13 @@ impl SyncedMemory {
         access: Access,
         overwrite: bool,
     ) -> Result<*mut u8> {
-        let (Some(dev), Some(mut state), Some(host)) = (
-            core.dev.clone(),
-            core.zc,
-            core.host.as_ref().map(HostMem::ptr),
-        ) else {
+        let (Some(dev), Some(mut state), Some(host)) = (core.dev_buf(), core.zc, core.host_ptr())
+        else {
             return Err(self.no_host());
         };
-        let fresh = core.valid.is_empty();
+        let fresh = core.coh.is_fresh();
         let write = access == Access::HostWrite;
-        let stale = !fresh && !core.valid.has(Place::Host);
+        let stale = !fresh && !core.coh.has(Place::Host);
         // A fresh buffer's memory is zero-filled by the host.
         let zero = fresh && !dev.known_zero();
         match state.protocol {
@@ -259,16 +255,16 @@ impl SyncedMemory {
             // SAFETY: `host` is the shared memory, `size` bytes, which no device command uses
             // (waited for or mapped after above) and no guard reads (the state lock is held
             // and the buffer has no data yet).
-            unsafe { std::ptr::write_bytes(host, 0, self.size) };
+            unsafe { std::ptr::write_bytes(host, 0, self.len()) };
         }
         if stale && !overwrite {
             self.count_sync();
         }
-        core.valid = if write || fresh {
-            Valid::only(Place::Host)
+        if write || fresh {
+            core.coh.wrote(Place::Host);
         } else {
-            core.valid.with(Place::Host)
-        };
+            core.coh.arrived(Place::Host);
+        }
         Ok(host)
     }
 
@@ -285,10 +281,10 @@ impl SyncedMemory {
         overwrite: bool,
         stream: &Stream,
     ) -> Result<Arc<DeviceBuffer>> {
-        let (Some(dev), Some(mut state)) = (core.dev.clone(), core.zc) else {
+        let (Some(dev), Some(mut state)) = (core.dev_buf(), core.zc) else {
             return Err(self.no_device());
         };
-        let fresh = core.valid.is_empty();
+        let fresh = core.coh.is_fresh();
         // The device may read a buffer mapped for reading; anything else needs it unmapped.
         let device_reads = access == Access::DeviceRead && (overwrite || !fresh);
         if state.mapped == Some(Mapping::Write) || (state.mapped.is_some() && !device_reads) {
@@ -302,16 +298,16 @@ impl SyncedMemory {
         }
         if fresh && !overwrite && !dev.known_zero() {
             // Device memory of a fresh buffer reads zeros, as with a mirror of its own.
-            stream.fill_raw(&dev, 0, self.size, 0)?;
+            stream.fill_raw(&dev, 0, self.len(), 0)?;
         }
-        if !fresh && !core.valid.has(Place::Device) && !overwrite {
+        if !fresh && !core.coh.has(Place::Device) && !overwrite {
             self.count_sync();
         }
-        core.valid = if access == Access::DeviceWrite || fresh {
-            Valid::only(Place::Device)
+        if access == Access::DeviceWrite || fresh {
+            core.coh.wrote(Place::Device);
         } else {
-            core.valid.with(Place::Device)
-        };
+            core.coh.arrived(Place::Device);
+        }
         Ok(dev)
     }
 
@@ -326,7 +322,7 @@ impl SyncedMemory {
             return Ok(());
         };
         if state.mapped.is_some() {
-            if let Some(dev) = core.dev.clone() {
+            if let Some(dev) = core.dev_buf() {
                 let host = core
                     .host
                     .as_ref()
@@ -335,11 +331,7 @@ impl SyncedMemory {
             }
         }
         core.host = None;
-        if core.valid.has(Place::Host) || core.valid.has(Place::Device) {
-            // Whichever side was current, the data is in the shared memory, that is the device
-            // mirror, which keeps it (replicas on other devices keep theirs).
-            core.valid = Valid::only(Place::Device).keep_remote(core.valid);
-        }
+        core.coh.unshared();
         Ok(())
     }
 
@@ -355,8 +347,8 @@ impl SyncedMemory {
     /// `stream`, in the process's counters (and attached traces).
     pub(super) fn count_on(&self, stream: &Stream, kind: Direction) {
         self.count(kind);
-        if self.size > 0 {
-            stream.count_transfer(kind, self.size);
+        if !self.is_empty() {
+            stream.count_transfer(kind, self.len());
         }
     }
 }

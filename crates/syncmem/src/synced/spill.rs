@@ -1,13 +1,18 @@
-//! Spilling: a dirty device mirror written back to the host to make room on the device.
+//! What the device's out-of-memory path does to a buffer, through the weak reference the
+//! buffer registered with the device ([`super::registry`]): eviction and spilling.
 //!
-//! When a device allocation fails even after the device's out-of-memory path freed its cache
-//! and dropped the clean mirrors (see [`crate::device`]), the path spills: it writes back the
-//! least recently used dirty mirrors that nothing holds (no guard, no lock taken, no transfer
-//! or command queued on them; a last round waits for queued commands to finish first), moves
-//! their head to the host and frees their device memory. The next device access brings the
-//! data back (a refill). A zero-copy buffer's memory is its device mirror: spilling it copies
-//! the data into a host mirror of its own. A buffer whose placement is pinned
-//! ([`super::PlacementPin`]: a view or an export of its memory lives) is never spilled.
+//! Eviction drops a clean device mirror (the host is current) of a buffer not in use: the head
+//! becomes [`super::Head::AtHost`], and the next device access uploads again.
+//!
+//! Spilling writes a dirty device mirror back to the host to make room. When a device
+//! allocation fails even after the device's out-of-memory path freed its cache and dropped the
+//! clean mirrors (see [`crate::device`]), the path spills: it writes back the least recently
+//! used dirty mirrors that nothing holds (no guard, no lock taken, no transfer or command
+//! queued on them; a last round waits for queued commands to finish first), moves their head
+//! to the host and frees their device memory. The next device access brings the data back (a
+//! refill). A zero-copy buffer's memory is its device mirror: spilling it copies the data into
+//! a host mirror of its own. A buffer whose placement is pinned ([`super::PlacementPin`]: a
+//! view or an export of its memory lives) is never spilled nor evicted.
 //!
 //! Spills and refills are counted apart from copies ([`Direction::Spill`],
 //! [`Direction::Refill`]), on the buffer, in the process's counters and in attached traces.
@@ -16,17 +21,74 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use super::memory::new_host_mirror;
-use super::state::{Place, Valid};
-use super::{HostMem, Shared};
+use super::shared::ZeroCopyState;
+use super::state::{Head, Place};
+use super::{Core, HostMem, Shared, SyncedMemory};
 use crate::alloc::stats::Direction;
-use crate::device::{Freed, MapAccess};
+use crate::device::{DeviceBuffer, Evictable, Freed, MapAccess, Stream};
 
 /// A clock of device accesses: every access of a device mirror takes the next tick.
 static CLOCK: AtomicU64 = AtomicU64::new(1);
 
-/// The next tick of the device-access clock.
-pub(super) fn tick() -> u64 {
-    CLOCK.fetch_add(1, Relaxed)
+impl SyncedMemory {
+    /// Notes a device access, for the order of spills (least recently used first).
+    pub(super) fn note_device_use(&self) {
+        self.shared
+            .last_use
+            .store(CLOCK.fetch_add(1, Relaxed), Relaxed);
+    }
+}
+
+impl Evictable for Shared {
+    fn try_spill(&self, wait: bool) -> Option<Freed> {
+        spill(self, wait)
+    }
+
+    fn last_use(&self) -> u64 {
+        self.last_use.load(Relaxed)
+    }
+
+    fn try_evict(&self) -> Option<usize> {
+        // Never wait: a buffer whose locks are taken is in use (possibly by the very thread
+        // that is allocating), and is skipped; so is a pinned one (an address of it was
+        // handed out).
+        if self.pinned() {
+            return None;
+        }
+        let _exclusive = self.access.try_write()?;
+        let mut core = self.core.try_lock()?;
+        if let Some(p) = core.coh.pending() {
+            if !p.point.stream.is_done(p.point.seq).unwrap_or(false) {
+                return None;
+            }
+            core.coh.finish_pending().ok()?;
+        }
+        // Only a clean or stale mirror may go: the host copy must be current, in memory of
+        // its own (a zero-copy buffer's host side is the device mirror: it can only be
+        // spilled).
+        let device = self.settings.device.as_ref();
+        if core.coh.remote_only() && core.dev_owned() && core.zc.is_none() {
+            // Stale: only replicas on other devices hold the data, which stays with them.
+            let bytes = core.dev.as_ref()?.buf.len();
+            core.release_device(device);
+            return Some(bytes);
+        }
+        if !core.coh.has(Place::Host) || !core.dev_owned() || core.zc.is_some() {
+            return None;
+        }
+        let bytes = core.dev.as_ref()?.buf.len();
+        core.release_device(device);
+        core.coh.device_dropped();
+        Some(bytes)
+    }
+
+    fn head_now(&self) -> Option<Head> {
+        self.core.try_lock().map(|c| c.coh.head())
+    }
+
+    fn label_now(&self) -> String {
+        self.settings.label.to_string()
+    }
 }
 
 /// Spills `shared`'s device mirror (see the [module docs](self)); never waits for a lock.
@@ -35,99 +97,117 @@ pub(super) fn tick() -> u64 {
 /// write-back (an eviction the first pass could not make, the buffer being in use then).
 /// Returns what was freed, `None` when the buffer was skipped (busy, adopted memory, no data,
 /// or no host memory for the data).
-pub(super) fn spill(shared: &Shared, wait: bool) -> Option<Freed> {
+fn spill(shared: &Shared, wait: bool) -> Option<Freed> {
     if shared.pinned() {
         // An address of the buffer was handed out (a view, an export): nothing moves.
         return None;
     }
     let _exclusive = shared.access.try_write()?;
     let mut core = shared.core.try_lock()?;
-    let device = shared.device.as_ref()?;
-    let dev = core.dev.clone()?;
-    if !core.dev_owned {
-        // Adopted device memory belongs to the caller: never moved.
-        return None;
-    }
-    if let Some(p) = &core.pending {
-        if !wait && !p.point.is_done() {
-            return None;
-        }
-        core.finish_pending().ok()?;
-    }
-    if !wait && dev.has_pending_uses() {
-        return None;
-    }
-    dev.wait_uses().ok()?;
-    core.release_host().ok()?;
-    let valid = core.valid;
-    let shared_mem = core.zc;
-    let dirty = match shared_mem {
+    let device = shared.settings.device.as_ref()?;
+    let dev = quiet_mirror(&mut core, wait)?;
+    let dirty = match core.zc {
         // Shared memory holds the data when either side is current (not when only replicas
         // on other devices are).
-        Some(_) => valid.has(Place::Host) || valid.has(Place::Device),
-        None => valid.has(Place::Device) && !valid.has(Place::Host),
+        Some(_) => core.coh.has(Place::Host) || core.coh.has(Place::Device),
+        None => core.coh.has(Place::Device) && !core.coh.has(Place::Host),
     };
-    if !dirty {
-        if shared_mem.is_none() && valid.has(Place::Host) {
-            // The host is current: the device mirror goes without a write-back.
-            let bytes = dev.len();
-            drop(dev);
-            core.release_device(Some(device));
-            core.valid = Valid::only(Place::Host);
-            return Some(Freed {
-                bytes,
-                spilled: false,
-            });
-        }
+    if !dirty && (core.zc.is_some() || !core.coh.has(Place::Host)) {
         // A mirror with no data yet is not worth it.
         return None;
     }
-    let stream = match shared.stream.lock().clone() {
-        Some(s) => s,
-        None => device.default_stream().ok()?,
-    };
-    let size = shared.size;
-    let label: Arc<str> = shared.label.lock().as_str().into();
-    let pinned = shared.pinned_host.load(Relaxed);
-    match shared_mem {
-        Some(state) => {
-            let src = core.host.as_ref().map(HostMem::ptr)?;
-            if !state.host_ready() {
-                stream.map_blocking(&dev, MapAccess::Read).ok()?;
-            }
-            let mem = new_host_mirror(Some(device), pinned, size, &label, false).ok()?;
-            // SAFETY: `src` is the shared memory (`size` bytes of the device mirror), which no
-            // command uses (every use waited for above) and no guard reads (the exclusive lock
-            // is held); `mem` is a new host block of `size` bytes; they do not overlap.
-            unsafe { std::ptr::copy_nonoverlapping(src, mem.ptr(), size) };
-            if state.mapped.is_some() || !state.host_ready() {
-                stream.unmap(&dev, src).ok()?;
-            }
-            stream.count_transfer(Direction::Spill, size);
-            core.zc = None;
-            core.host = Some(mem);
+    if dirty {
+        let stream = match &shared.settings.stream {
+            Some(s) => s.clone(),
+            None => device.default_stream().ok()?,
+        };
+        match core.zc {
+            Some(state) => write_back_shared(shared, &mut core, &dev, &stream, state)?,
+            None => write_back(shared, &mut core, &dev, &stream)?,
         }
-        None => {
-            if core.host.is_none() {
-                core.host = Some(new_host_mirror(Some(device), pinned, size, &label, false).ok()?);
-            }
-            let dst = core.host.as_ref().map(HostMem::ptr)?;
-            // SAFETY: `dst` is the host mirror, `size` bytes, stale (the device alone is
-            // current), so no guard reads it (and the exclusive lock is held); the read is
-            // blocking.
-            unsafe { stream.read_counted(&dev, 0, dst, size, true, Direction::Spill) }.ok()?;
+        if shared.settings.size > 0 {
+            shared.copies.record(Direction::Spill, shared.settings.size);
         }
+        core.coh.spilled_to_host();
+    } else {
+        // The host is current: the device mirror goes without a write-back.
+        core.coh.device_dropped();
     }
-    if size > 0 {
-        shared.copies.record(Direction::Spill, size);
-    }
-    core.valid = Valid::only(Place::Host);
-    core.spilled = true;
     let bytes = dev.len();
     drop(dev);
     core.release_device(Some(device));
     Some(Freed {
         bytes,
-        spilled: true,
+        spilled: dirty,
     })
+}
+
+/// The device mirror of a buffer about to spill, once nothing is in flight on it or on the
+/// host mirror; `None` when the buffer is skipped: adopted device memory (it belongs to the
+/// caller), work still queued without `wait`, or work that failed.
+fn quiet_mirror(core: &mut Core, wait: bool) -> Option<Arc<DeviceBuffer>> {
+    let dev = core.dev_buf()?;
+    if !core.dev_owned() {
+        return None;
+    }
+    if let Some(p) = core.coh.pending() {
+        if !wait && !p.point.is_done() {
+            return None;
+        }
+        core.coh.finish_pending().ok()?;
+    }
+    if !wait && dev.has_pending_uses() {
+        return None;
+    }
+    dev.wait_uses().ok()?;
+    core.coh.release_host().ok()?;
+    Some(dev)
+}
+
+/// A new host mirror for the data of `shared` (no zero fill: the data is copied in).
+fn host_mirror(shared: &Shared) -> Option<HostMem> {
+    let s = &shared.settings;
+    new_host_mirror(s.device.as_ref(), s.pinned_host, s.size, &s.label, false).ok()
+}
+
+/// Copies the data of a zero-copy buffer out of its shared memory (the device mirror `dev`)
+/// into a host mirror of its own, and ends the sharing.
+fn write_back_shared(
+    shared: &Shared,
+    core: &mut Core,
+    dev: &DeviceBuffer,
+    stream: &Stream,
+    state: ZeroCopyState,
+) -> Option<()> {
+    let size = shared.settings.size;
+    let src = core.host_ptr()?;
+    if !state.host_ready() {
+        stream.map_blocking(dev, MapAccess::Read).ok()?;
+    }
+    let mem = host_mirror(shared)?;
+    // SAFETY: `src` is the shared memory (`size` bytes of the device mirror), which no command
+    // uses (every use waited for) and no guard reads (the caller holds the exclusive lock);
+    // `mem` is a new host block of `size` bytes; they do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(src, mem.ptr(), size) };
+    if state.mapped.is_some() || !state.host_ready() {
+        stream.unmap(dev, src).ok()?;
+    }
+    stream.count_transfer(Direction::Spill, size);
+    core.zc = None;
+    core.host = Some(mem);
+    Some(())
+}
+
+/// Reads the device mirror `dev`, the only current one, back into the host mirror
+/// (allocated if missing).
+fn write_back(shared: &Shared, core: &mut Core, dev: &DeviceBuffer, stream: &Stream) -> Option<()> {
+    if core.host.is_none() {
+        core.host = Some(host_mirror(shared)?);
+    }
+    let dst = core.host_ptr()?;
+    // SAFETY: `dst` is the host mirror, `size` bytes, stale (the device alone is current), so
+    // no guard reads it (and the caller holds the exclusive lock); the read is blocking.
+    unsafe { stream.read_counted(dev, 0, dst, shared.settings.size, true, Direction::Spill) }
+        .ok()?;
+    Some(())
 }

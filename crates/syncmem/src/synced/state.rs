@@ -1,11 +1,28 @@
-//! The coherence state of a [`super::SyncedMemory`].
+//! The coherence state of a [`super::SyncedMemory`], and every change of it.
 //!
-//! The state is a set of valid replicas (host, device, and replicas on other devices) plus an
-//! optional transfer in flight. Caffe's four heads are the one-device view of it ([`Head`]).
-//! Replicas on other devices are one bit ([`Place::Remote`]: at least one of them is current);
-//! which ones are is kept with them (see [`super::replica`]).
+//! The state ([`Coherence`]) is a set of valid replicas (host, device, and replicas on other
+//! devices) plus an optional transfer in flight. Caffe's four heads are the one-device view of
+//! it ([`Head`]). Replicas on other devices are one bit ([`Place::Remote`]: at least one of
+//! them is current); which ones are is kept with them (see [`super::replica`]).
+//!
+//! The head changes only through the transitions of [`Coherence`], each named for the event
+//! that makes it:
+//!
+//! | event | transition | current after |
+//! |---|---|---|
+//! | a write at a place, or the zero fill of a fresh buffer | [`Coherence::wrote`] | that place alone |
+//! | a host write through the two-mirror path | [`Coherence::host_written`] | the host alone |
+//! | a copy, a zero-copy sync, or a transfer landing | [`Coherence::arrived`] | the place too |
+//! | an upload or a refill | [`Coherence::uploaded`] | the device too |
+//! | a transfer queued (a prefetch, work announced on another stream) | [`Coherence::queued`] | unchanged until it lands |
+//! | a replica's data copied into a home mirror | [`Coherence::pulled`] | that mirror and the replicas |
+//! | a dirty device mirror spilled | [`Coherence::spilled_to_host`] | the host alone |
+//! | a clean device mirror evicted | [`Coherence::device_dropped`] | the host alone |
+//! | an upload that failed, an adopted device mirror taken back | [`Coherence::device_lost`] | the host (if it was), the replicas |
+//! | shared memory split into two mirrors | [`Coherence::unshared`] | the device (if a side was), the replicas |
 
 use crate::device::Point;
+use crate::error::Result;
 
 pub use crate::device::Head;
 
@@ -118,6 +135,191 @@ impl PendingKind {
             PendingKind::ToHost => Some(Place::Host),
             PendingKind::DeviceWork => None,
         }
+    }
+}
+
+/// Where the newest data of a buffer is and what is on its way there: the part of its state
+/// that makes its head, changed only by the transitions below (see the [module docs](self)).
+#[derive(Default)]
+pub(super) struct Coherence {
+    valid: Valid,
+    /// Transfer or device work in flight.
+    pending: Option<Pending>,
+    /// The newest queued copy that reads the host mirror (the upload behind a device access):
+    /// whatever writes, replaces or frees the host mirror waits for it first
+    /// ([`Coherence::release_host`]). Host reads do not.
+    host_busy: Option<Point>,
+    /// The device mirror was written back to the host to make room (see [`super::spill`]): the
+    /// next upload brings it back, and counts as a refill.
+    spilled: bool,
+}
+
+impl Coherence {
+    /// Caffe's head, counting a transfer in flight as done.
+    pub(super) fn head(&self) -> Head {
+        let mut valid = self.valid;
+        if let Some(place) = self.pending.as_ref().and_then(|p| p.kind.lands_on()) {
+            valid = valid.with(place);
+        }
+        valid.head()
+    }
+
+    /// Whether `place` holds the newest data (a transfer in flight not counted).
+    pub(super) fn has(&self, place: Place) -> bool {
+        self.valid.has(place)
+    }
+
+    /// Nothing holds data yet: the buffer was never written (or its data went with an adopted
+    /// mirror).
+    pub(super) fn is_fresh(&self) -> bool {
+        self.valid.is_empty()
+    }
+
+    /// Only replicas on other devices hold the newest data.
+    pub(super) fn remote_only(&self) -> bool {
+        self.valid.remote_only()
+    }
+
+    /// The device mirror was spilled since the host data last changed.
+    pub(super) fn spilled(&self) -> bool {
+        self.spilled
+    }
+
+    /// The transfer or work in flight.
+    pub(super) fn pending(&self) -> Option<&Pending> {
+        self.pending.as_ref()
+    }
+
+    /// The valid set, to put back with [`Coherence::restore`] when a copy fails.
+    pub(super) fn save(&self) -> Valid {
+        self.valid
+    }
+
+    /// Puts back a valid set saved before a copy that failed.
+    pub(super) fn restore(&mut self, valid: Valid) {
+        self.valid = valid;
+    }
+
+    /// `place` was written, or filled for a fresh buffer: it alone is current.
+    pub(super) fn wrote(&mut self, place: Place) {
+        self.valid = Valid::only(place);
+    }
+
+    /// New host data from a host write: the host alone is current, and its next upload is an
+    /// ordinary copy (not a spilled buffer's refill).
+    pub(super) fn host_written(&mut self) {
+        self.valid = Valid::only(Place::Host);
+        self.spilled = false;
+    }
+
+    /// A copy, a zero-copy sync or a transfer that landed made `place` current too.
+    pub(super) fn arrived(&mut self, place: Place) {
+        self.valid = self.valid.with(place);
+    }
+
+    /// The host data was uploaded (or moved into shared memory): the device is current too,
+    /// and a spilled buffer is back.
+    pub(super) fn uploaded(&mut self) {
+        self.spilled = false;
+        self.valid = self.valid.with(Place::Device);
+    }
+
+    /// The spilled data will not come back (every byte is about to be overwritten): the next
+    /// upload is an ordinary copy.
+    pub(super) fn spill_forgotten(&mut self) {
+        self.spilled = false;
+    }
+
+    /// The upload that reads the host mirror until `point` was queued.
+    pub(super) fn upload_queued(&mut self, point: Option<Point>) {
+        self.host_busy = point;
+    }
+
+    /// A replica's data was copied into the home mirror at `place`: that mirror and the
+    /// replicas are current; the mirror holds new data (its next upload is an ordinary copy).
+    pub(super) fn pulled(&mut self, place: Place) {
+        self.valid = Valid::only(place).with(Place::Remote);
+        self.spilled = false;
+    }
+
+    /// The dirty device mirror was written back to the host and freed to make room.
+    pub(super) fn spilled_to_host(&mut self) {
+        self.valid = Valid::only(Place::Host);
+        self.spilled = true;
+    }
+
+    /// A clean device mirror was dropped (the host is current): the host alone is current.
+    pub(super) fn device_dropped(&mut self) {
+        self.valid = Valid::only(Place::Host);
+    }
+
+    /// The device side lost its data (an upload failed, an adopted mirror was taken back):
+    /// the host stays current if it was, and so do the replicas on other devices.
+    pub(super) fn device_lost(&mut self) {
+        self.valid = if self.valid.has(Place::Host) {
+            Valid::only(Place::Host)
+        } else {
+            Valid::NONE
+        }
+        .keep_remote(self.valid);
+    }
+
+    /// Shared memory became the device mirror alone: whichever side was current, the data is
+    /// there (replicas on other devices keep theirs).
+    pub(super) fn unshared(&mut self) {
+        if self.valid.has(Place::Host) || self.valid.has(Place::Device) {
+            self.valid = Valid::only(Place::Device).keep_remote(self.valid);
+        }
+    }
+
+    /// Work of `kind` was queued, ending at `point`: the next access it conflicts with waits
+    /// for it. `None`: the work was done when queued, and its destination is current now.
+    pub(super) fn queued(&mut self, kind: PendingKind, point: Option<Point>) {
+        match point {
+            Some(point) => self.pending = Some(Pending { kind, point }),
+            None => {
+                self.pending = None;
+                if let Some(place) = kind.lands_on() {
+                    self.arrived(place);
+                }
+            }
+        }
+    }
+
+    /// Waits for the work in flight and takes its result into the valid set.
+    ///
+    /// The work is settled either way: when the wait fails (the copy or the work before its
+    /// event failed), its destination is *not* marked valid, so the next access that needs it
+    /// copies again, and the error is returned (once).
+    pub(super) fn finish_pending(&mut self) -> Result<()> {
+        if let Some(p) = self.pending.take() {
+            p.point.wait()?;
+            if let Some(place) = p.kind.lands_on() {
+                self.arrived(place);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for the work in flight, forgetting its result (the buffer is going).
+    pub(super) fn abandon_pending(&mut self) {
+        if let Some(p) = self.pending.take() {
+            let _ = p.point.wait();
+        }
+    }
+
+    /// Waits for the queued copy that reads the host mirror, if any (before the host mirror is
+    /// written, replaced or freed).
+    ///
+    /// # Errors
+    /// The copy's error (it failed: the device mirror it was filling is not current).
+    pub(super) fn release_host(&mut self) -> Result<()> {
+        let Some(p) = self.host_busy.take() else {
+            return Ok(());
+        };
+        // The upload did not land: only the host holds the data (a device write since would
+        // have made the host stale, and then nothing is valid any more).
+        p.wait().inspect_err(|_| self.device_lost())
     }
 }
 

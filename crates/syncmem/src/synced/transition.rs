@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::state::{Access, Pending, Place, Valid};
+use super::state::{Access, Place};
 use super::{Core, HostMem, PendingKind, SyncedMemory};
 use crate::alloc::stats::Direction;
 use crate::device::{DeviceBuffer, Point, Stream};
@@ -30,24 +30,22 @@ impl SyncedMemory {
         if core.zc.is_some() {
             return self.shared_host(&mut core, access, overwrite);
         }
-        if access == Access::HostWrite || !core.valid.has(Place::Host) {
+        if access == Access::HostWrite || !core.coh.has(Place::Host) {
             // The host mirror is about to be written (by the caller or by a copy from the
             // device): an upload still reading it must end first.
-            core.release_host()?;
+            core.coh.release_host()?;
         }
         let ptr = if overwrite {
             // The first host allocation of a buffer reads as zeros whatever the accessor (code
             // built on `host_overwrite` relies on a fresh mirror's unwritten tail being zero).
             // Free for fresh pool blocks; a memset only for a cached block.
-            let fresh = core.valid.is_empty() && core.host.is_none();
+            let fresh = core.coh.is_fresh() && core.host.is_none();
             self.ensure_host_alloc(&mut core, fresh)?
         } else {
             self.ensure_host_valid(&mut core)?
         };
         if access == Access::HostWrite {
-            core.valid = Valid::only(Place::Host);
-            // New host data: its next upload is an ordinary copy, not a spilled buffer's.
-            core.spilled = false;
+            core.coh.host_written();
         }
         Ok(ptr)
     }
@@ -57,7 +55,7 @@ impl SyncedMemory {
         access: Access,
         overwrite: bool,
     ) -> Result<(Arc<DeviceBuffer>, Stream)> {
-        if self.device.is_none() {
+        if self.target().is_none() {
             return Err(self.no_device());
         }
         let mut core = self.shared.core.lock();
@@ -77,7 +75,7 @@ impl SyncedMemory {
                 // memory (a spilled buffer overwritten is not refilled). It is set aside, not
                 // freed, until the shared memory exists: a failed allocation leaves the buffer
                 // as it was.
-                core.release_host()?;
+                core.coh.release_host()?;
                 set_aside = core.host.take();
             }
             // Allocated (and shared, a spilled buffer's data moving in) before anything else.
@@ -88,7 +86,7 @@ impl SyncedMemory {
                 return Err(e);
             }
             if set_aside.is_some() {
-                core.spilled = false;
+                core.coh.spill_forgotten();
             }
         } else if exclusive {
             // A buffer that kept two mirrors may share again.
@@ -102,9 +100,11 @@ impl SyncedMemory {
             self.ensure_dev_valid(&mut core, exclusive)?
         };
         if access == Access::DeviceWrite {
-            core.valid = Valid::only(Place::Device);
+            core.coh.wrote(Place::Device);
         }
-        core.dev_exposed = true;
+        if let Some(d) = &mut core.dev {
+            d.exposed = true;
+        }
         // Work the caller queues on the guard's stream through the native handles bypasses the
         // buffer's uses: make that stream wait, on the device, for the commands of other
         // streams the access must follow (nothing is queued when there are none).
@@ -114,37 +114,33 @@ impl SyncedMemory {
 
     /// Makes the host mirror current (Caffe's `to_cpu`), returning its start.
     pub(super) fn ensure_host_valid(&self, core: &mut Core) -> Result<*mut u8> {
-        if core.valid.has(Place::Host) {
-            return core
-                .host
-                .as_ref()
-                .map(HostMem::ptr)
-                .ok_or_else(|| self.no_host());
+        if core.coh.has(Place::Host) {
+            return core.host_ptr().ok_or_else(|| self.no_host());
         }
-        let fresh = core.valid.is_empty();
+        let fresh = core.coh.is_fresh();
         let dst = self.ensure_host_alloc(core, fresh)?;
         if fresh {
             // First allocation out of Uninitialized: host memory comes zero-filled.
-            core.valid = Valid::only(Place::Host);
+            core.coh.wrote(Place::Host);
             return Ok(dst);
         }
-        let dev = core.dev.clone().ok_or_else(|| self.no_device())?;
+        let dev = core.dev_buf().ok_or_else(|| self.no_device())?;
         let stream = self.pick_stream(None)?;
         // SAFETY: `dst` is the host mirror (valid for `size` bytes). The host is not valid, so
         // no host guard exists; the copy is blocking.
-        unsafe { stream.read_raw(&dev, 0, dst, self.size, true)? };
+        unsafe { stream.read_raw(&dev, 0, dst, self.len(), true)? };
         self.count(Direction::DeviceToHost);
-        core.valid = core.valid.with(Place::Host);
+        core.coh.arrived(Place::Host);
         Ok(dst)
     }
 
     /// Makes the device mirror current (Caffe's `to_gpu`). `exclusive`: the caller holds the
     /// exclusive access lock (see [`SyncedMemory::ensure_dev_alloc`]).
     fn ensure_dev_valid(&self, core: &mut Core, exclusive: bool) -> Result<Arc<DeviceBuffer>> {
-        if core.valid.has(Place::Device) {
-            return core.dev.clone().ok_or_else(|| self.no_device());
+        if core.coh.has(Place::Device) {
+            return core.dev_buf().ok_or_else(|| self.no_device());
         }
-        let fresh = core.valid.is_empty();
+        let fresh = core.coh.is_fresh();
         let had = core.dev.is_some();
         let dev = self.ensure_dev_alloc(core, exclusive)?;
         let stream = self.pick_stream(None)?;
@@ -152,75 +148,66 @@ impl SyncedMemory {
             // First allocation out of Uninitialized: zero fill (device memory comes dirty),
             // queued: the buffer records it, so what comes next is ordered after it.
             if !had {
-                stream.fill_raw(&dev, 0, self.size, 0)?;
+                stream.fill_raw(&dev, 0, self.len(), 0)?;
             }
-            core.valid = Valid::only(Place::Device);
+            core.coh.wrote(Place::Device);
             return Ok(dev);
         }
-        let src = core
-            .host
-            .as_ref()
-            .map(HostMem::ptr)
-            .ok_or_else(|| self.no_host())?;
+        let src = core.host_ptr().ok_or_else(|| self.no_host())?;
         // A spilled buffer coming back is a refill; any other upload a copy.
-        let kind = if core.spilled {
+        let kind = if core.coh.spilled() {
             Direction::Refill
         } else {
             Direction::HostToDevice
         };
         // SAFETY: `src` is the current host mirror, valid for `size` bytes. The copy is queued,
         // not waited for: until it ends the host mirror is only read (host readers), and
-        // whatever writes, replaces or frees it waits for `host_busy` first (`prepare_host`,
+        // whatever writes, replaces or frees it waits for the copy first (`prepare_host`,
         // `adopt_host`, drop). Device work on the mirror is ordered after the copy on the
         // device: the copy is a write use of the buffer.
-        unsafe { stream.write_counted(&dev, 0, src, self.size, false, kind)? };
-        core.host_busy = stream.point_now();
-        core.spilled = false;
+        unsafe { stream.write_counted(&dev, 0, src, self.len(), false, kind)? };
+        core.coh.upload_queued(stream.point_now());
         self.count(kind);
         if kind == Direction::Refill {
             self.note_refill();
         }
-        core.valid = core.valid.with(Place::Device);
+        core.coh.uploaded();
         Ok(dev)
     }
 
     /// Settles pending work: waits for it when `access` conflicts, else settles it only if done.
     pub(super) fn settle(&self, core: &mut Core, access: Access) -> Result<()> {
-        match &core.pending {
-            Some(p) if p.kind.conflicts_with(access) => self.finish_pending(core),
+        match core.coh.pending() {
+            Some(p) if p.kind.conflicts_with(access) => core.coh.finish_pending(),
             Some(_) => self.settle_if_complete(core),
             None => Ok(()),
         }
     }
 
     /// Settles pending work that is done. Work that failed (its event reports an error status)
-    /// is settled too, through [`Core::finish_pending`]: its error is returned once and its
+    /// is settled too, through [`super::state::Coherence::finish_pending`]: its error is returned once and its
     /// destination is not marked valid, instead of failing every later access.
     pub(super) fn settle_if_complete(&self, core: &mut Core) -> Result<()> {
-        if let Some(p) = &core.pending {
+        if let Some(p) = core.coh.pending() {
             match p.point.stream.is_done(p.point.seq) {
                 Ok(false) => {}
-                Ok(true) | Err(_) => self.finish_pending(core)?,
+                Ok(true) | Err(_) => core.coh.finish_pending()?,
             }
         }
         Ok(())
-    }
-
-    pub(super) fn finish_pending(&self, core: &mut Core) -> Result<()> {
-        core.finish_pending()
     }
 
     pub(super) fn adopt_host(&self, mem: HostMem) -> Result<()> {
         let _lock = self.lock_write(None)?;
         self.refuse_if_pinned()?;
         let mut core = self.shared.core.lock();
-        self.finish_pending(&mut core)?;
+        core.coh.finish_pending()?;
         // The adopted memory replaces shared memory as the host side; the device mirror keeps
         // its memory, stale from now on.
         self.unshare(&mut core)?;
-        core.release_host()?;
+        core.coh.release_host()?;
         core.host = Some(mem);
-        core.valid = Valid::only(Place::Host);
+        core.coh.wrote(Place::Host);
         Ok(())
     }
 
@@ -228,47 +215,43 @@ impl SyncedMemory {
     /// `point` (`None`: a stream whose work is done when queued).
     ///
     /// A newer point on a stream covers what came before it on that stream only, so the older
-    /// pending work is waited for first and settled as [`Core::finish_pending`] does: if it
+    /// pending work is waited for first and settled as [`super::state::Coherence::finish_pending`] does: if it
     /// failed, its destination is not marked valid and its error is returned. The new work is
     /// recorded in every case (it was queued, so later accesses must still wait for it).
     pub(crate) fn set_pending_work(&self, point: Option<Point>) -> Result<()> {
         let mut core = self.shared.core.lock();
-        let settled = self.finish_pending(&mut core);
-        core.pending = point.map(|point| Pending {
-            kind: PendingKind::DeviceWork,
-            point,
-        });
+        let settled = core.coh.finish_pending();
+        core.coh.queued(PendingKind::DeviceWork, point);
         settled
     }
 
     pub(super) fn pick_stream(&self, given: Option<&Stream>) -> Result<Stream> {
-        if let Some(s) = given.or(self.stream.as_ref()) {
+        if let Some(s) = given.or(self.settings().stream.as_ref()) {
             return Ok(s.clone());
         }
-        self.device
-            .as_ref()
+        self.target()
             .ok_or_else(|| self.no_device())?
             .default_stream()
     }
 
     /// Counts a spilled buffer brought back, in its device's pool statistics.
     pub(super) fn note_refill(&self) {
-        if let Some(d) = &self.device {
-            d.shared.memory.note_refill(self.size);
+        if let Some(d) = self.target() {
+            d.shared.memory.note_refill(self.len());
         }
     }
 
     pub(super) fn count(&self, d: Direction) {
-        if self.size > 0 {
-            self.shared.copies.record(d, self.size);
+        if !self.is_empty() {
+            self.shared.copies.record(d, self.len());
         }
     }
 
     pub(super) fn check_len(&self, op: &str, len: usize) -> Result<()> {
-        if len != self.size {
+        if len != self.len() {
             return Err(Error::SizeMismatch {
-                what: format!("{op} on {}", self.label),
-                expected: self.size,
+                what: format!("{op} on {}", self.label()),
+                expected: self.len(),
                 actual: len,
             });
         }
@@ -277,7 +260,7 @@ impl SyncedMemory {
 
     pub(super) fn named(&self, mut e: Error) -> Error {
         if let Error::OutOfMemory { report } = &mut e {
-            report.purpose = Some(format!("buffer {}", self.label));
+            report.purpose = Some(format!("buffer {}", self.label()));
         }
         e
     }
@@ -294,31 +277,36 @@ impl SyncedMemory {
         Ok(())
     }
 
+    // Errors are the cold path: kept out of line, they cost the accessors nothing.
+    #[cold]
     pub(super) fn busy(&self, reason: &'static str) -> Error {
         Error::Busy {
-            buffer: self.label.to_string(),
+            buffer: self.label().to_string(),
             reason,
         }
     }
 
+    #[cold]
     pub(super) fn no_device(&self) -> Error {
         Error::NoDevice {
-            buffer: self.label.to_string(),
+            buffer: self.label().to_string(),
         }
     }
 
+    #[cold]
     pub(super) fn no_host(&self) -> Error {
         Error::InvalidState {
             op: "host access",
-            buffer: self.label.to_string(),
+            buffer: self.label().to_string(),
             reason: "host mirror missing while marked current".into(),
         }
     }
 
+    #[cold]
     pub(super) fn uninit(&self, op: &'static str) -> Error {
         Error::InvalidState {
             op,
-            buffer: self.label.to_string(),
+            buffer: self.label().to_string(),
             reason: "the buffer is uninitialized: there is no data to transfer".into(),
         }
     }

@@ -83,7 +83,6 @@ const KNOWN: &[&str] = &[
     "crates/syncmem/src/backend/dispatch/mod.rs",
     "crates/syncmem/src/backend/opencl/tests.rs: fn every_gemm_kernel_matches_the_host_gemm",
     "crates/syncmem/src/device/memory.rs: fn with_retries",
-    "crates/syncmem/src/synced/spill.rs: fn spill",
     "crates/syncmem/tests/common/interleave.rs: fn run_op",
     "crates/syncmem/tests/common/interleave.rs: fn run_ops",
     "crates/syncmem/tests/model.rs: fn apply",
