@@ -28,6 +28,10 @@
 //! 4. failing with [`Error::OutOfMemory`] carrying an [`OomReport`]: requested, allocated,
 //!    reserved, largest free block, fragmentation, the cap, the biggest holders, and what the
 //!    path dropped and spilled.
+//!
+//! The path itself is in [`oom`].
+
+mod oom;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
@@ -50,7 +54,7 @@ use crate::alloc::stats::{MemCounters, MemStats};
 use crate::alloc::thread::Published;
 use crate::backend::dispatch::{PinnedStorage, RawMem, RawPinned, UnifiedStorage};
 use crate::backend::RawStorage;
-use crate::error::{Error, OomReport, OomRetry, Result};
+use crate::error::{Error, OomReport, Result};
 
 /// Memory management state of one device.
 pub(crate) struct DeviceMemory {
@@ -462,139 +466,5 @@ impl DeviceMemory {
         .with_cap(cap)
         .with_usage(None, Some(used))
         .into()
-    }
-
-    /// Runs `attempt`; on out-of-memory frees cached blocks, then drops clean mirrors one at a
-    /// time, then spills dirty ones, retrying after each step; finally reports.
-    fn with_retries<R>(
-        &self,
-        dev: &Device,
-        requested: usize,
-        mut attempt: impl FnMut() -> Result<R>,
-    ) -> Result<R> {
-        let mut cause = match attempt() {
-            Ok(r) => return Ok(r),
-            Err(Error::OutOfMemory { report }) => report,
-            Err(e) => return Err(e),
-        };
-        let pool = self.current_pool();
-        // Nothing freed could make room for more than the cap or the largest allocation.
-        let hopeless =
-            self.budget.cap().is_some_and(|c| requested as u64 > c) || requested > max_segment(dev);
-        if let Some(p) = pool.as_ref().filter(|_| !hopeless) {
-            p.note_retry();
-        }
-        let release = || pool.as_ref().map_or(0, |p| p.empty_cache());
-        let mut released = if hopeless { 0 } else { release() };
-        if released > 0 {
-            match attempt() {
-                Ok(r) => return Ok(r),
-                Err(Error::OutOfMemory { report }) => cause = report,
-                Err(e) => return Err(e),
-            }
-        }
-        let mut evicted = Vec::new();
-        let candidates = if hopeless {
-            Vec::new()
-        } else {
-            self.mirrors.get().map_or_else(Vec::new, |m| m.candidates())
-        };
-        for (item, _) in &candidates {
-            let Some(bytes) = item.try_evict() else {
-                continue;
-            };
-            let label = item.label_now();
-            if let Some(p) = &pool {
-                p.note_eviction(&label, bytes);
-            }
-            evicted.push((label, bytes));
-            released += release();
-            match attempt() {
-                Ok(r) => return Ok(r),
-                Err(Error::OutOfMemory { report }) => cause = report,
-                Err(e) => return Err(e),
-            }
-        }
-        // Spill: dirty mirrors written back to the host, least recently used first; first those
-        // with nothing queued, then, in a last round, waiting for their queued work. Each batch
-        // frees about twice the request before the next attempt, so that the next request does
-        // not spill again at once.
-        let mut spilled = Vec::new();
-        let mut by_age: Vec<_> = candidates.into_iter().map(|(item, _)| item).collect();
-        by_age.sort_by_key(|item| item.last_use());
-        for wait in [false, true] {
-            let mut batch = 0usize;
-            for item in &by_age {
-                let Some(freed) = item.try_spill(wait) else {
-                    continue;
-                };
-                let (label, bytes) = (item.label_now(), freed.bytes);
-                if freed.spilled {
-                    if let Some(p) = &pool {
-                        p.note_spill(bytes);
-                    }
-                    spilled.push((label, bytes));
-                } else {
-                    // A clean or stale mirror the eviction could not have (still in use then).
-                    if let Some(p) = &pool {
-                        p.note_eviction(&label, bytes);
-                    }
-                    evicted.push((label, bytes));
-                }
-                batch += bytes;
-                if batch / 2 < requested {
-                    continue;
-                }
-                batch = 0;
-                released += release();
-                match attempt() {
-                    Ok(r) => return Ok(r),
-                    Err(Error::OutOfMemory { report }) => cause = report,
-                    Err(e) => return Err(e),
-                }
-            }
-            if batch > 0 {
-                released += release();
-                match attempt() {
-                    Ok(r) => return Ok(r),
-                    Err(Error::OutOfMemory { report }) => cause = report,
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        let stats = match &pool {
-            Some(p) => {
-                p.note_oom(requested);
-                p.stats()
-            }
-            None => return Err(Error::OutOfMemory { report: cause }),
-        };
-        let holders = self
-            .live_buffers()
-            .into_iter()
-            .take(8)
-            .map(|h| (h.label, usize::try_from(h.bytes).unwrap_or(usize::MAX)))
-            .collect();
-        let mut retry = OomRetry::new(stats.kind.to_string(), dev.info().total_memory);
-        retry.direct = self.direct.load(Relaxed);
-        retry.free = stats.free_bytes;
-        retry.largest_free_block = stats.largest_free_block;
-        retry.released_cache = released;
-        retry.evicted = evicted;
-        retry.spilled = spilled;
-        let last = if cause.cause.is_empty() {
-            "the backend refused".to_string()
-        } else {
-            std::mem::take(&mut cause.cause)
-        };
-        // The last refusal's own figures (a cap, the largest allocation) are kept.
-        let mut report = OomReport::new(dev.label(), requested, last)
-            .with_cap(self.budget.cap())
-            .with_usage(Some(stats.allocated.current), Some(stats.reserved.current))
-            .with_holders(holders)
-            .with_retry(retry);
-        report.max_alloc = cause.max_alloc;
-        *self.last_oom.lock() = Some(report.clone());
-        Err(report.into())
     }
 }

@@ -79,10 +79,6 @@ const KNOWN: &[&str] = &[
     "crates/syncmem-py/src/report.rs: fn memory_snapshot",
     // The memory core.
     "backend/: circles",
-    "crates/syncmem/src/backend/cpu/math.rs: fn gemm",
-    "crates/syncmem/src/backend/dispatch/mod.rs",
-    "crates/syncmem/src/backend/opencl/tests.rs: fn every_gemm_kernel_matches_the_host_gemm",
-    "crates/syncmem/src/device/memory.rs: fn with_retries",
     "crates/syncmem/tests/common/interleave.rs: fn run_op",
     "crates/syncmem/tests/common/interleave.rs: fn run_ops",
     "crates/syncmem/tests/model.rs: fn apply",

@@ -1,0 +1,214 @@
+//! The out-of-memory path of a device: an allocation the backend or the cap refuses is retried
+//! after freeing cached blocks, dropping clean mirrors and spilling dirty ones, in that order
+//! (see the [parent module](super)); when nothing helped, the refusal is reported.
+//!
+//! Each step ends in [`Run::retry`], the one place that retries the allocation: the run stops
+//! there when the allocation succeeds or fails with an error other than out of memory
+//! ([`ControlFlow::Break`]), and goes on to the next step otherwise, keeping the newest
+//! refusal as the cause to report.
+
+use std::ops::ControlFlow::{self, Break, Continue};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use super::{max_segment, DeviceMemory};
+use crate::alloc::pool::Pool;
+use crate::backend::dispatch::RawMem;
+use crate::device::mirror::Evictable;
+use crate::device::Device;
+use crate::error::{Error, OomReport, OomRetry, Result};
+
+/// Where a run of the path stands: `Break` with what the allocation returned, or `Continue`.
+type Step<R> = ControlFlow<Result<R>>;
+
+/// One run of the out-of-memory path: what it freed so far, and the last refusal.
+struct Run {
+    pool: Option<Arc<Pool<RawMem, RawMem>>>,
+    requested: usize,
+    cause: Box<OomReport>,
+    /// Bytes of cached blocks freed.
+    released: u64,
+    evicted: Vec<(String, usize)>,
+    spilled: Vec<(String, usize)>,
+}
+
+impl DeviceMemory {
+    /// Runs `attempt`; on out-of-memory frees cached blocks, then drops clean mirrors one at a
+    /// time, then spills dirty ones, retrying after each step; finally reports.
+    pub(super) fn with_retries<R>(
+        &self,
+        dev: &Device,
+        requested: usize,
+        mut attempt: impl FnMut() -> Result<R>,
+    ) -> Result<R> {
+        let cause = match attempt() {
+            Ok(r) => return Ok(r),
+            Err(Error::OutOfMemory { report }) => report,
+            Err(e) => return Err(e),
+        };
+        let mut run = Run {
+            pool: self.current_pool(),
+            requested,
+            cause,
+            released: 0,
+            evicted: Vec::new(),
+            spilled: Vec::new(),
+        };
+        // Nothing freed could make room for more than the cap or the largest allocation.
+        let hopeless =
+            self.budget.cap().is_some_and(|c| requested as u64 > c) || requested > max_segment(dev);
+        if !hopeless {
+            if let Break(done) = self.free_room(&mut run, &mut attempt) {
+                return done;
+            }
+        }
+        Err(self.report(dev, run))
+    }
+
+    /// Frees room step by step, retrying after each.
+    fn free_room<R>(&self, run: &mut Run, attempt: &mut impl FnMut() -> Result<R>) -> Step<R> {
+        if let Some(p) = &run.pool {
+            p.note_retry();
+        }
+        run.released = run.release();
+        if run.released > 0 {
+            run.retry(attempt)?;
+        }
+        let candidates = self.mirrors.get().map_or_else(Vec::new, |m| m.candidates());
+        for (item, _) in &candidates {
+            run.evict(item.as_ref(), attempt)?;
+        }
+        // Spill: dirty mirrors written back to the host, least recently used first; first those
+        // with nothing queued, then, in a last round, waiting for their queued work.
+        let mut by_age: Vec<_> = candidates.into_iter().map(|(item, _)| item).collect();
+        by_age.sort_by_key(|item| item.last_use());
+        for wait in [false, true] {
+            run.spill(&by_age, wait, attempt)?;
+        }
+        Continue(())
+    }
+
+    /// The out-of-memory error once nothing helped: the pool's figures, the biggest holders
+    /// and what the run freed, also kept as the device's last report.
+    fn report(&self, dev: &Device, run: Run) -> Error {
+        let Run {
+            pool,
+            requested,
+            mut cause,
+            released,
+            evicted,
+            spilled,
+        } = run;
+        let Some(pool) = pool else {
+            return Error::OutOfMemory { report: cause };
+        };
+        pool.note_oom(requested);
+        let stats = pool.stats();
+        let holders = self
+            .live_buffers()
+            .into_iter()
+            .take(8)
+            .map(|h| (h.label, usize::try_from(h.bytes).unwrap_or(usize::MAX)))
+            .collect();
+        let mut retry = OomRetry::new(stats.kind.to_string(), dev.info().total_memory);
+        retry.direct = self.direct.load(Relaxed);
+        retry.free = stats.free_bytes;
+        retry.largest_free_block = stats.largest_free_block;
+        retry.released_cache = released;
+        retry.evicted = evicted;
+        retry.spilled = spilled;
+        let last = if cause.cause.is_empty() {
+            "the backend refused".to_string()
+        } else {
+            std::mem::take(&mut cause.cause)
+        };
+        // The last refusal's own figures (a cap, the largest allocation) are kept.
+        let mut report = OomReport::new(dev.label(), requested, last)
+            .with_cap(self.budget.cap())
+            .with_usage(Some(stats.allocated.current), Some(stats.reserved.current))
+            .with_holders(holders)
+            .with_retry(retry);
+        report.max_alloc = cause.max_alloc;
+        *self.last_oom.lock() = Some(report.clone());
+        report.into()
+    }
+}
+
+impl Run {
+    /// Retries the allocation: `Break` with its result when it succeeded or failed otherwise
+    /// than out of memory, else `Continue` with the refusal kept as the cause.
+    fn retry<R>(&mut self, attempt: &mut impl FnMut() -> Result<R>) -> Step<R> {
+        match attempt() {
+            Err(Error::OutOfMemory { report }) => {
+                self.cause = report;
+                Continue(())
+            }
+            done => Break(done),
+        }
+    }
+
+    /// Frees the pool's cached blocks; returns how many bytes.
+    fn release(&self) -> u64 {
+        self.pool.as_ref().map_or(0, |p| p.empty_cache())
+    }
+
+    /// Drops `item`'s clean mirror if it can go, then retries.
+    fn evict<R>(
+        &mut self,
+        item: &dyn Evictable,
+        attempt: &mut impl FnMut() -> Result<R>,
+    ) -> Step<R> {
+        let Some(bytes) = item.try_evict() else {
+            return Continue(());
+        };
+        self.note_evicted(item.label_now(), bytes);
+        self.released += self.release();
+        self.retry(attempt)
+    }
+
+    /// Spills the mirrors of `by_age` that can go (waiting for their queued work with `wait`),
+    /// retrying after each batch of about twice the request, so that the next request does not
+    /// spill again at once.
+    fn spill<R>(
+        &mut self,
+        by_age: &[Arc<dyn Evictable>],
+        wait: bool,
+        attempt: &mut impl FnMut() -> Result<R>,
+    ) -> Step<R> {
+        let mut batch = 0usize;
+        for item in by_age {
+            let Some(freed) = item.try_spill(wait) else {
+                continue;
+            };
+            let (label, bytes) = (item.label_now(), freed.bytes);
+            if freed.spilled {
+                if let Some(p) = &self.pool {
+                    p.note_spill(bytes);
+                }
+                self.spilled.push((label, bytes));
+            } else {
+                // A clean or stale mirror the eviction could not have (still in use then).
+                self.note_evicted(label, bytes);
+            }
+            batch += bytes;
+            if batch / 2 < self.requested {
+                continue;
+            }
+            batch = 0;
+            self.released += self.release();
+            self.retry(attempt)?;
+        }
+        if batch > 0 {
+            self.released += self.release();
+            self.retry(attempt)?;
+        }
+        Continue(())
+    }
+
+    fn note_evicted(&mut self, label: String, bytes: usize) {
+        if let Some(p) = &self.pool {
+            p.note_eviction(&label, bytes);
+        }
+        self.evicted.push((label, bytes));
+    }
+}
