@@ -125,24 +125,7 @@ pub(crate) fn gemm(
     beta: f32,
     c: &mut [f32],
 ) -> Result<()> {
-    let size = |r: usize, s: usize, what: &str| {
-        r.checked_mul(s).ok_or_else(|| Error::SizeOverflow {
-            what: format!("GEMM {what}: {r} * {s}"),
-        })
-    };
-    let check = |have: usize, want: usize, what: &str| {
-        if have == want {
-            return Ok(());
-        }
-        Err(Error::SizeMismatch {
-            what: format!("cpu GEMM operand {what} (m={m}, n={n}, k={k}, in f32)"),
-            expected: want.saturating_mul(4),
-            actual: have.saturating_mul(4),
-        })
-    };
-    check(a.len(), size(m, k, "A")?, "A")?;
-    check(b.len(), size(k, n, "B")?, "B")?;
-    check(c.len(), size(m, n, "C")?, "C")?;
+    check_gemm((m, n, k), (a.len(), b.len(), c.len()))?;
     if m == 0 || n == 0 {
         return Ok(());
     }
@@ -158,7 +141,47 @@ pub(crate) fn gemm(
     if super::gemm::gemm((ta, tb), (m, n, k), a, b, beta, c) {
         return Ok(());
     }
-    // Strides in elements. Every slice above is at most isize::MAX bytes, so its dimensions fit.
+    // SAFETY: every operand holds exactly its matrix (checked above), and m, n, k > 0.
+    unsafe { portable_gemm((ta, tb), (m, n, k), a, b, beta, c) };
+    Ok(())
+}
+
+/// Checks that the operands of a GEMM of `(m, n, k)` hold exactly their matrices (lengths of
+/// A, B and C in elements).
+fn check_gemm((m, n, k): (usize, usize, usize), (a, b, c): (usize, usize, usize)) -> Result<()> {
+    let size = |r: usize, s: usize, what: &str| {
+        r.checked_mul(s).ok_or_else(|| Error::SizeOverflow {
+            what: format!("GEMM {what}: {r} * {s}"),
+        })
+    };
+    let check = |have: usize, want: usize, what: &str| {
+        if have == want {
+            return Ok(());
+        }
+        Err(Error::SizeMismatch {
+            what: format!("cpu GEMM operand {what} (m={m}, n={n}, k={k}, in f32)"),
+            expected: want.saturating_mul(4),
+            actual: have.saturating_mul(4),
+        })
+    };
+    check(a, size(m, k, "A")?, "A")?;
+    check(b, size(k, n, "B")?, "B")?;
+    check(c, size(m, n, "C")?, "C")
+}
+
+/// [`gemm`] through matrixmultiply, on any architecture.
+///
+/// # Safety
+/// `a`, `b` and `c` hold exactly their matrices (`m*k`, `k*n` and `m*n` elements).
+unsafe fn portable_gemm(
+    (ta, tb): (bool, bool),
+    (m, n, k): (usize, usize, usize),
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: &mut [f32],
+) {
+    // Strides in elements. Every slice is at most isize::MAX bytes, so its dimensions fit.
     let (m_i, n_i, k_i) = (m as isize, n as isize, k as isize);
     let (rsa, csa) = if ta { (1, m_i) } else { (k_i, 1) };
     let (rsb, csb) = if tb { (1, k_i) } else { (n_i, 1) };
@@ -169,7 +192,7 @@ pub(crate) fn gemm(
     // on 2 cores at 64 x 1024 x 1024: 99-111 -> 172-185 GFLOP/s; at 64 x 256 x 256:
     // 82-89 -> 132-150.
     let swap = n > m;
-    // SAFETY: `a` holds exactly m*k elements and is read at i*rsa + l*csa for i < m, l < k,
+    // SAFETY: `a` holds exactly m*k elements (the contract) and is read at i*rsa + l*csa for i < m, l < k,
     // which is below m*k for both layouts; likewise `b` (k*n elements, l < k, j < n) and `c`
     // (m*n elements, written at i*n + j, in either order of the loops). `c` is a `&mut`
     // borrow, so it aliases neither `a` nor `b`. matrixmultiply does not keep the pointers
@@ -211,7 +234,6 @@ pub(crate) fn gemm(
             );
         }
     }
-    Ok(())
 }
 
 /// `out[j] = sum_i x[i*cols + j]`, accumulated in `f64`, a block of columns at a time on the

@@ -2,7 +2,7 @@
 //! is none (a failure instead with `SYNCMEM_REQUIRE_OPENCL=1`).
 
 use super::error::{alloc_error, backend_error, cl_error_message, enqueue_error, unavailable};
-use super::ClDevice;
+use super::{ClDevice, ClMem, ClStream};
 use crate::backend::dispatch::RawDevice;
 use crate::backend::BackendDevice;
 use crate::error::{BackendKind, Error};
@@ -115,6 +115,112 @@ fn opencl_error_mapping() {
     }
 }
 
+/// Host values for a GEMM operand of `n` elements (small, exact in binary, some negative).
+fn gemm_values(n: usize, seed: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| (((i * 7 + seed * 13) % 23) as f32 - 11.0) / 8.0)
+        .collect()
+}
+
+/// `v` in new memory of `cl` (a blocking write).
+fn upload(cl: &ClDevice, s: &ClStream, v: &[f32]) -> ClMem {
+    use crate::backend::BackendStream;
+    let m = cl.alloc(v.len().max(1) * 4).unwrap();
+    // SAFETY: `v` holds `4 * len` readable bytes; the write is blocking.
+    unsafe { s.write(&m, 0, v.as_ptr().cast(), v.len() * 4, true) }.unwrap();
+    m
+}
+
+/// The first `len` elements of `mem` (a blocking read).
+fn download(s: &ClStream, mem: &ClMem, len: usize) -> Vec<f32> {
+    use crate::backend::BackendStream;
+    let mut got = vec![0f32; len];
+    // SAFETY: `got` has room for the `4 * len` bytes read; the read is blocking.
+    unsafe { s.read(mem, 0, got.as_mut_ptr().cast(), len * 4, true) }.unwrap();
+    got
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// One GEMM of the sweep: its operands on the device and the host's answers.
+struct GemmCase {
+    g: crate::backend::Gemm,
+    a: ClMem,
+    b: ClMem,
+    bias: ClMem,
+    want: Vec<f32>,
+    /// The column sums of `A` by the `col_sum` kernel, when `A` is transposed.
+    want_sum: Option<Vec<f32>>,
+}
+
+impl GemmCase {
+    fn new(cl: &ClDevice, s: &ClStream, g: crate::backend::Gemm) -> Self {
+        use crate::backend::cpu::math;
+        use crate::backend::BackendKernels;
+        let (m, n, k) = (g.m, g.n, g.k);
+        let (a, b, bias) = (
+            gemm_values(m * k, 1),
+            gemm_values(k * n, 2),
+            gemm_values(n, 3),
+        );
+        let mut want: Vec<f32> = bias.iter().cycle().take(m * n).copied().collect();
+        math::gemm((g.ta, g.tb), (m, n, k), &a, &b, 1.0, &mut want).unwrap();
+        if g.relu {
+            math::relu_in_place(&mut want);
+        }
+        let a = upload(cl, s, &a);
+        let want_sum = g.ta.then(|| {
+            let out = upload(cl, s, &vec![f32::NAN; m]);
+            cl.col_sum(s, k, m, Some(&a), &out).unwrap();
+            download(s, &out, m)
+        });
+        let (b, bias) = (upload(cl, s, &b), upload(cl, s, &bias));
+        GemmCase {
+            g,
+            a,
+            b,
+            bias,
+            want,
+            want_sum,
+        }
+    }
+
+    /// Runs `kernel` and checks C against the host GEMM (and the column sums, bit for bit);
+    /// returns C.
+    fn check(&self, cl: &ClDevice, s: &ClStream, kernel: super::program::GemmKernel) -> Vec<f32> {
+        let (g, m, n) = (&self.g, self.g.m, self.g.n);
+        let c = upload(cl, s, &vec![f32::NAN; m * n]);
+        let sum = g.ta.then(|| upload(cl, s, &vec![f32::NAN; m]));
+        let ops = (
+            Some(&self.a),
+            Some(&self.b),
+            &c,
+            Some(&self.bias),
+            None,
+            sum.as_ref(),
+        );
+        cl.gemm_on(s, g, ops, kernel).unwrap();
+        if let (Some(sum), Some(want)) = (&sum, &self.want_sum) {
+            let got = download(s, sum, m);
+            assert_eq!(
+                bits(&got),
+                bits(want),
+                "{g:?}, {kernel:?}: sums {got:?}, want {want:?}"
+            );
+        }
+        let got = download(s, &c, m * n);
+        for (i, (x, y)) in got.iter().zip(&self.want).enumerate() {
+            assert!(
+                (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+                "{g:?}, {kernel:?}: C[{i}] = {x}, want {y}"
+            );
+        }
+        got
+    }
+}
+
 /// Every OpenCL GEMM (tiled, register-blocked, B staged in local memory) against the host
 /// GEMM, for every transpose pair, with and without bias and ReLU, at sizes off every tile and
 /// block (K over several staging steps, the last one short) and at skinny shapes; the device's
@@ -124,8 +230,7 @@ fn opencl_error_mapping() {
 #[test]
 fn every_gemm_kernel_matches_the_host_gemm() {
     use super::program::GemmKernel;
-    use crate::backend::cpu::math;
-    use crate::backend::{BackendKernels, BackendStream, Gemm};
+    use crate::backend::Gemm;
     let Some(dev) = opencl_or_skip("every_gemm_kernel_matches_the_host_gemm") else {
         return;
     };
@@ -138,18 +243,7 @@ fn every_gemm_kernel_matches_the_host_gemm() {
         );
     }
     let s = cl.new_stream().unwrap();
-    let vals = |n: usize, seed: usize| -> Vec<f32> {
-        (0..n)
-            .map(|i| (((i * 7 + seed * 13) % 23) as f32 - 11.0) / 8.0)
-            .collect()
-    };
-    let upload = |v: &[f32]| {
-        let m = cl.alloc(v.len().max(1) * 4).unwrap();
-        // SAFETY: `v` holds `4 * len` readable bytes; the write is blocking.
-        unsafe { s.write(&m, 0, v.as_ptr().cast(), v.len() * 4, true) }.unwrap();
-        m
-    };
-    for (m, n, k) in [
+    let shapes = [
         (64, 3, 70),
         (3, 64, 64),
         (64, 70, 2),
@@ -157,13 +251,15 @@ fn every_gemm_kernel_matches_the_host_gemm() {
         (70, 130, 33),
         (70, 33, 300),
         (17, 20, 40),
-    ] {
-        for (ta, tb, relu) in [
-            (false, false, false),
-            (true, false, true),
-            (false, true, true),
-            (true, true, false),
-        ] {
+    ];
+    let flags = [
+        (false, false, false),
+        (true, false, true),
+        (false, true, true),
+        (true, true, false),
+    ];
+    for (m, n, k) in shapes {
+        for (ta, tb, relu) in flags {
             let g = Gemm {
                 ta,
                 tb,
@@ -172,64 +268,11 @@ fn every_gemm_kernel_matches_the_host_gemm() {
                 k,
                 relu,
             };
-            let (a, b, bias) = (vals(m * k, 1), vals(k * n, 2), vals(n, 3));
-            let mut want: Vec<f32> = bias.iter().cycle().take(m * n).copied().collect();
-            math::gemm((ta, tb), (m, n, k), &a, &b, 1.0, &mut want).unwrap();
-            if relu {
-                math::relu_in_place(&mut want);
-            }
-            let (da, db, dbias) = (upload(&a), upload(&b), upload(&bias));
-            let read = |mem: &super::ClMem, len: usize| {
-                let mut got = vec![0f32; len];
-                // SAFETY: `got` has room for the `4 * len` bytes read; the read is blocking.
-                unsafe { s.read(mem, 0, got.as_mut_ptr().cast(), len * 4, true) }.unwrap();
-                got
-            };
-            let want_sum = ta.then(|| {
-                let out = upload(&vec![f32::NAN; m]);
-                cl.col_sum(&s, k, m, Some(&da), &out).unwrap();
-                read(&out, m)
-            });
-            let mut blocked_c = None;
-            for kernel in [
-                GemmKernel::RegisterBlocked,
-                GemmKernel::Staged,
-                GemmKernel::Tiled,
-            ] {
-                let c = upload(&vec![f32::NAN; m * n]);
-                let sum = ta.then(|| upload(&vec![f32::NAN; m]));
-                cl.gemm_on(
-                    &s,
-                    &g,
-                    (Some(&da), Some(&db), &c, Some(&dbias), None, sum.as_ref()),
-                    kernel,
-                )
-                .unwrap();
-                if let (Some(sum), Some(want)) = (&sum, &want_sum) {
-                    let got = read(sum, m);
-                    let same = got
-                        .iter()
-                        .zip(want)
-                        .all(|(x, y)| x.to_bits() == y.to_bits());
-                    assert!(same, "{g:?}, {kernel:?}: sums {got:?}, want {want:?}");
-                }
-                let got = read(&c, m * n);
-                for (i, (x, y)) in got.iter().zip(&want).enumerate() {
-                    assert!(
-                        (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
-                        "{g:?}, {kernel:?}: C[{i}] = {x}, want {y}"
-                    );
-                }
-                match kernel {
-                    GemmKernel::RegisterBlocked => blocked_c = Some(got),
-                    GemmKernel::Staged => {
-                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                        let blocked = blocked_c.as_deref().unwrap();
-                        assert_eq!(bits(&got), bits(blocked), "{g:?}: staged vs blocked");
-                    }
-                    GemmKernel::Tiled => {}
-                }
-            }
+            let case = GemmCase::new(cl, &s, g);
+            let blocked = case.check(cl, &s, GemmKernel::RegisterBlocked);
+            let staged = case.check(cl, &s, GemmKernel::Staged);
+            assert_eq!(bits(&staged), bits(&blocked), "{g:?}: staged vs blocked");
+            case.check(cl, &s, GemmKernel::Tiled);
         }
     }
 }
