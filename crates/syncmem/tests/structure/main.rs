@@ -78,7 +78,6 @@ const KNOWN: &[&str] = &[
     "crates/syncmem-py/src/raw_kernel.rs: fn __call__",
     "crates/syncmem-py/src/report.rs: fn memory_snapshot",
     // The memory core.
-    "backend/: circles",
     "crates/syncmem/tests/common/interleave.rs: fn run_op",
     "crates/syncmem/tests/common/interleave.rs: fn run_ops",
     "crates/syncmem/tests/model.rs: fn apply",

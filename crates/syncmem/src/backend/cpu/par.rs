@@ -10,12 +10,11 @@
 //!
 //! Work started from inside a part (a nested split) runs on its own thread.
 
-use std::cell::Cell;
 use std::ops::Range;
 
 use parking_lot::Mutex;
 
-use super::team::{team, MAX_THREADS};
+use super::team::{in_part, team, MAX_THREADS};
 
 /// Elements of element-wise work (an SGD update, a ReLU, ...) from which it is split between
 /// the threads: 256 KiB of `f32`, tens of microseconds of memory traffic on one core.
@@ -134,28 +133,6 @@ pub(crate) fn for_parts<S: Split>(s: S, threaded: bool, f: &(dyn Fn(S) + Sync)) 
             f(p);
         }
     });
-}
-
-thread_local! {
-    /// This thread runs a part of a split (see [`for_parts`]).
-    static IN_PART: Cell<bool> = const { Cell::new(false) };
-}
-
-/// True on a thread that runs a part of a split now: a split from there runs on the thread.
-pub(crate) fn in_part() -> bool {
-    IN_PART.with(Cell::get)
-}
-
-/// Runs `f` marked as a part of a split (see [`in_part`]).
-pub(crate) fn as_part<R>(f: impl FnOnce() -> R) -> R {
-    struct Reset(bool);
-    impl Drop for Reset {
-        fn drop(&mut self) {
-            IN_PART.with(|p| p.set(self.0));
-        }
-    }
-    let _reset = Reset(IN_PART.with(|p| p.replace(true)));
-    f()
 }
 
 #[cfg(test)]

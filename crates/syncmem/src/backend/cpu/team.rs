@@ -12,9 +12,10 @@
 //!
 //! One job runs at a time: a caller that finds the workers busy with another thread's job runs
 //! its own parts alone. So does a job started from inside a part (see
-//! [`super::par::in_part`]): it is never published.
+//! [`in_part`]): it is never published.
 
 use std::any::Any;
+use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -23,7 +24,27 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::par::{as_part, in_part};
+thread_local! {
+    /// This thread runs a part of a job (a part of a split, see [`super::par`]).
+    static IN_PART: Cell<bool> = const { Cell::new(false) };
+}
+
+/// True on a thread that runs a part of a job now: a split from there runs on the thread.
+pub(crate) fn in_part() -> bool {
+    IN_PART.with(Cell::get)
+}
+
+/// Runs `f` marked as a part of a job (see [`in_part`]).
+pub(crate) fn as_part<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            IN_PART.with(|p| p.set(self.0));
+        }
+    }
+    let _reset = Reset(IN_PART.with(|p| p.replace(true)));
+    f()
+}
 
 /// The most threads of a job (the caller and 3 workers).
 pub(crate) const MAX_THREADS: usize = 4;

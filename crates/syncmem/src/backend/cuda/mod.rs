@@ -55,3 +55,13 @@ pub(crate) use memory::{CuMem, CuPinned};
 pub(crate) use program::KernelCache;
 pub(crate) use stream::{CuEvent, CuStream};
 pub(crate) use user::CuUserKernel;
+
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn send_sync<T: Send + Sync + 'static>() {}
+    send_sync::<CuDevice>();
+    send_sync::<CuMem>();
+    send_sync::<CuPinned>();
+    send_sync::<CuStream>();
+    send_sync::<CuEvent>();
+}

@@ -11,7 +11,7 @@ use crate::backend::timeline::Timeline;
 use crate::backend::{BackendEvent, BackendStream};
 use crate::error::{Error, Result};
 
-use super::{device::*, error::*, memory::*, shared::*};
+use super::{error::*, memory::*, shared::*};
 
 /// A non-blocking CUDA stream of one device, and the timeline of its commands.
 ///
@@ -333,14 +333,4 @@ impl BackendEvent for CuEvent {
             .try_is_complete()
             .map_err(|e| self.shared.err("cuEventQuery", e))
     }
-}
-
-#[allow(dead_code)]
-pub(super) fn _assert_send_sync() {
-    fn send_sync<T: Send + Sync + 'static>() {}
-    send_sync::<CuDevice>();
-    send_sync::<CuMem>();
-    send_sync::<CuPinned>();
-    send_sync::<CuStream>();
-    send_sync::<CuEvent>();
 }

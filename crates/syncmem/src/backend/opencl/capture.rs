@@ -17,7 +17,7 @@ use opencl3::kernel::Kernel;
 use opencl3::types::{cl_mem, cl_uint, cl_ulong};
 
 use super::error::backend_error;
-use super::launch::{Arg, Grid};
+use super::grid::{Arg, Grid};
 use crate::backend::args::KArg;
 use crate::error::Result;
 

@@ -1,5 +1,6 @@
 //! The one launch helper of the OpenCL kernels: kernel slots (a kernel object behind its lock,
-//! with its work-group size), the argument type, and [`launch`].
+//! with its work-group size) and [`launch`]; the arguments and sizes a launch takes are in
+//! [`super::grid`].
 //!
 //! `clSetKernelArg` is not thread-safe on one kernel object, so each kernel sits behind a mutex
 //! held from its first argument to its enqueue (OpenCL captures the arguments at enqueue time).
@@ -10,12 +11,13 @@ use std::ptr;
 
 use opencl3::error_codes::ClError;
 use opencl3::kernel::Kernel;
-use opencl3::types::{cl_command_queue, cl_device_id, cl_event, cl_mem, cl_uint, cl_ulong};
+use opencl3::types::{cl_command_queue, cl_device_id, cl_event, cl_uint, cl_ulong};
 use parking_lot::Mutex;
 
 use super::error::backend_error;
+pub(super) use super::grid::{Arg, Grid};
 use super::handle::{OwnedKernel, OwnedProgram};
-use crate::backend::args::{DevicePtr, KArg};
+use crate::backend::args::KArg;
 use crate::error::{Error, Result};
 
 /// Largest one-dimensional work-group size used.
@@ -72,24 +74,9 @@ impl Slot {
     }
 }
 
-/// One kernel argument: a device pointer is a `cl_mem`.
-pub(super) type Arg = KArg<cl_mem>;
-
-impl DevicePtr for cl_mem {
-    const NULL: Self = ptr::null_mut();
-}
-
 /// Work-groups of `local` items for a grid-stride loop over `n` items, at most `max`.
 pub(super) fn groups_for(n: usize, local: usize, max: usize) -> usize {
     n.div_ceil(local).clamp(1, max)
-}
-
-/// A launch: the global and local sizes (1 or 2 dimensions), and the bytes of a `__local`
-/// scratch buffer passed after the other arguments, if the kernel takes one.
-pub(super) struct Grid<'a> {
-    pub(super) global: &'a [usize],
-    pub(super) local: &'a [usize],
-    pub(super) scratch: Option<usize>,
 }
 
 /// Sets `slot`'s arguments and enqueues it on `queue`. Returns the command's event (one

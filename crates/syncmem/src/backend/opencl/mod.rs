@@ -23,6 +23,7 @@ mod discovery;
 #[cfg(test)]
 mod elementwise_tests;
 mod error;
+mod grid;
 mod handle;
 mod kernels;
 mod launch;

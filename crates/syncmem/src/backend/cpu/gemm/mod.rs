@@ -52,7 +52,7 @@
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-use super::par::in_part;
+use super::team::in_part;
 use super::team::{team, MAX_THREADS};
 use parking_lot::Mutex;
 
