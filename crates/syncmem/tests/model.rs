@@ -9,6 +9,7 @@
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
+use syncmem::synced::DeviceWrite;
 use syncmem::{Device, Error, Head, SyncedMemory};
 
 // ----- the reference model ---------------------------------------------------------------------
@@ -351,30 +352,12 @@ fn apply(m: &SyncedMemory, model: &mut Model, op: &Op, ctx: &str) -> Result<(), 
             prop_assert_eq!(&out[..], &model.data[..], "{}: device contents", ctx);
         }
         Op::DeviceFill { value } => {
-            let mut g = ok(m.device_mut(), ctx)?;
-            model.device_access(true);
-            let mut seen = vec![0xA5; len];
-            ok(g.read_into(&mut seen), ctx)?;
-            prop_assert_eq!(
-                &seen[..],
-                &model.data[..],
-                "{}: contents seen by device_mut",
-                ctx
-            );
+            let mut g = device_mut_seen(m, model, ctx)?;
             ok(g.fill(*value), ctx)?;
             model.data.fill(*value);
         }
         Op::DeviceWriteFrom { seed, at, n } => {
-            let mut g = ok(m.device_mut(), ctx)?;
-            model.device_access(true);
-            let mut seen = vec![0xA5; len];
-            ok(g.read_into(&mut seen), ctx)?;
-            prop_assert_eq!(
-                &seen[..],
-                &model.data[..],
-                "{}: contents seen by device_mut",
-                ctx
-            );
+            let mut g = device_mut_seen(m, model, ctx)?;
             let r = sub_range(len, at, n);
             let p = pattern(*seed, r.len());
             ok(g.write_from(r.start, &p), ctx)?;
@@ -386,38 +369,69 @@ fn apply(m: &SyncedMemory, model: &mut Model, op: &Op, ctx: &str) -> Result<(), 
             ok(g.write_from(0, &p), ctx)?;
             model.device_overwrite(p);
         }
-        Op::PrefetchToDevice | Op::PrefetchToHost => {
-            let (got, want) = if matches!(op, Op::PrefetchToDevice) {
-                (m.prefetch_to_device(None), model.prefetch_to_device())
-            } else {
-                (m.prefetch_to_host(None), model.prefetch_to_host())
-            };
-            match (got, want) {
-                (Ok(ev), Ok(copied)) => {
-                    prop_assert_eq!(
-                        ev.is_some(),
-                        copied,
-                        "{}: an event iff a copy was queued",
-                        ctx
-                    )
-                }
-                (Err(Error::InvalidState { .. }), Err(())) => {}
-                (got, want) => {
-                    return Err(TestCaseError::fail(format!(
-                        "{ctx}: got {got:?}, model expects {}",
-                        match want {
-                            Ok(true) => "Ok(Some(event))",
-                            Ok(false) => "Ok(None)",
-                            Err(()) => "Err(InvalidState)",
-                        }
-                    )))
-                }
-            }
-        }
+        Op::PrefetchToDevice => prefetch(m, model, true, ctx)?,
+        Op::PrefetchToHost => prefetch(m, model, false, ctx)?,
         Op::SetHostData { seed } => {
             let p = pattern(*seed, len);
             ok(m.set_host_data(p.clone()), ctx)?;
             model.set_host_data(p);
+        }
+    }
+    Ok(())
+}
+
+/// A device write guard, its contents checked against the model first (the access moved the
+/// model's head as a device write does).
+fn device_mut_seen<'m>(
+    m: &'m SyncedMemory,
+    model: &mut Model,
+    ctx: &str,
+) -> Result<DeviceWrite<'m>, TestCaseError> {
+    let g = ok(m.device_mut(), ctx)?;
+    model.device_access(true);
+    let mut seen = vec![0xA5; model.len];
+    ok(g.read_into(&mut seen), ctx)?;
+    prop_assert_eq!(
+        &seen[..],
+        &model.data[..],
+        "{}: contents seen by device_mut",
+        ctx
+    );
+    Ok(g)
+}
+
+/// A prefetch to the device (or to the host): an event exactly when the model queues a copy,
+/// and the model's error where it has one.
+fn prefetch(
+    m: &SyncedMemory,
+    model: &mut Model,
+    to_device: bool,
+    ctx: &str,
+) -> Result<(), TestCaseError> {
+    let (got, want) = if to_device {
+        (m.prefetch_to_device(None), model.prefetch_to_device())
+    } else {
+        (m.prefetch_to_host(None), model.prefetch_to_host())
+    };
+    match (got, want) {
+        (Ok(ev), Ok(copied)) => {
+            prop_assert_eq!(
+                ev.is_some(),
+                copied,
+                "{}: an event iff a copy was queued",
+                ctx
+            )
+        }
+        (Err(Error::InvalidState { .. }), Err(())) => {}
+        (got, want) => {
+            return Err(TestCaseError::fail(format!(
+                "{ctx}: got {got:?}, model expects {}",
+                match want {
+                    Ok(true) => "Ok(Some(event))",
+                    Ok(false) => "Ok(None)",
+                    Err(()) => "Err(InvalidState)",
+                }
+            )))
         }
     }
     Ok(())

@@ -105,42 +105,14 @@ fn run(devs: &[Device; 3], ops: &[Op]) -> Result<(), TestCaseError> {
     for (step, &op) in ops.iter().enumerate() {
         match op {
             Op::Read { slot, place } => {
-                let m = &bufs[slot];
-                let was_current = current(m, devs, place);
-                let before = m.copy_stats();
-                let got = read(m, devs, place);
-                prop_assert_eq!(&got, &model[slot], "step {}: {:?}", step, op);
-                if was_current {
-                    let copied = m.copy_stats().since(&before).total_count();
-                    prop_assert_eq!(copied, 0, "step {}: {:?} copied a current copy", step, op);
-                }
-                prop_assert!(
-                    current(m, devs, place),
-                    "step {}: {:?} left it stale",
-                    step,
-                    op
-                );
+                check_read(&bufs[slot], devs, place, &model[slot], step, op)?;
             }
             Op::Write {
                 slot,
                 place,
                 at,
                 value,
-            } => {
-                let m = &bufs[slot];
-                let mut v = as_f32(&model[slot]);
-                if place == 0 {
-                    let mut g = m.host_mut().unwrap();
-                    g.as_mut_slice_of::<f32>().unwrap()[at] = f32::from(value);
-                    v[at] = f32::from(value);
-                } else {
-                    // A factor that changes every element (not 0 or 1).
-                    let a = [-2.0, -1.0, 2.0, 3.0][value.rem_euclid(4) as usize];
-                    kernels::scale(N, a, &mut m.device_mut_on(&devs[place - 1]).unwrap()).unwrap();
-                    v.iter_mut().for_each(|x| *x *= a);
-                }
-                model[slot] = to_bytes(&v);
-            }
+            } => model[slot] = write(&bufs[slot], devs, place, at, value, &model[slot]),
             Op::Overwrite { slot, place, value } => {
                 let m = &bufs[slot];
                 if place == 0 {
@@ -167,6 +139,57 @@ fn run(devs: &[Device; 3], ops: &[Op]) -> Result<(), TestCaseError> {
         }
     }
     Ok(())
+}
+
+/// A read at `place` finds the model's bytes, copies nothing where a current copy was, and
+/// leaves a current copy there.
+fn check_read(
+    m: &SyncedMemory,
+    devs: &[Device; 3],
+    place: Place,
+    want: &[u8],
+    step: usize,
+    op: Op,
+) -> Result<(), TestCaseError> {
+    let was_current = current(m, devs, place);
+    let before = m.copy_stats();
+    let got = read(m, devs, place);
+    prop_assert_eq!(&got[..], want, "step {}: {:?}", step, op);
+    if was_current {
+        let copied = m.copy_stats().since(&before).total_count();
+        prop_assert_eq!(copied, 0, "step {}: {:?} copied a current copy", step, op);
+    }
+    prop_assert!(
+        current(m, devs, place),
+        "step {}: {:?} left it stale",
+        step,
+        op
+    );
+    Ok(())
+}
+
+/// A write at `place`: one element on the host, a scale of every element on a device; returns
+/// the model's bytes after it.
+fn write(
+    m: &SyncedMemory,
+    devs: &[Device; 3],
+    place: Place,
+    at: usize,
+    value: i8,
+    model: &[u8],
+) -> Vec<u8> {
+    let mut v = as_f32(model);
+    if place == 0 {
+        let mut g = m.host_mut().unwrap();
+        g.as_mut_slice_of::<f32>().unwrap()[at] = f32::from(value);
+        v[at] = f32::from(value);
+    } else {
+        // A factor that changes every element (not 0 or 1).
+        let a = [-2.0, -1.0, 2.0, 3.0][value.rem_euclid(4) as usize];
+        kernels::scale(N, a, &mut m.device_mut_on(&devs[place - 1]).unwrap()).unwrap();
+        v.iter_mut().for_each(|x| *x *= a);
+    }
+    to_bytes(&v)
 }
 
 fn cases() -> u32 {

@@ -49,11 +49,13 @@ fn shared_buffer_readers_see_whole_writes(dev: &Device) {
     shared_buffer_with(dev, true);
 }
 
+/// The shared buffer's length (not a multiple of any block or word).
+const SHARED_LEN: usize = 64 * 1024 + 3;
+
 fn shared_buffer_with(dev: &Device, zero_copy: bool) {
-    const LEN: usize = 64 * 1024 + 3;
     const OPS: usize = 250;
     let m = Arc::new(
-        SyncedMemory::new(LEN, dev)
+        SyncedMemory::new(SHARED_LEN, dev)
             .with_zero_copy(zero_copy)
             .with_label("shared"),
     );
@@ -68,78 +70,91 @@ fn shared_buffer_with(dev: &Device, zero_copy: bool) {
             let (m, last, start) = (m.clone(), last.clone(), start.clone());
             scope.spawn(move || {
                 let mut rng = Rng::new(t as u64 + 1);
-                // Always differs from the previous value (t + 1 is in 1..=8).
-                let next = |prev: u8| prev.wrapping_add(t as u8 + 1);
-                let mut scratch = vec![0u8; LEN];
+                let mut scratch = vec![0u8; SHARED_LEN];
                 start.wait();
                 for i in 0..OPS {
                     let what = format!("thread {t} op {i}");
-                    match rng.below(10) {
-                        0 | 1 => {
-                            let g = m.host().unwrap();
-                            assert_uniform(&g, last.load(SeqCst), &format!("{what}: host read"));
-                        }
-                        2 | 3 => {
-                            let g = m.device().unwrap();
-                            g.read_into(&mut scratch).unwrap();
-                            assert_uniform(
-                                &scratch,
-                                last.load(SeqCst),
-                                &format!("{what}: device read"),
-                            );
-                        }
-                        4 => {
-                            let mut g = m.host_mut().unwrap();
-                            let prev = last.load(SeqCst);
-                            // host_mut must have brought the newest data to the host.
-                            assert_uniform(&g, prev, &format!("{what}: seen by host_mut"));
-                            g.fill(next(prev));
-                            last.store(next(prev), SeqCst);
-                        }
-                        5 => {
-                            let mut g = m.device_mut().unwrap();
-                            let prev = last.load(SeqCst);
-                            g.read_into(&mut scratch).unwrap();
-                            assert_uniform(&scratch, prev, &format!("{what}: seen by device_mut"));
-                            g.fill(next(prev)).unwrap();
-                            last.store(next(prev), SeqCst);
-                        }
-                        6 => {
-                            let mut g = m.device_mut().unwrap();
-                            let k = next(last.load(SeqCst));
-                            g.write_from(0, &vec![k; LEN]).unwrap();
-                            last.store(k, SeqCst);
-                        }
-                        7 => {
-                            let mut g = m.host_overwrite().unwrap();
-                            let k = next(last.load(SeqCst));
-                            g.fill(k);
-                            last.store(k, SeqCst);
-                        }
-                        8 => {
-                            let mut g = m.device_overwrite().unwrap();
-                            let k = next(last.load(SeqCst));
-                            g.write_from(0, &vec![k; LEN]).unwrap();
-                            last.store(k, SeqCst);
-                        }
-                        _ => {
-                            // The buffer is initialised before the threads start: never an error.
-                            if rng.below(2) == 0 {
-                                m.prefetch_to_device(None).unwrap();
-                            } else {
-                                m.prefetch_to_host(None).unwrap();
-                            }
-                        }
-                    }
+                    random_access(&m, &last, &mut rng, t, &what, &mut scratch);
                 }
             });
         }
     });
+    check_shared_end(&m, last.load(SeqCst));
+}
 
-    let want = last.load(SeqCst);
+/// One random access of thread `t` to the shared buffer: a read sees the last whole write
+/// (`last`); a write stores a new value there, always another than the one before (`t + 1` is
+/// in 1..=8).
+fn random_access(
+    m: &SyncedMemory,
+    last: &AtomicU8,
+    rng: &mut Rng,
+    t: usize,
+    what: &str,
+    scratch: &mut [u8],
+) {
+    let next = |prev: u8| prev.wrapping_add(t as u8 + 1);
+    match rng.below(10) {
+        0 | 1 => {
+            let g = m.host().unwrap();
+            assert_uniform(&g, last.load(SeqCst), &format!("{what}: host read"));
+        }
+        2 | 3 => {
+            let g = m.device().unwrap();
+            g.read_into(scratch).unwrap();
+            assert_uniform(scratch, last.load(SeqCst), &format!("{what}: device read"));
+        }
+        4 => {
+            let mut g = m.host_mut().unwrap();
+            let prev = last.load(SeqCst);
+            // host_mut must have brought the newest data to the host.
+            assert_uniform(&g, prev, &format!("{what}: seen by host_mut"));
+            g.fill(next(prev));
+            last.store(next(prev), SeqCst);
+        }
+        5 => {
+            let mut g = m.device_mut().unwrap();
+            let prev = last.load(SeqCst);
+            g.read_into(scratch).unwrap();
+            assert_uniform(scratch, prev, &format!("{what}: seen by device_mut"));
+            g.fill(next(prev)).unwrap();
+            last.store(next(prev), SeqCst);
+        }
+        6 => {
+            let mut g = m.device_mut().unwrap();
+            let k = next(last.load(SeqCst));
+            g.write_from(0, &vec![k; SHARED_LEN]).unwrap();
+            last.store(k, SeqCst);
+        }
+        7 => {
+            let mut g = m.host_overwrite().unwrap();
+            let k = next(last.load(SeqCst));
+            g.fill(k);
+            last.store(k, SeqCst);
+        }
+        8 => {
+            let mut g = m.device_overwrite().unwrap();
+            let k = next(last.load(SeqCst));
+            g.write_from(0, &vec![k; SHARED_LEN]).unwrap();
+            last.store(k, SeqCst);
+        }
+        _ => {
+            // The buffer is initialised before the threads start: never an error.
+            if rng.below(2) == 0 {
+                m.prefetch_to_device(None).unwrap();
+            } else {
+                m.prefetch_to_host(None).unwrap();
+            }
+        }
+    }
+}
+
+/// After the threads: both sides hold the last value, and every transfer was whole (copies
+/// with two mirrors, syncs with zero-copy).
+fn check_shared_end(m: &SyncedMemory, want: u8) {
     assert_uniform(&m.host().unwrap(), want, "final host read");
     let g = m.device().unwrap();
-    let mut out = vec![0u8; LEN];
+    let mut out = vec![0u8; SHARED_LEN];
     g.read_into(&mut out).unwrap();
     assert_uniform(&out, want, "final device read");
     drop(g);
@@ -152,7 +167,7 @@ fn shared_buffer_with(dev: &Device, zero_copy: bool) {
             s.mapped.count > 0,
             "2000 mixed accesses made no sync: {s:?}"
         );
-        assert_eq!(s.mapped.bytes, s.mapped.count * LEN as u64, "{s:?}");
+        assert_eq!(s.mapped.bytes, s.mapped.count * SHARED_LEN as u64, "{s:?}");
         return;
     }
     for (name, d) in [("h2d", s.host_to_device), ("d2h", s.device_to_host)] {
@@ -162,7 +177,7 @@ fn shared_buffer_with(dev: &Device, zero_copy: bool) {
         );
         assert_eq!(
             d.bytes,
-            d.count * LEN as u64,
+            d.count * SHARED_LEN as u64,
             "{name}: every copy is whole: {s:?}"
         );
     }

@@ -268,84 +268,90 @@ pub fn run_ops(
     let mut slots: Vec<Option<Live>> = (0..SLOTS).map(|_| None).collect();
     for (step, op) in ops.iter().enumerate() {
         let _ = beat.send(());
-        let waits = matches!(
-            op,
-            Op::HostRead { .. } | Op::HostWrite { .. } | Op::DeviceRead { .. }
-        );
-        let drops = match *op {
-            Op::Alloc { slot, .. } | Op::Drop { slot } | Op::Recycle { slot, .. } => slot,
-            _ => usize::MAX,
-        };
-        // Every access of a buffer but a host read waits for its prefetched upload.
-        let touched: &[usize] = match op {
-            Op::Alloc { slot, .. }
-            | Op::Drop { slot }
-            | Op::HostWrite { slot, .. }
-            | Op::Scale { slot, .. }
-            | Op::DeviceRead { slot }
-            | Op::Prefetch { slot, .. }
-            | Op::Recycle { slot, .. } => std::slice::from_ref(slot),
-            Op::Axpy { x, y, .. } => &[*x, *y],
-            Op::HostRead { .. } | Op::Hold { .. } => &[],
-        };
-        let live = |i: usize| slots.get(i).and_then(Option::as_ref);
-        if waits
-            || live(drops).is_some_and(|l| l.upload_held)
-            || touched
-                .iter()
-                .any(|&i| live(i).is_some_and(|l| l.prefetch_held))
-        {
+        if must_open(op, &slots) {
             gates.open_all(&mut slots);
         }
         // A recycle is an allocation of the same size on the same stream, then a prefetch.
-        let mut ops_now = [*op, Op::Hold { stream: 0 }];
-        let mut ops_now: &[Op] = match *op {
+        let now = match *op {
             Op::Recycle { slot, seed, upload } => match &slots[slot] {
-                Some(l) => {
-                    ops_now = [
-                        Op::Alloc {
-                            slot,
-                            size: SIZES.iter().position(|&n| n == l.model.len()).unwrap(),
-                            stream: l.stream,
-                            seed,
-                        },
-                        Op::Prefetch {
-                            slot,
-                            stream: upload,
-                        },
-                    ];
-                    &ops_now
-                }
+                Some(l) => vec![
+                    Op::Alloc {
+                        slot,
+                        size: SIZES.iter().position(|&n| n == l.model.len()).unwrap(),
+                        stream: l.stream,
+                        seed,
+                    },
+                    Op::Prefetch {
+                        slot,
+                        stream: upload,
+                    },
+                ],
                 None => continue,
             },
-            _ => &ops_now[..1],
+            op => vec![op],
         };
-        while let Some((op, rest)) = ops_now.split_first() {
-            ops_now = rest;
-            run_op(*op, step, &mut slots, dev, streams, gates)?;
+        for op in now {
+            run_op(op, step, &mut slots, dev, streams, gates)?;
         }
     }
     // Every buffer still alive ends as the model says, on the device and on the host (a
     // prefetch leaves both current: a wrong device mirror would not show on the host).
     gates.open_all(&mut slots);
+    check_all(&slots, streams)
+}
+
+/// Whether `op` must find the gates open: it waits (a host access, a blocking device read), or
+/// it drops or touches a buffer whose held upload or prefetch it would wait for (every access
+/// of a buffer but a host read waits for its prefetched upload).
+fn must_open(op: &Op, slots: &[Option<Live>]) -> bool {
+    let waits = matches!(
+        op,
+        Op::HostRead { .. } | Op::HostWrite { .. } | Op::DeviceRead { .. }
+    );
+    let drops = match *op {
+        Op::Alloc { slot, .. } | Op::Drop { slot } | Op::Recycle { slot, .. } => slot,
+        _ => usize::MAX,
+    };
+    let touched: &[usize] = match op {
+        Op::Alloc { slot, .. }
+        | Op::Drop { slot }
+        | Op::HostWrite { slot, .. }
+        | Op::Scale { slot, .. }
+        | Op::DeviceRead { slot }
+        | Op::Prefetch { slot, .. }
+        | Op::Recycle { slot, .. } => std::slice::from_ref(slot),
+        Op::Axpy { x, y, .. } => &[*x, *y],
+        Op::HostRead { .. } | Op::Hold { .. } => &[],
+    };
+    let live = |i: usize| slots.get(i).and_then(Option::as_ref);
+    waits
+        || live(drops).is_some_and(|l| l.upload_held)
+        || touched
+            .iter()
+            .any(|&i| live(i).is_some_and(|l| l.prefetch_held))
+}
+
+/// Every buffer, read on the device (on stream 2) and on the host, holds its model.
+fn check_all(slots: &[Option<Live>], streams: &[Stream; 3]) -> Result<(), TestCaseError> {
     for (slot, l) in slots.iter().enumerate() {
-        if let Some(l) = l {
-            let mut bytes = vec![0u8; l.mem.len()];
-            streams[2]
-                .read(l.mem.device().unwrap().buffer(), 0, &mut bytes)
-                .unwrap();
-            same(
-                &format!("final device read of slot {slot}"),
-                &values(&bytes),
-                &l.model,
-            )?;
-            let h = l.mem.host().unwrap();
-            same(
-                &format!("final host read of slot {slot}"),
-                h.as_slice_of::<f32>().unwrap(),
-                &l.model,
-            )?;
-        }
+        let Some(l) = l else {
+            continue;
+        };
+        let mut bytes = vec![0u8; l.mem.len()];
+        streams[2]
+            .read(l.mem.device().unwrap().buffer(), 0, &mut bytes)
+            .unwrap();
+        same(
+            &format!("final device read of slot {slot}"),
+            &values(&bytes),
+            &l.model,
+        )?;
+        let h = l.mem.host().unwrap();
+        same(
+            &format!("final host read of slot {slot}"),
+            h.as_slice_of::<f32>().unwrap(),
+            &l.model,
+        )?;
     }
     Ok(())
 }
@@ -369,56 +375,19 @@ pub fn run_op(
             seed,
         } => {
             gates.freed(slots[slot].take());
-            let n = SIZES[size];
-            let model: Vec<f32> = (0..n)
-                .map(|i| f32::from((i as u8).wrapping_add(seed) % 16) - 8.0)
-                .collect();
-            // Two mirrors: the model is the copying protocol's (zero-copy buffers are the
-            // model of tests/spill_model.rs, with spills).
-            let mem = SyncedMemory::new(n * 4, dev)
-                .with_zero_copy(false)
-                .with_stream(&streams[stream])
-                .unwrap()
-                .with_label(format!("slot {slot} (step {step})"));
-            mem.host_overwrite()
-                .unwrap()
-                .as_mut_slice_of::<f32>()
-                .unwrap()
-                .copy_from_slice(&model);
-            slots[slot] = Some(Live {
-                mem,
-                model,
-                stream,
-                host_newer: true,
-                upload_held: false,
-                prefetch_held: false,
-                used: [false; 2],
-            });
+            slots[slot] = Some(alloc(dev, &streams[stream], stream, step, slot, size, seed));
         }
         Op::Drop { slot } => gates.freed(slots[slot].take()),
         Op::Prefetch { slot, stream } => {
             if let Some(l) = &mut slots[slot] {
-                gates.inherit(l);
-                if l.host_newer {
-                    // The upload follows, on the device, the other streams' work on the
-                    // buffer (and its block's previous owner's).
-                    gates.queue_on(stream, &mut [&mut *l]);
-                    l.host_newer = false;
-                    let held = gates.is_held(stream);
-                    l.upload_held |= held;
-                    l.prefetch_held = held;
-                }
-                l.mem.prefetch_to_device(Some(&streams[stream])).unwrap();
+                prefetch(l, &streams[stream], stream, gates);
             }
         }
         Op::HostRead { slot } => {
             if let Some(l) = &slots[slot] {
                 let h = l.mem.host().unwrap();
-                same(
-                    &format!("host read, step {step}"),
-                    h.as_slice_of::<f32>().unwrap(),
-                    &l.model,
-                )?;
+                let got = h.as_slice_of::<f32>().unwrap();
+                same(&format!("host read, step {step}"), got, &l.model)?;
             }
         }
         Op::HostWrite { slot, at, value } => {
@@ -431,49 +400,10 @@ pub fn run_op(
         }
         Op::Scale { slot, a } => {
             if let Some(l) = &mut slots[slot] {
-                let n = l.model.len();
-                gates.inherit(l);
-                gates.queue_on(l.stream, &mut [&mut *l]);
-                device_access(l, gates);
-                kernels::scale(n, a, &mut l.mem.device_mut().unwrap()).unwrap();
-                l.model.iter_mut().for_each(|v| *v *= a);
+                scale(l, a, gates);
             }
         }
-        Op::Axpy { x, y, a } => {
-            if x == y {
-                return Ok(());
-            }
-            if slots[x].is_none() || slots[y].is_none() {
-                return Ok(());
-            }
-            // The guard of `x` orders its stream after the other streams' work on `x`;
-            // the kernel runs on `y`'s stream, after `x`'s writer.
-            {
-                let (lx, ly) = two_mut(slots, x, y);
-                gates.inherit(lx);
-                gates.inherit(ly);
-                let (sx, sy) = (lx.stream, ly.stream);
-                gates.queue_on(sx, &mut [&mut *lx]);
-                gates.queue_on(sy, &mut [&mut *lx, &mut *ly]);
-            }
-            for i in [x, y] {
-                device_access(slots[i].as_mut().unwrap(), gates);
-            }
-            let (Some(lx), Some(ly)) = (&slots[x], &slots[y]) else {
-                return Ok(());
-            };
-            let n = lx.model.len().min(ly.model.len());
-            {
-                let xd = lx.mem.device().unwrap();
-                let mut yd = ly.mem.device_mut().unwrap();
-                kernels::axpy(n, a, &xd, &mut yd).unwrap();
-            }
-            let xs = lx.model[..n].to_vec();
-            let ly = slots[y].as_mut().unwrap();
-            for (v, xv) in ly.model.iter_mut().zip(xs) {
-                *v += a * xv;
-            }
-        }
+        Op::Axpy { x, y, a } => axpy(slots, x, y, a, gates),
         Op::DeviceRead { slot } => {
             if let Some(l) = &slots[slot] {
                 let g = l.mem.device().unwrap();
@@ -488,4 +418,101 @@ pub fn run_op(
         }
     }
     Ok(())
+}
+
+/// A new buffer for `slot` of `SIZES[size]` elements on `stream` (number `index`), filled from
+/// the host with `seed`-based values.
+fn alloc(
+    dev: &Device,
+    stream: &Stream,
+    index: usize,
+    step: usize,
+    slot: usize,
+    size: usize,
+    seed: u8,
+) -> Live {
+    let n = SIZES[size];
+    let model: Vec<f32> = (0..n)
+        .map(|i| f32::from((i as u8).wrapping_add(seed) % 16) - 8.0)
+        .collect();
+    // Two mirrors: the model is the copying protocol's (zero-copy buffers are the model of
+    // tests/spill_model, with spills).
+    let mem = SyncedMemory::new(n * 4, dev)
+        .with_zero_copy(false)
+        .with_stream(stream)
+        .unwrap()
+        .with_label(format!("slot {slot} (step {step})"));
+    mem.host_overwrite()
+        .unwrap()
+        .as_mut_slice_of::<f32>()
+        .unwrap()
+        .copy_from_slice(&model);
+    Live {
+        mem,
+        model,
+        stream: index,
+        host_newer: true,
+        upload_held: false,
+        prefetch_held: false,
+        used: [false; 2],
+    }
+}
+
+/// Queues the upload of `l` on `stream` (number `index`).
+fn prefetch(l: &mut Live, stream: &Stream, index: usize, gates: &Gates) {
+    gates.inherit(l);
+    if l.host_newer {
+        // The upload follows, on the device, the other streams' work on the buffer (and its
+        // block's previous owner's).
+        gates.queue_on(index, &mut [&mut *l]);
+        l.host_newer = false;
+        let held = gates.is_held(index);
+        l.upload_held |= held;
+        l.prefetch_held = held;
+    }
+    l.mem.prefetch_to_device(Some(stream)).unwrap();
+}
+
+/// `x *= a` on the buffer's stream.
+fn scale(l: &mut Live, a: f32, gates: &Gates) {
+    let n = l.model.len();
+    gates.inherit(l);
+    gates.queue_on(l.stream, &mut [&mut *l]);
+    device_access(l, gates);
+    kernels::scale(n, a, &mut l.mem.device_mut().unwrap()).unwrap();
+    l.model.iter_mut().for_each(|v| *v *= a);
+}
+
+/// `y += a * x` on `y`'s stream.
+fn axpy(slots: &mut [Option<Live>], x: usize, y: usize, a: f32, gates: &Gates) {
+    if x == y || slots[x].is_none() || slots[y].is_none() {
+        return;
+    }
+    // The guard of `x` orders its stream after the other streams' work on `x`; the kernel runs
+    // on `y`'s stream, after `x`'s writer.
+    {
+        let (lx, ly) = two_mut(slots, x, y);
+        gates.inherit(lx);
+        gates.inherit(ly);
+        let (sx, sy) = (lx.stream, ly.stream);
+        gates.queue_on(sx, &mut [&mut *lx]);
+        gates.queue_on(sy, &mut [&mut *lx, &mut *ly]);
+    }
+    for i in [x, y] {
+        device_access(slots[i].as_mut().unwrap(), gates);
+    }
+    let (Some(lx), Some(ly)) = (&slots[x], &slots[y]) else {
+        return;
+    };
+    let n = lx.model.len().min(ly.model.len());
+    {
+        let xd = lx.mem.device().unwrap();
+        let mut yd = ly.mem.device_mut().unwrap();
+        kernels::axpy(n, a, &xd, &mut yd).unwrap();
+    }
+    let xs = lx.model[..n].to_vec();
+    let ly = slots[y].as_mut().unwrap();
+    for (v, xv) in ly.model.iter_mut().zip(xs) {
+        *v += a * xv;
+    }
 }

@@ -41,32 +41,34 @@ fn assert_unchanged(ws: &Workspace) {
     assert_eq!(*ws.get_blob("note").unwrap().read().get::<u8>().unwrap(), 7);
 }
 
-#[test]
-fn corrupt_and_truncated_files_leave_the_workspace_unchanged() {
-    // A good file: "keep" = [5, 6] and "other" = [1, 2, 3] (u8), so that a partial load would show.
-    let good = {
-        let file = TempFile::new("good");
-        let src = Workspace::new();
-        src.create_blob("keep")
-            .unwrap()
-            .write()
-            .reset(Tensor::from_slice(&[2], &[5.0_f32, 6.0], None).unwrap());
-        src.create_blob("other")
-            .unwrap()
-            .write()
-            .reset(Tensor::from_slice(&[3], &[1_u8, 2, 3], None).unwrap());
-        src.save(file.path(), None).unwrap();
-        std::fs::read(file.path()).unwrap()
-    };
+/// A good file: "keep" = [5, 6] and "other" = [1, 2, 3] (u8), so that a partial load would
+/// show.
+fn good_file() -> Vec<u8> {
+    let file = TempFile::new("good");
+    let src = Workspace::new();
+    src.create_blob("keep")
+        .unwrap()
+        .write()
+        .reset(Tensor::from_slice(&[2], &[5.0_f32, 6.0], None).unwrap());
+    src.create_blob("other")
+        .unwrap()
+        .write()
+        .reset(Tensor::from_slice(&[3], &[1_u8, 2, 3], None).unwrap());
+    src.save(file.path(), None).unwrap();
+    std::fs::read(file.path()).unwrap()
+}
+
+/// Files broken in every way a load must catch, made from `good`, by what is wrong with them.
+fn corrupt_files(good: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
     let header_len = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
-    let mut flipped_header = good.clone();
+    let mut flipped_header = good.to_vec();
     flipped_header[8] = b'[';
-    let mut huge_header = good.clone();
+    let mut huge_header = good.to_vec();
     huge_header[..8].copy_from_slice(&u64::MAX.to_le_bytes());
-    let mut too_long = good.clone();
+    let mut too_long = good.to_vec();
     too_long.extend_from_slice(&[0, 0, 0]);
 
-    let cases: Vec<(&str, Vec<u8>)> = vec![
+    vec![
         ("empty", Vec::new()),
         ("garbage", b"this is not a safetensors file at all".to_vec()),
         ("cut in the length", good[..5].to_vec()),
@@ -97,7 +99,13 @@ fn corrupt_and_truncated_files_leave_the_workspace_unchanged() {
                 &[0, 0, 160, 64, 0, 0, 192, 64, 1, 2, 0],
             ),
         ),
-    ];
+    ]
+}
+
+#[test]
+fn corrupt_and_truncated_files_leave_the_workspace_unchanged() {
+    let good = good_file();
+    let cases = corrupt_files(&good);
     for (what, bytes) in cases {
         let file = TempFile::new("corrupt");
         std::fs::write(file.path(), &bytes).unwrap();

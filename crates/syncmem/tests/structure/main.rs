@@ -77,17 +77,6 @@ const KNOWN: &[&str] = &[
     "crates/syncmem-py/src/dlpack/mod.rs: fn export",
     "crates/syncmem-py/src/raw_kernel.rs: fn __call__",
     "crates/syncmem-py/src/report.rs: fn memory_snapshot",
-    // The memory core.
-    "crates/syncmem/tests/common/interleave.rs: fn run_op",
-    "crates/syncmem/tests/common/interleave.rs: fn run_ops",
-    "crates/syncmem/tests/model.rs: fn apply",
-    "crates/syncmem/tests/replica_model.rs: fn run",
-    "crates/syncmem/tests/serialize/files.rs: fn corrupt_and_truncated_files_leave_the_workspace_unchanged",
-    "crates/syncmem/tests/spill_model.rs",
-    "crates/syncmem/tests/spill_model.rs: fn a_found_case_with_two_mirrors",
-    "crates/syncmem/tests/spill_model.rs: fn a_found_case_with_zero_copy",
-    "crates/syncmem/tests/spill_model.rs: fn run",
-    "crates/syncmem/tests/threads.rs: fn shared_buffer_with",
 ];
 
 /// One finding: the key [`KNOWN`] names it by, and what to print.
