@@ -57,7 +57,6 @@ const KNOWN: &[&str] = &[
     "crates/syncmem/tests/ops/checks.rs: fn fused_loss_equals_the_three_operators",
     "crates/syncmem/tests/user_kernels.rs: fn bad_launches_are_typed_errors",
     "crates/syncmem/tests/user_kernel_interleavings.rs: fn run_ops",
-    "crates/syncmem/tests/composed/main.rs: fn step_one",
     // The command, the benchmarks and the Python package.
     "crates/syncmem-bench/examples/alloc_loop.rs: fn main",
     "crates/syncmem-bench/src/display.rs: fn fmt",
