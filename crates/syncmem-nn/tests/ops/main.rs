@@ -3,6 +3,8 @@
 //! operator and the blob. Per-device tests run on `cpu`, on OpenCL (PoCL here) and, where a
 //! driver exists, on CUDA (they print `SKIPPED` without one).
 
+#[cfg(any(feature = "opencl", feature = "cuda"))]
+mod agree;
 mod checks;
 mod gradients;
 

@@ -49,27 +49,6 @@ const KNOWN: &[&str] = &[
     "crates/syncmem/src/alloc/trace/replay.rs: fn run",
     "crates/syncmem/src/alloc/trace/timeline.rs: fn pool",
     "crates/syncmem/src/alloc/trace/torch/convert.rs: fn from_events",
-    // The operator crate.
-    "crates/syncmem-nn/tests/ops/checks.rs",
-    // The command, the benchmarks and the Python package.
-    "crates/syncmem-bench/examples/alloc_loop.rs: fn main",
-    "crates/syncmem-bench/src/display.rs: fn fmt",
-    "crates/syncmem-bench/src/lib.rs: fn run",
-    "crates/syncmem-cli/src/commands/devices.rs: fn run",
-    "crates/syncmem-cli/src/commands/trace.rs: fn replay",
-    "crates/syncmem-cli/src/commands/train.rs: fn execute",
-    "crates/syncmem-cli/src/commands/train/report.rs: fn build",
-    "crates/syncmem-cli/src/commands/train/report/text.rs: fn print_human",
-    "crates/syncmem-cli/src/page/chart.rs: fn chart",
-    "crates/syncmem-cli/src/page/mod.rs: fn pool",
-    "crates/syncmem-cli/tests/bench.rs: fn bench_on_opencl_compares_train_gemm_and_launch",
-    "crates/syncmem-cli/tests/bench.rs: fn bench_quick_json_has_ratios",
-    "crates/syncmem-cli/tests/memory_page.rs: fn the_page_of_a_training_run_renders_in_a_browser",
-    "crates/syncmem-cli/tests/trace.rs: fn record_and_replay",
-    "crates/syncmem-cli/tests/train.rs: fn check_report",
-    "crates/syncmem-py/src/dlpack/mod.rs: fn export",
-    "crates/syncmem-py/src/raw_kernel.rs: fn __call__",
-    "crates/syncmem-py/src/report.rs: fn memory_snapshot",
 ];
 
 /// One finding: the key [`KNOWN`] names it by, and what to print.
