@@ -8,7 +8,7 @@ use std::hint::black_box;
 use std::sync::{Arc, OnceLock};
 
 use syncmem::alloc::pool::HostPool;
-use syncmem::alloc::trace::{replay, Trace};
+use syncmem::report::{replay, Trace};
 use syncmem::{Device, PoolConfig, PoolKind, SyncedMemory};
 use syncmem_bench::{self as bench, BenchOptions};
 

@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use syncmem::alloc::trace::{replay_with, ReplayOptions, Trace};
+use syncmem::report::{replay_with, ReplayOptions, Trace};
 use syncmem::{PoolConfig, PoolKind, Result};
 
 /// Goal of a device pool: peak reserved / peak requested at most this.

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use syncmem::alloc::trace::{EnvTrace, TRACE_ENV};
+use syncmem::report::{EnvTrace, TRACE_ENV};
 
 /// Tensor memory mirrored on the host and on compute devices (Caffe's SyncedMemory, in Rust).
 #[derive(Parser)]

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::{ok, ok_env, TempPath};
-use syncmem::alloc::trace::torch::{TorchBlock, TorchSegment, TorchSnapshot, TorchState};
+use syncmem::report::torch::{TorchBlock, TorchSegment, TorchSnapshot, TorchState};
 
 fn python() -> Option<&'static str> {
     let found = Command::new("python3")

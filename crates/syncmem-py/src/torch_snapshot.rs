@@ -2,7 +2,7 @@
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use syncmem::alloc::trace::torch::TorchSnapshot;
+use syncmem::report::torch::TorchSnapshot;
 
 /// Every segment and block of every pool now, as the pickle (protocol 3) of the dict that
 /// `torch.cuda.memory._snapshot()` returns: `segments` (each with `device`, `address`,

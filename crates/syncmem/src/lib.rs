@@ -82,9 +82,9 @@
 //! |---|---|
 //! | `error`, [`dtype`], [`file`](mod@file) | [`Error`] and [`Result`]; element types ([`DType`], [`Element`], the math scalars); atomic file writes and bounded reads |
 //! | `backend` (crate-private) | one folder per backend (`cpu`, `opencl`, `cuda`): discovery, raw memory, streams, events, kernel sources, programs, launches; all FFI; one `match` per method in `backend::dispatch` |
-//! | [`alloc`] | host blocks, caching pools over any [`alloc::pool::RawStorage`], statistics, traces |
+//! | [`alloc`] | host blocks, caching pools over any [`alloc::pool::RawStorage`], statistics; the events pools and streams publish (one leaf hook that higher layers attach sinks to) |
 //! | [`device`] | [`Device`], [`DeviceBuffer`], [`Stream`], [`Event`], [`PinnedBuffer`]: pools and caps per device, the out-of-memory path, checked kernel calls |
-//! | [`synced`] | [`SyncedMemory`]: one buffer mirrored on host and device, lazily; the registry of evictable mirrors |
+//! | [`synced`], [`report`] | [`SyncedMemory`]: one buffer mirrored on host and device, lazily; the registry of evictable mirrors. Reports of memory traffic: traces recorded through the pools' hook, saved as JSON lines, replayed against any pool, drawn as a timeline, exported to PyTorch's memory tools |
 //! | [`tensor`], [`param`], [`context`], [`kernels`] | Caffe2-style [`Tensor`]s, Caffe's data+diff [`ParamBlob`], contexts (device, stream, seeded generator), the math of parameter blobs |
 //! | [`blob`], [`workspace`] | the type-erased [`Blob`] and the [`Workspace`] of named blobs, safetensors save/load |
 //! | [`ops`], [`net`] | the operator trait and registry, operators' access to workspace blobs, nets of operators, rewrites, memory planning (the operators themselves, fusion and training: the `syncmem-nn` crate) |
@@ -117,6 +117,7 @@ pub mod kernels;
 pub mod net;
 pub mod ops;
 pub mod param;
+pub mod report;
 pub mod synced;
 pub mod tensor;
 

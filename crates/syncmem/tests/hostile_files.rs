@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use syncmem::alloc::trace::{replay_with, EnvTrace, ReplayOptions, Trace, TraceEvent};
 use syncmem::dtype::DType;
+use syncmem::report::{replay_with, EnvTrace, ReplayOptions, Trace, TraceEvent};
 use syncmem::{Error, PoolConfig, PoolKind, Tensor, Workspace};
 
 /// A fresh directory under the temporary directory, removed with its contents when dropped.
@@ -249,7 +249,7 @@ fn loading_from_a_fifo_streams_and_checks_the_end() {
 #[test]
 fn trace_lines_are_bounded() {
     let mut text = String::from("{\"op\":\"free\",\"id\":0,\"device\":\"x\"}\n");
-    text.push_str(&" ".repeat(syncmem::alloc::trace::MAX_LINE_BYTES + 1));
+    text.push_str(&" ".repeat(syncmem::report::MAX_LINE_BYTES + 1));
     text.push('\n');
     let e = Trace::load(text.as_bytes()).unwrap_err();
     assert!(e.to_string().contains("line 2"), "{e}");
@@ -315,7 +315,7 @@ fn absurd_trace_sizes_never_overflow() {
     assert!(matches!(e, Error::InvalidConfig { .. }), "{e}");
     assert!(e.to_string().contains("limit"), "{e}");
     // ... and totals no program allocates, each size within the limit.
-    let max = syncmem::alloc::trace::MAX_EVENT_BYTES as usize;
+    let max = syncmem::report::MAX_EVENT_BYTES as usize;
     let many: Vec<TraceEvent> = (0..(1 << 15) + 1).map(|i| alloc(i, max)).collect();
     let e = replay_with(
         &Trace::from_events(many),

@@ -1,6 +1,6 @@
 //! The layers of the crate import one way, bottom-up:
 //!
-//! `error`/`dtype`/`file` → `backend` → `alloc` → `device` → `synced` →
+//! `error`/`dtype`/`file` → `backend` → `alloc` → `device` → `synced`/`report` →
 //! `tensor`/`param`/`context`/`kernels` → `blob`/`workspace` → `ops`/`net`.
 //!
 //! This test reads every source file under `src/` and fails when a file of one layer names a
@@ -23,6 +23,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("alloc", 2),
     ("device", 3),
     ("synced", 4),
+    ("report", 4),
     ("tensor", 5),
     ("param", 5),
     ("context", 5),

@@ -155,7 +155,7 @@ fn a_direct_copy_names_both_devices_in_the_trace() {
     let (d0, d1) = handles(&d0, &d1, ZeroCopy::Off);
     let m = SyncedMemory::new(256, &d0);
     m.device_mut().unwrap().fill(1).unwrap();
-    let trace = std::sync::Arc::new(syncmem::alloc::Trace::new());
+    let trace = std::sync::Arc::new(syncmem::report::Trace::new());
     let guard = trace.attach_device_only(&d1);
     drop(m.device_on(&d1).unwrap());
     drop(guard);
@@ -163,7 +163,7 @@ fn a_direct_copy_names_both_devices_in_the_trace() {
         .events()
         .into_iter()
         .filter_map(|e| match e {
-            syncmem::alloc::TraceEvent::Copy {
+            syncmem::report::TraceEvent::Copy {
                 direction,
                 device,
                 peer,

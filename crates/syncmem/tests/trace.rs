@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use syncmem::alloc::trace::{replay_with, EnvTrace, ReplayOptions, Trace, TraceEvent};
+use syncmem::report::{replay_with, EnvTrace, ReplayOptions, Trace, TraceEvent};
 use syncmem::{Device, Direction, Head, MemoryCap, PoolConfig, PoolKind, SyncedMemory};
 
 const MIB: usize = 1 << 20;

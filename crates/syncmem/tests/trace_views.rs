@@ -4,9 +4,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use syncmem::alloc::trace::timeline::{Timeline, TimelineOptions};
-use syncmem::alloc::trace::torch::{TorchAction, TorchSnapshot, TorchState};
-use syncmem::alloc::trace::{Place, Stamp, Trace, TraceEvent};
+use syncmem::report::timeline::{Timeline, TimelineOptions};
+use syncmem::report::torch::{TorchAction, TorchSnapshot, TorchState};
+use syncmem::report::{Place, Stamp, Trace, TraceEvent};
 use syncmem::{Device, Direction, SyncedMemory};
 
 const MIB: u64 = 1 << 20;

@@ -9,7 +9,7 @@
 
 use std::path::PathBuf;
 
-use syncmem::alloc::trace::{replay_with, ReplayOptions, ReplayReport, Trace, TraceEvent};
+use syncmem::report::{replay_with, ReplayOptions, ReplayReport, Trace, TraceEvent};
 use syncmem::{PoolConfig, PoolKind};
 
 const KIB: u64 = 1 << 10;

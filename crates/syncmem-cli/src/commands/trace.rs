@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{ensure, Context as _};
 use serde::Serialize;
 use syncmem::alloc::stats::{human_bytes, CopyDir};
-use syncmem::alloc::trace::{replay_with, ReplayOptions, ReplayReport, Trace, TraceSummary};
+use syncmem::report::{replay_with, ReplayOptions, ReplayReport, Trace, TraceSummary};
 use syncmem::{DeviceSpec, PoolConfig, PoolKind};
 use syncmem_nn::train::TrainConfig;
 

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context as _};
 use syncmem::alloc::stats::human_bytes;
-use syncmem::alloc::trace::torch::TorchSnapshot;
-use syncmem::alloc::trace::Trace;
+use syncmem::report::torch::TorchSnapshot;
+use syncmem::report::Trace;
 
 /// Arguments of `syncmem trace view`.
 #[derive(clap::Args)]

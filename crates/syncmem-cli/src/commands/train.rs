@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{ensure, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
-use syncmem::alloc::trace::{Trace, TraceGuard};
+use syncmem::report::{Trace, TraceGuard};
 use syncmem::{BackendKind, Device};
 use syncmem_nn::mlp::Dataset;
 use syncmem_nn::train::{compare_planning, EpochStats, TrainConfig, Trainer};

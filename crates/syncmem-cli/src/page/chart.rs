@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use syncmem::alloc::trace::timeline::{Mark, PoolTimeline, Sample, Timeline};
+use syncmem::report::timeline::{Mark, PoolTimeline, Sample, Timeline};
 
 use super::scale::{byte_ticks, bytes, esc, x_label, x_ticks};
 use super::{kind_style, WIDTH};

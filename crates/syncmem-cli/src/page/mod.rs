@@ -18,8 +18,8 @@ mod scale;
 
 use std::fmt::Write as _;
 
-use syncmem::alloc::trace::timeline::{BlockLife, PoolTimeline, Timeline, TimelineOptions};
-use syncmem::alloc::trace::Trace;
+use syncmem::report::timeline::{BlockLife, PoolTimeline, Timeline, TimelineOptions};
+use syncmem::report::Trace;
 
 use scale::{bytes, esc, x_label};
 
@@ -31,7 +31,7 @@ const BUCKETS: usize = 1500;
 /// Blocks listed as alive at a peak.
 const TOP_BLOCKS: usize = 20;
 
-/// How each kind of mark is drawn: the kind (as in [`syncmem::alloc::trace::timeline::Mark`]),
+/// How each kind of mark is drawn: the kind (as in [`syncmem::report::timeline::Mark`]),
 /// its name, its short name (the lane's label), its colour; the order is the legend's. A
 /// kind missing here (one added to traces later) is drawn in grey under its own name: a new
 /// kind only needs a row here to get a name and a colour of its own.

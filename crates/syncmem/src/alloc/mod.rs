@@ -8,18 +8,18 @@
 //!   with its owner ([`crate::memory_snapshot`]).
 //! - Pinned host and device memory come from [`crate::Device::alloc_pinned`] and
 //!   [`crate::Device::alloc`] (direct) or from the device's pools.
-//! - [`trace`]: record allocations, frees, copies and evictions per device ([`Trace`],
-//!   [`Trace::attach`]), save/load them as JSON lines, replay them against any pool
-//!   configuration ([`trace::replay_with`]).
+//! - What pools report: a [`pool::PoolEvent`] for each allocation, free, segment, eviction and
+//!   out-of-memory failure, seen by the [`pool::PoolObserver`] of one pool; the process's own
+//!   pools and streams also publish them, with their copies, to the sinks a higher layer
+//!   attaches (traces that record, save and replay them).
 //! - [`stats`]: always-on counters, read with [`crate::stats`]; every reading derives
 //!   `serde::Serialize` (`to_json()` for a string).
 
+pub(crate) mod event;
 mod host;
 pub mod pairs;
 pub mod pool;
 pub mod stats;
 pub(crate) mod thread;
-pub mod trace;
 
 pub use host::{HostBlock, HOST_ALIGN};
-pub use trace::{replay, ReplayReport, Trace, TraceEvent, TraceGuard};

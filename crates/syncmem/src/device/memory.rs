@@ -76,7 +76,7 @@ pub(crate) struct DeviceMemory {
     /// The registry of evictable mirrors, installed by the synced layer on first use.
     mirrors: OnceLock<Arc<dyn Mirrors>>,
     last_oom: Mutex<Option<OomReport>>,
-    /// This device's trace source: its pools and copies report under it to attached traces.
+    /// This device's event source: its pools and copies publish under it to attached sinks.
     trace_source: u64,
     /// Whether buffers share one allocation between host and device (see [`super::zero_copy`]).
     pub(crate) zero_copy: ZeroCopySetting,
@@ -93,7 +93,7 @@ impl Default for DeviceMemory {
             direct: AtomicU64::new(0),
             mirrors: OnceLock::new(),
             last_oom: Mutex::new(None),
-            trace_source: crate::alloc::trace::hub::new_source(),
+            trace_source: crate::alloc::event::new_source(),
             zero_copy: ZeroCopySetting::default(),
         }
     }
@@ -161,7 +161,7 @@ impl DeviceMemory {
         Ok(p)
     }
 
-    /// This device's trace source (see [`crate::alloc::trace::hub`]).
+    /// This device's event source (see [`crate::alloc::event`]).
     pub(crate) fn trace_source(&self) -> u64 {
         self.trace_source
     }

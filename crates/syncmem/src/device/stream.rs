@@ -7,9 +7,9 @@ use std::sync::{Arc, OnceLock};
 use super::handle::{OnStream, StreamHandle, StreamUsers};
 use super::usage::Point;
 use super::{Device, DeviceBuffer};
+use crate::alloc::event as memory_events;
 use crate::alloc::pool::Fence;
 use crate::alloc::stats::{count_copy, count_wait, Direction};
-use crate::alloc::trace::hub as trace_hub;
 use crate::backend::dispatch::{RawEvent, RawStream};
 use crate::error::{check_range_with, Error, Result};
 
@@ -170,9 +170,9 @@ impl Stream {
         unsafe { self.read_raw(src, offset, dst.as_mut_ptr(), dst.len(), false) }
     }
 
-    /// Counts a copy made on this stream in the always-on counters and, when a trace is
-    /// attached anywhere (one relaxed atomic load otherwise), reports it to the traces
-    /// attached to this device.
+    /// Counts a copy made on this stream in the always-on counters and, when a sink is
+    /// attached anywhere (one relaxed atomic load otherwise), publishes it to the sinks (the
+    /// traces) attached to this device.
     pub(super) fn count_copy(&self, d: Direction, len: usize) {
         self.count_copy_from(d, len, None);
     }
@@ -180,10 +180,15 @@ impl Stream {
     /// As [`Stream::count_copy`], for a copy from device `peer` (traced with it).
     fn count_copy_from(&self, d: Direction, len: usize, peer: Option<&Device>) {
         count_copy(d, len);
-        if trace_hub::active() {
-            let source = self.device.shared.memory.trace_source();
-            let peer = peer.map(Device::label);
-            trace_hub::copy(source, self.device.label(), self.id, d, len, peer);
+        if memory_events::active() {
+            let copy = memory_events::Event::Copy {
+                device: self.device.label(),
+                stream: self.id,
+                direction: d,
+                bytes: len,
+                peer: peer.map(Device::label),
+            };
+            memory_events::publish(self.device.trace_source(), &copy);
         }
     }
 

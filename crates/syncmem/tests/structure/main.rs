@@ -45,10 +45,9 @@ const KNOWN: &[&str] = &[
     "crates/syncmem/src/alloc/pool/mod.rs: fn alloc_with",
     "crates/syncmem/src/alloc/pool/summary.rs: fn fmt",
     "crates/syncmem/src/alloc/pool/tests/mod.rs: fn observer_sees_every_event",
-    "crates/syncmem/src/alloc/trace/mod.rs",
-    "crates/syncmem/src/alloc/trace/replay.rs: fn run",
-    "crates/syncmem/src/alloc/trace/timeline.rs: fn pool",
-    "crates/syncmem/src/alloc/trace/torch/convert.rs: fn from_events",
+    "crates/syncmem/src/report/replay.rs: fn run",
+    "crates/syncmem/src/report/timeline.rs: fn pool",
+    "crates/syncmem/src/report/torch/convert.rs: fn from_events",
 ];
 
 /// One finding: the key [`KNOWN`] names it by, and what to print.

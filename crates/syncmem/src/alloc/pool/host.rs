@@ -77,8 +77,8 @@ impl HostPool {
         let budget = Arc::new(Budget::new(cap));
         let pool = Pool::new(label, config, budget, isize::MAX as usize)?;
         if counted {
-            // The process-wide pool reports to process-wide traces.
-            pool.publish(crate::alloc::trace::HOST_SOURCE);
+            // The process-wide pool publishes to the sinks attached process-wide.
+            pool.publish(crate::alloc::event::HOST_SOURCE);
         }
         Ok(Self { pool, counted })
     }

@@ -32,15 +32,15 @@
 //! # Statistics and tracing
 //!
 //! Every pool keeps [`PoolStats`]; a [`PoolObserver`] sees every allocation, free, segment and
-//! out-of-memory event (the hook a trace recorder attaches to). The process's own pools (each
-//! device's device and pinned pools, the global host pool) also report to the traces attached
-//! with [`crate::alloc::trace::Trace::attach`], which survive [`crate::Device::set_pool`].
+//! out-of-memory event (the hook a recorder attaches to). The process's own pools (each
+//! device's device and pinned pools, the global host pool) also publish their events to the
+//! sinks attached process-wide (a trace recording a device, for one), which survive
+//! [`crate::Device::set_pool`].
 
 mod arena;
 mod binned;
 mod budget;
 pub mod config;
-mod event;
 mod front;
 pub mod host;
 mod ids;
@@ -72,7 +72,6 @@ use parking_lot::{Mutex, MutexGuard};
 
 pub use budget::Budget;
 pub use config::{MemoryCap, PoolConfig, PoolKind};
-pub use event::{PoolEvent, PoolObserver};
 pub use host::{HostAllocation, HostPool};
 pub(crate) use keep::Keep;
 pub use lease::Lease;
@@ -84,18 +83,17 @@ pub use snapshot::{
 pub use stats::{Gauge, PoolStats, SizeStats};
 pub use summary::MemorySummary;
 
+pub use crate::alloc::event::{PoolEvent, PoolObserver, StreamId};
 pub use crate::backend::RawStorage;
 
+use crate::alloc::event::{self, Event};
 use crate::alloc::stats::human_bytes;
-use crate::alloc::trace::hub;
 use crate::error::{Error, OomReport, Result};
 use shard::Shard;
 use slab::Slab;
 use stats::{Counters, SplitGauge};
 use strategy::{Core, Request};
 
-/// Identifies a stream for stream-ordered reuse; [`HOST_STREAM`] for host-side memory.
-pub type StreamId = u64;
 /// The stream of host allocations (no device work orders them).
 pub const HOST_STREAM: StreamId = 0;
 
@@ -115,8 +113,8 @@ struct Inner<T, V> {
     segments: Slab<Seg<T>>,
     c: Counters,
     observer: Option<Arc<dyn PoolObserver>>,
-    /// The trace source of a process pool (a device's pools, the global host pool): its events
-    /// also go to the traces attached process-wide ([`crate::alloc::trace::TraceGuard`]).
+    /// The source of a process pool (a device's pools, the global host pool): its events also
+    /// go to the sinks attached process-wide ([`crate::alloc::event`]).
     source: Option<u64>,
     /// The pool was dropped while blocks of this shard were handed out: the shard belongs to
     /// them, and the last one given back drops it (see [`shard`]).
@@ -130,7 +128,7 @@ impl<T, V> Inner<T, V> {
     /// event, which may hold a shared name, is only made for an observer).
     #[inline]
     fn emit(&self, label: &str, ev: impl FnOnce() -> PoolEvent) {
-        if self.observer.is_some() || (self.source.is_some() && hub::active()) {
+        if self.observer.is_some() || (self.source.is_some() && event::active()) {
             self.emit_observed(label, &ev());
         }
     }
@@ -141,8 +139,14 @@ impl<T, V> Inner<T, V> {
             o.on_event(label, ev);
         }
         if let Some(source) = self.source {
-            if hub::active() {
-                hub::pool_event(source, label, ev);
+            if event::active() {
+                event::publish(
+                    source,
+                    &Event::Pool {
+                        pool: label,
+                        event: ev,
+                    },
+                );
             }
         }
     }

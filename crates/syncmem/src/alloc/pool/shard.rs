@@ -211,8 +211,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         }
     }
 
-    /// Marks a process pool: its events also go to traces attached for `source` (a device's
-    /// trace source, or the host's).
+    /// Marks a process pool: its events also go to the sinks attached for `source` (a
+    /// device's source, or the host's; see [`crate::alloc::event`]).
     pub(crate) fn publish(&self, source: u64) {
         for s in self.shards.iter() {
             s.inner.lock().source = Some(source);

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{add_copy, check_event_size, invalid, Trace, TraceEvent};
+use super::event::{check_event_size, invalid, TraceEvent};
+use super::summary::add_copy;
+use super::trace::Trace;
 use crate::alloc::pool::{Budget, Lease, Pool, PoolConfig, StreamId};
 use crate::alloc::stats::CopyStats;
 use crate::error::Result;

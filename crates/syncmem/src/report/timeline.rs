@@ -18,7 +18,8 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::{Stamp, Trace, TraceEvent};
+use super::event::{Stamp, TraceEvent};
+use super::trace::Trace;
 use crate::alloc::pool::StreamId;
 
 /// How much detail [`Timeline::build`] keeps.

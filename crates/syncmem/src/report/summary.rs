@@ -4,7 +4,8 @@ use std::collections::BTreeSet;
 
 use serde::Serialize;
 
-use super::{Stamp, Trace, TraceEvent};
+use super::event::{Stamp, TraceEvent};
+use super::trace::Trace;
 use crate::alloc::stats::{CopyDir, CopyStats, Direction};
 
 /// Counts of a trace's events (see [`Trace::summary`]).
@@ -75,25 +76,26 @@ pub(super) fn add_copy(c: &mut CopyStats, d: Direction, bytes: usize) {
 impl Trace {
     /// Counts the events by kind, bytes copied by direction, and the devices seen.
     pub fn summary(&self) -> TraceSummary {
-        summarize(self.inner.lock().events.iter())
+        self.with_events(|events| summarize(events.iter()))
     }
 
     /// [`Trace::summary`] of each device (pool label), in order of first appearance.
     pub fn summaries_by_device(&self) -> Vec<(String, TraceSummary)> {
-        let r = self.inner.lock();
-        let mut labels: Vec<&str> = Vec::new();
-        for e in &r.events {
-            if !labels.contains(&e.device()) {
-                labels.push(e.device());
+        self.with_events(|events| {
+            let mut labels: Vec<&str> = Vec::new();
+            for e in events {
+                if !labels.contains(&e.device()) {
+                    labels.push(e.device());
+                }
             }
-        }
-        labels
-            .into_iter()
-            .map(|l| {
-                let s = summarize(r.events.iter().filter(|e| e.device() == l));
-                (l.to_string(), s)
-            })
-            .collect()
+            labels
+                .into_iter()
+                .map(|l| {
+                    let s = summarize(events.iter().filter(|e| e.device() == l));
+                    (l.to_string(), s)
+                })
+                .collect()
+        })
     }
 
     /// A deterministic training-loop-like trace on pool `"synthetic"`, stream 1: each of

@@ -4,7 +4,7 @@ use std::io::{BufRead, Write};
 
 use serde::Deserialize;
 
-use super::{check_event_size, Stamp, TraceEvent, MAX_LINE_BYTES};
+use super::event::{check_event_size, Stamp, TraceEvent, MAX_LINE_BYTES};
 
 /// Writes `e` as one JSON object with `t_us` (and `step` when marked) and a newline.
 pub(super) fn write_line(

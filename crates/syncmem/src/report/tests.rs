@@ -5,6 +5,8 @@ use std::sync::Arc;
 use super::*;
 use crate::alloc::pool::PoolConfig;
 use crate::alloc::pool::{HostPool, MemoryCap, PoolKind};
+use crate::alloc::stats::Direction;
+use crate::error::Error;
 
 #[test]
 fn record_save_load_round_trip() {
@@ -166,7 +168,19 @@ fn copy_and_evict_lines_round_trip() {
     assert_eq!(s.copies.host_to_device.bytes, 64);
     assert_eq!(s.devices, vec!["cpu".to_string()]);
     // A new allocation after loading gets a fresh id.
-    assert_eq!(t.inner.lock().next_id, 1);
+    let t = Arc::new(t);
+    let pool = HostPool::new("cpu", PoolConfig::default()).unwrap();
+    pool.pool().set_observer(Some(t.clone()));
+    drop(pool.alloc(8).unwrap());
+    let ids: Vec<u64> = t.with_events(|e| {
+        e.iter()
+            .filter_map(|e| match e {
+                TraceEvent::Alloc { id, .. } => Some(*id),
+                _ => None,
+            })
+            .collect()
+    });
+    assert_eq!(ids, [0, 1]);
 }
 
 #[test]

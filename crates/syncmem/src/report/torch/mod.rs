@@ -40,7 +40,7 @@ use std::path::Path;
 mod convert;
 
 use super::pickle::Pickler;
-use super::Trace;
+use super::trace::Trace;
 use crate::alloc::pool::{BlockState, MemorySnapshot, StreamId};
 use crate::error::Result;
 

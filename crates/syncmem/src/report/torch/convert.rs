@@ -7,8 +7,8 @@ use super::{
     TorchState, ALIGN, BASE,
 };
 use crate::alloc::pool::StreamId;
-use crate::alloc::trace::{invalid, Stamp, TraceEvent};
 use crate::error::Result;
+use crate::report::event::{invalid, Stamp, TraceEvent};
 
 /// A segment of the trace while it is converted.
 struct Seg {
