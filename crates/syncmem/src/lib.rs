@@ -129,7 +129,8 @@ pub mod workspace;
 pub use alloc::pool::{
     HostPool, MemoryCap, MemorySnapshot, MemorySummary, PoolConfig, PoolKind, PoolStats,
 };
-pub use alloc::stats::{CopyStats, Direction, MemStats, Snapshot};
+pub use alloc::stats::{CopyStats, Direction, MemStats};
+pub use alloc::Snapshot;
 
 pub use blob::Blob;
 pub use context::Context;

@@ -12,14 +12,16 @@
 //!   out-of-memory failure, seen by the [`pool::PoolObserver`] of one pool; the process's own
 //!   pools and streams also publish them, with their copies, to the sinks a higher layer
 //!   attaches (traces that record, save and replay them).
-//! - [`stats`]: always-on counters, read with [`crate::stats`]; every reading derives
-//!   `serde::Serialize` (`to_json()` for a string).
+//! - [`stats`]: always-on counters, read with [`crate::stats`] (one [`Snapshot`] of them all
+//!   and of every pool); every reading derives `serde::Serialize` (`to_json()` for a string).
 
 pub(crate) mod event;
 mod host;
 pub mod pairs;
 pub mod pool;
+mod reading;
 pub mod stats;
 pub(crate) mod thread;
 
 pub use host::{HostBlock, HOST_ALIGN};
+pub use reading::Snapshot;

@@ -17,8 +17,8 @@ use super::config::PoolConfig;
 use super::slab::Slab;
 use std::sync::Arc;
 
+use super::grant::{Grant, Request};
 use super::snapshot::{BlockSnapshot, BlockState};
-use super::strategy::{Grant, Request};
 use super::{in_flight, merge_pending, usable_by, BlockId, PendingUse, SegId, StreamId};
 
 struct Cached<V> {

@@ -42,6 +42,7 @@ mod binned;
 mod budget;
 pub mod config;
 mod front;
+mod grant;
 pub mod host;
 mod ids;
 mod keep;
@@ -89,10 +90,11 @@ pub use crate::backend::RawStorage;
 use crate::alloc::event::{self, Event};
 use crate::alloc::stats::human_bytes;
 use crate::error::{Error, OomReport, Result};
+use grant::Request;
 use shard::Shard;
 use slab::Slab;
 use stats::{Counters, SplitGauge};
-use strategy::{Core, Request};
+use strategy::Core;
 
 /// The stream of host allocations (no device work orders them).
 pub const HOST_STREAM: StreamId = 0;

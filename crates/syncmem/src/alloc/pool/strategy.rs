@@ -5,35 +5,10 @@ use std::sync::Arc;
 use super::arena::Arena;
 use super::binned::Bins;
 use super::config::{PoolConfig, PoolKind};
+use super::grant::{Grant, Request};
 use super::snapshot::{BlockSnapshot, BlockState};
 use super::stats::SplitGauge;
 use super::{BlockId, IdMap, PendingUse, SegId, StreamId};
-
-/// Who a block is for: the stream, the bytes asked for and the owner's name (kept with the
-/// block while it is handed out, for snapshots).
-#[derive(Clone, Copy)]
-pub(crate) struct Request<'a> {
-    pub(crate) stream: StreamId,
-    pub(crate) requested: usize,
-    pub(crate) owner: Option<&'a Arc<str>>,
-}
-
-/// A block handed out by a core.
-pub(crate) struct Grant<V> {
-    pub(crate) block: BlockId,
-    pub(crate) seg: SegId,
-    pub(crate) offset: usize,
-    pub(crate) size: usize,
-    pub(crate) zeroed: bool,
-    /// The view the block kept from its last use, if its placement (segment, offset, size) has
-    /// not changed since.
-    pub(crate) view: Option<Box<V>>,
-    /// Uses of the block still in flight, on the stream it is handed to (or complete): they
-    /// go back to the pool with the block, with the new user's own.
-    pub(crate) pending: Vec<PendingUse>,
-    /// The block is small (the caching pool's small pool; elsewhere at most `small_size`).
-    pub(crate) small: bool,
-}
 
 /// A block of the `none` pool (a whole segment).
 struct DirectBlock {

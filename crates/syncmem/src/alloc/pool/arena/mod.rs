@@ -36,9 +36,9 @@ use std::sync::Arc;
 
 use super::config::PoolConfig;
 use super::front::Front;
+use super::grant::{Grant, Request};
 use super::slab::Slab;
 use super::stats::SplitGauge;
-use super::strategy::{Grant, Request};
 use super::{merge_pending, usable_by, BlockId, PendingUse, SegId, StreamId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
