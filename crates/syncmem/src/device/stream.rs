@@ -181,15 +181,22 @@ impl Stream {
     fn count_copy_from(&self, d: Direction, len: usize, peer: Option<&Device>) {
         count_copy(d, len);
         if memory_events::active() {
-            let copy = memory_events::Event::Copy {
-                device: self.device.label(),
-                stream: self.id,
-                direction: d,
-                bytes: len,
-                peer: peer.map(Device::label),
-            };
-            memory_events::publish(self.device.trace_source(), &copy);
+            self.publish_copy(d, len, peer);
         }
+    }
+
+    /// Publishes a copy to the sinks attached to this device (out of line: the copy path
+    /// only pays for it while one is attached).
+    #[cold]
+    fn publish_copy(&self, d: Direction, len: usize, peer: Option<&Device>) {
+        let copy = memory_events::Event::Copy {
+            device: self.device.label(),
+            stream: self.id,
+            direction: d,
+            bytes: len,
+            peer: peer.map(Device::label),
+        };
+        memory_events::publish(self.device.trace_source(), &copy);
     }
 
     /// The point of command `seq` of this stream, for the buffers it used (`None` on the `cpu`

@@ -41,8 +41,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[];
 const KNOWN: &[&str] = &[
     // The allocator, and the reports leaving it.
     "crates/syncmem/src/alloc/pool/config.rs",
-    "crates/syncmem/src/alloc/pool/mod.rs",
-    "crates/syncmem/src/alloc/pool/mod.rs: fn alloc_with",
     "crates/syncmem/src/alloc/pool/summary.rs: fn fmt",
     "crates/syncmem/src/alloc/pool/tests/mod.rs: fn observer_sees_every_event",
     "crates/syncmem/src/report/replay.rs: fn run",

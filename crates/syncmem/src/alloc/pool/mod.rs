@@ -47,6 +47,7 @@ pub mod host;
 mod ids;
 mod keep;
 mod lease;
+mod malloc;
 mod pending;
 mod shard;
 mod slab;
@@ -64,12 +65,11 @@ fn arc_ptr<X>(a: &Arc<X>) -> NonNull<X> {
 #[cfg(test)]
 mod tests;
 
-use std::num::NonZeroU64;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 
 pub use budget::Budget;
 pub use config::{MemoryCap, PoolConfig, PoolKind};
@@ -88,13 +88,14 @@ pub use crate::alloc::event::{PoolEvent, PoolObserver, StreamId};
 pub use crate::backend::RawStorage;
 
 use crate::alloc::event::{self, Event};
-use crate::alloc::stats::human_bytes;
-use crate::error::{Error, OomReport, Result};
-use grant::Request;
+use crate::error::Result;
 use shard::Shard;
 use slab::Slab;
 use stats::{Counters, SplitGauge};
 use strategy::Core;
+
+#[cfg(doc)]
+use crate::error::Error;
 
 /// The stream of host allocations (no device work orders them).
 pub const HOST_STREAM: StreamId = 0;
@@ -127,8 +128,9 @@ struct Inner<T, V> {
 
 impl<T, V> Inner<T, V> {
     /// Reports the event `ev` makes; costs two tests when nobody observes the pool (the
-    /// event, which may hold a shared name, is only made for an observer).
-    #[inline]
+    /// event, which may hold a shared name, is only made for an observer). Always inlined: a
+    /// call would cost more than the two tests.
+    #[inline(always)]
     fn emit(&self, label: &str, ev: impl FnOnce() -> PoolEvent) {
         if self.observer.is_some() || (self.source.is_some() && event::active()) {
             self.emit_observed(label, &ev());
@@ -290,197 +292,6 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             owners.extend(s.inner.lock().kept.release(stream));
         }
         drop(owners);
-    }
-
-    /// [`Pool::alloc_labelled`]; with `keep`, keeping an owner alive for the lease: the one
-    /// `keep` makes, which the pool holds from the stream's first lease in the shard until
-    /// [`Pool::release_stream`] and the stream's last lease given back (or until the pool is
-    /// retired). `keep` is called under the shard's lock when the shard keeps no owner for
-    /// `stream` (once per stream and shard, and again after a release): it must only clone,
-    /// never use this pool. Owners are matched by stream id: every call for one stream must
-    /// make the same owner. The leases take no reference count of their own: the shard counts
-    /// the stream's leases under its lock, which threads each allocating on a stream of their
-    /// own then share with no other counter.
-    ///
-    /// Whatever the owner holds lives at least as long as the lease ([`Lease::is_kept`]; a
-    /// lease of [`HOST_STREAM`] keeps nothing and is not kept). An owner holding the pool
-    /// itself (a device's stream holds the device, which holds its pool) is a cycle until the
-    /// stream is released: release it when its last user is gone.
-    ///
-    /// # Errors
-    /// As [`Pool::alloc`].
-    pub(crate) fn alloc_with<S: RawStorage<Segment = T, View = V> + ?Sized>(
-        self: &Arc<Self>,
-        bytes: usize,
-        stream: StreamId,
-        source: &S,
-        owner: Option<&Arc<str>>,
-        keep: Option<&dyn Fn() -> Keep>,
-    ) -> Result<Lease<T, V>> {
-        let sh = &self.shards[self.shard_index()];
-        let mut inner = sh.inner.lock();
-        if self.retired.load(Relaxed) {
-            return Err(self.retired_error());
-        }
-        let overflow = || self.overflow(bytes);
-        let Some(rounded) = inner.core.round(bytes) else {
-            return Err(overflow());
-        };
-        let req = Request {
-            stream,
-            requested: bytes,
-            owner,
-        };
-        let (grant, hit) = match inner.core.find(rounded, req) {
-            Some(g) => (g, true),
-            None => {
-                // Growing: first give back idle memory the request cannot use, then size the
-                // segment by what the pool holds now.
-                let idle = inner.core.idle_segments(bytes, rounded);
-                let idle = sh.take_segments(&mut inner, idle);
-                sh.drop_segments(idle);
-                let seg_size = inner
-                    .core
-                    .segment_size(bytes, rounded)
-                    .ok_or_else(overflow)?;
-                let seg_size = if seg_size > self.max_segment && rounded <= self.max_segment {
-                    rounded
-                } else {
-                    seg_size
-                };
-                if seg_size > self.max_segment {
-                    return Err(self
-                        .oom(
-                            inner,
-                            bytes,
-                            format!(
-                                "a {seg_size}-byte segment exceeds the largest allocation ({} \
-                                 bytes)",
-                                self.max_segment
-                            ),
-                        )
-                        .with_max_alloc(self.max_segment as u64)
-                        .into());
-                }
-                // Near the cap, a tight segment (just the block) may fit where the standard
-                // one (e.g. 20 MiB for a 2 MiB request) does not.
-                let seg_size = if self.budget.try_take(seg_size as u64) {
-                    seg_size
-                } else if rounded < seg_size && self.budget.try_take(rounded as u64) {
-                    rounded
-                } else {
-                    let cap = self.budget.cap().unwrap_or(u64::MAX);
-                    return Err(self
-                        .oom(
-                            inner,
-                            bytes,
-                            format!(
-                                "a {} segment would exceed the cap ({} of {} used)",
-                                human_bytes(rounded as u64),
-                                human_bytes(self.budget.used()),
-                                human_bytes(cap)
-                            ),
-                        )
-                        .into());
-                };
-                let seg = match source.alloc(seg_size) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        self.budget.give(seg_size as u64);
-                        return Err(e);
-                    }
-                };
-                let sid = inner.segments.insert(Seg {
-                    seg: Arc::new(seg),
-                    size: seg_size,
-                    small: false,
-                });
-                let grant = inner.core.add_segment(sid, seg_size, rounded, req);
-                inner.segments[sid].small = grant.small;
-                inner.c.backend_allocs += 1;
-                inner.c.on_segment(seg_size as u64, grant.small, true);
-                inner.emit(&self.label, || PoolEvent::SegmentAlloc {
-                    bytes: seg_size,
-                    segment: sh.tag(sid),
-                    stream,
-                });
-                (grant, false)
-            }
-        };
-        let seg = &inner.segments[grant.seg].seg;
-        // From `Arc::as_ptr`, not from a reference: the pointer may become an `Arc` again
-        // (`Lease::segment_arc`), which needs the whole allocation's provenance.
-        let segment = arc_ptr(seg);
-        let view = match grant.view {
-            Some(v) => v,
-            None => match source.view(seg, grant.offset, grant.size) {
-                // Boxed: the view moves with the block at the cost of a pointer.
-                Ok(v) => Box::new(v),
-                Err(e) => {
-                    // The block goes back unused, with its uses in flight (a new segment stays
-                    // cached).
-                    let segs = inner.core.free(grant.block, grant.pending, None);
-                    let segs = sh.take_segments(&mut inner, segs);
-                    drop(inner);
-                    sh.drop_segments(segs);
-                    return Err(e);
-                }
-            },
-        };
-        inner.c.allocations += 1;
-        inner.c.cache_hits += u64::from(hit);
-        inner
-            .c
-            .on_alloc(grant.size as u64, bytes as u64, grant.small);
-        inner.emit(&self.label, || PoolEvent::Alloc {
-            requested: bytes,
-            size: grant.size,
-            cache_hit: hit,
-            block: sh.tag(grant.block),
-            stream,
-            segment: sh.tag(grant.seg),
-            offset: grant.offset,
-            owner: owner.cloned(),
-        });
-        // The host stream (0) has no owner to keep: its leases are not kept.
-        let kept = keep.and_then(|keep| {
-            let id = NonZeroU64::new(stream)?;
-            inner.kept.lend(stream, keep);
-            Some(id)
-        });
-        Ok(Lease {
-            // As `segment`: the shard's last block turns it back into an `Arc` once the pool
-            // is gone (`Shard::release_block`).
-            shard: arc_ptr(sh),
-            segment,
-            block: grant.block,
-            offset: grant.offset,
-            size: grant.size,
-            requested: bytes,
-            zeroed: grant.zeroed,
-            small: grant.small,
-            pending: grant.pending,
-            view: Some(view),
-            kept,
-        })
-    }
-
-    /// The error of a request of `bytes` whose rounding (or segment size) overflows.
-    #[cold]
-    fn overflow(&self, bytes: usize) -> Error {
-        Error::SizeOverflow {
-            what: format!("{bytes} bytes rounded for pool {}", self.label),
-        }
-    }
-
-    /// The refusal of `bytes` for `why`, with the pool's usage (read once the lock of the
-    /// shard that refused, `held`, is given back).
-    fn oom(&self, held: MutexGuard<'_, Inner<T, V>>, bytes: usize, why: String) -> OomReport {
-        drop(held);
-        let (allocated, reserved) = self.gauges();
-        OomReport::new(self.label.to_string(), bytes, why)
-            .with_cap(self.budget.cap())
-            .with_usage(Some(allocated), Some(reserved))
     }
 
     /// Gives every wholly free segment whose pending uses have completed back to the backend,

@@ -1,0 +1,275 @@
+//! The allocation path of a [`Pool`], in the steps of PyTorch's `malloc` (its CUDA caching
+//! allocator): **round** the request to a block size, **find** a cached block, else **free
+//! cached** memory the request cannot use and **allocate** a new segment. The pool's strategy
+//! **splits** the block off the free block it found or off the new segment; the block is then
+//! handed out with its view, counted, and reported.
+
+use std::num::NonZeroU64;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use parking_lot::MutexGuard;
+
+use super::grant::{Grant, Request};
+use super::shard::Shard;
+use super::{arc_ptr, Inner, Keep, Lease, Pool, PoolEvent, RawStorage, Seg, StreamId};
+use crate::alloc::stats::human_bytes;
+use crate::error::{Error, OomReport, Result};
+
+/// Why no segment was made.
+enum Refused {
+    /// Out of memory: the report, without the pool's usage (read once the shard's lock is
+    /// given back).
+    Oom(Box<OomReport>),
+    /// Any other error: the segment size overflowed, the backend failed.
+    Failed(Error),
+}
+
+impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
+    /// [`Pool::alloc_labelled`]; with `keep`, keeping an owner alive for the lease: the one
+    /// `keep` makes, which the pool holds from the stream's first lease in the shard until
+    /// [`Pool::release_stream`] and the stream's last lease given back (or until the pool is
+    /// retired). `keep` is called under the shard's lock when the shard keeps no owner for
+    /// `stream` (once per stream and shard, and again after a release): it must only clone,
+    /// never use this pool. Owners are matched by stream id: every call for one stream must
+    /// make the same owner. The leases take no reference count of their own: the shard counts
+    /// the stream's leases under its lock, which threads each allocating on a stream of their
+    /// own then share with no other counter.
+    ///
+    /// Whatever the owner holds lives at least as long as the lease ([`Lease::is_kept`]; a
+    /// lease of [`HOST_STREAM`](super::HOST_STREAM) keeps nothing and is not kept). An owner holding the pool
+    /// itself (a device's stream holds the device, which holds its pool) is a cycle until the
+    /// stream is released: release it when its last user is gone.
+    ///
+    /// # Errors
+    /// As [`Pool::alloc`].
+    pub(crate) fn alloc_with<S: RawStorage<Segment = T, View = V> + ?Sized>(
+        self: &Arc<Self>,
+        bytes: usize,
+        stream: StreamId,
+        source: &S,
+        owner: Option<&Arc<str>>,
+        keep: Option<&dyn Fn() -> Keep>,
+    ) -> Result<Lease<T, V>> {
+        let sh = &self.shards[self.shard_index()];
+        let mut inner = sh.inner.lock();
+        if self.retired.load(Relaxed) {
+            return Err(self.retired_error());
+        }
+        let req = Request {
+            stream,
+            requested: bytes,
+            owner,
+        };
+        // Round: the size of the block the request takes.
+        let Some(rounded) = inner.core.round(bytes) else {
+            return Err(self.overflow(bytes));
+        };
+        // Find: a cached block (split off a larger free one where the strategy splits).
+        if let Some(grant) = inner.core.find(rounded, req) {
+            return self.hand_out(sh, inner, (grant, true), req, source, keep);
+        }
+        // Free cached: give back the idle memory the request cannot use, so that the new
+        // segment is sized by what the pool holds now.
+        free_cached(sh, &mut inner, bytes, rounded);
+        // Allocate: a new segment, the block split off it.
+        match self.allocate(sh, &mut inner, req, rounded, source) {
+            Ok(grant) => self.hand_out(sh, inner, (grant, false), req, source, keep),
+            Err(Refused::Oom(report)) => Err(self.with_usage(inner, report)),
+            Err(Refused::Failed(e)) => Err(e),
+        }
+    }
+
+    /// A new segment for a block of `rounded` bytes, charged to the budget before the backend
+    /// is asked; the block the strategy splits off it.
+    fn allocate<S: RawStorage<Segment = T, View = V> + ?Sized>(
+        &self,
+        sh: &Shard<T, V>,
+        inner: &mut Inner<T, V>,
+        req: Request<'_>,
+        rounded: usize,
+        source: &S,
+    ) -> std::result::Result<Grant<V>, Refused> {
+        let size = self.segment_size(inner, req.requested, rounded)?;
+        let size = self.charge(size, req.requested, rounded)?;
+        let seg = source.alloc(size).map_err(|e| {
+            self.budget.give(size as u64);
+            Refused::Failed(e)
+        })?;
+        let sid = inner.segments.insert(Seg {
+            seg: Arc::new(seg),
+            size,
+            small: false,
+        });
+        let grant = inner.core.add_segment(sid, size, rounded, req);
+        inner.segments[sid].small = grant.small;
+        inner.c.backend_allocs += 1;
+        inner.c.on_segment(size as u64, grant.small, true);
+        inner.emit(&self.label, || PoolEvent::SegmentAlloc {
+            bytes: size,
+            segment: sh.tag(sid),
+            stream: req.stream,
+        });
+        Ok(grant)
+    }
+
+    /// The size of a new segment for `bytes` rounded to `rounded`: the strategy's, or just the
+    /// block where the strategy's exceeds the largest allocation.
+    fn segment_size(
+        &self,
+        inner: &Inner<T, V>,
+        bytes: usize,
+        rounded: usize,
+    ) -> std::result::Result<usize, Refused> {
+        let size = inner
+            .core
+            .segment_size(bytes, rounded)
+            .ok_or_else(|| Refused::Failed(self.overflow(bytes)))?;
+        let size = if size > self.max_segment && rounded <= self.max_segment {
+            rounded
+        } else {
+            size
+        };
+        if size > self.max_segment {
+            let why = format!(
+                "a {size}-byte segment exceeds the largest allocation ({} bytes)",
+                self.max_segment
+            );
+            let report = self.refusal(bytes, why);
+            return Err(Refused::Oom(Box::new(
+                report.with_max_alloc(self.max_segment as u64),
+            )));
+        }
+        Ok(size)
+    }
+
+    /// Charges the budget for a segment of `size` bytes; near the cap, for a tight one of
+    /// `rounded` bytes (just the block) where the standard one (e.g. 20 MiB for a 2 MiB
+    /// request) does not fit. Returns the size charged.
+    fn charge(
+        &self,
+        size: usize,
+        bytes: usize,
+        rounded: usize,
+    ) -> std::result::Result<usize, Refused> {
+        if self.budget.try_take(size as u64) {
+            return Ok(size);
+        }
+        if rounded < size && self.budget.try_take(rounded as u64) {
+            return Ok(rounded);
+        }
+        let cap = self.budget.cap().unwrap_or(u64::MAX);
+        let why = format!(
+            "a {} segment would exceed the cap ({} of {} used)",
+            human_bytes(rounded as u64),
+            human_bytes(self.budget.used()),
+            human_bytes(cap)
+        );
+        Err(Refused::Oom(Box::new(self.refusal(bytes, why))))
+    }
+
+    /// Hands out the block of `grant` (`hit`: found cached) for `req`: with its view (the one
+    /// the block kept, or a new one from `source`), counted, reported, with the owner `keep`
+    /// makes kept for its stream. Always inlined: a call moves the grant through memory, about
+    /// 20 more instructions per allocation.
+    #[inline(always)]
+    fn hand_out<S: RawStorage<Segment = T, View = V> + ?Sized>(
+        &self,
+        sh: &Arc<Shard<T, V>>,
+        mut inner: MutexGuard<'_, Inner<T, V>>,
+        (grant, hit): (Grant<V>, bool),
+        req: Request<'_>,
+        source: &S,
+        keep: Option<&dyn Fn() -> Keep>,
+    ) -> Result<Lease<T, V>> {
+        let seg = &inner.segments[grant.seg].seg;
+        // From `Arc::as_ptr`, not from a reference: the pointer may become an `Arc` again
+        // (`Lease::segment_arc`), which needs the whole allocation's provenance.
+        let segment = arc_ptr(seg);
+        let view = match grant.view {
+            Some(v) => v,
+            None => match source.view(seg, grant.offset, grant.size) {
+                // Boxed: the view moves with the block at the cost of a pointer.
+                Ok(v) => Box::new(v),
+                Err(e) => {
+                    // The block goes back unused, with its uses in flight (a new segment stays
+                    // cached).
+                    let segs = inner.core.free(grant.block, grant.pending, None);
+                    let segs = sh.take_segments(&mut inner, segs);
+                    drop(inner);
+                    sh.drop_segments(segs);
+                    return Err(e);
+                }
+            },
+        };
+        let (stream, bytes) = (req.stream, req.requested);
+        inner.c.allocations += 1;
+        inner.c.cache_hits += u64::from(hit);
+        inner
+            .c
+            .on_alloc(grant.size as u64, bytes as u64, grant.small);
+        inner.emit(&self.label, || PoolEvent::Alloc {
+            requested: bytes,
+            size: grant.size,
+            cache_hit: hit,
+            block: sh.tag(grant.block),
+            stream,
+            segment: sh.tag(grant.seg),
+            offset: grant.offset,
+            owner: req.owner.cloned(),
+        });
+        // The host stream (0) has no owner to keep: its leases are not kept.
+        let kept = keep.and_then(|keep| {
+            let id = NonZeroU64::new(stream)?;
+            inner.kept.lend(stream, keep);
+            Some(id)
+        });
+        Ok(Lease {
+            // As `segment`: the shard's last block turns it back into an `Arc` once the pool
+            // is gone (`Shard::release_block`).
+            shard: arc_ptr(sh),
+            segment,
+            block: grant.block,
+            offset: grant.offset,
+            size: grant.size,
+            requested: bytes,
+            zeroed: grant.zeroed,
+            small: grant.small,
+            pending: grant.pending,
+            view: Some(view),
+            kept,
+        })
+    }
+
+    /// The error of a request of `bytes` whose rounding (or segment size) overflows.
+    #[cold]
+    fn overflow(&self, bytes: usize) -> Error {
+        Error::SizeOverflow {
+            what: format!("{bytes} bytes rounded for pool {}", self.label),
+        }
+    }
+
+    /// The refusal of `bytes` for `why`, with the cap (the pool's usage comes later: see
+    /// [`Pool::with_usage`]).
+    #[cold]
+    fn refusal(&self, bytes: usize, why: String) -> OomReport {
+        OomReport::new(self.label.to_string(), bytes, why).with_cap(self.budget.cap())
+    }
+
+    /// `report` with the pool's usage, read once the lock of the shard that refused, `held`,
+    /// is given back.
+    #[cold]
+    fn with_usage(&self, held: MutexGuard<'_, Inner<T, V>>, report: Box<OomReport>) -> Error {
+        drop(held);
+        let (allocated, reserved) = self.gauges();
+        let report = Box::new(report.with_usage(Some(allocated), Some(reserved)));
+        Error::OutOfMemory { report }
+    }
+}
+
+/// Gives back the idle segments of shard `sh` that a request of `bytes` (`rounded`) cannot use.
+fn free_cached<T, V>(sh: &Shard<T, V>, inner: &mut Inner<T, V>, bytes: usize, rounded: usize) {
+    let idle = inner.core.idle_segments(bytes, rounded);
+    let idle = sh.take_segments(inner, idle);
+    sh.drop_segments(idle);
+}
