@@ -40,9 +40,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[];
 /// the circles of a room: `room/: circles`). Each goes when the code it names is fixed.
 const KNOWN: &[&str] = &[
     // The allocator, and the reports leaving it.
-    "crates/syncmem/src/alloc/pool/config.rs",
-    "crates/syncmem/src/alloc/pool/summary.rs: fn fmt",
-    "crates/syncmem/src/alloc/pool/tests/mod.rs: fn observer_sees_every_event",
     "crates/syncmem/src/report/replay.rs: fn run",
     "crates/syncmem/src/report/timeline.rs: fn pool",
     "crates/syncmem/src/report/torch/convert.rs: fn from_events",

@@ -16,9 +16,14 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
+
+mod env;
+mod parse;
+
+pub use env::{check_env, device_pool_from_env};
+pub use parse::parse_size;
 
 /// Selects the device pool kind (`none`, `binned`, `caching`).
 pub const DEVICE_POOL_ENV: &str = "SYNCMEM_DEVICE_POOL";
@@ -379,238 +384,14 @@ impl PoolConfig {
         }
         Ok(())
     }
-
-    /// Applies a `key=value` list (`,` or `;` between items, `=` or `:` between key and value;
-    /// keys ending in `_mb` take a number of MiB, as in PyTorch). Sizes take binary units
-    /// (`512`, `64k`, `64KiB`, `20MB`, `1G`). Keys: `kind`, `round`, `small_size`,
-    /// `size_class_limit`, `min_segment`, `segment_growth_percent`, `max_idle_percent` (or
-    /// `unlimited`), `small_segment`, `large_segment`,
-    /// `large_segment_limit`, `segment_round`, `max_split_size` (or `unlimited`),
-    /// `max_non_split_rounding`, `bin_growth`, `min_bin`, `max_bin`, `bin_divisions` (or
-    /// `roundup_power2_divisions`), `max_cached_bytes` (or `unlimited`), `memory_cap` (bytes, a
-    /// fraction such as `0.5`, a percentage such as `50%`, or `none`), `shards` (`0`: one per
-    /// core). The result is validated.
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] for an unknown key or a bad value.
-    pub fn apply(mut self, list: &str) -> Result<Self> {
-        for item in list
-            .split([',', ';'])
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-        {
-            let (key, value) = item
-                .split_once(['=', ':'])
-                .ok_or_else(|| invalid(item, "expected key=value".into()))?;
-            self.set(key.trim(), value.trim())?;
-        }
-        self.validate()?;
-        Ok(self)
-    }
-
-    fn set(&mut self, key: &str, value: &str) -> Result<()> {
-        let key = key.to_ascii_lowercase();
-        let (name, mib) = match key.strip_suffix("_mb") {
-            Some(n) => (n, true),
-            None => (key.as_str(), false),
-        };
-        let size = || -> Result<usize> {
-            let v = if mib {
-                value
-                    .parse::<u64>()
-                    .ok()
-                    .and_then(|v| v.checked_mul(MIB))
-                    .ok_or_else(|| invalid(&key, format!("{value:?} is not a number of MiB")))?
-            } else {
-                parse_size(value).map_err(|r| invalid(&key, r))?
-            };
-            usize::try_from(v).map_err(|_| invalid(&key, "too large".into()))
-        };
-        let unlimited = matches!(
-            value.to_ascii_lowercase().as_str(),
-            "unlimited" | "none" | "off" | "max"
-        );
-        let small = |v: &str| -> Result<u32> {
-            v.parse()
-                .map_err(|_| invalid(&key, format!("{v:?} is not a small integer")))
-        };
-        match name {
-            "kind" | "backend" | "pool" => self.kind = value.parse()?,
-            "round" => self.round = size()?,
-            "small_size" => self.small_size = size()?,
-            "size_class_limit" => self.size_class_limit = size()?,
-            "min_segment" => self.min_segment = size()?,
-            "segment_growth_percent" => self.segment_growth_percent = small(value)?,
-            "max_idle_percent" => {
-                self.max_idle_percent = (!unlimited).then(|| small(value)).transpose()?
-            }
-            "small_segment" => self.small_segment = size()?,
-            "large_segment" => self.large_segment = size()?,
-            "large_segment_limit" => self.large_segment_limit = size()?,
-            "segment_round" => self.segment_round = size()?,
-            "max_split_size" => self.max_split_size = (!unlimited).then(size).transpose()?,
-            "max_non_split_rounding" => self.max_non_split_rounding = size()?,
-            "bin_growth" => self.bin_growth = small(value)?,
-            "min_bin" => self.min_bin = small(value)?,
-            "max_bin" => self.max_bin = small(value)?,
-            "bin_divisions" | "roundup_power2_divisions" => self.bin_divisions = small(value)?,
-            "shards" => self.shards = small(value)? as usize,
-            "max_cached_bytes" => {
-                self.max_cached_bytes = (!unlimited).then(size).transpose()?.map(|v| v as u64)
-            }
-            "memory_cap" | "cap" => {
-                self.memory_cap = if unlimited {
-                    None
-                } else if mib {
-                    Some(MemoryCap::Bytes(size()? as u64))
-                } else {
-                    Some(parse_cap(value).map_err(|r| invalid(&key, r))?)
-                }
-            }
-            _ => return Err(invalid(&key, "unknown option".into())),
-        }
-        Ok(())
-    }
-
-    /// The configuration named by a kind variable and an option-list variable: the defaults of
-    /// the kind (caching when unset), then the options. Pure: see [`PoolConfig::from_env`].
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] for a bad kind or option.
-    pub fn from_vars(kind: Option<&str>, conf: Option<&str>) -> Result<Self> {
-        let kind = match kind {
-            Some(k) => k.parse()?,
-            None => PoolKind::Caching,
-        };
-        Self::new(kind).apply(conf.unwrap_or(""))
-    }
-
-    /// [`PoolConfig::from_vars`] with the values of the environment variables `kind_var` and
-    /// `conf_var` (e.g. [`DEVICE_POOL_ENV`] and [`DEVICE_POOL_CONF_ENV`]).
-    ///
-    /// # Errors
-    /// As [`PoolConfig::from_vars`] (or a value that is not UTF-8); the message names the
-    /// variable at fault.
-    pub fn from_env(kind_var: &str, conf_var: &str) -> Result<Self> {
-        let kind = match env_value(kind_var)? {
-            Some(k) => k.parse().map_err(|e| from_var(e, kind_var))?,
-            None => PoolKind::Caching,
-        };
-        let conf = env_value(conf_var)?;
-        Self::new(kind)
-            .apply(conf.as_deref().unwrap_or(""))
-            .map_err(|e| from_var(e, conf_var))
-    }
 }
 
-/// The value of `var`, `None` when unset.
-fn env_value(var: &str) -> Result<Option<String>> {
-    match std::env::var(var) {
-        Ok(v) => Ok(Some(v)),
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(_)) => Err(invalid(var, "not valid UTF-8".into())),
-    }
-}
-
-/// Names the environment variable `var` in a configuration error.
-fn from_var(e: Error, var: &str) -> Error {
-    match e {
-        Error::InvalidConfig { what, reason } => Error::InvalidConfig {
-            what: format!("{var} ({what})"),
-            reason,
-        },
-        e => e,
-    }
-}
-
-/// The pool variables, as (kind, options) pairs: device, pinned host, host.
-const ENV_PAIRS: [(&str, &str); 3] = [
-    (DEVICE_POOL_ENV, DEVICE_POOL_CONF_ENV),
-    (PINNED_POOL_ENV, PINNED_POOL_CONF_ENV),
-    (HOST_POOL_ENV, HOST_POOL_CONF_ENV),
-];
-
-/// Checks every pool variable of the process (`SYNCMEM_DEVICE_POOL`, `SYNCMEM_POOL_CONF`,
-/// `SYNCMEM_PINNED_POOL[_CONF]`, `SYNCMEM_HOST_POOL[_CONF]`), once per process. The library
-/// calls it when the first device opens or builds a pool, so that a bad setting fails at once
-/// instead of at the first use of the pool it configures (which may never come); a program
-/// can call it at start to fail before doing anything (the `syncmem` command does).
-///
-/// # Errors
-/// [`Error::InvalidConfig`] naming the first variable at fault (the same error every time).
-pub fn check_env() -> Result<()> {
-    static CHECKED: OnceLock<std::result::Result<(), (String, String)>> = OnceLock::new();
-    let checked = CHECKED.get_or_init(|| {
-        for (kind, conf) in ENV_PAIRS {
-            PoolConfig::from_env(kind, conf).map_err(|e| match e {
-                Error::InvalidConfig { what, reason } => (what, reason),
-                e => (format!("{kind} / {conf}"), e.to_string()),
-            })?;
-        }
-        Ok(())
-    });
-    checked
-        .clone()
-        .map_err(|(what, reason)| Error::InvalidConfig { what, reason })
-}
-
-/// The device pool configuration `SYNCMEM_DEVICE_POOL` and `SYNCMEM_POOL_CONF` ask for (the
-/// defaults where they are unset).
-///
-/// # Errors
-/// [`Error::InvalidConfig`] naming the variable at fault.
-pub fn device_pool_from_env() -> Result<PoolConfig> {
-    PoolConfig::from_env(DEVICE_POOL_ENV, DEVICE_POOL_CONF_ENV)
-}
-
+/// An invalid option `what`, for `reason`.
 fn invalid(what: &str, reason: String) -> Error {
     Error::InvalidConfig {
         what: what.to_string(),
         reason,
     }
-}
-
-/// Parses `512`, `64k`, `64KiB`, `20MB`, `1.5G` (binary units) into bytes.
-pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let mult = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => KIB,
-        "m" | "mb" | "mib" => MIB,
-        "g" | "gb" | "gib" => GIB,
-        "t" | "tb" | "tib" => TIB,
-        u => return Err(format!("{s:?}: unknown unit {u:?}")),
-    };
-    if let Ok(n) = num.parse::<u64>() {
-        return n
-            .checked_mul(mult)
-            .ok_or_else(|| format!("{s:?} overflows"));
-    }
-    match num.parse::<f64>() {
-        Ok(f) if f.is_finite() && f >= 0.0 && f * (mult as f64) < u64::MAX as f64 => {
-            Ok((f * mult as f64) as u64)
-        }
-        _ => Err(format!("{s:?} is not a size")),
-    }
-}
-
-fn parse_cap(s: &str) -> std::result::Result<MemoryCap, String> {
-    let t = s.trim();
-    if let Some(p) = t.strip_suffix('%') {
-        let f: f64 = p
-            .trim()
-            .parse()
-            .map_err(|_| format!("{s:?} is not a percentage"))?;
-        return Ok(MemoryCap::Fraction(f / 100.0));
-    }
-    if t.contains('.') && t.parse::<f64>().is_ok_and(|f| f <= 1.0) {
-        return Ok(MemoryCap::Fraction(t.parse().unwrap_or(1.0)));
-    }
-    parse_size(t).map(MemoryCap::Bytes)
 }
 
 #[cfg(test)]

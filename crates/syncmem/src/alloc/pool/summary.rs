@@ -153,6 +153,18 @@ impl fmt::Display for MemorySummary {
             &format!("memory summary of pool {} ({})", self.label, self.kind),
         )?;
         rule(f, '-')?;
+        self.write_gauges(f)?;
+        rule(f, '-')?;
+        self.write_counts(f)?;
+        rule(f, '=')?;
+        self.write_legend(f)
+    }
+}
+
+impl MemorySummary {
+    /// The table of bytes: current, peak, allocated and freed, of every kind of byte, in all
+    /// and for small and large blocks.
+    fn write_gauges(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         line(
             f,
             &format!(
@@ -171,7 +183,12 @@ impl fmt::Display for MemorySummary {
             row(f, "  small blocks", s.small)?;
             row(f, "  large blocks", s.large)?;
         }
-        rule(f, '-')?;
+        Ok(())
+    }
+
+    /// The counts under the table: segments, blocks, cache hits, backend calls, free memory,
+    /// retries, out-of-memory failures, the cap, direct allocations.
+    fn write_counts(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let hits = if self.allocations == 0 {
             0.0
         } else {
@@ -220,7 +237,11 @@ impl fmt::Display for MemorySummary {
                 ),
             )?;
         }
-        rule(f, '=')?;
+        Ok(())
+    }
+
+    /// The legend under the table.
+    fn write_legend(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let small = human_bytes(self.small_size);
         let legend = [
             (
@@ -253,24 +274,29 @@ impl fmt::Display for MemorySummary {
         ];
         writeln!(f, "legend:")?;
         for (name, text) in legend {
-            // Wrapped to the table's width, continuation lines under the text.
-            let mut first = true;
-            let mut cur = String::new();
-            for word in text.split(' ') {
-                if !cur.is_empty() && cur.len() + 1 + word.len() > WIDTH - 22 {
-                    let label = if first { name } else { "" };
-                    writeln!(f, "  {label:<21} {cur}")?;
-                    first = false;
-                    cur.clear();
-                }
-                if !cur.is_empty() {
-                    cur.push(' ');
-                }
-                cur.push_str(word);
-            }
-            let label = if first { name } else { "" };
-            writeln!(f, "  {label:<21} {cur}")?;
+            legend_entry(f, name, &text)?;
         }
         Ok(())
     }
+}
+
+/// One entry of the legend: `text` wrapped to the table's width, continuation lines under the
+/// text.
+fn legend_entry(f: &mut fmt::Formatter<'_>, name: &str, text: &str) -> fmt::Result {
+    let mut first = true;
+    let mut cur = String::new();
+    for word in text.split(' ') {
+        if !cur.is_empty() && cur.len() + 1 + word.len() > WIDTH - 22 {
+            let label = if first { name } else { "" };
+            writeln!(f, "  {label:<21} {cur}")?;
+            first = false;
+            cur.clear();
+        }
+        if !cur.is_empty() {
+            cur.push(' ');
+        }
+        cur.push_str(word);
+    }
+    let label = if first { name } else { "" };
+    writeln!(f, "  {label:<21} {cur}")
 }

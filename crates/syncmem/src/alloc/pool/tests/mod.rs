@@ -448,10 +448,47 @@ fn observer_sees_every_event() {
     drop(p.alloc(10, 1, &fake).unwrap());
     p.empty_cache();
     let mut ev = log.0.lock().unwrap().clone();
-    // Block and segment ids are the pool's own; check them for consistency, then blank them.
+    blank_ids(&mut ev);
+    let alloc = |cache_hit| PoolEvent::Alloc {
+        requested: 10,
+        size: 512,
+        cache_hit,
+        block: 0,
+        stream: 1,
+        segment: 0,
+        offset: 0,
+        owner: None,
+    };
+    let free = PoolEvent::Free {
+        size: 512,
+        block: 0,
+    };
+    assert_eq!(
+        ev,
+        vec![
+            PoolEvent::SegmentAlloc {
+                bytes: 2 * MIB,
+                segment: 0,
+                stream: 1
+            },
+            alloc(false),
+            free.clone(),
+            alloc(true),
+            free,
+            PoolEvent::SegmentFree {
+                bytes: 2 * MIB,
+                segment: 0
+            },
+        ]
+    );
+}
+
+/// Checks the block and segment ids of one segment's events (stream 1) for consistency, then
+/// blanks them: they are the pool's own.
+fn blank_ids(ev: &mut [PoolEvent]) {
     let mut ids = Vec::new();
     let mut seg = None;
-    for e in &mut ev {
+    for e in ev.iter_mut() {
         match e {
             PoolEvent::SegmentAlloc {
                 segment, stream, ..
@@ -485,38 +522,6 @@ fn observer_sees_every_event() {
             _ => {}
         }
     }
-    let alloc = |cache_hit| PoolEvent::Alloc {
-        requested: 10,
-        size: 512,
-        cache_hit,
-        block: 0,
-        stream: 1,
-        segment: 0,
-        offset: 0,
-        owner: None,
-    };
-    let free = PoolEvent::Free {
-        size: 512,
-        block: 0,
-    };
-    assert_eq!(
-        ev,
-        vec![
-            PoolEvent::SegmentAlloc {
-                bytes: 2 * MIB,
-                segment: 0,
-                stream: 1
-            },
-            alloc(false),
-            free.clone(),
-            alloc(true),
-            free,
-            PoolEvent::SegmentFree {
-                bytes: 2 * MIB,
-                segment: 0
-            },
-        ]
-    );
 }
 
 #[test]
