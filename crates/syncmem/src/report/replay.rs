@@ -241,47 +241,7 @@ fn run(
     options: &ReplayOptions,
 ) -> Result<ReplaySummary> {
     check_sizes(events)?;
-    let source = |b: usize| -> Result<SizeOnly> { Ok(SizeOnly(b)) };
-    let mut devs: Vec<DevState> = Vec::new();
-    let mut index: HashMap<String, usize> = HashMap::new();
-    let mut live: HashMap<u64, (usize, Lease<SizeOnly>)> = HashMap::new();
-    let mut refused: HashSet<u64> = HashSet::new();
-    let mut total = ReplayReport::default();
-    let mut total_now = (0u64, 0u64);
-    let mut total_requested = 0u64;
-
-    let mut dev_of = |label: &str, devs: &mut Vec<DevState>| -> Result<usize> {
-        if let Some(&k) = index.get(label) {
-            return Ok(k);
-        }
-        let cap = if is_host_pool(label) {
-            options.host_cap
-        } else {
-            options.cap
-        };
-        let mut cfg = config.clone();
-        cfg.memory_cap = None;
-        let pool = Pool::new(label, cfg, Arc::new(Budget::new(cap)), isize::MAX as usize)?;
-        devs.push(DevState {
-            label: label.to_string(),
-            pool,
-            report: ReplayReport::default(),
-            now: (0, 0),
-            requested: 0,
-        });
-        index.insert(label.to_string(), devs.len() - 1);
-        Ok(devs.len() - 1)
-    };
-    // Follows the gauges of device `k` into the running totals.
-    let update = |d: &mut DevState, total: &mut ReplayReport, total_now: &mut (u64, u64)| {
-        let (a, r) = d.pool.gauges();
-        total_now.0 = total_now.0 - d.now.0 + a;
-        total_now.1 = total_now.1 - d.now.1 + r;
-        d.now = (a, r);
-        total.peak_allocated = total.peak_allocated.max(total_now.0);
-        total.peak_reserved = total.peak_reserved.max(total_now.1);
-    };
-
+    let mut r = Replay::new(config, options);
     for e in events {
         match e {
             TraceEvent::Alloc {
@@ -290,41 +250,8 @@ fn run(
                 stream,
                 device,
                 ..
-            } => {
-                if live.contains_key(id) || refused.contains(id) {
-                    return Err(invalid(format!("trace allocates block {id} twice")));
-                }
-                let k = dev_of(device, &mut devs)?;
-                let d = &mut devs[k];
-                match alloc(&d.pool, *size, *stream, &source)? {
-                    Some((lease, retried)) => {
-                        d.report.allocations += 1;
-                        d.report.retries += u64::from(retried);
-                        d.requested = d.requested.saturating_add(*size as u64);
-                        d.report.peak_requested = d.report.peak_requested.max(d.requested);
-                        total_requested = total_requested.saturating_add(*size as u64);
-                        total.peak_requested = total.peak_requested.max(total_requested);
-                        live.insert(*id, (k, lease));
-                    }
-                    None => {
-                        d.report.ooms += 1;
-                        d.report.oom_bytes = d.report.oom_bytes.saturating_add(*size as u64);
-                        refused.insert(*id);
-                    }
-                }
-                update(d, &mut total, &mut total_now);
-            }
-            TraceEvent::Free { id, .. } => {
-                if let Some((k, lease)) = live.remove(id) {
-                    let size = lease.len() as u64;
-                    drop(lease);
-                    devs[k].requested = devs[k].requested.saturating_sub(size);
-                    total_requested = total_requested.saturating_sub(size);
-                    update(&mut devs[k], &mut total, &mut total_now);
-                } else if !refused.remove(id) {
-                    return Err(invalid(format!("trace frees unknown block {id}")));
-                }
-            }
+            } => r.alloc(*id, *size, *stream, device)?,
+            TraceEvent::Free { id, .. } => r.free(*id)?,
             // The replay's pools make their own segments.
             TraceEvent::SegmentAlloc { .. } | TraceEvent::SegmentFree { .. } => {}
             TraceEvent::Copy {
@@ -333,43 +260,161 @@ fn run(
                 device,
                 ..
             } => {
-                let k = dev_of(device, &mut devs)?;
-                add_copy(&mut devs[k].report.copies, *direction, *bytes);
+                let k = r.dev_of(device)?;
+                add_copy(&mut r.devs[k].report.copies, *direction, *bytes);
             }
             TraceEvent::Evict { bytes, device, .. } => {
-                let k = dev_of(device, &mut devs)?;
-                let r = &mut devs[k].report;
-                r.evictions += 1;
-                r.evicted_bytes = r.evicted_bytes.saturating_add(*bytes as u64);
+                let k = r.dev_of(device)?;
+                let d = &mut r.devs[k].report;
+                d.evictions += 1;
+                d.evicted_bytes = d.evicted_bytes.saturating_add(*bytes as u64);
             }
             TraceEvent::Oom { device, .. } => {
-                let k = dev_of(device, &mut devs)?;
-                devs[k].report.recorded_ooms += 1;
+                let k = r.dev_of(device)?;
+                r.devs[k].report.recorded_ooms += 1;
             }
         }
     }
-    drop(live);
-    let mut out = Vec::with_capacity(devs.len());
-    for d in devs {
-        d.pool.empty_cache();
-        let s = d.pool.stats();
-        let report = ReplayReport {
-            peak_reserved: s.reserved.peak,
-            peak_allocated: s.allocated.peak,
-            backend_calls: s.backend_allocs + s.backend_frees,
-            cache_hits: s.cache_hits,
-            ..d.report
-        };
-        total.add_counts(&report);
-        out.push(DeviceReplay {
-            device: d.label,
-            report,
-        });
+    Ok(r.finish())
+}
+
+/// A replay under way: one pool per device, the live blocks, the running totals.
+struct Replay<'a> {
+    config: &'a PoolConfig,
+    options: &'a ReplayOptions,
+    devs: Vec<DevState>,
+    /// Device label -> index in `devs`.
+    index: HashMap<String, usize>,
+    /// Live blocks: trace id -> (device index, lease).
+    live: HashMap<u64, (usize, Lease<SizeOnly>)>,
+    /// Allocations refused under the cap (their frees are skipped).
+    refused: HashSet<u64>,
+    total: ReplayReport,
+    /// (allocated, reserved) of all pools now.
+    total_now: (u64, u64),
+    /// Bytes asked for by the live allocations of all pools.
+    total_requested: u64,
+}
+
+impl<'a> Replay<'a> {
+    fn new(config: &'a PoolConfig, options: &'a ReplayOptions) -> Self {
+        Self {
+            config,
+            options,
+            devs: Vec::new(),
+            index: HashMap::new(),
+            live: HashMap::new(),
+            refused: HashSet::new(),
+            total: ReplayReport::default(),
+            total_now: (0, 0),
+            total_requested: 0,
+        }
     }
-    Ok(ReplaySummary {
-        devices: out,
-        total,
-    })
+
+    /// The index of device `label`, with a fresh pool the first time (capped as `options`
+    /// say for its kind of memory).
+    fn dev_of(&mut self, label: &str) -> Result<usize> {
+        if let Some(&k) = self.index.get(label) {
+            return Ok(k);
+        }
+        let cap = if is_host_pool(label) {
+            self.options.host_cap
+        } else {
+            self.options.cap
+        };
+        let mut cfg = self.config.clone();
+        cfg.memory_cap = None;
+        let pool = Pool::new(label, cfg, Arc::new(Budget::new(cap)), isize::MAX as usize)?;
+        self.devs.push(DevState {
+            label: label.to_string(),
+            pool,
+            report: ReplayReport::default(),
+            now: (0, 0),
+            requested: 0,
+        });
+        self.index.insert(label.to_string(), self.devs.len() - 1);
+        Ok(self.devs.len() - 1)
+    }
+
+    /// Replays the allocation of block `id`.
+    fn alloc(&mut self, id: u64, size: usize, stream: StreamId, device: &str) -> Result<()> {
+        if self.live.contains_key(&id) || self.refused.contains(&id) {
+            return Err(invalid(format!("trace allocates block {id} twice")));
+        }
+        let k = self.dev_of(device)?;
+        let d = &mut self.devs[k];
+        let source = |b: usize| -> Result<SizeOnly> { Ok(SizeOnly(b)) };
+        match alloc(&d.pool, size, stream, &source)? {
+            Some((lease, retried)) => {
+                d.report.allocations += 1;
+                d.report.retries += u64::from(retried);
+                d.requested = d.requested.saturating_add(size as u64);
+                d.report.peak_requested = d.report.peak_requested.max(d.requested);
+                self.total_requested = self.total_requested.saturating_add(size as u64);
+                self.total.peak_requested = self.total.peak_requested.max(self.total_requested);
+                self.live.insert(id, (k, lease));
+            }
+            None => {
+                d.report.ooms += 1;
+                d.report.oom_bytes = d.report.oom_bytes.saturating_add(size as u64);
+                self.refused.insert(id);
+            }
+        }
+        self.update(k);
+        Ok(())
+    }
+
+    /// Replays the free of block `id` (skipped for an allocation refused under the cap).
+    fn free(&mut self, id: u64) -> Result<()> {
+        if let Some((k, lease)) = self.live.remove(&id) {
+            let size = lease.len() as u64;
+            drop(lease);
+            self.devs[k].requested = self.devs[k].requested.saturating_sub(size);
+            self.total_requested = self.total_requested.saturating_sub(size);
+            self.update(k);
+        } else if !self.refused.remove(&id) {
+            return Err(invalid(format!("trace frees unknown block {id}")));
+        }
+        Ok(())
+    }
+
+    /// Follows the gauges of device `k` into the running totals.
+    fn update(&mut self, k: usize) {
+        let d = &mut self.devs[k];
+        let (a, r) = d.pool.gauges();
+        self.total_now.0 = self.total_now.0 - d.now.0 + a;
+        self.total_now.1 = self.total_now.1 - d.now.1 + r;
+        d.now = (a, r);
+        self.total.peak_allocated = self.total.peak_allocated.max(self.total_now.0);
+        self.total.peak_reserved = self.total.peak_reserved.max(self.total_now.1);
+    }
+
+    /// Frees the blocks still live, empties every cache, and reports each device and the
+    /// total.
+    fn finish(mut self) -> ReplaySummary {
+        self.live.clear();
+        let mut out = Vec::with_capacity(self.devs.len());
+        for d in self.devs {
+            d.pool.empty_cache();
+            let s = d.pool.stats();
+            let report = ReplayReport {
+                peak_reserved: s.reserved.peak,
+                peak_allocated: s.allocated.peak,
+                backend_calls: s.backend_allocs + s.backend_frees,
+                cache_hits: s.cache_hits,
+                ..d.report
+            };
+            self.total.add_counts(&report);
+            out.push(DeviceReplay {
+                device: d.label,
+                report,
+            });
+        }
+        ReplaySummary {
+            devices: out,
+            total: self.total,
+        }
+    }
 }
 
 /// One allocation with the first step of the out-of-memory path: `None` when refused for good;

@@ -263,111 +263,135 @@ struct Gauges {
     reserved: u64,
 }
 
-impl Ctx<'_> {
-    fn pool(&self, label: &str) -> PoolTimeline {
-        let mine = || {
-            self.events
-                .iter()
-                .enumerate()
-                .filter(move |(_, e)| e.device() == label)
+/// Pass 1 over the events of one pool: the gauges and their series, the peaks, the marks.
+#[derive(Default)]
+struct PoolPass {
+    g: Gauges,
+    /// Live blocks: id -> bytes.
+    live: HashMap<u64, u64>,
+    /// Live segments: id -> bytes.
+    segs: HashMap<u64, u64>,
+    series: Series,
+    peak_allocated: Peak,
+    /// The index of the event of the allocated peak.
+    peak_index: Option<usize>,
+    peak_reserved: Peak,
+    marks: Vec<Mark>,
+    /// (kind, bucket) -> index in `marks`.
+    mark_at: HashMap<(String, u64), usize>,
+    allocs: u64,
+    frees: u64,
+    segments_recorded: bool,
+}
+
+impl PoolPass {
+    /// Follows a block or segment event in the gauges; false for any other event.
+    fn apply(&mut self, e: &TraceEvent) -> bool {
+        match e {
+            TraceEvent::Alloc {
+                id, size, place, ..
+            } => {
+                let bytes = place.map_or(*size as u64, |p| p.size);
+                self.live.insert(*id, bytes);
+                self.g.allocated += bytes;
+                self.allocs += 1;
+            }
+            TraceEvent::Free { id, .. } => {
+                // A block allocated before the trace began: not counted.
+                if let Some(bytes) = self.live.remove(id) {
+                    self.g.allocated -= bytes;
+                }
+                self.frees += 1;
+            }
+            TraceEvent::SegmentAlloc { segment, size, .. } => {
+                self.segs.insert(*segment, *size as u64);
+                self.g.reserved += *size as u64;
+                self.segments_recorded = true;
+            }
+            TraceEvent::SegmentFree { segment, .. } => {
+                if let Some(bytes) = self.segs.remove(segment) {
+                    self.g.reserved -= bytes;
+                }
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// Raises the peaks to the gauges after event `i`, at `x`, in step `step`.
+    fn note_peaks(&mut self, i: usize, x: u64, step: Option<u64>) {
+        if self.g.allocated > self.peak_allocated.bytes {
+            self.peak_allocated = Peak {
+                bytes: self.g.allocated,
+                x,
+                step,
+            };
+            self.peak_index = Some(i);
+        }
+        if self.g.reserved > self.peak_reserved.bytes {
+            self.peak_reserved = Peak {
+                bytes: self.g.reserved,
+                x,
+                step,
+            };
+        }
+    }
+
+    /// Counts event `e`, at `x`, in the mark of its kind in `bucket`.
+    fn mark(&mut self, e: &TraceEvent, x: u64, bucket: u64) {
+        let Some(kind) = mark_kind(e) else {
+            return;
         };
-        // Pass 1: the series, the peaks, the marks.
-        let mut g = Gauges::default();
-        let mut live: HashMap<u64, u64> = HashMap::new();
-        let mut segs: HashMap<u64, u64> = HashMap::new();
-        let mut series = Series::default();
-        let mut peak_allocated = Peak::default();
-        let mut peak_index = None;
-        let mut peak_reserved = Peak::default();
-        let mut marks: Vec<Mark> = Vec::new();
-        let mut mark_at: HashMap<(String, u64), usize> = HashMap::new();
-        let (mut allocs, mut frees, mut segments_recorded) = (0, 0, false);
-        for (i, e) in mine() {
-            let x = self.xs[i];
-            match e {
-                TraceEvent::Alloc {
-                    id, size, place, ..
-                } => {
-                    let bytes = place.map_or(*size as u64, |p| p.size);
-                    live.insert(*id, bytes);
-                    g.allocated += bytes;
-                    allocs += 1;
-                }
-                TraceEvent::Free { id, .. } => {
-                    // A block allocated before the trace began: not counted.
-                    if let Some(bytes) = live.remove(id) {
-                        g.allocated -= bytes;
-                    }
-                    frees += 1;
-                }
-                TraceEvent::SegmentAlloc { segment, size, .. } => {
-                    segs.insert(*segment, *size as u64);
-                    g.reserved += *size as u64;
-                    segments_recorded = true;
-                }
-                TraceEvent::SegmentFree { segment, .. } => {
-                    if let Some(bytes) = segs.remove(segment) {
-                        g.reserved -= bytes;
-                    }
-                }
-                other => {
-                    let Some(kind) = mark_kind(other) else {
-                        continue;
-                    };
-                    let bucket = x / self.width;
-                    let bytes = other.bytes().unwrap_or(0);
-                    match mark_at.get(&(kind.clone(), bucket)) {
-                        Some(&k) => {
-                            marks[k].count += 1;
-                            marks[k].bytes += bytes;
-                        }
-                        None => {
-                            mark_at.insert((kind.clone(), bucket), marks.len());
-                            marks.push(Mark {
-                                kind,
-                                x,
-                                count: 1,
-                                bytes,
-                            });
-                        }
-                    }
-                    continue;
-                }
+        let bytes = e.bytes().unwrap_or(0);
+        match self.mark_at.get(&(kind.clone(), bucket)) {
+            Some(&k) => {
+                self.marks[k].count += 1;
+                self.marks[k].bytes += bytes;
             }
-            series.add(x / self.width, x, g);
-            let step = self.stamps[i].step;
-            if g.allocated > peak_allocated.bytes {
-                peak_allocated = Peak {
-                    bytes: g.allocated,
+            None => {
+                self.mark_at
+                    .insert((kind.clone(), bucket), self.marks.len());
+                self.marks.push(Mark {
+                    kind,
                     x,
-                    step,
-                };
-                peak_index = Some(i);
-            }
-            if g.reserved > peak_reserved.bytes {
-                peak_reserved = Peak {
-                    bytes: g.reserved,
-                    x,
-                    step,
-                };
+                    count: 1,
+                    bytes,
+                });
             }
         }
-        let (at_peak, at_peak_count) = match peak_index {
-            Some(p) => self.alive_at(label, p),
+    }
+}
+
+impl Ctx<'_> {
+    fn pool(&self, label: &str) -> PoolTimeline {
+        // Pass 1: the series, the peaks, the marks.
+        let mut p = PoolPass::default();
+        let mine = self.events.iter().enumerate();
+        for (i, e) in mine.filter(|(_, e)| e.device() == label) {
+            let x = self.xs[i];
+            if p.apply(e) {
+                p.series.add(x / self.width, x, p.g);
+                p.note_peaks(i, x, self.stamps[i].step);
+            } else {
+                p.mark(e, x, x / self.width);
+            }
+        }
+        let (at_peak, at_peak_count) = match p.peak_index {
+            Some(peak) => self.alive_at(label, peak),
             None => (Vec::new(), 0),
         };
         PoolTimeline {
             label: label.to_string(),
             host: is_host(label),
-            segments_recorded,
-            samples: series.finish(self.options.buckets),
-            peak_allocated,
-            peak_reserved,
+            segments_recorded: p.segments_recorded,
+            samples: p.series.finish(self.options.buckets),
+            peak_allocated: p.peak_allocated,
+            peak_reserved: p.peak_reserved,
             at_peak,
             at_peak_count,
-            allocs,
-            frees,
-            marks,
+            allocs: p.allocs,
+            frees: p.frees,
+            marks: p.marks,
         }
     }
 

@@ -61,6 +61,40 @@ impl Recorder {
         self.events.push(event);
     }
 
+    /// Records `event`, a [`PoolEvent::Alloc`] of pool `label` of trace source `source`: the
+    /// block gets an id of its own, its segment the trace's id.
+    fn alloc(&mut self, source: Option<u64>, label: &str, event: &PoolEvent) {
+        let PoolEvent::Alloc {
+            requested,
+            size,
+            block,
+            stream,
+            segment,
+            offset,
+            owner,
+            ..
+        } = event
+        else {
+            return;
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        self.live.insert((source, label.to_string(), *block), id);
+        let segment = self.segment_id((source, label.to_string(), *segment));
+        self.push(TraceEvent::Alloc {
+            id,
+            size: *requested,
+            stream: *stream,
+            device: label.to_string(),
+            owner: owner.as_deref().map(str::to_string),
+            place: Some(Place {
+                segment,
+                offset: *offset as u64,
+                size: *size as u64,
+            }),
+        });
+    }
+
     /// The trace's id of the pool segment `key`; a segment made before the trace began gets
     /// one at its first use.
     fn segment_id(&mut self, key: LiveKey) -> u64 {
@@ -264,33 +298,7 @@ impl Trace {
         let mut r = self.inner.lock();
         let device = || label.to_string();
         match event {
-            PoolEvent::Alloc {
-                requested,
-                size,
-                block,
-                stream,
-                segment,
-                offset,
-                owner,
-                ..
-            } => {
-                let id = r.next_id;
-                r.next_id += 1;
-                r.live.insert((source, label.to_string(), *block), id);
-                let segment = r.segment_id((source, label.to_string(), *segment));
-                r.push(TraceEvent::Alloc {
-                    id,
-                    size: *requested,
-                    stream: *stream,
-                    device: device(),
-                    owner: owner.as_deref().map(str::to_string),
-                    place: Some(Place {
-                        segment,
-                        offset: *offset as u64,
-                        size: *size as u64,
-                    }),
-                });
-            }
+            PoolEvent::Alloc { .. } => r.alloc(source, label, event),
             PoolEvent::Free { block, .. } => {
                 // A block allocated before the trace was attached has no id: skipped.
                 if let Some(id) = r.live.remove(&(source, label.to_string(), *block)) {

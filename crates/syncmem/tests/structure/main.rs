@@ -38,12 +38,7 @@ const ALLOWED: &[(&str, &str, &str)] = &[];
 
 /// Violations that predate this check, by key (a file: its path; a function: `path: fn name`;
 /// the circles of a room: `room/: circles`). Each goes when the code it names is fixed.
-const KNOWN: &[&str] = &[
-    // The allocator, and the reports leaving it.
-    "crates/syncmem/src/report/replay.rs: fn run",
-    "crates/syncmem/src/report/timeline.rs: fn pool",
-    "crates/syncmem/src/report/torch/convert.rs: fn from_events",
-];
+const KNOWN: &[&str] = &[];
 
 /// One finding: the key [`KNOWN`] names it by, and what to print.
 struct Violation {
