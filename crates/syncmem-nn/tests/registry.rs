@@ -128,6 +128,7 @@ fn registered_operators_run_in_json_nets_planned_and_fused() {
 
 #[test]
 fn a_type_is_registered_once() {
+    syncmem_nn::register_operators().unwrap();
     ops::register_operator("TestOnce", None, build_test_scale).unwrap();
     for name in ["TestOnce", "Relu", "SGD"] {
         let e = ops::register_operator(name, None, build_test_scale).unwrap_err();
