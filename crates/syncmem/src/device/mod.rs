@@ -26,7 +26,11 @@
 //! stream-ordered pooled allocation. Select the pool with [`Device::set_pool`] or with the
 //! `SYNCMEM_DEVICE_POOL` / `SYNCMEM_POOL_CONF` environment variables.
 
+// Tests of the backends through devices and streams (they open `Device`s, so they live in the
+// device layer).
 mod buffer;
+#[cfg(all(test, feature = "cuda"))]
+mod cuda_backend_tests;
 #[cfg(test)]
 mod device_tests;
 mod handle;
@@ -34,10 +38,12 @@ mod in_place;
 pub(crate) mod inject;
 mod isolated;
 mod kernels;
-#[cfg(test)]
-mod lifetime_tests;
 mod memory;
 mod mirror;
+#[cfg(all(test, feature = "opencl"))]
+mod opencl_backend_tests;
+#[cfg(all(test, feature = "opencl"))]
+mod opencl_elementwise_tests;
 mod pinned;
 mod registry;
 mod stream;

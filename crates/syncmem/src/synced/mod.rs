@@ -85,7 +85,10 @@
 //! and route in [`crate::alloc::pairs`]. Replicas are freed with the buffer; the out-of-memory
 //! path of their devices does not spill them, and a copy through the host is blocking.
 
+// The device layer's lifetime tests: they drop devices that hold synced memory.
 mod access;
+#[cfg(test)]
+mod device_lifetime_tests;
 mod external;
 mod fast;
 mod guard;

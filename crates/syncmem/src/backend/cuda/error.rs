@@ -6,7 +6,7 @@ use cudarc::driver::{CudaContext, CudaStream};
 use crate::error::{BackendKind, Error};
 
 /// The `reason` of [`Error::RuntimeUnavailable`] when `libcuda` cannot be loaded.
-pub(super) const NO_DRIVER: &str = "CUDA driver library (libcuda) not found";
+pub(crate) const NO_DRIVER: &str = "CUDA driver library (libcuda) not found";
 
 // ---------------------------------------------------------------------------------------------
 // Errors

@@ -45,8 +45,6 @@ mod program;
 mod shared;
 mod source;
 mod stream;
-#[cfg(test)]
-mod tests;
 mod user;
 
 pub(crate) use device::CuDevice;
@@ -54,6 +52,9 @@ pub(crate) use discovery::discover;
 pub(crate) use memory::{CuMem, CuPinned};
 pub(crate) use program::KernelCache;
 pub(crate) use stream::{CuEvent, CuStream};
+// For the backend's tests, which run through devices (`device/cuda_backend_tests.rs`).
+#[cfg(test)]
+pub(crate) use error::NO_DRIVER;
 pub(crate) use user::CuUserKernel;
 
 #[allow(dead_code)]

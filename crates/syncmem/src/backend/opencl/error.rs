@@ -133,7 +133,7 @@ pub(crate) fn alloc_error(device: &str, op: &'static str, code: cl_int, requeste
 /// A failed enqueue. `CL_MEM_OBJECT_ALLOCATION_FAILURE` there means the runtime could not back
 /// the buffer `mem_len` bytes long on first use (OpenCL may allocate lazily): an
 /// [`Error::OutOfMemory`]. Anything else is an [`Error::Backend`].
-pub(super) fn enqueue_error(device: &str, op: &'static str, code: cl_int, mem_len: usize) -> Error {
+pub(crate) fn enqueue_error(device: &str, op: &'static str, code: cl_int, mem_len: usize) -> Error {
     if code == CL_MEM_OBJECT_ALLOCATION_FAILURE {
         OomReport::new(
             device,
@@ -150,7 +150,7 @@ pub(super) fn enqueue_error(device: &str, op: &'static str, code: cl_int, mem_le
 }
 
 /// Why the OpenCL runtime cannot be used, for a failed `clGetPlatformIDs`.
-pub(super) fn unavailable(code: cl_int) -> Error {
+pub(crate) fn unavailable(code: cl_int) -> Error {
     let reason = match code {
         DLOPEN_RUNTIME_LOAD_FAILED => {
             "libOpenCL could not be loaded (install an OpenCL ICD loader \

@@ -20,7 +20,7 @@ const MAX_LOCAL_REDUCE: usize = 256;
 const MAX_GROUPS_ELEMENTWISE: usize = 1024;
 /// On a CPU device, the fewest elements of an element-wise kernel per work-item (each takes
 /// one contiguous run of elements, see `SM_FOR_EACH`).
-pub(super) const CPU_RUN: usize = 8192;
+pub(crate) const CPU_RUN: usize = 8192;
 /// On a CPU device, the most work-items (one per work-group) of an element-wise kernel per
 /// compute unit, and at least [`CPU_MIN_RUNS`]: enough to balance the runtime's threads, few
 /// enough that the cost of each group stays small next to its work.
@@ -95,7 +95,7 @@ impl ClDevice {
 
     /// On a CPU device, the work-items of an element-wise kernel or a reduction over `n`
     /// elements (one per work-group, each a contiguous run).
-    pub(super) fn cpu_runs(&self, n: usize) -> usize {
+    pub(crate) fn cpu_runs(&self, n: usize) -> usize {
         let most = (CPU_RUNS_PER_UNIT * self.compute_units).max(CPU_MIN_RUNS);
         n.div_ceil(CPU_RUN).clamp(1, most)
     }
@@ -125,7 +125,7 @@ type GemmOperands<'a> = (
 impl ClDevice {
     /// [`BackendKernels::gemm`] with the GEMM kernel `kernel` (see [`super::program`]); any
     /// of them works on any device that built them.
-    pub(super) fn gemm_on(
+    pub(crate) fn gemm_on(
         &self,
         s: &ClStream,
         g: &Gemm,

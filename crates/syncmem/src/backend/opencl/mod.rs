@@ -20,8 +20,6 @@
 pub(crate) mod capture;
 mod device;
 mod discovery;
-#[cfg(test)]
-mod elementwise_tests;
 mod error;
 mod grid;
 mod handle;
@@ -32,8 +30,6 @@ mod memory;
 mod program;
 mod source;
 mod stream;
-#[cfg(test)]
-mod tests;
 mod user;
 
 pub(crate) use device::ClDevice;
@@ -43,6 +39,13 @@ pub(crate) use memory::{ClMem, ClPinned};
 pub(crate) use program::KernelCache;
 pub(crate) use stream::{ClEvent, ClStream};
 pub(crate) use user::ClUserKernel;
+// For the backend's tests, which run through devices (`device/opencl_*_tests.rs`).
+#[cfg(test)]
+pub(crate) use error::{alloc_error, cl_error_message, enqueue_error, unavailable};
+#[cfg(test)]
+pub(crate) use kernels::CPU_RUN;
+#[cfg(test)]
+pub(crate) use program::GemmKernel;
 
 #[allow(dead_code)]
 fn _assert_send_sync() {

@@ -113,7 +113,7 @@ pub(super) const RB_BLOCK: (usize, usize) = (8, 32);
 /// The GEMM kernels of the operator program (see the module docs); every device builds all
 /// three, and any of them computes any GEMM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum GemmKernel {
+pub(crate) enum GemmKernel {
     /// `sm_gemm`: tiles in local memory (GPUs).
     Tiled,
     /// `sm_gemm_rb_*`: register blocks, no local memory (CPU devices).
@@ -124,12 +124,12 @@ pub(super) enum GemmKernel {
 }
 
 /// The operator kernels of one device.
-pub(super) struct OpKernels {
+pub(crate) struct OpKernels {
     /// The GEMM tiling the program was built with.
     pub(super) tiles: Tiles,
     /// The GEMM that [`super::ClDevice::gemm`] runs: the register-blocked kernels on a CPU
     /// device, else the tiled one.
-    pub(super) register_blocked: bool,
+    pub(crate) register_blocked: bool,
     pub(super) gemm: Slot,
     /// The register-blocked GEMMs, indexed by `2 * ta + tb`.
     pub(super) gemm_rb: [Slot; 4],
@@ -145,6 +145,14 @@ pub(super) struct OpKernels {
     pub(super) accuracy: Slot,
     // Declared last: dropped after the kernels that reference it.
     _program: OwnedProgram,
+}
+
+#[cfg(test)]
+impl OpKernels {
+    /// Whether the register-blocked GEMMs with a staged B were built (for the GEMM tests).
+    pub(crate) fn has_gemm_rbl(&self) -> bool {
+        self.gemm_rbl.is_some()
+    }
 }
 
 impl OpKernels {
@@ -231,7 +239,7 @@ pub(crate) struct KernelCache {
 
 impl KernelCache {
     /// The operator kernels of `dev`.
-    pub(super) fn ops(&self, dev: &ClDevice) -> Result<std::sync::Arc<OpKernels>> {
+    pub(crate) fn ops(&self, dev: &ClDevice) -> Result<std::sync::Arc<OpKernels>> {
         self.ops.get_or_build(|| build_ops(dev))
     }
 

@@ -3,8 +3,8 @@
 
 use cudarc::driver::sys;
 
-use super::error::NO_DRIVER;
-use super::*;
+use crate::backend::cuda::NO_DRIVER;
+use crate::backend::cuda::*;
 use crate::error::{BackendKind, Error};
 use crate::Device;
 

@@ -4,9 +4,9 @@
 //! end runs in every way (below one run, not a multiple of 16, more runs than launched); the
 //! reductions count every element once.
 
-use super::kernels::CPU_RUN;
-use super::ClDevice;
 use crate::backend::dispatch::RawDevice;
+use crate::backend::opencl::ClDevice;
+use crate::backend::opencl::CPU_RUN;
 use crate::backend::Reduce;
 use crate::device::DeviceBuffer;
 use crate::testing::opencl_or_skip;

@@ -1,9 +1,11 @@
 //! Tests of the OpenCL backend on a real OpenCL device; each skips with a message when there
 //! is none (a failure instead with `SYNCMEM_REQUIRE_OPENCL=1`).
 
-use super::error::{alloc_error, backend_error, cl_error_message, enqueue_error, unavailable};
-use super::{ClDevice, ClMem, ClStream};
 use crate::backend::dispatch::RawDevice;
+use crate::backend::opencl::{
+    alloc_error, backend_error, cl_error_message, enqueue_error, unavailable,
+};
+use crate::backend::opencl::{ClDevice, ClMem, ClStream};
 use crate::backend::BackendDevice;
 use crate::error::{BackendKind, Error};
 use crate::testing::opencl_or_skip;
@@ -189,7 +191,12 @@ impl GemmCase {
 
     /// Runs `kernel` and checks C against the host GEMM (and the column sums, bit for bit);
     /// returns C.
-    fn check(&self, cl: &ClDevice, s: &ClStream, kernel: super::program::GemmKernel) -> Vec<f32> {
+    fn check(
+        &self,
+        cl: &ClDevice,
+        s: &ClStream,
+        kernel: crate::backend::opencl::GemmKernel,
+    ) -> Vec<f32> {
         let (g, m, n) = (&self.g, self.g.m, self.g.n);
         let c = upload(cl, s, &vec![f32::NAN; m * n]);
         let sum = g.ta.then(|| upload(cl, s, &vec![f32::NAN; m]));
@@ -229,7 +236,7 @@ impl GemmCase {
 /// register-blocked kernel's order: their results are the same bit for bit.
 #[test]
 fn every_gemm_kernel_matches_the_host_gemm() {
-    use super::program::GemmKernel;
+    use crate::backend::opencl::GemmKernel;
     use crate::backend::Gemm;
     let Some(dev) = opencl_or_skip("every_gemm_kernel_matches_the_host_gemm") else {
         return;
@@ -237,10 +244,7 @@ fn every_gemm_kernel_matches_the_host_gemm() {
     let cl = raw(&dev);
     let ks = cl.kernel_cache().ops(cl).unwrap();
     if ks.register_blocked {
-        assert!(
-            ks.gemm_rbl.is_some(),
-            "a CPU device runs the staged kernel too"
-        );
+        assert!(ks.has_gemm_rbl(), "a CPU device runs the staged kernel too");
     }
     let s = cl.new_stream().unwrap();
     let shapes = [

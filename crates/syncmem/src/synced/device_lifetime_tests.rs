@@ -4,9 +4,9 @@
 
 use std::sync::{Arc, Weak};
 
-use super::{Device, DeviceShared};
 use crate::alloc::pool::Pool;
 use crate::backend::dispatch::{RawMem, RawPinned};
+use crate::device::{Device, DeviceShared};
 use crate::SyncedMemory;
 
 /// Weak references to a device's state and to its two pools.
