@@ -244,6 +244,7 @@ fn bench_on_opencl_compares_train_gemm_and_launch() {
 }
 
 /// With a second OpenCL device: the copy between devices and data-parallel train.
+#[cfg(feature = "opencl")]
 fn check_two_devices(v: &Value) {
     let row = v["rows"]
         .as_array()
@@ -269,6 +270,7 @@ fn check_two_devices(v: &Value) {
 
 /// The compute section on `opencl:0`: the GEMM rows of both devices, the train epochs against
 /// `cpu`, the launch of a trivial kernel.
+#[cfg(feature = "opencl")]
 fn check_device_compute(c: &Value) {
     assert_eq!(c["device"], "opencl:0");
     check_peak_and_gemm(c, &["cpu", "opencl:0"]);
