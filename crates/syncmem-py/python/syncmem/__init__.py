@@ -26,6 +26,11 @@ Without copies:
   mirror: the array becomes a read-only view of it that NumPy will not make writable again;
 - ``numpy.from_dlpack(tensor)`` and ``syncmem.from_dlpack(obj)`` exchange host memory through
   DLPack.
+- mpi4py's collectives work in the tensor's host memory through a writable view:
+  ``comm.Allreduce(MPI.IN_PLACE, ws.tensor(name).numpy(writable=True))`` (no copy on ``cpu`` and
+  PoCL; on a discrete GPU one counted copy down and one up). A ``cpu`` tensor can be passed
+  itself (through DLPack); an OpenCL or CUDA tensor must not be (mpi4py would hand MPI its
+  ``cl_mem`` handle or device pointer). The README's mpi4py section has the details.
 
 Memory statistics as ``torch.cuda`` names them: ``memory_stats(device=None)`` (the README lists
 every key), ``memory_allocated``, ``max_memory_allocated``, ``memory_reserved``,
