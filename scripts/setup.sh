@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Installs the OpenCL runtime syncmem's device tests and demo use: the ICD loader and PoCL, the
 # CPU OpenCL driver. With --with-browser, also Chromium, which the memory page's test renders
-# the page in (headless). Idempotent and non-interactive; Debian/Ubuntu (apt) only.
+# the page in (headless). With --with-mpi, also Open MPI (`mpirun`, the library and its headers)
+# and libclang, which the `mpi` feature (distributed training) builds and runs with.
+# Idempotent and non-interactive; Debian/Ubuntu (apt) only.
 set -euo pipefail
 
 packages=(ocl-icd-libopencl1 pocl-opencl-icd)
 for arg in "$@"; do
     case "$arg" in
         --with-browser) packages+=(chromium) ;;
-        *) echo "setup: unknown option $arg (known: --with-browser)" >&2; exit 2 ;;
+        --with-mpi) packages+=(openmpi-bin libopenmpi-dev libclang-dev) ;;
+        *) echo "setup: unknown option $arg (known: --with-browser, --with-mpi)" >&2; exit 2 ;;
     esac
 done
 

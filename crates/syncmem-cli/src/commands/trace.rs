@@ -225,6 +225,10 @@ fn record(args: &RecordArgs) -> anyhow::Result<()> {
         snapshot: None,
         memory_cap: args.memory_cap,
         memory_html: None,
+        // The recorded run is one process.
+        distributed: train::DistributedMode::None,
+        bucket_size: d.bucket_bytes as u64,
+        no_overlap: !d.overlap,
     };
     // Fail on a path that cannot be written before training (without opening it: a FIFO would
     // block until a reader came).

@@ -2,6 +2,10 @@
 //! activations on the device, and reports where memory lives and what was copied.
 
 mod data;
+mod devices;
+mod distributed;
+
+pub use distributed::Mode as DistributedMode;
 mod heap;
 mod help;
 mod report;
@@ -15,7 +19,7 @@ use std::time::Instant;
 use anyhow::{ensure, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
 use syncmem::report::{Trace, TraceGuard};
-use syncmem::{BackendKind, Device};
+use syncmem::Device;
 use syncmem_nn::mlp::Dataset;
 use syncmem_nn::train::{compare_planning, EpochStats, TrainConfig, Trainer};
 
@@ -142,11 +146,43 @@ pub struct Args {
     /// and the blocks alive at it with their owners, the steps, the copies.
     #[arg(long, value_name = "FILE")]
     pub memory_html: Option<PathBuf>,
+
+    /// Train as one rank of a job of several processes: `auto` joins an MPI job when a
+    /// launcher (`mpirun`, `srun`) started this process as one of several ranks; `mpi` always;
+    /// `none` trains alone. Each rank trains on its share of every batch, on its part of
+    /// `--device` (by its rank on the node), the gradients are summed over the ranks; rank 0
+    /// prints the report and writes the files. Needs the `mpi` feature.
+    #[arg(long, value_name = "HOW", value_enum, default_value_t = distributed::Mode::Auto)]
+    pub distributed: distributed::Mode,
+
+    /// Distributed training: the most bytes of gradients summed in one all-reduce call.
+    #[arg(
+        long,
+        value_name = "SIZE",
+        default_value = "1MiB",
+        value_parser = crate::args::size
+    )]
+    pub bucket_size: u64,
+
+    /// Distributed training: sum the gradients after backward instead of bucket by bucket as
+    /// backward writes them.
+    #[arg(long)]
+    pub no_overlap: bool,
 }
 
 /// Runs `syncmem train`.
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let report = execute(args, !args.json)?;
+    let world = distributed::join(args.distributed)?;
+    let root = distributed::World::is_root(world.as_ref());
+    let report = match (execute(args, !args.json && root, world.as_ref()), &world) {
+        (Ok(r), _) => r,
+        // The other ranks may be waiting for this one: end them all, naming this rank.
+        (Err(e), Some(w)) => distributed::fail(w, &e),
+        (Err(e), None) => return Err(e),
+    };
+    if !root {
+        return Ok(());
+    }
     if args.json {
         super::print_json(&report)
     } else {
@@ -157,21 +193,26 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 /// Trains as `syncmem train` does, printing nothing; returns the label of the device trained
 /// on (`syncmem trace record` records this run).
 pub fn train_quietly(args: &Args) -> anyhow::Result<String> {
-    execute(args, false).map(|r| r.device().to_string())
+    execute(args, false, None).map(|r| r.device().to_string())
 }
 
 /// Trains and builds the report; `human` prints the header, a progress bar on a terminal and a
-/// line per epoch.
-fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
+/// line per epoch. In a distributed job (`world`), as one rank; only rank 0 writes files.
+fn execute(
+    args: &Args,
+    human: bool,
+    world: Option<&distributed::World>,
+) -> anyhow::Result<report::Report> {
     check_args(args)?;
-    let (devices, note) = pick_devices(args.device.clone())?;
+    let (devices, note) = devices::for_run(args.device.clone(), world)?;
+    let root = distributed::World::is_root(world);
     let dev = devices[0].clone();
     if let Some(cap) = args.memory_cap {
-        cap_devices(&devices, cap)?;
+        devices::cap_devices(&devices, cap)?;
     }
     let mut peak_snapshot = match &args.snapshot {
-        Some(path) => Some(snapshot::PeakSnapshot::new(path, &dev)?),
-        None => None,
+        Some(path) if root => Some(snapshot::PeakSnapshot::new(path, &dev)?),
+        _ => None,
     };
     let (data, source, held_out) = data::datasets(args)?;
     let cfg = config(args);
@@ -184,17 +225,20 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
             &cfg,
             held_out.as_ref(),
         )?;
+        world.map(|w| w.print(&devices)).transpose()?;
     }
 
     let planning = compare_planning(&dev, &data, &cfg).context("measuring memory planning")?;
     let recording = args
         .memory_html
         .as_ref()
+        .filter(|_| root)
         .map(|_| record_from_empty_pools(&dev));
     let process_before = syncmem::stats().copies;
     dev.reset_peak_stats();
     let start = Instant::now();
-    let mut trainer = new_trainer(&devices, &data, &cfg, held_out.as_ref())?;
+    let collective = world.map(|w| w.collective.clone());
+    let mut trainer = new_trainer(&devices, &data, &cfg, held_out.as_ref(), collective)?;
     let (epochs, heap) = run_epochs(&mut trainer, &cfg, human, peak_snapshot.as_mut())?;
     let (loss, accuracy) = trainer.evaluate().context("evaluating")?;
     let held_out_final = trainer
@@ -214,16 +258,7 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
         epochs: &epochs,
         final_loss: loss,
         final_accuracy: accuracy,
-        held_out: held_out
-            .as_ref()
-            .zip(held_out_final)
-            .map(|(h, (loss, accuracy))| report::HeldOutRun {
-                source: h.source.clone(),
-                samples: h.data.len(),
-                fraction: h.fraction,
-                loss,
-                accuracy,
-            }),
+        held_out: held_out_run(held_out.as_ref(), held_out_final),
         seconds,
         process,
         planning: &planning,
@@ -231,8 +266,9 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
     if let Some(p) = peak_snapshot {
         p.write()?;
     }
-    if let Some(path) = &args.save {
-        // After the report, which shows the parameters where training left them.
+    if let Some(path) = args.save.as_ref().filter(|_| root) {
+        // Rank 0 alone (every rank holds the same parameters). After the report, which shows
+        // the parameters where training left them.
         save_parameters(&trainer, path, &mut report)?;
     }
     if let (Some(guard), Some(path)) = (recording, &args.memory_html) {
@@ -241,6 +277,21 @@ fn execute(args: &Args, human: bool) -> anyhow::Result<report::Report> {
         write_memory_page(&guard.detach(), path, &dev, &cfg, human)?;
     }
     Ok(report)
+}
+
+/// The held-out set and its final loss and accuracy, for the report.
+fn held_out_run(
+    held_out: Option<&data::HeldOutData>,
+    last: Option<(f64, f64)>,
+) -> Option<report::HeldOutRun> {
+    let (h, (loss, accuracy)) = held_out.zip(last)?;
+    Some(report::HeldOutRun {
+        source: h.source.clone(),
+        samples: h.data.len(),
+        fraction: h.fraction,
+        loss,
+        accuracy,
+    })
 }
 
 /// Checks what the value parsers cannot (the arguments may be built by another command), and
@@ -269,27 +320,6 @@ fn check_args(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Caps the device memory of every device trained on at `cap` bytes (`--memory-cap`), with the
-/// pool the environment asks for.
-fn cap_devices(devices: &[Device], cap: u64) -> anyhow::Result<()> {
-    // The pools' rule (`memory_cap=0` in SYNCMEM_POOL_CONF is refused as well).
-    ensure!(
-        cap > 0,
-        "--memory-cap: 0 bytes: must be at least 1 (no cap: leave it out)"
-    );
-    let config = syncmem::alloc::pool::config::device_pool_from_env()
-        .context("--memory-cap: the device pool settings")?;
-    for d in devices {
-        d.set_pool(
-            config
-                .clone()
-                .with_memory_cap(syncmem::MemoryCap::Bytes(cap)),
-        )
-        .with_context(|| format!("--memory-cap on {}", d.label()))?;
-    }
-    Ok(())
-}
-
 /// The training settings of the arguments.
 fn config(args: &Args) -> TrainConfig {
     TrainConfig::default()
@@ -300,6 +330,8 @@ fn config(args: &Args) -> TrainConfig {
         .with_seed(args.seed)
         .with_plan(!args.no_plan)
         .with_fuse(!args.no_fuse)
+        .with_bucket_bytes(usize::try_from(args.bucket_size).unwrap_or(usize::MAX))
+        .with_overlap(!args.no_overlap)
 }
 
 /// The lines of the text report before training: the note on the device, the model, the data
@@ -349,14 +381,18 @@ fn record_from_empty_pools(dev: &Device) -> TraceGuard {
     Arc::new(Trace::new()).attach(dev)
 }
 
-/// The trainer on one device, or data-parallel over several, with the held-out set uploaded.
+/// The trainer on one device, or data-parallel over several, or as one rank of a distributed
+/// job, with the held-out set uploaded.
 fn new_trainer(
     devices: &[Device],
     data: &Dataset,
     cfg: &TrainConfig,
     held_out: Option<&data::HeldOutData>,
+    collective: Option<Arc<dyn syncmem_nn::train::collective::Collective>>,
 ) -> anyhow::Result<Trainer> {
-    let mut trainer = if devices.len() > 1 {
+    let mut trainer = if let Some(c) = collective {
+        Trainer::distributed(devices, data, cfg, c).context("setting up distributed training")?
+    } else if devices.len() > 1 {
         Trainer::data_parallel(devices, data, cfg).context("setting up data-parallel training")?
     } else {
         Trainer::new(&devices[0], data, cfg).context("setting up training")?
@@ -476,50 +512,6 @@ fn write_memory_page(
         );
     }
     Ok(())
-}
-
-/// The devices asked for, each opened (an absent one is an error naming it), or the default
-/// device with a note when it is not the first OpenCL device.
-fn pick_devices(
-    specs: Option<crate::args::DeviceList>,
-) -> anyhow::Result<(Vec<Device>, Option<String>)> {
-    let Some(crate::args::DeviceList(specs)) = specs else {
-        let (d, note) = pick_device()?;
-        return Ok((vec![d], note));
-    };
-    let several = specs.len() > 1;
-    let devices = specs
-        .into_iter()
-        .map(|s| {
-            Device::open_spec(s).with_context(|| {
-                if several && s.backend == BackendKind::OpenCl {
-                    format!(
-                        "opening device {s} (with PoCL, POCL_DEVICES=\"pthread pthread\" gives \
-                         two OpenCL devices; `syncmem devices` lists those present)"
-                    )
-                } else {
-                    format!("opening device {s}")
-                }
-            })
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    Ok((devices, None))
-}
-
-fn pick_device() -> anyhow::Result<(Device, Option<String>)> {
-    match Device::all(BackendKind::OpenCl) {
-        Ok(list) if !list.is_empty() => Ok((list[0].clone(), None)),
-        Ok(_) => Ok((
-            Device::cpu(),
-            Some("no OpenCL device found; training on cpu".into()),
-        )),
-        // A bad setting is the user's to fix, not a reason to train somewhere else.
-        Err(e @ syncmem::Error::InvalidConfig { .. }) => Err(e.into()),
-        Err(e) => Ok((
-            Device::cpu(),
-            Some(format!("OpenCL unavailable ({e}); training on cpu")),
-        )),
-    }
 }
 
 fn progress_bar(quiet: bool, steps: u64) -> ProgressBar {

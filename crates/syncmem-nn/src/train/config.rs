@@ -52,4 +52,19 @@ impl TrainConfig {
         self.fuse = fuse;
         self
     }
+
+    /// The same settings with this bucket size in bytes (distributed training).
+    #[must_use]
+    pub fn with_bucket_bytes(mut self, bytes: usize) -> Self {
+        self.bucket_bytes = bytes;
+        self
+    }
+
+    /// The same settings with the overlap of sums and backward on or off (distributed
+    /// training).
+    #[must_use]
+    pub fn with_overlap(mut self, overlap: bool) -> Self {
+        self.overlap = overlap;
+        self
+    }
 }

@@ -91,7 +91,7 @@ impl Trainer {
         // The eval net of the device holding the parameters, in its workspace (the first
         // shard's, when training on several devices).
         let ws = match &self.parallel {
-            Some(p) => &p.shards[0].ws,
+            Some(p) => &*p.shards[0].ws,
             None => &*self.ws,
         };
         let (mut loss, mut acc) = (0.0f64, 0.0f64);

@@ -36,6 +36,13 @@
 //! (with the caveat above: at the defaults the losses stay within 1e-4, with tiny batches at
 //! lr 0.5 they do not).
 //! [`Trainer::pair_transfers`] counts the copies between devices.
+//!
+//! # Several processes
+//!
+//! [`Trainer::distributed`] trains as one rank of a job of several processes (MPI ranks with
+//! the `mpi` feature: [`collective::mpi::Mpi`]), each on its share of every batch, with the
+//! gradients summed over the ranks in buckets while backward runs: see its docs and
+//! [`collective`].
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -52,11 +59,14 @@ use syncmem::{Device, Error, Result, Tensor, Workspace};
 
 use crate::mlp::{Dataset, Mlp, MlpNets, DATA, LABEL};
 
+pub mod collective;
 mod config;
+mod distributed;
 mod held_out;
 mod meter;
 mod parallel;
 mod planning;
+mod reduce;
 mod scalars;
 mod setup;
 
@@ -64,6 +74,7 @@ use meter::{add, PairMeter, StepMeter};
 use scalars::read_scalars;
 
 pub use planning::{compare_planning, PlanningComparison};
+pub use reduce::CommStats;
 use setup::Setup;
 
 /// Settings of a training run: [`TrainConfig::default`] and the `with_*` methods make one.
@@ -91,11 +102,17 @@ pub struct TrainConfig {
     pub plan: bool,
     /// Fuse each FC + Relu into one FC that applies the ReLU (see [`crate::fuse`]).
     pub fuse: bool,
+    /// Distributed training ([`Trainer::distributed`]): the most bytes of gradients summed
+    /// over the ranks in one collective call (a larger gradient has a call of its own).
+    pub bucket_bytes: usize,
+    /// Distributed training: sum each bucket as soon as backward has written it, while
+    /// backward goes on (else after backward).
+    pub overlap: bool,
 }
 
 impl Default for TrainConfig {
     /// Two hidden layers of 64, 30 epochs of batches of 64, learning rate 0.5, seed 0,
-    /// planning and fusion on.
+    /// planning and fusion on; for distributed training, buckets of 1 MiB, overlapped.
     fn default() -> Self {
         Self {
             hidden: vec![64, 64],
@@ -105,6 +122,8 @@ impl Default for TrainConfig {
             seed: 0,
             plan: true,
             fuse: true,
+            bucket_bytes: 1 << 20,
+            overlap: true,
         }
     }
 }
@@ -384,6 +403,8 @@ impl Trainer {
             loss += f64::from(l) * n;
             acc += f64::from(a) * n;
         }
+        // Distributed: each rank evaluated its rows of every batch.
+        let [loss, acc] = self.sum_over_ranks([loss, acc])?;
         let d = self.copy_totals().since(&before);
         self.transfers.eval = add(self.transfers.eval, d);
         let n = self.samples.max(1) as f64;
@@ -417,7 +438,7 @@ impl Trainer {
             visit(&b.x);
             visit(&b.y);
         }
-        for ws in std::iter::once(&*self.ws).chain(shards.map(|s| &s.ws)) {
+        for ws in std::iter::once(&*self.ws).chain(shards.map(|s| &*s.ws)) {
             for name in ws.local_blobs() {
                 if let Some(blob) = ws.try_get_blob(&name) {
                     if let Ok(t) = blob.read().get::<Tensor>() {

@@ -14,8 +14,8 @@ use syncmem::{Error, Result};
 /// One device's part of data-parallel training.
 pub(super) struct Shard {
     pub(super) device: Device,
-    pub(super) ws: Workspace,
-    train: Arc<Net>,
+    pub(super) ws: Arc<Workspace>,
+    pub(super) train: Arc<Net>,
     eval: Arc<Net>,
     /// This shard's rows of each batch (`None`: the batch has none for it).
     pub(super) batches: Vec<Option<Batch>>,
@@ -24,12 +24,44 @@ pub(super) struct Shard {
 /// The shards and the update, when training on several devices.
 pub(super) struct Parallel {
     pub(super) shards: Vec<Shard>,
-    update: Arc<Net>,
+    pub(super) update: Arc<Net>,
     /// `(parameter, gradient)` names, from the update's `SGD` operators.
-    pairs: Vec<(String, String)>,
+    pub(super) pairs: Vec<(String, String)>,
+    /// The rank's part of a distributed job ([`Trainer::distributed`]).
+    pub(super) dist: Option<super::distributed::Dist>,
 }
 
 impl Parallel {
+    /// Weighs the shards' gradients by their `shares` of the batch into the first device's
+    /// (a shard without rows, `None`, adds nothing).
+    pub(super) fn sum_local_gradients(&self, shares: &[Option<f32>]) -> Result<()> {
+        let first = &self.shards[0];
+        for (_, g) in &self.pairs {
+            let blob = first.ws.get_blob(g)?;
+            let mut guard = blob.write();
+            let g0 = guard.get_mut::<Tensor>()?;
+            let n = g0.numel().unwrap_or(0);
+            let Some(m0) = g0.synced() else { continue };
+            match shares[0] {
+                Some(w0) if w0 != 1.0 => kernels::scale(n, w0, &mut m0.device_mut()?)?,
+                Some(_) => {}
+                // No rows on the first device: its gradient holds an older step's values.
+                None => kernels::scale(n, 0.0, &mut m0.device_mut()?)?,
+            }
+            for (s, w) in self.shards.iter().zip(shares).skip(1) {
+                let Some(w) = *w else { continue };
+                let other = s.ws.get_blob(g)?;
+                let other = other.read();
+                let Some(mr) = other.get::<Tensor>()?.synced() else {
+                    continue;
+                };
+                let x = mr.device_on(&first.device)?;
+                kernels::axpy(n, w, &x, &mut m0.device_mut()?)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Runs the first shard's net on its rows of the first batch and measures its memory.
     pub(super) fn measure_first(&self) -> Result<syncmem::net::memory::RunMemory> {
         let s = &self.shards[0];
@@ -41,7 +73,7 @@ impl Parallel {
 }
 
 /// Row counts of `len` rows split over `parts` shards: the first ones get one more.
-fn split(len: usize, parts: usize) -> Vec<usize> {
+pub(super) fn split(len: usize, parts: usize) -> Vec<usize> {
     let (base, extra) = (len / parts, len % parts);
     (0..parts).map(|r| base + usize::from(r < extra)).collect()
 }
@@ -95,13 +127,31 @@ impl Trainer {
         mlp: Mlp,
         nets: MlpNets,
     ) -> Result<Self> {
+        Self::build_parallel(devices, data, cfg, mlp, nets, None)
+    }
+
+    /// Data-parallel training on `devices`; with `ranks` (`(rank, ranks)` of a distributed
+    /// job), on this rank's rows of every batch, with shards even on one device.
+    pub(super) fn build_parallel(
+        devices: &[Device],
+        data: &Dataset,
+        cfg: &super::TrainConfig,
+        mlp: Mlp,
+        nets: MlpNets,
+        ranks: Option<(usize, usize)>,
+    ) -> Result<Self> {
         crate::register_operators()?;
         let first = check_devices(devices)?;
-        if devices.len() == 1 {
+        if devices.len() == 1 && ranks.is_none() {
             return Self::with_nets(first, data, cfg, mlp, nets);
         }
         super::check_widths(&mlp, data)?;
-        let setup = super::Setup::new(first, data, cfg, &nets)?;
+        let mut setup = super::Setup::new(first, data, cfg, &nets)?;
+        // The job's batch sizes: a rank trains on its rows of each.
+        let global: Vec<usize> = setup.rows.iter().map(Vec::len).collect();
+        if let Some((rank, size)) = ranks {
+            setup.rows = super::distributed::rank_rows(&setup.rows, rank, size);
+        }
         let (train, update, pairs) = split_update(&nets.train);
         check_shard_net(&train, &pairs, &setup.ws)?;
         let mut keep: Vec<String> = pairs.iter().map(|(_, g)| g.clone()).collect();
@@ -111,6 +161,10 @@ impl Trainer {
         let shards = (0..devices.len())
             .map(|r| Shard::build(r, devices, data, &setup, &pairs, nets_of_shard))
             .collect::<Result<Vec<_>>>()?;
+        if ranks.is_some() {
+            // A rank without rows in a batch still receives the sums into its gradients.
+            super::distributed::shape_gradients(&shards[0].ws, &setup.ws, &pairs, first)?;
+        }
         let update = shards[0].ws.create_net(
             &update,
             first,
@@ -120,10 +174,12 @@ impl Trainer {
         )?;
         let (train0, eval0) = (shards[0].train.clone(), shards[0].eval.clone());
         let mut t = setup.trainer(first, data, mlp, nets, train0, eval0);
+        t.sizes = global;
         t.parallel = Some(Parallel {
             shards,
             update,
             pairs,
+            dist: None,
         });
         t.transfers.setup = t.copy_totals();
         Ok(t)
@@ -142,6 +198,9 @@ impl Trainer {
         let Some(p) = &self.parallel else {
             return Err(parallel_error("not a data-parallel trainer".into()));
         };
+        if p.dist.is_some() {
+            return self.dist_step(i);
+        }
         let total = self.sizes[i].max(1) as f32;
         // Each shard's share of the batch (`None`: no rows for it this step).
         let mut shares: smallvec::SmallVec<[Option<f32>; 8]> = smallvec::SmallVec::new();
@@ -154,28 +213,8 @@ impl Trainer {
             s.train.run(&s.ws)?;
             shares.push(Some(b.y.numel().unwrap_or(0) as f32 / total));
         }
-        let first = &p.shards[0];
-        for (_, g) in &p.pairs {
-            let blob = first.ws.get_blob(g)?;
-            let mut guard = blob.write();
-            let g0 = guard.get_mut::<Tensor>()?;
-            let n = g0.numel().unwrap_or(0);
-            let Some(m0) = g0.synced() else { continue };
-            if let Some(w0) = shares[0].filter(|&w| w != 1.0) {
-                kernels::scale(n, w0, &mut m0.device_mut()?)?;
-            }
-            for (s, w) in p.shards.iter().zip(&shares).skip(1) {
-                let Some(w) = *w else { continue };
-                let other = s.ws.get_blob(g)?;
-                let other = other.read();
-                let Some(mr) = other.get::<Tensor>()?.synced() else {
-                    continue;
-                };
-                let x = mr.device_on(&first.device)?;
-                kernels::axpy(n, w, &x, &mut m0.device_mut()?)?;
-            }
-        }
-        p.update.run(&first.ws)?;
+        p.sum_local_gradients(&shares)?;
+        p.update.run(&p.shards[0].ws)?;
         let (mut loss, mut acc) = (0.0f32, 0.0f32);
         for (s, w) in p.shards.iter().zip(&shares) {
             let Some(w) = *w else { continue };
@@ -259,7 +298,7 @@ impl Shard {
     ) -> Result<Self> {
         let device = &devices[r];
         let parts = devices.len();
-        let ws = Workspace::with_parent(setup.ws.clone());
+        let ws = Arc::new(Workspace::with_parent(setup.ws.clone()));
         let mut batches = Vec::with_capacity(setup.rows.len());
         for (i, rows) in setup.rows.iter().enumerate() {
             let counts = split(rows.len(), parts);

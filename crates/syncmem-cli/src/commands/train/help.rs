@@ -77,7 +77,14 @@ JSON output (--json), one object:
    \"planning\": {\"enabled\", \"unplanned_peak\", \"planned_peak\", \"saved\" (tensor bytes on the
       device at the peak of one step), \"device_peak_unplanned\", \"device_peak_planned\" (the
       device allocator's peak), \"planned_blobs\", \"slots\",
-      \"shared\": {slot name: [blob names it holds, in order]}}}
+      \"shared\": {slot name: [blob names it holds, in order]}},
+   \"distributed\": {...} | null  (a rank of a distributed job; rank 0's report: \"engine\",
+      \"ranks\", \"rank\", \"bucket_bytes\", \"buckets\" (elements of each, in the order
+      summed), \"overlap\", \"steps\", then per step: \"bytes_per_step\" (gradient bytes
+      all-reduced), \"calls_per_step\", \"allreduce_ms_per_step\", \"staging_ms_per_step\",
+      \"exposed_ms_per_step\" (waited for after the step's own work),
+      \"overlapped_ms_per_step\" (hidden behind backward),
+      \"staging_to_device_bytes_per_step\", \"staging_to_host_bytes_per_step\")}
 Accuracies are fractions (0-1); bytes are integers.
 
 --snapshot FILE writes one JSON object: {\"device\", \"step\" (the step after which it was

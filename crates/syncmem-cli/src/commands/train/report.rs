@@ -11,6 +11,7 @@ use syncmem_nn::train::{EpochStats, PlanningComparison, TrainConfig, Trainer, Tr
 
 pub(super) use super::heap::HeapSteps;
 
+mod distributed;
 mod text;
 
 /// Everything a report is made from.
@@ -74,6 +75,8 @@ pub(super) struct Report {
     planning: PlanningRow,
     /// The device pool's figures (the summary printed in the human report).
     memory_summary: Option<MemorySummary>,
+    /// The ranks and what summing over them cost (distributed training).
+    distributed: Option<distributed::DistReport>,
 }
 
 /// Copies from one device to another during the steps.
@@ -343,6 +346,7 @@ pub(super) fn build(r: Run<'_>) -> Report {
         saved: None,
         planning: planning_row(r.trainer, r.planning),
         memory_summary: r.device.pool_stats().map(|s| s.summary()),
+        distributed: distributed::build(r.trainer, r.cfg),
     }
 }
 

@@ -21,7 +21,11 @@ impl Report {
         self.print_blobs()?;
         self.print_transfers()?;
         self.print_waits_and_memory()?;
-        self.print_planning()
+        self.print_planning()?;
+        match &self.distributed {
+            Some(d) => d.print(),
+            None => Ok(()),
+        }
     }
 
     /// The final loss and accuracy, on the training data and the held-out set.

@@ -1,0 +1,393 @@
+//! Gradient buckets summed over the ranks on a thread of their own, as DDP does: each bucket's
+//! sum starts as soon as backward has written its gradients, while backward goes on; the
+//! update waits only at its start, for every bucket.
+//!
+//! A bucket is a few gradients whose bytes together stay under the bucket size (a larger
+//! gradient has a bucket of its own), in the order backward writes them. Its sum reads each
+//! gradient through its host mirror (which waits for the device work writing it; on a device
+//! whose memory is host memory it copies nothing, on a discrete GPU it copies device to host on
+//! the buffer's stream, counted), packs them into one contiguous host buffer scaled by this
+//! rank's share of the batch, sums that buffer over the ranks with one
+//! [`Collective::all_reduce_sum`], and writes the sum back through the host mirrors (the
+//! update's device read copies it back on a discrete GPU, and nothing where memory is shared).
+//!
+//! Every rank plans the same buckets from the same net and submits them in the same order, so
+//! the collective calls match across ranks; a rank without rows in a batch submits its buckets
+//! with a share of 0 (zeros, its gradients not read).
+
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use syncmem::alloc::stats::{thread_copies, CopyStats};
+use syncmem::net::Net;
+use syncmem::{Error, Result, Tensor, Workspace};
+
+use super::collective::Collective;
+use super::meter::add;
+
+/// The gradients of one bucket and where it becomes ready.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct BucketPlan {
+    /// `(blob name, elements)`, in the order they are packed.
+    pub(super) grads: Vec<(String, usize)>,
+    /// Elements of all of them.
+    pub(super) len: usize,
+    /// The index in the net of the last operator writing one of them (`None`: the net writes
+    /// none of them; the bucket is submitted after the net).
+    pub(super) ready_after: Option<usize>,
+}
+
+/// Groups `grads` (`(name, elements)`) into buckets of at most `bucket_bytes` each (a larger
+/// gradient alone), in the order `net` writes them last.
+pub(super) fn plan_buckets(
+    net: &Net,
+    grads: &[(String, usize)],
+    bucket_bytes: usize,
+) -> Vec<BucketPlan> {
+    let ops = &net.run_def().ops;
+    let last_writer = |g: &str| {
+        let g = net.blob_name(g);
+        ops.iter().rposition(|o| o.outputs.iter().any(|n| n == g))
+    };
+    let mut order: Vec<(Option<usize>, &(String, usize))> =
+        grads.iter().map(|g| (last_writer(&g.0), g)).collect();
+    // Written ones in backward order, then any the net does not write; stable for equal keys.
+    order.sort_by_key(|(w, _)| w.map_or(usize::MAX, |i| i));
+    let mut buckets: Vec<BucketPlan> = Vec::new();
+    for (writer, (name, n)) in order {
+        let bytes = n * 4;
+        let fits = buckets.last().is_some_and(|b| {
+            (b.len * 4 + bytes <= bucket_bytes) && (b.ready_after.is_some() == writer.is_some())
+        });
+        if !fits {
+            buckets.push(BucketPlan {
+                grads: Vec::new(),
+                len: 0,
+                ready_after: writer,
+            });
+        }
+        let b = buckets.last_mut().expect("a bucket was just pushed");
+        b.grads.push((name.clone(), *n));
+        b.len += n;
+        b.ready_after = b.ready_after.max(writer);
+    }
+    buckets
+}
+
+/// What summing over the ranks cost, summed over the steps (see [`super::Trainer::comm`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[non_exhaustive]
+pub struct CommStats {
+    /// Ranks of the job.
+    pub ranks: usize,
+    /// Steps whose gradients were summed.
+    pub steps: u64,
+    /// Buckets summed (one collective call each), and the calls summing loss and accuracy.
+    pub calls: u64,
+    /// Bytes this rank sent to the collective for gradients (4 per element).
+    pub bytes: u64,
+    /// Seconds inside the collective calls (the all-reduces themselves).
+    pub reduce_seconds: f64,
+    /// Seconds staging the buckets: waiting for the device work writing the gradients,
+    /// reading them into the bucket and writing the sums back.
+    pub staging_seconds: f64,
+    /// Seconds the steps waited for the sums once their own work was queued: the part of
+    /// the all-reduce time not hidden behind backward.
+    pub exposed_seconds: f64,
+    /// Copies between host and device that staging made (none where memory is shared).
+    pub staging_copies: CopyStats,
+}
+
+impl CommStats {
+    /// Seconds of all-reduce and staging hidden behind the steps' own work.
+    pub fn overlapped_seconds(&self) -> f64 {
+        (self.reduce_seconds + self.staging_seconds - self.exposed_seconds).max(0.0)
+    }
+}
+
+enum Job {
+    /// Bucket `index`, scaled by this rank's share of the batch.
+    Bucket { index: usize, share: f32 },
+    /// Two sums (loss and accuracy).
+    Scalars([f64; 2]),
+}
+
+enum Done {
+    Bucket {
+        bytes: u64,
+        reduce: f64,
+        staging: f64,
+        copies: CopyStats,
+    },
+    Scalars([f64; 2]),
+}
+
+/// The thread that sums buckets, and the bookkeeping of what was submitted.
+pub(super) struct Reducer {
+    jobs: Option<Sender<Job>>,
+    done: Receiver<Result<Done>>,
+    thread: Option<JoinHandle<()>>,
+    pub(super) buckets: Vec<BucketPlan>,
+    pub(super) collective: Arc<dyn Collective>,
+    /// Jobs submitted and not yet collected.
+    pending: usize,
+    /// Buckets submitted in the current step.
+    pub(super) submitted: usize,
+    pub(super) stats: CommStats,
+}
+
+impl Reducer {
+    /// Starts the thread summing `buckets` of the gradients in `ws` over `collective`.
+    pub(super) fn start(
+        ws: Arc<Workspace>,
+        buckets: Vec<BucketPlan>,
+        collective: Arc<dyn Collective>,
+    ) -> Result<Self> {
+        let (jobs, rx) = channel::<Job>();
+        let (tx, done) = channel::<Result<Done>>();
+        let worker = Worker {
+            ws,
+            buckets: buckets.clone(),
+            send: vec![0.0; buckets.iter().map(|b| b.len).max().unwrap_or(0)],
+            recv: vec![0.0; buckets.iter().map(|b| b.len).max().unwrap_or(0)],
+            collective: collective.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("syncmem-reduce-{}", collective.rank()))
+            .spawn(move || worker.run(&rx, &tx))
+            .map_err(|e| Error::InvalidState {
+                op: "Trainer::distributed",
+                buffer: "gradient buckets".into(),
+                reason: format!("could not start the thread summing them: {e}"),
+            })?;
+        let ranks = collective.size();
+        Ok(Reducer {
+            jobs: Some(jobs),
+            done,
+            thread: Some(thread),
+            buckets,
+            collective,
+            pending: 0,
+            submitted: 0,
+            stats: CommStats {
+                ranks,
+                ..CommStats::default()
+            },
+        })
+    }
+
+    fn send(&mut self, job: Job) -> Result<()> {
+        let sent = self.jobs.as_ref().is_some_and(|j| j.send(job).is_ok());
+        if !sent {
+            return Err(stopped());
+        }
+        self.pending += 1;
+        Ok(())
+    }
+
+    /// Submits bucket `index` with this rank's `share` of the batch.
+    pub(super) fn submit(&mut self, index: usize, share: f32) -> Result<()> {
+        self.send(Job::Bucket { index, share })?;
+        self.submitted += 1;
+        Ok(())
+    }
+
+    /// Submits every bucket not yet submitted this step.
+    pub(super) fn submit_rest(&mut self, share: f32) -> Result<()> {
+        while self.submitted < self.buckets.len() {
+            self.submit(self.submitted, share)?;
+        }
+        Ok(())
+    }
+
+    /// Submits two values (loss and accuracy sums) to be summed over the ranks after every
+    /// bucket submitted before.
+    pub(super) fn submit_scalars(&mut self, values: [f64; 2]) -> Result<()> {
+        self.send(Job::Scalars(values))
+    }
+
+    /// Waits for everything submitted; returns the last scalars' sums (zeros without any).
+    /// When buckets were among them, the time waited counts as exposed and a step as done.
+    pub(super) fn wait_all(&mut self) -> Result<[f64; 2]> {
+        let start = Instant::now();
+        let (mut first_error, mut scalars, mut buckets) = (None, [0.0; 2], 0);
+        while self.pending > 0 {
+            match self.receive() {
+                Ok(Done::Bucket {
+                    bytes,
+                    reduce,
+                    staging,
+                    copies,
+                }) => {
+                    buckets += 1;
+                    self.stats.bytes += bytes;
+                    self.stats.reduce_seconds += reduce;
+                    self.stats.staging_seconds += staging;
+                    self.stats.staging_copies = add(self.stats.staging_copies, copies);
+                }
+                Ok(Done::Scalars(v)) => scalars = v,
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+            self.stats.calls += 1;
+        }
+        self.submitted = 0;
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        if buckets > 0 {
+            self.stats.exposed_seconds += start.elapsed().as_secs_f64();
+            self.stats.steps += 1;
+        }
+        Ok(scalars)
+    }
+
+    fn receive(&mut self) -> Result<Done> {
+        let r = self.done.recv().map_err(|_| stopped())?;
+        self.pending -= 1;
+        r
+    }
+}
+
+impl Drop for Reducer {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread once it is idle. A thread still inside a
+        // collective call (a step failed on this rank while others summed) is left to the
+        // process's end: joining it could wait for peers forever.
+        self.jobs = None;
+        if self.pending == 0 {
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+fn stopped() -> Error {
+    Error::InvalidState {
+        op: "Trainer::step",
+        buffer: "gradient buckets".into(),
+        reason: "the thread summing them stopped (a panic inside the collective)".into(),
+    }
+}
+
+/// The thread's side: the staging buffers, reused every step.
+struct Worker {
+    ws: Arc<Workspace>,
+    buckets: Vec<BucketPlan>,
+    send: Vec<f32>,
+    recv: Vec<f32>,
+    collective: Arc<dyn Collective>,
+}
+
+impl Worker {
+    fn run(mut self, jobs: &Receiver<Job>, done: &Sender<Result<Done>>) {
+        while let Ok(job) = jobs.recv() {
+            let r = match job {
+                Job::Bucket { index, share } => self.bucket(index, share),
+                Job::Scalars(v) => {
+                    let mut out = [0.0; 2];
+                    self.collective
+                        .all_reduce_sum_f64(&v, &mut out)
+                        .map(|()| Done::Scalars(out))
+                }
+            };
+            if done.send(r).is_err() {
+                return;
+            }
+        }
+    }
+
+    fn bucket(&mut self, index: usize, share: f32) -> Result<Done> {
+        let start = Instant::now();
+        let copies = thread_copies();
+        let plan = &self.buckets[index];
+        let (send, recv) = (&mut self.send[..plan.len], &mut self.recv[..plan.len]);
+        let mut at = 0;
+        for (name, n) in &plan.grads {
+            let dst = &mut send[at..at + n];
+            if share == 0.0 {
+                dst.fill(0.0);
+            } else {
+                with_grad(&self.ws, name, *n, |g| {
+                    let host = g.host()?;
+                    let src = floats(&host, *n, name)?;
+                    for (d, s) in dst.iter_mut().zip(src) {
+                        *d = s * share;
+                    }
+                    Ok(())
+                })?;
+            }
+            at += n;
+        }
+        let packed = start.elapsed().as_secs_f64();
+        let call = Instant::now();
+        self.collective.all_reduce_sum(send, recv)?;
+        let reduce = call.elapsed().as_secs_f64();
+        let unpack = Instant::now();
+        let mut at = 0;
+        for (name, n) in &plan.grads {
+            with_grad(&self.ws, name, *n, |g| {
+                let mut host = g.host_overwrite()?;
+                floats_mut(&mut host, *n, name)?.copy_from_slice(&recv[at..at + n]);
+                Ok(())
+            })?;
+            at += n;
+        }
+        Ok(Done::Bucket {
+            bytes: plan.len as u64 * 4,
+            reduce,
+            staging: packed + unpack.elapsed().as_secs_f64(),
+            copies: thread_copies().since(&copies),
+        })
+    }
+}
+
+/// Calls `f` with the storage of gradient `name` (of `n` elements) in `ws`.
+fn with_grad(
+    ws: &Workspace,
+    name: &str,
+    n: usize,
+    f: impl FnOnce(&syncmem::SyncedMemory) -> Result<()>,
+) -> Result<()> {
+    let blob = ws.get_blob(name)?;
+    let guard = blob.read();
+    let t = guard.get::<Tensor>()?;
+    match t.synced() {
+        Some(m) if t.numel().unwrap_or(0) == n => f(m),
+        _ => Err(Error::InvalidShape {
+            what: format!("gradient {name:?}"),
+            shape: format!("{:?}", t.dims()),
+            reason: format!("expected {n} elements in a bucket of the all-reduce"),
+        }),
+    }
+}
+
+fn floats<'a>(bytes: &'a [u8], n: usize, name: &str) -> Result<&'a [f32]> {
+    bytes
+        .get(..n * 4)
+        .and_then(|b| bytemuck::try_cast_slice(b).ok())
+        .ok_or_else(|| cast_error(name))
+}
+
+fn floats_mut<'a>(bytes: &'a mut [u8], n: usize, name: &str) -> Result<&'a mut [f32]> {
+    bytes
+        .get_mut(..n * 4)
+        .and_then(|b| bytemuck::try_cast_slice_mut(b).ok())
+        .ok_or_else(|| cast_error(name))
+}
+
+fn cast_error(name: &str) -> Error {
+    Error::InvalidState {
+        op: "Trainer::step",
+        buffer: format!("gradient {name:?}"),
+        reason: "its host mirror is not aligned or too short for its f32 elements".into(),
+    }
+}
+
+#[cfg(test)]
+#[path = "reduce_tests.rs"]
+mod tests;
