@@ -42,6 +42,10 @@ enum Command {
     Trace(commands::trace::Args),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     Completions(commands::completions::Args),
+    /// One rank of `syncmem bench`'s distributed rows (run by `mpirun`, not by hand).
+    #[cfg(feature = "mpi")]
+    #[command(hide = true)]
+    BenchMpi(commands::bench_mpi::RankArgs),
 }
 
 /// Exit status of a usage error: an unknown flag, a missing argument, a rejected value.
@@ -101,6 +105,8 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Bench(args) => commands::bench::run(&args),
         Command::Trace(args) => commands::trace::run(&args),
         Command::Completions(args) => commands::completions::run::<Cli>(&args),
+        #[cfg(feature = "mpi")]
+        Command::BenchMpi(args) => commands::bench_mpi::rank(args.quick),
     }
 }
 

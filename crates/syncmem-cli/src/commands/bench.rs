@@ -49,6 +49,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     });
     bar.finish_and_clear();
     let report = report?;
+    // The rows of distributed training, with two ranks under mpirun.
+    #[cfg(feature = "mpi")]
+    let report = super::bench_mpi::with_rows(report, args.quick)?;
     if args.json {
         super::print_json(&report)
     } else {

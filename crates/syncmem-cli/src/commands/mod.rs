@@ -28,6 +28,8 @@ macro_rules! outln {
 }
 
 pub mod bench;
+#[cfg(feature = "mpi")]
+pub mod bench_mpi;
 pub mod completions;
 pub mod demo;
 pub mod devices;

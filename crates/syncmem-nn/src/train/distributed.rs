@@ -139,9 +139,12 @@ fn dist_step_on(
         let share = b.y.numel().unwrap_or(0) as f32 / total;
         if single && d.overlap {
             let r = &mut d.reducer;
+            // A bucket ready only after the last operator has nothing to overlap with: the
+            // caller sums it itself (no hand-over to the thread and back).
+            let last = s.train.len().saturating_sub(1);
             s.train.run_observed(&s.ws, s.train.context(), |index, _| {
                 while let Some(b) = r.buckets.get(r.submitted) {
-                    if b.ready_after.is_none_or(|w| w > index) {
+                    if index >= last || b.ready_after.is_none_or(|w| w > index) {
                         break;
                     }
                     r.submit(r.submitted, share)?;
@@ -175,6 +178,21 @@ fn dist_step_on(
 }
 
 impl Trainer {
+    /// Sums this rank's current gradients over the ranks now, bucket by bucket, as a step
+    /// does after backward (each rank's weighted by 1): what one step's all-reduce costs,
+    /// without the step (the benchmark of `syncmem bench` times it). Does nothing unless
+    /// distributed. Every rank must call it.
+    ///
+    /// # Errors
+    /// As [`Trainer::step`].
+    pub fn sum_gradients(&mut self) -> Result<()> {
+        let Some(d) = self.parallel.as_mut().and_then(|p| p.dist.as_mut()) else {
+            return Ok(());
+        };
+        d.reducer.submit_rest(1.0)?;
+        d.reducer.wait_all().map(|_| ())
+    }
+
     /// Sums `values` over the ranks of a distributed trainer (the identity otherwise).
     pub(super) fn sum_over_ranks(&mut self, values: [f64; 2]) -> Result<[f64; 2]> {
         match self.parallel.as_mut().and_then(|p| p.dist.as_mut()) {

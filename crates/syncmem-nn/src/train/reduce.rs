@@ -16,7 +16,7 @@
 //! with a share of 0 (zeros, its gradients not read).
 
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -126,6 +126,13 @@ enum Done {
 
 /// The thread that sums buckets, and the bookkeeping of what was submitted.
 pub(super) struct Reducer {
+    /// The staging buffers and the collective, used by the thread or, when nothing is in
+    /// flight, by the caller itself (no hand-over to wait for).
+    worker: Arc<Mutex<Worker>>,
+    /// Loss and accuracy sums computed by the caller (nothing was in flight).
+    inline_scalars: Option<[f64; 2]>,
+    /// This step's buckets were summed by the caller.
+    inline_step: bool,
     jobs: Option<Sender<Job>>,
     done: Receiver<Result<Done>>,
     thread: Option<JoinHandle<()>>,
@@ -154,9 +161,11 @@ impl Reducer {
             recv: vec![0.0; buckets.iter().map(|b| b.len).max().unwrap_or(0)],
             collective: collective.clone(),
         };
+        let worker = Arc::new(Mutex::new(worker));
+        let shared = worker.clone();
         let thread = std::thread::Builder::new()
             .name(format!("syncmem-reduce-{}", collective.rank()))
-            .spawn(move || worker.run(&rx, &tx))
+            .spawn(move || Worker::run(&shared, &rx, &tx))
             .map_err(|e| Error::InvalidState {
                 op: "Trainer::distributed",
                 buffer: "gradient buckets".into(),
@@ -164,6 +173,9 @@ impl Reducer {
             })?;
         let ranks = collective.size();
         Ok(Reducer {
+            worker,
+            inline_scalars: None,
+            inline_step: false,
             jobs: Some(jobs),
             done,
             thread: Some(thread),
@@ -194,17 +206,61 @@ impl Reducer {
         Ok(())
     }
 
-    /// Submits every bucket not yet submitted this step.
+    /// Sums every bucket not yet submitted this step: on the calling thread when nothing is
+    /// in flight (no hand-over to wait for; the time counts as exposed), else after what is.
     pub(super) fn submit_rest(&mut self, share: f32) -> Result<()> {
+        if self.pending == 0 {
+            let start = Instant::now();
+            let mut any = false;
+            while self.submitted < self.buckets.len() {
+                let done = lock(&self.worker).bucket(self.submitted, share)?;
+                self.record(done);
+                self.submitted += 1;
+                any = true;
+            }
+            if any {
+                self.stats.exposed_seconds += start.elapsed().as_secs_f64();
+                self.stats.steps += 1;
+                self.inline_step = true;
+            }
+            return Ok(());
+        }
         while self.submitted < self.buckets.len() {
             self.submit(self.submitted, share)?;
         }
         Ok(())
     }
 
+    /// Adds a summed bucket's figures.
+    fn record(&mut self, done: Done) {
+        if let Done::Bucket {
+            bytes,
+            reduce,
+            staging,
+            copies,
+        } = done
+        {
+            self.stats.bytes += bytes;
+            self.stats.reduce_seconds += reduce;
+            self.stats.staging_seconds += staging;
+            self.stats.staging_copies = add(self.stats.staging_copies, copies);
+        }
+        self.stats.calls += 1;
+    }
+
     /// Submits two values (loss and accuracy sums) to be summed over the ranks after every
     /// bucket submitted before.
     pub(super) fn submit_scalars(&mut self, values: [f64; 2]) -> Result<()> {
+        if self.pending == 0 {
+            let start = Instant::now();
+            self.inline_scalars = Some(lock(&self.worker).scalars(values)?);
+            self.stats.calls += 1;
+            if self.inline_step {
+                // After buckets summed inline: part of the step's wait.
+                self.stats.exposed_seconds += start.elapsed().as_secs_f64();
+            }
+            return Ok(());
+        }
         self.send(Job::Scalars(values))
     }
 
@@ -212,29 +268,25 @@ impl Reducer {
     /// When buckets were among them, the time waited counts as exposed and a step as done.
     pub(super) fn wait_all(&mut self) -> Result<[f64; 2]> {
         let start = Instant::now();
-        let (mut first_error, mut scalars, mut buckets) = (None, [0.0; 2], 0);
+        let (mut first_error, mut buckets) = (None, 0);
+        let mut scalars = self.inline_scalars.take().unwrap_or([0.0; 2]);
         while self.pending > 0 {
             match self.receive() {
-                Ok(Done::Bucket {
-                    bytes,
-                    reduce,
-                    staging,
-                    copies,
-                }) => {
-                    buckets += 1;
-                    self.stats.bytes += bytes;
-                    self.stats.reduce_seconds += reduce;
-                    self.stats.staging_seconds += staging;
-                    self.stats.staging_copies = add(self.stats.staging_copies, copies);
+                Ok(Done::Scalars(v)) => {
+                    scalars = v;
+                    self.stats.calls += 1;
                 }
-                Ok(Done::Scalars(v)) => scalars = v,
+                Ok(done) => {
+                    buckets += 1;
+                    self.record(done);
+                }
                 Err(e) => {
                     first_error.get_or_insert(e);
                 }
             }
-            self.stats.calls += 1;
         }
         self.submitted = 0;
+        self.inline_step = false;
         if let Some(e) = first_error {
             return Err(e);
         }
@@ -283,22 +335,30 @@ struct Worker {
     collective: Arc<dyn Collective>,
 }
 
+fn lock(worker: &Mutex<Worker>) -> std::sync::MutexGuard<'_, Worker> {
+    // A panic inside a collective call leaves the staging buffers as plain numbers.
+    worker
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl Worker {
-    fn run(mut self, jobs: &Receiver<Job>, done: &Sender<Result<Done>>) {
+    fn run(worker: &Mutex<Worker>, jobs: &Receiver<Job>, done: &Sender<Result<Done>>) {
         while let Ok(job) = jobs.recv() {
             let r = match job {
-                Job::Bucket { index, share } => self.bucket(index, share),
-                Job::Scalars(v) => {
-                    let mut out = [0.0; 2];
-                    self.collective
-                        .all_reduce_sum_f64(&v, &mut out)
-                        .map(|()| Done::Scalars(out))
-                }
+                Job::Bucket { index, share } => lock(worker).bucket(index, share),
+                Job::Scalars(v) => lock(worker).scalars(v).map(Done::Scalars),
             };
             if done.send(r).is_err() {
                 return;
             }
         }
+    }
+
+    fn scalars(&self, values: [f64; 2]) -> Result<[f64; 2]> {
+        let mut out = [0.0; 2];
+        self.collective.all_reduce_sum_f64(&values, &mut out)?;
+        Ok(out)
     }
 
     fn bucket(&mut self, index: usize, share: f32) -> Result<Done> {
