@@ -148,6 +148,9 @@ fn two_and_three_ranks_on_opencl_reach_the_single_process_loss() {
     }
     same_loss_as_one_process(&m, 2, &["train", "--device", "opencl:0", "--epochs", "2"]);
     same_loss_as_one_process(&m, 3, &["train", "--device", "opencl:0", "--epochs", "2"]);
+    // Two devices: each of 2 ranks takes one (against one process data-parallel on both).
+    let two = ["train", "--device", "opencl:0,opencl:1", "--epochs", "2"];
+    same_loss_as_one_process(&m, 2, &two);
 }
 
 /// Runs a job where rank 1 does `bad` and the others train long; requires the job to end

@@ -156,6 +156,7 @@ impl Reducer {
         let (tx, done) = channel::<Result<Done>>();
         let worker = Worker {
             ws,
+            blobs: vec![Vec::new(); buckets.len()],
             buckets: buckets.clone(),
             send: vec![0.0; buckets.iter().map(|b| b.len).max().unwrap_or(0)],
             recv: vec![0.0; buckets.iter().map(|b| b.len).max().unwrap_or(0)],
@@ -329,6 +330,8 @@ fn stopped() -> Error {
 /// The thread's side: the staging buffers, reused every step.
 struct Worker {
     ws: Arc<Workspace>,
+    /// Each bucket's gradient blobs, looked up by name once (at the bucket's first sum).
+    blobs: Vec<Vec<syncmem::workspace::BlobRef>>,
     buckets: Vec<BucketPlan>,
     send: Vec<f32>,
     recv: Vec<f32>,
@@ -365,18 +368,30 @@ impl Worker {
         let start = Instant::now();
         let copies = thread_copies();
         let plan = &self.buckets[index];
+        if self.blobs[index].is_empty() {
+            self.blobs[index] = plan
+                .grads
+                .iter()
+                .map(|(name, _)| self.ws.get_blob(name))
+                .collect::<Result<_>>()?;
+        }
+        let blobs = &self.blobs[index];
         let (send, recv) = (&mut self.send[..plan.len], &mut self.recv[..plan.len]);
         let mut at = 0;
-        for (name, n) in &plan.grads {
+        for ((name, n), blob) in plan.grads.iter().zip(blobs) {
             let dst = &mut send[at..at + n];
             if share == 0.0 {
                 dst.fill(0.0);
             } else {
-                with_grad(&self.ws, name, *n, |g| {
+                with_grad(blob, name, *n, |g| {
                     let host = g.host()?;
                     let src = floats(&host, *n, name)?;
-                    for (d, s) in dst.iter_mut().zip(src) {
-                        *d = s * share;
+                    if share == 1.0 {
+                        dst.copy_from_slice(src);
+                    } else {
+                        for (d, s) in dst.iter_mut().zip(src) {
+                            *d = s * share;
+                        }
                     }
                     Ok(())
                 })?;
@@ -389,8 +404,8 @@ impl Worker {
         let reduce = call.elapsed().as_secs_f64();
         let unpack = Instant::now();
         let mut at = 0;
-        for (name, n) in &plan.grads {
-            with_grad(&self.ws, name, *n, |g| {
+        for ((name, n), blob) in plan.grads.iter().zip(blobs) {
+            with_grad(blob, name, *n, |g| {
                 let mut host = g.host_overwrite()?;
                 floats_mut(&mut host, *n, name)?.copy_from_slice(&recv[at..at + n]);
                 Ok(())
@@ -406,14 +421,13 @@ impl Worker {
     }
 }
 
-/// Calls `f` with the storage of gradient `name` (of `n` elements) in `ws`.
+/// Calls `f` with the storage of gradient `name` (of `n` elements), held by `blob`.
 fn with_grad(
-    ws: &Workspace,
+    blob: &syncmem::workspace::BlobRef,
     name: &str,
     n: usize,
     f: impl FnOnce(&syncmem::SyncedMemory) -> Result<()>,
 ) -> Result<()> {
-    let blob = ws.get_blob(name)?;
     let guard = blob.read();
     let t = guard.get::<Tensor>()?;
     match t.synced() {
