@@ -192,15 +192,18 @@ fn cached_blocks_go_before_mirrors(dev: &Device) {
         .with_memory_cap(MemoryCap::Bytes(64 * MIB as u64))
         .with_max_idle_percent(None);
     d.set_pool(cfg).unwrap();
-    assert_eq!(cached_before_mirrors(&d), 1);
+    // The out-of-memory path gives back only what the request needs: two of the three 16 MiB
+    // segments for 32 MiB; the third stays cached.
+    assert_eq!(cached_before_mirrors(&d), (1, 2));
     // By default a pool gives settled idle segments back itself before it grows; those whose
     // device work it cannot see completed yet still go on the out-of-memory path.
-    assert!(cached_before_mirrors(&capped(dev, 64 * MIB)) <= 1);
+    assert!(cached_before_mirrors(&capped(dev, 64 * MIB)).0 <= 1);
 }
 
 /// Fills a 64 MiB-capped device with cached segments, then asks for a block none of them fits:
-/// the cache goes, the clean mirror stays. Returns the retries it took.
-fn cached_before_mirrors(d: &Device) -> u64 {
+/// as much of the cache as the request needs goes, the clean mirror stays. Returns the retries it
+/// took and the segments given back.
+fn cached_before_mirrors(d: &Device) -> (u64, u64) {
     let d = d.clone();
     let keep = SyncedMemory::new(BUF, &d).with_label("keep");
     keep.host_mut().unwrap().fill(7);
@@ -216,18 +219,12 @@ fn cached_before_mirrors(d: &Device) -> u64 {
     big.device_mut().unwrap().fill(1).unwrap();
     let s = d.pool_stats().unwrap();
     assert_eq!(s.evictions, 0, "{s}");
-    if s.alloc_retries > 0 {
-        // The out-of-memory path empties the whole cache (waiting for the blocks' work).
-        assert_eq!(s.backend_frees, 3, "{s}");
-    } else {
-        // A pool that gives back idle segments before growing gives back those whose work
-        // it has seen complete: at least the two that make room, or all three when the
-        // fills had all finished.
-        assert!((2..=3).contains(&s.backend_frees), "{s}");
-    }
+    // At least the two segments that make room go; a pool that gives back idle segments
+    // before growing may give back all three whose work it has seen complete.
+    assert!((2..=3).contains(&s.backend_frees), "{s}");
     assert!(keep.device_allocated());
     assert_eq!(device_bytes(&keep), vec![7u8; BUF]);
-    s.alloc_retries
+    (s.alloc_retries, s.backend_frees)
 }
 
 fn direct_allocations_share_the_cap(dev: &Device) {

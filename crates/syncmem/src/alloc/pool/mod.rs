@@ -306,6 +306,26 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         self.release(true)
     }
 
+    /// Gives cached memory back to the backend, largest idle segments first, until at least
+    /// `need` bytes went back or none is left (waiting for work queued on them); returns the
+    /// bytes released. The out-of-memory path frees only what a request needs this way, so
+    /// that the segments a program reuses step after step stay cached.
+    pub(crate) fn release_at_least(&self, need: u64) -> u64 {
+        let mut bytes = 0;
+        for s in self.shards.iter() {
+            if bytes >= need {
+                break;
+            }
+            let segs = {
+                let mut inner = s.inner.lock();
+                let segs = inner.core.release_at_least(true, need - bytes);
+                s.take_segments(&mut inner, segs)
+            };
+            bytes += s.drop_segments(segs);
+        }
+        bytes
+    }
+
     fn release(&self, wait: bool) -> u64 {
         let mut bytes = 0;
         for s in self.shards.iter() {

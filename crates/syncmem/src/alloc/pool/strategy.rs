@@ -153,6 +153,17 @@ impl<V> Core<V> {
         }
     }
 
+    /// Releases cached memory (whole free segments, largest first; bins, largest first)
+    /// until `need` bytes went back or nothing more can go.
+    pub(crate) fn release_at_least(&mut self, wait: bool, need: u64) -> Vec<(SegId, usize)> {
+        let keep = self.free_bytes().saturating_sub(need);
+        match self {
+            Core::Caching(a) => a.release_free_segments(wait, keep),
+            Core::Binned(b) => b.release_free_segments(wait, keep),
+            Core::Direct(_) => Vec::new(),
+        }
+    }
+
     pub(crate) fn free_bytes(&self) -> u64 {
         match self {
             Core::Caching(a) => a.free_bytes(),

@@ -6,6 +6,13 @@
 //! there when the allocation succeeds or fails with an error other than out of memory
 //! ([`ControlFlow::Break`]), and goes on to the next step otherwise, keeping the newest
 //! refusal as the cause to report.
+//!
+//! The path never empties the whole cache until the very end: a mirror dropped or spilled
+//! gives its block back to the pool, where the retry may find it; only when that is not
+//! enough does the pool give cached memory back to the backend, largest idle segments first
+//! and only as many bytes as the request needs ([`Run::release_needed`]). The segments a
+//! program reuses step after step so stay cached instead of being released and made again
+//! at every step under a cap.
 
 use std::ops::ControlFlow::{self, Break, Continue};
 use std::sync::atomic::Ordering::Relaxed;
@@ -25,6 +32,8 @@ type Step<R> = ControlFlow<Result<R>>;
 struct Run {
     pool: Option<Arc<Pool<RawMem, RawMem>>>,
     requested: usize,
+    /// The device's memory cap.
+    cap: Option<u64>,
     cause: Box<OomReport>,
     /// Bytes of cached blocks freed.
     released: u64,
@@ -49,6 +58,7 @@ impl DeviceMemory {
         let mut run = Run {
             pool: self.current_pool(),
             requested,
+            cap: self.budget.cap(),
             cause,
             released: 0,
             evicted: Vec::new(),
@@ -70,7 +80,7 @@ impl DeviceMemory {
         if let Some(p) = &run.pool {
             p.note_retry();
         }
-        run.released = run.release();
+        run.released = run.release_needed();
         if run.released > 0 {
             run.retry(attempt)?;
         }
@@ -85,6 +95,12 @@ impl DeviceMemory {
         for wait in [false, true] {
             run.spill(&by_age, wait, attempt)?;
         }
+        // The last resort: every cached byte back to the backend.
+        let all = run.pool.as_ref().map_or(0, |p| p.empty_cache());
+        if all > 0 {
+            run.released += all;
+            run.retry(attempt)?;
+        }
         Continue(())
     }
 
@@ -94,6 +110,7 @@ impl DeviceMemory {
         let Run {
             pool,
             requested,
+            cap: _,
             mut cause,
             released,
             evicted,
@@ -147,9 +164,33 @@ impl Run {
         }
     }
 
-    /// Frees the pool's cached blocks; returns how many bytes.
-    fn release(&self) -> u64 {
-        self.pool.as_ref().map_or(0, |p| p.empty_cache())
+    /// Gives back to the backend as much cached memory as the request needs, largest idle
+    /// segments first: under a cap, what the reserved bytes exceed the cap by with the request
+    /// added; without one (the backend refused), the request's size. Returns the bytes.
+    fn release_needed(&self) -> u64 {
+        let Some(p) = &self.pool else { return 0 };
+        let requested = self.requested as u64;
+        let need = match self.cap {
+            Some(cap) => (p.stats().reserved.current + requested).saturating_sub(cap),
+            None => requested,
+        };
+        if need == 0 {
+            0
+        } else {
+            p.release_at_least(need)
+        }
+    }
+
+    /// Retries after freeing a mirror (its block is back in the pool, where the request may
+    /// fit); when it still does not, gives back what the request needs and retries again.
+    fn retry_freed<R>(&mut self, attempt: &mut impl FnMut() -> Result<R>) -> Step<R> {
+        self.retry(attempt)?;
+        let released = self.release_needed();
+        if released == 0 {
+            return Continue(());
+        }
+        self.released += released;
+        self.retry(attempt)
     }
 
     /// Drops `item`'s clean mirror if it can go, then retries.
@@ -162,8 +203,7 @@ impl Run {
             return Continue(());
         };
         self.note_evicted(item.label_now(), bytes);
-        self.released += self.release();
-        self.retry(attempt)
+        self.retry_freed(attempt)
     }
 
     /// Spills the mirrors of `by_age` that can go (waiting for their queued work with `wait`),
@@ -195,12 +235,10 @@ impl Run {
                 continue;
             }
             batch = 0;
-            self.released += self.release();
-            self.retry(attempt)?;
+            self.retry_freed(attempt)?;
         }
         if batch > 0 {
-            self.released += self.release();
-            self.retry(attempt)?;
+            self.retry_freed(attempt)?;
         }
         Continue(())
     }

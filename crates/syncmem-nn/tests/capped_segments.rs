@@ -1,0 +1,82 @@
+//! Training under a memory cap of half the unplanned peak (no planning, no fusion: the most
+//! pressure) spills and refills every step, but makes no new segment after the first step:
+//! the out-of-memory path gives back only what a request needs, so the segments the steps
+//! reuse stay cached. And the losses are those of the uncapped run, bit for bit.
+
+use syncmem::{Device, MemoryCap};
+use syncmem_nn::mlp::Dataset;
+use syncmem_nn::train::{TrainConfig, Trainer};
+
+fn config() -> TrainConfig {
+    TrainConfig::default()
+        .with_epochs(2)
+        .with_plan(false)
+        .with_fuse(false)
+}
+
+fn losses(t: &mut Trainer, epochs: usize) -> Vec<f64> {
+    (0..epochs).map(|_| t.run_epoch().unwrap().loss).collect()
+}
+
+fn check(dev: &Device) {
+    let data = Dataset::spirals(300, 3, 0.2, 0);
+    let cfg = config();
+    let base = syncmem::alloc::pool::config::device_pool_from_env().unwrap();
+    dev.set_pool(base.clone()).unwrap();
+    dev.reset_peak_stats();
+    let (want, peak) = {
+        let mut t = Trainer::new(dev, &data, &cfg).unwrap();
+        // The same steps as the capped run below: one step, then the epochs.
+        t.step(0).unwrap();
+        let l = losses(&mut t, cfg.epochs);
+        (l, dev.pool_stats().unwrap().reserved.peak)
+    };
+    let cap = peak / 2;
+    dev.set_pool(base.with_memory_cap(MemoryCap::Bytes(cap)))
+        .unwrap();
+    let mut t = Trainer::new(dev, &data, &cfg).unwrap();
+    t.step(0).unwrap();
+    let first = dev.pool_stats().unwrap();
+    let got = losses(&mut t, cfg.epochs);
+    let end = dev.pool_stats().unwrap();
+    let spilled = t.transfers().steps.spilled;
+    eprintln!(
+        "{}: cap {cap} of peak {peak}: {} segments made after the first step ({} before), {} \
+         spills in {} steps",
+        dev.label(),
+        end.backend_allocs - first.backend_allocs,
+        first.backend_allocs,
+        spilled.count,
+        t.transfers().step_count
+    );
+    assert!(spilled.count > 0, "the cap must make the steps spill");
+    assert_eq!(
+        end.backend_allocs, first.backend_allocs,
+        "no segment is made after the first step under the cap"
+    );
+    assert_eq!(
+        got, want,
+        "the capped losses are the uncapped ones, bit for bit"
+    );
+}
+
+#[test]
+fn capped_training_on_cpu_reuses_its_segments() {
+    check(&Device::cpu());
+}
+
+#[cfg(feature = "opencl")]
+#[test]
+fn capped_training_on_opencl_reuses_its_segments() {
+    let devs = Device::all(syncmem::BackendKind::OpenCl).unwrap_or_default();
+    let Some(dev) = devs.first() else {
+        assert!(
+            std::env::var("SYNCMEM_REQUIRE_OPENCL").as_deref() != Ok("1"),
+            "SYNCMEM_REQUIRE_OPENCL=1 but no OpenCL device"
+        );
+        eprintln!("SKIPPED capped_training_on_opencl_reuses_its_segments: no OpenCL device");
+        return;
+    };
+    // Two mirrors, as on a discrete GPU: the device side is what the cap limits.
+    check(dev);
+}
