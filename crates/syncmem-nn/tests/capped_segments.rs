@@ -80,3 +80,18 @@ fn capped_training_on_opencl_reuses_its_segments() {
     // Two mirrors, as on a discrete GPU: the device side is what the cap limits.
     check(dev);
 }
+
+#[cfg(feature = "cuda")]
+#[test]
+fn capped_training_on_cuda_reuses_its_segments() {
+    match Device::open("cuda:0") {
+        Ok(dev) => check(&dev),
+        Err(e) => {
+            assert!(
+                std::env::var("SYNCMEM_REQUIRE_CUDA").as_deref() != Ok("1"),
+                "SYNCMEM_REQUIRE_CUDA=1 but cuda:0 did not open: {e}"
+            );
+            eprintln!("SKIPPED capped_training_on_cuda_reuses_its_segments: {e}");
+        }
+    }
+}

@@ -217,3 +217,65 @@ fn opencl_devices(n: usize) -> Option<Vec<Device>> {
     eprintln!("SKIPPED: {n} OpenCL devices needed, {} present", devs.len());
     None
 }
+
+/// One epoch of 2 ranks on `dev` with zero-copy set to `zc`: the sums' figures.
+fn staged(dev: &Device, zc: syncmem::ZeroCopy) -> (syncmem_nn::train::CommStats, bool) {
+    let d = dev.detached();
+    d.set_zero_copy(zc);
+    let shared = d.zero_copy_protocol().is_some();
+    let data = Dataset::spirals(300, 3, 0.2, 0);
+    let cfg = TrainConfig::default().with_epochs(1);
+    let got = distributed(2, |_| vec![d.clone()], &data, &cfg);
+    (got[0].comm, shared)
+}
+
+/// Staging through the host mirrors moves no byte where the device's memory is host memory,
+/// and one counted device-to-host copy of every gradient per step where it is not.
+fn check_staging(dev: &Device) {
+    for zc in [syncmem::ZeroCopy::Auto, syncmem::ZeroCopy::Off] {
+        let (c, shared) = staged(dev, zc);
+        let copies = c.staging_copies;
+        eprintln!(
+            "{} zero-copy {zc:?} (shared: {shared}): {} steps, {} bytes summed, staging copied \
+             {} bytes to the host, {} to the device",
+            dev.label(),
+            c.steps,
+            c.bytes,
+            copies.device_to_host.bytes,
+            copies.host_to_device.bytes
+        );
+        assert_eq!(copies.host_to_device.bytes, 0);
+        if shared {
+            assert_eq!(copies.device_to_host.bytes, 0, "{}", dev.label());
+        } else {
+            assert_eq!(copies.device_to_host.bytes, c.bytes, "{}", dev.label());
+        }
+    }
+}
+
+#[test]
+fn staging_copies_nothing_where_memory_is_shared_and_counts_copies_elsewhere() {
+    check_staging(&Device::cpu());
+    #[cfg(feature = "opencl")]
+    if let Some(devs) = opencl_devices(1) {
+        check_staging(&devs[0]);
+    }
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn ranks_on_cuda_stage_through_the_host_and_reach_the_single_process_loss() {
+    let dev = match Device::open("cuda:0") {
+        Ok(d) => d,
+        Err(e) => {
+            assert!(
+                std::env::var("SYNCMEM_REQUIRE_CUDA").as_deref() != Ok("1"),
+                "SYNCMEM_REQUIRE_CUDA=1 but cuda:0 did not open: {e}"
+            );
+            eprintln!("SKIPPED ranks_on_cuda_stage_through_the_host: {e}");
+            return;
+        }
+    };
+    check_staging(&dev);
+    check_against_single(2, &dev, &TrainConfig::default().with_epochs(2));
+}
