@@ -39,6 +39,8 @@ fn bench_quick_json_has_ratios() {
     ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
+    #[cfg(feature = "mpi")]
+    check_distributed_rows(&v, &names);
     for r in rows {
         check_ratio_row(r);
     }
@@ -68,6 +70,28 @@ fn bench_quick_json_has_ratios() {
     );
 }
 
+/// With MPI, two ranks under mpirun add the distributed rows (skipped, with a note, only where
+/// mpirun is missing, which SYNCMEM_REQUIRE_MPI=1 does not allow).
+#[cfg(feature = "mpi")]
+fn check_distributed_rows(v: &Value, names: &[&str]) {
+    let skipped = v["skipped"].to_string().contains("distributed rows");
+    assert!(
+        !(skipped && std::env::var("SYNCMEM_REQUIRE_MPI").as_deref() == Ok("1")),
+        "SYNCMEM_REQUIRE_MPI=1 but the distributed rows were skipped: {}",
+        v["skipped"]
+    );
+    if skipped {
+        return;
+    }
+    for want in [
+        "all-reduce of a step's gradients, 2 ranks",
+        "step h1024 overlap vs after backward",
+        "step h64, 2 ranks vs 1 (batch 64)",
+    ] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+}
+
 /// A row of the ratio table: its ratio is baseline / ours, and the rows of the goal table have
 /// their goal and say whether it is met.
 fn check_ratio_row(r: &Value) {
@@ -90,6 +114,9 @@ fn check_ratio_row(r: &Value) {
         "host pool 4 KiB, 8 threads" | "device pool 4 KiB, 8 threads" => {
             Some(syncmem_bench::threads::EIGHT_THREADS_GOAL)
         }
+        // The distributed rows (feature `mpi`): the all-reduce through the trainer's buckets
+        // against a plain MPI_Allreduce of the same bytes.
+        "all-reduce of a step's gradients, 2 ranks" => Some(0.9),
         n if n.starts_with("train epoch zero-copy/off ") => {
             Some(syncmem_bench::train_memory::ZERO_COPY_EPOCH_GOAL)
         }

@@ -80,6 +80,9 @@ pub(crate) struct DeviceMemory {
     trace_source: u64,
     /// Whether buffers share one allocation between host and device (see [`super::zero_copy`]).
     pub(crate) zero_copy: ZeroCopySetting,
+    /// The schedule running on the device, if one says what it uses next (see
+    /// [`NextUse`]): the out-of-memory path's order of victims.
+    pub(crate) next_use: parking_lot::RwLock<Option<Arc<dyn super::NextUse>>>,
 }
 
 impl Default for DeviceMemory {
@@ -95,6 +98,7 @@ impl Default for DeviceMemory {
             last_oom: Mutex::new(None),
             trace_source: crate::alloc::event::new_source(),
             zero_copy: ZeroCopySetting::default(),
+            next_use: parking_lot::RwLock::new(None),
         }
     }
 }

@@ -67,6 +67,19 @@ pub(crate) trait Evictable: Send + Sync {
     fn head_now(&self) -> Option<Head>;
     /// The buffer's label.
     fn label_now(&self) -> String;
+    /// The buffer's identity while it lives (its shared state's address): what a schedule
+    /// ([`NextUse`]) knows it by.
+    fn key(&self) -> usize;
+}
+
+/// What a running schedule (a net) knows about when buffers are used next: under memory
+/// pressure the out-of-memory path drops and spills first the mirrors the schedule does not
+/// use, then those used furthest ahead (Belady's rule), instead of the least recently used.
+pub(crate) trait NextUse: Send + Sync {
+    /// Operators until the buffer `key` ([`Evictable::key`]) is used next (0: by the running
+    /// operator), counting on into the next run of the schedule; `None` when the schedule
+    /// does not use it.
+    fn next_use(&self, key: usize) -> Option<usize>;
 }
 
 /// A device mirror freed by [`Evictable::try_spill`].

@@ -62,7 +62,7 @@ pub use crate::error::{OomReport, OomRetry};
 pub use buffer::DeviceBuffer;
 pub(crate) use buffer::Release;
 pub(crate) use in_place::MapAccess;
-pub(crate) use mirror::{Evictable, Freed, Mirrors};
+pub(crate) use mirror::{Evictable, Freed, Mirrors, NextUse};
 pub use mirror::{Head, LiveBuffer};
 pub use pinned::PinnedBuffer;
 pub(crate) use registry::discovered as registry_discovered;
@@ -372,6 +372,15 @@ impl Device {
     /// memory).
     pub fn zero_copy_protocol(&self) -> Option<ZeroCopyProtocol> {
         self.zero_copy().protocol_for(self.info())
+    }
+
+    /// Installs the schedule whose next uses order the out-of-memory path's victims (`None`:
+    /// least recently used first); returns the one it replaces.
+    pub(crate) fn swap_next_use(
+        &self,
+        schedule: Option<Arc<dyn NextUse>>,
+    ) -> Option<Arc<dyn NextUse>> {
+        std::mem::replace(&mut *self.shared.memory.next_use.write(), schedule)
     }
 
     /// The memory cap in bytes, if one is set (by [`Device::set_pool`] or `SYNCMEM_POOL_CONF`).

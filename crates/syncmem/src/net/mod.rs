@@ -57,6 +57,7 @@
 mod def;
 pub mod memory;
 pub mod plan;
+mod schedule;
 mod workspace_nets;
 
 pub use def::NetDef;
@@ -337,7 +338,12 @@ impl Net {
             });
         }
         let _one_run = self.running.lock();
+        // Under a memory cap, the device drops and spills by this run's next uses.
+        let schedule = schedule::Installed::on_capped(&self.device, &self.ops, ws);
         for (index, op) in self.ops.iter().enumerate() {
+            if let Some(s) = &schedule {
+                s.schedule.at(index);
+            }
             op.run(ws, ctx)
                 .map_err(|e| op_failed(self.base_def(), self.plan.as_ref(), "run", index, e))?;
             after(index, op.def())?;

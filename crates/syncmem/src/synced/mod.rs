@@ -290,6 +290,12 @@ impl SyncedMemory {
         Ok(Self::build(size, device.cloned()))
     }
 
+    /// The buffer's identity while it lives, as the out-of-memory path knows it
+    /// ([`crate::device::Evictable::key`]): the address of its shared state.
+    pub(crate) fn key(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
+    }
+
     fn build(size: usize, device: Option<Device>) -> Self {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let settings = Settings {

@@ -105,6 +105,9 @@ mod tests {
         fn label_now(&self) -> String {
             self.0.to_string()
         }
+        fn key(&self) -> usize {
+            std::ptr::from_ref(self) as usize
+        }
     }
 
     fn labels(r: &MirrorRegistry) -> Vec<String> {

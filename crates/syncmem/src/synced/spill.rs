@@ -89,6 +89,10 @@ impl Evictable for Shared {
     fn label_now(&self) -> String {
         self.settings.label.to_string()
     }
+
+    fn key(&self) -> usize {
+        std::ptr::from_ref(self) as usize
+    }
 }
 
 /// Spills `shared`'s device mirror (see the [module docs](self)); never waits for a lock.

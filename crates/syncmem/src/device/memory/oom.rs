@@ -21,7 +21,7 @@ use std::sync::Arc;
 use super::{max_segment, DeviceMemory};
 use crate::alloc::pool::Pool;
 use crate::backend::dispatch::RawMem;
-use crate::device::mirror::Evictable;
+use crate::device::mirror::{Evictable, NextUse};
 use crate::device::Device;
 use crate::error::{Error, OomReport, OomRetry, Result};
 
@@ -84,14 +84,22 @@ impl DeviceMemory {
         if run.released > 0 {
             run.retry(attempt)?;
         }
-        let candidates = self.mirrors.get().map_or_else(Vec::new, |m| m.candidates());
+        let mut candidates = self.mirrors.get().map_or_else(Vec::new, |m| m.candidates());
+        // A running schedule's order (Belady's rule), else largest first for the evictions and
+        // least recently used first for the spills.
+        let schedule = self.next_use.read().clone();
+        if let Some(s) = &schedule {
+            by_next_use(&mut candidates, s.as_ref(), run.requested);
+        }
         for (item, _) in &candidates {
             run.evict(item.as_ref(), attempt)?;
         }
-        // Spill: dirty mirrors written back to the host, least recently used first; first those
-        // with nothing queued, then, in a last round, waiting for their queued work.
+        // Spill: dirty mirrors written back to the host; first those with nothing queued,
+        // then, in a last round, waiting for their queued work.
         let mut by_age: Vec<_> = candidates.into_iter().map(|(item, _)| item).collect();
-        by_age.sort_by_key(|item| item.last_use());
+        if schedule.is_none() {
+            by_age.sort_by_key(|item| item.last_use());
+        }
         for wait in [false, true] {
             run.spill(&by_age, wait, attempt)?;
         }
@@ -149,6 +157,22 @@ impl DeviceMemory {
         *self.last_oom.lock() = Some(report.clone());
         report.into()
     }
+}
+
+/// Orders `candidates` as the schedule `s` uses them (Belady's rule: the mirror needed last is
+/// the one whose absence costs least): first the mirrors whose block alone holds the
+/// `requested` bytes (so that one victim makes room, in the block the request then reuses,
+/// instead of several small ones whose segments would be given back and made again), then
+/// the others; within each, first the mirrors the schedule does not use (largest first), then
+/// those it uses furthest ahead first.
+fn by_next_use(candidates: &mut [(Arc<dyn Evictable>, usize)], s: &dyn NextUse, requested: usize) {
+    candidates.sort_by_cached_key(|(item, bytes)| {
+        let small = *bytes < requested;
+        match s.next_use(item.key()) {
+            None => (small, 0, usize::MAX - bytes, item.last_use()),
+            Some(d) => (small, 1, usize::MAX - d, item.last_use()),
+        }
+    });
 }
 
 impl Run {
@@ -248,5 +272,62 @@ impl Run {
             p.note_eviction(&label, bytes);
         }
         self.evicted.push((label, bytes));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{Freed, Head};
+
+    /// A mirror of `bytes` bytes, last used at `age`.
+    struct Fake(&'static str, u64);
+
+    impl Evictable for Fake {
+        fn try_evict(&self) -> Option<usize> {
+            None
+        }
+        fn try_spill(&self, _: bool) -> Option<Freed> {
+            None
+        }
+        fn last_use(&self) -> u64 {
+            self.1
+        }
+        fn head_now(&self) -> Option<Head> {
+            Some(Head::AtDevice)
+        }
+        fn label_now(&self) -> String {
+            self.0.into()
+        }
+        fn key(&self) -> usize {
+            self.0.len()
+        }
+    }
+
+    /// Next uses by key (the label's length): "a" in 1, "bb" in 5, "ccc" unused, "dddd" in 9.
+    struct Uses;
+
+    impl NextUse for Uses {
+        fn next_use(&self, key: usize) -> Option<usize> {
+            [None, Some(1), Some(5), None, Some(9)][key]
+        }
+    }
+
+    #[test]
+    fn a_schedule_orders_victims_by_next_use_big_enough_ones_first() {
+        let mut c: Vec<(Arc<dyn Evictable>, usize)> = vec![
+            (Arc::new(Fake("a", 1)), 64),
+            (Arc::new(Fake("bb", 2)), 64),
+            (Arc::new(Fake("ccc", 3)), 8),
+            (Arc::new(Fake("dddd", 4)), 64),
+        ];
+        by_next_use(&mut c, &Uses, 32);
+        let order: Vec<String> = c.iter().map(|(i, _)| i.label_now()).collect();
+        // Big enough first, furthest next use first; the unused one is too small for the
+        // request, so it goes after them.
+        assert_eq!(order, ["dddd", "bb", "a", "ccc"]);
+        by_next_use(&mut c, &Uses, 8);
+        let order: Vec<String> = c.iter().map(|(i, _)| i.label_now()).collect();
+        assert_eq!(order, ["ccc", "dddd", "bb", "a"]);
     }
 }
