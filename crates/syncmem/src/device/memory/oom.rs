@@ -94,13 +94,21 @@ impl DeviceMemory {
         for (item, _) in &candidates {
             run.evict(item.as_ref(), attempt)?;
         }
-        // Spill: dirty mirrors written back to the host; first those with nothing queued,
-        // then, in a last round, waiting for their queued work.
+        // Spill: dirty mirrors written back to the host.
         let mut by_age: Vec<_> = candidates.into_iter().map(|(item, _)| item).collect();
         if schedule.is_none() {
             by_age.sort_by_key(|item| item.last_use());
         }
-        for wait in [false, true] {
+        // Without a schedule, first the mirrors with nothing queued, then, in a last round, the
+        // others after their queued work. With one, its order comes first: a victim with work
+        // still queued is waited for rather than passed over for one needed sooner (the one
+        // used furthest ahead was last used long ago: its work is most likely done).
+        let rounds: &[bool] = if schedule.is_some() {
+            &[true]
+        } else {
+            &[false, true]
+        };
+        for &wait in rounds {
             run.spill(&by_age, wait, attempt)?;
         }
         // The last resort: every cached byte back to the backend.
