@@ -81,7 +81,8 @@ pub struct Fusion {
     /// The `FCGradient` + `ReluGradient` pairs fused (see [`grad`]), as (input
     /// gradient blob removed, `ReluGradient` output now written by the `FCGradient`).
     pub fused_grads: Vec<(String, String)>,
-    /// How many `SGD` operators merged into multi-parameter ones (see [`sgd`]).
+    /// How many update operators (`SGD`, `MomentumSGD`, `Adam`) merged into multi-parameter
+    /// ones (see [`sgd`]).
     pub fused_updates: usize,
     /// How many `Accuracy` and `SoftmaxWithLossGradient` operators run inside a
     /// `SoftmaxWithLoss` (see [`loss`]).
@@ -92,7 +93,8 @@ pub struct Fusion {
 }
 
 /// Every fusion of a net: [`fuse_fc_relu`], then each `FCGradient` + `ReluGradient` pair
-/// (see [`grad`]), then the runs of `SGD`s (see [`sgd`]), then the
+/// (see [`grad`]), then the runs of updates (`SGD`s, `MomentumSGD`s, `Adam`s: see [`sgd`]),
+/// then the
 /// `Accuracy` and the gradient of each `SoftmaxWithLoss` (see [`loss`]: with the
 /// accuracy, its `[loss, accuracy]` pair becomes an output of the net), and every
 /// `FCGradient` computes its bias gradient in its `dW` GEMM's launch (`db_in_gemm = 1`: the

@@ -1,5 +1,5 @@
 //! The built-in operators (Caffe2's): fills, `FC`, `Relu`, `SoftmaxWithLoss`, `Accuracy`,
-//! `SGD` and their gradients, each written on `syncmem`'s public API alone, as a user's
+//! the updates `SGD`, `MomentumSGD` and `Adam`, and the gradients, each written on `syncmem`'s public API alone, as a user's
 //! operator is: the builder checks its def with [`Args`](syncmem::ops::Args), `run` reaches
 //! its tensors with [`with_io`](syncmem::ops::with_io) and launches the library's kernels
 //! through [`syncmem::kernels`] (`gemm`, `relu`, `softmax_loss`, ...).
@@ -29,6 +29,16 @@
 //! | `SoftmaxWithLossGradient` | `prob`, `labels` (, `dLoss[]`); or Caffe2's `X`, `labels`, `prob`, `dLoss` | `dLogits = (prob − onehot) · dLoss / N` | `axis` (1) |
 //! | `Accuracy` | `X[N,C]` (probabilities or logits), `labels[N]` (`i32`) | `accuracy[]` | `top_k` (1) |
 //! | `SGD` | `param`, `grad` | `param` (in place; may be omitted) | `lr` (required): `param -= lr · grad` |
+//! | `MomentumSGD` | `param`, `grad`, `momentum` | `param`, `momentum` (in place; may be omitted) | `lr` (required, ≥ 0), `momentum` (0.9, in `[0, 1)`), `nesterov` (0): `m = momentum · m + lr · grad; param -= m` (Caffe2's `MomentumSGDUpdate`; Nesterov's form with `nesterov = 1`) |
+//! | `Adam` | `param`, `grad`, `m`, `v` | `param`, `m`, `v` (in place; may be omitted) | `lr` (required, ≥ 0), `beta1` (0.9), `beta2` (0.999), each in `[0, 1)`, `epsilon` (1e-8, > 0): Caffe2's `Adam`, bias-corrected by the operator's own count of its runs |
+//!
+//! The three updates take several parameters each: `SGD` pairs `[p0, g0, p1, g1, ...]`,
+//! `MomentumSGD` and `Adam` groups `[param, grad, state...]` per parameter (outputs: none, or
+//! the parameter and states of every group). `MomentumSGD` and `Adam` keep their state in
+//! blobs of the workspace (`<param>_momentum`; `<param>_m`, `<param>_v`), which the init net
+//! creates zero-filled ([`crate::optimizer`]); each has one element-wise kernel, OpenCL C and
+//! CUDA C in files next to the operator (`optim/`), and a host loop for `cpu`, launched once
+//! per parameter as a user's kernel is.
 //!
 //! Fills draw their values from the context's seeded generator ([`Context::rng`](syncmem::Context::rng)) on the host
 //! and upload them once, so equal seeds give identical tensors on every device.
@@ -67,8 +77,11 @@ mod access;
 mod fc;
 mod fill;
 mod loss;
+mod optim;
 mod relu;
 mod sgd;
+
+pub(crate) use optim::update_group;
 
 use std::sync::OnceLock;
 
@@ -78,7 +91,7 @@ use syncmem::{Device, Result};
 type Builder = fn(&OperatorDef, &Device) -> Result<Box<dyn Operator>>;
 
 /// The built-in operator types, their gradients and builders.
-const BUILT_IN: [(&str, Option<&str>, Builder); 13] = [
+const BUILT_IN: [(&str, Option<&str>, Builder); 15] = [
     ("ConstantFill", None, fill::build_constant),
     ("UniformFill", None, fill::build_uniform),
     ("GaussianFill", None, fill::build_gaussian),
@@ -100,6 +113,8 @@ const BUILT_IN: [(&str, Option<&str>, Builder); 13] = [
     ),
     ("Accuracy", None, loss::build_accuracy),
     ("SGD", None, sgd::build_sgd),
+    ("MomentumSGD", None, optim::build_momentum_sgd),
+    ("Adam", None, optim::build_adam),
 ];
 
 /// The names of the built-in operator types, in the order they are registered.
