@@ -25,6 +25,7 @@
 //! | [`ops`] | the built-in operators (`FC`, `Relu`, `SoftmaxWithLoss`, `Accuracy`, the updates `SGD`, `MomentumSGD` and `Adam`, the fills, the gradients), registered in syncmem's registry by [`register_operators`] |
 //! | [`fuse`] | operator fusion, a [`NetRewrite`](syncmem::net::NetRewrite) of nets at build time: `FC` + `Relu`, `FCGradient` + `ReluGradient`, consecutive updates, the accuracy and gradient inside `SoftmaxWithLoss`, bias gradients inside the `dW` GEMM |
 //! | [`mlp`] | a multilayer perceptron as nets of operators, and datasets |
+//! | [`optimizer`] | the update of an MLP's parameters: SGD, momentum or Adam, and the state they keep |
 //! | [`train`] | the training loop on one device or data-parallel on several |
 //!
 //! The operators launch the library's kernels through [`syncmem::kernels`] (`gemm` with its
@@ -40,6 +41,7 @@
 pub mod fuse;
 pub mod mlp;
 pub mod ops;
+pub mod optimizer;
 pub mod train;
 
 pub use ops::register_operators;

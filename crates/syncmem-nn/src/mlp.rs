@@ -5,13 +5,15 @@
 //!   for each bias;
 //! - `train`: forward (`FC`, `Relu`, ..., `FC`, `SoftmaxWithLoss`, `Accuracy`), backward
 //!   (`SoftmaxWithLossGradient`, then `FCGradient` and `ReluGradient` down to the first layer,
-//!   which computes no input gradient) and update (`SGD` on every parameter, in place); with
-//!   [`Mlp::with_activation`], another registered activation and its gradient replace `Relu`
-//!   and `ReluGradient`;
+//!   which computes no input gradient) and update (`SGD` on every parameter, in place, or with
+//!   [`Mlp::with_optimizer`] `MomentumSGD` or `Adam`, whose state blobs the init net creates
+//!   zero-filled: see [`crate::optimizer`]); with [`Mlp::with_activation`], another registered
+//!   activation and its gradient replace `Relu` and `ReluGradient`;
 //! - `eval`: the forward part only.
 //!
 //! Blob names: `data` (`f32 [N, features]`), `label` (`i32 [N]`), parameters `fcK_w`, `fcK_b`,
-//! activations `fcK`, `reluK`, then `prob`, `loss`, `accuracy`; gradients add `_grad`.
+//! activations `fcK`, `reluK`, then `prob`, `loss`, `accuracy`; gradients add `_grad`; the
+//! optimizer's state adds `_momentum`, or `_m` and `_v`, to the parameter's name.
 
 use std::collections::BTreeMap;
 
@@ -21,6 +23,8 @@ use rand::{Rng, SeedableRng};
 use syncmem::net::NetDef;
 use syncmem::ops::OperatorDef;
 use syncmem::{Error, Result};
+
+use crate::optimizer::Optimizer;
 
 /// Name of the input blob.
 pub const DATA: &str = "data";
@@ -194,10 +198,12 @@ fn normal(rng: &mut StdRng) -> f32 {
 pub struct Mlp {
     /// Layer widths, input first, classes last.
     pub widths: Vec<usize>,
-    /// SGD learning rate.
+    /// Learning rate of the update.
     pub lr: f32,
     /// The activation's operator type and its gradient's.
     activation: (String, String),
+    /// The update of the parameters.
+    optimizer: Optimizer,
 }
 
 /// The nets of an [`Mlp`] (see the [module docs](self)).
@@ -254,6 +260,7 @@ impl Mlp {
             widths: widths.to_vec(),
             lr,
             activation: ("Relu".into(), "ReluGradient".into()),
+            optimizer: Optimizer::Sgd,
         })
     }
 
@@ -283,6 +290,20 @@ impl Mlp {
         Ok(self)
     }
 
+    /// The MLP with `optimizer`'s update operators instead of `SGD` (at the MLP's learning
+    /// rate [`Mlp::lr`], with the optimizer's other settings: see [`crate::optimizer`]), and
+    /// its state created by the init net.
+    #[must_use]
+    pub fn with_optimizer(mut self, optimizer: Optimizer) -> Self {
+        self.optimizer = optimizer;
+        self
+    }
+
+    /// The optimizer ([`Optimizer::Sgd`] unless [`Mlp::with_optimizer`] set another).
+    pub fn optimizer(&self) -> Optimizer {
+        self.optimizer
+    }
+
     /// The activation's operator type (`Relu` unless [`Mlp::with_activation`] set another).
     pub fn activation(&self) -> &str {
         &self.activation.0
@@ -300,71 +321,21 @@ impl Mlp {
 
     /// The init, train and eval nets, named `{prefix}_init`, `{prefix}_train`, `{prefix}_eval`.
     pub fn nets(&self, prefix: &str) -> MlpNets {
-        let layers = self.layers();
-        let mut init = NetDef::new(format!("{prefix}_init"));
-        let mut params = Vec::new();
-        for k in 1..=layers {
-            let (fan_in, out) = (self.widths[k - 1], self.widths[k]);
-            let (w, b) = (format!("fc{k}_w"), format!("fc{k}_b"));
-            init = init
-                .op(OperatorDef::new("GaussianFill", &[], &[&w])
-                    .arg("shape", vec![out, fan_in])
-                    .arg("mean", 0.0)
-                    .arg("std", (2.0 / fan_in as f64).sqrt())
-                    .named(&format!("init_{w}")))
-                .op(OperatorDef::new("ConstantFill", &[], &[&b])
-                    .arg("shape", vec![out])
-                    .arg("value", 0.0)
-                    .named(&format!("init_{b}")));
-            params.push(w);
-            params.push(b);
-        }
-        init.external_outputs = Some(params.clone());
-
+        let (init, params, state) = self.init_net(prefix);
         let forward = self.forward_ops();
         let mut train = NetDef::new(format!("{prefix}_train"));
         train.ops = forward.clone();
-        train.ops.push(
-            OperatorDef::new(
-                "SoftmaxWithLossGradient",
-                &["prob", LABEL],
-                &[&grad(&fc(layers))],
-            )
-            .named("softmax_grad"),
-        );
-        for k in (1..=layers).rev() {
-            let input = layer_input(k);
-            let (w, b) = (format!("fc{k}_w"), format!("fc{k}_b"));
-            let mut outs = vec![grad(&w), grad(&b)];
-            if k > 1 {
-                outs.push(grad(&input));
-            }
-            let outs: Vec<&str> = outs.iter().map(String::as_str).collect();
-            train.ops.push(
-                OperatorDef::new("FCGradient", &[&input, &w, &grad(&fc(k))], &outs)
-                    .named(&format!("fc{k}_grad")),
-            );
-            if k > 1 {
-                train.ops.push(
-                    OperatorDef::new(
-                        &self.activation.1,
-                        &[&input, &grad(&input)],
-                        &[&grad(&fc(k - 1))],
-                    )
-                    .named(&format!("relu{}_grad", k - 1)),
-                );
-            }
-        }
+        train.ops.extend(self.backward_ops());
         for p in &params {
-            train.ops.push(
-                OperatorDef::new("SGD", &[p, &grad(p)], &[p])
-                    .arg("lr", f64::from(self.lr))
-                    .named(&format!("sgd_{p}")),
-            );
+            train
+                .ops
+                .push(self.optimizer.update_op(p, &grad(p), self.lr));
         }
         let mut inputs = vec![DATA.to_string(), LABEL.to_string()];
         inputs.extend(params.iter().cloned());
-        train.external_inputs = Some(inputs.clone());
+        let mut train_inputs = inputs.clone();
+        train_inputs.extend(state);
+        train.external_inputs = Some(train_inputs);
         train.external_outputs = Some(vec![LOSS.into(), ACCURACY.into()]);
 
         let mut eval = NetDef::new(format!("{prefix}_eval"));
@@ -377,6 +348,74 @@ impl Mlp {
             eval,
             params,
         }
+    }
+
+    /// The init net, the parameters it fills and the optimizer's state it creates.
+    fn init_net(&self, prefix: &str) -> (NetDef, Vec<String>, Vec<String>) {
+        let mut init = NetDef::new(format!("{prefix}_init"));
+        let (mut params, mut state, mut state_fills) = (Vec::new(), Vec::new(), Vec::new());
+        for k in 1..=self.layers() {
+            let (fan_in, out) = (self.widths[k - 1], self.widths[k]);
+            let (w, b) = (format!("fc{k}_w"), format!("fc{k}_b"));
+            init = init
+                .op(OperatorDef::new("GaussianFill", &[], &[&w])
+                    .arg("shape", vec![out, fan_in])
+                    .arg("mean", 0.0)
+                    .arg("std", (2.0 / fan_in as f64).sqrt())
+                    .named(&format!("init_{w}")))
+                .op(OperatorDef::new("ConstantFill", &[], &[&b])
+                    .arg("shape", vec![out])
+                    .arg("value", 0.0)
+                    .named(&format!("init_{b}")));
+            for (p, dims) in [(&w, vec![out, fan_in]), (&b, vec![out])] {
+                state_fills.extend(self.optimizer.state_fills(p, &dims));
+                state.extend(self.optimizer.state_blobs(p));
+            }
+            params.push(w);
+            params.push(b);
+        }
+        // After the parameters' fills: they draw from the seeded generator in the same order
+        // whatever the optimizer.
+        init.ops.extend(state_fills);
+        let mut outputs = params.clone();
+        outputs.extend(state.iter().cloned());
+        init.external_outputs = Some(outputs);
+        (init, params, state)
+    }
+
+    /// The backward pass: the loss's gradient, then each layer's down to the first.
+    fn backward_ops(&self) -> Vec<OperatorDef> {
+        let layers = self.layers();
+        let mut ops = vec![OperatorDef::new(
+            "SoftmaxWithLossGradient",
+            &["prob", LABEL],
+            &[&grad(&fc(layers))],
+        )
+        .named("softmax_grad")];
+        for k in (1..=layers).rev() {
+            let input = layer_input(k);
+            let (w, b) = (format!("fc{k}_w"), format!("fc{k}_b"));
+            let mut outs = vec![grad(&w), grad(&b)];
+            if k > 1 {
+                outs.push(grad(&input));
+            }
+            let outs: Vec<&str> = outs.iter().map(String::as_str).collect();
+            ops.push(
+                OperatorDef::new("FCGradient", &[&input, &w, &grad(&fc(k))], &outs)
+                    .named(&format!("fc{k}_grad")),
+            );
+            if k > 1 {
+                ops.push(
+                    OperatorDef::new(
+                        &self.activation.1,
+                        &[&input, &grad(&input)],
+                        &[&grad(&fc(k - 1))],
+                    )
+                    .named(&format!("relu{}_grad", k - 1)),
+                );
+            }
+        }
+        ops
     }
 
     fn forward_ops(&self) -> Vec<OperatorDef> {

@@ -1,7 +1,7 @@
 //! The `with_*` builder of [`TrainConfig`] (a `#[non_exhaustive]` struct: code outside the
 //! crate makes one from [`TrainConfig::default`]).
 
-use super::TrainConfig;
+use super::{Optimizer, TrainConfig};
 
 impl TrainConfig {
     /// The same settings with these hidden layer widths.
@@ -29,6 +29,26 @@ impl TrainConfig {
     #[must_use]
     pub fn with_lr(mut self, lr: f32) -> Self {
         self.lr = lr;
+        self
+    }
+
+    /// The same settings with this optimizer, at its default learning rate
+    /// ([`Optimizer::default_lr`]: 0.5 for SGD, 0.05 for momentum, 0.01 for Adam): the rates
+    /// differ by an order of magnitude between optimizers, so a rate chosen for another one
+    /// is not kept. Call [`TrainConfig::with_lr`] after this one for another rate.
+    ///
+    /// ```
+    /// use syncmem_nn::train::{Optimizer, TrainConfig};
+    ///
+    /// let cfg = TrainConfig::default().with_optimizer(Optimizer::Adam);
+    /// assert_eq!((cfg.optimizer, cfg.lr), (Optimizer::Adam, 0.01));
+    /// let cfg = cfg.with_lr(0.003);
+    /// assert_eq!(cfg.lr, 0.003);
+    /// ```
+    #[must_use]
+    pub fn with_optimizer(mut self, optimizer: Optimizer) -> Self {
+        self.optimizer = optimizer;
+        self.lr = optimizer.default_lr();
         self
     }
 

@@ -244,11 +244,12 @@ fn check_agreement(
     inputs = fnv(inputs, bytemuck::cast_slice(&data.y));
     inputs = fnv(inputs, &(data.features as u64).to_le_bytes());
     let settings = format!(
-        "{:?} {} {} {} {} {} {}",
+        "{:?} {} {} {} {} {} {} {}",
         cfg.hidden,
         cfg.epochs,
         cfg.batch,
         cfg.lr.to_bits(),
+        cfg.optimizer,
         cfg.seed,
         cfg.fuse,
         cfg.bucket_bytes
@@ -258,7 +259,7 @@ fn check_agreement(
     let what = [
         "initial parameters",
         "training data",
-        "settings (widths, epochs, batch, learning rate, seed, fusion, bucket size)",
+        "settings (widths, epochs, batch, learning rate, optimizer, seed, fusion, bucket size)",
     ];
     for (k, what) in what.iter().enumerate() {
         let differ: Vec<String> = (1..c.size())

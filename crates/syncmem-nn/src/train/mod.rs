@@ -24,17 +24,18 @@
 //! # Several devices
 //!
 //! [`Trainer::data_parallel`] trains on several devices: the parameters live once, in the
-//! trainer's workspace, on the first device; each device has a shard (a child workspace that
-//! sees the parameters through its parent, its rows of every batch uploaded once, the train net
-//! without its `SGD` update). A step runs every shard's net on its rows (their operators read
-//! the parameters through replicas on their own devices, copied from the first device when
-//! stale); sums the gradients on the first device, each weighted by its shard's share of the
-//! batch, reading them through replicas there; runs the update once there (which makes the
-//! other replicas stale: the next step's reads copy the parameters out again); and weighs the
-//! shards' loss and accuracy the same way. The batch order, initial weights and rows are those
-//! of single-device training with the same seed; only the order of the float sums differs
-//! (with the caveat above: at the defaults the losses stay within 1e-4, with tiny batches at
-//! lr 0.5 they do not).
+//! trainer's workspace, on the first device, with the optimizer's state (momentum, Adam's
+//! moments) beside them; each device has a shard (a child workspace that sees the parameters
+//! through its parent, its rows of every batch uploaded once, the train net without its update
+//! operators: `SGD`, `MomentumSGD` or `Adam`). A step runs every shard's net on its rows (their
+//! operators read the parameters through replicas on their own devices, copied from the first
+//! device when stale); sums the gradients on the first device, each weighted by its shard's
+//! share of the batch, reading them through replicas there; runs the update once there (which
+//! makes the other replicas stale: the next step's reads copy the parameters out again); and
+//! weighs the shards' loss and accuracy the same way. The batch order, initial weights and rows
+//! are those of single-device training with the same seed; only the order of the float sums
+//! differs (with the caveat above: at the defaults the losses stay within 1e-4, with tiny
+//! batches at lr 0.5 they do not).
 //! [`Trainer::pair_transfers`] counts the copies between devices.
 //!
 //! # Several processes
@@ -73,6 +74,7 @@ mod setup;
 use meter::{add, PairMeter, StepMeter};
 use scalars::read_scalars;
 
+pub use crate::optimizer::Optimizer;
 pub use planning::{compare_planning, PlanningComparison};
 pub use reduce::CommStats;
 use setup::Setup;
@@ -94,8 +96,11 @@ pub struct TrainConfig {
     pub epochs: usize,
     /// Samples per step (the last batch may be smaller).
     pub batch: usize,
-    /// SGD learning rate.
+    /// Learning rate of the update ([`TrainConfig::with_optimizer`] sets the optimizer's
+    /// default).
     pub lr: f32,
+    /// How the parameters are updated: SGD, momentum or Adam (see [`crate::optimizer`]).
+    pub optimizer: Optimizer,
     /// Seed of the data order and the initial weights.
     pub seed: u64,
     /// Plan memory (intermediate blobs share buffers).
@@ -111,14 +116,15 @@ pub struct TrainConfig {
 }
 
 impl Default for TrainConfig {
-    /// Two hidden layers of 64, 30 epochs of batches of 64, learning rate 0.5, seed 0,
+    /// Two hidden layers of 64, 30 epochs of batches of 64, SGD at learning rate 0.5, seed 0,
     /// planning and fusion on; for distributed training, buckets of 1 MiB, overlapped.
     fn default() -> Self {
         Self {
             hidden: vec![64, 64],
             epochs: 30,
             batch: 64,
-            lr: 0.5,
+            lr: Optimizer::Sgd.default_lr(),
+            optimizer: Optimizer::Sgd,
             seed: 0,
             plan: true,
             fuse: true,
@@ -544,7 +550,7 @@ fn default_mlp(data: &Dataset, cfg: &TrainConfig) -> Result<(Mlp, MlpNets)> {
     let mut widths = vec![data.features];
     widths.extend(&cfg.hidden);
     widths.push(data.classes.max(1));
-    let mlp = Mlp::new(&widths, cfg.lr)?;
+    let mlp = Mlp::new(&widths, cfg.lr)?.with_optimizer(cfg.optimizer);
     let nets = mlp.nets("mlp");
     Ok((mlp, nets))
 }

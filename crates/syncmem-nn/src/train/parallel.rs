@@ -25,7 +25,8 @@ pub(super) struct Shard {
 pub(super) struct Parallel {
     pub(super) shards: Vec<Shard>,
     pub(super) update: Arc<Net>,
-    /// `(parameter, gradient)` names, from the update's `SGD` operators.
+    /// `(parameter, gradient)` names, from the update operators (`SGD`, `MomentumSGD`,
+    /// `Adam`).
     pub(super) pairs: Vec<(String, String)>,
     /// The rank's part of a distributed job ([`Trainer::distributed`]).
     pub(super) dist: Option<super::distributed::Dist>,
@@ -116,7 +117,8 @@ impl Trainer {
     }
 
     /// [`Trainer::data_parallel`] with nets of its own (see [`Trainer::with_nets`]); their
-    /// `SGD` operators are the update, run once per step on the first device.
+    /// update operators (`SGD`, `MomentumSGD`, `Adam`) are the update, run once per step on
+    /// the first device, where the parameters and the optimizer's state live.
     ///
     /// # Errors
     /// As [`Trainer::data_parallel`] and [`Trainer::with_nets`].
@@ -258,12 +260,15 @@ fn check_devices(devices: &[Device]) -> Result<&Device> {
     Ok(first)
 }
 
-/// Each shard runs the train net without the update (`pairs` are its `SGD`s): an operator of
-/// it that writes a blob of the parent `ws` (a parameter) would write it once per device.
+/// Each shard runs the train net without the update (`pairs` are its update operators'): an
+/// operator of it that writes a blob of the parent `ws` (a parameter, an optimizer's state)
+/// would write it once per device.
 fn check_shard_net(train: &NetDef, pairs: &[(String, String)], ws: &Workspace) -> Result<()> {
     if pairs.is_empty() {
         return Err(parallel_error(
-            "the train net has no SGD operator to run once per step".into(),
+            "the train net has no update operator (SGD, MomentumSGD, Adam) to run once per \
+             step"
+                .into(),
         ));
     }
     let grads: Vec<&str> = pairs.iter().map(|(_, g)| g.as_str()).collect();
@@ -275,8 +280,8 @@ fn check_shard_net(train: &NetDef, pairs: &[(String, String)], ws: &Workspace) -
         }) {
             return Err(parallel_error(format!(
                 "operator {} ({}) writes {out:?}, a blob of the trainer's workspace (a \
-                 parameter): only SGD operators, run once per step on the first device, may \
-                 update those",
+                 parameter): only update operators (SGD, MomentumSGD, Adam), run once per \
+                 step on the first device, may update those",
                 op.name.as_deref().unwrap_or("unnamed"),
                 op.op_type
             )));
@@ -332,14 +337,24 @@ impl Shard {
     }
 }
 
-/// The train net without its `SGD` operators, a net of just those, and their
-/// `(parameter, gradient)` names.
+/// The train net without its update operators (`SGD`, `MomentumSGD`, `Adam`), a net of just
+/// those, and the `(parameter, gradient)` names of every group of their inputs (`[param, grad,
+/// state...]`). The update net reads the gradients and the state and writes the parameters and
+/// the state, which live in the parent workspace beside the parameters.
 fn split_update(train: &NetDef) -> (NetDef, NetDef, Vec<(String, String)>) {
-    let (sgd, rest): (Vec<_>, Vec<_>) = train.ops.iter().cloned().partition(|o| o.op_type == "SGD");
-    let pairs: Vec<(String, String)> = sgd
+    let (updates, rest): (Vec<_>, Vec<_>) = train
+        .ops
         .iter()
-        .filter_map(|o| Some((o.inputs.first()?.clone(), o.inputs.get(1)?.clone())))
-        .collect();
+        .cloned()
+        .partition(|o| crate::ops::update_group(&o.op_type).is_some());
+    let (mut pairs, mut state) = (Vec::new(), Vec::new());
+    for op in &updates {
+        let size = crate::ops::update_group(&op.op_type).unwrap_or(2);
+        for group in op.inputs.chunks_exact(size) {
+            pairs.push((group[0].clone(), group[1].clone()));
+            state.extend(group[2..].iter().cloned());
+        }
+    }
     let mut shard = NetDef::new(format!("{}_shard", train.name));
     shard.ops = rest;
     shard.external_inputs = train.external_inputs.clone();
@@ -347,11 +362,14 @@ fn split_update(train: &NetDef) -> (NetDef, NetDef, Vec<(String, String)>) {
     outputs.extend(pairs.iter().map(|(_, g)| g.clone()));
     shard.external_outputs = Some(outputs);
     let mut update = NetDef::new(format!("{}_update", train.name));
-    update.ops = sgd;
+    update.ops = updates;
     let mut inputs: Vec<String> = pairs.iter().map(|(p, _)| p.clone()).collect();
     inputs.extend(pairs.iter().map(|(_, g)| g.clone()));
+    inputs.extend(state.iter().cloned());
     update.external_inputs = Some(inputs);
-    update.external_outputs = Some(pairs.iter().map(|(p, _)| p.clone()).collect());
+    let mut written: Vec<String> = pairs.iter().map(|(p, _)| p.clone()).collect();
+    written.extend(state);
+    update.external_outputs = Some(written);
     (shard, update, pairs)
 }
 
