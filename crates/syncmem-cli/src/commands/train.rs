@@ -8,6 +8,7 @@ mod distributed;
 pub use distributed::Mode as DistributedMode;
 mod heap;
 mod help;
+mod optimizer;
 mod report;
 mod snapshot;
 
@@ -81,15 +82,27 @@ pub struct Args {
     )]
     pub batch: usize,
 
-    /// SGD learning rate.
+    /// Learning rate. Default: the optimizer's, 0.5 for sgd, 0.05 for momentum, 0.01 for adam.
     #[arg(
         long,
         value_name = "LR",
-        default_value_t = TrainConfig::default().lr,
         value_parser = crate::args::positive_number,
         allow_negative_numbers = true
     )]
-    pub lr: f32,
+    pub lr: Option<f32>,
+
+    /// How the parameters are updated: `sgd` (`p -= lr * grad`), `momentum` (MomentumSGD,
+    /// momentum 0.9: `m = 0.9 * m + lr * grad; p -= m`) or `adam` (Adam: beta1 0.9, beta2
+    /// 0.999, epsilon 1e-8, bias-corrected). The state of momentum and Adam (one and two
+    /// tensors per parameter) lives on the device beside the parameters, zero-filled by the
+    /// init net.
+    #[arg(
+        long,
+        value_name = "OPT",
+        default_value = "sgd",
+        value_parser = optimizer::parse
+    )]
+    pub optimizer: syncmem_nn::train::Optimizer,
 
     /// Width of each of the two hidden layers.
     #[arg(
@@ -305,11 +318,12 @@ fn check_args(args: &Args) -> anyhow::Result<()> {
     );
     ensure!(args.batch >= 1, "--batch must be at least 1");
     ensure!(args.hidden >= 1, "--hidden must be at least 1");
-    ensure!(
-        args.lr.is_finite() && args.lr > 0.0,
-        "--lr must be a positive number, got {}",
-        args.lr
-    );
+    if let Some(lr) = args.lr {
+        ensure!(
+            lr.is_finite() && lr > 0.0,
+            "--lr must be a positive number, got {lr}"
+        );
+    }
     if let Some(path) = &args.save {
         // Fail on a path that cannot be written before training, not after.
         syncmem::file::check_target(path).with_context(|| format!("--save {}", path.display()))?;
@@ -322,11 +336,10 @@ fn check_args(args: &Args) -> anyhow::Result<()> {
 
 /// The training settings of the arguments.
 fn config(args: &Args) -> TrainConfig {
-    TrainConfig::default()
+    optimizer::with_optimizer(TrainConfig::default(), args.optimizer, args.lr)
         .with_hidden(vec![args.hidden; 2])
         .with_epochs(args.epochs)
         .with_batch(args.batch)
-        .with_lr(args.lr)
         .with_seed(args.seed)
         .with_plan(!args.no_plan)
         .with_fuse(!args.no_fuse)
@@ -349,13 +362,14 @@ fn print_header(
     }
     outln!(
         "training an MLP {} -> {h} -> {h} -> {} on {} ({} samples from {source}), {} epochs \
-         of batches of {}, lr {}, seed {}, memory planning {}",
+         of batches of {}, {} at lr {}, seed {}, memory planning {}",
         data.features,
         data.classes,
         dev.label(),
         data.len(),
         cfg.epochs,
         cfg.batch,
+        cfg.optimizer,
         cfg.lr,
         cfg.seed,
         if cfg.plan { "on" } else { "off" },

@@ -4,20 +4,23 @@
 /// Printed after the options by `syncmem train --help`.
 pub(super) const AFTER_HELP: &str = "\
 The model is an MLP D -> H -> H -> C (ReLU) built from operators: FC, Relu, FC, Relu, FC,
-SoftmaxWithLoss, Accuracy; then SoftmaxWithLossGradient, FCGradient, ReluGradient; then SGD on
-each parameter. Data, weights and activations stay on the device: each step shares one uploaded
-batch (no copy) and reads back only the loss and accuracy scalars. Memory saved by planning is
-measured on one step with and without it, in fresh workspaces.
+SoftmaxWithLoss, Accuracy; then SoftmaxWithLossGradient, FCGradient, ReluGradient; then the
+update of each parameter: SGD, MomentumSGD or Adam (--optimizer; the state of the last two, one
+and two tensors per parameter, is zero-filled by the init net and stays on the device). Data,
+weights and activations stay on the device: each step shares one uploaded batch (no copy) and
+reads back only the loss and accuracy scalars. Memory saved by planning is measured on one step
+with and without it, in fresh workspaces.
 
 Fusion (on by default, off with --no-fuse; the results are the same bit for bit): each FC whose
 output only a Relu reads applies the ReLU in its GEMM (no fc1, fc2 blobs), and each FCGradient
 whose dX only a ReluGradient reads applies the ReLU mask in its dX GEMM (no relu1_grad,
 relu2_grad blobs), the six SGD updates run as one SGD over every (parameter, gradient) pair,
 one kernel launch on a device (a parameter of 16384 values or more gets a launch of its own on
-OpenCL), the Accuracy and SoftmaxWithLossGradient run inside the SoftmaxWithLoss (one pass
-over the rows), and each FCGradient writes its bias gradient (the column sums of dY) in its dW
-GEMM's launch: 8 operators and 10 kernel launches per step at hidden 64, against 19 and 24
-unfused.
+OpenCL; MomentumSGD and Adam updates merge into operators of five and four parameters, which
+launch their kernel once per parameter), the Accuracy and SoftmaxWithLossGradient run inside
+the SoftmaxWithLoss (one pass over the rows), and each FCGradient writes its bias gradient (the
+column sums of dY) in its dW GEMM's launch: 8 operators and 10 kernel launches per step at
+hidden 64 with SGD, against 19 and 24 unfused.
 
 Human output: one line per epoch (mean loss and accuracy of its steps, seconds; then the loss
 and accuracy on the held-out set, with one), the final loss and accuracy over the whole
@@ -32,7 +35,8 @@ JSON output (--json), one object:
    \"data\": {\"source\": \"spirals\" | path, \"samples\" (trained on: without the held-out
       ones of --validation-split), \"features\", \"classes\"},
    \"model\": {\"widths\": [D, H, H, C], \"parameters\"},
-   \"settings\": {\"epochs\", \"batch\", \"lr\", \"seed\", \"plan\": bool, \"fuse\": bool},
+   \"settings\": {\"epochs\", \"batch\", \"lr\", \"optimizer\": \"sgd\" | \"momentum\" | \"adam\",
+      \"seed\", \"plan\": bool, \"fuse\": bool},
    \"epochs\": [{\"epoch\", \"loss\", \"accuracy\", \"steps\", \"seconds\",
       \"held_out\": {\"loss\", \"accuracy\"} | null (the held-out set after the epoch)}],
    \"final\": {\"loss\", \"accuracy\"} (over the training data),

@@ -118,6 +118,8 @@ struct Settings {
     epochs: usize,
     batch: usize,
     lr: f32,
+    /// `sgd`, `momentum` or `adam`.
+    optimizer: String,
     seed: u64,
     plan: bool,
     fuse: bool,
@@ -317,6 +319,7 @@ pub(super) fn build(r: Run<'_>) -> Report {
             epochs: r.cfg.epochs,
             batch: r.cfg.batch,
             lr: r.cfg.lr,
+            optimizer: r.cfg.optimizer.to_string(),
             seed: r.cfg.seed,
             plan: r.cfg.plan,
             fuse: r.cfg.fuse,

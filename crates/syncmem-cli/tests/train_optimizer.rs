@@ -1,0 +1,106 @@
+//! `syncmem train --optimizer sgd|momentum|adam`: the report names the optimizer and its
+//! learning rate (the optimizer's own unless `--lr` is given), the loss falls, the text
+//! header says it, and an unknown optimizer is refused before any work.
+
+mod common;
+
+use common::{f, json, ok, rejected_value};
+
+#[test]
+fn adam_trains_with_a_falling_loss_and_says_so() {
+    let r = json(&["train", "--optimizer", "adam", "--epochs", "3", "--json"]);
+    assert_eq!(r["settings"]["optimizer"], "adam", "{:#}", r["settings"]);
+    assert!(
+        (f(&r["settings"]["lr"]) - 0.01).abs() < 1e-9,
+        "{}",
+        r["settings"]
+    );
+    let losses: Vec<f64> = r["epochs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| f(&e["loss"]))
+        .collect();
+    assert_eq!(losses.len(), 3);
+    assert!(
+        losses.windows(2).all(|w| w[1] < w[0]),
+        "the loss does not fall: {losses:?}"
+    );
+    assert!(f(&r["final"]["accuracy"]) > 0.9, "{}", r["final"]);
+    // The state (two moments per parameter) is among the blobs, shaped like the parameters.
+    let blobs = r["blobs"].as_array().unwrap();
+    let dims = |name: &str| {
+        blobs
+            .iter()
+            .find(|b| b["name"] == name)
+            .unwrap_or_else(|| panic!("no blob {name}"))["dims"]
+            .clone()
+    };
+    for p in ["fc1_w", "fc1_b", "fc3_w"] {
+        assert_eq!(dims(&format!("{p}_m")), dims(p), "{p}");
+        assert_eq!(dims(&format!("{p}_v")), dims(p), "{p}");
+    }
+}
+
+#[test]
+fn each_optimizer_has_its_learning_rate_unless_one_is_given() {
+    for (optimizer, lr) in [("sgd", 0.5), ("momentum", 0.05)] {
+        let r = json(&[
+            "train",
+            "--device",
+            "cpu",
+            "--optimizer",
+            optimizer,
+            "--epochs",
+            "1",
+            "--json",
+        ]);
+        assert_eq!(r["settings"]["optimizer"], optimizer);
+        assert!(
+            (f(&r["settings"]["lr"]) - lr).abs() < 1e-7,
+            "{}",
+            r["settings"]
+        );
+    }
+    let r = json(&[
+        "train",
+        "--device",
+        "cpu",
+        "--optimizer",
+        "momentum",
+        "--lr",
+        "0.02",
+        "--epochs",
+        "1",
+        "--json",
+    ]);
+    assert!(
+        (f(&r["settings"]["lr"]) - 0.02).abs() < 1e-7,
+        "{}",
+        r["settings"]
+    );
+    // Without --optimizer: SGD, as before.
+    let r = json(&["train", "--device", "cpu", "--epochs", "1", "--json"]);
+    assert_eq!(r["settings"]["optimizer"], "sgd");
+    let text = ok(&[
+        "train",
+        "--device",
+        "cpu",
+        "--optimizer",
+        "momentum",
+        "--epochs",
+        "1",
+    ]);
+    assert!(text.contains("momentum at lr 0.05"), "{text}");
+}
+
+#[test]
+fn an_unknown_optimizer_is_refused() {
+    let out = common::run(&["train", "--device", "cpu", "--optimizer", "adagrad"]);
+    let err = rejected_value("--optimizer adagrad", &out);
+    assert!(
+        err.starts_with("syncmem: error: --optimizer must be sgd, momentum or adam")
+            && err.contains("adagrad"),
+        "{err}"
+    );
+}
