@@ -146,14 +146,25 @@ fn adam_on_two_opencl_devices_reaches_the_single_device_loss() {
             (e2 - e1).abs() < 1e-4,
             "{optimizer}: evaluation {e2} vs {e1}"
         );
-        // The state lives once, in the trainer's workspace, on the first device.
+        // The state lives once, in the trainer's workspace, on the first device, and holds
+        // what one device's training gives.
         for p in &two.nets().params {
             for s in optimizer.state_blobs(p) {
-                let blob = two.workspace().get_blob(&s).unwrap();
-                let guard = blob.read();
-                let m = guard.get::<Tensor>().unwrap().synced().unwrap();
-                assert!(m.target().unwrap().same(&a), "{s}");
-                assert!(m.replica_devices().is_empty(), "{s} is read only there");
+                {
+                    let blob = two.workspace().get_blob(&s).unwrap();
+                    let guard = blob.read();
+                    let m = guard.get::<Tensor>().unwrap().synced().unwrap();
+                    assert!(m.target().unwrap().same(&a), "{s}");
+                    assert!(m.replica_devices().is_empty(), "{s} is read only there");
+                }
+                let (got, want) = (tensor(two.workspace(), &s).0, tensor(one.workspace(), &s).0);
+                assert!(got.iter().any(|&v| v != 0.0), "{s} was updated");
+                let worst = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0.0f32, f32::max);
+                assert!(worst < 1e-5, "{s}: {worst} from one device's");
             }
         }
     }
