@@ -1,12 +1,19 @@
 //! [`Budget`]: the byte budget (memory cap) a pool charges for its segments.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 /// A byte budget shared by a pool's segments and direct allocations of the same memory.
+///
+/// A budget may sit inside another ([`Budget::nested`]): a private pool's (a
+/// [`crate::device::MemPool`]'s) inside its device's, so that the device's cap counts the
+/// private pool's segments too, and the private pool may have a cap of its own below it.
 #[derive(Debug)]
 pub struct Budget {
     cap: AtomicU64,
     used: AtomicU64,
+    /// The enclosing budget, charged for everything this one is.
+    parent: Option<Arc<Budget>>,
 }
 
 impl Budget {
@@ -15,12 +22,47 @@ impl Budget {
         Self {
             cap: AtomicU64::new(cap.unwrap_or(u64::MAX)),
             used: AtomicU64::new(0),
+            parent: None,
         }
     }
 
-    /// The cap, if any.
+    /// A budget of `cap` bytes (`None`: only `parent`'s limit) inside `parent`: every charge
+    /// must fit both.
+    pub fn nested(cap: Option<u64>, parent: Arc<Budget>) -> Self {
+        Self {
+            parent: Some(parent),
+            ..Self::new(cap)
+        }
+    }
+
+    /// The enclosing budget, if any.
+    pub fn parent(&self) -> Option<&Arc<Budget>> {
+        self.parent.as_ref()
+    }
+
+    /// The cap, if any (this budget's own; see [`Budget::governing`] for the one in effect).
     pub fn cap(&self) -> Option<u64> {
         Some(self.cap.load(Relaxed)).filter(|&c| c != u64::MAX)
+    }
+
+    /// The cap in effect and the bytes charged against it: this budget's own cap, else the
+    /// nearest enclosing budget's; `None` when no budget of the chain has a cap.
+    pub fn governing(&self) -> Option<(u64, u64)> {
+        match (self.cap(), &self.parent) {
+            (Some(cap), _) => Some((cap, self.used())),
+            (None, Some(p)) => p.governing(),
+            (None, None) => None,
+        }
+    }
+
+    /// The cap and bytes charged of the budget of the chain that refuses `n` more bytes (its
+    /// own first), or `None` when all of them would take them.
+    pub fn refusing(&self, n: u64) -> Option<(u64, u64)> {
+        let used = self.used();
+        match self.cap() {
+            Some(cap) if used.checked_add(n).is_none_or(|t| t > cap) => Some((cap, used)),
+            _ => self.parent.as_ref().and_then(|p| p.refusing(n)),
+        }
     }
 
     /// Changes the cap (bytes already charged stay charged).
@@ -28,23 +70,74 @@ impl Budget {
         self.cap.store(cap.unwrap_or(u64::MAX), Relaxed);
     }
 
-    /// Bytes charged now.
+    /// Bytes charged now (to this budget).
     pub fn used(&self) -> u64 {
         self.used.load(Relaxed)
     }
 
-    /// Charges `n` bytes if they fit under the cap.
+    /// Charges `n` bytes if they fit under the cap (and under every enclosing budget's).
     pub fn try_take(&self, n: u64) -> bool {
         let cap = self.cap.load(Relaxed);
-        self.used
+        let own = self
+            .used
             .fetch_update(Relaxed, Relaxed, |u| u.checked_add(n).filter(|&t| t <= cap))
-            .is_ok()
+            .is_ok();
+        match (&self.parent, own) {
+            (Some(p), true) if !p.try_take(n) => {
+                self.give_own(n);
+                false
+            }
+            _ => own,
+        }
     }
 
-    /// Gives back `n` charged bytes.
+    /// Gives back `n` charged bytes (to the enclosing budgets too).
     pub fn give(&self, n: u64) {
+        self.give_own(n);
+        if let Some(p) = &self.parent {
+            p.give(n);
+        }
+    }
+
+    fn give_own(&self, n: u64) {
         let _ = self
             .used
             .fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(n)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nested_budget_charges_its_parent_and_fits_both_caps() {
+        let device = Arc::new(Budget::new(Some(100)));
+        let private = Budget::nested(Some(60), device.clone());
+        assert!(private.try_take(50));
+        assert_eq!((private.used(), device.used()), (50, 50));
+        assert_eq!(
+            private.refusing(20),
+            Some((60, 50)),
+            "its own cap refuses first"
+        );
+        assert!(!private.try_take(20));
+        assert!(device.try_take(45));
+        assert_eq!(private.refusing(8), Some((100, 95)), "then the device's");
+        assert!(!private.try_take(8), "the device's cap holds");
+        assert_eq!(
+            (private.used(), device.used()),
+            (50, 95),
+            "a refusal charges nothing"
+        );
+        private.give(50);
+        assert_eq!((private.used(), device.used()), (0, 45));
+        let open = Budget::nested(None, device.clone());
+        assert_eq!(
+            open.governing(),
+            Some((100, 45)),
+            "the device's cap governs"
+        );
+        assert_eq!(Budget::new(None).governing(), None);
     }
 }

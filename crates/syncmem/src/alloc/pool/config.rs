@@ -10,6 +10,18 @@
 //!
 //! Example: `SYNCMEM_DEVICE_POOL=caching SYNCMEM_POOL_CONF="memory_cap=64MiB,max_split_size_mb=256"`.
 //!
+//! Two keys act when the pool is made and after it grows rather than on each request:
+//!
+//! - `preallocate=SIZE|PERCENT` ([`PoolConfig::preallocate`]): reserves that much at once, as
+//!   cached free segments that later allocations are served from (JAX's preallocation).
+//!   A percentage is of the cap when the pool has one (its own `memory_cap`, or for a
+//!   [`crate::device::MemPool`] its device's), else of the device's total memory. Caching
+//!   pools only.
+//! - `gc_threshold=F` ([`PoolConfig::gc_threshold`], `0 < F < 1`): after an allocation that
+//!   made a segment, while the bytes reserved under the cap exceed `F x cap`, idle cached
+//!   segments are given back, largest first (PyTorch's `garbage_collection_threshold`). It
+//!   needs a cap: in the environment, a `memory_cap` in the same list.
+//!
 //! All six variables are checked once per process, when the first device opens
 //! ([`crate::Device::open`], [`crate::Device::all`]) or a device builds its first pool: an
 //! invalid one is an [`Error::InvalidConfig`] naming it, even if its pool is never used.
@@ -182,6 +194,19 @@ pub struct PoolConfig {
     /// Most bytes the pool (plus direct allocations of the same device) may reserve. `None`:
     /// only the backend limits it. A cap of 0 bytes (or 0%) is invalid.
     pub memory_cap: Option<MemoryCap>,
+    /// Bytes reserved when the pool is made, as cached free segments that allocations are
+    /// served from (JAX's preallocation): split evenly over the shards; in each, one small
+    /// segment of [`PoolConfig::small_segment`] when the share is at least four of them, and
+    /// the rest in large segments no larger than the device's largest allocation. Counted in
+    /// the statistics ([`crate::alloc::pool::PoolStats::preallocated_bytes`], `reserved`,
+    /// `backend_allocs`); [`crate::alloc::pool::Pool::empty_cache`] gives it back like any
+    /// cached memory. Caching pools only. `None` (the default): nothing.
+    pub preallocate: Option<Preallocation>,
+    /// After an allocation that made a new segment, while the bytes reserved under the cap
+    /// exceed this fraction of it (`0 < F < 1`), the pool gives back its idle cached segments,
+    /// largest first (PyTorch's `garbage_collection_threshold`), counted in
+    /// [`crate::alloc::pool::PoolStats::gc_releases`]. Needs a cap. `None` (the default): never.
+    pub gc_threshold: Option<f64>,
     /// Shards: independent parts of the pool, each with its own lock, segments and cache; a
     /// thread allocates from the shard of its index (see [`crate::alloc::pool::Pool`]'s
     /// notes on shards). One shard: one lock for all threads and exact peaks under any
@@ -225,8 +250,23 @@ impl PoolConfig {
             bin_divisions: 4,
             max_cached_bytes: None,
             memory_cap: None,
+            preallocate: None,
+            gc_threshold: None,
             shards: 0,
         }
+    }
+
+    /// Sets the memory reserved when the pool is made (see [`PoolConfig::preallocate`]).
+    pub fn with_preallocate(mut self, amount: Preallocation) -> Self {
+        self.preallocate = Some(amount);
+        self
+    }
+
+    /// Sets the garbage-collection threshold, a fraction of the cap in `(0, 1)` (see
+    /// [`PoolConfig::gc_threshold`]).
+    pub fn with_gc_threshold(mut self, fraction: f64) -> Self {
+        self.gc_threshold = Some(fraction);
+        self
     }
 
     /// Sets the memory cap.
@@ -376,6 +416,7 @@ impl PoolConfig {
             }
             _ => {}
         }
+        self.validate_reserve()?;
         if self.shards > MAX_SHARDS {
             return Err(invalid(
                 "shards",
@@ -383,6 +424,75 @@ impl PoolConfig {
             ));
         }
         Ok(())
+    }
+}
+
+impl PoolConfig {
+    /// Checks `preallocate` and `gc_threshold` (a cap for the threshold is checked where the
+    /// pool is made: see [`PoolConfig::check_gc_cap`]).
+    fn validate_reserve(&self) -> Result<()> {
+        match self.preallocate {
+            Some(Preallocation::Fraction(f)) if !(f > 0.0 && f <= 1.0) => {
+                return Err(invalid(
+                    "preallocate",
+                    format!("{}% not in (0, 100]", f * 100.0),
+                ));
+            }
+            Some(_) if self.kind != PoolKind::Caching => {
+                return Err(invalid(
+                    "preallocate",
+                    format!(
+                        "needs the caching pool: a {} pool has no free segments to serve from",
+                        self.kind
+                    ),
+                ));
+            }
+            _ => {}
+        }
+        match self.gc_threshold {
+            Some(f) if !(f > 0.0 && f < 1.0) => Err(invalid(
+                "gc_threshold",
+                format!("{f} not in (0, 1): a fraction of the memory cap"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks that a `gc_threshold` has a cap to be a fraction of: `cap` is the cap the pool
+    /// is made under (its own, or its device's), `None` when it has none.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming `gc_threshold` when it is set without a cap.
+    pub fn check_gc_cap(&self, cap: Option<u64>) -> Result<()> {
+        if self.gc_threshold.is_some() && cap.is_none() {
+            return Err(invalid(
+                "gc_threshold",
+                "needs a memory cap (memory_cap=SIZE|PERCENT): the threshold is a fraction of it"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How much memory a pool reserves when it is made (see [`PoolConfig::preallocate`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum Preallocation {
+    /// This many bytes.
+    Bytes(u64),
+    /// This fraction (0, 1] of the cap, or of the device's memory when there is no cap.
+    Fraction(f64),
+}
+
+impl Preallocation {
+    /// The bytes to reserve under `cap` (the cap in effect, if any) on a device with `total`
+    /// bytes of memory.
+    pub fn resolve(self, cap: Option<u64>, total: u64) -> u64 {
+        match self {
+            Preallocation::Bytes(b) => b,
+            Preallocation::Fraction(f) => (cap.unwrap_or(total) as f64 * f) as u64,
+        }
     }
 }
 

@@ -114,3 +114,54 @@ fn a_zero_cap_is_an_error_in_every_spelling() {
     let c = PoolConfig::from_vars(None, Some("memory_cap=1")).unwrap();
     assert_eq!(c.memory_cap, Some(MemoryCap::Bytes(1)));
 }
+
+#[test]
+fn preallocate_and_gc_threshold_parse_and_validate() {
+    let c = PoolConfig::from_vars(
+        None,
+        Some("memory_cap=1GiB,preallocate=256MiB,gc_threshold=0.8"),
+    )
+    .unwrap();
+    assert_eq!(c.preallocate, Some(Preallocation::Bytes(256 << 20)));
+    assert_eq!(c.gc_threshold, Some(0.8));
+    let c = PoolConfig::from_vars(None, Some("preallocate=25%")).unwrap();
+    assert_eq!(c.preallocate, Some(Preallocation::Fraction(0.25)));
+    assert_eq!(
+        c.preallocate.unwrap().resolve(Some(400), 4000),
+        100,
+        "of the cap"
+    );
+    assert_eq!(
+        c.preallocate.unwrap().resolve(None, 4000),
+        1000,
+        "else of the memory"
+    );
+    let c = PoolConfig::from_vars(None, Some("preallocate_mb=64,preallocate=none")).unwrap();
+    assert_eq!(c.preallocate, None);
+    for (conf, why) in [
+        ("preallocate=150%", "not in (0, 100]"),
+        ("preallocate=lots", "expected SIZE"),
+        ("gc_threshold=1.5,memory_cap=1GiB", "not in (0, 1)"),
+        ("gc_threshold=high", "not a fraction"),
+        ("gc_threshold=0.5", "needs a memory cap"),
+    ] {
+        let e = PoolConfig::from_vars(None, Some(conf))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(why), "{conf}: {e}");
+    }
+    let e = PoolConfig::from_vars(Some("binned"), Some("preallocate=1MiB"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("needs the caching pool"), "{e}");
+}
+
+#[test]
+fn an_unknown_key_lists_the_known_ones() {
+    let e = PoolConfig::from_vars(None, Some("prealocate=1GiB"))
+        .unwrap_err()
+        .to_string();
+    for key in ["memory_cap", "shards", "preallocate", "gc_threshold"] {
+        assert!(e.contains(key), "{e}");
+    }
+}

@@ -74,7 +74,14 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         free_cached(sh, &mut inner, bytes, rounded);
         // Allocate: a new segment, the block split off it.
         match self.allocate(sh, &mut inner, req, rounded, source) {
-            Ok(grant) => self.hand_out(sh, inner, (grant, false), req, source, keep),
+            Ok(grant) => {
+                let lease = self.hand_out(sh, inner, (grant, false), req, source, keep)?;
+                // The pool grew: the garbage collector looks at the cap (after the lock).
+                if let Some(fraction) = self.config.gc_threshold {
+                    self.collect_garbage(fraction);
+                }
+                Ok(lease)
+            }
             Err(Refused::Oom(report)) => Err(self.with_usage(inner, report)),
             Err(Refused::Failed(e)) => Err(e),
         }
@@ -158,11 +165,15 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         if rounded < size && self.budget.try_take(rounded as u64) {
             return Ok(rounded);
         }
-        let cap = self.budget.cap().unwrap_or(u64::MAX);
+        // The budget that refused: the pool's own, or an enclosing one (a device's).
+        let (cap, used) = self
+            .budget
+            .refusing(rounded as u64)
+            .unwrap_or((u64::MAX, self.budget.used()));
         let why = format!(
             "a {} segment would exceed the cap ({} of {} used)",
             human_bytes(rounded as u64),
-            human_bytes(self.budget.used()),
+            human_bytes(used),
             human_bytes(cap)
         );
         Err(Refused::Oom(Box::new(self.refusal(bytes, why))))
@@ -253,7 +264,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     /// [`Pool::with_usage`]).
     #[cold]
     fn refusal(&self, bytes: usize, why: String) -> OomReport {
-        OomReport::new(self.label.to_string(), bytes, why).with_cap(self.budget.cap())
+        let cap = self.budget.governing().map(|(cap, _)| cap);
+        OomReport::new(self.label.to_string(), bytes, why).with_cap(cap)
     }
 
     /// `report` with the pool's usage, read once the lock of the shard that refused, `held`,

@@ -49,6 +49,7 @@ mod keep;
 mod lease;
 mod malloc;
 mod pending;
+mod reserve;
 mod shard;
 mod slab;
 pub mod snapshot;
@@ -72,7 +73,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 pub use budget::Budget;
-pub use config::{MemoryCap, PoolConfig, PoolKind};
+pub use config::{MemoryCap, PoolConfig, PoolKind, Preallocation};
 pub use host::{HostAllocation, HostPool};
 pub(crate) use keep::Keep;
 pub use lease::Lease;
@@ -124,6 +125,9 @@ struct Inner<T, V> {
     orphaned: bool,
     /// Owners kept for the leases of streams (see [`Pool::alloc_with`]).
     kept: keep::KeptList,
+    /// The pool's owner let it go while blocks were handed out (see [`Pool::drain`]): a
+    /// segment that becomes wholly free goes back to the backend at once.
+    draining: bool,
 }
 
 impl<T, V> Inner<T, V> {
@@ -195,7 +199,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     /// segments, whose segments never exceed `max_segment` bytes.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] when the configuration does not validate.
+    /// [`Error::InvalidConfig`] when the configuration does not validate, or sets a
+    /// `gc_threshold` while `budget` (and every budget enclosing it) has no cap.
     pub fn new(
         label: impl Into<String>,
         config: PoolConfig,
@@ -203,6 +208,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         max_segment: usize,
     ) -> Result<Arc<Self>> {
         config.validate()?;
+        config.check_gc_cap(budget.governing().map(|(cap, _)| cap))?;
         let label: Arc<str> = label.into().into();
         let count = config.effective_shards();
         let shards = (0..count)
@@ -220,6 +226,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                         source: None,
                         orphaned: false,
                         kept: keep::KeptList::default(),
+                        draining: false,
                     }),
                 })
             })
@@ -331,7 +338,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         for s in self.shards.iter() {
             let segs = {
                 let mut inner = s.inner.lock();
-                let segs = inner.core.release(wait);
+                let segs = inner.core.release(wait, 0);
                 s.take_segments(&mut inner, segs)
             };
             bytes += s.drop_segments(segs);
@@ -376,7 +383,10 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             spilled_bytes: c.spilled_bytes,
             refills: c.refills,
             refilled_bytes: c.refilled_bytes,
-            cap: self.budget.cap(),
+            gc_releases: c.gc_releases,
+            gc_released_bytes: c.gc_released_bytes,
+            preallocated_bytes: c.preallocated,
+            cap: self.budget.governing().map(|(cap, _)| cap),
             direct_bytes: 0,
         }
     }

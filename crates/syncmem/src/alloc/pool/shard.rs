@@ -91,7 +91,10 @@ impl<T, V> Shard<T, V> {
                     size,
                     block: sh.tag(block),
                 });
-                let segs = inner.core.free(block, pending, view);
+                let mut segs = inner.core.free(block, pending, view);
+                if inner.draining {
+                    segs.extend(inner.core.release(false, 0));
+                }
                 let segs = if segs.is_empty() {
                     Vec::new()
                 } else {

@@ -193,6 +193,9 @@ pub(crate) struct Counters {
     pub(crate) spilled_bytes: u64,
     pub(crate) refills: u64,
     pub(crate) refilled_bytes: u64,
+    pub(crate) gc_releases: u64,
+    pub(crate) gc_released_bytes: u64,
+    pub(crate) preallocated: u64,
 }
 
 impl Counters {
@@ -223,6 +226,9 @@ impl Counters {
             (&mut self.spilled_bytes, o.spilled_bytes),
             (&mut self.refills, o.refills),
             (&mut self.refilled_bytes, o.refilled_bytes),
+            (&mut self.gc_releases, o.gc_releases),
+            (&mut self.gc_released_bytes, o.gc_released_bytes),
+            (&mut self.preallocated, o.preallocated),
         ] {
             *a = a.saturating_add(b);
         }
@@ -355,6 +361,17 @@ pub struct PoolStats {
     pub refills: u64,
     /// Bytes brought back.
     pub refilled_bytes: u64,
+    /// Idle cached segments given back by the garbage collector (see
+    /// [`crate::alloc::pool::PoolConfig::gc_threshold`]).
+    #[serde(default)]
+    pub gc_releases: u64,
+    /// Bytes of the segments the garbage collector gave back.
+    #[serde(default)]
+    pub gc_released_bytes: u64,
+    /// Bytes reserved when the pool was made (see
+    /// [`crate::alloc::pool::PoolConfig::preallocate`]).
+    #[serde(default)]
+    pub preallocated_bytes: u64,
     /// Most bytes the pool plus direct allocations may reserve, if capped.
     pub cap: Option<u64>,
     /// Bytes of direct (unpooled) allocations counted against the same cap (devices only).
@@ -454,6 +471,17 @@ impl fmt::Display for PoolStats {
         if self.direct_bytes > 0 {
             write!(f, "; direct {}", human_bytes(self.direct_bytes))?;
         }
+        if self.preallocated_bytes > 0 {
+            write!(f, "; preallocated {}", human_bytes(self.preallocated_bytes))?;
+        }
+        if self.gc_releases > 0 {
+            write!(
+                f,
+                "; gc released {} segment(s) ({})",
+                self.gc_releases,
+                human_bytes(self.gc_released_bytes)
+            )?;
+        }
         writeln!(f)
     }
 }
@@ -507,6 +535,9 @@ mod tests {
             spilled_bytes: 0,
             refills: 0,
             refilled_bytes: 0,
+            gc_releases: 0,
+            gc_released_bytes: 0,
+            preallocated_bytes: 0,
             cap: None,
             direct_bytes: 0,
         };

@@ -145,10 +145,12 @@ impl<V> Core<V> {
         }
     }
 
-    pub(crate) fn release(&mut self, wait: bool) -> Vec<(SegId, usize)> {
+    /// Wholly free segments to give back, largest first, until at most `keep` free bytes
+    /// remain; segments with uses in flight are waited for when `wait`, else skipped.
+    pub(crate) fn release(&mut self, wait: bool, keep: u64) -> Vec<(SegId, usize)> {
         match self {
-            Core::Caching(a) => a.release_free_segments(wait, 0),
-            Core::Binned(b) => b.release_free_segments(wait, 0),
+            Core::Caching(a) => a.release_free_segments(wait, keep),
+            Core::Binned(b) => b.release_free_segments(wait, keep),
             Core::Direct(_) => Vec::new(),
         }
     }
@@ -157,10 +159,18 @@ impl<V> Core<V> {
     /// until `need` bytes went back or nothing more can go.
     pub(crate) fn release_at_least(&mut self, wait: bool, need: u64) -> Vec<(SegId, usize)> {
         let keep = self.free_bytes().saturating_sub(need);
+        self.release(wait, keep)
+    }
+
+    /// Adds a fresh segment `seg` of `size` bytes as one free block of the small or large
+    /// pool (a preallocation); `false` for a core that keeps no free segments (binned, none).
+    pub(crate) fn add_free_segment(&mut self, seg: SegId, size: usize, small: bool) -> bool {
         match self {
-            Core::Caching(a) => a.release_free_segments(wait, keep),
-            Core::Binned(b) => b.release_free_segments(wait, keep),
-            Core::Direct(_) => Vec::new(),
+            Core::Caching(a) => {
+                a.add_free_segment(seg, size, small);
+                true
+            }
+            _ => false,
         }
     }
 

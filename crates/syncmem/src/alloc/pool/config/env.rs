@@ -12,30 +12,37 @@ impl PoolConfig {
     /// the kind (caching when unset), then the options. Pure: see [`PoolConfig::from_env`].
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for a bad kind or option.
+    /// [`Error::InvalidConfig`] for a bad kind or option, or a `gc_threshold` without a
+    /// `memory_cap` (such a pool has no other cap).
     pub fn from_vars(kind: Option<&str>, conf: Option<&str>) -> Result<Self> {
         let kind = match kind {
             Some(k) => k.parse()?,
             None => PoolKind::Caching,
         };
-        Self::new(kind).apply(conf.unwrap_or(""))
+        let cfg = Self::new(kind).apply(conf.unwrap_or(""))?;
+        cfg.check_gc_cap(cfg.memory_cap.map(|_| u64::MAX))?;
+        Ok(cfg)
     }
 
     /// [`PoolConfig::from_vars`] with the values of the environment variables `kind_var` and
     /// `conf_var` (e.g. [`DEVICE_POOL_ENV`] and [`DEVICE_POOL_CONF_ENV`]).
     ///
     /// # Errors
-    /// As [`PoolConfig::from_vars`] (or a value that is not UTF-8); the message names the
-    /// variable at fault.
+    /// As [`PoolConfig::from_vars`] (or a value that is not UTF-8), and a `gc_threshold`
+    /// without a `memory_cap`; the message names the variable at fault.
     pub fn from_env(kind_var: &str, conf_var: &str) -> Result<Self> {
         let kind = match env_value(kind_var)? {
             Some(k) => k.parse().map_err(|e| from_var(e, kind_var))?,
             None => PoolKind::Caching,
         };
         let conf = env_value(conf_var)?;
-        Self::new(kind)
+        let cfg = Self::new(kind)
             .apply(conf.as_deref().unwrap_or(""))
-            .map_err(|e| from_var(e, conf_var))
+            .map_err(|e| from_var(e, conf_var))?;
+        // A pool made from the environment has no cap but its own `memory_cap`.
+        cfg.check_gc_cap(cfg.memory_cap.map(|_| u64::MAX))
+            .map_err(|e| from_var(e, conf_var))?;
+        Ok(cfg)
     }
 }
 

@@ -1,7 +1,7 @@
 //! Pool options as text: the `key=value` lists of [`PoolConfig::apply`] and the sizes and
 //! caps in them ([`parse_size`]).
 
-use super::{invalid, MemoryCap, PoolConfig, GIB, KIB, MIB, TIB};
+use super::{invalid, MemoryCap, PoolConfig, Preallocation, GIB, KIB, MIB, TIB};
 use crate::error::Result;
 
 #[cfg(doc)]
@@ -17,10 +17,14 @@ impl PoolConfig {
     /// `max_non_split_rounding`, `bin_growth`, `min_bin`, `max_bin`, `bin_divisions` (or
     /// `roundup_power2_divisions`), `max_cached_bytes` (or `unlimited`), `memory_cap` (bytes, a
     /// fraction such as `0.5`, a percentage such as `50%`, or `none`), `shards` (`0`: one per
-    /// core). The result is validated.
+    /// core), `preallocate` (bytes reserved when the pool is made, or a percentage of the cap,
+    /// else of the device's memory, such as `25%`; `none`), `gc_threshold` (a fraction in
+    /// `(0, 1)` of the cap above which idle cached segments are given back; `none`). The
+    /// result is validated.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for an unknown key or a bad value.
+    /// [`Error::InvalidConfig`] for an unknown key (the message lists the known ones) or a bad
+    /// value.
     pub fn apply(mut self, list: &str) -> Result<Self> {
         for item in list
             .split([',', ';'])
@@ -86,6 +90,29 @@ impl PoolConfig {
             "max_cached_bytes" => {
                 self.max_cached_bytes = (!unlimited).then(size).transpose()?.map(|v| v as u64)
             }
+            "preallocate" => {
+                self.preallocate = if unlimited || value == "0" {
+                    None
+                } else if mib {
+                    Some(Preallocation::Bytes(size()? as u64))
+                } else {
+                    Some(parse_preallocation(value).map_err(|r| invalid(&key, r))?)
+                }
+            }
+            "gc_threshold" | "garbage_collection_threshold" => {
+                self.gc_threshold = if unlimited {
+                    None
+                } else {
+                    Some(value.parse::<f64>().map_err(|_| {
+                        invalid(
+                            &key,
+                            format!(
+                                "{value:?} is not a fraction of the cap in (0, 1), such as 0.8"
+                            ),
+                        )
+                    })?)
+                }
+            }
             "memory_cap" | "cap" => {
                 self.memory_cap = if unlimited {
                     None
@@ -95,11 +122,42 @@ impl PoolConfig {
                     Some(parse_cap(value).map_err(|r| invalid(&key, r))?)
                 }
             }
-            _ => return Err(invalid(&key, "unknown option".into())),
+            _ => {
+                return Err(invalid(
+                    &key,
+                    format!("unknown option; the options are {}", KEYS.join(", ")),
+                ))
+            }
         }
         Ok(())
     }
 }
+
+/// The keys [`PoolConfig::apply`] takes (`_mb` forms aside), for the message of an unknown one.
+const KEYS: &[&str] = &[
+    "kind",
+    "round",
+    "small_size",
+    "size_class_limit",
+    "min_segment",
+    "segment_growth_percent",
+    "max_idle_percent",
+    "small_segment",
+    "large_segment",
+    "large_segment_limit",
+    "segment_round",
+    "max_split_size",
+    "max_non_split_rounding",
+    "bin_growth",
+    "min_bin",
+    "max_bin",
+    "bin_divisions",
+    "max_cached_bytes",
+    "memory_cap",
+    "shards",
+    "preallocate (SIZE or PERCENT of the cap, else of the device's memory)",
+    "gc_threshold (a fraction of the cap in (0, 1))",
+];
 
 /// Parses `512`, `64k`, `64KiB`, `20MB`, `1.5G` (binary units) into bytes.
 pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
@@ -142,4 +200,14 @@ fn parse_cap(s: &str) -> std::result::Result<MemoryCap, String> {
         return Ok(MemoryCap::Fraction(t.parse().unwrap_or(1.0)));
     }
     parse_size(t).map(MemoryCap::Bytes)
+}
+
+/// A preallocation: a size, or a percentage (`25%`) or fraction (`0.25`) of the cap.
+fn parse_preallocation(s: &str) -> std::result::Result<Preallocation, String> {
+    parse_cap(s)
+        .map(|c| match c {
+            MemoryCap::Bytes(b) => Preallocation::Bytes(b),
+            MemoryCap::Fraction(f) => Preallocation::Fraction(f),
+        })
+        .map_err(|e| format!("{e}: expected SIZE (512MiB) or PERCENT (25%)"))
 }

@@ -7,6 +7,7 @@ use super::*;
 use crate::error::Error;
 
 mod keep;
+mod reserve;
 mod shards;
 mod sizing;
 mod snapshot;
