@@ -228,6 +228,19 @@ pub enum Error {
         reason: String,
     },
 
+    /// A private memory pool ([`crate::device::MemPool`]) could not be made as asked: `error`
+    /// says why (an [`Error::InvalidConfig`] naming the option, an [`Error::OutOfMemory`] of
+    /// its preallocation).
+    #[error("memory pool {pool} of {device}: {error}")]
+    MemPool {
+        /// The device string.
+        device: String,
+        /// The pool's label.
+        pool: String,
+        /// What went wrong.
+        error: Box<Error>,
+    },
+
     /// An operator of a net failed to build or to run. The message includes the operator's own
     /// error; `error` keeps it for matching (it is not also returned as the error's source, so
     /// that chained reports do not print it twice).
@@ -317,7 +330,9 @@ impl Error {
     pub fn oom_report(&self) -> Option<&OomReport> {
         match self {
             Error::OutOfMemory { report } => Some(report),
-            Error::OperatorFailed { error, .. } => error.oom_report(),
+            Error::OperatorFailed { error, .. } | Error::MemPool { error, .. } => {
+                error.oom_report()
+            }
             _ => None,
         }
     }

@@ -128,6 +128,7 @@ pub mod workspace;
 
 pub use alloc::pool::{
     HostPool, MemoryCap, MemorySnapshot, MemorySummary, PoolConfig, PoolKind, PoolStats,
+    Preallocation,
 };
 pub use alloc::stats::{CopyStats, Direction, MemStats};
 pub use alloc::Snapshot;
@@ -135,8 +136,8 @@ pub use alloc::Snapshot;
 pub use blob::Blob;
 pub use context::Context;
 pub use device::{
-    Device, DeviceBuffer, DeviceInfo, DeviceSpec, Event, LiveBuffer, PinnedBuffer, Stream,
-    ZeroCopy, ZeroCopyProtocol,
+    Device, DeviceBuffer, DeviceInfo, DeviceSpec, Event, LiveBuffer, MemPool, MemPoolScope,
+    PinnedBuffer, Stream, ZeroCopy, ZeroCopyProtocol,
 };
 pub use dtype::{DType, Element, PodElement};
 pub use error::{BackendKind, Error, OomReport, OomRetry, Result};

@@ -30,7 +30,14 @@
 //!    path dropped and spilled.
 //!
 //! The path itself is in [`oom`].
+//!
+//! # MemPools
+//!
+//! A [`crate::device::MemPool`] is a pool of the device's memory of its own, charged to the
+//! device's budget; a pooled allocation made while the calling thread has a scope of one open
+//! on this device comes from it ([`mem_pools`]).
 
+mod mem_pools;
 mod oom;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -73,6 +80,8 @@ pub(crate) struct DeviceMemory {
     budget: Arc<Budget>,
     /// Bytes of live direct allocations (charged to `budget` too).
     direct: AtomicU64,
+    /// The pools of the device's MemPools (see [`mem_pools`]).
+    mem_pools: Mutex<mem_pools::MemPools>,
     /// The registry of evictable mirrors, installed by the synced layer on first use.
     mirrors: OnceLock<Arc<dyn Mirrors>>,
     last_oom: Mutex<Option<OomReport>>,
@@ -94,6 +103,7 @@ impl Default for DeviceMemory {
             retired: Mutex::new(PoolUsage::default()),
             budget: Arc::new(Budget::new(None)),
             direct: AtomicU64::new(0),
+            mem_pools: Mutex::default(),
             mirrors: OnceLock::new(),
             last_oom: Mutex::new(None),
             trace_source: crate::alloc::event::new_source(),
@@ -159,10 +169,20 @@ impl DeviceMemory {
             .next_power_of_two();
         cfg.validate()?;
         let cap = cfg.memory_cap.map(|c| c.resolve(dev.info().total_memory));
+        let before = self.budget.cap();
         self.budget.set_cap(cap);
-        let p = Pool::new(dev.label(), cfg, self.budget.clone(), max_segment(dev))?;
-        p.publish(self.trace_source);
-        Ok(p)
+        let made = Pool::new(dev.label(), cfg, self.budget.clone(), max_segment(dev))
+            .and_then(|p| self.preallocate(dev, &p).map(|()| p));
+        match made {
+            Ok(p) => {
+                p.publish(self.trace_source);
+                Ok(p)
+            }
+            Err(e) => {
+                self.budget.set_cap(before);
+                Err(e)
+            }
+        }
     }
 
     /// This device's event source (see [`crate::alloc::event`]).
@@ -182,6 +202,11 @@ impl DeviceMemory {
             self.pool.publish(self.make_pool(dev, cfg)?);
             return Ok(());
         };
+        if cfg.preallocate.is_some() {
+            // The new pool's reservation is charged while the old pool is still there: its
+            // cache goes first.
+            old.empty_cache();
+        }
         // The old pool's shards stay locked from the check to the replacement: no allocation
         // can take a block of it in between, and one that comes later finds it retired and
         // reads the new one.
@@ -219,13 +244,16 @@ impl DeviceMemory {
         check_env()?;
         let cfg = PoolConfig::from_env(PINNED_POOL_ENV, PINNED_POOL_CONF_ENV)?;
         let total = crate::Device::cpu().info().total_memory;
-        let budget = Arc::new(Budget::new(cfg.memory_cap.map(|c| c.resolve(total))));
+        let cap = cfg.memory_cap.map(|c| c.resolve(total));
         let p = Pool::new(
             format!("{} pinned", dev.label()),
             cfg,
-            budget,
+            Arc::new(Budget::new(cap)),
             max_segment(dev),
         )?;
+        if let Some(amount) = p.config().preallocate {
+            p.preallocate(amount.resolve(cap, total), &PinnedStorage(&dev.shared.raw))?;
+        }
         p.publish(self.trace_source);
         Ok(self.pinned.publish(p))
     }
@@ -236,7 +264,8 @@ impl DeviceMemory {
     }
 
     /// The device's memory statistics: its direct allocations (`direct`, counted as they are
-    /// made) and its pooled buffers (counted by the pools, see [`Pool::usage`]). The peak is
+    /// made) and its pooled buffers (counted by the pools, see [`Pool::usage`]: the device
+    /// pool's, and its MemPools'). The peak is
     /// the direct peak plus the pooled one: exact while only one of them moves, an upper
     /// bound otherwise.
     pub(crate) fn stats_with(&self, direct: &MemCounters, label: &str) -> MemStats {
@@ -249,10 +278,11 @@ impl DeviceMemory {
             (*r, self.pool.load())
         };
         let pooled = pool.map(|p| p.usage()).unwrap_or_default();
-        s.in_use += pooled.in_use;
-        s.peak += pooled.peak.max(retired.peak);
-        s.allocs += pooled.allocs + retired.allocs;
-        s.frees += pooled.frees + retired.frees;
+        let private = self.mem_pool_usage();
+        s.in_use += pooled.in_use + private.in_use;
+        s.peak += pooled.peak.max(retired.peak) + private.peak;
+        s.allocs += pooled.allocs + retired.allocs + private.allocs;
+        s.frees += pooled.frees + retired.frees + private.frees;
         s
     }
 
@@ -265,6 +295,7 @@ impl DeviceMemory {
         if let Some(p) = self.pinned.load() {
             p.reset_peak();
         }
+        self.reset_mem_pool_peaks();
     }
 
     /// The cap in effect, if any; before the device pool is built, the cap it will be built
@@ -362,6 +393,11 @@ impl DeviceMemory {
         stream: &Stream,
         owner: Option<&Arc<str>>,
     ) -> Result<DeviceBuffer> {
+        // A MemPool scope of the calling thread on this device takes the allocation (one
+        // thread-local read when the thread has no scope open).
+        if let Some(pool) = super::mem_pool::scoped(dev) {
+            return self.alloc_scoped(dev, len, stream, owner, &pool);
+        }
         // A stream of `new_stream`: the pool keeps its handle for the buffer (see
         // `StreamHandle`), cloned only for the stream's first lease in a shard.
         let keep = stream

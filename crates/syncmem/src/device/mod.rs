@@ -38,6 +38,7 @@ mod in_place;
 pub(crate) mod inject;
 mod isolated;
 mod kernels;
+mod mem_pool;
 mod memory;
 mod mirror;
 #[cfg(all(test, feature = "opencl"))]
@@ -62,6 +63,7 @@ pub use crate::error::{OomReport, OomRetry};
 pub use buffer::DeviceBuffer;
 pub(crate) use buffer::Release;
 pub(crate) use in_place::MapAccess;
+pub use mem_pool::{MemPool, MemPoolScope};
 pub(crate) use mirror::{Evictable, Freed, Mirrors, NextUse};
 pub use mirror::{Head, LiveBuffer};
 pub use pinned::PinnedBuffer;
@@ -387,6 +389,12 @@ impl Device {
     /// A cap from `SYNCMEM_POOL_CONF` is reported before the first allocation too.
     pub fn memory_cap(&self) -> Option<u64> {
         self.shared.memory.cap(self)
+    }
+
+    /// Bytes the memory cap counts now, capped or not: the segments of the device pool and of
+    /// the device's [`MemPool`]s, and its direct allocations.
+    pub fn reserved_bytes(&self) -> u64 {
+        self.shared.memory.reserved()
     }
 
     /// The device mirrors of live [`crate::SyncedMemory`] buffers: label, size and head, in

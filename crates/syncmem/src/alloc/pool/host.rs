@@ -63,10 +63,12 @@ impl HostPool {
     }
 
     /// A private host pool (its own cache and statistics; not counted in the process-wide host
-    /// counters). A [`PoolConfig::memory_cap`] fraction is of the machine's memory.
+    /// counters). A [`PoolConfig::memory_cap`] fraction is of the machine's memory, a
+    /// [`PoolConfig::preallocate`] one of the cap, else of the machine's memory.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] when the configuration does not validate.
+    /// [`Error::InvalidConfig`] when the configuration does not validate,
+    /// [`Error::OutOfMemory`] when its preallocation does not fit.
     pub fn new(label: impl Into<String>, config: PoolConfig) -> Result<Self> {
         Self::build(label, config, false)
     }
@@ -76,6 +78,9 @@ impl HostPool {
         let cap = config.memory_cap.map(|c| c.resolve(total));
         let budget = Arc::new(Budget::new(cap));
         let pool = Pool::new(label, config, budget, isize::MAX as usize)?;
+        if let Some(amount) = pool.config().preallocate {
+            pool.preallocate(amount.resolve(cap, total), &source)?;
+        }
         if counted {
             // The process-wide pool publishes to the sinks attached process-wide.
             pool.publish(crate::alloc::event::HOST_SOURCE);

@@ -22,8 +22,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     /// [`PoolConfig::preallocate`]). Returns the bytes reserved.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for a pool that is not a caching pool, or a share above
-    /// `max_cached_bytes` (the pool would give it back at once); [`Error::OutOfMemory`] when
+    /// [`Error::InvalidConfig`] for a pool that is not a caching pool, a share above
+    /// `max_cached_bytes` or a total above `gc_threshold x cap` (the pool would give it back); [`Error::OutOfMemory`] when
     /// the budget refuses the whole (then nothing is reserved) or the backend refuses a
     /// segment (the segments made before stay cached).
     pub fn preallocate<S: RawStorage<Segment = T, View = V> + ?Sized>(
@@ -84,6 +84,17 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                 "needs the caching pool, not {}",
                 self.config.kind
             )));
+        }
+        if let (Some(f), Some((cap, _))) = (self.config.gc_threshold, self.budget.governing()) {
+            let limit = (cap as f64 * f) as u64;
+            let total = share.saturating_mul(self.shards.len() as u64);
+            if total > limit {
+                return Err(invalid(format!(
+                    "{} exceeds gc_threshold x cap ({}): the collector would give it back",
+                    human_bytes(total),
+                    human_bytes(limit)
+                )));
+            }
         }
         let max_cached = self.config.effective_max_cached_bytes();
         if share > max_cached {

@@ -95,6 +95,16 @@ pub(crate) struct PoolUsage {
 }
 
 impl PoolUsage {
+    /// This usage plus another pool's (peaks: their sum).
+    pub(crate) fn fold(self, o: PoolUsage) -> Self {
+        PoolUsage {
+            in_use: self.in_use + o.in_use,
+            peak: self.peak + o.peak,
+            allocs: self.allocs + o.allocs,
+            frees: self.frees + o.frees,
+        }
+    }
+
     /// This usage plus a shard's counters.
     pub(crate) fn plus(self, c: &Counters) -> Self {
         let requested = c.requested.all();
