@@ -5,7 +5,8 @@
 //! streams, guards held across operations, placement pins with the host address they keep (a
 //! NumPy view, a DLPack export), users' kernels, replicas on a second device, frees and reuse
 //! of pool blocks, all under a memory cap that spills and refills, with zero-copy on, off and
-//! with the map protocol. `FailNext` makes the `n`-th allocation fail
+//! with the map protocol, and MemPool scopes opened and closed around them (each step checks
+//! that only the innermost scope's pool, or with none open the device's, allocated). `FailNext` makes the `n`-th allocation fail
 //! ([`Device::fail_allocation`]): an operation that fails with out-of-memory (injected, or the
 //! cap) must leave every buffer as it was, which is checked on the spot.
 //!
@@ -25,7 +26,9 @@ use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 use steps::step_one;
 use syncmem::kernels;
 use syncmem::synced::{DeviceRead, HostRead, PlacementPin};
-use syncmem::{Device, MemoryCap, PoolConfig, Stream, SyncedMemory, ZeroCopy};
+use syncmem::{
+    Device, MemPool, MemPoolScope, MemoryCap, PoolConfig, Stream, SyncedMemory, ZeroCopy,
+};
 
 struct Live {
     mem: SyncedMemory,
@@ -62,6 +65,12 @@ struct World<'d> {
     twice: kernels::UserKernel,
     /// Operations that failed with out-of-memory.
     failed: std::cell::Cell<u64>,
+    /// The MemPool scopes open on the device, innermost last.
+    scopes: std::cell::RefCell<Vec<(MemPoolScope, MemPool)>>,
+    /// The last MemPool whose scope was closed with `keep`.
+    closed: std::cell::RefCell<Option<MemPool>>,
+    /// Allocations made by MemPools whose scope was closed.
+    scoped: std::cell::Cell<u64>,
 }
 
 impl World<'_> {
@@ -92,6 +101,46 @@ impl World<'_> {
             h.as_slice_of::<f32>().unwrap(),
             &l.model,
         )
+    }
+
+    /// The allocations of the device's pool, of the pools of the open scopes and of the kept
+    /// one.
+    fn allocations(&self) -> Vec<u64> {
+        let mut v = vec![self.dev.pool_stats().map_or(0, |s| s.allocations)];
+        v.extend(
+            self.scopes
+                .borrow()
+                .iter()
+                .map(|(_, p)| p.stats().allocations),
+        );
+        v.extend(self.closed.borrow().iter().map(|p| p.stats().allocations));
+        v
+    }
+
+    /// After a step that did not open or close a scope: only the innermost scope's pool
+    /// allocated, or the device's when none is open.
+    fn routed(&self, at: &str, before: &[u64]) -> Result<(), TestCaseError> {
+        let after = self.allocations();
+        let open = self.scopes.borrow().len();
+        let (innermost, len) = (open, after.len());
+        for i in 0..len {
+            if i != innermost && before[i] != after[i] {
+                return Err(TestCaseError::fail(format!(
+                    "{at}: pool {i} allocated with {open} scope(s) open: {before:?} -> {after:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes every scope and drops the MemPools (their blocks stay with the buffers).
+    fn close_scopes(&self) {
+        for (scope, pool) in self.scopes.borrow_mut().drain(..).rev() {
+            drop(scope);
+            self.scoped
+                .set(self.scoped.get() + pool.stats().allocations);
+        }
+        self.closed.borrow_mut().take();
     }
 
     fn device_values(&self, what: &str, l: &Live) -> Result<Vec<f32>, TestCaseError> {
@@ -131,7 +180,11 @@ fn run(w: &World<'_>, ops: &[Op]) -> Result<(), TestCaseError> {
         if skip {
             continue;
         }
+        let before = w.allocations();
         step_one(w, &mut slots, &mut held, &mut pins, *op, &at)?;
+        if !matches!(op, Op::OpenScope | Op::CloseScope { .. }) {
+            w.routed(&at, &before)?;
+        }
         // What a device guard holds keeps its device mirror, whatever the pool spilled; what a
         // host guard holds keeps its bytes.
         for h in &held {
@@ -150,6 +203,7 @@ fn run(w: &World<'_>, ops: &[Op]) -> Result<(), TestCaseError> {
         }
     }
     held.clear();
+    w.close_scopes();
     w.dev.fail_allocation(0);
     w.other.fail_allocation(0);
     for p in &pins {
@@ -199,6 +253,7 @@ fn check(home: &Device, other: &Device) {
     let mut failed = 0;
     let mut injected = 0;
     let mut spills = 0;
+    let mut scoped = 0;
     for zero_copy in [ZeroCopy::Auto, ZeroCopy::Off, ZeroCopy::Map] {
         let dev = capped(home, zero_copy);
         let other = capped(other, zero_copy);
@@ -213,6 +268,9 @@ fn check(home: &Device, other: &Device) {
             streams: &streams,
             twice: user_twice(),
             failed: std::cell::Cell::new(0),
+            scopes: Default::default(),
+            closed: Default::default(),
+            scoped: std::cell::Cell::new(0),
         };
         let mut runner = TestRunner::new(Config {
             cases: cases(),
@@ -222,7 +280,9 @@ fn check(home: &Device, other: &Device) {
         let result = runner.run(&prop::collection::vec(op(), 1..80), |ops| {
             dev.fail_allocation(0);
             other.fail_allocation(0);
-            run(&w, &ops)
+            let r = run(&w, &ops);
+            w.close_scopes();
+            r
         });
         match result {
             Ok(()) => {}
@@ -237,19 +297,22 @@ fn check(home: &Device, other: &Device) {
         let s = dev.pool_stats().unwrap();
         eprintln!(
             "{} zero-copy {zero_copy}: {} failed operations ({} injected), {} spills, {} \
-             refills, {} evictions",
+             refills, {} evictions, {} allocations in MemPool scopes",
             dev.label(),
             w.failed.get(),
             dev.injected_failures() + other.injected_failures(),
             s.spills,
             s.refills,
-            s.evictions
+            s.evictions,
+            w.scoped.get()
         );
+        scoped += w.scoped.get();
         failed += w.failed.get();
         injected += dev.injected_failures() + other.injected_failures();
         spills += s.spills;
     }
     assert!(injected > 0, "no allocation failure was injected");
+    assert!(scoped > 0, "no allocation was made in a MemPool scope");
     assert!(failed > 0, "no operation failed");
     assert!(spills > 0, "no dirty mirror was ever spilled");
 }

@@ -92,6 +92,14 @@ pub enum Op {
     FailNext {
         n: u64,
     },
+    /// Opens a scope of a new MemPool of the device (at most two open): the device
+    /// allocations of the operations that follow (mirrors, refills after a spill) come from it.
+    OpenScope,
+    /// Closes the innermost scope. `keep`: its MemPool stays (the last one kept so, with no
+    /// scope); else it is dropped, with the blocks of live buffers still in it.
+    CloseScope {
+        keep: bool,
+    },
 }
 
 pub fn op() -> impl Strategy<Value = Op> {
@@ -122,5 +130,7 @@ pub fn op() -> impl Strategy<Value = Op> {
         1 => (slot(), prop::sample::select(vec![2.0f32, -1.0]))
             .prop_map(|(slot, a)| Op::ReplicaScale { slot, a }),
         2 => (1u64..6).prop_map(|n| Op::FailNext { n }),
+        1 => Just(Op::OpenScope),
+        1 => any::<bool>().prop_map(|keep| Op::CloseScope { keep }),
     ]
 }

@@ -4,7 +4,7 @@
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use syncmem::kernels::{self, Arg, Grid};
-use syncmem::SyncedMemory;
+use syncmem::{MemPool, PoolConfig, SyncedMemory};
 
 use super::model::{pattern, same, values};
 use super::ops::*;
@@ -39,6 +39,34 @@ pub fn step_one<'s>(
         | Op::Unpin
         | Op::ViewRead { .. }
         | Op::FailNext { .. } => keep_step(w, slots, held, pins, op, at),
+        Op::OpenScope | Op::CloseScope { .. } => {
+            scope_step(w, op);
+            Ok(())
+        }
+    }
+}
+
+/// Opens or closes a MemPool scope on the device.
+fn scope_step(w: &World<'_>, op: Op) {
+    match op {
+        Op::OpenScope => {
+            let mut scopes = w.scopes.borrow_mut();
+            if scopes.len() < 2 {
+                let pool = MemPool::new(w.dev, PoolConfig::default()).unwrap();
+                scopes.push((pool.scope(), pool));
+            }
+        }
+        Op::CloseScope { keep } => {
+            let Some((scope, pool)) = w.scopes.borrow_mut().pop() else {
+                return;
+            };
+            drop(scope);
+            w.scoped.set(w.scoped.get() + pool.stats().allocations);
+            if keep {
+                *w.closed.borrow_mut() = Some(pool);
+            }
+        }
+        _ => unreachable!("{op:?} is another step's"),
     }
 }
 

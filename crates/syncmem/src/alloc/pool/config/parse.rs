@@ -90,28 +90,8 @@ impl PoolConfig {
             "max_cached_bytes" => {
                 self.max_cached_bytes = (!unlimited).then(size).transpose()?.map(|v| v as u64)
             }
-            "preallocate" => {
-                self.preallocate = if unlimited || value == "0" {
-                    None
-                } else if mib {
-                    Some(Preallocation::Bytes(size()? as u64))
-                } else {
-                    Some(parse_preallocation(value).map_err(|r| invalid(&key, r))?)
-                }
-            }
-            "gc_threshold" | "garbage_collection_threshold" => {
-                self.gc_threshold = if unlimited {
-                    None
-                } else {
-                    Some(value.parse::<f64>().map_err(|_| {
-                        invalid(
-                            &key,
-                            format!(
-                                "{value:?} is not a fraction of the cap in (0, 1), such as 0.8"
-                            ),
-                        )
-                    })?)
-                }
+            "preallocate" | "gc_threshold" | "garbage_collection_threshold" => {
+                self.set_reserve(name, &key, value, unlimited)?
             }
             "memory_cap" | "cap" => {
                 self.memory_cap = if unlimited {
@@ -129,6 +109,36 @@ impl PoolConfig {
                 ))
             }
         }
+        Ok(())
+    }
+}
+
+impl PoolConfig {
+    /// Sets `preallocate` or `gc_threshold` (`name`; `key` as written, `_mb` kept).
+    fn set_reserve(&mut self, name: &str, key: &str, value: &str, unlimited: bool) -> Result<()> {
+        if name == "preallocate" {
+            self.preallocate = if unlimited || value == "0" {
+                None
+            } else if key.ends_with("_mb") {
+                let mib = value.parse::<u64>().ok().and_then(|v| v.checked_mul(MIB));
+                let bytes =
+                    mib.ok_or_else(|| invalid(key, format!("{value:?} is not a number of MiB")))?;
+                Some(Preallocation::Bytes(bytes))
+            } else {
+                Some(parse_preallocation(value).map_err(|r| invalid(key, r))?)
+            };
+            return Ok(());
+        }
+        self.gc_threshold = if unlimited {
+            None
+        } else {
+            Some(value.parse::<f64>().map_err(|_| {
+                invalid(
+                    key,
+                    format!("{value:?} is not a fraction of the cap in (0, 1), such as 0.8"),
+                )
+            })?)
+        };
         Ok(())
     }
 }
