@@ -226,7 +226,8 @@ exception!(BusyError, Busy);
 exception!(InvalidStateError, InvalidState);
 
 /// The Python exception for a library error. An operator's failure inside a net is raised as
-/// the class of the operator's own error, with the whole message (net, operator, cause).
+/// the class of the operator's own error, with the whole message (net, operator, cause); so is
+/// a MemPool's (device, pool, cause).
 pub fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();
     raise_as(&e, msg)
@@ -255,7 +256,9 @@ fn raise_as(e: &Error, msg: String) -> PyErr {
         Error::InvalidConfig { .. } => Kind::Config,
         Error::Io { error, .. } => return raise(Kind::File, msg, error.raw_os_error()),
         Error::Format { .. } => Kind::Format,
-        Error::OperatorFailed { error, .. } => return raise_as(error, msg),
+        Error::OperatorFailed { error, .. } | Error::MemPool { error, .. } => {
+            return raise_as(error, msg)
+        }
         // `Error` is non-exhaustive: a kind added later is still a SyncmemError.
         _ => return SyncmemError::new_err(msg),
     };

@@ -12,6 +12,7 @@
 //! | `arrays` | NumPy arrays into tensors and back (one copy, or none) |
 //! | `views` | host views that keep the buffer alive; the writable-view guard |
 //! | `dlpack` | DLPack export and import |
+//! | `mem_pool` | `MemPool` and `use_mem_pool`: a private pool of one device, routed to inside a `with` block |
 //! | `stats` | `memory_stats` (its keys in one table), `memory_allocated` and the other `torch.cuda` functions, `copy_stats` |
 //! | `report` | `memory_summary`, `memory_snapshot`, `pool_snapshot` |
 //! | `torch_snapshot` | the pools in PyTorch's snapshot format (`memory_snapshot(format="torch")`) |
@@ -30,6 +31,7 @@ mod device;
 mod dlpack;
 mod dtypes;
 mod errors;
+mod mem_pool;
 mod operators;
 mod raw_kernel;
 mod reentry;
@@ -57,6 +59,9 @@ fn syncmem_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<workspace::PyWorkspace>()?;
     m.add_class::<tensor::PyTensor>()?;
     m.add_class::<views::PyHostView>()?;
+    m.add_class::<mem_pool::PyMemPool>()?;
+    m.add_class::<mem_pool::PyMemPoolContext>()?;
+    m.add_function(wrap_pyfunction!(mem_pool::use_mem_pool, m)?)?;
     m.add_function(wrap_pyfunction!(device::devices, m)?)?;
     m.add_function(wrap_pyfunction!(device::backends, m)?)?;
     m.add_function(wrap_pyfunction!(dlpack::from_dlpack, m)?)?;

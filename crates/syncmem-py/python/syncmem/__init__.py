@@ -141,8 +141,10 @@ __all__ = [
 
 # Kernels and operators of your own.
 from ._native import RawKernel, register_operator  # noqa: E402
+from ._native import MemPool, MemPoolContext, use_mem_pool  # noqa: E402
 
 __all__ += ["RawKernel", "register_operator"]
+__all__ += ["MemPool", "MemPoolContext", "use_mem_pool"]
 
 __version__ = "0.1.0"
 

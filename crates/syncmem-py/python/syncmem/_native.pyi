@@ -170,6 +170,44 @@ class HostView:
     def label(self) -> str:
         """The buffer's label."""
 
+class MemPool:
+    """A private memory pool of one device: inside ``with use_mem_pool(pool):`` the device
+    memory the calling thread allocates on ``pool.device`` comes from it, and nothing else
+    does. ``conf`` is a ``key=value`` list as ``SYNCMEM_POOL_CONF`` takes (``memory_cap``,
+    ``preallocate``, ``gc_threshold``, ...)."""
+
+    def __init__(
+        self, device: DeviceLike = None, conf: Optional[str] = None, kind: Optional[str] = None
+    ) -> None: ...
+    @property
+    def label(self) -> str:
+        """``"DEVICE mempool N"``."""
+    @property
+    def device(self) -> Device:
+        """The device whose memory the pool holds."""
+    def stats(self) -> Dict[str, Any]:
+        """The pool's own statistics (the library's ``PoolStats``)."""
+    def snapshot(self) -> Dict[str, Any]:
+        """Every segment and block of the pool, as ``pool_snapshot()`` lists a pool."""
+    def empty_cache(self) -> int:
+        """Gives the pool's cached memory back to the device; returns the bytes."""
+    def release(self) -> int:
+        """Lets the pool go: its cached memory goes back now; later use raises
+        ``InvalidStateError``."""
+
+class MemPoolContext:
+    """The context manager ``use_mem_pool`` returns (it stays on the thread that entered it)."""
+
+    @property
+    def pool(self) -> MemPool:
+        """The pool the block routes to."""
+    def __enter__(self) -> "MemPoolContext": ...
+    def __exit__(self, *exc: Any) -> bool: ...
+
+def use_mem_pool(pool: MemPool) -> MemPoolContext:
+    """``with use_mem_pool(pool):`` routes the calling thread's allocations on the pool's
+    device to it (blocks nest; the innermost wins)."""
+
 class Workspace:
     """Named blobs, nets over them, and an optional parent (Caffe2's ``Workspace``).
 
