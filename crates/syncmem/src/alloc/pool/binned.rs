@@ -298,6 +298,11 @@ impl<V> Bins<V> {
         out
     }
 
+    /// Caches nothing from now on: each block freed goes back to the backend.
+    pub(crate) fn stop_caching(&mut self) {
+        self.max_cached = 0;
+    }
+
     /// Bytes in cached blocks.
     pub(crate) fn free_bytes(&self) -> u64 {
         self.cached_bytes

@@ -125,9 +125,6 @@ struct Inner<T, V> {
     orphaned: bool,
     /// Owners kept for the leases of streams (see [`Pool::alloc_with`]).
     kept: keep::KeptList,
-    /// The pool's owner let it go while blocks were handed out (see [`Pool::drain`]): a
-    /// segment that becomes wholly free goes back to the backend at once.
-    draining: bool,
 }
 
 impl<T, V> Inner<T, V> {
@@ -226,7 +223,6 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                         source: None,
                         orphaned: false,
                         kept: keep::KeptList::default(),
-                        draining: false,
                     }),
                 })
             })

@@ -183,8 +183,10 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     /// pending work), and each segment that becomes wholly free later goes back when its
     /// last block does. Returns the bytes released now.
     pub(crate) fn drain(&self) -> u64 {
+        // Nothing is cached any more: each free gives its wholly free segments back, through
+        // the check of the cap on cached bytes that every free makes anyway.
         for s in self.shards.iter() {
-            s.inner.lock().draining = true;
+            s.inner.lock().core.stop_caching();
         }
         self.retired.store(true, Relaxed);
         self.empty_cache()

@@ -91,10 +91,7 @@ impl<T, V> Shard<T, V> {
                     size,
                     block: sh.tag(block),
                 });
-                let mut segs = inner.core.free(block, pending, view);
-                if inner.draining {
-                    segs.extend(inner.core.release(false, 0));
-                }
+                let segs = inner.core.free(block, pending, view);
                 let segs = if segs.is_empty() {
                     Vec::new()
                 } else {

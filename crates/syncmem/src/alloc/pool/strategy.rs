@@ -76,6 +76,16 @@ impl<V> Core<V> {
         }
     }
 
+    /// Keeps nothing cached from now on: every free gives back what it can (a pool that
+    /// drains).
+    pub(crate) fn stop_caching(&mut self) {
+        match self {
+            Core::Caching(a) => a.stop_caching(),
+            Core::Binned(b) => b.stop_caching(),
+            Core::Direct(_) => {}
+        }
+    }
+
     /// Adds a fresh segment `seg` of `size` bytes and hands out a block of it for `req`.
     pub(crate) fn add_segment(
         &mut self,

@@ -5,6 +5,11 @@ use super::{pool_index, Arena, Block, State};
 use crate::alloc::pool::{BlockId, SegId, HOST_STREAM};
 
 impl<V> Arena<V> {
+    /// Caches nothing from now on: each free gives back the whole free segments it leaves.
+    pub(crate) fn stop_caching(&mut self) {
+        self.max_cached = 0;
+    }
+
     /// Adds a fresh (zeroed) segment `seg` of `size` bytes to the small or the large pool as
     /// one free block, usable by every stream (a preallocation: nothing is handed out).
     pub(crate) fn add_free_segment(&mut self, seg: SegId, size: usize, small: bool) {
