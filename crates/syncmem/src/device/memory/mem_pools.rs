@@ -61,8 +61,8 @@ impl DeviceMemory {
     }
 
     /// A block of the MemPool `pool` (the calling thread's scope on this device): after a
-    /// refusal, retried once the pool's own cache is given back, then through the device's
-    /// out-of-memory path.
+    /// refusal, retried once the pool gave back as much of its own cache as the request needs
+    /// (largest idle segments first), then through the device's out-of-memory path.
     #[cold]
     #[inline(never)]
     pub(super) fn alloc_scoped(
@@ -80,7 +80,7 @@ impl DeviceMemory {
         // No owner kept for the stream's leases: the buffer holds the device itself, so that
         // the pool keeps no handle that would hold the device (and so the pool).
         let attempt = || match pool.alloc_with(len, stream.id(), &storage, owner, None) {
-            Err(e) if e.is_out_of_memory() && pool.empty_cache() > 0 => {
+            Err(e) if e.is_out_of_memory() && pool.release_at_least(len as u64) > 0 => {
                 pool.note_retry();
                 pool.alloc_with(len, stream.id(), &storage, owner, None)
             }
