@@ -449,9 +449,9 @@ impl DeviceMemory {
     ) -> Result<Lease<RawMem, RawMem>> {
         loop {
             let pool = self.pool(dev)?;
-            match self.with_retries(dev, len, || {
-                pool.alloc_with(len, stream, storage, owner, keep)
-            }) {
+            let attempt = || pool.alloc_with(len, stream, storage, owner, keep);
+            // The cache of MemPools let go goes first (see `DeviceMemory::or_drained`).
+            match self.with_retries(dev, len, || self.or_drained(attempt(), attempt)) {
                 // Replaced meanwhile: the new one is published.
                 Err(_) if pool.is_retired() => continue,
                 r => return r,

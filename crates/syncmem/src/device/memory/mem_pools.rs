@@ -79,12 +79,13 @@ impl DeviceMemory {
         };
         // No owner kept for the stream's leases: the buffer holds the device itself, so that
         // the pool keeps no handle that would hold the device (and so the pool).
-        let attempt = || match pool.alloc_with(len, stream.id(), &storage, owner, None) {
+        let once = || pool.alloc_with(len, stream.id(), &storage, owner, None);
+        let attempt = || match once() {
             Err(e) if e.is_out_of_memory() && pool.release_at_least(len as u64) > 0 => {
                 pool.note_retry();
-                pool.alloc_with(len, stream.id(), &storage, owner, None)
+                self.or_drained(once(), once)
             }
-            r => r,
+            r => self.or_drained(r, once),
         };
         let lease = self.with_retries(dev, len, attempt).inspect_err(|e| {
             if e.is_out_of_memory() {
@@ -92,6 +93,33 @@ impl DeviceMemory {
             }
         })?;
         Ok(DeviceBuffer::from_pool(stream, len, lease))
+    }
+
+    /// `r`, or when it is out of memory and MemPools let go gave cached memory back (see
+    /// [`DeviceMemory::release_drained`]), `retry`'s result.
+    pub(super) fn or_drained<R>(
+        &self,
+        r: Result<R>,
+        retry: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
+        match r {
+            Err(e) if e.is_out_of_memory() && self.release_drained() > 0 => retry(),
+            r => r,
+        }
+    }
+
+    /// Gives back the cached segments of the MemPools let go, waiting for their pending work:
+    /// a block freed into such a pool with work still queued on it leaves its segment cached
+    /// until then (a free never waits). Returns the bytes released.
+    fn release_drained(&self) -> u64 {
+        let drained: Vec<_> = {
+            let m = self.mem_pools.lock();
+            m.pools.iter().filter(|p| p.is_retired()).cloned().collect()
+        };
+        let bytes = drained.iter().map(|p| p.empty_cache()).sum();
+        drop(drained);
+        self.prune_mem_pools();
+        bytes
     }
 
     /// A MemPool's last handle and scope are gone: its pool drains (refuses work, gives its
