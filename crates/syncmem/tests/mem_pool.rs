@@ -1,18 +1,20 @@
 //! MemPools: a private pool per phase, routed to by a scope on the calling thread.
 //!
-//! Each check runs on `cpu` and on OpenCL (`opencl:0`, skipped with a `SKIPPED` line when
-//! absent, a failure with `SYNCMEM_REQUIRE_OPENCL=1`), on isolated devices so that no other
-//! test moves their statistics.
+//! Each check runs on `cpu`, on OpenCL (`opencl:0`) and on CUDA (`cuda:0`), each skipped with
+//! a `SKIPPED` line when absent (a failure with `SYNCMEM_REQUIRE_OPENCL=1` or
+//! `SYNCMEM_REQUIRE_CUDA=1`), on isolated devices so that no other test moves their
+//! statistics.
 
 use syncmem::{Device, Error, MemPool, MemoryCap, PoolConfig, PoolStats, SyncedMemory, ZeroCopy};
 
 const KIB: usize = 1 << 10;
 
-/// The devices of the test named `test`: an isolated `cpu`, and an isolated `opencl:0` when
-/// present.
+/// The devices of the test named `test`: an isolated `cpu`, and isolated `opencl:0` and
+/// `cuda:0` when present.
 fn devices(test: &str) -> Vec<Device> {
     let mut v = vec![Device::cpu().isolated()];
     v.extend(syncmem::testing::opencl_or_skip(test).map(|d| d.isolated()));
+    v.extend(syncmem::testing::cuda_or_skip(test).map(|d| d.isolated()));
     v
 }
 

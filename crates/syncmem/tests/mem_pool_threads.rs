@@ -225,3 +225,12 @@ fn scopes_on_several_threads_never_mix_allocations_on_opencl() {
         check_device(&dev, 16);
     }
 }
+
+#[test]
+fn scopes_on_several_threads_never_mix_allocations_on_cuda() {
+    if let Some(dev) =
+        syncmem::testing::cuda_or_skip("scopes_on_several_threads_never_mix_allocations_on_cuda")
+    {
+        check_device(&dev, 16);
+    }
+}

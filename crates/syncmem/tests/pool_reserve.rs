@@ -1,7 +1,8 @@
 //! `preallocate` and `gc_threshold`: memory reserved when a pool is made and served from, and
-//! idle segments given back above a fraction of the cap. On `cpu` and on OpenCL (`opencl:0`,
-//! skipped with a `SKIPPED` line when absent, a failure with `SYNCMEM_REQUIRE_OPENCL=1`), on
-//! isolated devices; and from `SYNCMEM_POOL_CONF`, in child processes.
+//! idle segments given back above a fraction of the cap. On `cpu`, on OpenCL (`opencl:0`) and
+//! on CUDA (`cuda:0`), each skipped with a `SKIPPED` line when absent (a failure with
+//! `SYNCMEM_REQUIRE_OPENCL=1` or `SYNCMEM_REQUIRE_CUDA=1`), on isolated devices; and from
+//! `SYNCMEM_POOL_CONF`, in child processes.
 
 use std::process::Command;
 
@@ -14,6 +15,7 @@ const CHILD: &str = "SYNCMEM_POOL_RESERVE_TEST_CHILD";
 fn devices(test: &str) -> Vec<Device> {
     let mut v = vec![Device::cpu().isolated()];
     v.extend(syncmem::testing::opencl_or_skip(test).map(|d| d.isolated()));
+    v.extend(syncmem::testing::cuda_or_skip(test).map(|d| d.isolated()));
     v
 }
 
