@@ -291,6 +291,19 @@ impl<V> Arena<V> {
         req: Request<'_>,
     ) -> Grant<V> {
         let small = rounded <= self.small_size;
+        let id = self.insert_segment(seg, size, small, req.stream);
+        self.carve(id, rounded, req)
+    }
+
+    /// Adds segment `seg` of `size` fresh (zeroed) bytes to the small or the large pool as one
+    /// free block of `stream`; returns the block.
+    pub(super) fn insert_segment(
+        &mut self,
+        seg: SegId,
+        size: usize,
+        small: bool,
+        stream: StreamId,
+    ) -> BlockId {
         self.reserved[pool_index(small)] += size as u64;
         let id = self.blocks.insert(Block {
             seg,
@@ -301,14 +314,14 @@ impl<V> Arena<V> {
             state: State::Free,
             small,
             zeroed: true,
-            stream: req.stream,
+            stream,
             pending: Vec::new(),
             view: None,
             requested: 0,
             owner: None,
         });
         self.link_free(id);
-        self.carve(id, rounded, req)
+        id
     }
 
     fn should_split(&self, size: usize, rounded: usize, small: bool) -> bool {

@@ -1,7 +1,7 @@
 //! Giving memory back: whole free segments released before the pool grows, under the cap on
 //! cached bytes, or on request.
 
-use super::{pool_index, Arena, Block, State};
+use super::{pool_index, Arena};
 use crate::alloc::pool::{BlockId, SegId, HOST_STREAM};
 
 impl<V> Arena<V> {
@@ -13,23 +13,7 @@ impl<V> Arena<V> {
     /// Adds a fresh (zeroed) segment `seg` of `size` bytes to the small or the large pool as
     /// one free block, usable by every stream (a preallocation: nothing is handed out).
     pub(crate) fn add_free_segment(&mut self, seg: SegId, size: usize, small: bool) {
-        self.reserved[pool_index(small)] += size as u64;
-        let id = self.blocks.insert(Block {
-            seg,
-            offset: 0,
-            size,
-            prev: None,
-            next: None,
-            state: State::Free,
-            small,
-            zeroed: true,
-            stream: HOST_STREAM,
-            pending: Vec::new(),
-            view: None,
-            requested: 0,
-            owner: None,
-        });
-        self.link_free(id);
+        self.insert_segment(seg, size, small, HOST_STREAM);
     }
 
     /// Segments to give back before the pool grows by a segment for `rounded` bytes: wholly
