@@ -252,7 +252,7 @@ fn raise_as(e: &Error, msg: String) -> PyErr {
         Error::NotFound { .. } => Kind::NotFound,
         Error::AlreadyExists { .. } => Kind::AlreadyExists,
         Error::Busy { .. } => Kind::Busy,
-        Error::InvalidState { .. } => Kind::InvalidState,
+        Error::InvalidState { .. } | Error::ContentsDropped { .. } => Kind::InvalidState,
         Error::InvalidConfig { .. } => Kind::Config,
         Error::Io { error, .. } => return raise(Kind::File, msg, error.raw_os_error()),
         Error::Format { .. } => Kind::Format,

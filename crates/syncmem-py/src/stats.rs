@@ -80,6 +80,8 @@ const STATS: &[(&str, Source)] = &[
     ("num_cache_hits", Source::Count(|p| p.cache_hits)),
     ("num_evictions", Source::Count(|p| p.evictions)),
     ("evicted_bytes", Source::Count(|p| p.evicted_bytes)),
+    ("num_dead_drops", Source::Count(|p| p.drops)),
+    ("dead_dropped_bytes", Source::Count(|p| p.dropped_bytes)),
     ("cached_free_bytes", Source::Current(|p| p.free_bytes)),
     ("largest_free_block", Source::Max(|p| p.largest_free_block)),
     ("in_use_bytes", Source::SpaceGauge(|m| (m.in_use, m.peak))),

@@ -175,6 +175,21 @@ pub enum Error {
         reason: String,
     },
 
+    /// A read of a buffer whose contents were dropped as no longer needed (head
+    /// [`crate::Head::Dropped`]): a net's dead value under a memory cap (a blob internal to the
+    /// net, read after the run), or [`crate::SyncedMemory::drop_contents`]. Writing the buffer
+    /// whole (`host_overwrite`, `device_overwrite`) makes it readable again.
+    #[error(
+        "{op} of {buffer}: its contents were dropped as no longer needed (a value internal to a \
+         net run under a memory cap, or drop_contents); write it whole before reading it"
+    )]
+    ContentsDropped {
+        /// The access.
+        op: &'static str,
+        /// The buffer label.
+        buffer: String,
+    },
+
     /// A typed access whose type differs from the stored one.
     #[error("type mismatch on {what}: it holds {stored}, the caller asked for {requested}")]
     TypeMismatch {

@@ -109,6 +109,10 @@ impl Operator for Fc {
         &self.def
     }
 
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn run(&self, ws: &Workspace, ctx: &Context) -> Result<()> {
         check_context(&self.def, &self.device, ctx)?;
         with_io(ws, &self.def, ctx.device(), &[], |io| {

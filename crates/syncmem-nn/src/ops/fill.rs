@@ -175,6 +175,10 @@ impl Operator for Fill {
         &self.def
     }
 
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn run(&self, ws: &Workspace, ctx: &Context) -> Result<()> {
         check_context(&self.def, &self.device, ctx)?;
         let dev = ctx.device();

@@ -190,6 +190,10 @@ impl Operator for LossOp {
         &self.def
     }
 
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn run(&self, ws: &Workspace, ctx: &Context) -> Result<()> {
         check_context(&self.def, &self.device, ctx)?;
         with_io(ws, &self.def, ctx.device(), &[], |io| match self.kind {

@@ -38,6 +38,10 @@ impl Operator for Relu {
         &self.def
     }
 
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn run(&self, ws: &Workspace, ctx: &Context) -> Result<()> {
         check_context(&self.def, &self.device, ctx)?;
         let dev = ctx.device();
@@ -58,6 +62,10 @@ impl Operator for Relu {
 impl Operator for ReluGradient {
     fn def(&self) -> &OperatorDef {
         &self.def
+    }
+
+    fn overwrites_outputs(&self) -> bool {
+        true
     }
 
     fn run(&self, ws: &Workspace, ctx: &Context) -> Result<()> {

@@ -28,10 +28,15 @@ pub enum Head {
     /// (written there with [`crate::SyncedMemory::device_mut_on`]). Not one of Caffe's heads;
     /// the next access of either mirror copies the data back first.
     Elsewhere,
+    /// No mirror holds data: the contents were dropped as no longer needed (a net's dead value
+    /// under a memory cap, or [`crate::SyncedMemory::drop_contents`]). Reads fail with
+    /// [`crate::Error::ContentsDropped`] until the buffer is overwritten whole. Not one of
+    /// Caffe's heads.
+    Dropped,
 }
 
 impl Head {
-    /// `uninitialized`, `host`, `device`, `synced` or `elsewhere`.
+    /// `uninitialized`, `host`, `device`, `synced`, `elsewhere` or `dropped`.
     pub fn as_str(self) -> &'static str {
         match self {
             Head::Uninitialized => "uninitialized",
@@ -39,6 +44,7 @@ impl Head {
             Head::AtDevice => "device",
             Head::Synced => "synced",
             Head::Elsewhere => "elsewhere",
+            Head::Dropped => "dropped",
         }
     }
 }
@@ -60,6 +66,11 @@ pub(crate) trait Evictable: Send + Sync {
     /// the device's memory), dropped as it is when the host is current. Without `wait`, a
     /// buffer with queued work is skipped; with it, the work is waited for first.
     fn try_spill(&self, wait: bool) -> Option<Freed>;
+    /// Frees the device mirror of a buffer whose contents a schedule knows to be dead (see
+    /// [`NextUse::is_dead`]) without writing them back: the buffer's head becomes
+    /// [`Head::Dropped`]. Never waits for a lock; without `wait`, a buffer with a transfer in
+    /// flight is skipped. Returns the bytes freed.
+    fn try_drop_dead(&self, wait: bool) -> Option<usize>;
     /// When the device mirror was last used (larger is more recent): spills go least recently
     /// used first.
     fn last_use(&self) -> u64;
@@ -80,6 +91,10 @@ pub(crate) trait NextUse: Send + Sync {
     /// operator), counting on into the next run of the schedule; `None` when the schedule
     /// does not use it.
     fn next_use(&self, key: usize) -> Option<usize>;
+    /// Whether the contents of buffer `key` are dead: the schedule's next use of it overwrites
+    /// it whole before anything reads it, and nothing outside the schedule reads it (a blob
+    /// internal to the net). Its device mirror can then go without a write-back.
+    fn is_dead(&self, key: usize) -> bool;
 }
 
 /// A device mirror freed by [`Evictable::try_spill`].

@@ -53,6 +53,7 @@
 //! | a failing operator makes `Run` return `false` | [`Error::OperatorFailed`] wrapping the operator's error |
 //! | workspace and nets are not thread-safe | `Send + Sync`; one run of a given net at a time |
 //! | memonger is a separate Python pass | [`NetOptions::plan_memory`] at creation |
+//! | a device out of memory fails the run | under a memory cap the run's schedule picks what leaves the device: dead internal values dropped with no write-back (reading one after the run is [`Error::ContentsDropped`]; keep it with [`PlanOptions::keep`]), then the buffers used furthest ahead spilled |
 
 mod def;
 pub mod memory;
@@ -63,6 +64,7 @@ mod workspace_nets;
 pub use def::NetDef;
 pub use plan::{plan_memory, MemoryPlan, PlanOptions};
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 
@@ -180,6 +182,8 @@ pub struct Net {
     device: Device,
     ctx: Context,
     ops: Vec<Box<dyn Operator>>,
+    /// The blobs of the run's def nothing outside a run reads (see [`plan`]).
+    internal: BTreeSet<String>,
     running: Mutex<()>,
 }
 
@@ -229,6 +233,12 @@ impl Net {
             ops.push(built.map_err(|e| op_failed(base, plan.as_ref(), "build", index, e))?);
         }
         let ctx = Context::with_seed(device, opts.seed.unwrap_or_else(random_seed))?;
+        let protected = plan::protected_names(run_def, &opts.plan);
+        let internal = run_def
+            .blob_names()
+            .into_iter()
+            .filter(|n| !protected.contains(n))
+            .collect();
         Ok(Net {
             def: def.clone(),
             rewritten,
@@ -236,6 +246,7 @@ impl Net {
             device: device.clone(),
             ctx,
             ops,
+            internal,
             running: Mutex::new(()),
         })
     }
@@ -339,7 +350,7 @@ impl Net {
         }
         let _one_run = self.running.lock();
         // Under a memory cap, the device drops and spills by this run's next uses.
-        let schedule = schedule::Installed::on_capped(&self.device, &self.ops, ws);
+        let schedule = schedule::Installed::on_capped(&self.device, &self.ops, ws, &self.internal);
         for (index, op) in self.ops.iter().enumerate() {
             if let Some(s) = &schedule {
                 s.schedule.at(index);

@@ -181,7 +181,10 @@ fn pick_slot(free: &[usize], cap: &[usize], size: usize) -> Option<usize> {
     })
 }
 
-fn protected_names(def: &NetDef, opts: &PlanOptions) -> BTreeSet<String> {
+/// The blobs of `def` whose values matter outside a run: external inputs and outputs, the
+/// `keep` names, and anything read before the net writes it. The others are internal: planning
+/// shares their buffers, and a run under a memory cap drops them once dead.
+pub(super) fn protected_names(def: &NetDef, opts: &PlanOptions) -> BTreeSet<String> {
     let mut p: BTreeSet<String> = def.inputs().into_iter().collect();
     p.extend(def.outputs());
     p.extend(opts.keep.iter().cloned());

@@ -131,4 +131,14 @@ pub trait Operator: Send + Sync {
     /// Missing or mistyped blobs, shape mismatches, device errors; a context on another device
     /// than the one the operator was built for ([`Error::DeviceMismatch`](crate::Error::DeviceMismatch)).
     fn run(&self, ws: &Workspace, ctx: &Context) -> Result<()>;
+
+    /// Whether every run writes each output that is not also an input whole, without reading
+    /// it first (`device_overwrite`, `host_overwrite`, or an in-place update listed as an
+    /// input too). When true, a net running on a device with a memory cap may drop such an
+    /// output's old contents before the operator runs, with no write-back, when nothing reads
+    /// them (a blob internal to the net): see [`crate::SyncedMemory::drop_contents`]. `false`
+    /// by default; the built-in operators say `true`.
+    fn overwrites_outputs(&self) -> bool {
+        false
+    }
 }

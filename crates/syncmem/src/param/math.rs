@@ -236,7 +236,8 @@ fn short(mem: &SyncedMemory, n: usize, len: usize) -> Error {
 fn reduce_as<F: Float>(op: Op, n: usize, mem: &SyncedMemory) -> Result<F> {
     match mem.head() {
         Head::Uninitialized => Ok(F::ZERO),
-        Head::AtHost => {
+        // A dropped buffer's host read fails, naming it.
+        Head::AtHost | Head::Dropped => {
             let g = mem.host()?;
             let x = head_slice(g.as_slice_of::<F>()?, n, mem)?;
             Ok(match op {
@@ -257,7 +258,7 @@ fn reduce_as<F: Float>(op: Op, n: usize, mem: &SyncedMemory) -> Result<F> {
 fn scale_as<F: Float>(n: usize, a: F, mem: &SyncedMemory) -> Result<()> {
     match mem.head() {
         Head::Uninitialized => Ok(()),
-        Head::AtHost => {
+        Head::AtHost | Head::Dropped => {
             let mut g = mem.host_mut()?;
             let all = g.as_mut_slice_of::<F>()?;
             let len = all.len();

@@ -30,6 +30,7 @@ impl SyncedMemory {
         let _lock = self.lock_read(None)?;
         let mut core = self.shared.core.lock();
         self.settle(&mut core, Access::DeviceRead)?;
+        self.refuse_if_dropped(&core, "prefetch_to_device")?;
         // Only replicas on other devices are current: the data comes back first (blocking).
         self.pull_if_elsewhere(&mut core)?;
         if core.coh.has(Place::Device) {
@@ -77,6 +78,7 @@ impl SyncedMemory {
         let _lock = self.lock_read(None)?;
         let mut core = self.shared.core.lock();
         self.settle(&mut core, Access::HostRead)?;
+        self.refuse_if_dropped(&core, "prefetch_to_host")?;
         // Only replicas on other devices are current: the data comes back first (blocking).
         self.pull_if_elsewhere(&mut core)?;
         if core.coh.has(Place::Host) {

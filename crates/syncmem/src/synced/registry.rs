@@ -96,6 +96,9 @@ mod tests {
         fn try_spill(&self, _: bool) -> Option<crate::device::Freed> {
             None
         }
+        fn try_drop_dead(&self, _: bool) -> Option<usize> {
+            None
+        }
         fn last_use(&self) -> u64 {
             0
         }

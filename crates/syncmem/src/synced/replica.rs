@@ -152,6 +152,9 @@ impl SyncedMemory {
         // Work in flight on the home mirrors is settled first: a copy from them needs it done,
         // and a write here must not race a transfer that lands later.
         core.coh.finish_pending()?;
+        if !overwrite {
+            self.refuse_if_dropped(&core, "device access on another device")?;
+        }
         core.reconcile_remotes();
         let i = self.remote_index(&mut core, device, &stream)?;
         let write = access == Access::DeviceWrite;

@@ -44,6 +44,27 @@ impl Evictable for Shared {
         spill(self, wait)
     }
 
+    fn try_drop_dead(&self, wait: bool) -> Option<usize> {
+        if self.pinned() {
+            // An address of the buffer was handed out: its memory stays.
+            return None;
+        }
+        let _exclusive = self.access.try_write()?;
+        let mut core = self.core.try_lock()?;
+        let device = self.settings.device.as_ref()?;
+        let bytes = core.dev.as_ref()?.buf.len();
+        if !core.dev_owned() {
+            return None;
+        }
+        if let Some(p) = core.coh.pending() {
+            if !wait && !p.point.is_done() {
+                return None;
+            }
+        }
+        drop_dead(self, &mut core, device);
+        Some(bytes)
+    }
+
     fn last_use(&self) -> u64 {
         self.last_use.load(Relaxed)
     }
@@ -92,6 +113,52 @@ impl Evictable for Shared {
 
     fn key(&self) -> usize {
         std::ptr::from_ref(self) as usize
+    }
+}
+
+/// Drops the contents of `shared` (see [`SyncedMemory::drop_contents`]): a transfer in flight
+/// is waited for and forgotten, a mapping of shared memory undone, an owned device mirror
+/// freed without a write-back (its block goes back to the pool, ordered after the commands
+/// that use it); the host mirror stays, stale. The caller holds the exclusive access lock.
+fn drop_dead(shared: &Shared, core: &mut Core, device: &crate::Device) {
+    core.coh.abandon_pending();
+    if core.zc.is_some_and(|z| z.mapped.is_some()) {
+        // The mapping goes before the memory does (the pool hands the block out again).
+        let stream = match &shared.settings.stream {
+            Some(s) => Some(s.clone()),
+            None => device.default_stream().ok(),
+        };
+        if let (Some(stream), Some(dev)) = (stream, core.dev_buf()) {
+            let _ = stream.unmap(&dev, core.host_ptr().unwrap_or(std::ptr::null_mut()));
+        }
+    }
+    if core.dev_owned() {
+        core.release_device(Some(device));
+    }
+    core.coh.contents_dropped();
+}
+
+impl SyncedMemory {
+    /// Drops the contents: the data is no longer needed, and the device memory goes back
+    /// without a write-back (to the pool, ordered after the commands queued on it). Head becomes
+    /// [`Head::Dropped`]: a read ([`SyncedMemory::host`], [`SyncedMemory::device`], a prefetch)
+    /// fails with [`crate::Error::ContentsDropped`] until the buffer is written whole
+    /// ([`SyncedMemory::host_overwrite`], [`SyncedMemory::device_overwrite`]). The host mirror
+    /// stays allocated, for the next write. A net running on a device with a memory cap does
+    /// the same to its dead values (see [`crate::net`]).
+    ///
+    /// # Errors
+    /// [`crate::Error::Busy`] when this thread holds a guard of the buffer or its placement is
+    /// pinned (a view or an export of its memory lives).
+    pub fn drop_contents(&self) -> crate::Result<()> {
+        self.refuse_if_pinned()?;
+        let _lock = self.lock_write(None)?;
+        let mut core = self.shared.core.lock();
+        match self.target() {
+            Some(device) => drop_dead(&self.shared, &mut core, device),
+            None => core.coh.contents_dropped(),
+        }
+        Ok(())
     }
 }
 

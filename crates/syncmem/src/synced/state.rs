@@ -20,6 +20,7 @@
 //! | a clean device mirror evicted | [`Coherence::device_dropped`] | the host alone |
 //! | an upload that failed, an adopted device mirror taken back | [`Coherence::device_lost`] | the host (if it was), the replicas |
 //! | shared memory split into two mirrors | [`Coherence::unshared`] | the device (if a side was), the replicas |
+//! | the contents dropped as dead (no write-back) | [`Coherence::contents_dropped`] | none: reads fail until an overwrite |
 
 use crate::device::Point;
 use crate::error::Result;
@@ -152,11 +153,18 @@ pub(super) struct Coherence {
     /// The device mirror was written back to the host to make room (see [`super::spill`]): the
     /// next upload brings it back, and counts as a refill.
     spilled: bool,
+    /// The contents were dropped as no longer needed ([`Coherence::contents_dropped`]): no
+    /// replica holds data, and a read is an error (not zeros, as for a fresh buffer) until
+    /// the next write.
+    dropped: bool,
 }
 
 impl Coherence {
     /// Caffe's head, counting a transfer in flight as done.
     pub(super) fn head(&self) -> Head {
+        if self.dropped {
+            return Head::Dropped;
+        }
         let mut valid = self.valid;
         if let Some(place) = self.pending.as_ref().and_then(|p| p.kind.lands_on()) {
             valid = valid.with(place);
@@ -172,7 +180,12 @@ impl Coherence {
     /// Nothing holds data yet: the buffer was never written (or its data went with an adopted
     /// mirror).
     pub(super) fn is_fresh(&self) -> bool {
-        self.valid.is_empty()
+        self.valid.is_empty() && !self.dropped
+    }
+
+    /// The contents were dropped ([`Coherence::contents_dropped`]) and not written since.
+    pub(super) fn dropped(&self) -> bool {
+        self.dropped
     }
 
     /// Only replicas on other devices hold the newest data.
@@ -203,6 +216,7 @@ impl Coherence {
     /// `place` was written, or filled for a fresh buffer: it alone is current.
     pub(super) fn wrote(&mut self, place: Place) {
         self.valid = Valid::only(place);
+        self.dropped = false;
     }
 
     /// New host data from a host write: the host alone is current, and its next upload is an
@@ -210,6 +224,7 @@ impl Coherence {
     pub(super) fn host_written(&mut self) {
         self.valid = Valid::only(Place::Host);
         self.spilled = false;
+        self.dropped = false;
     }
 
     /// A copy, a zero-copy sync or a transfer that landed made `place` current too.
@@ -240,12 +255,22 @@ impl Coherence {
     pub(super) fn pulled(&mut self, place: Place) {
         self.valid = Valid::only(place).with(Place::Remote);
         self.spilled = false;
+        self.dropped = false;
     }
 
     /// The dirty device mirror was written back to the host and freed to make room.
     pub(super) fn spilled_to_host(&mut self) {
         self.valid = Valid::only(Place::Host);
         self.spilled = true;
+    }
+
+    /// The contents are no longer needed (a dead value: the next use overwrites them whole)
+    /// and the device mirror went without a write-back: no replica holds data, and reads fail
+    /// until the next write. A spilled buffer's data is forgotten too.
+    pub(super) fn contents_dropped(&mut self) {
+        self.valid = Valid::NONE;
+        self.spilled = false;
+        self.dropped = true;
     }
 
     /// A clean device mirror was dropped (the host is current): the host alone is current.

@@ -14,6 +14,7 @@ impl SyncedMemory {
         let mut core = self.shared.core.lock();
         self.settle(&mut core, access)?;
         if !overwrite {
+            self.refuse_if_dropped(&core, "host access")?;
             // Only replicas on other devices are current: the data comes back first.
             self.pull_if_elsewhere(&mut core)?;
         }
@@ -60,6 +61,9 @@ impl SyncedMemory {
         }
         let mut core = self.shared.core.lock();
         self.settle(&mut core, access)?;
+        if !overwrite {
+            self.refuse_if_dropped(&core, "device access")?;
+        }
         self.note_device_use();
         let stream = self.pick_stream(None)?;
         // A device write holds the exclusive access lock: no host guard is alive.
@@ -300,6 +304,17 @@ impl SyncedMemory {
             buffer: self.label().to_string(),
             reason: "host mirror missing while marked current".into(),
         }
+    }
+
+    /// [`Error::ContentsDropped`] for a read of a buffer whose contents were dropped.
+    pub(super) fn refuse_if_dropped(&self, core: &Core, op: &'static str) -> Result<()> {
+        if core.coh.dropped() {
+            return Err(Error::ContentsDropped {
+                op,
+                buffer: self.label().to_string(),
+            });
+        }
+        Ok(())
     }
 
     #[cold]

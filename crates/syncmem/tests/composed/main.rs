@@ -5,7 +5,8 @@
 //! streams, guards held across operations, placement pins with the host address they keep (a
 //! NumPy view, a DLPack export), users' kernels, replicas on a second device, frees and reuse
 //! of pool blocks, all under a memory cap that spills and refills, with zero-copy on, off and
-//! with the map protocol, and MemPool scopes opened and closed around them (each step checks
+//! with the map protocol, contents dropped (`drop_contents`: every read then fails until an
+//! overwrite), and MemPool scopes opened and closed around them (each step checks
 //! that only the innermost scope's pool, or with none open the device's, allocated). `FailNext` makes the `n`-th allocation fail
 //! ([`Device::fail_allocation`]): an operation that fails with out-of-memory (injected, or the
 //! cap) must leave every buffer as it was, which is checked on the spot.
@@ -14,6 +15,7 @@
 //! its own. `SYNCMEM_PROPTEST_CASES` sets the number of programs per device and zero-copy
 //! setting (CI runs the default; a longer local run sets more).
 
+mod dropped;
 #[path = "../common/model.rs"]
 mod model;
 mod ops;
@@ -35,6 +37,8 @@ struct Live {
     model: Vec<f32>,
     /// The buffer's stream (an index of `World::streams`).
     stream: usize,
+    /// Its contents were dropped: reads fail, `model` means nothing until an overwrite.
+    dropped: bool,
 }
 
 /// A guard kept across operations, with the slot it holds.
@@ -92,6 +96,9 @@ impl World<'_> {
     /// After a failed operation: the buffer still holds the model's data, on the host and on
     /// its device.
     fn as_it_was(&self, what: &str, l: &Live) -> Result<(), TestCaseError> {
+        if l.dropped {
+            return dropped::reads_fail(&l.mem, what);
+        }
         let h = l
             .mem
             .host()
@@ -173,11 +180,23 @@ fn run(w: &World<'_>, ops: &[Op]) -> Result<(), TestCaseError> {
             | Op::Scale { slot, .. }
             | Op::DeviceOverwrite { slot, .. }
             | Op::UserTwice { slot }
+            | Op::DropContents { slot }
             | Op::ReplicaScale { slot, .. } => guarded(slot),
             Op::Axpy { x, y, .. } => guarded(y) || x == y,
             _ => false,
         };
         if skip {
+            continue;
+        }
+        if let Some(slot) = dropped::reads_dropped(*op, &slots) {
+            // A read of dropped contents fails, whatever the access.
+            dropped::reads_fail(&slots[slot].as_ref().unwrap().mem, &at)?;
+            continue;
+        }
+        if let Op::DropContents { slot } = *op {
+            if let Some(l) = &mut slots[slot] {
+                dropped::drop_step(l, pinned(slot), &at)?;
+            }
             continue;
         }
         let before = w.allocations();
@@ -206,8 +225,19 @@ fn run(w: &World<'_>, ops: &[Op]) -> Result<(), TestCaseError> {
     w.close_scopes();
     w.dev.fail_allocation(0);
     w.other.fail_allocation(0);
-    for p in &pins {
+    finally(w, &slots, &pins)?;
+    pins.clear();
+    Ok(())
+}
+
+/// At the end of a program: pinned views did not move, and every buffer holds the model's
+/// data on its device and on the host (or, dropped, refuses both reads).
+fn finally(w: &World<'_>, slots: &[Option<Live>], pins: &[Kept]) -> Result<(), TestCaseError> {
+    for p in pins {
         let l = slots[p.slot].as_ref().unwrap();
+        if l.dropped {
+            continue;
+        }
         let h = l.mem.host().unwrap();
         prop_assert_eq!(
             h.as_ptr() as usize,
@@ -216,9 +246,10 @@ fn run(w: &World<'_>, ops: &[Op]) -> Result<(), TestCaseError> {
             p.slot
         );
     }
-    pins.clear();
     for (slot, l) in slots.iter().enumerate() {
-        if let Some(l) = l {
+        if let Some(l) = l.as_ref().filter(|l| l.dropped) {
+            dropped::reads_fail(&l.mem, &format!("final reads of slot {slot}"))?;
+        } else if let Some(l) = l {
             let what = format!("final device read of slot {slot}");
             same(&what, &w.device_values(&what, l)?, &l.model)?;
             let h = l.mem.host().unwrap();
@@ -315,6 +346,9 @@ fn check(home: &Device, other: &Device) {
     assert!(scoped > 0, "no allocation was made in a MemPool scope");
     assert!(failed > 0, "no operation failed");
     assert!(spills > 0, "no dirty mirror was ever spilled");
+    let dropped = dropped::DROPPED.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("{} contents dropped", dropped);
+    assert!(dropped > 0, "no buffer's contents were dropped");
 }
 
 #[test]

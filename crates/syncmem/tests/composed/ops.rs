@@ -88,6 +88,11 @@ pub enum Op {
         slot: usize,
         a: f32,
     },
+    /// Drops the slot's contents (`SyncedMemory::drop_contents`): reads fail until an
+    /// overwrite.
+    DropContents {
+        slot: usize,
+    },
     /// The `n`-th allocation for the devices from now fails.
     FailNext {
         n: u64,
@@ -130,6 +135,7 @@ pub fn op() -> impl Strategy<Value = Op> {
         1 => (slot(), prop::sample::select(vec![2.0f32, -1.0]))
             .prop_map(|(slot, a)| Op::ReplicaScale { slot, a }),
         2 => (1u64..6).prop_map(|n| Op::FailNext { n }),
+        1 => slot().prop_map(|slot| Op::DropContents { slot }),
         1 => Just(Op::OpenScope),
         1 => any::<bool>().prop_map(|keep| Op::CloseScope { keep }),
     ]

@@ -39,6 +39,7 @@ pub fn step_one<'s>(
         | Op::Unpin
         | Op::ViewRead { .. }
         | Op::FailNext { .. } => keep_step(w, slots, held, pins, op, at),
+        Op::DropContents { .. } => unreachable!("run applies {op:?}"),
         Op::OpenScope | Op::CloseScope { .. } => {
             scope_step(w, op);
             Ok(())
@@ -95,7 +96,12 @@ fn host_step(
                 h.as_mut_slice_of::<f32>().unwrap().copy_from_slice(&model);
             });
             if w.ok(at, written)?.is_some() {
-                slots[slot] = Some(Live { mem, model, stream });
+                slots[slot] = Some(Live {
+                    mem,
+                    model,
+                    stream,
+                    dropped: false,
+                });
             }
         }
         Op::Drop { slot } => slots[slot] = None,
@@ -123,6 +129,7 @@ fn host_step(
             if let Some(l) = &mut slots[slot] {
                 match w.ok(at, l.mem.host_overwrite())? {
                     Some(mut h) => {
+                        l.dropped = false;
                         l.model = pattern(l.model.len(), seed);
                         h.as_mut_slice_of::<f32>()
                             .unwrap()
@@ -162,6 +169,7 @@ fn device_step(
             if let Some(l) = &mut slots[slot] {
                 match w.ok(at, l.mem.device_overwrite())? {
                     Some(mut g) => {
+                        l.dropped = false;
                         g.fill(value).unwrap();
                         let b = f32::from_ne_bytes([value; 4]);
                         l.model.iter_mut().for_each(|v| *v = b);

@@ -176,6 +176,10 @@ impl<R: Rule> Operator for Update<R> {
         &self.def
     }
 
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn run(&self, ws: &Workspace, ctx: &Context) -> Result<()> {
         check_context(&self.def, &self.device, ctx)?;
         let t = self.runs.load(Ordering::Relaxed) + 1;

@@ -379,6 +379,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             spilled_bytes: c.spilled_bytes,
             refills: c.refills,
             refilled_bytes: c.refilled_bytes,
+            drops: c.drops,
+            dropped_bytes: c.dropped_bytes,
             gc_releases: c.gc_releases,
             gc_released_bytes: c.gc_released_bytes,
             preallocated_bytes: c.preallocated,

@@ -350,6 +350,14 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         });
     }
 
+    /// Counts a dead mirror dropped without a write-back.
+    pub(crate) fn note_dead_drop(&self, bytes: usize) {
+        self.count(|c| {
+            c.drops += 1;
+            c.dropped_bytes = c.dropped_bytes.saturating_add(bytes as u64);
+        });
+    }
+
     /// Counts a spilled mirror brought back to the device.
     pub(crate) fn note_refill(&self, bytes: usize) {
         self.count(|c| {

@@ -203,6 +203,8 @@ pub(crate) struct Counters {
     pub(crate) spilled_bytes: u64,
     pub(crate) refills: u64,
     pub(crate) refilled_bytes: u64,
+    pub(crate) drops: u64,
+    pub(crate) dropped_bytes: u64,
     pub(crate) gc_releases: u64,
     pub(crate) gc_released_bytes: u64,
     pub(crate) preallocated: u64,
@@ -236,6 +238,8 @@ impl Counters {
             (&mut self.spilled_bytes, o.spilled_bytes),
             (&mut self.refills, o.refills),
             (&mut self.refilled_bytes, o.refilled_bytes),
+            (&mut self.drops, o.drops),
+            (&mut self.dropped_bytes, o.dropped_bytes),
             (&mut self.gc_releases, o.gc_releases),
             (&mut self.gc_released_bytes, o.gc_released_bytes),
             (&mut self.preallocated, o.preallocated),
@@ -371,6 +375,13 @@ pub struct PoolStats {
     pub refills: u64,
     /// Bytes brought back.
     pub refilled_bytes: u64,
+    /// Device mirrors of dead values (a running net's schedule overwrites them next) freed to
+    /// make room without a write-back; their head became [`crate::Head::Dropped`].
+    #[serde(default)]
+    pub drops: u64,
+    /// Bytes of the dead mirrors dropped.
+    #[serde(default)]
+    pub dropped_bytes: u64,
     /// Idle cached segments given back by the garbage collector (see
     /// [`crate::alloc::pool::PoolConfig::gc_threshold`]).
     #[serde(default)]
@@ -468,6 +479,14 @@ impl fmt::Display for PoolStats {
             self.evictions,
             human_bytes(self.evicted_bytes)
         )?;
+        if self.drops > 0 {
+            write!(
+                f,
+                "; {} dead dropped ({})",
+                self.drops,
+                human_bytes(self.dropped_bytes)
+            )?;
+        }
         if self.spills + self.refills > 0 {
             write!(
                 f,
@@ -545,6 +564,8 @@ mod tests {
             spilled_bytes: 0,
             refills: 0,
             refilled_bytes: 0,
+            drops: 0,
+            dropped_bytes: 0,
             gc_releases: 0,
             gc_released_bytes: 0,
             preallocated_bytes: 0,

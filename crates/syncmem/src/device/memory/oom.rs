@@ -85,14 +85,19 @@ impl DeviceMemory {
             run.retry(attempt)?;
         }
         let mut candidates = self.mirrors.get().map_or_else(Vec::new, |m| m.candidates());
-        // A running schedule's order (Belady's rule), else largest first for the evictions and
-        // least recently used first for the spills.
+        // A running schedule's order (Belady's rule, dead values first), else largest first for
+        // the evictions and least recently used first for the spills.
         let schedule = self.next_use.read().clone();
         if let Some(s) = &schedule {
             by_next_use(&mut candidates, s.as_ref(), run.requested);
         }
+        let dead = |item: &dyn Evictable| schedule.as_ref().is_some_and(|s| s.is_dead(item.key()));
         for (item, _) in &candidates {
-            run.evict(item.as_ref(), attempt)?;
+            if dead(item.as_ref()) {
+                run.drop_dead(item.as_ref(), false, attempt)?;
+            } else {
+                run.evict(item.as_ref(), attempt)?;
+            }
         }
         // Spill: dirty mirrors written back to the host.
         let mut by_age: Vec<_> = candidates.into_iter().map(|(item, _)| item).collect();
@@ -109,7 +114,7 @@ impl DeviceMemory {
             &[false, true]
         };
         for &wait in rounds {
-            run.spill(&by_age, wait, attempt)?;
+            run.spill(&by_age, wait, &dead, attempt)?;
         }
         // The last resort: every cached byte back to the backend.
         let all = run.pool.as_ref().map_or(0, |p| p.empty_cache());
@@ -171,14 +176,17 @@ impl DeviceMemory {
 /// the one whose absence costs least): first the mirrors whose block alone holds the
 /// `requested` bytes (so that one victim makes room, in the block the request then reuses,
 /// instead of several small ones whose segments would be given back and made again), then
-/// the others; within each, first the mirrors the schedule does not use (largest first), then
+/// the others; within each, first the dead values (nothing to write back, nothing to bring
+/// back: largest first), then the mirrors the schedule does not use (largest first), then
 /// those it uses furthest ahead first.
 fn by_next_use(candidates: &mut [(Arc<dyn Evictable>, usize)], s: &dyn NextUse, requested: usize) {
     candidates.sort_by_cached_key(|(item, bytes)| {
         let small = *bytes < requested;
-        match s.next_use(item.key()) {
-            None => (small, 0, usize::MAX - bytes, item.last_use()),
-            Some(d) => (small, 1, usize::MAX - d, item.last_use()),
+        let key = item.key();
+        match s.next_use(key) {
+            Some(_) if s.is_dead(key) => (small, 0, usize::MAX - bytes, item.last_use()),
+            None => (small, 1, usize::MAX - bytes, item.last_use()),
+            Some(d) => (small, 2, usize::MAX - d, item.last_use()),
         }
     });
 }
@@ -238,17 +246,39 @@ impl Run {
         self.retry_freed(attempt)
     }
 
+    /// Drops `item`'s dead contents if it can go (see [`Evictable::try_drop_dead`]), then
+    /// retries.
+    fn drop_dead<R>(
+        &mut self,
+        item: &dyn Evictable,
+        wait: bool,
+        attempt: &mut impl FnMut() -> Result<R>,
+    ) -> Step<R> {
+        let Some(bytes) = item.try_drop_dead(wait) else {
+            return Continue(());
+        };
+        self.note_dropped(item.label_now(), bytes);
+        self.retry_freed(attempt)
+    }
+
     /// Spills the mirrors of `by_age` that can go (waiting for their queued work with `wait`),
     /// retrying after each batch of about twice the request, so that the next request does not
-    /// spill again at once.
+    /// spill again at once. A dead one (`dead`) is dropped instead, without a write-back, and
+    /// the allocation retried at once.
     fn spill<R>(
         &mut self,
         by_age: &[Arc<dyn Evictable>],
         wait: bool,
+        dead: &dyn Fn(&dyn Evictable) -> bool,
         attempt: &mut impl FnMut() -> Result<R>,
     ) -> Step<R> {
         let mut batch = 0usize;
         for item in by_age {
+            if dead(item.as_ref()) {
+                // Nothing to write back: retried at once, as after an eviction.
+                self.drop_dead(item.as_ref(), wait, attempt)?;
+                continue;
+            }
             let Some(freed) = item.try_spill(wait) else {
                 continue;
             };
@@ -275,6 +305,15 @@ impl Run {
         Continue(())
     }
 
+    /// A dead mirror dropped: counted on the pool as a drop, reported with the evictions (freed
+    /// without a write-back).
+    fn note_dropped(&mut self, label: String, bytes: usize) {
+        if let Some(p) = &self.pool {
+            p.note_dead_drop(bytes);
+        }
+        self.evicted.push((label, bytes));
+    }
+
     fn note_evicted(&mut self, label: String, bytes: usize) {
         if let Some(p) = &self.pool {
             p.note_eviction(&label, bytes);
@@ -298,6 +337,9 @@ mod tests {
         fn try_spill(&self, _: bool) -> Option<Freed> {
             None
         }
+        fn try_drop_dead(&self, _: bool) -> Option<usize> {
+            None
+        }
         fn last_use(&self) -> u64 {
             self.1
         }
@@ -312,12 +354,16 @@ mod tests {
         }
     }
 
-    /// Next uses by key (the label's length): "a" in 1, "bb" in 5, "ccc" unused, "dddd" in 9.
+    /// Next uses by key (the label's length): "a" in 1, "bb" in 5, "ccc" unused, "dddd" in 9,
+    /// "eeeee" in 2 but dead (overwritten then).
     struct Uses;
 
     impl NextUse for Uses {
         fn next_use(&self, key: usize) -> Option<usize> {
-            [None, Some(1), Some(5), None, Some(9)][key]
+            [None, Some(1), Some(5), None, Some(9), Some(2)][key]
+        }
+        fn is_dead(&self, key: usize) -> bool {
+            key == 5
         }
     }
 
@@ -328,14 +374,16 @@ mod tests {
             (Arc::new(Fake("bb", 2)), 64),
             (Arc::new(Fake("ccc", 3)), 8),
             (Arc::new(Fake("dddd", 4)), 64),
+            (Arc::new(Fake("eeeee", 5)), 16),
         ];
         by_next_use(&mut c, &Uses, 32);
         let order: Vec<String> = c.iter().map(|(i, _)| i.label_now()).collect();
-        // Big enough first, furthest next use first; the unused one is too small for the
-        // request, so it goes after them.
-        assert_eq!(order, ["dddd", "bb", "a", "ccc"]);
+        // Big enough first, furthest next use first; the unused one and the dead one are too
+        // small for the request, so they go after them, the dead one first.
+        assert_eq!(order, ["dddd", "bb", "a", "eeeee", "ccc"]);
         by_next_use(&mut c, &Uses, 8);
         let order: Vec<String> = c.iter().map(|(i, _)| i.label_now()).collect();
-        assert_eq!(order, ["ccc", "dddd", "bb", "a"]);
+        // All big enough: the dead one first although it is used soon, then the unused one.
+        assert_eq!(order, ["eeeee", "ccc", "dddd", "bb", "a"]);
     }
 }

@@ -1,0 +1,109 @@
+//! Dead values under a memory cap: while a net runs on a capped device, the device mirror of a
+//! blob internal to the net whose next use overwrites it whole (an activation after its last
+//! read, a gradient after the update) goes without a write-back. The losses stay those of the
+//! uncapped run, bit for bit; what was dropped reads as an error naming the blob, never as
+//! stale or zero values; external outputs and parameters read as ever.
+
+use syncmem::{Device, Error, Head, MemoryCap, Tensor};
+use syncmem_nn::mlp::Dataset;
+use syncmem_nn::train::{TrainConfig, Trainer};
+
+fn check(dev: &Device) {
+    let data = Dataset::spirals(300, 3, 0.2, 0);
+    let cfg = TrainConfig::default()
+        .with_epochs(1)
+        .with_plan(false)
+        .with_fuse(false);
+    let base = syncmem::alloc::pool::config::device_pool_from_env().unwrap();
+    dev.set_pool(base.clone()).unwrap();
+    dev.reset_peak_stats();
+    let want = Trainer::new(dev, &data, &cfg)
+        .unwrap()
+        .run_epoch()
+        .unwrap()
+        .loss;
+    let peak = dev.pool_stats().unwrap().reserved.peak;
+    dev.set_pool(base.with_memory_cap(MemoryCap::Bytes(peak / 2)))
+        .unwrap();
+    let mut t = Trainer::new(dev, &data, &cfg).unwrap();
+    let got = t.run_epoch().unwrap().loss;
+    assert_eq!(
+        got.to_bits(),
+        want.to_bits(),
+        "the capped loss is the uncapped one"
+    );
+    let s = dev.pool_stats().unwrap();
+    let steps = t.transfers().step_count as f64;
+    eprintln!(
+        "{}: {:.1} dead mirrors dropped per step ({:.0} B), {:.1} spilled ({:.0} B)",
+        dev.label(),
+        s.drops as f64 / steps,
+        s.dropped_bytes as f64 / steps,
+        s.spills as f64 / steps,
+        s.spilled_bytes as f64 / steps
+    );
+    assert!(s.drops > 0, "dead values are dropped, not spilled");
+    assert!(
+        s.dropped_bytes > s.spilled_bytes,
+        "most of what leaves the device is dead: {} dropped, {} spilled",
+        s.dropped_bytes,
+        s.spilled_bytes
+    );
+    let ws = t.workspace();
+    let train = &t.nets().train;
+    let (inputs, outputs) = (train.inputs(), train.outputs());
+    let mut dropped = 0;
+    for name in ws.blobs() {
+        let blob = ws.get_blob(&name).unwrap();
+        let guard = blob.read();
+        let Ok(tensor) = guard.get::<Tensor>() else {
+            continue;
+        };
+        if tensor.head() != Some(Head::Dropped) {
+            continue;
+        }
+        dropped += 1;
+        assert!(
+            !inputs.contains(&name) && !outputs.contains(&name),
+            "{name}: only blobs internal to the net are dropped"
+        );
+        match tensor.host::<f32>() {
+            Err(Error::ContentsDropped { buffer, .. }) => assert!(buffer.contains(&name)),
+            other => panic!("{name}: a read of dropped contents gave {other:?}"),
+        };
+    }
+    assert!(dropped > 0, "some internal blob ends the run dropped");
+    for p in t.nets().params.iter().chain(&outputs) {
+        let blob = ws.get_blob(p).unwrap();
+        let guard = blob.read();
+        let values = guard
+            .get::<Tensor>()
+            .unwrap()
+            .host::<f32>()
+            .unwrap()
+            .to_vec();
+        assert!(values.iter().all(|v| v.is_finite()), "{p} reads");
+    }
+    // The next epoch writes the dropped blobs again before reading them.
+    t.run_epoch().unwrap();
+}
+
+#[test]
+fn dead_values_are_dropped_on_cpu() {
+    check(&Device::cpu().detached());
+}
+
+#[cfg(feature = "opencl")]
+#[test]
+fn dead_values_are_dropped_on_opencl() {
+    let devs = Device::all(syncmem::BackendKind::OpenCl).unwrap_or_default();
+    let Some(dev) = devs.first() else {
+        assert!(
+            std::env::var("SYNCMEM_REQUIRE_OPENCL").as_deref() != Ok("1"),
+            "SYNCMEM_REQUIRE_OPENCL=1 but no OpenCL device"
+        );
+        eprintln!("SKIPPED dead_values_are_dropped_on_opencl: no OpenCL device");
+        return;
+    };
+    check(&dev.isolated());
+}

@@ -1,0 +1,69 @@
+//! Dropped contents in the composed model: `DropContents` frees a buffer's data without a
+//! write-back; every read of it then fails with `ContentsDropped` (the model has no values for
+//! it) until an overwrite gives it new ones.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use proptest::test_runner::TestCaseError;
+use syncmem::{Error, Head, SyncedMemory};
+
+use super::ops::Op;
+use super::Live;
+
+/// The slot whose dropped contents `op` would read, if any.
+pub fn reads_dropped(op: Op, slots: &[Option<Live>]) -> Option<usize> {
+    let dropped = |slot: usize| slots[slot].as_ref().is_some_and(|l| l.dropped);
+    let read = match op {
+        Op::HostRead { slot }
+        | Op::HostWrite { slot, .. }
+        | Op::Scale { slot, .. }
+        | Op::DeviceRead { slot }
+        | Op::Prefetch { slot, .. }
+        | Op::Guard { slot, .. }
+        | Op::ViewRead { slot }
+        | Op::Pin { slot }
+        | Op::UserTwice { slot }
+        | Op::ReplicaRead { slot }
+        | Op::ReplicaScale { slot, .. } => vec![slot],
+        Op::Axpy { x, y, .. } => vec![x, y],
+        _ => Vec::new(),
+    };
+    read.into_iter().find(|&s| dropped(s))
+}
+
+/// Every read of a dropped buffer fails, naming it, and changes nothing.
+pub fn reads_fail(mem: &SyncedMemory, at: &str) -> Result<(), TestCaseError> {
+    let is_dropped = |r: syncmem::Result<()>, what: &str| match r {
+        Err(Error::ContentsDropped { buffer, .. }) if buffer == mem.label() => Ok(()),
+        other => Err(TestCaseError::fail(format!(
+            "{at}: {what} of dropped contents: {other:?}"
+        ))),
+    };
+    is_dropped(mem.host().map(drop), "host read")?;
+    is_dropped(mem.device().map(drop), "device read")?;
+    is_dropped(mem.host_mut().map(drop), "host write")?;
+    is_dropped(mem.device_mut().map(drop), "device write")?;
+    is_dropped(mem.prefetch_to_device(None).map(drop), "prefetch")?;
+    if mem.head() != Head::Dropped {
+        return Err(TestCaseError::fail(format!("{at}: head {}", mem.head())));
+    }
+    Ok(())
+}
+
+/// Contents dropped so far (by every program of the process).
+pub static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// `DropContents`: the buffer's data goes; a pinned one (a view keeps its address) refuses.
+pub fn drop_step(l: &mut Live, pinned: bool, at: &str) -> Result<(), TestCaseError> {
+    match (l.mem.drop_contents(), pinned) {
+        (Ok(()), false) => {
+            l.dropped = true;
+            DROPPED.fetch_add(1, Relaxed);
+            reads_fail(&l.mem, at)
+        }
+        (Err(Error::Busy { .. }), true) => Ok(()),
+        (r, _) => Err(TestCaseError::fail(format!(
+            "{at}: drop_contents (pinned {pinned}): {r:?}"
+        ))),
+    }
+}
