@@ -6,17 +6,23 @@ use std::fmt;
 /// ([`crate::alloc::stats::human_bytes`] is this).
 pub(crate) fn human(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
     let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
+    while u < UNITS.len() - 1 && b >> (10 * (u + 1)) > 0 {
         u += 1;
     }
     if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
+        return format!("{b} B");
     }
+    // Tenths of the unit, rounded as `{:.1}` rounds the exact quotient (half to even), in
+    // integers: float formatting costs a few microseconds, and an out-of-memory path under a
+    // cap formats a refusal per retry.
+    let d = 1u128 << (10 * u);
+    let scaled = u128::from(b) * 10;
+    let (mut tenths, r) = (scaled / d, scaled % d);
+    if 2 * r > d || (2 * r == d && tenths % 2 == 1) {
+        tenths += 1;
+    }
+    format!("{}.{} {}", tenths / 10, tenths % 10, UNITS[u])
 }
 
 /// The report of an allocation refused for lack of memory, carried by
@@ -258,5 +264,48 @@ mod tests {
             OomReport::new("host", 8, "").to_string(),
             "out of memory on host: requested 8 bytes"
         );
+    }
+}
+
+#[cfg(test)]
+mod human_tests {
+    /// The float formatting the integer one replaces.
+    fn by_float(b: u64) -> String {
+        const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+        let mut v = b as f64;
+        let mut u = 0;
+        while v >= 1024.0 && u < UNITS.len() - 1 {
+            v /= 1024.0;
+            u += 1;
+        }
+        if u == 0 {
+            format!("{b} B")
+        } else {
+            format!("{v:.1} {}", UNITS[u])
+        }
+    }
+
+    #[test]
+    fn integer_formatting_matches_the_float_one() {
+        let mut cases: Vec<u64> = vec![0, 1, 1023, 1024, 1075, 1076, 1126, 1127, 1178, 1179];
+        for shift in [10, 20, 30, 40, 50] {
+            for k in [1u64, 3, 5, 1023, 1024, 1025] {
+                cases.push((k << shift) / 1024 * 1024);
+                cases.push(k << shift);
+                cases.push((k << shift) + (1 << shift) / 20);
+                cases.push((k << shift).wrapping_sub(1));
+            }
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            cases.push(x >> (x % 60));
+        }
+        cases.push(u64::MAX);
+        for b in cases {
+            assert_eq!(super::human(b), by_float(b), "{b} bytes");
+        }
     }
 }

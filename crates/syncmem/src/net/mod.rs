@@ -182,8 +182,8 @@ pub struct Net {
     device: Device,
     ctx: Context,
     ops: Vec<Box<dyn Operator>>,
-    /// The blobs of the run's def nothing outside a run reads (see [`plan`]).
-    internal: BTreeSet<String>,
+    /// What the operators do with each blob (the schedule of a run under a memory cap).
+    blob_uses: Arc<schedule::BlobUses>,
     running: Mutex<()>,
 }
 
@@ -234,11 +234,12 @@ impl Net {
         }
         let ctx = Context::with_seed(device, opts.seed.unwrap_or_else(random_seed))?;
         let protected = plan::protected_names(run_def, &opts.plan);
-        let internal = run_def
+        let internal: BTreeSet<String> = run_def
             .blob_names()
             .into_iter()
             .filter(|n| !protected.contains(n))
             .collect();
+        let blob_uses = Arc::new(schedule::BlobUses::new(&ops, &internal));
         Ok(Net {
             def: def.clone(),
             rewritten,
@@ -246,7 +247,7 @@ impl Net {
             device: device.clone(),
             ctx,
             ops,
-            internal,
+            blob_uses,
             running: Mutex::new(()),
         })
     }
@@ -350,13 +351,16 @@ impl Net {
         }
         let _one_run = self.running.lock();
         // Under a memory cap, the device drops and spills by this run's next uses.
-        let schedule = schedule::Installed::on_capped(&self.device, &self.ops, ws, &self.internal);
+        let schedule = schedule::Installed::on_capped(&self.device, &self.blob_uses, ws);
         for (index, op) in self.ops.iter().enumerate() {
             if let Some(s) = &schedule {
                 s.schedule.at(index);
             }
             op.run(ws, ctx)
                 .map_err(|e| op_failed(self.base_def(), self.plan.as_ref(), "run", index, e))?;
+            if let Some(s) = &schedule {
+                s.schedule.drop_dead_after(index, &self.device);
+            }
             after(index, op.def())?;
         }
         Ok(())

@@ -3,8 +3,9 @@
 //! first the mirrors the net does not use, then those it uses furthest ahead (Belady's rule),
 //! instead of the least recently used ([`crate::device::NextUse`]).
 //!
-//! The schedule is read from the workspace when the run starts: the buffers of every blob an
-//! operator reads or writes, by operator. A blob whose tensor has no storage yet (an output on
+//! What each operator does with each blob name is fixed for the net ([`BlobUses`], made when
+//! the net is built); when a run starts, the schedule maps the buffers the blobs hold then to
+//! their names (one lookup per blob name). A blob whose tensor has no storage yet (an output on
 //! a net's first run) is not known then; its buffer is ordered as one the net does not use
 //! until the next run. Uses count on into the next run (a training step repeats), so a
 //! parameter read by the first operator is "soon" when the last one runs. With no cap the run
@@ -14,74 +15,160 @@
 //! blob is internal to the net (not an external input or output, not kept: nothing outside
 //! the run reads it) and the next operator to use it has it as an output only, and says it
 //! writes such outputs whole ([`Operator::overwrites_outputs`]). A use by the running operator
-//! counts as a read (it may have written the output already). The out-of-memory path frees a
-//! dead buffer's device mirror without a write-back ([`crate::SyncedMemory::drop_contents`]).
+//! counts as a read (it may have written the output already). A dead buffer's device mirror
+//! goes without a write-back ([`crate::SyncedMemory::drop_contents`]): at once after the
+//! operator that used it last ([`Schedule::drop_dead_after`], so that the allocations of the
+//! next operators find room without failing), else first when an allocation fails.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use smallvec::SmallVec;
 
-use crate::device::{Device, NextUse};
+use crate::device::{Device, Evictable, NextUse};
 use crate::ops::Operator;
 use crate::tensor::Tensor;
 use crate::workspace::Workspace;
 
-/// One use of a buffer: the operator's index, and whether it overwrites the buffer whole
-/// without reading it.
+/// One use of a blob: the operator's index, and whether it overwrites the blob whole without
+/// reading it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct Use {
     op: u32,
     overwrite: bool,
 }
 
-/// The uses of one buffer, and whether every blob naming it is internal to the net.
-#[derive(Default)]
-struct Uses {
-    list: SmallVec<[Use; 4]>,
-    internal: bool,
+/// What a net's operators do with each blob name, fixed for the net: the uses of each name in
+/// order, whether it is internal to the net, and the names each operator uses.
+pub(super) struct BlobUses {
+    names: Vec<String>,
+    uses: Vec<SmallVec<[Use; 4]>>,
+    internal: Vec<bool>,
+    by_op: Vec<SmallVec<[u32; 6]>>,
+    /// Operator -> the names it uses that are dead once it ran (for a buffer of one name).
+    dead_after: Vec<SmallVec<[u32; 4]>>,
 }
 
-/// Which operators use which buffer, and the operator running now.
-pub(super) struct Schedule {
-    /// Buffer key -> its uses, in order.
-    uses: HashMap<usize, Uses>,
-    len: usize,
-    at: AtomicUsize,
-}
-
-impl Schedule {
-    /// The schedule of `ops` over the buffers `ws` holds now; `internal`: the net's blobs
-    /// nothing outside a run reads.
-    fn read(ops: &[Box<dyn Operator>], ws: &Workspace, internal: &BTreeSet<String>) -> Schedule {
-        let mut uses: HashMap<usize, Uses> = HashMap::new();
+impl BlobUses {
+    /// The uses of the blobs of `ops`; `internal`: the names nothing outside a run reads.
+    pub(super) fn new(ops: &[Box<dyn Operator>], internal: &BTreeSet<String>) -> BlobUses {
+        let mut index: HashMap<&str, u32> = HashMap::new();
+        let mut b = BlobUses {
+            names: Vec::new(),
+            uses: Vec::new(),
+            internal: Vec::new(),
+            by_op: vec![SmallVec::new(); ops.len()],
+            dead_after: vec![SmallVec::new(); ops.len()],
+        };
         for (i, op) in ops.iter().enumerate() {
             let def = op.def();
             let overwrites = op.overwrites_outputs();
             for (j, name) in def.inputs.iter().chain(&def.outputs).enumerate() {
-                let Some(key) = buffer_key(ws, name) else {
-                    continue;
-                };
-                let is_input = j < def.inputs.len();
-                let overwrite = overwrites && !is_input && !def.inputs.contains(name);
-                let entry = uses.entry(key).or_insert_with(|| Uses {
-                    list: SmallVec::new(),
-                    internal: true,
+                let n = *index.entry(name.as_str()).or_insert_with(|| {
+                    b.names.push(name.clone());
+                    b.uses.push(SmallVec::new());
+                    b.internal.push(internal.contains(name));
+                    (b.names.len() - 1) as u32
                 });
-                entry.internal &= internal.contains(name);
-                match entry.list.last_mut() {
+                if !b.by_op[i].contains(&n) {
+                    b.by_op[i].push(n);
+                }
+                let overwrite = overwrites && j >= def.inputs.len() && !def.inputs.contains(name);
+                let list = &mut b.uses[n as usize];
+                match list.last_mut() {
                     Some(u) if u.op == i as u32 => u.overwrite &= overwrite,
-                    _ => entry.list.push(Use {
+                    _ => list.push(Use {
                         op: i as u32,
                         overwrite,
                     }),
                 }
             }
         }
+        for i in 0..ops.len() {
+            let dead: SmallVec<[u32; 4]> = b.by_op[i]
+                .iter()
+                .copied()
+                .filter(|&n| {
+                    b.internal[n as usize]
+                        && next_use(&b.uses[n as usize], i + 1, ops.len())
+                            .is_some_and(|(_, u)| u.overwrite)
+                })
+                .collect();
+            b.dead_after[i] = dead;
+        }
+        b
+    }
+}
+
+/// The next of `list`'s uses from position `pos` of a run of `len` operators on (none left:
+/// the first of the next run), as (operators until it, the use).
+fn next_use(list: &[Use], pos: usize, len: usize) -> Option<(usize, Use)> {
+    match list.iter().find(|u| u.op as usize >= pos) {
+        Some(u) => Some((u.op as usize - pos, *u)),
+        None => list.first().map(|u| (u.op as usize + len - pos, *u)),
+    }
+}
+
+/// A buffer of this run: the names that hold it, and the buffer.
+struct Buffer {
+    names: SmallVec<[u32; 2]>,
+    item: Weak<dyn Evictable>,
+}
+
+/// The buffer a name holds in this run.
+#[derive(Clone)]
+struct Held {
+    item: Weak<dyn Evictable>,
+    /// Other names hold it too.
+    shared: bool,
+}
+
+/// Which operators use which buffer in this run, and the operator running now.
+pub(super) struct Schedule {
+    blobs: Arc<BlobUses>,
+    /// Buffer key -> the buffer.
+    buffers: HashMap<usize, Buffer>,
+    /// Name index -> the key of its buffer (0: none).
+    keys: Vec<usize>,
+    /// Name index -> its buffer.
+    held: Vec<Option<Held>>,
+    at: AtomicUsize,
+}
+
+impl Schedule {
+    /// The schedule of `blobs` over the buffers `ws` holds now.
+    fn read(blobs: &Arc<BlobUses>, ws: &Workspace) -> Schedule {
+        let mut buffers: HashMap<usize, Buffer> = HashMap::with_capacity(blobs.names.len());
+        let mut keys = vec![0; blobs.names.len()];
+        let mut held = vec![None; blobs.names.len()];
+        for (n, name) in blobs.names.iter().enumerate() {
+            let Some((key, item)) = buffer_of(ws, name) else {
+                continue;
+            };
+            keys[n] = key;
+            held[n] = Some(Held {
+                item: item.clone(),
+                shared: false,
+            });
+            let b = buffers.entry(key).or_insert_with(|| Buffer {
+                names: SmallVec::new(),
+                item,
+            });
+            b.names.push(n as u32);
+        }
+        for b in buffers.values().filter(|b| b.names.len() > 1) {
+            for &n in &b.names {
+                if let Some(h) = &mut held[n as usize] {
+                    h.shared = true;
+                }
+            }
+        }
         Schedule {
-            uses,
-            len: ops.len(),
+            blobs: blobs.clone(),
+            buffers,
+            keys,
+            held,
             at: AtomicUsize::new(0),
         }
     }
@@ -90,46 +177,88 @@ impl Schedule {
     pub(super) fn at(&self, i: usize) {
         self.at.store(i, Relaxed);
     }
+
+    /// The next use of `b` from position `pos` of the run on (none left: the first of the
+    /// next run), over all its names, as (operators until it, the use). Two names used by one
+    /// operator make an overwrite only when both are.
+    fn next(&self, b: &Buffer, pos: usize) -> Option<(usize, Use)> {
+        let len = self.blobs.by_op.len();
+        let mut best: Option<(usize, Use)> = None;
+        for &n in &b.names {
+            let next = next_use(&self.blobs.uses[n as usize], pos, len);
+            best = match (best, next) {
+                (Some((d, u)), Some((e, v))) if e == d => Some((
+                    d,
+                    Use {
+                        op: u.op,
+                        overwrite: u.overwrite && v.overwrite,
+                    },
+                )),
+                (Some((d, u)), Some((e, _))) if d < e => Some((d, u)),
+                (best, None) => best,
+                (_, next) => next,
+            };
+        }
+        best
+    }
+
+    /// Whether `b` is dead at position `pos`: every name holding it is internal, and its next
+    /// use overwrites it. `running`: operator `pos` runs, and its use counts as a read.
+    fn dead_at(&self, b: &Buffer, pos: usize, running: bool) -> bool {
+        b.names.iter().all(|&n| self.blobs.internal[n as usize])
+            && self
+                .next(b, pos)
+                .is_some_and(|(d, u)| u.overwrite && !(running && d == 0))
+    }
+
+    /// After operator `i` ran: drops the device mirrors of the buffers it used that are dead
+    /// now (it read them last), so that their memory serves the next allocations at once. A
+    /// buffer of one name is looked up in [`BlobUses::dead_after`]; one of several names is
+    /// judged over all of them.
+    pub(super) fn drop_dead_after(&self, i: usize, device: &Device) {
+        let drop = |item: &Weak<dyn Evictable>| {
+            if let Some(item) = item.upgrade() {
+                device.drop_dead(item.as_ref());
+            }
+        };
+        for &n in &self.blobs.dead_after[i] {
+            if let Some(h) = self.held[n as usize].as_ref().filter(|h| !h.shared) {
+                drop(&h.item);
+            }
+        }
+        for &n in &self.blobs.by_op[i] {
+            if !self.held[n as usize].as_ref().is_some_and(|h| h.shared) {
+                continue;
+            }
+            if let Some(b) = self.buffers.get(&self.keys[n as usize]) {
+                if self.dead_at(b, i + 1, false) {
+                    drop(&b.item);
+                }
+            }
+        }
+    }
 }
 
-/// The key of the buffer of blob `name` in `ws`, when it holds a tensor with storage.
-fn buffer_key(ws: &Workspace, name: &str) -> Option<usize> {
+/// The key of the buffer of blob `name` in `ws`, and the buffer, when the blob holds a tensor
+/// with storage.
+fn buffer_of(ws: &Workspace, name: &str) -> Option<(usize, Weak<dyn Evictable>)> {
     let blob = ws.try_get_blob(name)?;
     let guard = blob.read_recursive();
-    guard
-        .get::<Tensor>()
-        .ok()
-        .and_then(Tensor::synced)
-        .map(crate::SyncedMemory::key)
+    let synced = guard.get::<Tensor>().ok().and_then(Tensor::synced)?;
+    Some((synced.key(), synced.evictable()))
 }
 
 impl NextUse for Schedule {
     fn next_use(&self, key: usize) -> Option<usize> {
-        let uses = &self.uses.get(&key)?.list;
-        let at = self.at.load(Relaxed);
-        let next = match uses.iter().find(|u| u.op as usize >= at) {
-            Some(u) => u.op as usize - at,
-            // Not again in this run: its first use in the next.
-            None => uses
-                .first()
-                .map_or(usize::MAX, |u| u.op as usize + self.len - at),
-        };
-        Some(next)
+        let b = self.buffers.get(&key)?;
+        self.next(b, self.at.load(Relaxed)).map(|(d, _)| d)
     }
 
     fn is_dead(&self, key: usize) -> bool {
-        let Some(uses) = self.uses.get(&key).filter(|u| u.internal) else {
-            return false;
-        };
-        let at = self.at.load(Relaxed);
-        // The next use, in this run or (none left) the first of the next; one by the running
-        // operator is not known to be over.
-        let next = uses
-            .list
-            .iter()
-            .find(|u| u.op as usize >= at)
-            .or(uses.list.first());
-        next.is_some_and(|u| u.overwrite && u.op as usize != at)
+        // A use by the running operator is not known to be over.
+        self.buffers
+            .get(&key)
+            .is_some_and(|b| self.dead_at(b, self.at.load(Relaxed), true))
     }
 }
 
@@ -141,16 +270,15 @@ pub(super) struct Installed<'a> {
 }
 
 impl<'a> Installed<'a> {
-    /// Reads and installs the schedule of `ops` on `device`, when the device has a memory cap
-    /// (without one nothing is evicted, and the run reads nothing).
+    /// Reads and installs the schedule of `blobs` on `device`, when the device has a memory
+    /// cap (without one nothing is evicted, and the run reads nothing).
     pub(super) fn on_capped(
         device: &'a Device,
-        ops: &[Box<dyn Operator>],
+        blobs: &Arc<BlobUses>,
         ws: &Workspace,
-        internal: &BTreeSet<String>,
     ) -> Option<Installed<'a>> {
         device.memory_cap()?;
-        let schedule = Arc::new(Schedule::read(ops, ws, internal));
+        let schedule = Arc::new(Schedule::read(blobs, ws));
         let previous = device.swap_next_use(Some(schedule.clone()));
         Some(Installed {
             device,
@@ -170,27 +298,72 @@ impl Drop for Installed<'_> {
 mod tests {
     use super::*;
 
-    /// Uses of one buffer: `(op, overwrite)`.
-    fn uses(list: &[(u32, bool)], internal: bool) -> Uses {
-        Uses {
-            list: list
+    /// A buffer that no longer lives (what a schedule's weak reference may find).
+    struct Gone;
+
+    impl Evictable for Gone {
+        fn try_evict(&self) -> Option<usize> {
+            None
+        }
+        fn try_spill(&self, _: bool) -> Option<crate::device::Freed> {
+            None
+        }
+        fn try_drop_dead(&self, _: bool) -> Option<usize> {
+            None
+        }
+        fn last_use(&self) -> u64 {
+            0
+        }
+        fn head_now(&self) -> Option<crate::Head> {
+            None
+        }
+        fn label_now(&self) -> String {
+            String::new()
+        }
+        fn key(&self) -> usize {
+            0
+        }
+    }
+
+    /// A schedule of `len` operators over buffers `1..`, each of one name with these uses
+    /// (`(op, overwrite)`) and internal or not; buffer `k` is name `k - 1`.
+    fn schedule(len: usize, names: &[(&[(u32, bool)], bool)]) -> Schedule {
+        let blobs = BlobUses {
+            names: (0..names.len()).map(|n| format!("b{n}")).collect(),
+            uses: names
                 .iter()
-                .map(|&(op, overwrite)| Use { op, overwrite })
+                .map(|(l, _)| {
+                    l.iter()
+                        .map(|&(op, overwrite)| Use { op, overwrite })
+                        .collect()
+                })
                 .collect(),
-            internal,
+            internal: names.iter().map(|&(_, i)| i).collect(),
+            by_op: vec![SmallVec::new(); len],
+            dead_after: vec![SmallVec::new(); len],
+        };
+        let buffers = (0..names.len())
+            .map(|n| {
+                let item: Weak<dyn Evictable> = Weak::<Gone>::new();
+                let names = SmallVec::from_slice(&[n as u32]);
+                (n + 1, Buffer { names, item })
+            })
+            .collect();
+        Schedule {
+            blobs: Arc::new(blobs),
+            buffers,
+            keys: (1..=names.len()).collect(),
+            held: vec![None; names.len()],
+            at: AtomicUsize::new(0),
         }
     }
 
     #[test]
     fn next_uses_count_on_into_the_next_run() {
-        let mut map = HashMap::new();
-        map.insert(1usize, uses(&[(0, false), (5, false)], true));
-        map.insert(2usize, uses(&[(3, false)], true));
-        let s = Schedule {
-            uses: map,
-            len: 8,
-            at: AtomicUsize::new(0),
-        };
+        let s = schedule(
+            8,
+            &[(&[(0, false), (5, false)], true), (&[(3, false)], true)],
+        );
         assert_eq!(
             (s.next_use(1), s.next_use(2), s.next_use(3)),
             (Some(0), Some(3), None)
@@ -204,18 +377,17 @@ mod tests {
 
     #[test]
     fn dead_until_overwritten_and_only_inside_the_net() {
-        let mut map = HashMap::new();
-        // Written by 1, read by 4 (an activation): dead after 4 until the next run's 1.
-        map.insert(1usize, uses(&[(1, true), (4, false)], true));
-        // The same, but an external output: never dead.
-        map.insert(2usize, uses(&[(1, true), (4, false)], false));
-        // Read by 0, overwritten by 2 in the run, read by 3.
-        map.insert(3usize, uses(&[(0, false), (2, true), (3, false)], true));
-        let s = Schedule {
-            uses: map,
-            len: 6,
-            at: AtomicUsize::new(0),
-        };
+        let s = schedule(
+            6,
+            &[
+                // Written by 1, read by 4 (an activation): dead after 4 until the next run's 1.
+                (&[(1, true), (4, false)], true),
+                // The same, but an external output: never dead.
+                (&[(1, true), (4, false)], false),
+                // Read by 0, overwritten by 2 in the run, read by 3.
+                (&[(0, false), (2, true), (3, false)], true),
+            ],
+        );
         // Before 1 writes it: dead (the next use overwrites it). Buffer 3 is read by 0, which
         // runs now.
         assert!(s.is_dead(1) && !s.is_dead(2) && !s.is_dead(3));
@@ -231,5 +403,32 @@ mod tests {
             !s.is_dead(9),
             "a buffer the net does not use is not known dead"
         );
+    }
+
+    #[test]
+    fn a_buffer_of_two_names_is_dead_only_if_both_say_so() {
+        let mut s = schedule(
+            4,
+            &[
+                (&[(0, true), (2, false)], true),
+                (&[(1, false), (2, true)], true),
+            ],
+        );
+        // One buffer under both names.
+        s.buffers.remove(&2);
+        s.buffers.get_mut(&1).unwrap().names.push(1);
+        s.at(3);
+        // Next: name 0's overwrite at 0 (the next run's), before name 1's read at 1.
+        assert!(s.is_dead(1));
+        s.at(1);
+        // Next: name 1's read at 1, running now: not dead.
+        assert!(!s.is_dead(1));
+        s.at(2);
+        // At 2 name 0 is read and name 1 overwritten: a read.
+        assert!(!s.is_dead(1));
+        let mut t = schedule(4, &[(&[(2, true)], true), (&[(2, true)], false)]);
+        t.buffers.remove(&2);
+        t.buffers.get_mut(&1).unwrap().names.push(1);
+        assert!(!t.is_dead(1), "one external name keeps it");
     }
 }

@@ -31,6 +31,12 @@ use crate::device::{DeviceBuffer, Evictable, Freed, MapAccess, Stream};
 static CLOCK: AtomicU64 = AtomicU64::new(1);
 
 impl SyncedMemory {
+    /// The buffer as the out-of-memory path sees it (a schedule drops dead values through it).
+    pub(crate) fn evictable(&self) -> std::sync::Weak<dyn Evictable> {
+        let weak: std::sync::Weak<Shared> = Arc::downgrade(&self.shared);
+        weak
+    }
+
     /// Notes a device access, for the order of spills (least recently used first).
     pub(super) fn note_device_use(&self) {
         self.shared

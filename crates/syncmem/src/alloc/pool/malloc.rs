@@ -4,6 +4,7 @@
 //! **splits** the block off the free block it found or off the new segment; the block is then
 //! handed out with its view, counted, and reported.
 
+use std::cell::Cell;
 use std::num::NonZeroU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -15,6 +16,35 @@ use super::shard::Shard;
 use super::{arc_ptr, Inner, Keep, Lease, Pool, PoolEvent, RawStorage, Seg, StreamId};
 use crate::alloc::stats::human_bytes;
 use crate::error::{Error, OomReport, Result};
+
+thread_local! {
+    /// This thread's refusals are quiet (see [`quietly`]).
+    static QUIET: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with this thread's out-of-memory refusals quiet: their report carries no cause
+/// text (formatting one costs more than the allocation attempt). For the retries of an
+/// out-of-memory path, whose final refusal is made again loudly when they all fail.
+pub(crate) fn quietly<R>(f: impl FnOnce() -> R) -> R {
+    /// Puts the setting back, even when `f` unwinds.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            QUIET.with(|q| q.set(self.0));
+        }
+    }
+    let _restore = Restore(QUIET.with(|q| q.replace(true)));
+    f()
+}
+
+/// Why `why()` (empty when refusals are quiet).
+fn reason(why: impl FnOnce() -> String) -> String {
+    if QUIET.with(Cell::get) {
+        String::new()
+    } else {
+        why()
+    }
+}
 
 /// Why no segment was made.
 enum Refused {
@@ -138,10 +168,12 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             size
         };
         if size > self.max_segment {
-            let why = format!(
-                "a {size}-byte segment exceeds the largest allocation ({} bytes)",
-                self.max_segment
-            );
+            let why = reason(|| {
+                format!(
+                    "a {size}-byte segment exceeds the largest allocation ({} bytes)",
+                    self.max_segment
+                )
+            });
             let report = self.refusal(bytes, why);
             return Err(Refused::Oom(Box::new(
                 report.with_max_alloc(self.max_segment as u64),
@@ -170,12 +202,14 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             .budget
             .refusing(rounded as u64)
             .unwrap_or((u64::MAX, self.budget.used()));
-        let why = format!(
-            "a {} segment would exceed the cap ({} of {} used)",
-            human_bytes(rounded as u64),
-            human_bytes(used),
-            human_bytes(cap)
-        );
+        let why = reason(|| {
+            format!(
+                "a {} segment would exceed the cap ({} of {} used)",
+                human_bytes(rounded as u64),
+                human_bytes(used),
+                human_bytes(cap)
+            )
+        });
         Err(Refused::Oom(Box::new(self.refusal(bytes, why))))
     }
 

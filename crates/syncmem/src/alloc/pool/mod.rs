@@ -77,6 +77,7 @@ pub use config::{MemoryCap, PoolConfig, PoolKind, Preallocation};
 pub use host::{HostAllocation, HostPool};
 pub(crate) use keep::Keep;
 pub use lease::Lease;
+pub(crate) use malloc::quietly;
 pub use pending::Fence;
 pub(crate) use pending::{in_flight, merge_one, merge_pending, usable_by, PendingUse};
 pub use snapshot::{

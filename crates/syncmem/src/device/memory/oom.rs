@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use super::{max_segment, DeviceMemory};
-use crate::alloc::pool::Pool;
+use crate::alloc::pool::{quietly, Pool};
 use crate::backend::dispatch::RawMem;
 use crate::device::mirror::{Evictable, NextUse};
 use crate::device::Device;
@@ -68,7 +68,12 @@ impl DeviceMemory {
         let hopeless =
             self.budget.cap().is_some_and(|c| requested as u64 > c) || requested > max_segment(dev);
         if !hopeless {
-            if let Break(done) = self.free_room(&mut run, &mut attempt) {
+            // The retries' refusals are quiet; when they all failed, the last is made again
+            // with its cause.
+            if let Break(done) = quietly(|| self.free_room(&mut run, &mut attempt)) {
+                return done;
+            }
+            if let Break(done) = run.retry(&mut attempt) {
                 return done;
             }
         }
@@ -169,6 +174,21 @@ impl DeviceMemory {
         report.max_alloc = cause.max_alloc;
         *self.last_oom.lock() = Some(report.clone());
         report.into()
+    }
+}
+
+impl Device {
+    /// Drops the device mirror of `item`, whose contents a running schedule knows to be dead
+    /// ([`NextUse::is_dead`]), when nothing holds it and no transfer is in flight; counted on
+    /// the device pool. Returns whether it went.
+    pub(crate) fn drop_dead(&self, item: &dyn Evictable) -> bool {
+        let Some(bytes) = item.try_drop_dead(false) else {
+            return false;
+        };
+        if let Some(p) = self.shared.memory.current_pool() {
+            p.note_dead_drop(bytes);
+        }
+        true
     }
 }
 
