@@ -75,9 +75,15 @@ pub fn check_dir(flag: &str, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes the memory page of `trace` into `path`.
-pub fn write_page(trace: &Trace, title: &str, path: &Path) -> anyhow::Result<usize> {
-    let html = crate::page::render(trace, title);
+/// Writes the memory page of `trace` into `path`; `slots`: the blobs of each planner slot,
+/// when known.
+pub fn write_page(
+    trace: &Trace,
+    title: &str,
+    path: &Path,
+    slots: &crate::page::Slots,
+) -> anyhow::Result<usize> {
+    let html = crate::page::render(trace, title, slots);
     syncmem::file::write_atomic(path, |out| out.write_all(html.as_bytes()))
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(html.len())
@@ -91,7 +97,7 @@ pub fn view(args: &ViewArgs) -> anyhow::Result<()> {
         .title
         .clone()
         .unwrap_or_else(|| format!("memory of {}", args.file.display()));
-    let size = write_page(&trace, &title, &args.out)?;
+    let size = write_page(&trace, &title, &args.out, &crate::page::Slots::new())?;
     outln!(
         "wrote {} ({}) from {} events of {}",
         args.out.display(),

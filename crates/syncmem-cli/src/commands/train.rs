@@ -241,12 +241,14 @@ fn execute(
         world.map(|w| w.print(&devices)).transpose()?;
     }
 
-    let planning = compare_planning(&dev, &data, &cfg).context("measuring memory planning")?;
+    // Recorded from before the planning measurement: the page names it as a phase of its own
+    // and opens on training, as it does for `syncmem trace record`.
     let recording = args
         .memory_html
         .as_ref()
         .filter(|_| root)
         .map(|_| record_from_empty_pools(&dev));
+    let planning = compare_planning(&dev, &data, &cfg).context("measuring memory planning")?;
     let process_before = syncmem::stats().copies;
     dev.reset_peak_stats();
     let start = Instant::now();
@@ -286,8 +288,9 @@ fn execute(
     }
     if let (Some(guard), Some(path)) = (recording, &args.memory_html) {
         // The run's buffers go back with the trainer: their frees belong on the page.
+        let slots = planner_slots(trainer.train_net());
         drop(trainer);
-        write_memory_page(&guard.detach(), path, &dev, &cfg, human)?;
+        write_memory_page(&guard.detach(), path, &dev, &cfg, &slots, human)?;
     }
     Ok(report)
 }
@@ -501,12 +504,39 @@ fn save_parameters(
     Ok(())
 }
 
+/// The blobs the memory plan of `net` put in each of its slots, in the order the net first
+/// uses them (empty without a plan).
+fn planner_slots(net: &syncmem::net::Net) -> crate::page::Slots {
+    let mut slots = crate::page::Slots::new();
+    let Some(plan) = net.plan() else {
+        return slots;
+    };
+    let def = net.rewritten().unwrap_or(net.def());
+    let first_use = |blob: &String| {
+        def.ops
+            .iter()
+            .position(|o| o.outputs.contains(blob) || o.inputs.contains(blob))
+            .unwrap_or(usize::MAX)
+    };
+    let mut uses: Vec<(usize, &String, &String)> = plan
+        .mapping
+        .iter()
+        .map(|(blob, slot)| (first_use(blob), blob, slot))
+        .collect();
+    uses.sort();
+    for (_, blob, slot) in uses {
+        slots.entry(slot.clone()).or_default().push(blob.clone());
+    }
+    slots
+}
+
 /// Writes the memory page of the recorded run (`--memory-html`); `human` says where.
 fn write_memory_page(
     trace: &Trace,
     path: &std::path::Path,
     dev: &Device,
     cfg: &TrainConfig,
+    slots: &crate::page::Slots,
     human: bool,
 ) -> anyhow::Result<()> {
     let title = format!(
@@ -516,7 +546,7 @@ fn write_memory_page(
         cfg.batch,
         cfg.hidden[0]
     );
-    let size = super::trace_files::write_page(trace, &title, path)?;
+    let size = super::trace_files::write_page(trace, &title, path, slots)?;
     if human {
         outln!(
             "memory page of the run ({} events, {}): {}",
