@@ -155,8 +155,10 @@ pub struct Args {
     pub snapshot: Option<PathBuf>,
 
     /// Record the run (the device's pools, the host pool, every copy) and write its memory
-    /// page to this HTML file, as `syncmem trace view` draws it: memory over time, the peak
-    /// and the blocks alive at it with their owners, the steps, the copies.
+    /// page to this HTML file, the page `syncmem trace view` draws: the phases of the run
+    /// (planning measurement, set-up, training, after training), the live blocks stacked by
+    /// owner, the peak of training and the blocks behind it, planner slots named by the blobs
+    /// the net's plan puts in them.
     #[arg(long, value_name = "FILE")]
     pub memory_html: Option<PathBuf>,
 
