@@ -243,8 +243,7 @@ fn execute(
         world.map(|w| w.print(&devices)).transpose()?;
     }
 
-    // Recorded from before the planning measurement: the page names it as a phase of its own
-    // and opens on training, as it does for `syncmem trace record`.
+    // From before the planning measurement: the page names it as a phase (as `trace record`).
     let recording = args
         .memory_html
         .as_ref()
@@ -289,10 +288,7 @@ fn execute(
         save_parameters(&trainer, path, &mut report)?;
     }
     if let (Some(guard), Some(path)) = (recording, &args.memory_html) {
-        // The run's buffers go back with the trainer: their frees belong on the page.
-        let slots = planner_slots(trainer.train_net());
-        drop(trainer);
-        write_memory_page(&guard.detach(), path, &dev, &cfg, &slots, human)?;
+        write_run_page(guard, trainer, path, &dev, &cfg, human)?;
     }
     Ok(report)
 }
@@ -504,6 +500,21 @@ fn save_parameters(
         .with_context(|| format!("--save: saving the parameters to {}", path.display()))?;
     report.set_saved(path.display().to_string(), saved);
     Ok(())
+}
+
+/// Writes the memory page of the run recorded by `guard` (`--memory-html`), once `trainer`
+/// has given its buffers back: their frees belong on the page.
+fn write_run_page(
+    guard: TraceGuard,
+    trainer: Trainer,
+    path: &std::path::Path,
+    dev: &Device,
+    cfg: &TrainConfig,
+    human: bool,
+) -> anyhow::Result<()> {
+    let slots = planner_slots(trainer.train_net());
+    drop(trainer);
+    write_memory_page(&guard.detach(), path, dev, cfg, &slots, human)
 }
 
 /// The blobs the memory plan of `net` put in each of its slots, in the order the net first

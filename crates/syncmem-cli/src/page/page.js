@@ -21,10 +21,16 @@
       "#b07aa1", "#ff9da7", "#9c755f", "#86bcb6", "#8cd17d", "#d4a6c8", "#a0cbe8",
       "#ffbe7d", "#f1ce63", "#499894", "#d37295", "#79706e", "#b6992d", "#fabfd2"];
     var units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    // As the page's text writes bytes: three significant digits at most (ties to even, as
+    // Rust formats), trailing zeros dropped.
     function bytes(b) {
       var u = 0;
       while (b >= 1024 && u < units.length - 1) { b /= 1024; u++; }
-      return (u === 0 ? b.toFixed(0) : b.toPrecision(3)) + " " + units[u];
+      var d = b >= 100 || b === Math.trunc(b) ? 0 : b >= 10 ? 1 : 2, x = b * Math.pow(10, d), f = Math.floor(x);
+      var r = x - f > 0.5 || (x - f === 0.5 && f % 2 === 1) ? f + 1 : f;
+      var t = (r / Math.pow(10, d)).toFixed(d);
+      if (t.indexOf(".") >= 0) t = t.replace(/0+$/, "").replace(/\.$/, "");
+      return t + " " + units[u];
     }
     function when(x) {
       if (!D.timed) return "event " + Math.round(x);
