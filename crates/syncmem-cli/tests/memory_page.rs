@@ -245,12 +245,27 @@ fn check_pools(html: &str, device: &str, min_pools: usize) {
     );
 }
 
+/// `html` with every block of the first pool carrying fields its event could carry beyond those
+/// the page knows (an operator and frames), as the page embeds them.
+fn with_frames(html: &str) -> String {
+    let mut data = page_data(html);
+    let extra = serde_json::json!({"operator": "FC", "frames": [{"name": "fc1", "filename": "mlp.rs", "line": 3}]});
+    data["extras"] = serde_json::json!([extra]);
+    let blocks = &mut data["pools"][0]["blocks"];
+    let n = blocks["id"].as_array().unwrap().len();
+    blocks["e"] = serde_json::json!(vec![0; n]);
+    let key = "<script type=\"application/json\" id=\"data\">";
+    let start = html.find(key).unwrap() + key.len();
+    let end = start + html[start..].find("</script>").unwrap();
+    format!("{}{}{}", &html[..start], data, &html[end..])
+}
+
 /// The JSON the page's script reads.
 fn page_data(html: &str) -> serde_json::Value {
     let key = "<script type=\"application/json\" id=\"data\">";
     let start = html.find(key).expect("the page's data") + key.len();
     let end = start + html[start..].find("</script>").unwrap();
-    serde_json::from_str(&html[start..end].replace("<\\/", "</")).expect("the data parses")
+    serde_json::from_str(&html[start..end]).expect("the data parses")
 }
 
 #[test]
@@ -349,7 +364,8 @@ fn check_interaction(browser: &Path, html: &str, trace: &Path, device: &str) {
         "<script>{}</script></body>",
         include_str!("memory_page/probe.js")
     );
-    std::fs::write(&driven.0, html.replace("</body>", &probe)).unwrap();
+    let html = with_frames(html).replace("</body>", &probe);
+    std::fs::write(&driven.0, html).unwrap();
     let dom = run_chromium(browser, &driven.0, &["--dump-dom"]);
     assert!(
         dom.contains("data-errors=\"0\""),
@@ -409,6 +425,11 @@ fn check_interaction(browser: &Path, html: &str, trace: &Path, device: &str) {
         "{row}"
     );
     assert!(r["hoverBlock"].as_str().unwrap().contains("allocated at"));
+    // A field of the block's event the page does not know by name is shown as it is.
+    for text in [chart, row] {
+        assert!(text.contains("operator: FC"), "{text}");
+        assert!(text.contains("fc1 (mlp.rs:3)"), "{text}");
+    }
     // Dragging right shows earlier times, at the same zoom.
     let vp = view("viewPan");
     assert!(vp.0 < v0.0 && (width(vp) - width(v0)).abs() < 1.0, "{r}");

@@ -230,6 +230,7 @@ pub fn data_json(m: &Model, slots: &Slots, t: Option<&Timeline>) -> String {
         pool_json(&mut out, m, p, t);
     }
     out.push_str("]}");
-    // Inside a <script> element: no "</" may appear.
-    out.replace("</", "<\\/")
+    // Inside a <script> element no "</" or "<!--" may appear: every "<" (only ever inside a
+    // JSON string) is written as its escape.
+    out.replace('<', "\\u003c")
 }
