@@ -211,9 +211,14 @@ fn toolbar(h: &mut String, m: &Model) {
             esc(&span(m, p.from, p.to, p.last - p.first + 1))
         );
     }
+    if m.phases.len() > 1 {
+        h.push_str(
+            "<button class=\"phase\" data-phase=\"all\" title=\"every event of the trace\">\
+             whole run</button>",
+        );
+    }
     h.push_str(
-        "<button class=\"phase\" data-phase=\"all\" title=\"every event of the trace\">\
-         whole run</button></span><span class=\"zoom\">\
+        "</span><span class=\"zoom\">\
          <button id=\"zoom-in\" title=\"zoom in (or the wheel)\">+</button>\
          <button id=\"zoom-out\" title=\"zoom out\">−</button>\
          <button id=\"to-peak\" title=\"show the blocks alive at the peak of the main phase\">peak</button>\
@@ -226,7 +231,9 @@ fn legend(h: &mut String, m: &Model) {
     h.push_str("<div class=\"legend\">");
     h.push_str("<span><i class=\"sw reserved\"></i>reserved</span>");
     h.push_str("<span><i class=\"sw peak\"></i>peak of the main phase</span>");
-    h.push_str("<span><i class=\"sw step\"></i>start of a step</span>");
+    if m.steps.iter().any(Option::is_some) {
+        h.push_str("<span><i class=\"sw step\"></i>start of a step</span>");
+    }
     let mut kinds: Vec<&str> = Vec::new();
     for p in &m.pools {
         for (k, ..) in &p.marks {

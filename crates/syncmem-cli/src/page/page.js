@@ -23,21 +23,25 @@
     var units = ["B", "KiB", "MiB", "GiB", "TiB"];
     // As the page's text writes bytes: three significant digits at most (ties to even, as
     // Rust formats), trailing zeros dropped.
-    function bytes(b) {
-      var u = 0;
-      while (b >= 1024 && u < units.length - 1) { b /= 1024; u++; }
-      var d = b >= 100 || b === Math.trunc(b) ? 0 : b >= 10 ? 1 : 2, x = b * Math.pow(10, d), f = Math.floor(x);
+    function num(v, unit) {
+      var d = v >= 100 || v === Math.trunc(v) ? 0 : v >= 10 ? 1 : 2, x = v * Math.pow(10, d), f = Math.floor(x);
       var r = x - f > 0.5 || (x - f === 0.5 && f % 2 === 1) ? f + 1 : f;
       var t = (r / Math.pow(10, d)).toFixed(d);
       if (t.indexOf(".") >= 0) t = t.replace(/0+$/, "").replace(/\.$/, "");
-      return t + " " + units[u];
+      return t + " " + unit;
+    }
+    function bytes(b) {
+      var u = 0;
+      while (b >= 1024 && u < units.length - 1) { b /= 1024; u++; }
+      return num(b, units[u]);
     }
     function when(x) {
       if (!D.timed) return "event " + Math.round(x);
       x = x - D.start;
-      if (x < 1e3) return x.toFixed(0) + " µs";
-      if (x < 1e6) return (x / 1e3).toPrecision(3) + " ms";
-      return (x / 1e6).toPrecision(4) + " s";
+      if (x < 1e3) return num(Math.round(x), "µs");
+      if (x < 1e6) return num(x / 1e3, "ms");
+      if (x < 120e6) return num(x / 1e6, "s");
+      return num(x / 60e6, "min");
     }
     function kindStyle(kind) {
       for (var i = 0; i < D.kinds.length; i++) if (D.kinds[i][0] === kind) return D.kinds[i];
@@ -230,10 +234,14 @@
       for (var i = 0; i < ms.length; i++) if (ms[i] * p >= raw) return ms[i] * p;
       return 10 * p;
     }
+    // A round step of whole units: of the unit `max` reads in, or of the one below when that
+    // would cut less than one unit.
     function byteStep(max) {
       var u = 1;
       while (max / u >= 1024 && u < Math.pow(1024, 4)) u *= 1024;
-      return niceStep(max / u, 5) * u;
+      var step = niceStep(max / u, 5);
+      if (step < 1 && u > 1) { u /= 1024; step = niceStep(max / u, 5); }
+      return Math.max(1, step * u);
     }
     function drawAll() {
       canvases.forEach(function (cv) { draw(cv, D.pools[Number(cv.dataset.pool)]); });
@@ -355,10 +363,17 @@
       for (var x = first; x <= view.x1; x += step) {
         var X = Math.round(px(x, W)) + 0.5;
         g.beginPath(); g.moveTo(X, base); g.lineTo(X, base + 5); g.stroke();
-        g.fillText(when(x).replace("event ", ""), X, base + 17);
+        g.fillText(tickLabel(x, step), X, base + 17);
       }
       g.fillStyle = "#555";
       g.fillText(D.timed ? "time since the first event" : "event number (this trace has no times)", LEFT + W / 2, base + 31);
+    }
+    // A tick of the time axis, with as many decimals as the step needs.
+    function tickLabel(x, step) {
+      if (!D.timed) return String(Math.round(x));
+      var top = view.x1 - D.start, u = top < 1e3 ? [1, "µs"] : top < 1e6 ? [1e3, "ms"] : [1e6, "s"];
+      var d = Math.max(0, Math.min(6, Math.ceil(-Math.log10(step / u[0]) - 1e-9)));
+      return ((x - D.start) / u[0]).toFixed(d) + " " + u[1];
     }
     function lanes(g, p, W) {
       p.lanes.forEach(function (kind, li) {
