@@ -441,3 +441,89 @@ fn elide(pools: &mut [PoolModel]) {
 
 /// Slot name -> the blobs a memory plan put in it, in the order the net first writes them.
 pub type Slots = BTreeMap<String, Vec<String>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(json: &str) -> TraceEvent {
+        serde_json::from_str(json).unwrap()
+    }
+
+    fn alloc(id: u64, size: u64, owner: &str) -> TraceEvent {
+        ev(&format!(
+            r#"{{"op":"alloc","id":{id},"size":{size},"stream":0,"device":"cpu","owner":"{owner}"}}"#
+        ))
+    }
+
+    fn free(id: u64) -> TraceEvent {
+        ev(&format!(r#"{{"op":"free","id":{id},"device":"cpu"}}"#))
+    }
+
+    fn stamped(events: &[(TraceEvent, Option<u64>)]) -> Trace {
+        let stamps = (0..events.len() as u64)
+            .map(|i| Stamp {
+                t_us: 10 + i,
+                step: events[i as usize].1,
+            })
+            .collect();
+        Trace::from_stamped(events.iter().map(|e| e.0.clone()).collect(), stamps)
+    }
+
+    #[test]
+    fn the_peak_shown_is_the_peak_of_training() {
+        // A measurement reaching 1000 bytes, then training peaking at 300 (100 of which were
+        // allocated in set-up and alive when training began).
+        let t = stamped(&[
+            (alloc(0, 1000, "probe"), None),
+            (free(0), None),
+            (alloc(1, 100, "w"), None),
+            (alloc(2, 200, "x"), Some(1)),
+            (free(2), Some(1)),
+            (alloc(3, 50, "x"), Some(2)),
+            (free(3), None),
+        ]);
+        let m = Model::build(&t);
+        let names: Vec<_> = m.phases.iter().map(|p| p.name).collect();
+        assert_eq!(
+            names,
+            [
+                "planning measurement",
+                "set-up",
+                "training",
+                "after training"
+            ]
+        );
+        let p = &m.pools[0];
+        assert_eq!((p.peak.bytes, p.peak.at), (300, Some(3)));
+        assert_eq!((p.peak_all.bytes, p.peak_all.at), (1000, Some(0)));
+        let alive: Vec<_> = m.alive_after(p, 3).iter().map(|b| b.id).collect();
+        assert_eq!(alive, [2, 1], "largest first");
+        assert_eq!(m.owner_name(m.alive_after(p, 3)[0]), "x");
+        // Times start at the first event; the block freed at event 4 lived from event 3.
+        assert_eq!((m.xs[0], p.blocks[2].fi), (10, Some(4)));
+        assert!(
+            p.blocks.iter().all(|b| b.extra.is_none()),
+            "no unknown fields"
+        );
+    }
+
+    #[test]
+    fn a_long_trace_keeps_the_blocks_of_its_peaks_then_the_largest() {
+        let n = MAX_BLOCKS as u64 + 10;
+        let mut events = vec![(alloc(0, 4096, "w"), Some(1))];
+        for id in 1..=n {
+            // Sizes 1..=8 bytes, each block freed at once: the peak is w with the first 8-byte one.
+            events.push((alloc(id, 1 + id % 8, "a"), Some(1)));
+            events.push((free(id), Some(1)));
+        }
+        let m = Model::build(&stamped(&events));
+        let p = &m.pools[0];
+        assert_eq!(p.blocks.len(), MAX_BLOCKS);
+        assert_eq!(p.elided, 11);
+        assert_eq!(p.elided_max, 1, "the smallest go");
+        let at = p.peak.at.unwrap();
+        assert_eq!(p.peak.bytes, 4096 + 8);
+        assert_eq!(m.alive_after(p, at).len(), 2, "the peak's blocks are kept");
+    }
+}
