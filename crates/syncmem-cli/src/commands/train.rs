@@ -386,8 +386,9 @@ fn print_header(
     Ok(())
 }
 
-/// Starts recording `dev`'s pools for the memory page. The page shows the run from empty
-/// pools: what the planning measurement left cached goes back first.
+/// Starts recording `dev`'s pools for the memory page, before the planning measurement (a
+/// phase of the page). The page shows the run from empty pools: what is cached goes back
+/// first.
 fn record_from_empty_pools(dev: &Device) -> TraceGuard {
     dev.empty_cache();
     if let Ok(host) = syncmem::HostPool::global() {
