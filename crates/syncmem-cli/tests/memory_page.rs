@@ -1,6 +1,9 @@
 //! The memory page (`syncmem trace view`, `syncmem train --memory-html`), checked as a file
-//! and in a real browser: headless Chromium runs its script (no error may reach the console)
-//! and takes a screenshot at 1280x800, which must show the drawing.
+//! and in a real browser: headless Chromium runs its script (no error may reach the console),
+//! a probe script (`memory_page/probe.js`) drives it with real DOM events (hover, wheel zoom,
+//! the zoom buttons, a click on the peak, a drag), and a screenshot at 1280x800 must show the
+//! drawing. The blocks the page lists at the peak of training are compared with the trace's
+//! own data.
 //!
 //! Without Chromium the browser test prints a note and passes, unless
 //! `SYNCMEM_REQUIRE_BROWSER=1` (CI sets it), where a missing browser fails it. The browser is
@@ -174,8 +177,8 @@ fn recorded_page(name: &str) -> (TempPath, TempPath) {
     (trace, page)
 }
 
-/// Checks the page as a file: self-contained, one chart per pool with its series, the peak,
-/// the blocks alive at it with owners.
+/// Checks the page as a file: self-contained, one chart per pool, the phases with training
+/// pressed, the blocks behind the peak named.
 fn check_page_file(html: &str, device: &str) {
     check_pools(html, device, 2);
 }
@@ -195,39 +198,74 @@ fn check_pools(html: &str, device: &str, min_pools: usize) {
         pools >= min_pools,
         "{min_pools} pools or more (device, host): {pools}"
     );
-    assert_eq!(
-        html.matches("class=\"series series-allocated\"").count(),
-        pools
-    );
-    assert_eq!(
-        html.matches("class=\"series series-reserved\"").count(),
-        pools
-    );
-    assert_eq!(html.matches("<g class=\"peak\">").count(), pools);
+    assert_eq!(html.matches("<canvas class=\"chart\"").count(), pools);
     assert!(html.contains(&format!("data-pool=\"{device}\"")));
+    let data = page_data(html);
+    let kinds: Vec<&str> = data["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["marks"].as_array().unwrap())
+        .map(|m| m[0].as_str().unwrap())
+        .collect();
     if min_pools >= 2 {
         assert!(html.contains("data-pool=\"host\""));
         // Copies as marks with their bytes.
-        assert!(html.contains("data-kind=\"host_to_device\""));
-        assert!(html.contains("data-kind=\"device_to_host\""));
+        assert!(kinds.contains(&"host_to_device") && kinds.contains(&"device_to_host"));
     } else {
         assert!(
             !html.contains("data-pool=\"host\""),
             "zero-copy: no host pool"
         );
-        assert!(
-            html.contains("data-kind=\"mapped\""),
-            "zero-copy syncs drawn"
-        );
-        assert!(!html.contains("data-kind=\"host_to_device\""));
+        assert!(kinds.contains(&"mapped"), "zero-copy syncs drawn");
+        assert!(!kinds.contains(&"host_to_device"));
     }
-    // Steps drawn; owners named.
-    assert!(html.contains("<g class=\"steps\"><line"));
-    assert!(
-        html.contains("<td class=\"owner\">fc2_w</td>"),
-        "fc2_w among the blocks"
+    // The phases, training pressed; the steps; owners named behind the peak of training.
+    let names: Vec<&str> = data["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "planning measurement",
+            "set-up",
+            "training",
+            "after training"
+        ]
     );
-    assert!(html.contains("time since the trace began"));
+    assert!(html.contains("<button class=\"phase on\" data-phase=\"2\""));
+    assert!(!data["steps"].as_array().unwrap().is_empty());
+    assert!(html.contains("<th>peak of training</th>"));
+    assert!(
+        html.contains("<span class=\"named\">fc2_w</span>"),
+        "fc2_w behind the peak"
+    );
+}
+
+/// `html` with every block of the first pool carrying fields its event could carry beyond those
+/// the page knows (an operator and frames), as the page embeds them.
+fn with_frames(html: &str) -> String {
+    let mut data = page_data(html);
+    let extra = serde_json::json!({"operator": "FC", "frames": [{"name": "fc1", "filename": "mlp.rs", "line": 3}]});
+    data["extras"] = serde_json::json!([extra]);
+    let blocks = &mut data["pools"][0]["blocks"];
+    let n = blocks["id"].as_array().unwrap().len();
+    blocks["e"] = serde_json::json!(vec![0; n]);
+    let key = "<script type=\"application/json\" id=\"data\">";
+    let start = html.find(key).unwrap() + key.len();
+    let end = start + html[start..].find("</script>").unwrap();
+    format!("{}{}{}", &html[..start], data, &html[end..])
+}
+
+/// The JSON the page's script reads.
+fn page_data(html: &str) -> serde_json::Value {
+    let key = "<script type=\"application/json\" id=\"data\">";
+    let start = html.find(key).expect("the page's data") + key.len();
+    let end = start + html[start..].find("</script>").unwrap();
+    serde_json::from_str(&html[start..end]).expect("the data parses")
 }
 
 #[test]
@@ -246,12 +284,12 @@ fn the_page_of_a_training_run_renders_in_a_browser() {
     let first = trace_first_device(&trace.0);
     check_page_file(&html, &first);
     check_runs_clean(&browser, &page.0, &html);
-    check_hover(&browser, &html);
+    check_interaction(&browser, &html, &trace.0, &first);
     check_error_is_seen(&browser, &html);
     check_screenshot(&browser, &page.0);
 }
 
-/// The script runs without an error, and the drawing is in the DOM the browser built.
+/// The script runs without an error, and it filled each pool's state at the peak.
 fn check_runs_clean(browser: &Path, page: &Path, html: &str) {
     let dom = run_chromium(browser, page, &["--dump-dom"]);
     assert!(
@@ -269,68 +307,132 @@ fn check_runs_clean(browser: &Path, page: &Path, html: &str) {
         errors_of(&dom)
     );
     assert!(dom.contains("data-render-ms=") && dom.contains("data-loaded-ms="));
+    let pools = html.matches("<section class=\"pool\"").count();
     assert_eq!(
-        dom.matches("class=\"series series-allocated\"").count(),
-        html.matches("class=\"series series-allocated\"").count()
+        dom.matches("<div class=\"state\" data-pool=").count(),
+        pools
     );
+    assert_eq!(dom.matches("<table class=\"alive\">").count(), pools);
 }
 
-/// Hovering: a block's row shows its owner, size and lifetime (and marks the lifetime on the
-/// chart); the chart shows the bytes under the pointer. Mouse events are sent by a script
-/// added to a copy of the page, which writes what the tooltip said into the page.
-fn check_hover(browser: &Path, html: &str) {
-    let hover = TempPath::new("memory-page", "hover.html");
-    let probe = r##"<script>
-const tip = document.getElementById("tip");
-const move = (el, fx) => {
-  const r = el.getBoundingClientRect();
-  el.dispatchEvent(new MouseEvent("mouseenter", {clientX: r.left + r.width * fx, clientY: r.top + r.height / 2}));
-  el.dispatchEvent(new MouseEvent("mousemove", {clientX: r.left + r.width * fx, clientY: r.top + r.height / 2}));
-  return tip.style.display === "block" ? tip.textContent : "(hidden)";
-};
-const row = document.querySelector("tr.block");
-document.body.dataset.hoverBlock = move(row, 0.5);
-document.body.dataset.hoverLife = document.querySelector("#chart-0 rect.life").getAttribute("width");
-document.body.dataset.hoverChart = move(document.querySelector("#chart-0 rect.hover"), 0.9);
-</script></body>"##;
-    std::fs::write(&hover.0, html.replace("</body>", probe)).unwrap();
-    let dom = run_chromium(browser, &hover.0, &["--dump-dom"]);
+/// The peak of training of pool `device` in the trace file, from the trace's own lines: the
+/// event just after which the most bytes were alive (first reached; the level at the start
+/// of training counts), its bytes, and the ids of the blocks alive then.
+fn training_peak(trace: &Path, device: &str) -> (usize, u64, Vec<u64>) {
+    let text = std::fs::read_to_string(trace).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let first = lines.iter().position(|l| l.get("step").is_some()).unwrap();
+    let last = lines.iter().rposition(|l| l.get("step").is_some()).unwrap();
+    let mut live: std::collections::BTreeMap<u64, u64> = Default::default();
+    let (mut best, mut at, mut alive) = (0u64, 0usize, Vec::new());
+    for (i, l) in lines.iter().enumerate().take(last + 1) {
+        if i == first && live.values().sum::<u64>() > 0 {
+            (best, at, alive) = (live.values().sum(), i - 1, live.keys().copied().collect());
+        }
+        if l["device"] != device {
+            continue;
+        }
+        let id = l["id"].as_u64();
+        match l["op"].as_str() {
+            Some("alloc") => {
+                let size = l["place"]["size"].as_u64().or(l["size"].as_u64()).unwrap();
+                live.insert(id.unwrap(), size);
+            }
+            Some("free") => {
+                live.remove(&id.unwrap());
+            }
+            _ => continue,
+        }
+        let now: u64 = live.values().sum();
+        if i >= first && now > best {
+            (best, at, alive) = (now, i, live.keys().copied().collect());
+        }
+    }
+    (at, best, alive)
+}
+
+/// Drives the page with the probe script (added to a copy of the page) and checks what it saw:
+/// hover text at the peak, wheel zoom around the pointer, the zoom-out button, a click on the
+/// peak listing exactly the blocks the trace has alive then, hovers over a listed block and a
+/// block of the allocator's drawing, a pan by dragging, and no script error.
+fn check_interaction(browser: &Path, html: &str, trace: &Path, device: &str) {
+    let driven = TempPath::new("memory-page", "driven.html");
+    let probe = format!(
+        "<script>{}</script></body>",
+        include_str!("memory_page/probe.js")
+    );
+    let html = with_frames(html).replace("</body>", &probe);
+    std::fs::write(&driven.0, html).unwrap();
+    let dom = run_chromium(browser, &driven.0, &["--dump-dom"]);
     assert!(
         dom.contains("data-errors=\"0\""),
         "errors: {}",
         errors_of(&dom)
     );
-    let attr = |name: &str| {
-        let key = format!("{name}=\"");
-        let start = dom
-            .find(&key)
-            .map(|i| i + key.len())
-            .unwrap_or_else(|| panic!("no {name}"));
-        dom[start..start + dom[start..].find('"').unwrap()].to_string()
-    };
-    let block = attr("data-hover-block");
-    // The first row's owner and size, as the table shows them.
-    let row = &html[html.find("<tr class=\"block\"").unwrap()..];
-    let cell = |from: &str| {
-        let start = row.find(from).unwrap() + from.len();
-        row[start..start + row[start..].find("</td>").unwrap()].to_string()
-    };
-    let (owner, size) = (cell("<td class=\"owner\">"), cell("<td class=\"num\">"));
-    assert!(block.starts_with(&format!("{owner}: {size} (")), "{block}");
+    let key = "data-probe=\"";
+    let start = dom.find(key).expect("the probe ran") + key.len();
+    let raw = &dom[start..start + dom[start..].find('"').unwrap()];
+    let unescaped = raw
+        .replace("&quot;", "\"")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&");
+    let r: serde_json::Value = serde_json::from_str(&unescaped).unwrap();
+    let view = |k: &str| (r[k][0].as_f64().unwrap(), r[k][1].as_f64().unwrap());
+    let width = |v: (f64, f64)| v.1 - v.0;
+    let (at, bytes, mut ids) = training_peak(trace, device);
+    assert_eq!(r["peak"]["at"].as_u64(), Some(at as u64), "{r}");
+    assert_eq!(r["peak"]["bytes"].as_u64(), Some(bytes));
+    // Zoom in with the wheel around the peak, out with the button.
+    let (v0, vw, vo) = (view("view0"), view("viewWheel"), view("viewOut"));
+    let px = r["peak"]["x"].as_f64().unwrap();
+    assert!((width(vw) / width(v0) - 0.8).abs() < 0.01, "{r}");
     assert!(
-        block.contains("allocated at") && block.contains("alive"),
-        "{block}"
+        vw.0 <= px && px <= vw.1,
+        "the wheel zooms around the pointer: {r}"
     );
-    assert_ne!(
-        attr("data-hover-life"),
-        "0",
-        "the lifetime is marked on the chart"
-    );
-    let chart = attr("data-hover-chart");
+    assert!(width(vo) > width(vw) * 1.5, "{r}");
+    // The click on the peak lists the blocks alive then.
+    assert_eq!(r["clicked"].as_u64(), Some(at as u64));
+    let mut listed: Vec<u64> = r["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    listed.sort_unstable();
+    ids.sort_unstable();
+    assert_eq!(listed, ids, "the blocks alive at the peak of training");
+    assert_eq!(r["rows"].as_u64(), Some(ids.len().min(400) as u64));
     assert!(
-        chart.contains("allocated") && chart.contains("reserved"),
+        r["segments"].as_u64().unwrap() >= 1,
+        "the allocator's segments drawn"
+    );
+    // Hover texts: owner, size, stream.
+    let chart = r["hoverChart"].as_str().unwrap();
+    assert!(
+        chart.contains("allocated") && chart.contains("block(s)"),
         "{chart}"
     );
+    assert!(chart.contains("stream"), "{chart}");
+    let row = r["hoverRow"].as_str().unwrap();
+    let owner = r["firstOwner"].as_str().unwrap();
+    assert!(
+        row.starts_with(&format!("{owner}: ")) && row.contains("stream"),
+        "{row}"
+    );
+    assert!(r["hoverBlock"].as_str().unwrap().contains("allocated at"));
+    // A field of the block's event the page does not know by name is shown as it is.
+    for text in [chart, row] {
+        assert!(text.contains("operator: FC"), "{text}");
+        assert!(text.contains("fc1 (mlp.rs:3)"), "{text}");
+    }
+    // Dragging right shows earlier times, at the same zoom.
+    let vp = view("viewPan");
+    assert!(vp.0 < v0.0 && (width(vp) - width(v0)).abs() < 1.0, "{r}");
 }
 
 /// The same check sees an error when there is one: a page whose script logs one.
@@ -343,8 +445,8 @@ fn check_error_is_seen(browser: &Path, html: &str) {
     assert!(errors_of(&dom).contains("boom"));
 }
 
-/// The screenshot at 1280x800 shows the charts: the allocated area and the reserved line in
-/// their colours, on a page that is not blank.
+/// The screenshot at 1280x800 shows the charts: the stacked bands in the page's palette and
+/// the reserved line, on a page that is not blank.
 fn check_screenshot(browser: &Path, page: &Path) {
     let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("memory-page.png");
     let _ = std::fs::remove_file(&shot);
@@ -361,13 +463,15 @@ fn check_screenshot(browser: &Path, page: &Path) {
             .count()
     };
     let white = count([255, 255, 255]);
-    let allocated = count([0xa9, 0xc8, 0xec]);
-    let reserved = count([0xe8, 0x87, 0x1e]);
     assert!(
         white < w * h * 95 / 100,
         "the screenshot is blank: {white} white pixels"
     );
-    assert!(allocated > 2000, "the allocated area: {allocated} pixels");
+    // The first colours of the palette, one band each.
+    let palette = [[0x4e, 0x79, 0xa7], [0xf2, 0x8e, 0x2b], [0x59, 0xa1, 0x4f]];
+    let bands = palette.iter().filter(|c| count(**c) > 500).count();
+    assert!(bands >= 2, "the stacked bands: {bands} colours");
+    let reserved = count([0xe8, 0x87, 0x1e]);
     assert!(reserved > 200, "the reserved line: {reserved} pixels");
     println!("screenshot: {}", shot.display());
 }
@@ -422,6 +526,14 @@ fn train_writes_the_page_of_its_run() {
     // Zero-copy on cpu: the device pool holds every buffer, the host pool is never used.
     check_pools(&html, "cpu", 1);
     assert!(html.contains("syncmem train on cpu: 2 epoch(s)"));
+    // The run's plan names its slots: each holds blobs of the net.
+    let slots = page_data(&html)["slots"].clone();
+    let slots = slots.as_object().expect("slots");
+    assert!(!slots.is_empty(), "the plan's slots");
+    assert!(
+        slots.keys().all(|k| k.starts_with("__shared_")),
+        "{slots:?}"
+    );
     let err = common::fails(&["train", "--memory-html", "/no-such-dir/x.html"]);
     assert!(err.contains("does not exist"), "{err}");
 }

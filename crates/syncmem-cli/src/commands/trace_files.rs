@@ -27,12 +27,16 @@ pub struct ViewArgs {
 
 const VIEW_HELP: &str = "\
 The page is one HTML file that needs nothing else (no network, no external scripts or fonts):
-open it in any browser. Per memory pool (each device, its pinned host pool, the host pool):
-allocated and reserved bytes over time with the peak marked and the steps of training drawn;
-copies, evictions and other transfers as marks on the time axis (taller for more bytes);
-out-of-memory failures in red; the blocks alive at the peak, largest first, with the tensor
-or blob that owned each, and their lifetimes. Hover for details. Long traces are drawn in at
-most 1500 spans of time per pool, each keeping its highest and lowest value: no peak is lost.";
+open it in any browser. It is the page `syncmem train --memory-html` writes. It names the
+phases of the run (planning measurement, set-up, training, after training: from the steps the
+events carry) and opens on training; the buttons show another phase or the whole run. Per
+memory pool (each device, its pinned host pool, the host pool): the live blocks stacked by
+owner (the tensor or blob each went to) over time, the reserved bytes, the steps, the peak of
+training; copies, zero-copy syncs, spills, refills, evictions and out-of-memory failures as
+marks. Wheel or +/- to zoom, drag to pan; hover for a block's owner, size, stream and any other
+field its event carries; click a moment for the blocks alive then and the pool's segments with
+their blocks and free gaps. A trace of more than 100000 blocks keeps those alive at a peak and
+then the largest, and says how many it left out; marks are counted in 20000 spans of the run.";
 
 /// Arguments of `syncmem trace export-torch`.
 #[derive(clap::Args)]
@@ -75,9 +79,15 @@ pub fn check_dir(flag: &str, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes the memory page of `trace` into `path`.
-pub fn write_page(trace: &Trace, title: &str, path: &Path) -> anyhow::Result<usize> {
-    let html = crate::page::render(trace, title);
+/// Writes the memory page of `trace` into `path`; `slots`: the blobs of each planner slot,
+/// when known.
+pub fn write_page(
+    trace: &Trace,
+    title: &str,
+    path: &Path,
+    slots: &crate::page::Slots,
+) -> anyhow::Result<usize> {
+    let html = crate::page::render(trace, title, slots);
     syncmem::file::write_atomic(path, |out| out.write_all(html.as_bytes()))
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(html.len())
@@ -91,7 +101,7 @@ pub fn view(args: &ViewArgs) -> anyhow::Result<()> {
         .title
         .clone()
         .unwrap_or_else(|| format!("memory of {}", args.file.display()));
-    let size = write_page(&trace, &title, &args.out)?;
+    let size = write_page(&trace, &title, &args.out, &crate::page::Slots::new())?;
     outln!(
         "wrote {} ({}) from {} events of {}",
         args.out.display(),

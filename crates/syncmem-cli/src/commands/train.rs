@@ -155,8 +155,10 @@ pub struct Args {
     pub snapshot: Option<PathBuf>,
 
     /// Record the run (the device's pools, the host pool, every copy) and write its memory
-    /// page to this HTML file, as `syncmem trace view` draws it: memory over time, the peak
-    /// and the blocks alive at it with their owners, the steps, the copies.
+    /// page to this HTML file, the page `syncmem trace view` draws: the phases of the run
+    /// (planning measurement, set-up, training, after training), the live blocks stacked by
+    /// owner, the peak of training and the blocks behind it, planner slots named by the blobs
+    /// the net's plan puts in them.
     #[arg(long, value_name = "FILE")]
     pub memory_html: Option<PathBuf>,
 
@@ -241,12 +243,13 @@ fn execute(
         world.map(|w| w.print(&devices)).transpose()?;
     }
 
-    let planning = compare_planning(&dev, &data, &cfg).context("measuring memory planning")?;
+    // From before the planning measurement: the page names it as a phase (as `trace record`).
     let recording = args
         .memory_html
         .as_ref()
         .filter(|_| root)
         .map(|_| record_from_empty_pools(&dev));
+    let planning = compare_planning(&dev, &data, &cfg).context("measuring memory planning")?;
     let process_before = syncmem::stats().copies;
     dev.reset_peak_stats();
     let start = Instant::now();
@@ -285,9 +288,7 @@ fn execute(
         save_parameters(&trainer, path, &mut report)?;
     }
     if let (Some(guard), Some(path)) = (recording, &args.memory_html) {
-        // The run's buffers go back with the trainer: their frees belong on the page.
-        drop(trainer);
-        write_memory_page(&guard.detach(), path, &dev, &cfg, human)?;
+        write_run_page(guard, trainer, path, &dev, &cfg, human)?;
     }
     Ok(report)
 }
@@ -385,8 +386,9 @@ fn print_header(
     Ok(())
 }
 
-/// Starts recording `dev`'s pools for the memory page. The page shows the run from empty
-/// pools: what the planning measurement left cached goes back first.
+/// Starts recording `dev`'s pools for the memory page, before the planning measurement (a
+/// phase of the page). The page shows the run from empty pools: what is cached goes back
+/// first.
 fn record_from_empty_pools(dev: &Device) -> TraceGuard {
     dev.empty_cache();
     if let Ok(host) = syncmem::HostPool::global() {
@@ -501,12 +503,54 @@ fn save_parameters(
     Ok(())
 }
 
+/// Writes the memory page of the run recorded by `guard` (`--memory-html`), once `trainer`
+/// has given its buffers back: their frees belong on the page.
+fn write_run_page(
+    guard: TraceGuard,
+    trainer: Trainer,
+    path: &std::path::Path,
+    dev: &Device,
+    cfg: &TrainConfig,
+    human: bool,
+) -> anyhow::Result<()> {
+    let slots = planner_slots(trainer.train_net());
+    drop(trainer);
+    write_memory_page(&guard.detach(), path, dev, cfg, &slots, human)
+}
+
+/// The blobs the memory plan of `net` put in each of its slots, in the order the net first
+/// uses them (empty without a plan).
+fn planner_slots(net: &syncmem::net::Net) -> crate::page::Slots {
+    let mut slots = crate::page::Slots::new();
+    let Some(plan) = net.plan() else {
+        return slots;
+    };
+    let def = net.rewritten().unwrap_or(net.def());
+    let first_use = |blob: &String| {
+        def.ops
+            .iter()
+            .position(|o| o.outputs.contains(blob) || o.inputs.contains(blob))
+            .unwrap_or(usize::MAX)
+    };
+    let mut uses: Vec<(usize, &String, &String)> = plan
+        .mapping
+        .iter()
+        .map(|(blob, slot)| (first_use(blob), blob, slot))
+        .collect();
+    uses.sort();
+    for (_, blob, slot) in uses {
+        slots.entry(slot.clone()).or_default().push(blob.clone());
+    }
+    slots
+}
+
 /// Writes the memory page of the recorded run (`--memory-html`); `human` says where.
 fn write_memory_page(
     trace: &Trace,
     path: &std::path::Path,
     dev: &Device,
     cfg: &TrainConfig,
+    slots: &crate::page::Slots,
     human: bool,
 ) -> anyhow::Result<()> {
     let title = format!(
@@ -516,7 +560,7 @@ fn write_memory_page(
         cfg.batch,
         cfg.hidden[0]
     );
-    let size = super::trace_files::write_page(trace, &title, path)?;
+    let size = super::trace_files::write_page(trace, &title, path, slots)?;
     if human {
         outln!(
             "memory page of the run ({} events, {}): {}",

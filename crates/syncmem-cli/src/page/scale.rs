@@ -1,4 +1,4 @@
-//! Units and axes of the memory page: byte and time labels, round tick steps, escaping.
+//! Units of the memory page: byte and time labels, escaping.
 
 /// Byte units: name and size.
 const BYTE_UNITS: [(&str, f64); 5] = [
@@ -66,51 +66,6 @@ pub fn x_label(x: u64, timed: bool) -> String {
     }
 }
 
-/// A round step (1, 2 or 5 times a power of ten) that cuts `range` into at most about
-/// `ticks` parts.
-fn nice(range: f64, ticks: f64) -> f64 {
-    if range <= 0.0 {
-        return 1.0;
-    }
-    let raw = range / ticks;
-    let p = 10f64.powf(raw.log10().floor());
-    for m in [1.0, 2.0, 5.0, 10.0] {
-        if m * p >= raw {
-            return m * p;
-        }
-    }
-    10.0 * p
-}
-
-/// Tick values from 0 to `max` (inclusive of the last one at or below it), at a round step.
-fn ticks_with(max: f64, ticks: f64, unit: f64) -> Vec<f64> {
-    let step = nice(max / unit, ticks) * unit;
-    let mut out = Vec::new();
-    let mut v = 0.0;
-    while v <= max * (1.0 + 1e-9) {
-        out.push(v);
-        v += step;
-    }
-    out
-}
-
-/// Byte ticks up to `max`, on round numbers of the unit `max` is read in.
-pub fn byte_ticks(max: u64) -> Vec<u64> {
-    let unit = byte_unit(max as f64).1;
-    ticks_with(max as f64, 5.0, unit)
-        .into_iter()
-        .map(|v| v as u64)
-        .collect()
-}
-
-/// Time (or event) ticks up to `max`, on round numbers.
-pub fn x_ticks(max: u64) -> Vec<u64> {
-    ticks_with(max as f64, 10.0, 1.0)
-        .into_iter()
-        .map(|v| v as u64)
-        .collect()
-}
-
 /// `s` escaped for HTML text and attribute values.
 pub fn esc(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -145,13 +100,7 @@ mod tests {
     }
 
     #[test]
-    fn ticks_are_round() {
-        assert_eq!(
-            byte_ticks(5 << 20),
-            [0, 1 << 20, 2 << 20, 3 << 20, 4 << 20, 5 << 20]
-        );
-        assert_eq!(x_ticks(1000).len(), 11);
-        assert_eq!(x_ticks(0), [0]);
+    fn escapes() {
         assert_eq!(esc("<a&\"b\">"), "&lt;a&amp;&quot;b&quot;&gt;");
     }
 }
