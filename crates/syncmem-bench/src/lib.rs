@@ -150,7 +150,7 @@ pub fn step_count() -> usize {
     STEPS.len() + compute::STEPS.len()
 }
 
-const STEPS: [&str; 28] = [
+const STEPS: [&str; 29] = [
     "host pool 4 KiB",
     "host pool 4 KiB vs malloc",
     "host pool 1 MiB",
@@ -172,6 +172,7 @@ const STEPS: [&str; 28] = [
     "train epoch LeakyRelu vs Relu",
     "train zero-copy vs two mirrors",
     "train memory cap vs uncapped",
+    "train adam offloaded vs on the device",
     "device to device 64 MiB",
     "train on two devices",
     "train step vs raw",
@@ -182,7 +183,7 @@ const STEPS: [&str; 28] = [
 ];
 
 /// The notes printed under the table: what the baselines are.
-const BASELINES: [&str; 14] = [
+const BASELINES: [&str; 15] = [
     "host pool rows: a private caching HostPool against the system allocator (called directly, \
      not through a counting global allocator) at the pool's alignment (64 B); `vs malloc` at \
      the system's own (16 B), which the pool does not offer",
@@ -206,9 +207,16 @@ const BASELINES: [&str; 14] = [
     "train epoch zero-copy/off: `syncmem train` (default net) on each device with zero-copy \
      mirrors against SYNCMEM_ZERO_COPY=off, epochs interleaved; goal: zero-copy no slower \
      (ratio >= 1.0) and 0 bytes copied in setup and per step (table below)",
-    "train epoch capped/uncapped: `syncmem train --no-plan --no-fuse` capped at half the \
-     unplanned device peak against no cap: what spilling costs (no goal; spills and refills \
-     per step in the table below)",
+    "train epoch capped/uncapped: `syncmem train --no-plan --no-fuse` at hidden 64 and 256, \
+     capped at half the unplanned device peak (at least 1.25 x the largest operator's working \
+     set: at hidden 256 FCGradient alone holds more than half the peak) against no cap, \
+     epochs interleaved: what the cap \
+     costs (dead values dropped, the rest spilled by the net's schedule); goal: capped <= 1.15 \
+     x, ratio >= 0.87 (spills and refills per step in the table below)",
+    "train epoch adam offloaded/on device: `syncmem train --optimizer adam --offload \
+     optimizer` (the state on the host, the update there: gradients down and parameters up \
+     each step, not overlapped) against the update on the device (no goal; bytes per step in \
+     the table below)",
     "device to device: a buffer written on the device read on the next device of its backend \
      through its replica there (one device command between OpenCL devices of a context), \
      waited for, against a blocking read into host memory and a blocking write (no goal)",

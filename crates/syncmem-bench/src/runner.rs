@@ -305,14 +305,29 @@ impl Bench<'_> {
         }
         self.p.next();
         for d in &devices {
-            match train_memory::memory_cap_rows(d, quick) {
+            for hidden in [64, 256] {
+                match train_memory::memory_cap_rows(d, quick, hidden) {
+                    Ok((row, t)) => {
+                        self.rows.push(row);
+                        table.extend(t);
+                    }
+                    Err(e) => self.skipped.push(format!(
+                        "train memory cap rows on {} h{hidden}: {e}",
+                        d.label()
+                    )),
+                }
+            }
+        }
+        self.p.next();
+        for d in &devices {
+            match train_memory::offload_rows(d, quick) {
                 Ok((row, t)) => {
                     self.rows.push(row);
                     table.extend(t);
                 }
                 Err(e) => self
                     .skipped
-                    .push(format!("train memory cap rows on {}: {e}", d.label())),
+                    .push(format!("train offload rows on {}: {e}", d.label())),
             }
         }
         table

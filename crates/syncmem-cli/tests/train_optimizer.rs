@@ -104,3 +104,53 @@ fn an_unknown_optimizer_is_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn an_offloaded_optimizer_moves_gradients_and_parameters_only() {
+    let args = |offload: bool| {
+        let mut a = vec!["train", "--optimizer", "adam", "--epochs", "2", "--json"];
+        if offload {
+            a.extend(["--offload", "optimizer"]);
+        }
+        json(&a)
+    };
+    let (on, off) = (args(false), args(true));
+    assert_eq!(
+        off["settings"]["offload_optimizer"], true,
+        "{}",
+        off["settings"]
+    );
+    assert_eq!(on["settings"]["offload_optimizer"], false);
+    assert!(f(&off["final"]["accuracy"]) > 0.9, "{}", off["final"]);
+    // Per step: the parameters go up (copied) and the gradients come down (copied, or synced
+    // where the device's memory is host memory), as many bytes as the parameters hold.
+    let params = 4.0 * f(&off["model"]["parameters"]);
+    let per_step = &off["transfers"]["per_step"];
+    let bytes = |dir: &str| f(&per_step[dir]["bytes"]);
+    let up = bytes("host_to_device");
+    assert!(
+        up >= params && up < params + 1024.0,
+        "up: {up} B a step for {params} B of parameters: {per_step}"
+    );
+    let on_step = &on["transfers"]["per_step"];
+    let down = bytes("device_to_host") + bytes("mapped");
+    let down_on = f(&on_step["device_to_host"]["bytes"]) + f(&on_step["mapped"]["bytes"]);
+    assert!(
+        down - down_on >= params - 1024.0,
+        "down: {down} B a step against {down_on} B with the update on the device, for {params} \
+         B of parameters"
+    );
+    let text = ok(&[
+        "train",
+        "--optimizer",
+        "momentum",
+        "--offload",
+        "optimizer",
+        "--epochs",
+        "1",
+    ]);
+    assert!(text.contains("momentum at lr 0.05 on the host"), "{text}");
+    let out = common::run(&["train", "--device", "cpu", "--offload", "activations"]);
+    let err = rejected_value("--offload activations", &out);
+    assert!(err.contains("not offloaded"), "{err}");
+}

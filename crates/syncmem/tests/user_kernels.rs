@@ -256,11 +256,11 @@ type Launch<'a> = dyn Fn(&[Arg<'_>], Grid) -> Error + 'a;
 /// compiled kernel's parameters, more threads per block than the kernel runs.
 fn device_launch_errors(dev: &Device, launch: &Launch<'_>, x: &SyncedMemory, y: &SyncedMemory) {
     let g = Grid::linear(1, 8);
-    // A buffer of another device.
-    let on_cpu = filled(&Device::cpu(), &[1.0; 8]);
+    // A buffer on the host only (one of another device is used through its replica there).
+    let host_only = SyncedMemory::host_only(32);
     let e = launch(
         &[
-            Arg::read(&on_cpu),
+            Arg::read(&host_only),
             Arg::write(y),
             8u32.into(),
             1.0f32.into(),
@@ -269,7 +269,7 @@ fn device_launch_errors(dev: &Device, launch: &Launch<'_>, x: &SyncedMemory, y: 
     );
     let (_, index, reason) = kernel_error(&e);
     assert_eq!(index, Some(0));
-    assert!(reason.contains("lives on cpu"), "{reason}");
+    assert!(reason.contains("lives on the host only"), "{reason}");
     // The count and the kinds, from the compiled kernel's parameters.
     let e = launch(&[Arg::read(x), Arg::write(y), 8u32.into()], g);
     let (_, index, reason) = kernel_error(&e);

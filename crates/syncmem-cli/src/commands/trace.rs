@@ -217,6 +217,7 @@ fn record(args: &RecordArgs) -> anyhow::Result<()> {
         batch: d.batch,
         lr: Some(d.lr),
         optimizer: d.optimizer,
+        offload: None,
         hidden: args.hidden,
         save: None,
         plan: true,

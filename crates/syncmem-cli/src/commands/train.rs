@@ -104,6 +104,11 @@ pub struct Args {
     )]
     pub optimizer: syncmem_nn::train::Optimizer,
 
+    /// Keep on the host: `optimizer` (the state of momentum or Adam lives in host memory only
+    /// and the update runs there: each step moves the gradients down and the parameters up).
+    #[arg(long, value_name = "WHAT", value_parser = optimizer::parse_offload)]
+    pub offload: Option<optimizer::Offload>,
+
     /// Width of each of the two hidden layers.
     #[arg(
         long,
@@ -346,6 +351,7 @@ fn config(args: &Args) -> TrainConfig {
         .with_fuse(!args.no_fuse)
         .with_bucket_bytes(usize::try_from(args.bucket_size).unwrap_or(usize::MAX))
         .with_overlap(!args.no_overlap)
+        .with_offload_optimizer(args.offload.is_some())
 }
 
 /// The lines of the text report before training: the note on the device, the model, the data
@@ -363,7 +369,7 @@ fn print_header(
     }
     outln!(
         "training an MLP {} -> {h} -> {h} -> {} on {} ({} samples from {source}), {} epochs \
-         of batches of {}, {} at lr {}, seed {}, memory planning {}",
+         of batches of {}, {} at lr {}{}, seed {}, memory planning {}",
         data.features,
         data.classes,
         dev.label(),
@@ -372,6 +378,11 @@ fn print_header(
         cfg.batch,
         cfg.optimizer,
         cfg.lr,
+        if cfg.offload_optimizer {
+            " on the host"
+        } else {
+            ""
+        },
         cfg.seed,
         if cfg.plan { "on" } else { "off" },
         h = cfg.hidden[0],

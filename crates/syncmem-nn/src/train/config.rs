@@ -87,4 +87,12 @@ impl TrainConfig {
         self.overlap = overlap;
         self
     }
+
+    /// The same settings with the optimizer on the host or not (see
+    /// [`super::offload`]).
+    #[must_use]
+    pub fn with_offload_optimizer(mut self, offload: bool) -> Self {
+        self.offload_optimizer = offload;
+        self
+    }
 }

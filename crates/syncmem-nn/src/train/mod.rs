@@ -65,6 +65,7 @@ mod config;
 mod distributed;
 mod held_out;
 mod meter;
+pub mod offload;
 mod parallel;
 mod planning;
 mod reduce;
@@ -113,6 +114,9 @@ pub struct TrainConfig {
     /// Distributed training: sum each bucket as soon as backward has written it, while
     /// backward goes on (else after backward).
     pub overlap: bool,
+    /// Keep the optimizer's state on the host and update the parameters there (see
+    /// [`offload`]); single-device training only.
+    pub offload_optimizer: bool,
 }
 
 impl Default for TrainConfig {
@@ -130,6 +134,7 @@ impl Default for TrainConfig {
             fuse: true,
             bucket_bytes: 1 << 20,
             overlap: true,
+            offload_optimizer: false,
         }
     }
 }
@@ -230,6 +235,8 @@ pub struct Trainer {
     transfers: Transfers,
     /// The held-out dataset on `device` ([`Trainer::set_held_out`]).
     held_out: Option<held_out::HeldOut>,
+    /// The update on the host, when the optimizer is offloaded.
+    offload: Option<offload::Offloaded>,
 }
 
 impl Trainer {
@@ -273,7 +280,16 @@ impl Trainer {
         nets: MlpNets,
     ) -> Result<Self> {
         crate::register_operators()?;
+        let split = match cfg.offload_optimizer {
+            true => Some(offload::split(&mlp, &nets)?),
+            false => None,
+        };
+        let nets = split.as_ref().map_or(nets, |s| s.nets.clone());
         let setup = Setup::new(device, data, cfg, &nets)?;
+        let offloaded = match &split {
+            Some(s) => Some(s.build(&setup.ws, &setup, cfg, &mlp)?),
+            None => None,
+        };
         let mut batches = Vec::new();
         for (i, rows) in setup.rows.iter().enumerate() {
             batches.push(parallel::upload(rows, data, device, &format!("batch{i}"))?);
@@ -284,6 +300,7 @@ impl Trainer {
         let eval = ws.create_net(&nets.eval, device, &opts)?;
         let mut t = setup.trainer(device, data, mlp, nets, train, eval);
         t.batches = batches;
+        t.offload = offloaded;
         for name in [DATA, LABEL] {
             t.ws.create_blob(name)?
                 .write()
@@ -327,6 +344,9 @@ impl Trainer {
         } else {
             self.feed(i)?;
             self.train.run(&self.ws)?;
+            if let Some(o) = &self.offload {
+                o.update.run(&self.ws)?;
+            }
             self.read_scalars(&self.train)?
         };
         meter.stop(&mut self.transfers, parallel.then_some(&mut self.pairs));

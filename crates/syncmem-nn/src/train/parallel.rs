@@ -148,6 +148,7 @@ impl Trainer {
             return Self::with_nets(first, data, cfg, mlp, nets);
         }
         super::check_widths(&mlp, data)?;
+        super::offload::refuse(cfg, "training on several devices or ranks")?;
         let mut setup = super::Setup::new(first, data, cfg, &nets)?;
         // The job's batch sizes: a rank trains on its rows of each.
         let global: Vec<usize> = setup.rows.iter().map(Vec::len).collect();

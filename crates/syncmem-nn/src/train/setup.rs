@@ -93,6 +93,7 @@ impl Setup {
             epoch: 0,
             transfers: Transfers::default(),
             held_out: None,
+            offload: None,
         }
     }
 }

@@ -160,9 +160,12 @@ enum Guard<'a> {
 /// data is on the host is uploaded once, an output taken with [`Arg::overwrite`] is neither
 /// copied nor filled. Then the launch is checked, ordered and recorded as
 /// [`UserKernel::launch`] describes, and the call returns at once (on `cpu`, once the host
-/// closure returned). Guards are taken in the order of the buffers' locks, so that launches on
-/// several threads cannot deadlock on each other, and released once the kernel is queued:
-/// later accesses are ordered after it on the device, and a host access waits for it.
+/// closure returned). A buffer of another device is used through its replica on the launch's
+/// device ([`SyncedMemory::device_on`]: a copy when the replica is stale; written, the replica
+/// becomes the only current place). Guards are taken in the order of the buffers' locks, so
+/// that launches on several threads cannot deadlock on each other, and released once the
+/// kernel is queued: later accesses are ordered after it on the device, and a host access
+/// waits for it.
 ///
 /// ```
 /// use syncmem::kernels::{self, Arg, Grid, UserKernel};
@@ -190,8 +193,8 @@ enum Guard<'a> {
 /// each buffer only within its length and writes only the buffers passed as written.
 ///
 /// # Errors
-/// [`Error::KernelArgument`] naming the kernel and the argument: a buffer of another device
-/// (or host only, or a tensor with elements but no storage), the same buffer twice with a
+/// [`Error::KernelArgument`] naming the kernel and the argument: a buffer on the host only
+/// (or a tensor with elements but no storage), the same buffer twice with a
 /// write, and every check of [`UserKernel::launch`]; the errors of the guards
 /// ([`Error::Busy`] for a buffer this thread holds, out of memory, an upload that failed).
 pub unsafe fn launch(
@@ -202,7 +205,7 @@ pub unsafe fn launch(
 ) -> Result<()> {
     let dev = stream.device();
     let (slot_of, wanted) = plan_guards(kernel, dev, args)?;
-    let guards = take_guards(&wanted)?;
+    let guards = take_guards(&wanted, dev)?;
     let empty = DeviceBuffer::empty(dev);
     let mut kargs: SmallVec<[KernelArg<'_>; 16]> = SmallVec::new();
     for (a, slot) in args.iter().zip(&slot_of) {
@@ -223,8 +226,9 @@ pub unsafe fn launch(
     kernel.launch_checked(stream, grid, &kargs)
 }
 
-/// A buffer a launch takes a guard of: its lock key, its memory, its label, the access.
-type Wanted<'a> = (usize, &'a SyncedMemory, &'a str, Access);
+/// A buffer a launch takes a guard of: its lock key, its memory, its label, the access, and
+/// whether it is another device's (used through its replica on the launch's device).
+type Wanted<'a> = (usize, &'a SyncedMemory, &'a str, Access, bool);
 
 /// Which guard each argument uses (`None`: a scalar or an empty buffer; the same buffer read
 /// twice shares one), and the guards wanted. Checks each buffer's device, and that no buffer
@@ -257,20 +261,19 @@ fn plan_guards<'a>(
                 ),
             ));
         }
-        match b.device {
-            Some(d) if d.same(dev) => {}
-            other => {
+        let remote = match b.device {
+            Some(d) => !d.same(dev),
+            None => {
                 return Err(error(
                     i,
                     format!(
-                        "{:?} lives on {}, the launch's stream on {}",
+                        "{:?} lives on the host only, the launch's stream on {}",
                         b.label,
-                        other.map_or("the host only", Device::label),
                         dev.label()
                     ),
                 ))
             }
-        }
+        };
         let Some(mem) = b.mem else {
             slot_of.push(None);
             continue;
@@ -292,7 +295,7 @@ fn plan_guards<'a>(
             }
             None => {
                 slot_of.push(Some(wanted.len()));
-                wanted.push((key, mem, b.label, access));
+                wanted.push((key, mem, b.label, access, remote));
             }
         }
     }
@@ -301,16 +304,22 @@ fn plan_guards<'a>(
 
 /// The guards of `wanted`, taken in the order of the buffers' locks (so that two launches
 /// cannot deadlock), each at its index in `wanted`.
-fn take_guards<'a>(wanted: &[Wanted<'a>]) -> Result<SmallVec<[Option<Guard<'a>>; 8]>> {
+fn take_guards<'a>(
+    wanted: &[Wanted<'a>],
+    dev: &Device,
+) -> Result<SmallVec<[Option<Guard<'a>>; 8]>> {
     let mut order: SmallVec<[usize; 8]> = (0..wanted.len()).collect();
     order.sort_unstable_by_key(|&s| wanted[s].0);
     let mut guards: SmallVec<[Option<Guard<'a>>; 8]> = (0..wanted.len()).map(|_| None).collect();
     for s in order {
-        let (_, mem, label, access) = wanted[s];
-        guards[s] = Some(match access {
-            Access::Read => Guard::Read(mem.device_for(Some(label))?),
-            Access::Write => Guard::Write(mem.device_write_for(Some(label), false)?),
-            Access::Overwrite => Guard::Write(mem.device_write_for(Some(label), true)?),
+        let (_, mem, label, access, remote) = wanted[s];
+        guards[s] = Some(match (access, remote) {
+            (Access::Read, false) => Guard::Read(mem.device_for(Some(label))?),
+            (Access::Write, false) => Guard::Write(mem.device_write_for(Some(label), false)?),
+            (Access::Overwrite, false) => Guard::Write(mem.device_write_for(Some(label), true)?),
+            (Access::Read, true) => Guard::Read(mem.device_on(dev)?),
+            (Access::Write, true) => Guard::Write(mem.device_mut_on(dev)?),
+            (Access::Overwrite, true) => Guard::Write(mem.device_overwrite_on(dev)?),
         });
     }
     Ok(guards)

@@ -6,7 +6,9 @@ pub(super) const AFTER_HELP: &str = "\
 The model is an MLP D -> H -> H -> C (ReLU) built from operators: FC, Relu, FC, Relu, FC,
 SoftmaxWithLoss, Accuracy; then SoftmaxWithLossGradient, FCGradient, ReluGradient; then the
 update of each parameter: SGD, MomentumSGD or Adam (--optimizer; the state of the last two, one
-and two tensors per parameter, is zero-filled by the init net and stays on the device). Data,
+and two tensors per parameter, is zero-filled by the init net and stays on the device; with
+--offload optimizer it lives in host memory and the update runs on the host, each step moving
+the gradients down and the parameters up, with no overlap with the device's work). Data,
 weights and activations stay on the device: each step shares one uploaded batch (no copy) and
 reads back only the loss and accuracy scalars. Memory saved by planning is measured on one step
 with and without it, in fresh workspaces.
@@ -36,6 +38,7 @@ JSON output (--json), one object:
       ones of --validation-split), \"features\", \"classes\"},
    \"model\": {\"widths\": [D, H, H, C], \"parameters\"},
    \"settings\": {\"epochs\", \"batch\", \"lr\", \"optimizer\": \"sgd\" | \"momentum\" | \"adam\",
+      \"offload_optimizer\": bool,
       \"seed\", \"plan\": bool, \"fuse\": bool},
    \"epochs\": [{\"epoch\", \"loss\", \"accuracy\", \"steps\", \"seconds\",
       \"held_out\": {\"loss\", \"accuracy\"} | null (the held-out set after the epoch)}],

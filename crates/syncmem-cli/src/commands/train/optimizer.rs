@@ -10,6 +10,24 @@ pub fn parse(s: &str) -> Result<Optimizer, String> {
         .map_err(|_| format!("must be sgd, momentum or adam, got {s:?}"))
 }
 
+/// What `--offload` keeps on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offload {
+    /// The optimizer's state, and its update.
+    Optimizer,
+}
+
+/// `--offload`'s value: `optimizer` (any case).
+pub fn parse_offload(s: &str) -> Result<Offload, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "optimizer" => Ok(Offload::Optimizer),
+        "parameters" | "activations" => Err(format!(
+            "{s:?} is not offloaded (yet): only the optimizer is (--offload optimizer)"
+        )),
+        _ => Err(format!("must be optimizer, got {s:?}")),
+    }
+}
+
 /// `cfg` with `optimizer` at `lr`, or at the optimizer's default learning rate.
 pub(super) fn with_optimizer(
     cfg: TrainConfig,
@@ -34,5 +52,10 @@ mod tests {
         assert_eq!(cfg, TrainConfig::default());
         assert_eq!(parse(" Adam"), Ok(Optimizer::Adam));
         assert!(parse("adagrad").unwrap_err().contains("\"adagrad\""));
+        assert_eq!(parse_offload(" Optimizer"), Ok(Offload::Optimizer));
+        assert!(parse_offload("parameters")
+            .unwrap_err()
+            .contains("not offloaded"));
+        assert!(parse_offload("gpu").unwrap_err().contains("\"gpu\""));
     }
 }

@@ -120,6 +120,8 @@ struct Settings {
     lr: f32,
     /// `sgd`, `momentum` or `adam`.
     optimizer: String,
+    /// The optimizer's state and update on the host (`--offload optimizer`).
+    offload_optimizer: bool,
     seed: u64,
     plan: bool,
     fuse: bool,
@@ -320,6 +322,7 @@ pub(super) fn build(r: Run<'_>) -> Report {
             batch: r.cfg.batch,
             lr: r.cfg.lr,
             optimizer: r.cfg.optimizer.to_string(),
+            offload_optimizer: r.cfg.offload_optimizer,
             seed: r.cfg.seed,
             plan: r.cfg.plan,
             fuse: r.cfg.fuse,

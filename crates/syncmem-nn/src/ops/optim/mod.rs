@@ -281,8 +281,9 @@ fn launch_group(
     // closures, which are safe Rust) read and write element `i` of each buffer only for
     // `i < n` (grid-stride loops bounded by `n`), and write only the parameter and the states,
     // passed with `Arg::write`. `elements` checked that every tensor of the group is `f32`
-    // with the parameter's dims, so each holds `n` floats; `kernels::launch` refuses a buffer
-    // of another device, or one passed twice with a write, before anything runs.
+    // with the parameter's dims, so each holds `n` floats; `kernels::launch` takes a buffer of
+    // another device through its replica on the stream's device, and refuses one passed twice
+    // with a write before anything runs.
     unsafe { kernels::launch(kernel, ctx.stream(), grid, &args) }
 }
 

@@ -87,6 +87,13 @@ impl Report {
                 b.mapped.count
             );
         }
+        if r.settings.offload_optimizer {
+            outln!(
+                "  (--offload optimizer: the optimizer's state lives on the host, on the update's \
+                 own cpu device, not on {}; its head above is its place there)",
+                r.device
+            );
+        }
         Ok(())
     }
 

@@ -1,0 +1,144 @@
+//! The optimizer off the device ([`TrainConfig::offload_optimizer`]), as ZeRO-Offload does:
+//! the optimizer's state (momentum, Adam's two moments) lives in host memory only, and the
+//! update runs on the host.
+//!
+//! The training net loses its update operators: they form a net of their own, built for a host
+//! device (a `cpu` handle of its own, uncapped), run after the training net in each step.
+//! The update reads each gradient on the host (a replica of it there: its bytes come down once
+//! a step) and writes each parameter there (the replica becomes the only current copy: the
+//! next forward brings it up, once a step). The state never reaches the device. Per step that
+//! moves the gradients down and the parameters up, 2 x the parameters' bytes whatever the
+//! optimizer, where updating on the device with the state kept on the host would move the
+//! state both ways (4 x for Adam, 2 x for momentum) and hold it on the device meanwhile; SGD
+//! has no state and gains nothing but the bytes of the update's work.
+//!
+//! The host update computes what the device's does: on `cpu` the losses are those of the
+//! update on the device bit for bit; on another device the update's rounding is the host's
+//! (see the tests).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use syncmem::net::{Net, NetDef};
+use syncmem::{Device, Error, Result, Workspace};
+
+use super::setup::Setup;
+use super::TrainConfig;
+use crate::mlp::{Mlp, MlpNets};
+
+/// The update net on its host device.
+pub(super) struct Offloaded {
+    /// The host device the update runs on.
+    pub(super) host: Device,
+    /// The update net.
+    pub(super) update: Arc<Net>,
+}
+
+/// `nets` split for an offloaded optimizer: the training net without its update operators,
+/// the init net without the state's fills; with the update net and the state's fills.
+pub(super) struct Split {
+    pub(super) nets: MlpNets,
+    update: NetDef,
+    state_init: NetDef,
+}
+
+/// Refuses an offloaded optimizer for `what` (training on several devices or ranks).
+pub(super) fn refuse(cfg: &TrainConfig, what: &str) -> Result<()> {
+    if cfg.offload_optimizer {
+        return Err(Error::InvalidState {
+            op: "Trainer",
+            buffer: "training configuration".into(),
+            reason: format!("offloading the optimizer is not supported with {what}"),
+        });
+    }
+    Ok(())
+}
+
+/// Splits `nets` (see [`Split`]): the update operators are the training net's last ones that
+/// write a parameter; the state is `mlp`'s optimizer's.
+pub(super) fn split(mlp: &Mlp, nets: &MlpNets) -> Result<Split> {
+    let params: BTreeSet<&str> = nets.params.iter().map(String::as_str).collect();
+    let state: BTreeSet<String> = nets
+        .params
+        .iter()
+        .flat_map(|p| mlp.optimizer().state_blobs(p))
+        .collect();
+    let ops = &nets.train.ops;
+    let first = ops
+        .iter()
+        .rposition(|op| !op.outputs.iter().any(|o| params.contains(o.as_str())))
+        .map_or(0, |i| i + 1);
+    if first == ops.len() {
+        return Err(Error::InvalidState {
+            op: "Trainer",
+            buffer: nets.train.name.clone(),
+            reason: "offloading the optimizer needs update operators at the end of the training \
+                     net (operators that write the parameters)"
+                .into(),
+        });
+    }
+    let mut update = NetDef::new(format!("{}_update", nets.train.name));
+    update.ops = ops[first..].to_vec();
+    let mut nets = nets.clone();
+    nets.train.ops.truncate(first);
+    // What the update reads from the training net (the gradients) is an output of it now:
+    // never planned away, never dropped as dead.
+    let read: BTreeSet<String> = update.ops.iter().flat_map(|op| op.inputs.clone()).collect();
+    let produced: BTreeSet<String> = nets
+        .train
+        .ops
+        .iter()
+        .flat_map(|op| op.outputs.clone())
+        .collect();
+    let mut outputs = nets.train.outputs();
+    outputs.extend(read.intersection(&produced).cloned());
+    nets.train.external_outputs = Some(outputs);
+    if let Some(inputs) = &mut nets.train.external_inputs {
+        inputs.retain(|i| !state.contains(i));
+    }
+    let mut state_init = NetDef::new(format!("{}_state", nets.init.name));
+    let (fills, kept) = nets
+        .init
+        .ops
+        .drain(..)
+        .partition(|op| !op.outputs.is_empty() && op.outputs.iter().all(|o| state.contains(o)));
+    state_init.ops = fills;
+    nets.init.ops = kept;
+    if let Some(outputs) = &mut nets.init.external_outputs {
+        outputs.retain(|o| !state.contains(o));
+    }
+    Ok(Split {
+        nets,
+        update,
+        state_init,
+    })
+}
+
+impl Split {
+    /// Creates the state on a new host device and builds the update net there.
+    pub(super) fn build(
+        &self,
+        ws: &Arc<Workspace>,
+        setup: &Setup,
+        cfg: &TrainConfig,
+        mlp: &Mlp,
+    ) -> Result<Offloaded> {
+        // A handle of its own: no cap of the training device's, and a device other than a
+        // `cpu` training device (the update works on replicas).
+        let host = Device::cpu().isolated();
+        let opts = setup.options(cfg, mlp, Vec::new());
+        if !self.state_init.ops.is_empty() {
+            ws.run_net_once(&self.state_init, &host, &opts)?;
+        }
+        let update = ws.create_net(&self.update, &host, &opts)?;
+        Ok(Offloaded { host, update })
+    }
+}
+
+impl super::Trainer {
+    /// The host device the update runs on, when the optimizer is offloaded
+    /// ([`TrainConfig::offload_optimizer`]): its memory holds the optimizer's state.
+    pub fn update_device(&self) -> Option<&Device> {
+        self.offload.as_ref().map(|o| &o.host)
+    }
+}

@@ -1,0 +1,136 @@
+//! The optimizer offloaded to the host (`TrainConfig::offload_optimizer`): the state never
+//! reaches the device, the device holds less, each step moves the gradients down and the
+//! parameters up, and training ends where training with the update on the device does (bit
+//! for bit on `cpu`).
+
+use syncmem::{Device, Tensor};
+use syncmem_nn::mlp::Dataset;
+use syncmem_nn::train::{Optimizer, TrainConfig, Trainer};
+
+/// Losses of each epoch, every parameter after them, the device's peak reserved bytes, and the
+/// bytes copied per step.
+struct Run {
+    losses: Vec<f64>,
+    params: Vec<Vec<f32>>,
+    peak: u64,
+    bytes_per_step: f64,
+    param_bytes: usize,
+}
+
+fn run(dev: &Device, optimizer: Optimizer, offload: bool) -> Run {
+    let dev = dev.isolated();
+    let data = Dataset::spirals(200, 3, 0.2, 0);
+    let cfg = TrainConfig::default()
+        .with_optimizer(optimizer)
+        .with_epochs(3)
+        .with_offload_optimizer(offload);
+    let mut t = Trainer::new(&dev, &data, &cfg).unwrap();
+    assert_eq!(t.update_device().is_some(), offload);
+    let losses = (0..cfg.epochs)
+        .map(|_| t.run_epoch().unwrap().loss)
+        .collect();
+    let mut params = Vec::new();
+    let mut param_bytes = 0;
+    for p in &t.nets().params {
+        let blob = t.workspace().get_blob(p).unwrap();
+        let guard = blob.read();
+        let values = guard
+            .get::<Tensor>()
+            .unwrap()
+            .host::<f32>()
+            .unwrap()
+            .to_vec();
+        param_bytes += values.len() * 4;
+        params.push(values);
+    }
+    let tr = t.transfers();
+    Run {
+        losses,
+        params,
+        peak: dev.pool_stats().unwrap().reserved.peak,
+        bytes_per_step: tr.steps.total_bytes() as f64 / tr.step_count as f64,
+        param_bytes,
+    }
+}
+
+fn check(dev: &Device, bit_for_bit: bool) {
+    for optimizer in [Optimizer::Sgd, Optimizer::Momentum, Optimizer::Adam] {
+        let on = run(dev, optimizer, false);
+        let off = run(dev, optimizer, true);
+        eprintln!(
+            "{} {optimizer:?}: device peak {} B on the device, {} B offloaded; {:.0} B copied \
+             per step offloaded ({} B of parameters); losses {:?} / {:?}",
+            dev.label(),
+            on.peak,
+            off.peak,
+            off.bytes_per_step,
+            off.param_bytes,
+            on.losses,
+            off.losses
+        );
+        if bit_for_bit {
+            assert_eq!(off.losses, on.losses, "{optimizer:?}: the same losses");
+            assert_eq!(off.params, on.params, "{optimizer:?}: the same parameters");
+        } else {
+            for (a, b) in off.losses.iter().zip(&on.losses) {
+                assert!(
+                    (a - b).abs() <= 1e-4 * b.abs().max(1e-3),
+                    "{optimizer:?}: {a} vs {b}"
+                );
+            }
+        }
+        if optimizer != Optimizer::Sgd {
+            assert!(
+                off.peak < on.peak,
+                "{optimizer:?}: the state is off the device ({} < {})",
+                off.peak,
+                on.peak
+            );
+        }
+        // Gradients down and parameters up, once each a step: at least 2 x the parameters
+        // (plus the batch's labels and scalars read back).
+        assert!(
+            off.bytes_per_step >= 2.0 * off.param_bytes as f64,
+            "{optimizer:?}: {} B a step",
+            off.bytes_per_step
+        );
+        assert!(
+            off.bytes_per_step < 2.0 * off.param_bytes as f64 + 4096.0,
+            "{optimizer:?}: nothing but gradients and parameters move ({} B a step)",
+            off.bytes_per_step
+        );
+    }
+}
+
+#[test]
+fn offloaded_optimizers_train_as_on_the_device_on_cpu() {
+    check(&Device::cpu(), true);
+}
+
+#[cfg(feature = "opencl")]
+#[test]
+fn offloaded_optimizers_train_as_on_the_device_on_opencl() {
+    let devs = Device::all(syncmem::BackendKind::OpenCl).unwrap_or_default();
+    let Some(dev) = devs.first() else {
+        assert!(
+            std::env::var("SYNCMEM_REQUIRE_OPENCL").as_deref() != Ok("1"),
+            "SYNCMEM_REQUIRE_OPENCL=1 but no OpenCL device"
+        );
+        eprintln!(
+            "SKIPPED offloaded_optimizers_train_as_on_the_device_on_opencl: no OpenCL device"
+        );
+        return;
+    };
+    check(dev, false);
+}
+
+#[test]
+fn an_offloaded_optimizer_is_refused_on_several_devices() {
+    let cpu = Device::cpu();
+    let data = Dataset::spirals(20, 3, 0.2, 0);
+    let cfg = TrainConfig::default().with_offload_optimizer(true);
+    let Err(e) = Trainer::data_parallel(&[cpu.isolated(), cpu.isolated()], &data, &cfg) else {
+        panic!("data-parallel training with an offloaded optimizer was built");
+    };
+    assert!(e.to_string().contains("offloading the optimizer"), "{e}");
+}
