@@ -9,6 +9,7 @@
 //! CPU's FMA peak, GEMM throughput against it, `train` epoch times on the device against
 //! `cpu`, and the cost of a trivial kernel. Not a stable API.
 
+pub mod bound;
 pub mod compute;
 mod display;
 pub mod floor;

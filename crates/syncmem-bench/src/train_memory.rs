@@ -50,6 +50,10 @@ pub struct TrainMemoryRow {
     /// Zero-copy runs: whether setup and steps copied nothing (the goal: 0 and 0).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub no_copy_goal_met: Option<bool>,
+    /// Capped runs: a lower bound of the bytes a step must move under the cap
+    /// ([`crate::bound`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bound_bytes_per_step: Option<u64>,
 }
 
 /// One run being timed.
@@ -99,6 +103,7 @@ impl Run {
             final_loss: self.loss,
             same_loss: self.loss.to_bits() == other_loss.to_bits(),
             no_copy_goal_met: None,
+            bound_bytes_per_step: None,
         }
     }
 }
@@ -188,7 +193,14 @@ pub fn memory_cap_rows(
     capped_dev.set_pool(device_pool_from_env()?.with_memory_cap(MemoryCap::Bytes(cap)))?;
     let mut capped = Run::new(capped_dev, &data, &cfg)?;
     interleave(&mut capped, &mut free, epochs(quick))?;
-    let c = capped.row(&format!("capped h{hidden}"), Some(cap), free.loss);
+    let mut c = capped.row(&format!("capped h{hidden}"), Some(cap), free.loss);
+    let t = &capped.trainer;
+    let sizes = t.mlp().blob_bytes(cfg.batch);
+    c.bound_bytes_per_step = Some(crate::bound::step_bytes_lower_bound(
+        &t.nets().train,
+        &sizes,
+        cap,
+    ));
     let f = free.row(&format!("uncapped h{hidden}"), None, capped.loss);
     let row = Row::new(
         &format!("train epoch capped/uncapped {} h{hidden}", dev.label()),
@@ -272,10 +284,11 @@ pub fn write_table(f: &mut std::fmt::Formatter<'_>, rows: &[TrainMemoryRow]) -> 
     )?;
     for r in rows {
         let copied = |b: f64| human_bytes(b.round() as u64);
-        let goal = match r.no_copy_goal_met {
-            Some(true) => "  (0 / 0 copied: met)",
-            Some(false) => "  (0 / 0 copied: NOT met)",
-            None => "",
+        let goal = match (r.no_copy_goal_met, r.bound_bytes_per_step) {
+            (Some(true), _) => "  (0 / 0 copied: met)".to_string(),
+            (Some(false), _) => "  (0 / 0 copied: NOT met)".to_string(),
+            (None, Some(b)) => format!("  (a step must move at least {})", human_bytes(b)),
+            (None, None) => String::new(),
         };
         writeln!(
             f,
@@ -298,6 +311,7 @@ pub fn write_table(f: &mut std::fmt::Formatter<'_>, rows: &[TrainMemoryRow]) -> 
         f,
         "setup, per step: bytes copied between host and device; syncs: zero-copy syncs per step \
          (no byte copied); spills, refills: per step, with their bytes; same loss: the final \
-         loss equals the other run's of the pair, bit for bit"
+         loss equals the other run's of the pair, bit for bit; at least: a lower bound of the \
+         bytes a step must move under the cap, from the net's schedule (syncmem_bench::bound)"
     )
 }
