@@ -2,8 +2,9 @@
 //! the optimizer's state (momentum, Adam's two moments) lives in host memory only, and the
 //! update runs on the host.
 //!
-//! The training net loses its update operators: they form a net of their own, built for a host
-//! device (a `cpu` handle of its own, uncapped), run after the training net in each step.
+//! The training net loses its update operators (as in data-parallel training): they form a net
+//! of their own, built for a host device (a `cpu` handle of its own, uncapped), run after the
+//! training net in each step.
 //! The update reads each gradient on the host (a replica of it there: its bytes come down once
 //! a step) and writes each parameter there (the replica becomes the only current copy: the
 //! next forward brings it up, once a step). The state never reaches the device. Per step that
@@ -54,48 +55,31 @@ pub(super) fn refuse(cfg: &TrainConfig, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Splits `nets` (see [`Split`]): the update operators are the training net's last ones that
-/// write a parameter; the state is `mlp`'s optimizer's.
+/// Splits `nets` (see [`Split`]): the update operators (`SGD`, `MomentumSGD`, `Adam`) leave
+/// the training net, as in data-parallel training, whose gradients become its outputs; the
+/// state is `mlp`'s optimizer's.
 pub(super) fn split(mlp: &Mlp, nets: &MlpNets) -> Result<Split> {
-    let params: BTreeSet<&str> = nets.params.iter().map(String::as_str).collect();
+    let (mut train, update, pairs) = super::parallel::split_update(&nets.train);
+    if pairs.is_empty() {
+        return Err(Error::InvalidState {
+            op: "Trainer",
+            buffer: nets.train.name.clone(),
+            reason: "offloading the optimizer needs update operators (SGD, MomentumSGD, Adam) \
+                     in the training net"
+                .into(),
+        });
+    }
     let state: BTreeSet<String> = nets
         .params
         .iter()
         .flat_map(|p| mlp.optimizer().state_blobs(p))
         .collect();
-    let ops = &nets.train.ops;
-    let first = ops
-        .iter()
-        .rposition(|op| !op.outputs.iter().any(|o| params.contains(o.as_str())))
-        .map_or(0, |i| i + 1);
-    if first == ops.len() {
-        return Err(Error::InvalidState {
-            op: "Trainer",
-            buffer: nets.train.name.clone(),
-            reason: "offloading the optimizer needs update operators at the end of the training \
-                     net (operators that write the parameters)"
-                .into(),
-        });
-    }
-    let mut update = NetDef::new(format!("{}_update", nets.train.name));
-    update.ops = ops[first..].to_vec();
-    let mut nets = nets.clone();
-    nets.train.ops.truncate(first);
-    // What the update reads from the training net (the gradients) is an output of it now:
-    // never planned away, never dropped as dead.
-    let read: BTreeSet<String> = update.ops.iter().flat_map(|op| op.inputs.clone()).collect();
-    let produced: BTreeSet<String> = nets
-        .train
-        .ops
-        .iter()
-        .flat_map(|op| op.outputs.clone())
-        .collect();
-    let mut outputs = nets.train.outputs();
-    outputs.extend(read.intersection(&produced).cloned());
-    nets.train.external_outputs = Some(outputs);
-    if let Some(inputs) = &mut nets.train.external_inputs {
+    train.name.clone_from(&nets.train.name);
+    if let Some(inputs) = &mut train.external_inputs {
         inputs.retain(|i| !state.contains(i));
     }
+    let mut nets = nets.clone();
+    nets.train = train;
     let mut state_init = NetDef::new(format!("{}_state", nets.init.name));
     let (fills, kept) = nets
         .init

@@ -342,7 +342,7 @@ impl Shard {
 /// those, and the `(parameter, gradient)` names of every group of their inputs (`[param, grad,
 /// state...]`). The update net reads the gradients and the state and writes the parameters and
 /// the state, which live in the parent workspace beside the parameters.
-fn split_update(train: &NetDef) -> (NetDef, NetDef, Vec<(String, String)>) {
+pub(super) fn split_update(train: &NetDef) -> (NetDef, NetDef, Vec<(String, String)>) {
     let (updates, rest): (Vec<_>, Vec<_>) = train
         .ops
         .iter()
