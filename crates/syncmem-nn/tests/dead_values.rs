@@ -96,14 +96,7 @@ fn dead_values_are_dropped_on_cpu() {
 #[cfg(feature = "opencl")]
 #[test]
 fn dead_values_are_dropped_on_opencl() {
-    let devs = Device::all(syncmem::BackendKind::OpenCl).unwrap_or_default();
-    let Some(dev) = devs.first() else {
-        assert!(
-            std::env::var("SYNCMEM_REQUIRE_OPENCL").as_deref() != Ok("1"),
-            "SYNCMEM_REQUIRE_OPENCL=1 but no OpenCL device"
-        );
-        eprintln!("SKIPPED dead_values_are_dropped_on_opencl: no OpenCL device");
-        return;
-    };
-    check(&dev.isolated());
+    if let Some(dev) = syncmem::testing::opencl_or_skip("dead_values_are_dropped_on_opencl") {
+        check(&dev.isolated());
+    }
 }

@@ -110,18 +110,10 @@ fn offloaded_optimizers_train_as_on_the_device_on_cpu() {
 #[cfg(feature = "opencl")]
 #[test]
 fn offloaded_optimizers_train_as_on_the_device_on_opencl() {
-    let devs = Device::all(syncmem::BackendKind::OpenCl).unwrap_or_default();
-    let Some(dev) = devs.first() else {
-        assert!(
-            std::env::var("SYNCMEM_REQUIRE_OPENCL").as_deref() != Ok("1"),
-            "SYNCMEM_REQUIRE_OPENCL=1 but no OpenCL device"
-        );
-        eprintln!(
-            "SKIPPED offloaded_optimizers_train_as_on_the_device_on_opencl: no OpenCL device"
-        );
-        return;
-    };
-    check(dev, false);
+    let test = "offloaded_optimizers_train_as_on_the_device_on_opencl";
+    if let Some(dev) = syncmem::testing::opencl_or_skip(test) {
+        check(&dev, false);
+    }
 }
 
 #[test]

@@ -97,6 +97,35 @@ pub(crate) trait NextUse: Send + Sync {
     fn is_dead(&self, key: usize) -> bool;
 }
 
+/// A mirror that frees nothing, for tests of what orders or finds mirrors.
+#[cfg(test)]
+pub(crate) struct Inert(pub(crate) &'static str);
+
+#[cfg(test)]
+impl Evictable for Inert {
+    fn try_evict(&self) -> Option<usize> {
+        None
+    }
+    fn try_spill(&self, _: bool) -> Option<Freed> {
+        None
+    }
+    fn try_drop_dead(&self, _: bool) -> Option<usize> {
+        None
+    }
+    fn last_use(&self) -> u64 {
+        0
+    }
+    fn head_now(&self) -> Option<Head> {
+        Some(Head::Synced)
+    }
+    fn label_now(&self) -> String {
+        self.0.to_string()
+    }
+    fn key(&self) -> usize {
+        std::ptr::from_ref(self) as usize
+    }
+}
+
 /// A device mirror freed by [`Evictable::try_spill`].
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Freed {

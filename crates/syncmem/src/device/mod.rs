@@ -64,6 +64,8 @@ pub use buffer::DeviceBuffer;
 pub(crate) use buffer::Release;
 pub(crate) use in_place::MapAccess;
 pub use mem_pool::{MemPool, MemPoolScope};
+#[cfg(test)]
+pub(crate) use mirror::Inert;
 pub(crate) use mirror::{Evictable, Freed, Mirrors, NextUse};
 pub use mirror::{Head, LiveBuffer};
 pub use pinned::PinnedBuffer;

@@ -298,32 +298,7 @@ impl Drop for Installed<'_> {
 mod tests {
     use super::*;
 
-    /// A buffer that no longer lives (what a schedule's weak reference may find).
-    struct Gone;
-
-    impl Evictable for Gone {
-        fn try_evict(&self) -> Option<usize> {
-            None
-        }
-        fn try_spill(&self, _: bool) -> Option<crate::device::Freed> {
-            None
-        }
-        fn try_drop_dead(&self, _: bool) -> Option<usize> {
-            None
-        }
-        fn last_use(&self) -> u64 {
-            0
-        }
-        fn head_now(&self) -> Option<crate::Head> {
-            None
-        }
-        fn label_now(&self) -> String {
-            String::new()
-        }
-        fn key(&self) -> usize {
-            0
-        }
-    }
+    use crate::device::Inert;
 
     /// A schedule of `len` operators over buffers `1..`, each of one name with these uses
     /// (`(op, overwrite)`) and internal or not; buffer `k` is name `k - 1`.
@@ -344,7 +319,7 @@ mod tests {
         };
         let buffers = (0..names.len())
             .map(|n| {
-                let item: Weak<dyn Evictable> = Weak::<Gone>::new();
+                let item: Weak<dyn Evictable> = Weak::<Inert>::new();
                 let names = SmallVec::from_slice(&[n as u32]);
                 (n + 1, Buffer { names, item })
             })

@@ -85,33 +85,7 @@ pub(crate) fn of(device: &Device) -> &MirrorRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::Head;
-
-    struct Fake(&'static str);
-
-    impl Evictable for Fake {
-        fn try_evict(&self) -> Option<usize> {
-            None
-        }
-        fn try_spill(&self, _: bool) -> Option<crate::device::Freed> {
-            None
-        }
-        fn try_drop_dead(&self, _: bool) -> Option<usize> {
-            None
-        }
-        fn last_use(&self) -> u64 {
-            0
-        }
-        fn head_now(&self) -> Option<Head> {
-            Some(Head::Synced)
-        }
-        fn label_now(&self) -> String {
-            self.0.to_string()
-        }
-        fn key(&self) -> usize {
-            std::ptr::from_ref(self) as usize
-        }
-    }
+    use crate::device::Inert as Fake;
 
     fn labels(r: &MirrorRegistry) -> Vec<String> {
         r.live().iter().map(|(e, _)| e.label_now()).collect()
