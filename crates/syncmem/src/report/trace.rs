@@ -34,6 +34,8 @@ struct Recorder {
     start: Instant,
     /// The step marked now.
     step: Option<u64>,
+    /// The most events kept (0: every one); older ones are dropped (see [`Trace::bounded`]).
+    max: usize,
 }
 
 impl Default for Recorder {
@@ -47,6 +49,7 @@ impl Default for Recorder {
             next_segment: 0,
             start: Instant::now(),
             step: None,
+            max: 0,
         }
     }
 }
@@ -54,11 +57,27 @@ impl Default for Recorder {
 impl Recorder {
     fn push(&mut self, event: TraceEvent) {
         let t_us = u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        // A bounded trace keeps up to twice its bound and drops the older half at once: one
+        // move per `max` events instead of one per event.
+        if self.max > 0 && self.events.len() >= 2 * self.max {
+            let drop = self.events.len() - self.max + 1;
+            self.events.drain(..drop);
+            self.stamps.drain(..drop);
+        }
         self.stamps.push(Stamp {
             t_us,
             step: self.step,
         });
         self.events.push(event);
+    }
+
+    /// The events kept (the newest `max` of a bounded trace) and their stamps.
+    fn window(&self) -> (&[TraceEvent], &[Stamp]) {
+        let from = match self.max {
+            0 => 0,
+            max => self.events.len().saturating_sub(max),
+        };
+        (&self.events[from..], &self.stamps[from..])
     }
 
     /// Records `event`, a [`PoolEvent::Alloc`] of pool `label` of trace source `source`: the
@@ -126,6 +145,33 @@ impl Trace {
         Self::default()
     }
 
+    /// An empty trace that keeps only the newest `max_entries` events (at least 1): the
+    /// older ones are dropped as new ones come, so that recording can stay on for a whole
+    /// program in bounded memory (what [`super::History`] keeps per device). The events kept
+    /// may free blocks, or lie in segments, whose allocation was dropped.
+    pub fn bounded(max_entries: usize) -> Self {
+        Self::bounded_from(max_entries, Instant::now())
+    }
+
+    /// As [`Trace::bounded`], with times counted from `start`.
+    pub(crate) fn bounded_from(max_entries: usize, start: Instant) -> Self {
+        Self {
+            inner: Mutex::new(Recorder {
+                max: max_entries.max(1),
+                start,
+                ..Recorder::default()
+            }),
+        }
+    }
+
+    /// The most events this trace keeps (`None`: unbounded).
+    pub fn max_entries(&self) -> Option<usize> {
+        match self.inner.lock().max {
+            0 => None,
+            m => Some(m),
+        }
+    }
+
     /// A trace of these events, without times (every [`Stamp`] is the default).
     pub fn from_events(events: Vec<TraceEvent>) -> Self {
         Self::from_stamped(events, Vec::new())
@@ -165,24 +211,25 @@ impl Trace {
 
     /// A copy of the recorded events.
     pub fn events(&self) -> Vec<TraceEvent> {
-        self.inner.lock().events.clone()
+        self.inner.lock().window().0.to_vec()
     }
 
     /// A copy of the stamps of the recorded events (one per event).
     pub fn stamps(&self) -> Vec<Stamp> {
-        self.inner.lock().stamps.clone()
+        self.inner.lock().window().1.to_vec()
     }
 
     /// Runs `f` on the recorded events without copying them.
     pub fn with_events<R>(&self, f: impl FnOnce(&[TraceEvent]) -> R) -> R {
-        f(&self.inner.lock().events)
+        f(self.inner.lock().window().0)
     }
 
     /// Runs `f` on the recorded events and their stamps (as long as the events) without
     /// copying them.
     pub fn with_stamped<R>(&self, f: impl FnOnce(&[TraceEvent], &[Stamp]) -> R) -> R {
         let r = self.inner.lock();
-        f(&r.events, &r.stamps)
+        let (events, stamps) = r.window();
+        f(events, stamps)
     }
 
     /// Marks the step the program is in (`None`: none): the events recorded from now on
@@ -194,7 +241,7 @@ impl Trace {
 
     /// Number of events.
     pub fn len(&self) -> usize {
-        self.inner.lock().events.len()
+        self.inner.lock().window().0.len()
     }
 
     /// True when nothing was recorded.
@@ -220,7 +267,8 @@ impl Trace {
     /// [`Error::InvalidConfig`] carrying the writer's error.
     pub fn save(&self, mut out: impl Write) -> Result<()> {
         let r = self.inner.lock();
-        for (e, s) in r.events.iter().zip(&r.stamps) {
+        let (events, stamps) = r.window();
+        for (e, s) in events.iter().zip(stamps) {
             file::write_line(&mut out, e, s)
                 .map_err(|e| invalid(format!("writing a trace: {e}")))?;
         }
@@ -235,8 +283,9 @@ impl Trace {
     /// [`Error::Io`] naming the file.
     pub fn save_file(&self, path: &Path) -> Result<()> {
         let r = self.inner.lock();
+        let (events, stamps) = r.window();
         crate::file::write_atomic(path, |out| {
-            for (e, s) in r.events.iter().zip(&r.stamps) {
+            for (e, s) in events.iter().zip(stamps) {
                 file::write_line(&mut *out, e, s)?;
             }
             Ok(())
