@@ -90,6 +90,7 @@
 mod attach;
 mod event;
 mod file;
+mod frames;
 mod history;
 mod oom_dump;
 mod pickle;
@@ -101,6 +102,9 @@ mod trace;
 
 pub use attach::{EnvTrace, TraceGuard, TRACE_ENV};
 pub use event::{Place, Stamp, TraceEvent, MAX_EVENT_BYTES, MAX_LINE_BYTES};
+pub use frames::{
+    current_op, op_scope, set_trace_stacks, trace_stacks, Frame, OpScope, TRACE_STACKS_ENV,
+};
 pub use history::{current_history, history_from_env, record_history, History, HISTORY_ENV};
 pub use oom_dump::OomDump;
 pub use replay::{

@@ -9,6 +9,7 @@ use parking_lot::Mutex;
 
 use super::event::{invalid, Place, Stamp, TraceEvent};
 use super::file;
+use super::frames;
 use crate::alloc::pool::{PoolEvent, PoolObserver, StreamId};
 use crate::alloc::stats::Direction;
 use crate::error::{Error, Result};
@@ -111,6 +112,12 @@ impl Recorder {
                 offset: *offset as u64,
                 size: *size as u64,
             }),
+            operator: frames::current_op().map(|o| o.to_string()),
+            frames: if frames::trace_stacks() {
+                frames::capture()
+            } else {
+                Vec::new()
+            },
         });
     }
 
