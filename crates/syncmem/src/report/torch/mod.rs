@@ -7,6 +7,8 @@
 //! format. [`TorchSnapshot`] is that dict, made from a [`Trace`]
 //! ([`TorchSnapshot::from_trace`]: the final state and the history) or from a
 //! [`MemorySnapshot`] of the pools now ([`TorchSnapshot::from_snapshot`]: the state only),
+//! ([`TorchSnapshot::from_trace_at`]: the state at an instant [`At`], the peak by default in
+//! `syncmem trace export-torch`, and the history up to it)
 //! and [`TorchSnapshot::write_pickle`] writes it as a protocol-3 pickle (the viewer reads
 //! protocols 2 to 4 only; write yours with `protocol=4` at most when you re-pickle it in
 //! Python 3.14 or later, whose default is 5).
@@ -40,7 +42,10 @@
 use std::io::Write;
 use std::path::Path;
 
+mod at;
 mod convert;
+
+pub use at::At;
 
 use super::frames::Frame;
 use super::pickle::Pickler;
