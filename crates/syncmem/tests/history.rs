@@ -12,7 +12,10 @@ use std::sync::{Arc, Mutex};
 
 use syncmem::device::on_out_of_memory;
 use syncmem::report::torch::TorchSnapshot;
-use syncmem::report::{record_history, replay_with, OomDump, ReplayOptions, Trace, TraceEvent};
+use syncmem::report::{
+    op_scope, record_history, replay_with, set_trace_stacks, OomDump, ReplayOptions, Trace,
+    TraceEvent,
+};
 use syncmem::{Device, Error, MemoryCap, PoolConfig, PoolKind};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -40,9 +43,14 @@ fn history_keeps_the_newest_events_of_each_device(dev: &Device) {
     let d = dev.detached();
     let label = d.label().to_string();
     let stream = d.default_stream().unwrap();
-    for _ in 0..100 {
+    let op = op_scope("my phase".into());
+    for i in 0..100 {
+        // The last allocation with its stack.
+        set_trace_stacks(i == 99);
         drop(d.alloc_pooled(4096, &stream).unwrap());
     }
+    set_trace_stacks(false);
+    drop(op);
     // Host pool traffic after the device's does not push the device's events out.
     let host = syncmem::alloc::pool::HostPool::global().unwrap();
     for _ in 0..100 {
@@ -59,6 +67,22 @@ fn history_keeps_the_newest_events_of_each_device(dev: &Device) {
     assert_eq!(mine.len(), 16, "{mine:?}");
     assert_eq!(mine[0].kind(), "alloc");
     assert_eq!(mine[15].kind(), "free");
+    // Allocations keep their operator, and the last one its stack.
+    let TraceEvent::Alloc {
+        operator, frames, ..
+    } = &mine[14]
+    else {
+        panic!("{mine:?}")
+    };
+    assert_eq!(operator.as_deref(), Some("my phase"));
+    assert!(
+        frames.iter().any(|f| f.name.contains("history_keeps")),
+        "{frames:?}"
+    );
+    let TraceEvent::Alloc { frames, .. } = &mine[12] else {
+        panic!("{mine:?}")
+    };
+    assert!(frames.is_empty());
     assert!(
         trace
             .events()
@@ -180,3 +204,28 @@ syncmem::for_each_device!(
     an_observer_runs_at_the_failure_until_its_handle_is_dropped,
     the_ready_made_observer_writes_a_snapshot_and_a_history_ending_at_the_failure,
 );
+
+/// A bounded trace attached to a device keeps only its newest events.
+#[test]
+fn a_bounded_trace_keeps_its_newest_events() {
+    // Its allocations would land in the history of the other tests.
+    let _one = lock();
+    let dev = Device::cpu().detached();
+    let trace = Arc::new(Trace::bounded(5));
+    assert_eq!(trace.max_entries(), Some(5));
+    let guard = trace.attach_device_only(&dev);
+    let stream = dev.default_stream().unwrap();
+    let blocks: Vec<_> = (0..20)
+        .map(|_| dev.alloc_pooled(4096, &stream).unwrap())
+        .collect();
+    drop(guard);
+    let events = trace.events();
+    assert_eq!(events.len(), 5);
+    assert_eq!(trace.stamps().len(), 5);
+    // The newest: the last allocation is the last event.
+    let TraceEvent::Alloc { id, .. } = events[4] else {
+        panic!("{events:?}")
+    };
+    assert_eq!(id, 19, "{events:?}");
+    drop(blocks);
+}

@@ -91,8 +91,18 @@ pub fn trace_stacks() -> bool {
 /// The stack of the caller, innermost first, without the frames of the capture and of the
 /// recording (the standard library's backtrace, syncmem's pools and reports).
 pub(crate) fn capture() -> Vec<Frame> {
-    let text = Backtrace::force_capture().to_string();
-    let frames = parse(&text);
+    frames_of(&Backtrace::force_capture())
+}
+
+/// The stack of the caller, not yet resolved to names (the costly part, left to
+/// [`frames_of`]).
+pub(crate) fn capture_raw() -> Backtrace {
+    Backtrace::force_capture()
+}
+
+/// The frames of `bt`, innermost first, without those of the capture and of the recording.
+pub(crate) fn frames_of(bt: &Backtrace) -> Vec<Frame> {
+    let frames = parse(&bt.to_string());
     let first = frames
         .iter()
         .position(|f| !is_recording(&f.name))

@@ -8,32 +8,96 @@
 //! device with its pinned pool, and the host pool) keeps its own ring of the newest `N`
 //! events, so a busy host pool does not push a device's events out.
 
+use std::backtrace::Backtrace;
+use std::collections::VecDeque;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 
-use super::event::{Stamp, TraceEvent};
+use super::event::Stamp;
+use super::frames;
+use super::trace::Origin;
 use super::Trace;
 use crate::alloc::event::{self, Attachment, Event, Scope, Sink};
+use crate::alloc::pool::{PoolEvent, StreamId};
+use crate::alloc::stats::Direction;
 use crate::error::{Error, Result};
 
 /// The environment variable that starts the history with its number of events per device
 /// (`SYNCMEM_HISTORY=100000`; `0` or empty: off).
 pub const HISTORY_ENV: &str = "SYNCMEM_HISTORY";
 
-/// The newest events of every device, each in a ring of its own (a bounded [`Trace`] per
-/// source of events). Read it with [`History::trace`].
+/// The newest events of every device, each in a ring of its own. Read it with
+/// [`History::trace`].
+///
+/// A ring keeps the events as they came from the pools (no text is copied: labels are
+/// numbered, owners and operators shared), so that recording costs little; reading turns
+/// them into a [`Trace`].
 #[derive(Debug)]
 pub struct History {
     max_entries: usize,
     /// Times of every ring count from here, so that the rings merge in order.
     start: Instant,
     /// One ring per source of events.
-    rings: RwLock<Vec<(u64, Arc<Trace>)>>,
-    /// The step marked now (given to rings made later).
-    step: Mutex<Option<u64>>,
+    rings: RwLock<Vec<(u64, Arc<Mutex<Ring>>)>>,
+    /// The step marked now (`u64::MAX`: none).
+    step: AtomicU64,
+}
+
+/// The newest events of one source.
+#[derive(Debug, Default)]
+struct Ring {
+    /// The pool and device labels its events name, by number.
+    labels: Vec<Arc<str>>,
+    records: VecDeque<Record>,
+}
+
+/// One event of a ring.
+#[derive(Debug)]
+struct Record {
+    /// When it happened (turned into microseconds when read: cheaper than at each event).
+    at: Instant,
+    /// The step marked then (`u64::MAX`: none).
+    step: u64,
+    /// The label's number in the ring.
+    label: u32,
+    what: What,
+}
+
+#[derive(Debug)]
+enum What {
+    /// A pool event, with the operator and the stack of an allocation (resolved to names
+    /// only when read).
+    Pool(PoolEvent, Option<Arc<str>>, Option<Arc<Backtrace>>),
+    Copy {
+        stream: StreamId,
+        direction: Direction,
+        bytes: usize,
+        peer: Option<Box<str>>,
+    },
+}
+
+impl Ring {
+    /// The number of `label`, given one at its first use.
+    fn label(&mut self, label: &str) -> u32 {
+        match self.labels.iter().position(|l| **l == *label) {
+            Some(i) => i as u32,
+            None => {
+                self.labels.push(label.into());
+                (self.labels.len() - 1) as u32
+            }
+        }
+    }
+
+    fn push(&mut self, max: usize, record: Record) {
+        if self.records.len() >= max {
+            self.records.pop_front();
+        }
+        self.records.push_back(record);
+    }
 }
 
 /// The history recording now, and its attachment to the event hook.
@@ -87,7 +151,7 @@ impl History {
             max_entries: max_entries.max(1),
             start: Instant::now(),
             rings: RwLock::new(Vec::new()),
-            step: Mutex::new(None),
+            step: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -96,60 +160,90 @@ impl History {
         self.max_entries
     }
 
-    /// The ring of `source`, made at its first event.
-    fn ring(&self, source: u64) -> Arc<Trace> {
-        if let Some((_, t)) = self.rings.read().iter().find(|(s, _)| *s == source) {
-            return t.clone();
-        }
+    /// Makes the ring of `source` (at its first event) unless another thread just did.
+    #[cold]
+    fn new_ring(&self, source: u64) {
         let mut rings = self.rings.write();
-        if let Some((_, t)) = rings.iter().find(|(s, _)| *s == source) {
-            return t.clone();
+        if !rings.iter().any(|(s, _)| *s == source) {
+            rings.push((source, Arc::new(Mutex::new(Ring::default()))));
         }
-        let t = Arc::new(Trace::bounded_from(self.max_entries, self.start));
-        t.set_step(*self.step.lock());
-        rings.push((source, t.clone()));
-        t
     }
 
-    /// The events kept now, of every device, as one trace in order of time. Ids are made
-    /// unique across devices; a free whose allocation was dropped from its ring is left out
-    /// (so that every view and replay takes the trace), while a block whose segment was made
-    /// before the ring's oldest event keeps its placement.
+    /// The stamp of `record`.
+    fn stamp(&self, record: &Record) -> Stamp {
+        let t = record.at.saturating_duration_since(self.start);
+        Stamp {
+            t_us: u64::try_from(t.as_micros()).unwrap_or(u64::MAX),
+            step: (record.step != u64::MAX).then_some(record.step),
+        }
+    }
+
+    /// The events kept now, of every device, as one trace in order of time: ids are the
+    /// trace's own, a free whose allocation was dropped from its ring is left out (so that
+    /// every view and replay takes the trace), and a block in a segment made before the
+    /// ring's oldest event keeps its placement.
     pub fn trace(&self) -> Trace {
-        let rings: Vec<Arc<Trace>> = self.rings.read().iter().map(|(_, t)| t.clone()).collect();
-        let mut all: Vec<(TraceEvent, Stamp)> = Vec::new();
-        let (mut id_base, mut seg_base) = (0u64, 0u64);
-        for ring in rings {
-            let (ids, segs) = ring.with_stamped(|events, stamps| {
-                let mut max = (0u64, 0u64);
-                for (e, s) in events.iter().zip(stamps) {
-                    let (e, m) = renumbered(e, id_base, seg_base);
-                    max = (max.0.max(m.0), max.1.max(m.1));
-                    all.push((e, *s));
-                }
-                max
-            });
-            id_base = id_base.max(ids);
-            seg_base = seg_base.max(segs);
+        let rings: Vec<(u64, Arc<Mutex<Ring>>)> = self.rings.read().clone();
+        let mut all = Vec::new();
+        for (source, ring) in &rings {
+            let r = ring.lock();
+            for rec in &r.records {
+                let label = r.labels[rec.label as usize].clone();
+                let what = match &rec.what {
+                    What::Pool(e, op, frames) => What::Pool(e.clone(), op.clone(), frames.clone()),
+                    What::Copy {
+                        stream,
+                        direction,
+                        bytes,
+                        peer,
+                    } => What::Copy {
+                        stream: *stream,
+                        direction: *direction,
+                        bytes: *bytes,
+                        peer: peer.clone(),
+                    },
+                };
+                all.push((rec.at, self.stamp(rec), *source, label, what));
+            }
         }
         // Stable: the events of one device keep their order.
-        all.sort_by_key(|(_, s)| s.t_us);
-        let mut allocated = std::collections::HashSet::new();
-        all.retain(|(e, _)| match e {
-            TraceEvent::Alloc { id, .. } => {
-                allocated.insert(*id);
-                true
+        all.sort_by_key(|(at, ..)| *at);
+        let trace = Trace::new();
+        for (_, stamp, source, label, what) in all {
+            match what {
+                What::Pool(e, op, frames) => {
+                    let origin = Origin {
+                        stamp,
+                        op,
+                        frames: frames.map_or_else(Vec::new, |bt| frames::frames_of(&bt)),
+                    };
+                    trace.record_pool_from(Some(source), &label, &e, Some(origin));
+                }
+                What::Copy {
+                    stream,
+                    direction,
+                    bytes,
+                    peer,
+                } => trace.record_copy_from(
+                    &label,
+                    stream,
+                    direction,
+                    bytes,
+                    peer.as_deref(),
+                    Some(stamp),
+                ),
             }
-            TraceEvent::Free { id, .. } => allocated.remove(id),
-            _ => true,
-        });
-        let (events, stamps) = all.into_iter().unzip();
-        Trace::from_stamped(events, stamps)
+        }
+        trace
     }
 
     /// Number of events kept now, over every device.
     pub fn len(&self) -> usize {
-        self.rings.read().iter().map(|(_, t)| t.len()).sum()
+        self.rings
+            .read()
+            .iter()
+            .map(|(_, r)| r.lock().records.len())
+            .sum()
     }
 
     /// True when nothing is kept.
@@ -166,43 +260,56 @@ impl History {
     }
 }
 
-/// `e` with its block and segment ids moved up by `ids` and `segs`, and one past the largest
-/// id and segment it names after the move.
-fn renumbered(e: &TraceEvent, ids: u64, segs: u64) -> (TraceEvent, (u64, u64)) {
-    let mut e = e.clone();
-    let mut max = (ids, segs);
-    match &mut e {
-        TraceEvent::Alloc { id, place, .. } => {
-            *id += ids;
-            max.0 = *id + 1;
-            if let Some(p) = place {
-                p.segment += segs;
-                max.1 = p.segment + 1;
-            }
-        }
-        TraceEvent::Free { id, .. } => {
-            *id += ids;
-            max.0 = *id + 1;
-        }
-        TraceEvent::SegmentAlloc { segment, .. } | TraceEvent::SegmentFree { segment, .. } => {
-            *segment += segs;
-            max.1 = *segment + 1;
-        }
-        _ => {}
-    }
-    (e, max)
-}
-
 impl Sink for History {
     fn on_event(&self, source: u64, e: &Event<'_>) {
-        match *e {
+        let (pool, what) = match *e {
             Event::Step(step) => {
-                *self.step.lock() = step;
-                for (_, t) in self.rings.read().iter() {
-                    t.set_step(step);
-                }
+                self.step.store(step.unwrap_or(u64::MAX), Relaxed);
+                return;
             }
-            _ => self.ring(source).on_event(source, e),
-        }
+            Event::Pool { pool, event } => {
+                let alloc = matches!(event, PoolEvent::Alloc { .. });
+                let op = alloc.then(frames::current_op).flatten();
+                let stack =
+                    (alloc && frames::trace_stacks()).then(|| Arc::new(frames::capture_raw()));
+                (pool, What::Pool(event.clone(), op, stack))
+            }
+            Event::Copy {
+                device,
+                stream,
+                direction,
+                bytes,
+                peer,
+            } => (
+                device,
+                What::Copy {
+                    stream,
+                    direction,
+                    bytes,
+                    peer: peer.map(Into::into),
+                },
+            ),
+        };
+        let (at, step) = (Instant::now(), self.step.load(Relaxed));
+        let rings = self.rings.read();
+        let ring = match rings.iter().find(|(s, _)| *s == source) {
+            Some((_, r)) => r,
+            None => {
+                drop(rings);
+                self.new_ring(source);
+                return self.on_event(source, e);
+            }
+        };
+        let mut r = ring.lock();
+        let label = r.label(pool);
+        r.push(
+            self.max_entries,
+            Record {
+                at,
+                step,
+                label,
+                what,
+            },
+        );
     }
 }

@@ -3,13 +3,14 @@
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
 
 use super::event::{invalid, Place, Stamp, TraceEvent};
 use super::file;
-use super::frames;
+use super::frames::{self, Frame};
 use crate::alloc::pool::{PoolEvent, PoolObserver, StreamId};
 use crate::alloc::stats::Direction;
 use crate::error::{Error, Result};
@@ -37,6 +38,18 @@ struct Recorder {
     step: Option<u64>,
     /// The most events kept (0: every one); older ones are dropped (see [`Trace::bounded`]).
     max: usize,
+    /// Where the event being recorded comes from, when it is replayed from another record
+    /// (the history's rings) rather than happening now.
+    origin: Option<Origin>,
+}
+
+/// What an event recorded elsewhere carries into a trace: its stamp, and for an allocation
+/// the operator and the stack recorded with it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Origin {
+    pub(crate) stamp: Stamp,
+    pub(crate) op: Option<Arc<str>>,
+    pub(crate) frames: Vec<Frame>,
 }
 
 impl Default for Recorder {
@@ -51,13 +64,20 @@ impl Default for Recorder {
             start: Instant::now(),
             step: None,
             max: 0,
+            origin: None,
         }
     }
 }
 
 impl Recorder {
     fn push(&mut self, event: TraceEvent) {
-        let t_us = u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let stamp = match &self.origin {
+            Some(o) => o.stamp,
+            None => Stamp {
+                t_us: u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX),
+                step: self.step,
+            },
+        };
         // A bounded trace keeps up to twice its bound and drops the older half at once: one
         // move per `max` events instead of one per event.
         if self.max > 0 && self.events.len() >= 2 * self.max {
@@ -65,10 +85,7 @@ impl Recorder {
             self.events.drain(..drop);
             self.stamps.drain(..drop);
         }
-        self.stamps.push(Stamp {
-            t_us,
-            step: self.step,
-        });
+        self.stamps.push(stamp);
         self.events.push(event);
     }
 
@@ -97,6 +114,20 @@ impl Recorder {
         else {
             return;
         };
+        let (operator, frames) = match &mut self.origin {
+            Some(o) => (
+                o.op.as_deref().map(str::to_string),
+                std::mem::take(&mut o.frames),
+            ),
+            None => (
+                frames::current_op().map(|o| o.to_string()),
+                if frames::trace_stacks() {
+                    frames::capture()
+                } else {
+                    Vec::new()
+                },
+            ),
+        };
         let id = self.next_id;
         self.next_id += 1;
         self.live.insert((source, label.to_string(), *block), id);
@@ -112,12 +143,8 @@ impl Recorder {
                 offset: *offset as u64,
                 size: *size as u64,
             }),
-            operator: frames::current_op().map(|o| o.to_string()),
-            frames: if frames::trace_stacks() {
-                frames::capture()
-            } else {
-                Vec::new()
-            },
+            operator,
+            frames,
         });
     }
 
@@ -351,7 +378,24 @@ impl Trace {
 
     /// Records an event of pool `label` (of trace source `source`, `None` for an observed pool).
     pub(crate) fn record_pool(&self, source: Option<u64>, label: &str, event: &PoolEvent) {
+        self.record_pool_from(source, label, event, None);
+    }
+
+    /// As [`Trace::record_pool`], for an event recorded elsewhere (`origin`; `None`: now).
+    pub(crate) fn record_pool_from(
+        &self,
+        source: Option<u64>,
+        label: &str,
+        event: &PoolEvent,
+        origin: Option<Origin>,
+    ) {
         let mut r = self.inner.lock();
+        r.origin = origin;
+        Self::record_locked(&mut r, source, label, event);
+        r.origin = None;
+    }
+
+    fn record_locked(r: &mut Recorder, source: Option<u64>, label: &str, event: &PoolEvent) {
         let device = || label.to_string();
         match event {
             PoolEvent::Alloc { .. } => r.alloc(source, label, event),
@@ -414,13 +458,32 @@ impl Trace {
         bytes: usize,
         peer: Option<&str>,
     ) {
-        self.inner.lock().push(TraceEvent::Copy {
+        self.record_copy_from(device, stream, direction, bytes, peer, None);
+    }
+
+    /// As [`Trace::record_copy`], for a copy recorded elsewhere at `stamp` (`None`: now).
+    pub(crate) fn record_copy_from(
+        &self,
+        device: &str,
+        stream: StreamId,
+        direction: Direction,
+        bytes: usize,
+        peer: Option<&str>,
+        stamp: Option<Stamp>,
+    ) {
+        let mut r = self.inner.lock();
+        r.origin = stamp.map(|stamp| Origin {
+            stamp,
+            ..Origin::default()
+        });
+        r.push(TraceEvent::Copy {
             direction,
             bytes,
             device: device.to_string(),
             stream: Some(stream),
             peer: peer.map(str::to_string),
         });
+        r.origin = None;
     }
 }
 
