@@ -152,7 +152,7 @@ pub fn step_count() -> usize {
     STEPS.len() + compute::STEPS.len()
 }
 
-const STEPS: [&str; 29] = [
+const STEPS: [&str; 30] = [
     "host pool 4 KiB",
     "host pool 4 KiB vs malloc",
     "host pool 1 MiB",
@@ -186,7 +186,7 @@ const STEPS: [&str; 29] = [
 ];
 
 /// The notes printed under the table: what the baselines are.
-const BASELINES: [&str; 15] = [
+const BASELINES: [&str; 16] = [
     "host pool rows: a private caching HostPool against the system allocator (called directly, \
      not through a counting global allocator) at the pool's alignment (64 B); `vs malloc` at \
      the system's own (16 B), which the pool does not offer",
