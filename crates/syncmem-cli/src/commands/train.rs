@@ -168,9 +168,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub memory_html: Option<PathBuf>,
 
-    /// At an out-of-memory failure, write the report, a snapshot of every pool in PyTorch's
-    /// format and the history of the newest events (on for the run: `SYNCMEM_HISTORY` events
-    /// per device, else 100000) into this directory, as `oom-N.*` files.
+    /// At an out-of-memory failure, write the report, a PyTorch snapshot and the history here.
     #[arg(long, value_name = "DIR")]
     pub on_oom_dump: Option<PathBuf>,
 
@@ -234,7 +232,7 @@ fn execute(
     let (devices, note) = devices::for_run(args.device.clone(), world)?;
     let root = distributed::World::is_root(world);
     let dev = devices[0].clone();
-    let _oom_files = prepare_memory(args, &devices, root)?;
+    let _oom_files = oom::prepare(args, &devices, root)?;
     let mut peak_snapshot = match &args.snapshot {
         Some(path) if root => Some(snapshot::PeakSnapshot::new(path, &dev)?),
         _ => None,
@@ -343,23 +341,6 @@ fn check_args(args: &Args) -> anyhow::Result<()> {
         super::trace_files::check_dir("--memory-html", path)?;
     }
     Ok(())
-}
-
-/// Caps the devices (`--memory-cap`) and registers the out-of-memory observer
-/// (`--on-oom-dump`, on rank 0).
-fn prepare_memory(
-    args: &Args,
-    devices: &[Device],
-    root: bool,
-) -> anyhow::Result<Option<oom::OomFiles>> {
-    if let Some(cap) = args.memory_cap {
-        devices::cap_devices(devices, cap)?;
-    }
-    args.on_oom_dump
-        .as_deref()
-        .filter(|_| root)
-        .map(oom::OomFiles::new)
-        .transpose()
 }
 
 /// The training settings of the arguments.

@@ -1,10 +1,13 @@
 //! `syncmem train --on-oom-dump DIR`: the ready-made out-of-memory observer, with the history
-//! on, so that a run that fails for memory leaves its snapshot and its history.
+//! on, so that a run that fails for memory leaves its snapshot and its history: at the N-th
+//! failure, `oom-N.txt` (the report), `oom-N.snapshot.pickle` (every pool, in PyTorch's
+//! format) and `oom-N.history.jsonl` (`SYNCMEM_HISTORY` events per device, else 100000).
 
 use std::path::Path;
 
 use anyhow::Context as _;
 use syncmem::report::{current_history, record_history, OomDump};
+use syncmem::Device;
 
 /// Events kept per device when `--on-oom-dump` turns the history on (`SYNCMEM_HISTORY` not
 /// set).
@@ -47,4 +50,21 @@ impl Drop for OomFiles {
              `syncmem trace export-torch --at oom FILE` writes it for PyTorch's memory viewer"
         );
     }
+}
+
+/// Caps the devices (`--memory-cap`) and registers the out-of-memory observer
+/// (`--on-oom-dump`, on rank 0).
+pub(super) fn prepare(
+    args: &super::Args,
+    devices: &[Device],
+    root: bool,
+) -> anyhow::Result<Option<OomFiles>> {
+    if let Some(cap) = args.memory_cap {
+        super::devices::cap_devices(devices, cap)?;
+    }
+    args.on_oom_dump
+        .as_deref()
+        .filter(|_| root)
+        .map(OomFiles::new)
+        .transpose()
 }
