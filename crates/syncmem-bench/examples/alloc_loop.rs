@@ -11,6 +11,9 @@
 //! it twice under an instruction counter with two loop lengths and divide the difference by
 //! the difference of the lengths: that is the cost of one alloc + free, without the start-up.
 //!
+//! With `SYNCMEM_HISTORY=N` the always-on history records the loop (its cost per cycle), and
+//! with `SYNCMEM_TRACE_STACKS=1` too, each allocation's stack.
+//!
 //! ```text
 //! valgrind --tool=callgrind --callgrind-out-file=a.out target/release/examples/alloc_loop host-pool 4096 10000
 //! valgrind --tool=callgrind --callgrind-out-file=b.out target/release/examples/alloc_loop host-pool 4096 20000
@@ -47,6 +50,10 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     };
+    if let Err(e) = syncmem::report::history_from_env() {
+        eprintln!("{e}");
+        return ExitCode::from(2);
+    }
     let result = match what {
         "host-pool" => host_pool_loop(PoolKind::Caching, bytes, n),
         "host-pool-binned" => host_pool_loop(PoolKind::Binned, bytes, n),

@@ -14,6 +14,7 @@ pub mod compute;
 mod display;
 pub mod floor;
 pub mod heap;
+pub mod history;
 pub mod multi;
 mod peak;
 pub mod raw;
@@ -151,7 +152,7 @@ pub fn step_count() -> usize {
     STEPS.len() + compute::STEPS.len()
 }
 
-const STEPS: [&str; 29] = [
+const STEPS: [&str; 30] = [
     "host pool 4 KiB",
     "host pool 4 KiB vs malloc",
     "host pool 1 MiB",
@@ -165,6 +166,7 @@ const STEPS: [&str; 29] = [
     "synced round trip 64 MiB",
     "synced round trip 64 MiB pinned",
     "device pool 4 KiB, 1/2/8 threads",
+    "device pool 4 KiB, history on/off",
     "host read access",
     "zero-copy cycle 64 MiB",
     "zero-copy map cycle 64 MiB",
@@ -184,7 +186,7 @@ const STEPS: [&str; 29] = [
 ];
 
 /// The notes printed under the table: what the baselines are.
-const BASELINES: [&str; 15] = [
+const BASELINES: [&str; 16] = [
     "host pool rows: a private caching HostPool against the system allocator (called directly, \
      not through a counting global allocator) at the pool's alignment (64 B); `vs malloc` at \
      the system's own (16 B), which the pool does not offer",
@@ -196,6 +198,10 @@ const BASELINES: [&str; 15] = [
      threads: ratio >= 1.0",
     "device pool rows: the pool against the raw backend call and against Device::alloc (the same \
      call plus the memory cap and statistics)",
+    "history rows: a pooled 4 KiB allocate + free on the bench device with the always-on \
+     history recording (report::record_history, 100000 events per device) against the same \
+     with it off, in alternating samples; goal: <= 1.10 x, ratio >= 0.91; with call stacks \
+     captured (SYNCMEM_TRACE_STACKS=1) reported without a goal",
     "synced round trips: the same host memory on both sides (the host allocator's pageable \
      memory, or the device's pinned memory)",
     "host read access: per call, through SyncedMemory::host() against indexing a slice",

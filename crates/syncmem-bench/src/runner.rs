@@ -5,7 +5,7 @@ use syncmem::{Device, Result};
 
 use crate::rows::Runs;
 use crate::{
-    compute, floor, heap, multi, replay, rows, threads, train_memory, user, zero_copy,
+    compute, floor, heap, history, multi, replay, rows, threads, train_memory, user, zero_copy,
     BenchOptions, BenchReport, Row, BASELINES, DEVICE_RAW_GOAL, DEVICE_VIEW_NOTE, HOST_SMALL_GOAL,
     KIB, MIB, ROUND_TRIP_GOAL, STEPS,
 };
@@ -166,9 +166,9 @@ fn host_rows(p: &mut Progress, rows: &mut Vec<Row>, sizes: Sizes) -> Result<()> 
 
 impl Bench<'_> {
     /// The bench device's pool against the raw backend call and `Device::alloc`, round trips,
-    /// and its pool from threads: 7 steps, whether they run or not.
+    /// its pool from threads, and with the history on: 8 steps, whether they run or not.
     fn device_rows(&mut self, spec: syncmem::DeviceSpec) {
-        let after_device = self.p.step + 7;
+        let after_device = self.p.step + 8;
         match &self.dev {
             Ok(d) => {
                 let d = d.clone();
@@ -207,6 +207,9 @@ impl Bench<'_> {
         }
         self.p.next();
         self.rows.extend(threads::device_pool_rows(dev, threaded)?);
+        self.p.next();
+        self.rows
+            .extend(history::history_rows(dev, self.sizes.small)?);
         Ok(())
     }
 

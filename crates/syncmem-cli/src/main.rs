@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use syncmem::report::{EnvTrace, TRACE_ENV};
+use syncmem::report::{history_from_env, EnvTrace, HISTORY_ENV, TRACE_ENV};
 
 /// Tensor memory mirrored on the host and on compute devices (Caffe's SyncedMemory, in Rust).
 #[derive(Parser)]
@@ -111,8 +111,11 @@ fn run(command: Command) -> anyhow::Result<()> {
 }
 
 /// Runs `command`, recording the whole process into the file named by `SYNCMEM_TRACE` when it
-/// is set (the trace is saved even when the command fails).
+/// is set (the trace is saved even when the command fails), with the history on when
+/// `SYNCMEM_HISTORY` asks for it.
 fn with_env_trace(command: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
+    // SYNCMEM_HISTORY=N: the newest N events of each device, kept for the observers.
+    history_from_env().context(HISTORY_ENV)?;
     let recording = EnvTrace::from_env().context(TRACE_ENV)?;
     let result = command();
     let Some(rec) = recording else {

@@ -15,6 +15,7 @@
 //! | `mem_pool` | `MemPool` and `use_mem_pool`: a private pool of one device, routed to inside a `with` block |
 //! | `stats` | `memory_stats` (its keys in one table), `memory_allocated` and the other `torch.cuda` functions, `copy_stats` |
 //! | `report` | `memory_summary`, `memory_snapshot`, `pool_snapshot` |
+//! | `history` | `record_memory_history`, `memory_history`, `on_out_of_memory` and its `OomObserver` |
 //! | `torch_snapshot` | the pools in PyTorch's snapshot format (`memory_snapshot(format="torch")`) |
 //! | `raw_kernel` | `RawKernel`: kernels from OpenCL C or CUDA C source, called as CuPy's |
 //! | `operators` | `register_operator`: operator types run by a Python function (`cpu`) |
@@ -31,6 +32,7 @@ mod device;
 mod dlpack;
 mod dtypes;
 mod errors;
+mod history;
 mod mem_pool;
 mod operators;
 mod raw_kernel;
@@ -71,6 +73,10 @@ fn syncmem_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stats::memory_reserved, m)?)?;
     m.add_function(wrap_pyfunction!(stats::max_memory_reserved, m)?)?;
     m.add_function(wrap_pyfunction!(report::memory_summary, m)?)?;
+    m.add_function(wrap_pyfunction!(history::record_memory_history, m)?)?;
+    m.add_function(wrap_pyfunction!(history::memory_history, m)?)?;
+    m.add_function(wrap_pyfunction!(history::on_out_of_memory, m)?)?;
+    m.add_class::<history::PyOomObserver>()?;
     m.add_function(wrap_pyfunction!(report::memory_snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(report::pool_snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(stats::copy_stats, m)?)?;

@@ -263,6 +263,8 @@ fn alloc(id: u64, size: usize) -> TraceEvent {
         device: "d".into(),
         owner: None,
         place: None,
+        operator: None,
+        frames: Vec::new(),
     }
 }
 

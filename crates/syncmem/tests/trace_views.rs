@@ -81,6 +81,8 @@ fn alloc(id: u64, size: usize, owner: &str, place: Option<(u64, u64, u64)>) -> T
             offset,
             size,
         }),
+        operator: None,
+        frames: Vec::new(),
     }
 }
 

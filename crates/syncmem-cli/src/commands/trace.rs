@@ -82,8 +82,12 @@ struct RecordArgs {
 const RECORD_HELP: &str = "\
 Each line of the file is one event:
   {\"op\":\"alloc\",\"id\",\"size\",\"stream\",\"device\",\"owner\",
-   \"place\": {\"segment\",\"offset\",\"size\"}}          a block from a pool, the tensor or blob
-                                                    it went to, where it lies (rounded size)
+   \"place\": {\"segment\",\"offset\",\"size\"}, \"operator\", \"frames\"}
+                                                    a block from a pool, the tensor or blob
+                                                    it went to, where it lies (rounded size),
+                                                    the operator running (NET[I] TYPE -> OUT),
+                                                    the call stack ([{\"name\",\"filename\",
+                                                    \"line\"}], with SYNCMEM_TRACE_STACKS=1)
   {\"op\":\"free\",\"id\",\"device\"}                      its return
   {\"op\":\"segment_alloc\",\"segment\",\"size\",\"stream\",\"device\"}
   {\"op\":\"segment_free\",\"segment\",\"size\",\"device\"}  memory a pool took from / gave
@@ -227,6 +231,7 @@ fn record(args: &RecordArgs) -> anyhow::Result<()> {
         snapshot: None,
         memory_cap: args.memory_cap,
         memory_html: None,
+        on_oom_dump: None,
         // The recorded run is one process.
         distributed: train::DistributedMode::None,
         bucket_size: d.bucket_bytes as u64,
@@ -238,11 +243,30 @@ fn record(args: &RecordArgs) -> anyhow::Result<()> {
         .with_context(|| format!("--out {}", args.out.display()))?;
     let trace = Arc::new(Trace::new());
     let guard = trace.attach_all();
-    let device = train::train_quietly(&train_args).context("the traced training run")?;
+    let run = train::train_quietly(&train_args);
     drop(guard);
-    trace
-        .save_file(&args.out)
-        .context("writing the trace file")?;
+    // The trace of a failed run is the one to look at: written either way.
+    let saved = trace.save_file(&args.out);
+    let device = match (run, saved) {
+        (Ok(device), saved) => {
+            saved.context("writing the trace file")?;
+            device
+        }
+        (Err(e), Ok(())) => {
+            eprintln!(
+                "syncmem: the traced run failed; its trace up to the failure ({} events) is in {} \
+                 (`syncmem trace view {}`)",
+                trace.len(),
+                args.out.display(),
+                args.out.display()
+            );
+            return Err(e.context("the traced training run"));
+        }
+        (Err(e), Err(save)) => {
+            eprintln!("syncmem: the trace of the failed run was not written: {save}");
+            return Err(e.context("the traced training run"));
+        }
+    };
     let report = RecordReport {
         file: args.out.display().to_string(),
         device,

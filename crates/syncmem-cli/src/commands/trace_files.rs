@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context as _};
 use syncmem::alloc::stats::human_bytes;
-use syncmem::report::torch::TorchSnapshot;
+use syncmem::report::torch::{At, TorchSnapshot};
 use syncmem::report::Trace;
 
 /// Arguments of `syncmem trace view`.
@@ -49,18 +49,31 @@ pub struct ExportArgs {
     /// The snapshot to write (a pickle).
     #[arg(short, long, value_name = "FILE", default_value = "snapshot.pickle")]
     out: PathBuf,
+
+    /// The instant whose segments and blocks the snapshot holds (the history ends there):
+    /// `peak` (the most bytes handed out, over every pool), `oom` (the first out-of-memory
+    /// failure), `step N` (the end of step N) or `end`.
+    #[arg(long, value_name = "WHEN", default_value = "peak", value_parser = parse_at)]
+    at: At,
+}
+
+fn parse_at(s: &str) -> Result<At, String> {
+    s.parse()
+        .map_err(|_: syncmem::Error| format!("{s:?}: expected peak, oom, end or step N"))
 }
 
 const EXPORT_HELP: &str = "\
 Writes what torch.cuda.memory._dump_snapshot() writes: a pickle (protocol 3) of the dict of
-torch.cuda.memory._snapshot(), with the segments and blocks alive at the end of the trace and
-the history of each device (alloc, free_requested, free_completed, segment_alloc,
-segment_free, oom). Open it in PyTorch's memory viewer (drag it onto pytorch.org/memory_viz)
+torch.cuda.memory._snapshot(), with the segments and blocks alive at the instant --at names
+(default: the peak of bytes handed out; `oom`, `step N`, `end`) and the history of each device
+up to it (alloc, free_requested, free_completed, segment_alloc, segment_free, oom). Open it in PyTorch's memory viewer (drag it onto pytorch.org/memory_viz)
 or run `python -m torch.cuda._memory_viz stats FILE`. Each memory pool is a device: device
 pools first, then pinned pools, then the host pool (the command prints the mapping, and the
 file lists it under `device_labels`). Addresses are made up (OpenCL buffers have none);
-sizes, offsets, streams, times and owners are the trace's. Each block's one frame is
-{filename: pool, line: step, name: owner}.";
+sizes, offsets, streams, times and owners are the trace's. Each block's first frame is
+{filename: pool, line: step, name: owner}; the operator running at its allocation follows as
+{filename: \"(operator)\", line: step, name: op}, then its call stack when the trace was
+recorded with SYNCMEM_TRACE_STACKS=1.";
 
 /// Fails early, before any work, when the directory of `path` does not exist or `path` is
 /// not a file that can be replaced (a directory, a device node, a FIFO).
@@ -116,14 +129,22 @@ pub fn view(args: &ViewArgs) -> anyhow::Result<()> {
 pub fn export_torch(args: &ExportArgs) -> anyhow::Result<()> {
     check_dir("--out", &args.out)?;
     let trace = Trace::load_file(&args.file)?;
-    let snap = TorchSnapshot::from_trace(&trace)
-        .with_context(|| format!("converting {}", args.file.display()))?;
+    let (snap, index) = TorchSnapshot::from_trace_at(&trace, args.at)
+        .with_context(|| format!("converting {} at {}", args.file.display(), args.at))?;
     snap.save_file(&args.out)?;
     let entries: usize = snap.device_traces.iter().map(Vec::len).sum();
+    let stamp = trace.with_stamped(|_, s| s.get(index).copied().unwrap_or_default());
+    let step = stamp
+        .step
+        .map_or_else(String::new, |s| format!(", step {s}"));
     outln!(
-        "wrote {}: {} segment(s) alive at the end, {} history entries",
+        "wrote {}: {} segment(s) alive at {} (event {} of {}, {:.3} s{step}), {} history entries",
         args.out.display(),
         snap.segments.len(),
+        args.at,
+        index + 1,
+        trace.len(),
+        stamp.t_us as f64 / 1e6,
         entries
     );
     for (i, label) in snap.device_labels.iter().enumerate() {

@@ -8,6 +8,7 @@ mod distributed;
 pub use distributed::Mode as DistributedMode;
 mod heap;
 mod help;
+mod oom;
 mod optimizer;
 mod report;
 mod snapshot;
@@ -167,6 +168,10 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub memory_html: Option<PathBuf>,
 
+    /// At an out-of-memory failure, write the report, a PyTorch snapshot and the history here.
+    #[arg(long, value_name = "DIR")]
+    pub on_oom_dump: Option<PathBuf>,
+
     /// Train as one rank of a job of several processes: `auto` joins an MPI job when a
     /// launcher (`mpirun`, `srun`) started this process as one of several ranks; `mpi` always;
     /// `none` trains alone. Each rank trains on its share of every batch, on its part of
@@ -227,9 +232,7 @@ fn execute(
     let (devices, note) = devices::for_run(args.device.clone(), world)?;
     let root = distributed::World::is_root(world);
     let dev = devices[0].clone();
-    if let Some(cap) = args.memory_cap {
-        devices::cap_devices(&devices, cap)?;
-    }
+    let _oom_files = oom::prepare(args, &devices, root)?;
     let mut peak_snapshot = match &args.snapshot {
         Some(path) if root => Some(snapshot::PeakSnapshot::new(path, &dev)?),
         _ => None,

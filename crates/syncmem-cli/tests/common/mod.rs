@@ -8,13 +8,15 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-/// Runs `syncmem args` with extra environment variables. `SYNCMEM_TRACE` and
-/// `SYNCMEM_ZERO_COPY` are removed from the inherited environment, so a caller's setting cannot
+/// Runs `syncmem args` with extra environment variables. `SYNCMEM_TRACE`, `SYNCMEM_HISTORY`,
+/// `SYNCMEM_TRACE_STACKS` and `SYNCMEM_ZERO_COPY` are removed from the inherited environment, so a caller's setting cannot
 /// change what a test sees (a test that wants one passes it).
 pub fn run_env<V: AsRef<OsStr>>(args: &[&str], env: &[(&str, V)]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_syncmem"));
     c.args(args)
         .env_remove("SYNCMEM_TRACE")
+        .env_remove("SYNCMEM_HISTORY")
+        .env_remove("SYNCMEM_TRACE_STACKS")
         .env_remove("SYNCMEM_ZERO_COPY");
     for (k, v) in env {
         c.env(k, v);

@@ -36,7 +36,10 @@ Memory statistics as ``torch.cuda`` names them: ``memory_stats(device=None)`` (t
 every key), ``memory_allocated``, ``max_memory_allocated``, ``memory_reserved``,
 ``max_memory_reserved``, ``reset_peak_memory_stats``, ``empty_cache`` and
 ``memory_summary(device=None, abbreviated=False)``; ``memory_snapshot()`` and
-``pool_snapshot()`` list every buffer and every pool block.
+``pool_snapshot()`` list every buffer and every pool block. ``record_memory_history(N)`` keeps
+the newest N events of every device (``memory_history()`` returns them as trace JSON lines);
+``on_out_of_memory(callable)`` calls ``callable(report)`` at each out-of-memory failure, before
+the ``OutOfMemoryError`` is raised, until its ``remove()``.
 
 Every error is a subclass of ``SyncmemError`` carrying the library's message, and of the
 matching builtin exception: ``NotFoundError`` is a ``KeyError``, ``FileError`` an ``OSError``,
@@ -145,6 +148,16 @@ from ._native import MemPool, MemPoolContext, use_mem_pool  # noqa: E402
 
 __all__ += ["RawKernel", "register_operator"]
 __all__ += ["MemPool", "MemPoolContext", "use_mem_pool"]
+
+# The always-on history and out-of-memory observers.
+from ._native import (  # noqa: E402
+    OomObserver,
+    memory_history,
+    on_out_of_memory,
+    record_memory_history,
+)
+
+__all__ += ["OomObserver", "memory_history", "on_out_of_memory", "record_memory_history"]
 
 __version__ = "0.1.0"
 

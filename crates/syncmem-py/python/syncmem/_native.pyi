@@ -338,6 +338,21 @@ def memory_snapshot() -> List[Dict[str, Any]]:
     locked for writing by a running operator is listed with ``"busy": True`` (and its name
     and owner only)."""
 
+def record_memory_history(max_entries: Optional[int] = None) -> None:
+    """Keeps the newest ``max_entries`` events of every device; ``None`` or 0 stops."""
+
+def memory_history() -> Optional[str]:
+    """The events the history keeps now as trace JSON lines, or ``None`` while it is off."""
+
+class OomObserver:
+    """A callable registered by ``on_out_of_memory``."""
+    def remove(self) -> None: ...
+    def __enter__(self) -> "OomObserver": ...
+    def __exit__(self, *args: Any) -> bool: ...
+
+def on_out_of_memory(callable: Callable[[Dict[str, Any]], Any]) -> OomObserver:
+    """Calls ``callable(report)`` at each out-of-memory failure, before the error is raised."""
+
 def torch_snapshot_pickle() -> bytes:
     """The pools now as a pickle of ``torch.cuda.memory._snapshot()``'s dict (protocol 3)."""
 

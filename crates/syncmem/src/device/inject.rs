@@ -3,7 +3,8 @@
 //! [`Device::fail_allocation`] arms a countdown on one device: the `n`-th allocation made for
 //! it from then on (device memory, pooled or direct, and the host mirrors of the buffers that
 //! live on it) fails with [`crate::Error::OutOfMemory`], before the out-of-memory path runs
-//! (nothing is evicted or spilled to make room: the failure reaches the caller). Every operation must
+//! (nothing is evicted or spilled to make room: the failure reaches the caller, after the
+//! out-of-memory observers, `super::on_out_of_memory`, saw it). Every operation must
 //! then leave every buffer as it was; the composed model test of the crate checks that after
 //! each injected failure. Without the feature the checks compile to nothing.
 
@@ -54,12 +55,14 @@ pub(crate) fn check(dev: &Device, len: usize, what: &str) -> Result<()> {
 #[cfg(feature = "testing")]
 #[cold]
 fn injected(dev: &Device, len: usize, what: &str) -> crate::Error {
-    crate::error::OomReport::new(
+    let report = crate::error::OomReport::new(
         dev.label(),
         len,
         format!("an injected failure of {what} (Device::fail_allocation)"),
-    )
-    .into()
+    );
+    // The failure reaches the caller as a real one does: its observers run first.
+    super::notify_oom(&report);
+    report.into()
 }
 
 #[cfg(feature = "testing")]

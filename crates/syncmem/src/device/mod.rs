@@ -41,6 +41,7 @@ mod kernels;
 mod mem_pool;
 mod memory;
 mod mirror;
+mod oom_observer;
 #[cfg(all(test, feature = "opencl"))]
 mod opencl_backend_tests;
 #[cfg(all(test, feature = "opencl"))]
@@ -68,6 +69,8 @@ pub use mem_pool::{MemPool, MemPoolScope};
 pub(crate) use mirror::Inert;
 pub(crate) use mirror::{Evictable, Freed, Mirrors, NextUse};
 pub use mirror::{Head, LiveBuffer};
+pub(crate) use oom_observer::notify as notify_oom;
+pub use oom_observer::{on_out_of_memory, OomObserverHandle};
 pub use pinned::PinnedBuffer;
 pub(crate) use registry::discovered as registry_discovered;
 pub use registry::{probe, BackendReport};

@@ -184,6 +184,9 @@ pub struct Net {
     ops: Vec<Box<dyn Operator>>,
     /// What the operators do with each blob (the schedule of a run under a memory cap).
     blob_uses: Arc<schedule::BlobUses>,
+    /// What each operator's allocations record as the operator running (see
+    /// [`crate::report::op_scope`]): `NET[INDEX] TYPE -> OUTPUTS`.
+    sites: Vec<Arc<str>>,
     running: Mutex<()>,
 }
 
@@ -240,6 +243,12 @@ impl Net {
             .filter(|n| !protected.contains(n))
             .collect();
         let blob_uses = Arc::new(schedule::BlobUses::new(&ops, &internal));
+        let sites = run_def
+            .ops
+            .iter()
+            .enumerate()
+            .map(|(i, o)| site(&def.name, i, o))
+            .collect();
         Ok(Net {
             def: def.clone(),
             rewritten,
@@ -248,6 +257,7 @@ impl Net {
             ctx,
             ops,
             blob_uses,
+            sites,
             running: Mutex::new(()),
         })
     }
@@ -356,6 +366,7 @@ impl Net {
             if let Some(s) = &schedule {
                 s.schedule.at(index);
             }
+            let _site = crate::report::op_scope(self.sites[index].clone());
             op.run(ws, ctx)
                 .map_err(|e| op_failed(self.base_def(), self.plan.as_ref(), "run", index, e))?;
             if let Some(s) = &schedule {
@@ -365,6 +376,11 @@ impl Net {
         }
         Ok(())
     }
+}
+
+/// What the allocations of operator `index` of net `net` record as their operator.
+fn site(net: &str, index: usize, op: &OperatorDef) -> Arc<str> {
+    format!("{net}[{index}] {} -> {}", op.label(), op.outputs.join(", ")).into()
 }
 
 /// The error for operator `index` of `def`. With a memory plan, the blob names the operator's

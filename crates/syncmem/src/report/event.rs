@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::frames::Frame;
 use crate::alloc::pool::StreamId;
 use crate::alloc::stats::Direction;
 use crate::error::Error;
@@ -31,6 +32,14 @@ pub enum TraceEvent {
         /// Where the block lies (absent in traces written before placements were recorded).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         place: Option<Place>,
+        /// The operator running when it was allocated (`NET[INDEX] TYPE -> OUTPUTS`, see
+        /// [`super::op_scope`]), when one was marked.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        operator: Option<String>,
+        /// The call stack of the allocation, innermost first, when stacks were captured
+        /// ([`super::TRACE_STACKS_ENV`]); empty otherwise.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        frames: Vec<Frame>,
     },
     /// A block was freed.
     Free {

@@ -34,6 +34,17 @@
 //! ([`crate::alloc::pool::Pool::set_observer`]); [`EnvTrace`] records the process into the file
 //! named by `SYNCMEM_TRACE`.
 //!
+//! # Always-on history
+//!
+//! [`record_history`] (or `SYNCMEM_HISTORY=N`, [`history_from_env`]) keeps the newest `N`
+//! events of every device in a ring of its own, off by default: PyTorch's
+//! `_record_memory_history(max_entries=N)`. [`History::trace`] reads them as a [`Trace`] at
+//! any moment, so every view, replay and export takes them.
+//!
+//! [`OomDump`] is the ready-made observer of out-of-memory failures
+//! ([`crate::device::on_out_of_memory`]): at each failure it writes the report, a snapshot of
+//! every pool in PyTorch's format and the history into a directory.
+//!
 //! # Files, views and replays
 //!
 //! Save a trace as JSON lines ([`Trace::save`], [`Trace::save_file`]), load it back
@@ -79,6 +90,9 @@
 mod attach;
 mod event;
 mod file;
+mod frames;
+mod history;
+mod oom_dump;
 mod pickle;
 mod replay;
 mod summary;
@@ -88,6 +102,11 @@ mod trace;
 
 pub use attach::{EnvTrace, TraceGuard, TRACE_ENV};
 pub use event::{Place, Stamp, TraceEvent, MAX_EVENT_BYTES, MAX_LINE_BYTES};
+pub use frames::{
+    current_op, op_scope, set_trace_stacks, trace_stacks, Frame, OpScope, TRACE_STACKS_ENV,
+};
+pub use history::{current_history, history_from_env, record_history, History, HISTORY_ENV};
+pub use oom_dump::OomDump;
 pub use replay::{
     replay, replay_with, DeviceReplay, ReplayOptions, ReplayReport, ReplaySummary, MAX_REPLAY_BYTES,
 };

@@ -121,6 +121,8 @@ impl Trace {
                 device: dev.clone(),
                 owner: Some(owner),
                 place: None,
+                operator: None,
+                frames: Vec::new(),
             });
             id
         };

@@ -104,6 +104,8 @@ fn alloc(id: u64, size: usize, device: &str) -> TraceEvent {
         device: device.into(),
         owner: None,
         place: None,
+        operator: None,
+        frames: Vec::new(),
     }
 }
 

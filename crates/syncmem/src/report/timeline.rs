@@ -408,6 +408,7 @@ impl Ctx<'_> {
                     device,
                     owner,
                     place,
+                    ..
                 } if device == label => {
                     live.insert(
                         *id,

@@ -3,12 +3,14 @@
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
 
 use super::event::{invalid, Place, Stamp, TraceEvent};
 use super::file;
+use super::frames::{self, Frame};
 use crate::alloc::pool::{PoolEvent, PoolObserver, StreamId};
 use crate::alloc::stats::Direction;
 use crate::error::{Error, Result};
@@ -34,6 +36,20 @@ struct Recorder {
     start: Instant,
     /// The step marked now.
     step: Option<u64>,
+    /// The most events kept (0: every one); older ones are dropped (see [`Trace::bounded`]).
+    max: usize,
+    /// Where the event being recorded comes from, when it is replayed from another record
+    /// (the history's rings) rather than happening now.
+    origin: Option<Origin>,
+}
+
+/// What an event recorded elsewhere carries into a trace: its stamp, and for an allocation
+/// the operator and the stack recorded with it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Origin {
+    pub(crate) stamp: Stamp,
+    pub(crate) op: Option<Arc<str>>,
+    pub(crate) frames: Vec<Frame>,
 }
 
 impl Default for Recorder {
@@ -47,18 +63,39 @@ impl Default for Recorder {
             next_segment: 0,
             start: Instant::now(),
             step: None,
+            max: 0,
+            origin: None,
         }
     }
 }
 
 impl Recorder {
     fn push(&mut self, event: TraceEvent) {
-        let t_us = u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX);
-        self.stamps.push(Stamp {
-            t_us,
-            step: self.step,
-        });
+        let stamp = match &self.origin {
+            Some(o) => o.stamp,
+            None => Stamp {
+                t_us: u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX),
+                step: self.step,
+            },
+        };
+        // A bounded trace keeps up to twice its bound and drops the older half at once: one
+        // move per `max` events instead of one per event.
+        if self.max > 0 && self.events.len() >= 2 * self.max {
+            let drop = self.events.len() - self.max + 1;
+            self.events.drain(..drop);
+            self.stamps.drain(..drop);
+        }
+        self.stamps.push(stamp);
         self.events.push(event);
+    }
+
+    /// The events kept (the newest `max` of a bounded trace) and their stamps.
+    fn window(&self) -> (&[TraceEvent], &[Stamp]) {
+        let from = match self.max {
+            0 => 0,
+            max => self.events.len().saturating_sub(max),
+        };
+        (&self.events[from..], &self.stamps[from..])
     }
 
     /// Records `event`, a [`PoolEvent::Alloc`] of pool `label` of trace source `source`: the
@@ -77,6 +114,20 @@ impl Recorder {
         else {
             return;
         };
+        let (operator, frames) = match &mut self.origin {
+            Some(o) => (
+                o.op.as_deref().map(str::to_string),
+                std::mem::take(&mut o.frames),
+            ),
+            None => (
+                frames::current_op().map(|o| o.to_string()),
+                if frames::trace_stacks() {
+                    frames::capture()
+                } else {
+                    Vec::new()
+                },
+            ),
+        };
         let id = self.next_id;
         self.next_id += 1;
         self.live.insert((source, label.to_string(), *block), id);
@@ -92,6 +143,8 @@ impl Recorder {
                 offset: *offset as u64,
                 size: *size as u64,
             }),
+            operator,
+            frames,
         });
     }
 
@@ -124,6 +177,33 @@ impl Trace {
     /// An empty trace, ready to record (share it in an `Arc` to attach it).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty trace that keeps only the newest `max_entries` events (at least 1): the
+    /// older ones are dropped as new ones come, so that recording can stay on for a whole
+    /// program in bounded memory (what [`super::History`] keeps per device). The events kept
+    /// may free blocks, or lie in segments, whose allocation was dropped.
+    pub fn bounded(max_entries: usize) -> Self {
+        Self::bounded_from(max_entries, Instant::now())
+    }
+
+    /// As [`Trace::bounded`], with times counted from `start`.
+    pub(crate) fn bounded_from(max_entries: usize, start: Instant) -> Self {
+        Self {
+            inner: Mutex::new(Recorder {
+                max: max_entries.max(1),
+                start,
+                ..Recorder::default()
+            }),
+        }
+    }
+
+    /// The most events this trace keeps (`None`: unbounded).
+    pub fn max_entries(&self) -> Option<usize> {
+        match self.inner.lock().max {
+            0 => None,
+            m => Some(m),
+        }
     }
 
     /// A trace of these events, without times (every [`Stamp`] is the default).
@@ -165,24 +245,25 @@ impl Trace {
 
     /// A copy of the recorded events.
     pub fn events(&self) -> Vec<TraceEvent> {
-        self.inner.lock().events.clone()
+        self.inner.lock().window().0.to_vec()
     }
 
     /// A copy of the stamps of the recorded events (one per event).
     pub fn stamps(&self) -> Vec<Stamp> {
-        self.inner.lock().stamps.clone()
+        self.inner.lock().window().1.to_vec()
     }
 
     /// Runs `f` on the recorded events without copying them.
     pub fn with_events<R>(&self, f: impl FnOnce(&[TraceEvent]) -> R) -> R {
-        f(&self.inner.lock().events)
+        f(self.inner.lock().window().0)
     }
 
     /// Runs `f` on the recorded events and their stamps (as long as the events) without
     /// copying them.
     pub fn with_stamped<R>(&self, f: impl FnOnce(&[TraceEvent], &[Stamp]) -> R) -> R {
         let r = self.inner.lock();
-        f(&r.events, &r.stamps)
+        let (events, stamps) = r.window();
+        f(events, stamps)
     }
 
     /// Marks the step the program is in (`None`: none): the events recorded from now on
@@ -194,7 +275,7 @@ impl Trace {
 
     /// Number of events.
     pub fn len(&self) -> usize {
-        self.inner.lock().events.len()
+        self.inner.lock().window().0.len()
     }
 
     /// True when nothing was recorded.
@@ -220,7 +301,8 @@ impl Trace {
     /// [`Error::InvalidConfig`] carrying the writer's error.
     pub fn save(&self, mut out: impl Write) -> Result<()> {
         let r = self.inner.lock();
-        for (e, s) in r.events.iter().zip(&r.stamps) {
+        let (events, stamps) = r.window();
+        for (e, s) in events.iter().zip(stamps) {
             file::write_line(&mut out, e, s)
                 .map_err(|e| invalid(format!("writing a trace: {e}")))?;
         }
@@ -235,8 +317,9 @@ impl Trace {
     /// [`Error::Io`] naming the file.
     pub fn save_file(&self, path: &Path) -> Result<()> {
         let r = self.inner.lock();
+        let (events, stamps) = r.window();
         crate::file::write_atomic(path, |out| {
-            for (e, s) in r.events.iter().zip(&r.stamps) {
+            for (e, s) in events.iter().zip(stamps) {
                 file::write_line(&mut *out, e, s)?;
             }
             Ok(())
@@ -295,7 +378,24 @@ impl Trace {
 
     /// Records an event of pool `label` (of trace source `source`, `None` for an observed pool).
     pub(crate) fn record_pool(&self, source: Option<u64>, label: &str, event: &PoolEvent) {
+        self.record_pool_from(source, label, event, None);
+    }
+
+    /// As [`Trace::record_pool`], for an event recorded elsewhere (`origin`; `None`: now).
+    pub(crate) fn record_pool_from(
+        &self,
+        source: Option<u64>,
+        label: &str,
+        event: &PoolEvent,
+        origin: Option<Origin>,
+    ) {
         let mut r = self.inner.lock();
+        r.origin = origin;
+        Self::record_locked(&mut r, source, label, event);
+        r.origin = None;
+    }
+
+    fn record_locked(r: &mut Recorder, source: Option<u64>, label: &str, event: &PoolEvent) {
         let device = || label.to_string();
         match event {
             PoolEvent::Alloc { .. } => r.alloc(source, label, event),
@@ -358,13 +458,32 @@ impl Trace {
         bytes: usize,
         peer: Option<&str>,
     ) {
-        self.inner.lock().push(TraceEvent::Copy {
+        self.record_copy_from(device, stream, direction, bytes, peer, None);
+    }
+
+    /// As [`Trace::record_copy`], for a copy recorded elsewhere at `stamp` (`None`: now).
+    pub(crate) fn record_copy_from(
+        &self,
+        device: &str,
+        stream: StreamId,
+        direction: Direction,
+        bytes: usize,
+        peer: Option<&str>,
+        stamp: Option<Stamp>,
+    ) {
+        let mut r = self.inner.lock();
+        r.origin = stamp.map(|stamp| Origin {
+            stamp,
+            ..Origin::default()
+        });
+        r.push(TraceEvent::Copy {
             direction,
             bytes,
             device: device.to_string(),
             stream: Some(stream),
             peer: peer.map(str::to_string),
         });
+        r.origin = None;
     }
 }
 

@@ -9,7 +9,9 @@
 //! overwrite), and MemPool scopes opened and closed around them (each step checks
 //! that only the innermost scope's pool, or with none open the device's, allocated). `FailNext` makes the `n`-th allocation fail
 //! ([`Device::fail_allocation`]): an operation that fails with out-of-memory (injected, or the
-//! cap) must leave every buffer as it was, which is checked on the spot.
+//! cap) must leave every buffer as it was, which is checked on the spot. The always-on history
+//! records every program, and an out-of-memory observer runs at every failure, reading the
+//! history and snapshotting the pools in the middle of the failing operation (`observed.rs`).
 //!
 //! Defects found where two features meet are kept here as operations; every new feature adds
 //! its own. `SYNCMEM_PROPTEST_CASES` sets the number of programs per device and zero-copy
@@ -18,6 +20,7 @@
 mod dropped;
 #[path = "../common/model.rs"]
 mod model;
+mod observed;
 mod ops;
 mod steps;
 
@@ -285,6 +288,8 @@ fn check(home: &Device, other: &Device) {
     let mut injected = 0;
     let mut spills = 0;
     let mut scoped = 0;
+    observed::observe();
+    let observed_before = observed::runs();
     for zero_copy in [ZeroCopy::Auto, ZeroCopy::Off, ZeroCopy::Map] {
         let dev = capped(home, zero_copy);
         let other = capped(other, zero_copy);
@@ -343,6 +348,10 @@ fn check(home: &Device, other: &Device) {
         spills += s.spills;
     }
     assert!(injected > 0, "no allocation failure was injected");
+    assert!(
+        observed::runs() > observed_before,
+        "no out-of-memory observer ran"
+    );
     assert!(scoped > 0, "no allocation was made in a MemPool scope");
     assert!(failed > 0, "no operation failed");
     assert!(spills > 0, "no dirty mirror was ever spilled");

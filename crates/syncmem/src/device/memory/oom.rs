@@ -77,7 +77,11 @@ impl DeviceMemory {
                 return done;
             }
         }
-        Err(self.report(dev, run))
+        let e = self.report(dev, run);
+        if let Error::OutOfMemory { report } = &e {
+            crate::device::notify_oom(report);
+        }
+        Err(e)
     }
 
     /// Frees room step by step, retrying after each.

@@ -189,6 +189,8 @@ impl History {
             device: pool,
             owner,
             place,
+            operator,
+            frames,
         } = e
         else {
             return Ok(());
@@ -202,7 +204,9 @@ impl History {
             time_us: st.t_us,
             frame,
         };
-        let f = frame(pool, st.step, owner.as_deref());
+        let mut f = frame(pool, st.step, owner.as_deref());
+        f.op.clone_from(operator);
+        f.stack.clone_from(frames);
         let (segment, offset, block) = match place {
             Some(p) => (p.segment, p.offset, p.size),
             None => {

@@ -7,6 +7,8 @@
 //! format. [`TorchSnapshot`] is that dict, made from a [`Trace`]
 //! ([`TorchSnapshot::from_trace`]: the final state and the history) or from a
 //! [`MemorySnapshot`] of the pools now ([`TorchSnapshot::from_snapshot`]: the state only),
+//! ([`TorchSnapshot::from_trace_at`]: the state at an instant [`At`], the peak by default in
+//! `syncmem trace export-torch`, and the history up to it)
 //! and [`TorchSnapshot::write_pickle`] writes it as a protocol-3 pickle (the viewer reads
 //! protocols 2 to 4 only; write yours with `protocol=4` at most when you re-pickle it in
 //! Python 3.14 or later, whose default is 5).
@@ -21,8 +23,11 @@
 //!   Addresses are made up: OpenCL buffers have none, so each segment gets a range of its
 //!   own (the first at `0x10_0000_0000`, never reused), and a block's address is its
 //!   segment's plus its offset.
-//! - Every block is named by one frame `{"filename": pool label, "line": step (0 when none
-//!   was marked), "name": owner}` (`"(no owner)"` for a block handed out without a name).
+//! - Every block is named by a first frame `{"filename": pool label, "line": step (0 when
+//!   none was marked), "name": owner}` (`"(no owner)"` for a block handed out without a
+//!   name); a block allocated while an operator ran has a second one,
+//!   `{"filename": "(operator)", "line": step, "name": op}`, and one recorded with stacks
+//!   ([`super::TRACE_STACKS_ENV`]) its call stack after them, innermost first.
 //! - A free is `free_requested` then `free_completed` at once (the viewer shows them as one
 //!   `free`); an out-of-memory failure is `oom` with `device_free` 0 (the pool does not know
 //!   what the driver has left). Copies and evictions have no PyTorch action and are left out
@@ -37,8 +42,12 @@
 use std::io::Write;
 use std::path::Path;
 
+mod at;
 mod convert;
 
+pub use at::At;
+
+use super::frames::Frame;
 use super::pickle::Pickler;
 use super::trace::Trace;
 use crate::alloc::pool::{BlockState, MemorySnapshot, StreamId};
@@ -82,6 +91,11 @@ pub struct TorchFrame {
     pub step: u64,
     /// `name`: the owner's label, `"(no owner)"` when the block had none.
     pub owner: String,
+    /// The operator running at the allocation, written as a second frame
+    /// `{"filename": "(operator)", "line": step, "name": op}`.
+    pub op: Option<String>,
+    /// The allocation's call stack, innermost first, written after those two frames.
+    pub stack: Vec<Frame>,
 }
 
 /// A block of a segment.
@@ -192,6 +206,8 @@ fn frame(pool: &str, step: Option<u64>, owner: Option<&str>) -> TorchFrame {
         pool: pool.to_string(),
         step: step.unwrap_or(0),
         owner: owner.unwrap_or("(no owner)").to_string(),
+        op: None,
+        stack: Vec::new(),
     }
 }
 
@@ -307,15 +323,30 @@ fn write_frames<W: Write>(p: &mut Pickler<W>, f: Option<&TorchFrame>) -> std::io
     p.key("frames")?;
     p.list()?;
     if let Some(f) = f {
-        p.dict()?;
-        p.key("filename")?;
-        p.str(&f.pool)?;
-        p.key("line")?;
-        p.uint(f.step)?;
-        p.key("name")?;
-        p.str(&f.owner)?;
-        p.end()?;
+        write_frame(p, &f.pool, f.step, &f.owner)?;
+        if let Some(op) = &f.op {
+            write_frame(p, "(operator)", f.step, op)?;
+        }
+        for s in &f.stack {
+            write_frame(p, &s.filename, s.line, &s.name)?;
+        }
     }
+    p.end()
+}
+
+fn write_frame<W: Write>(
+    p: &mut Pickler<W>,
+    filename: &str,
+    line: u64,
+    name: &str,
+) -> std::io::Result<()> {
+    p.dict()?;
+    p.key("filename")?;
+    p.str(filename)?;
+    p.key("line")?;
+    p.uint(line)?;
+    p.key("name")?;
+    p.str(name)?;
     p.end()
 }
 

@@ -1,0 +1,231 @@
+//! The always-on history (`record_history`) and the out-of-memory observers
+//! (`on_out_of_memory`, `OomDump`), on `cpu` and on OpenCL/PoCL: the history keeps the newest
+//! events of each device and reads as a trace that every view takes; an observer runs at a
+//! failure, before the error returns, and stops running once its handle is dropped; the
+//! ready-made one leaves a report, a snapshot and a history that ends with the failure.
+//!
+//! The history and the observers are process-wide: the tests of this file take one lock.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+
+use syncmem::device::on_out_of_memory;
+use syncmem::report::torch::TorchSnapshot;
+use syncmem::report::{
+    op_scope, record_history, replay_with, set_trace_stacks, OomDump, ReplayOptions, Trace,
+    TraceEvent,
+};
+use syncmem::{Device, Error, MemoryCap, PoolConfig, PoolKind};
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn lock() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn capped(dev: &Device, cap: u64) -> Device {
+    let d = dev.detached();
+    d.set_pool(PoolConfig::default().with_memory_cap(MemoryCap::Bytes(cap)))
+        .unwrap();
+    d
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("syncmem-history-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn history_keeps_the_newest_events_of_each_device(dev: &Device) {
+    let _one = lock();
+    let h = record_history(Some(16)).unwrap();
+    let d = dev.detached();
+    let label = d.label().to_string();
+    let stream = d.default_stream().unwrap();
+    let op = op_scope("my phase".into());
+    for i in 0..100 {
+        // The last allocation with its stack.
+        set_trace_stacks(i == 99);
+        drop(d.alloc_pooled(4096, &stream).unwrap());
+    }
+    set_trace_stacks(false);
+    drop(op);
+    // Host pool traffic after the device's does not push the device's events out.
+    let host = syncmem::alloc::pool::HostPool::global().unwrap();
+    for _ in 0..100 {
+        drop(host.alloc(4096).unwrap());
+    }
+    let trace = h.trace();
+    record_history(None);
+    let mine: Vec<TraceEvent> = trace
+        .events()
+        .into_iter()
+        .filter(|e| e.device() == label)
+        .collect();
+    // 16 kept: the newest, so allocations and frees of the last 8 cycles, in order.
+    assert_eq!(mine.len(), 16, "{mine:?}");
+    assert_eq!(mine[0].kind(), "alloc");
+    assert_eq!(mine[15].kind(), "free");
+    // Allocations keep their operator, and the last one its stack.
+    let TraceEvent::Alloc {
+        operator, frames, ..
+    } = &mine[14]
+    else {
+        panic!("{mine:?}")
+    };
+    assert_eq!(operator.as_deref(), Some("my phase"));
+    assert!(
+        frames.iter().any(|f| f.name.contains("history_keeps")),
+        "{frames:?}"
+    );
+    let TraceEvent::Alloc { frames, .. } = &mine[12] else {
+        panic!("{mine:?}")
+    };
+    assert!(frames.is_empty());
+    assert!(
+        trace
+            .events()
+            .iter()
+            .filter(|e| e.device() == "host")
+            .count()
+            <= 16
+    );
+    // Every view takes it: replay, PyTorch's format, a round trip through a file.
+    let r = replay_with(
+        &trace,
+        &PoolConfig::new(PoolKind::Caching),
+        &ReplayOptions::new(),
+    );
+    assert_eq!(r.unwrap().device(&label).unwrap().ooms, 0);
+    TorchSnapshot::from_trace(&trace).unwrap();
+    let mut file = Vec::new();
+    trace.save(&mut file).unwrap();
+    assert_eq!(Trace::load(&file[..]).unwrap().events(), trace.events());
+}
+
+fn a_bounded_history_leaves_out_frees_of_dropped_allocations(dev: &Device) {
+    let _one = lock();
+    let h = record_history(Some(3)).unwrap();
+    let d = dev.detached();
+    let stream = d.default_stream().unwrap();
+    let kept = d.alloc_pooled(4096, &stream).unwrap();
+    for _ in 0..4 {
+        drop(d.alloc_pooled(4096, &stream).unwrap());
+    }
+    drop(kept);
+    let trace = h.trace();
+    record_history(None);
+    // The free of `kept`, whose allocation fell out of the ring, is not in the trace: every
+    // free there has its allocation before it.
+    let events: Vec<TraceEvent> = trace
+        .events()
+        .into_iter()
+        .filter(|e| e.device() == d.label())
+        .collect();
+    // The ring kept the last cycle's allocation and free, and the free of `kept`.
+    let kinds: Vec<&str> = events.iter().map(TraceEvent::kind).collect();
+    assert_eq!(kinds, ["alloc", "free"], "{events:?}");
+    replay_with(&trace, &PoolConfig::default(), &ReplayOptions::new()).unwrap();
+}
+
+fn an_observer_runs_at_the_failure_until_its_handle_is_dropped(dev: &Device) {
+    let _one = lock();
+    let d = capped(dev, 1 << 20);
+    let stream = d.default_stream().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let handle = on_out_of_memory(move |r| s.lock().unwrap().push((r.device.clone(), r.requested)));
+    let held = d.alloc_pooled(768 << 10, &stream).unwrap();
+    let e = d.alloc_pooled(512 << 10, &stream).unwrap_err();
+    assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
+    assert_eq!(*seen.lock().unwrap(), [(d.label().to_string(), 512 << 10)]);
+    drop(handle);
+    assert!(d.alloc_pooled(512 << 10, &stream).is_err());
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        1,
+        "an unregistered observer ran"
+    );
+    drop(held);
+    // An allocation that fits calls no observer.
+    let count = Arc::new(AtomicUsize::new(0));
+    let c = count.clone();
+    let _h = on_out_of_memory(move |_| {
+        c.fetch_add(1, SeqCst);
+    });
+    drop(d.alloc_pooled(512 << 10, &stream).unwrap());
+    assert_eq!(count.load(SeqCst), 0);
+}
+
+fn the_ready_made_observer_writes_a_snapshot_and_a_history_ending_at_the_failure(dev: &Device) {
+    let _one = lock();
+    let dir = scratch(&format!("dump-{}", dev.label().replace(':', "-")));
+    let h = record_history(Some(1000)).unwrap();
+    let dump = OomDump::new(&dir).unwrap();
+    let d = capped(dev, 1 << 20);
+    let stream = d.default_stream().unwrap();
+    let held = d.alloc_pooled(768 << 10, &stream).unwrap();
+    assert!(d.alloc_pooled(512 << 10, &stream).is_err());
+    record_history(None);
+    drop(h);
+    assert_eq!(dump.failures(), 1);
+    assert_eq!(dump.error(), None);
+    let names: Vec<String> = dump
+        .files()
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        ["oom-1.txt", "oom-1.snapshot.pickle", "oom-1.history.jsonl"]
+    );
+    let text = std::fs::read_to_string(dir.join("oom-1.txt")).unwrap();
+    assert!(text.contains("out of memory on"), "{text}");
+    // The pickle starts as protocol 3 does.
+    let pickle = std::fs::read(dir.join("oom-1.snapshot.pickle")).unwrap();
+    assert_eq!(&pickle[..2], b"\x80\x03");
+    let trace = Trace::load_file(&dir.join("oom-1.history.jsonl")).unwrap();
+    let mine: Vec<TraceEvent> = trace
+        .events()
+        .into_iter()
+        .filter(|e| e.device() == d.label())
+        .collect();
+    assert_eq!(mine.last().map(TraceEvent::kind), Some("oom"), "{mine:?}");
+    assert!(mine.iter().any(|e| e.kind() == "alloc"));
+    drop(held);
+    drop(dump);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+syncmem::for_each_device!(
+    history_keeps_the_newest_events_of_each_device,
+    a_bounded_history_leaves_out_frees_of_dropped_allocations,
+    an_observer_runs_at_the_failure_until_its_handle_is_dropped,
+    the_ready_made_observer_writes_a_snapshot_and_a_history_ending_at_the_failure,
+);
+
+/// A bounded trace attached to a device keeps only its newest events.
+#[test]
+fn a_bounded_trace_keeps_its_newest_events() {
+    // Its allocations would land in the history of the other tests.
+    let _one = lock();
+    let dev = Device::cpu().detached();
+    let trace = Arc::new(Trace::bounded(5));
+    assert_eq!(trace.max_entries(), Some(5));
+    let guard = trace.attach_device_only(&dev);
+    let stream = dev.default_stream().unwrap();
+    let blocks: Vec<_> = (0..20)
+        .map(|_| dev.alloc_pooled(4096, &stream).unwrap())
+        .collect();
+    drop(guard);
+    let events = trace.events();
+    assert_eq!(events.len(), 5);
+    assert_eq!(trace.stamps().len(), 5);
+    // The newest: the last allocation is the last event.
+    let TraceEvent::Alloc { id, .. } = events[4] else {
+        panic!("{events:?}")
+    };
+    assert_eq!(id, 19, "{events:?}");
+    drop(blocks);
+}
