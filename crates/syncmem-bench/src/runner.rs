@@ -397,6 +397,14 @@ impl Bench<'_> {
         if let Some(why) = &machine.unknown {
             notes.push(format!("the machine's load is unknown: {why}"));
         }
+        if let Some(l) = machine.start.filter(|l| l.one >= 0.5 * machine.cpus as f64) {
+            notes.push(format!(
+                "the machine was not idle at the start (load {:.2} over the last minute on {} \
+                 CPUs): other work shares the cores, which flatters the slower side of each \
+                 comparison; figures to publish need an idle machine",
+                l.one, machine.cpus
+            ));
+        }
         let device_miss = self
             .rows
             .iter()

@@ -93,6 +93,18 @@ impl Verdict {
         }
     }
 
+    /// The verdict on a ceiling `goal` (the ratio must not exceed it) of a spread from `low`
+    /// to `high`.
+    pub fn of_at_most(low: f64, high: f64, goal: f64) -> Self {
+        if high <= goal {
+            Verdict::Met
+        } else if low > goal {
+            Verdict::NotMet
+        } else {
+            Verdict::WithinNoise
+        }
+    }
+
     /// `met`, `NOT met` or `within noise`, as the table prints it.
     pub fn text(self) -> &'static str {
         match self {
@@ -144,6 +156,9 @@ mod tests {
         assert_eq!(Verdict::of(0.8, 0.99, 1.0), Verdict::NotMet);
         assert_eq!(Verdict::of(0.9, 1.1, 1.0), Verdict::WithinNoise);
         assert_eq!(Verdict::of(0.9, 1.0, 1.0), Verdict::WithinNoise);
+        assert_eq!(Verdict::of_at_most(0.5, 1.3, 1.3), Verdict::Met);
+        assert_eq!(Verdict::of_at_most(1.31, 2.0, 1.3), Verdict::NotMet);
+        assert_eq!(Verdict::of_at_most(1.2, 1.4, 1.3), Verdict::WithinNoise);
         assert_eq!(
             serde_json::to_string(&Verdict::WithinNoise).unwrap(),
             "\"within noise\""

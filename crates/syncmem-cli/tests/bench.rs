@@ -373,11 +373,25 @@ fn check_device_compute(c: &Value) {
             r["device_ms"].as_f64().unwrap(),
         );
         assert!(cpu > 0.0 && dev > 0.0, "{r}");
-        assert!(
-            (r["ratio"].as_f64().unwrap() - dev / cpu).abs() < 1e-9,
-            "{r}"
+        let ratio = r["ratio"].as_f64().unwrap();
+        assert!((ratio - dev / cpu).abs() < 1e-9, "{r}");
+        let (low, high) = (
+            r["ratio_low"].as_f64().unwrap(),
+            r["ratio_high"].as_f64().unwrap(),
         );
+        assert!(low <= ratio && ratio <= high, "{r}");
         assert_eq!(r["goal"].is_f64(), r["hidden"] != 256, "{r}");
+        // A ceiling: met when the whole spread is at or below it.
+        if let Some(g) = r["goal"].as_f64() {
+            let verdict = if high <= g {
+                "met"
+            } else if low > g {
+                "not met"
+            } else {
+                "within noise"
+            };
+            assert_eq!(r["verdict"], verdict, "{r}");
+        }
     }
     let l = &c["launch"];
     for key in ["crate_ns", "raw_wait_ns", "raw_queued_ns", "ratio"] {
