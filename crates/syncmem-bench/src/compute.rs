@@ -77,12 +77,20 @@ pub struct TrainRow {
     pub device_ms: f64,
     /// `device_ms / cpu_ms` (below 1: the device is faster).
     pub ratio: f64,
+    /// The spread of the ratio: the interquartile range of the per-epoch ratios (epochs taken
+    /// in turn), widened to hold `ratio` ([`crate::spread`]).
+    pub ratio_low: f64,
+    /// The high end of the spread.
+    pub ratio_high: f64,
     /// The ratio not to exceed, if this width has a goal.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub goal: Option<f64>,
-    /// Whether it was met.
+    /// Whether the ratio of the medians stays within it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub goal_met: Option<bool>,
+    /// The verdict of the spread: met, not met, or within noise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<crate::Verdict>,
 }
 
 /// A trivial kernel (one float scaled) through the crate against plain OpenCL.
@@ -235,20 +243,23 @@ pub fn train_row(dev: &Device, h: usize, quick: bool) -> Result<TrainRow> {
         a.push(cpu.run_epoch()?.seconds);
         b.push(other.run_epoch()?.seconds);
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2] * 1e3
-    };
-    let (cpu_ms, device_ms) = (median(a), median(b));
+    // Ratios device / cpu: the cpu is the "ours" side of the samples.
+    let samples = crate::Samples::new(a, b);
+    let (cpu_s, device_s) = samples.medians();
+    let (cpu_ms, device_ms) = (cpu_s * 1e3, device_s * 1e3);
     let ratio = device_ms / cpu_ms.max(1e-9);
+    let (ratio_low, ratio_high) = samples.spread(ratio);
     let goal = TRAIN_GOALS.iter().find(|(w, _)| *w == h).map(|&(_, g)| g);
     Ok(TrainRow {
         hidden: h,
         cpu_ms,
         device_ms,
         ratio,
+        ratio_low,
+        ratio_high,
         goal,
         goal_met: goal.map(|g| ratio <= g),
+        verdict: goal.map(|g| crate::Verdict::of_at_most(ratio_low, ratio_high, g)),
     })
 }
 
@@ -427,17 +438,22 @@ impl fmt::Display for ComputeReport {
         if !self.train.is_empty() {
             writeln!(
                 f,
-                "{:<10} {:>6} {:>11} {:>11} {:>8}  (median epoch; ratio = {} / cpu)",
-                "train", "H", "cpu", self.device, "ratio", self.device
+                "{:<10} {:>6} {:>11} {:>11} {:>8} {:>11}  (median epoch; ratio = {} / cpu)",
+                "train", "H", "cpu", self.device, "ratio", "spread", self.device
             )?;
             for r in &self.train {
                 write!(
                     f,
-                    "{:<10} {:>6} {:>8.1} ms {:>8.1} ms {:>8.2}",
-                    "", r.hidden, r.cpu_ms, r.device_ms, r.ratio
+                    "{:<10} {:>6} {:>8.1} ms {:>8.1} ms {:>8.2} {:>11}",
+                    "",
+                    r.hidden,
+                    r.cpu_ms,
+                    r.device_ms,
+                    r.ratio,
+                    format!("{:.2}-{:.2}", r.ratio_low, r.ratio_high)
                 )?;
-                if let Some(g) = r.goal {
-                    write!(f, "  goal <= {g}: {}", met(r.goal_met))?;
+                if let (Some(g), Some(v)) = (r.goal, r.verdict) {
+                    write!(f, "  goal <= {g}: {}", v.text())?;
                 }
                 writeln!(f)?;
             }

@@ -4,8 +4,9 @@ use std::fmt;
 
 use syncmem::alloc::stats::human_bytes;
 
+use crate::load::load_line;
 use crate::multi::MultiTrainRow;
-use crate::{train_memory, BenchReport, ReplayRow};
+use crate::{train_memory, BenchReport, ReplayRow, Verdict};
 
 /// A duration for the tables: `ns`, `µs`, `ms` or `s` (the JSON output has nanoseconds).
 fn time(ns: f64) -> String {
@@ -20,35 +21,46 @@ fn time(ns: f64) -> String {
     }
 }
 
-pub(crate) fn goal_text(goal: Option<f64>, met: Option<bool>) -> String {
-    match (goal, met) {
-        (Some(g), Some(true)) => format!("goal >= {g:.2}: met"),
-        (Some(g), _) => format!("goal >= {g:.2}: NOT met"),
+pub(crate) fn goal_text(goal: Option<f64>, verdict: Option<Verdict>) -> String {
+    match (goal, verdict) {
+        (Some(g), Some(v)) => format!("goal >= {g:.2}: {}", v.text()),
+        (Some(g), None) => format!("goal >= {g:.2}"),
         _ => "no goal".to_string(),
     }
+}
+
+/// The spread of a ratio, `low-high`, with as many digits as the ratio.
+fn spread_text(low: f64, high: f64) -> String {
+    format!("{low:.3}-{high:.3}")
 }
 
 /// The text form: times and sizes in human units (`µs`, `MiB`); the JSON form (`Serialize`)
 /// has raw numbers (nanoseconds, bytes).
 impl fmt::Display for BenchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{}", load_line("start", self.load_start, self.cpus))?;
         writeln!(
             f,
-            "{:<36} {:>11} {:>11} {:>8}  goal",
-            "comparison", "ours", "baseline", "ratio"
+            "{:<36} {:>11} {:>11} {:>8} {:>13}  goal",
+            "comparison", "ours", "baseline", "ratio", "spread"
         )?;
         for r in &self.rows {
             writeln!(
                 f,
-                "{:<36} {:>11} {:>11} {:>8.3}  {}",
+                "{:<36} {:>11} {:>11} {:>8.3} {:>13}  {}",
                 r.name,
                 time(r.ours_ns),
                 time(r.baseline_ns),
                 r.ratio,
-                goal_text(r.goal, r.goal_met)
+                spread_text(r.ratio_low, r.ratio_high),
+                goal_text(r.goal, r.verdict)
             )?;
         }
-        writeln!(f, "ratio = baseline / ours per call (> 1: ours is faster)")?;
+        writeln!(
+            f,
+            "ratio = baseline / ours per call (> 1: ours is faster); spread: the middle half of \
+             the per-sample ratios; a goal within noise: the spread straddles it"
+        )?;
         for n in &self.notes {
             writeln!(f, "note: {n}")?;
         }
@@ -69,7 +81,8 @@ impl fmt::Display for BenchReport {
             writeln!(f, "note: skipped {s}")?;
         }
         writeln!(f)?;
-        write!(f, "{}", self.compute)
+        write!(f, "{}", self.compute)?;
+        writeln!(f, "{}", load_line("end", self.load_end, self.cpus))
     }
 }
 

@@ -41,7 +41,7 @@ pub fn step_row(dev: &Device, h: usize, runs: Runs) -> Result<Option<Row>> {
     };
     let steps = t.batch_count();
     let mut i = 0;
-    let (ours, base) = compare(
+    let samples = compare(
         runs,
         || {
             i = (i + 1) % steps;
@@ -53,14 +53,13 @@ pub fn step_row(dev: &Device, h: usize, runs: Runs) -> Result<Option<Row>> {
         },
     )?;
     Ok(Some(
-        Row::new(
-            &format!("train step vs raw h{h}"),
-            "Trainer::step (the kernels, loss and accuracy read back)",
-            &format!("the step's {kernels} kernels replayed with raw opencl3 calls + clFinish"),
-            ours,
-            base,
-        )
-        .with_goal(STEP_FLOOR_GOAL),
+        samples
+            .row(
+                &format!("train step vs raw h{h}"),
+                "Trainer::step (the kernels, loss and accuracy read back)",
+                &format!("the step's {kernels} kernels replayed with raw opencl3 calls + clFinish"),
+            )
+            .with_goal(STEP_FLOOR_GOAL),
     ))
 }
 

@@ -8,7 +8,8 @@ use std::time::Instant;
 use syncmem::report::{current_history, record_history, set_trace_stacks, trace_stacks};
 use syncmem::{Device, Result};
 
-use crate::rows::{median, Runs};
+use crate::rows::Runs;
+use crate::spread::Samples;
 use crate::Row;
 
 /// Goal of the history row without stacks: at most 1.10 x the cycle with the history off
@@ -40,7 +41,7 @@ pub fn history_rows(dev: &Device, runs: Runs) -> Result<Vec<Row>> {
         let timed = alternate(runs, &cycle, stacks);
         record_history(before.0);
         set_trace_stacks(before.1);
-        let (on, off) = timed?;
+        let samples = timed?;
         let (name, ours) = if stacks {
             (
                 "device pool 4 KiB, history + stacks",
@@ -52,7 +53,7 @@ pub fn history_rows(dev: &Device, runs: Runs) -> Result<Vec<Row>> {
                 "alloc_pooled + free, history on",
             )
         };
-        let row = Row::new(name, ours, "alloc_pooled + free, history off", on, off);
+        let row = samples.row(name, ours, "alloc_pooled + free, history off");
         rows.push(if stacks {
             row
         } else {
@@ -62,9 +63,9 @@ pub fn history_rows(dev: &Device, runs: Runs) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-/// Median nanoseconds per call of `cycle` with the history on (and stacks when `stacks`) and
-/// off, in alternating samples.
-fn alternate(runs: Runs, cycle: &dyn Fn() -> Result<()>, stacks: bool) -> Result<(f64, f64)> {
+/// The nanoseconds per call of `cycle` with the history on (and stacks when `stacks`) and off,
+/// in alternating samples.
+fn alternate(runs: Runs, cycle: &dyn Fn() -> Result<()>, stacks: bool) -> Result<Samples> {
     let time = || -> Result<f64> {
         cycle()?;
         let start = Instant::now();
@@ -82,5 +83,5 @@ fn alternate(runs: Runs, cycle: &dyn Fn() -> Result<()>, stacks: bool) -> Result
         set_trace_stacks(false);
         off.push(time()?);
     }
-    Ok((median(on), median(off)))
+    Ok(Samples::new(on, off))
 }

@@ -3,8 +3,10 @@
 //!
 //! Every row times an operation of syncmem ("ours") and the plain equivalent ("baseline") in
 //! alternating samples of a batch of calls, and reports the medians per call and
-//! `ratio = baseline / ours`: above 1 ours is faster, below 1 it is slower. Rows with a goal
-//! say whether it is met. A second table replays the training traces shipped with syncmem on
+//! `ratio = baseline / ours`: above 1 ours is faster, below 1 it is slower, with the spread of
+//! the per-sample ratios ([`spread`]). Rows with a goal say whether it is met, not met, or
+//! within noise (the spread straddles the goal). The report has the machine's load at the start
+//! and at the end of the run ([`load`]). A second table replays the training traces shipped with syncmem on
 //! every pool kind against the memory goals ([`replay`]). The [`compute`] section measures this
 //! CPU's FMA peak, GEMM throughput against it, `train` epoch times on the device against
 //! `cpu`, and the cost of a trivial kernel. Not a stable API.
@@ -15,6 +17,7 @@ mod display;
 pub mod floor;
 pub mod heap;
 pub mod history;
+pub mod load;
 pub mod multi;
 mod peak;
 pub mod raw;
@@ -23,6 +26,7 @@ mod rawcl;
 pub mod replay;
 pub mod rows;
 mod runner;
+pub mod spread;
 pub mod threads;
 pub mod train_memory;
 pub mod user;
@@ -32,7 +36,9 @@ use serde::Serialize;
 
 use syncmem::Result;
 
+pub use load::LoadAverage;
 pub use replay::ReplayRow;
+pub use spread::{Samples, Verdict};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -75,33 +81,53 @@ pub struct Row {
     pub baseline_ns: f64,
     /// `baseline_ns / ours_ns` (above 1: ours is faster).
     pub ratio: f64,
+    /// The low end of the ratio's spread: the lower quartile of the per-sample ratios, or the
+    /// ratio where that is lower ([`spread`]).
+    pub ratio_low: f64,
+    /// The high end of the ratio's spread: the upper quartile of the per-sample ratios, or the
+    /// ratio where that is higher.
+    pub ratio_high: f64,
+    /// Samples (pairs of ours and the baseline) behind the spread.
+    pub samples: usize,
     /// The ratio this row should reach, if it has a goal.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub goal: Option<f64>,
-    /// Whether the goal was met (`None` without a goal).
+    /// Whether the ratio of the medians reaches the goal (`None` without a goal); [`Row::verdict`]
+    /// says whether the samples back it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub goal_met: Option<bool>,
+    /// The goal met (the whole spread at or above it), not met (the whole spread below), or
+    /// within noise (the spread straddles it); `None` without a goal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<Verdict>,
 }
 
 impl Row {
-    /// A row without a goal.
+    /// A row of one sample (no spread) without a goal; [`Samples::row`] makes a row with its
+    /// spread.
     pub fn new(name: &str, ours: &str, baseline: &str, ours_ns: f64, baseline_ns: f64) -> Self {
+        let ratio = baseline_ns / ours_ns.max(1e-9);
         Row {
             name: name.into(),
             ours: ours.into(),
             baseline: baseline.into(),
             ours_ns,
             baseline_ns,
-            ratio: baseline_ns / ours_ns.max(1e-9),
+            ratio,
+            ratio_low: ratio,
+            ratio_high: ratio,
+            samples: 1,
             goal: None,
             goal_met: None,
+            verdict: None,
         }
     }
 
-    /// The row with goal `goal` (a ratio to reach).
+    /// The row with goal `goal` (a ratio to reach), judged on its spread.
     pub fn with_goal(mut self, goal: f64) -> Self {
         self.goal = Some(goal);
         self.goal_met = Some(self.ratio >= goal);
+        self.verdict = Some(Verdict::of(self.ratio_low, self.ratio_high, goal));
         self
     }
 }
@@ -113,6 +139,12 @@ pub struct BenchReport {
     pub device: String,
     /// Quick mode.
     pub quick: bool,
+    /// The CPUs this process may run on.
+    pub cpus: usize,
+    /// The load averages (`/proc/loadavg`) when the run started (`None`: not readable here).
+    pub load_start: Option<LoadAverage>,
+    /// The load averages when the run ended.
+    pub load_end: Option<LoadAverage>,
     /// The timed comparisons.
     pub rows: Vec<Row>,
     /// Replays of the training traces, per trace, pool and pool kind.
@@ -186,7 +218,12 @@ const STEPS: [&str; 30] = [
 ];
 
 /// The notes printed under the table: what the baselines are.
-const BASELINES: [&str; 16] = [
+const BASELINES: [&str; 17] = [
+    "spread: sample i of ours and of the baseline are taken back to back; a row's spread is \
+     the interquartile range of the per-sample ratios (baseline / ours), widened to include the \
+     ratio of the medians; a goal is met when the whole spread reaches it, NOT met when the \
+     whole spread is below it, within noise when the spread straddles it (goal_met in the JSON \
+     compares the ratio of the medians alone)",
     "host pool rows: a private caching HostPool against the system allocator (called directly, \
      not through a counting global allocator) at the pool's alignment (64 B); `vs malloc` at \
      the system's own (16 B), which the pool does not offer",
@@ -292,12 +329,39 @@ mod tests {
     #[test]
     fn goals_are_met_at_or_above_the_ratio() {
         let r = Row::new("x", "a", "b", 100.0, 100.0).with_goal(1.0);
-        assert_eq!((r.ratio, r.goal_met), (1.0, Some(true)));
+        assert_eq!(
+            (r.ratio, r.goal_met, r.verdict),
+            (1.0, Some(true), Some(Verdict::Met))
+        );
         let r = Row::new("x", "a", "b", 200.0, 100.0).with_goal(0.95);
-        assert_eq!(r.goal_met, Some(false));
-        assert_eq!(Row::new("x", "a", "b", 1.0, 2.0).goal_met, None);
-        assert_eq!(goal_text(Some(1.0), Some(false)), "goal >= 1.00: NOT met");
+        assert_eq!(
+            (r.goal_met, r.verdict),
+            (Some(false), Some(Verdict::NotMet))
+        );
+        let r = Row::new("x", "a", "b", 1.0, 2.0);
+        assert_eq!((r.goal_met, r.verdict), (None, None));
+        assert_eq!(
+            goal_text(Some(1.0), Some(Verdict::NotMet)),
+            "goal >= 1.00: NOT met"
+        );
         assert_eq!(goal_text(None, None), "no goal");
+    }
+
+    #[test]
+    fn a_spread_across_the_goal_is_within_noise() {
+        // Ratios 0.9, 1.0, 1.1, 1.2, 1.3 (ours 100 ns): median ratio 1.1, middle 1.0..1.2.
+        let s = Samples::new(vec![100.0; 5], vec![90.0, 100.0, 110.0, 120.0, 130.0]);
+        let r = s.row("x", "a", "b").with_goal(1.05);
+        assert_eq!(r.goal_met, Some(true));
+        assert_eq!(r.verdict, Some(Verdict::WithinNoise));
+        assert_eq!(goal_text(r.goal, r.verdict), "goal >= 1.05: within noise");
+        let r = s.row("x", "a", "b").with_goal(1.0);
+        assert_eq!(r.verdict, Some(Verdict::Met));
+        let r = s.row("x", "a", "b").with_goal(1.25);
+        assert_eq!(
+            (r.goal_met, r.verdict),
+            (Some(false), Some(Verdict::NotMet))
+        );
     }
 
     #[test]

@@ -36,7 +36,7 @@ pub fn copy_row(a: &Device, b: &Device, bytes: usize, runs: Runs) -> Result<Row>
     let mut dst = b.alloc(bytes)?;
     let mut host = vec![0u8; bytes];
     let direct = b.copies_directly_from(a);
-    let (ours, base) = compare(
+    let samples = compare(
         runs,
         || {
             // A write on `a` (nothing queued): `b`'s replica is stale again.
@@ -49,7 +49,7 @@ pub fn copy_row(a: &Device, b: &Device, bytes: usize, runs: Runs) -> Result<Row>
             sb.write(&mut dst, 0, &host)
         },
     )?;
-    Ok(Row::new(
+    Ok(samples.row(
         &format!("device to device {}", size_name(bytes)),
         &format!(
             "{} -> {} through a replica ({})",
@@ -62,8 +62,6 @@ pub fn copy_row(a: &Device, b: &Device, bytes: usize, runs: Runs) -> Result<Row>
             }
         ),
         "blocking read into host memory + blocking write",
-        ours,
-        base,
     ))
 }
 

@@ -1,5 +1,6 @@
 //! The timed comparisons: each times an operation of syncmem and its plain equivalent in
-//! alternating samples of a batch of calls, and reports medians per call.
+//! alternating samples of a batch of calls, and reports medians per call and the spread of the
+//! per-sample ratios ([`crate::spread`]).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -10,7 +11,8 @@ use syncmem::alloc::HostBlock;
 use syncmem::{Device, Error, OomReport, Result, SyncedMemory, ZeroCopy};
 
 use crate::raw::raw_cycle;
-use crate::{size_name, Row};
+pub(crate) use crate::spread::median;
+use crate::{size_name, Row, Samples};
 
 const PAGE: usize = 4096;
 
@@ -23,7 +25,7 @@ pub struct Runs {
     pub batch: usize,
 }
 
-/// Median nanoseconds per call of `ours` and of `base`, timed in alternating samples of
+/// Nanoseconds per call of `ours` and of `base` in each sample, timed in alternating samples of
 /// `runs.batch` calls after one warm-up call of each.
 ///
 /// # Errors
@@ -32,7 +34,7 @@ pub fn compare(
     runs: Runs,
     mut ours: impl FnMut() -> Result<()>,
     mut base: impl FnMut() -> Result<()>,
-) -> Result<(f64, f64)> {
+) -> Result<Samples> {
     ours()?;
     base()?;
     let batch = runs.batch.max(1);
@@ -48,13 +50,7 @@ pub fn compare(
         a.push(time(&mut ours)?);
         b.push(time(&mut base)?);
     }
-    Ok((median(a), median(b)))
-}
-
-/// The median of `v` (0 for an empty list).
-pub(crate) fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
+    Ok(Samples::new(a, b))
 }
 
 fn host_oom(bytes: usize) -> Error {
@@ -87,7 +83,7 @@ pub fn host_pool_row(
     let layout = Layout::from_size_align(bytes, align).map_err(|_| Error::SizeOverflow {
         what: format!("{bytes} bytes at alignment {align}"),
     })?;
-    let (ours, base) = compare(
+    let samples = compare(
         runs,
         || {
             let mut a = pool.alloc(bytes)?;
@@ -113,12 +109,10 @@ pub fn host_pool_row(
         },
     )?;
     let touched = if touch { " + touch" } else { "" };
-    Ok(Row::new(
+    Ok(samples.row(
         name,
         &format!("HostPool::alloc{touched} + free"),
         &format!("alloc(align {align}){touched} + dealloc"),
-        ours,
-        base,
     ))
 }
 
@@ -138,25 +132,20 @@ pub fn device_pool_row(dev: &Device, bytes: usize, raw: bool, runs: Runs) -> Res
     if raw {
         let mut cycle = raw_cycle(&dev, &stream, bytes)?;
         let name = cycle.name;
-        let (o, b) = compare(runs, ours, || cycle.run())?;
-        Ok(Row::new(
+        Ok(compare(runs, ours, || cycle.run())?.row(
             &format!("device pool {size}"),
             "Device::alloc_pooled + drop",
             name,
-            o,
-            b,
         ))
     } else {
-        let (o, b) = compare(runs, ours, || {
+        let samples = compare(runs, ours, || {
             drop(black_box(dev.alloc(bytes)?));
             Ok(())
         })?;
-        Ok(Row::new(
+        Ok(samples.row(
             &format!("device pool {size} vs Device::alloc"),
             "Device::alloc_pooled + drop",
             "Device::alloc (direct) + drop",
-            o,
-            b,
         ))
     }
 }
@@ -185,7 +174,7 @@ pub fn round_trip_row(dev: &Device, bytes: usize, pinned: bool, runs: Runs) -> R
     } else {
         Some(HostBlock::zeroed(bytes)?)
     };
-    let (ours, base) = compare(
+    let samples = compare(
         runs,
         || {
             buf.host_mut()?[0] = 1;
@@ -223,7 +212,7 @@ pub fn round_trip_row(dev: &Device, bytes: usize, pinned: bool, runs: Runs) -> R
     } else {
         "SyncedMemory host->device->host"
     };
-    Ok(Row::new(&name, ours_name, base_name, ours, base))
+    Ok(samples.row(&name, ours_name, base_name))
 }
 
 /// `buf.host()` + read one byte vs indexing a plain slice.
@@ -236,7 +225,7 @@ pub fn host_read_row(runs: Runs) -> Result<Row> {
     let plain = vec![3u8; 4096];
     let mut i = 0usize;
     let mut j = 0usize;
-    let (ours, base) = compare(
+    let samples = compare(
         runs,
         || {
             i = i.wrapping_add(1);
@@ -249,11 +238,9 @@ pub fn host_read_row(runs: Runs) -> Result<Row> {
             Ok(())
         },
     )?;
-    Ok(Row::new(
+    Ok(samples.row(
         "host read access",
         "SyncedMemory::host() + read 1 byte",
         "slice[i]",
-        ours,
-        base,
     ))
 }

@@ -88,6 +88,7 @@ pub(crate) fn run(
     // A string that names no device is the caller's mistake; a device that is absent (or whose
     // backend is missing) skips its rows with a note.
     let spec: syncmem::DeviceSpec = opts.device.parse()?;
+    let machine = crate::load::Machine::now();
     let sizes = Sizes::new(opts.quick);
     let mut p = Progress { step: 0, progress };
     let mut rows = Vec::new();
@@ -112,7 +113,7 @@ pub(crate) fn run(
         b.p.next();
         replay.extend(replay::replay_rows(name, text)?);
     }
-    let notes = b.notes();
+    let notes = b.notes(&machine);
     b.p.next();
     let heap = b.heap_rows();
     let mut step = b.p.step;
@@ -124,6 +125,9 @@ pub(crate) fn run(
     Ok(BenchReport {
         device: opts.device.clone(),
         quick: opts.quick,
+        cpus: machine.cpus,
+        load_start: machine.start,
+        load_end: crate::LoadAverage::read().ok(),
         rows: b.rows,
         replay,
         notes,
@@ -389,9 +393,21 @@ impl Bench<'_> {
         }
     }
 
-    /// What the rows compare, and why the device rows miss their goal when they do.
-    fn notes(&self) -> Vec<String> {
+    /// What the rows compare, why the device rows miss their goal when they do, and why the
+    /// load is unknown when it is.
+    fn notes(&self, machine: &crate::load::Machine) -> Vec<String> {
         let mut notes: Vec<String> = BASELINES.iter().map(|s| s.to_string()).collect();
+        if let Some(why) = &machine.unknown {
+            notes.push(format!("the machine's load is unknown: {why}"));
+        }
+        if let Some(l) = machine.start.filter(|l| l.one >= 0.5 * machine.cpus as f64) {
+            notes.push(format!(
+                "the machine was not idle at the start (load {:.2} over the last minute on {} \
+                 CPUs): other work shares the cores, which flatters the slower side of each \
+                 comparison; figures to publish need an idle machine",
+                l.one, machine.cpus
+            ));
+        }
         let device_miss = self
             .rows
             .iter()

@@ -14,9 +14,8 @@ use std::time::Instant;
 use syncmem::alloc::pool::{HostPool, PoolConfig, PoolKind};
 use syncmem::{Device, Error, OomReport, Result};
 
-use crate::rows::median;
 use crate::rows::Runs;
-use crate::Row;
+use crate::{Row, Samples};
 
 /// Thread counts of the rows.
 pub const THREADS: [usize; 3] = [1, 2, 8];
@@ -59,14 +58,14 @@ fn wall_per_op(
     })
 }
 
-/// Median wall time per operation of `ours` and `base` on `threads` threads, in alternating
-/// samples after one warm-up sample of each.
+/// Wall time per operation of `ours` and `base` on `threads` threads in each sample, in
+/// alternating samples after one warm-up sample of each.
 fn compare_threads(
     threads: usize,
     runs: Runs,
     ours: &(dyn Fn() -> Result<()> + Sync),
     base: &(dyn Fn() -> Result<()> + Sync),
-) -> Result<(f64, f64)> {
+) -> Result<Samples> {
     let per_thread = runs.batch.max(1);
     wall_per_op(threads, per_thread, ours)?;
     wall_per_op(threads, per_thread, base)?;
@@ -75,7 +74,7 @@ fn compare_threads(
         a.push(wall_per_op(threads, per_thread, ours)?);
         b.push(wall_per_op(threads, per_thread, base)?);
     }
-    Ok((median(a), median(b)))
+    Ok(Samples::new(a, b))
 }
 
 /// The system allocator's 4 KiB allocate + free at the pools' alignment (64 bytes).
@@ -102,9 +101,9 @@ fn threads_name(threads: usize) -> String {
     }
 }
 
-fn row(name: String, ours: &str, threads: usize, o: f64, b: f64) -> Row {
+fn row(name: String, ours: &str, threads: usize, samples: &Samples) -> Row {
     let baseline = format!("alloc(align 64) + dealloc, {}", threads_name(threads));
-    let r = Row::new(&name, ours, &baseline, o, b);
+    let r = samples.row(&name, ours, &baseline);
     if threads == 8 {
         r.with_goal(EIGHT_THREADS_GOAL)
     } else {
@@ -125,13 +124,12 @@ pub fn host_pool_rows(runs: Runs) -> Result<Vec<Row>> {
     THREADS
         .iter()
         .map(|&t| {
-            let (o, b) = compare_threads(t, runs, &ours, &system_alloc)?;
+            let samples = compare_threads(t, runs, &ours, &system_alloc)?;
             Ok(row(
                 format!("host pool 4 KiB, {}", threads_name(t)),
                 "HostPool::alloc + free, one pool for all threads",
                 t,
-                o,
-                b,
+                &samples,
             ))
         })
         .collect()
@@ -166,7 +164,7 @@ pub fn device_pool_rows(dev: &Device, runs: Runs) -> Result<Vec<Row>> {
                 drop(black_box(dev.alloc_pooled(BYTES, stream)?));
                 Ok(())
             };
-            let (o, b) = compare_threads(t, runs, &ours, &system_alloc)?;
+            let samples = compare_threads(t, runs, &ours, &system_alloc)?;
             Ok(row(
                 format!("device pool 4 KiB, {}", threads_name(t)),
                 &format!(
@@ -174,8 +172,7 @@ pub fn device_pool_rows(dev: &Device, runs: Runs) -> Result<Vec<Row>> {
                     dev.label()
                 ),
                 t,
-                o,
-                b,
+                &samples,
             ))
         })
         .collect()

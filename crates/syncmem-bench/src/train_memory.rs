@@ -13,7 +13,7 @@ use syncmem_nn::mlp::Dataset;
 use syncmem_nn::train::{TrainConfig, Trainer, Transfers};
 
 use crate::rows::median;
-use crate::Row;
+use crate::{Row, Samples};
 
 /// Goal of the epoch ratio two mirrors / zero-copy (zero-copy no slower).
 pub const ZERO_COPY_EPOCH_GOAL: f64 = 1.0;
@@ -81,6 +81,11 @@ impl Run {
         self.epochs_ns.push(e.seconds * 1e9);
         self.loss = e.loss;
         Ok(())
+    }
+
+    /// The epochs of this run (ours) and of `base`, interleaved.
+    fn samples(&self, base: &Run) -> Samples {
+        Samples::new(self.epochs_ns.clone(), base.epochs_ns.clone())
     }
 
     fn row(&self, run: &str, cap: Option<u64>, other_loss: f64) -> TrainMemoryRow {
@@ -152,14 +157,14 @@ pub fn zero_copy_rows(dev: &Device, quick: bool) -> Result<Option<(Row, [TrainMe
     z.no_copy_goal_met = Some(z.setup_bytes == 0 && z.step_bytes == 0.0);
     let o = off.row("two mirrors", None, zc.loss);
     let label = dev.label();
-    let row = Row::new(
-        &format!("train epoch zero-copy/off {label}"),
-        "syncmem train epoch, zero-copy mirrors",
-        "the same with SYNCMEM_ZERO_COPY=off (two mirrors)",
-        z.epoch_ms * 1e6,
-        o.epoch_ms * 1e6,
-    )
-    .with_goal(ZERO_COPY_EPOCH_GOAL);
+    let row = zc
+        .samples(&off)
+        .row(
+            &format!("train epoch zero-copy/off {label}"),
+            "syncmem train epoch, zero-copy mirrors",
+            "the same with SYNCMEM_ZERO_COPY=off (two mirrors)",
+        )
+        .with_goal(ZERO_COPY_EPOCH_GOAL);
     Ok(Some((row, [z, o])))
 }
 
@@ -202,14 +207,14 @@ pub fn memory_cap_rows(
         cap,
     ));
     let f = free.row(&format!("uncapped h{hidden}"), None, capped.loss);
-    let row = Row::new(
-        &format!("train epoch capped/uncapped {} h{hidden}", dev.label()),
-        "syncmem train --no-plan --no-fuse epoch, capped at half the peak",
-        "the same uncapped",
-        c.epoch_ms * 1e6,
-        f.epoch_ms * 1e6,
-    )
-    .with_goal(CAPPED_EPOCH_GOAL);
+    let row = capped
+        .samples(&free)
+        .row(
+            &format!("train epoch capped/uncapped {} h{hidden}", dev.label()),
+            "syncmem train --no-plan --no-fuse epoch, capped at half the peak",
+            "the same uncapped",
+        )
+        .with_goal(CAPPED_EPOCH_GOAL);
     Ok((row, [c, f]))
 }
 
@@ -251,12 +256,10 @@ pub fn offload_rows(dev: &Device, quick: bool) -> Result<(Row, [TrainMemoryRow; 
     interleave(&mut off, &mut on, epochs(quick))?;
     let o = off.row("adam, host", None, on.loss);
     let d = on.row("adam, device", None, off.loss);
-    let row = Row::new(
+    let row = off.samples(&on).row(
         &format!("train epoch adam offloaded/on device {}", dev.label()),
         "syncmem train --optimizer adam --offload optimizer epoch",
         "the same with the update on the device",
-        o.epoch_ms * 1e6,
-        d.epoch_ms * 1e6,
     );
     Ok((row, [o, d]))
 }

@@ -12,7 +12,7 @@ use syncmem_nn::mlp::{Dataset, Mlp};
 use syncmem_nn::train::{TrainConfig, Trainer};
 
 use crate::rows::Runs;
-use crate::Row;
+use crate::{Row, Samples};
 
 /// The `LeakyRelu` operators of the `custom_operator` example, as they are.
 #[path = "../../syncmem-nn/examples/custom_operator/leaky_relu.rs"]
@@ -41,8 +41,8 @@ fn trivial_host(x: &mut [f32]) {
     }
 }
 
-/// Median nanoseconds per call of `ours` and `base`, in alternating samples of `runs.batch`
-/// calls; `before` runs before each sample and `after` after it, untimed (the queue is held
+/// Nanoseconds per call of `ours` and `base` in each sample, in alternating samples of
+/// `runs.batch` calls; `before` runs before each sample and `after` after it, untimed (the queue is held
 /// and let through there).
 fn time_queued(
     runs: Runs,
@@ -50,7 +50,7 @@ fn time_queued(
     mut base: impl FnMut() -> Result<()>,
     mut before: impl FnMut() -> Result<()>,
     mut after: impl FnMut() -> Result<()>,
-) -> Result<(f64, f64)> {
+) -> Result<Samples> {
     let batch = runs.batch.max(1);
     let mut time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
         before()?;
@@ -69,11 +69,7 @@ fn time_queued(
         a.push(time(&mut ours)?);
         b.push(time(&mut base)?);
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    Ok((median(a), median(b)))
+    Ok(Samples::new(a, b))
 }
 
 fn bench_error(what: String) -> Error {
@@ -103,10 +99,10 @@ pub fn launch_row(dev: &Device, runs: Runs) -> Result<Row> {
         // SAFETY: the kernel touches x[0] of a buffer of one float.
         unsafe { k.launch(&stream, grid, &args) }
     };
-    let (ours_ns, base_ns, baseline) = match dev.backend() {
+    let (samples, baseline) = match dev.backend() {
         BackendKind::Cpu => {
             let mut raw = vec![1.0f32; 1];
-            let (o, b) = time_queued(
+            let s = time_queued(
                 runs,
                 &mut ours,
                 || {
@@ -116,30 +112,25 @@ pub fn launch_row(dev: &Device, runs: Runs) -> Result<Row> {
                 || Ok(()),
                 || Ok(()),
             )?;
-            (o, b, "the same closure called directly")
+            (s, "the same closure called directly")
         }
-        BackendKind::OpenCl => {
-            let (o, b) = opencl_baseline(&stream, runs, &mut ours)?;
-            (
-                o,
-                b,
-                "clSetKernelArg + clEnqueueNDRangeKernel (opencl3), same queue",
-            )
-        }
+        BackendKind::OpenCl => (
+            opencl_baseline(&stream, runs, &mut ours)?,
+            "clSetKernelArg + clEnqueueNDRangeKernel (opencl3), same queue",
+        ),
         other => {
             return Err(bench_error(format!(
                 "no plain launch to compare with on {other}"
             )))
         }
     };
-    Ok(Row::new(
-        "user kernel launch",
-        "UserKernel::launch (queued)",
-        baseline,
-        ours_ns,
-        base_ns,
-    )
-    .with_goal(LAUNCH_GOAL))
+    Ok(samples
+        .row(
+            "user kernel launch",
+            "UserKernel::launch (queued)",
+            baseline,
+        )
+        .with_goal(LAUNCH_GOAL))
 }
 
 #[cfg(feature = "opencl")]
@@ -147,7 +138,7 @@ fn opencl_baseline(
     stream: &syncmem::Stream,
     runs: Runs,
     ours: &mut dyn FnMut() -> Result<()>,
-) -> Result<(f64, f64)> {
+) -> Result<Samples> {
     let queue = stream
         .as_opencl()
         .ok_or_else(|| bench_error("an OpenCL stream without a queue".into()))?;
@@ -182,7 +173,7 @@ fn opencl_baseline(
     _: &syncmem::Stream,
     _: Runs,
     _: &mut dyn FnMut() -> Result<()>,
-) -> Result<(f64, f64)> {
+) -> Result<Samples> {
     Err(bench_error("built without the opencl feature".into()))
 }
 
@@ -218,27 +209,19 @@ pub fn epoch_rows(dev: &Device, quick: bool) -> Result<Vec<Row>> {
         r.push(relu.run_epoch()?.seconds * 1e9);
         u.push(relu_unfused.run_epoch()?.seconds * 1e9);
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (l, r, u) = (median(l), median(r), median(u));
     let ours = "epoch, LeakyRelu (user kernels)";
     Ok(vec![
-        Row::new(
-            "epoch LeakyRelu vs Relu",
-            ours,
-            "epoch, built-in Relu (fused, as syncmem train)",
-            l,
-            r,
-        )
-        .with_goal(EPOCH_GOAL),
-        Row::new(
+        Samples::new(l.clone(), r)
+            .row(
+                "epoch LeakyRelu vs Relu",
+                ours,
+                "epoch, built-in Relu (fused, as syncmem train)",
+            )
+            .with_goal(EPOCH_GOAL),
+        Samples::new(l, u).row(
             "epoch LeakyRelu vs Relu unfused",
             ours,
             "epoch, built-in Relu, --no-fuse",
-            l,
-            u,
         ),
     ])
 }

@@ -40,19 +40,18 @@ pub fn vs_copies_row(dev: &Device, bytes: usize, runs: Runs) -> Result<Option<Ro
     copying.set_zero_copy(ZeroCopy::Off);
     let a = SyncedMemory::new(bytes, &shared);
     let b = SyncedMemory::new(bytes, &copying);
-    let (ours, base) = compare(runs, || cycle(&a, bytes), || cycle(&b, bytes))?;
+    let samples = compare(runs, || cycle(&a, bytes), || cycle(&b, bytes))?;
     debug_assert_eq!(a.copy_stats().total_count(), 0);
     Ok(Some(
-        Row::new(
-            &format!("zero-copy cycle {}", size_name(bytes)),
-            &format!(
-                "SyncedMemory shared ({protocol}): host write, device read + write, host read"
-            ),
-            "the same with two mirrors (zero-copy off)",
-            ours,
-            base,
-        )
-        .with_goal(VS_COPIES_GOAL),
+        samples
+            .row(
+                &format!("zero-copy cycle {}", size_name(bytes)),
+                &format!(
+                    "SyncedMemory shared ({protocol}): host write, device read + write, host read"
+                ),
+                "the same with two mirrors (zero-copy off)",
+            )
+            .with_goal(VS_COPIES_GOAL),
     ))
 }
 
@@ -76,16 +75,15 @@ pub fn vs_raw_map_row(dev: &Device, bytes: usize, runs: Runs) -> Result<Option<R
     let buf = SyncedMemory::new(bytes, &mapped);
     let stream = mapped.default_stream()?;
     let mut raw = raw_map::RawMapped::new(dev, &stream, bytes)?;
-    let (ours, base) = compare(runs, || cycle(&buf, bytes), || raw.cycle())?;
+    let samples = compare(runs, || cycle(&buf, bytes), || raw.cycle())?;
     Ok(Some(
-        Row::new(
-            &format!("zero-copy map cycle {}", size_name(bytes)),
-            "SyncedMemory shared (map protocol forced): the same cycle",
-            "clEnqueueMapBuffer + unmap for the write, again for the read (opencl3)",
-            ours,
-            base,
-        )
-        .with_goal(VS_RAW_MAP_GOAL),
+        samples
+            .row(
+                &format!("zero-copy map cycle {}", size_name(bytes)),
+                "SyncedMemory shared (map protocol forced): the same cycle",
+                "clEnqueueMapBuffer + unmap for the write, again for the read (opencl3)",
+            )
+            .with_goal(VS_RAW_MAP_GOAL),
     ))
 }
 
@@ -130,7 +128,7 @@ pub fn live_buffers_row(dev: &Device, runs: Runs) -> Result<Row> {
     // The same number of buffers cycled on both sides, spread over all the live ones.
     let stride = many / few;
     let (mut i, mut j) = (0, 0);
-    let (ours, base) = compare(
+    let samples = compare(
         runs,
         || {
             i = (i + 1) % few;
@@ -145,14 +143,15 @@ pub fn live_buffers_row(dev: &Device, runs: Runs) -> Result<Row> {
         Some(p) => format!("shared ({p})"),
         None => "two mirrors".to_string(),
     };
-    Ok(Row::new(
-        &format!("{SMALL_CYCLE_BYTES} B cycle, {many} live buffers"),
-        &format!("the zero-copy cycle, {SMALL_CYCLE_BYTES} B, {how}, among {many} live buffers"),
-        &format!("the same among {few} live buffers"),
-        ours,
-        base,
-    )
-    .with_goal(LIVE_BUFFERS_GOAL))
+    Ok(samples
+        .row(
+            &format!("{SMALL_CYCLE_BYTES} B cycle, {many} live buffers"),
+            &format!(
+                "the zero-copy cycle, {SMALL_CYCLE_BYTES} B, {how}, among {many} live buffers"
+            ),
+            &format!("the same among {few} live buffers"),
+        )
+        .with_goal(LIVE_BUFFERS_GOAL))
 }
 
 #[cfg(feature = "opencl")]

@@ -9,6 +9,7 @@ fn bench_quick_json_has_ratios() {
     let v: Value = common::json(&["bench", "--quick", "--device", "cpu", "--json"]);
     assert_eq!(v["device"], "cpu");
     assert_eq!(v["quick"], true);
+    check_machine(&v);
     let rows = v["rows"].as_array().expect("rows");
     let names: Vec<&str> = rows.iter().filter_map(|r| r["name"].as_str()).collect();
     for want in [
@@ -96,16 +97,43 @@ fn check_distributed_rows(v: &Value, names: &[&str]) {
     }
 }
 
-/// A row of the ratio table: its ratio is baseline / ours, and the rows of the goal table have
-/// their goal and say whether it is met.
+/// The machine's CPUs and its load at the start and the end of the run (this test runs on Linux,
+/// where `/proc/loadavg` exists).
+fn check_machine(v: &Value) {
+    assert!(v["cpus"].as_u64().is_some_and(|n| n >= 1), "{}", v["cpus"]);
+    for key in ["load_start", "load_end"] {
+        let l = &v[key];
+        if cfg!(target_os = "linux") {
+            for avg in ["one", "five", "fifteen"] {
+                assert!(l[avg].as_f64().is_some_and(|x| x >= 0.0), "{key}: {l}");
+            }
+        } else {
+            assert!(l.is_null() || l.is_object(), "{key}: {l}");
+        }
+    }
+}
+
+/// A row of the ratio table: its ratio is baseline / ours, within its spread; the rows of the
+/// goal table have their goal, say whether the ratio of the medians meets it, and give the
+/// verdict of the spread.
 fn check_ratio_row(r: &Value) {
-    for field in ["ratio", "ours_ns", "baseline_ns"] {
+    for field in ["ratio", "ours_ns", "baseline_ns", "ratio_low", "ratio_high"] {
         let x = r[field].as_f64().unwrap_or(-1.0);
         assert!(x.is_finite() && x > 0.0, "{field} of {r}");
     }
     let ratio = r["ratio"].as_f64().unwrap();
     let want = r["baseline_ns"].as_f64().unwrap() / r["ours_ns"].as_f64().unwrap();
     assert!((ratio - want).abs() <= 1e-9 * want, "{r}");
+    let (low, high) = (
+        r["ratio_low"].as_f64().unwrap(),
+        r["ratio_high"].as_f64().unwrap(),
+    );
+    assert!(
+        low <= ratio && ratio <= high,
+        "the ratio within its spread: {r}"
+    );
+    // Every row has several samples (quick: at least 3) behind its spread.
+    assert!(r["samples"].as_u64().is_some_and(|n| n >= 3), "{r}");
     let name = r["name"].as_str().unwrap();
     let goal = match name {
         "host pool 4 KiB" | "device pool 4 KiB" | "device pool 64 MiB" => Some(1.0),
@@ -132,8 +160,21 @@ fn check_ratio_row(r: &Value) {
     };
     assert_eq!(r["goal"].as_f64(), goal, "{r}");
     match goal {
-        Some(g) => assert_eq!(r["goal_met"].as_bool(), Some(ratio >= g), "{r}"),
-        None => assert!(r.get("goal_met").is_none(), "{r}"),
+        Some(g) => {
+            assert_eq!(r["goal_met"].as_bool(), Some(ratio >= g), "{r}");
+            let verdict = if low >= g {
+                "met"
+            } else if high < g {
+                "not met"
+            } else {
+                "within noise"
+            };
+            assert_eq!(r["verdict"], verdict, "{r}");
+        }
+        None => {
+            assert!(r.get("goal_met").is_none(), "{r}");
+            assert!(r.get("verdict").is_none(), "{r}");
+        }
     }
 }
 
@@ -335,11 +376,25 @@ fn check_device_compute(c: &Value) {
             r["device_ms"].as_f64().unwrap(),
         );
         assert!(cpu > 0.0 && dev > 0.0, "{r}");
-        assert!(
-            (r["ratio"].as_f64().unwrap() - dev / cpu).abs() < 1e-9,
-            "{r}"
+        let ratio = r["ratio"].as_f64().unwrap();
+        assert!((ratio - dev / cpu).abs() < 1e-9, "{r}");
+        let (low, high) = (
+            r["ratio_low"].as_f64().unwrap(),
+            r["ratio_high"].as_f64().unwrap(),
         );
+        assert!(low <= ratio && ratio <= high, "{r}");
         assert_eq!(r["goal"].is_f64(), r["hidden"] != 256, "{r}");
+        // A ceiling: met when the whole spread is at or below it.
+        if let Some(g) = r["goal"].as_f64() {
+            let verdict = if high <= g {
+                "met"
+            } else if low > g {
+                "not met"
+            } else {
+                "within noise"
+            };
+            assert_eq!(r["verdict"], verdict, "{r}");
+        }
     }
     let l = &c["launch"];
     for key in ["crate_ns", "raw_wait_ns", "raw_queued_ns", "ratio"] {
@@ -358,26 +413,23 @@ fn quantities<'a>(line: &'a str, units: &[&str]) -> Vec<(f64, &'a str)> {
         .collect()
 }
 
-#[test]
-fn tables_use_human_units_and_json_raw_numbers() {
-    let out = common::ok(&["bench", "--quick", "--device", "cpu"]);
-    let v: Value = common::json(&["bench", "--quick", "--device", "cpu", "--json"]);
-    assert!(
-        !out.split_whitespace().any(|t| t == "us"),
-        "`us` instead of `µs`:\n{out}"
-    );
+/// The comparison table: a header, then one row per comparison with two times, the spread of
+/// the ratio (`low-high`), and its goal with the verdict, or no goal.
+fn check_comparison_table(lines: &[&str], rows: &[Value]) {
     let times = ["ns", "µs", "ms", "s"];
-    let sizes = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let lines: Vec<&str> = out.lines().collect();
-    let rows = v["rows"].as_array().unwrap();
-    // The comparison table: a header, then one row per comparison with two times.
+    assert!(lines[0].starts_with("comparison") && lines[0].contains("spread"));
     for (line, row) in lines[1..=rows.len()].iter().zip(rows) {
         let name = row["name"].as_str().unwrap();
         assert!(line.starts_with(name), "{line}");
         let q = quantities(&line[name.len()..], &times);
         assert_eq!(q.len(), 2, "two times with units in {line:?}");
+        let spread = line[name.len()..].split_whitespace().find(|t| {
+            t.split_once('-')
+                .is_some_and(|(a, b)| a.parse::<f64>().is_ok() && b.parse::<f64>().is_ok())
+        });
+        assert!(spread.is_some(), "a spread in {line:?}");
     }
-    // The comparison rows say their goal and whether it is met (timings differ between the two
+    // The comparison rows say their goal and its verdict (timings differ between the two
     // runs, so only the kind of ending is compared), or that they have none.
     for (line, row) in lines[1..=rows.len()].iter().zip(rows) {
         if row["goal"].is_null() {
@@ -386,11 +438,40 @@ fn tables_use_human_units_and_json_raw_numbers() {
             let goal = format!("goal >= {:.2}: ", row["goal"].as_f64().unwrap());
             assert!(line.contains(&goal), "{line}");
             assert!(
-                line.ends_with(": met") || line.ends_with(": NOT met"),
+                [": met", ": NOT met", ": within noise"]
+                    .iter()
+                    .any(|end| line.ends_with(end)),
                 "{line}"
             );
         }
     }
+}
+
+#[test]
+fn tables_use_human_units_and_json_raw_numbers() {
+    let out = common::ok(&["bench", "--quick", "--device", "cpu"]);
+    let v: Value = common::json(&["bench", "--quick", "--device", "cpu", "--json"]);
+    assert!(
+        !out.split_whitespace().any(|t| t == "us"),
+        "`us` instead of `µs`:\n{out}"
+    );
+    let sizes = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let all: Vec<&str> = out.lines().collect();
+    // The machine's load first and last.
+    let first = all[0];
+    assert!(
+        first.starts_with("load average")
+            && first.contains(" at start")
+            && first.ends_with(" CPUs"),
+        "{first}"
+    );
+    let last = all.iter().rev().find(|l| !l.is_empty()).unwrap();
+    assert!(
+        last.starts_with("load average") && last.contains(" at end"),
+        "{last}"
+    );
+    let lines = &all[1..];
+    check_comparison_table(lines, v["rows"].as_array().unwrap());
     // The replay table: peak reserved, requested and allocated with units, one row per trace,
     // pool and kind, each with its goal.
     let replay = v["replay"].as_array().unwrap();

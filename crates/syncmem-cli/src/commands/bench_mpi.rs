@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{bail, Context as _};
 use serde::{Deserialize, Serialize};
 use syncmem::Device;
-use syncmem_bench::{BenchReport, Row};
+use syncmem_bench::{BenchReport, Samples};
 use syncmem_nn::mlp::Dataset;
 use syncmem_nn::train::collective::mpi::Mpi;
 use syncmem_nn::train::collective::Collective;
@@ -32,15 +32,16 @@ pub struct RankArgs {
 struct RankFigures {
     ranks: usize,
     /// Per step at hidden 64: gradient bytes, ns in the buckets (staging and all-reduce), ns
-    /// of a plain all-reduce of as many bytes from host vectors, ns of a whole step.
+    /// of a plain all-reduce of as many bytes from host vectors (per sample, taken in turn),
+    /// ns of a whole step (per epoch).
     bytes: u64,
-    buckets_ns: f64,
-    raw_ns: f64,
-    step_ns: f64,
+    buckets_ns: Vec<f64>,
+    raw_ns: Vec<f64>,
+    step_ns: Vec<f64>,
     /// Hidden 1024: ns per step with the buckets summed as backward writes them, and after
-    /// backward; the exposed ns of each.
-    overlap_ns: f64,
-    after_ns: f64,
+    /// backward (per sample, taken in turn); the exposed ns of each.
+    overlap_ns: Vec<f64>,
+    after_ns: Vec<f64>,
     overlap_exposed_ns: f64,
     after_exposed_ns: f64,
     buckets_h1024: usize,
@@ -55,15 +56,15 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// Median ns per step of `epochs` epochs of `t`, after one to warm up.
-fn step_ns(t: &mut Trainer, epochs: usize) -> anyhow::Result<f64> {
+/// Ns per step of each of `epochs` epochs of `t`, after one to warm up.
+fn step_ns(t: &mut Trainer, epochs: usize) -> anyhow::Result<Vec<f64>> {
     t.run_epoch()?;
     let mut per_step = Vec::new();
     for _ in 0..epochs {
         let e = t.run_epoch()?;
         per_step.push(e.seconds * 1e9 / e.steps.max(1) as f64);
     }
-    Ok(median(per_step))
+    Ok(per_step)
 }
 
 /// `syncmem bench-mpi`: one rank of the measurement; rank 0 prints the figures.
@@ -94,14 +95,13 @@ pub fn rank(quick: bool) -> anyhow::Result<()> {
         }
         raw.push(start.elapsed().as_secs_f64() * 1e9 / calls as f64);
     }
-    let (buckets_ns, raw_ns) = (median(ours), median(raw));
     let wide = TrainConfig::default().with_hidden(vec![1024, 1024]);
     let mut on = Trainer::distributed(&cpu, &data(), &wide, c.clone())?;
     let mut off = Trainer::distributed(&cpu, &data(), &wide.with_overlap(false), c.clone())?;
     let (mut on_ns, mut off_ns) = (Vec::new(), Vec::new());
     for _ in 0..epochs.min(5) {
-        on_ns.push(step_ns(&mut on, 1)?);
-        off_ns.push(step_ns(&mut off, 1)?);
+        on_ns.push(median(step_ns(&mut on, 1)?));
+        off_ns.push(median(step_ns(&mut off, 1)?));
     }
     let exposed = |t: &Trainer| {
         t.comm()
@@ -110,11 +110,11 @@ pub fn rank(quick: bool) -> anyhow::Result<()> {
     let figures = RankFigures {
         ranks: c.size(),
         bytes,
-        buckets_ns,
-        raw_ns,
+        buckets_ns: ours,
+        raw_ns: raw,
         step_ns: step,
-        overlap_ns: median(on_ns),
-        after_ns: median(off_ns),
+        overlap_ns: on_ns,
+        after_ns: off_ns,
         overlap_exposed_ns: exposed(&on),
         after_exposed_ns: exposed(&off),
         buckets_h1024: on.bucket_sizes().len(),
@@ -159,28 +159,26 @@ pub fn with_rows(mut report: BenchReport, quick: bool) -> anyhow::Result<BenchRe
     }
     let f: RankFigures = serde_json::from_slice(&out.stdout).context("bench-mpi's figures")?;
     report.rows.push(
-        Row::new(
-            "all-reduce of a step's gradients, 2 ranks",
-            "trainer buckets",
-            "MPI_Allreduce",
-            f.buckets_ns,
-            f.raw_ns,
-        )
-        .with_goal(ALLREDUCE_GOAL),
+        Samples::new(f.buckets_ns, f.raw_ns)
+            .row(
+                "all-reduce of a step's gradients, 2 ranks",
+                "trainer buckets",
+                "MPI_Allreduce",
+            )
+            .with_goal(ALLREDUCE_GOAL),
     );
-    report.rows.push(Row::new(
+    let overlap = Samples::new(f.overlap_ns, f.after_ns);
+    report.rows.push(overlap.row(
         "step h1024 overlap vs after backward",
         "overlapped",
         "after",
-        f.overlap_ns,
-        f.after_ns,
     ));
-    report.rows.push(Row::new(
+    // Epochs of the ranks and of the process alone, paired by index (not back to back: the
+    // process alone runs first).
+    report.rows.push(Samples::new(f.step_ns, alone_ns).row(
         "step h64, 2 ranks vs 1 (batch 64)",
         "2 ranks",
         "1 process",
-        f.step_ns,
-        alone_ns,
     ));
     report.notes.push(format!(
         "distributed rows (`mpirun -n {} --oversubscribe --bind-to none`, cpu, feature mpi): \
