@@ -90,13 +90,30 @@ pub(super) fn upload(
         xs.extend_from_slice(&data.x[s * data.features..(s + 1) * data.features]);
     }
     let ys: Vec<i32> = rows.iter().map(|&s| data.y[s]).collect();
-    let x = Tensor::from_slice(&[rows.len(), data.features], &xs, Some(device))?
-        .with_label(format!("{label}/{DATA}"));
-    let y = Tensor::from_slice(&[rows.len()], &ys, Some(device))?
-        .with_label(format!("{label}/{LABEL}"));
+    let x = labelled(
+        &[rows.len(), data.features],
+        &xs,
+        device,
+        format!("{label}/{DATA}"),
+    )?;
+    let y = labelled(&[rows.len()], &ys, device, format!("{label}/{LABEL}"))?;
     drop(x.device::<f32>()?); // upload once, now
     drop(y.device::<i32>()?);
     Ok(Batch { x, y })
+}
+
+/// A tensor of `dims` holding `values` on `device`, labelled before its storage is made (so
+/// that its memory carries the label in statistics, traces and snapshots).
+fn labelled<T: syncmem::Element>(
+    dims: &[usize],
+    values: &[T],
+    device: &Device,
+    label: String,
+) -> Result<Tensor> {
+    let mut t = Tensor::new(device).with_label(label);
+    t.resize(dims)?;
+    t.host_overwrite::<T>()?.clone_from_slice(values);
+    Ok(t)
 }
 
 impl Trainer {
