@@ -75,12 +75,31 @@
       if (/^_+shared_\d+$/.test(name)) return name + " (planner slot)";
       return name;
     }
-    // Owners drawn as one band: each named one, and every unnamed tensor (`tensor#N`) together.
+    // Owners drawn as one band: each named one; every unnamed tensor (`tensor#N`) together;
+    // and a numbered family of many owners (`batch0/data`, `batch1/data`, ...: FAMILY or more
+    // names that differ only in their numbers, planner slots apart) as one band too.
+    var FAMILY = 8, families = {};
+    function familyOf(name) {
+      return /^_+shared_\d+$/.test(name) ? null : name.replace(/\d+/g, "#");
+    }
+    D.owners.forEach(function (name) {
+      var f = familyOf(name);
+      if (f !== null) families[f] = (families[f] || 0) + 1;
+    });
     function groupOf(o) {
-      return o >= 0 && /^tensor#\d+$/.test(D.owners[o]) ? "tensor#" : String(o);
+      if (o < 0) return String(o);
+      var name = D.owners[o];
+      if (/^tensor#\d+$/.test(name)) return "tensor#";
+      var f = familyOf(name);
+      return f !== null && families[f] >= FAMILY ? "family:" + f : String(o);
     }
     function groupLabel(key) {
-      return key === "tensor#" ? "unnamed tensors (tensor#N)" : ownerLabel(Number(key));
+      if (key === "tensor#") return "unnamed tensors (tensor#N)";
+      if (key.indexOf("family:") === 0) {
+        var f = key.slice(7);
+        return f + " (" + families[f] + " tensors, # a number)";
+      }
+      return ownerLabel(Number(key));
     }
     function extraText(e) {
       if (e < 0) return "";
