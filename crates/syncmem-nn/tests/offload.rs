@@ -3,7 +3,7 @@
 //! parameters up, and training ends where training with the update on the device does (bit
 //! for bit on `cpu`).
 
-use syncmem::{Device, Tensor};
+use syncmem::Device;
 use syncmem_nn::mlp::Dataset;
 use syncmem_nn::train::{Optimizer, TrainConfig, Trainer};
 
@@ -32,14 +32,7 @@ fn run(dev: &Device, optimizer: Optimizer, offload: bool) -> Run {
     let mut params = Vec::new();
     let mut param_bytes = 0;
     for p in &t.nets().params {
-        let blob = t.workspace().get_blob(p).unwrap();
-        let guard = blob.read();
-        let values = guard
-            .get::<Tensor>()
-            .unwrap()
-            .host::<f32>()
-            .unwrap()
-            .to_vec();
+        let values = t.workspace().fetch::<f32>(p).unwrap();
         param_bytes += values.len() * 4;
         params.push(values);
     }
