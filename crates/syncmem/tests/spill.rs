@@ -135,10 +135,51 @@ fn guarded_buffers_are_never_spilled(dev: &Device) {
     }
 }
 
+/// `offload` moves a buffer's data to the host and frees its device mirror on request, counted
+/// as a spill (dirty) or not at all (clean); the next device access brings it back; a guard or
+/// a pin refuses it, a buffer with no device mirror frees nothing.
+fn offload_frees_the_device_mirror_and_keeps_the_data(dev: &Device) {
+    for zero_copy in [ZeroCopy::Off, ZeroCopy::Auto] {
+        let d = capped(dev, 4 * MIB, zero_copy);
+        let a = dirty(&d, "a", 3);
+        let before = d.pool_stats().unwrap();
+        assert_eq!(a.offload().unwrap(), MIB, "{zero_copy}");
+        assert!(!a.device_allocated(), "{zero_copy}");
+        assert_eq!(a.head(), Head::AtHost, "{zero_copy}");
+        let after = d.pool_stats().unwrap();
+        assert_eq!(
+            (after.spills - before.spills, after.allocated.current),
+            (1, 0),
+            "{zero_copy}: {after}"
+        );
+        assert_eq!(a.copy_stats().spilled.count, 1, "{zero_copy}");
+        // Nothing left to free.
+        assert_eq!(a.offload().unwrap(), 0, "{zero_copy}");
+        // Back on the device with the same bytes; then clean (the host is current too): the
+        // next offload drops the mirror without a write-back.
+        assert_eq!(device_bytes(&a), vec![3u8; MIB], "{zero_copy}");
+        assert!(a.device_allocated());
+        assert_eq!(a.offload().unwrap(), MIB, "{zero_copy}");
+        assert_eq!(a.copy_stats().spilled.count, 1, "{zero_copy}: a clean mirror is dropped");
+        assert!(a.host().unwrap().iter().all(|&x| x == 3));
+        // A guard of this thread, or a pin, refuses it.
+        let g = a.device().unwrap();
+        assert!(matches!(a.offload(), Err(syncmem::Error::Busy { .. })));
+        drop(g);
+        let pin = a.pin_placement();
+        assert!(matches!(a.offload(), Err(syncmem::Error::Busy { .. })));
+        drop(pin);
+        // Never allocated on the device: nothing to free.
+        let fresh = SyncedMemory::new(MIB, &d);
+        assert_eq!(fresh.offload().unwrap(), 0);
+    }
+}
+
 syncmem::for_each_device!(
     spills_least_recently_used_first_and_refills,
     a_host_view_survives_a_refill,
     guarded_buffers_are_never_spilled,
+    offload_frees_the_device_mirror_and_keeps_the_data,
 );
 
 /// Work queued on a buffer is waited for, never spilled under: the write-back holds the queued

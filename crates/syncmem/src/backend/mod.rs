@@ -98,6 +98,14 @@ pub trait RawStorage {
     /// # Errors
     /// An error of the backend.
     fn view(&self, segment: &Arc<Self::Segment>, offset: usize, len: usize) -> Result<Self::View>;
+
+    /// Under a memory cap, whether a small request that finds no room but a wholly free segment
+    /// kept for larger requests may split that segment now, rather than be refused (the pool
+    /// keeps such segments whole while it can grow instead). `true` by default; a device's
+    /// storage says `false` until its out-of-memory path has dropped and evicted what it can.
+    fn may_split_whole(&self) -> bool {
+        true
+    }
 }
 
 /// Any function from a size to a segment is a storage without views (tests, trace replay).

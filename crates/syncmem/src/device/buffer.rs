@@ -244,6 +244,16 @@ impl DeviceBuffer {
         }
     }
 
+    /// For a pool block: its segment's address and its offset there.
+    pub(crate) fn placement(&self) -> Option<(usize, usize)> {
+        match &self.origin {
+            Origin::Pooled { lease, .. } => {
+                Some((std::ptr::from_ref(lease.segment()) as usize, lease.offset()))
+            }
+            _ => None,
+        }
+    }
+
     /// True when the memory is a block of the device's pool.
     pub fn is_pooled(&self) -> bool {
         matches!(self.origin, Origin::Pooled { .. })

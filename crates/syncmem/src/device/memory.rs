@@ -144,6 +144,10 @@ impl RawStorage for PoolStorage<'_> {
     fn view(&self, segment: &Arc<RawMem>, offset: usize, len: usize) -> Result<RawMem> {
         self.dev.shared.raw.view(segment, offset, len)
     }
+
+    fn may_split_whole(&self) -> bool {
+        oom::may_split_whole()
+    }
 }
 
 impl DeviceMemory {

@@ -81,6 +81,12 @@ pub(crate) trait Evictable: Send + Sync {
     /// The buffer's identity while it lives (its shared state's address): what a schedule
     /// ([`NextUse`]) knows it by.
     fn key(&self) -> usize;
+    /// Where the device mirror lies in its pool: (its segment's address, its offset there);
+    /// `None` when it is not a pool block or the buffer is busy. Victims that lie side by
+    /// side free room in one piece.
+    fn placement(&self) -> Option<(usize, usize)> {
+        None
+    }
 }
 
 /// What a running schedule (a net) knows about when buffers are used next: under memory

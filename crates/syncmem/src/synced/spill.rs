@@ -120,6 +120,14 @@ impl Evictable for Shared {
     fn key(&self) -> usize {
         std::ptr::from_ref(self) as usize
     }
+
+    fn placement(&self) -> Option<(usize, usize)> {
+        let core = self.core.try_lock()?;
+        if !core.dev_owned() {
+            return None;
+        }
+        core.dev.as_ref()?.buf.placement()
+    }
 }
 
 /// Drops the contents of `shared` (see [`SyncedMemory::drop_contents`]): a transfer in flight
@@ -168,6 +176,33 @@ impl SyncedMemory {
     }
 }
 
+impl SyncedMemory {
+    /// Moves the data to the host and frees the device mirror now, as the out-of-memory path
+    /// would spill it (see the [module docs](self)), waiting for the commands queued on it: the
+    /// data is written back first where only the device holds it (or where the host shares the
+    /// device's memory), and the next device access brings it back. For a buffer a program
+    /// will not need on the device for a while, under a memory cap: the room it frees is there
+    /// for the next allocations without an out-of-memory path. Returns the device bytes freed,
+    /// 0 when there was nothing to free (no device mirror, no data yet, adopted device memory)
+    /// or no host memory for the data. Counted as a spill.
+    ///
+    /// # Errors
+    /// [`crate::Error::Busy`] when this thread holds a guard of the buffer or its placement is
+    /// pinned (a view or an export of its memory lives).
+    pub fn offload(&self) -> crate::Result<usize> {
+        self.refuse_if_pinned()?;
+        let _lock = self.lock_write(None)?;
+        let mut core = self.shared.core.lock();
+        let freed = spill_locked(&self.shared, &mut core, true);
+        if let (Some(f), Some(device)) = (freed, self.target()) {
+            if f.spilled {
+                device.note_spill(f.bytes);
+            }
+        }
+        Ok(freed.map_or(0, |f| f.bytes))
+    }
+}
+
 /// Spills `shared`'s device mirror (see the [module docs](self)); never waits for a lock.
 /// Without `wait`, a buffer with a transfer or commands still queued is skipped; with it, they
 /// are waited for first. A clean or stale mirror (the host is current) is dropped without a
@@ -181,8 +216,13 @@ fn spill(shared: &Shared, wait: bool) -> Option<Freed> {
     }
     let _exclusive = shared.access.try_write()?;
     let mut core = shared.core.try_lock()?;
+    spill_locked(shared, &mut core, wait)
+}
+
+/// [`spill`] with the exclusive access lock and the state lock held.
+fn spill_locked(shared: &Shared, core: &mut Core, wait: bool) -> Option<Freed> {
     let device = shared.settings.device.as_ref()?;
-    let dev = quiet_mirror(&mut core, wait)?;
+    let dev = quiet_mirror(core, wait)?;
     let dirty = match core.zc {
         // Shared memory holds the data when either side is current (not when only replicas
         // on other devices are).
@@ -199,8 +239,8 @@ fn spill(shared: &Shared, wait: bool) -> Option<Freed> {
             None => device.default_stream().ok()?,
         };
         match core.zc {
-            Some(state) => write_back_shared(shared, &mut core, &dev, &stream, state)?,
-            None => write_back(shared, &mut core, &dev, &stream)?,
+            Some(state) => write_back_shared(shared, core, &dev, &stream, state)?,
+            None => write_back(shared, core, &dev, &stream)?,
         }
         if shared.settings.size > 0 {
             shared.copies.record(Direction::Spill, shared.settings.size);

@@ -1,6 +1,7 @@
 //! Dropped contents in the composed model: `DropContents` frees a buffer's data without a
 //! write-back; every read of it then fails with `ContentsDropped` (the model has no values for
-//! it) until an overwrite gives it new ones.
+//! it) until an overwrite gives it new ones. And its opposite, `Offload`: the device mirror
+//! goes, the data stays (the operations that follow read it against the model).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -64,6 +65,35 @@ pub fn drop_step(l: &mut Live, pinned: bool, at: &str) -> Result<(), TestCaseErr
         (Err(Error::Busy { .. }), true) => Ok(()),
         (r, _) => Err(TestCaseError::fail(format!(
             "{at}: drop_contents (pinned {pinned}): {r:?}"
+        ))),
+    }
+}
+
+/// Buffers whose device mirror an `Offload` freed (by every program of the process).
+pub static OFFLOADED: AtomicU64 = AtomicU64::new(0);
+
+/// `Offload`: the device mirror goes and the data stays (the model is unchanged: later reads
+/// check it); dropped contents stay dropped; a pinned buffer (a view keeps its address)
+/// refuses.
+pub fn offload_step(l: &Live, pinned: bool, at: &str) -> Result<(), TestCaseError> {
+    match (l.mem.offload(), pinned) {
+        (Ok(freed), false) => {
+            if freed > 0 {
+                OFFLOADED.fetch_add(1, Relaxed);
+                if l.mem.device_allocated() {
+                    return Err(TestCaseError::fail(format!(
+                        "{at}: {freed} bytes offloaded, the device mirror is still there"
+                    )));
+                }
+            }
+            if l.dropped {
+                return reads_fail(&l.mem, at);
+            }
+            Ok(())
+        }
+        (Err(Error::Busy { .. }), true) => Ok(()),
+        (r, _) => Err(TestCaseError::fail(format!(
+            "{at}: offload (pinned {pinned}): {r:?}"
         ))),
     }
 }

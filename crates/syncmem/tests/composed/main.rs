@@ -184,6 +184,7 @@ fn run(w: &World<'_>, ops: &[Op]) -> Result<(), TestCaseError> {
             | Op::DeviceOverwrite { slot, .. }
             | Op::UserTwice { slot }
             | Op::DropContents { slot }
+            | Op::Offload { slot }
             | Op::ReplicaScale { slot, .. } => guarded(slot),
             Op::Axpy { x, y, .. } => guarded(y) || x == y,
             _ => false,
@@ -199,6 +200,12 @@ fn run(w: &World<'_>, ops: &[Op]) -> Result<(), TestCaseError> {
         if let Op::DropContents { slot } = *op {
             if let Some(l) = &mut slots[slot] {
                 dropped::drop_step(l, pinned(slot), &at)?;
+            }
+            continue;
+        }
+        if let Op::Offload { slot } = *op {
+            if let Some(l) = &slots[slot] {
+                dropped::offload_step(l, pinned(slot), &at)?;
             }
             continue;
         }
@@ -358,6 +365,9 @@ fn check(home: &Device, other: &Device) {
     let dropped = dropped::DROPPED.load(std::sync::atomic::Ordering::Relaxed);
     eprintln!("{} contents dropped", dropped);
     assert!(dropped > 0, "no buffer's contents were dropped");
+    let offloaded = dropped::OFFLOADED.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("{} buffers offloaded", offloaded);
+    assert!(offloaded > 0, "no buffer was offloaded");
 }
 
 #[test]

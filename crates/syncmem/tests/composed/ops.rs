@@ -93,6 +93,10 @@ pub enum Op {
     DropContents {
         slot: usize,
     },
+    /// Offloads the slot (`SyncedMemory::offload`): its device mirror goes, its data stays.
+    Offload {
+        slot: usize,
+    },
     /// The `n`-th allocation for the devices from now fails.
     FailNext {
         n: u64,
@@ -136,6 +140,7 @@ pub fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(slot, a)| Op::ReplicaScale { slot, a }),
         2 => (1u64..6).prop_map(|n| Op::FailNext { n }),
         1 => slot().prop_map(|slot| Op::DropContents { slot }),
+        1 => slot().prop_map(|slot| Op::Offload { slot }),
         1 => Just(Op::OpenScope),
         1 => any::<bool>().prop_map(|keep| Op::CloseScope { keep }),
     ]

@@ -39,7 +39,7 @@ pub fn step_one<'s>(
         | Op::Unpin
         | Op::ViewRead { .. }
         | Op::FailNext { .. } => keep_step(w, slots, held, pins, op, at),
-        Op::DropContents { .. } => unreachable!("run applies {op:?}"),
+        Op::DropContents { .. } | Op::Offload { .. } => unreachable!("run applies {op:?}"),
         Op::OpenScope | Op::CloseScope { .. } => {
             scope_step(w, op);
             Ok(())

@@ -70,6 +70,16 @@ impl Budget {
         self.cap.store(cap.unwrap_or(u64::MAX), Relaxed);
     }
 
+    /// The bytes that still fit under every cap of the chain (`None`: no cap anywhere).
+    pub(crate) fn room(&self) -> Option<u64> {
+        let own = self.cap().map(|c| c.saturating_sub(self.used()));
+        let up = self.parent.as_ref().and_then(|p| p.room());
+        match (own, up) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Bytes charged now (to this budget).
     pub fn used(&self) -> u64 {
         self.used.load(Relaxed)

@@ -95,15 +95,26 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         let Some(rounded) = inner.core.round(bytes) else {
             return Err(self.overflow(bytes));
         };
-        // Find: a cached block (split off a larger free one where the strategy splits).
-        if let Some(grant) = inner.core.find(rounded, req) {
+        // Find: a cached block (split off a larger free one where the strategy splits). Under
+        // a cap, a small request keeps whole segments of larger sizes whole while the pool can
+        // grow (the cap is read on a miss of the exact-size lists only).
+        let mut keep_whole = false;
+        let capped = || {
+            keep_whole = self.budget.governing().is_some();
+            keep_whole
+        };
+        if let Some(grant) = inner.core.find(rounded, req, capped) {
             return self.hand_out(sh, inner, (grant, true), req, source, keep);
         }
         // Free cached: give back the idle memory the request cannot use, so that the new
-        // segment is sized by what the pool holds now.
-        free_cached(sh, &mut inner, bytes, rounded);
+        // segment is sized by what the pool holds now. Not under a cap: segments a program
+        // left idle come back as its demand returns, and the cap bounds what they hold (the
+        // out-of-memory path gives back what a request needs).
+        if !keep_whole {
+            free_cached(sh, &mut inner, bytes, rounded);
+        }
         // Allocate: a new segment, the block split off it.
-        match self.allocate(sh, &mut inner, req, rounded, source) {
+        match self.allocate(sh, &mut inner, (req, rounded, keep_whole), source) {
             Ok(grant) => {
                 let lease = self.hand_out(sh, inner, (grant, false), req, source, keep)?;
                 // The pool grew: the garbage collector looks at the cap (after the lock).
@@ -112,7 +123,16 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                 }
                 Ok(lease)
             }
-            Err(Refused::Oom(report)) => Err(self.with_usage(inner, report)),
+            Err(Refused::Oom(report)) => {
+                // The cap refused a segment: a whole one kept for its size is split after all,
+                // when the storage agrees (a device's first frees what it can).
+                if keep_whole && source.may_split_whole() {
+                    if let Some(grant) = inner.core.find(rounded, req, || false) {
+                        return self.hand_out(sh, inner, (grant, true), req, source, keep);
+                    }
+                }
+                Err(self.with_usage(inner, report))
+            }
             Err(Refused::Failed(e)) => Err(e),
         }
     }
@@ -123,11 +143,10 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         &self,
         sh: &Shard<T, V>,
         inner: &mut Inner<T, V>,
-        req: Request<'_>,
-        rounded: usize,
+        (req, rounded, keep_whole): (Request<'_>, usize, bool),
         source: &S,
     ) -> std::result::Result<Grant<V>, Refused> {
-        let size = self.segment_size(inner, req.requested, rounded)?;
+        let size = self.segment_size(inner, req.requested, rounded, keep_whole)?;
         let size = self.charge(size, req.requested, rounded)?;
         let seg = source.alloc(size).map_err(|e| {
             self.budget.give(size as u64);
@@ -157,10 +176,11 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         inner: &Inner<T, V>,
         bytes: usize,
         rounded: usize,
+        capped: bool,
     ) -> std::result::Result<usize, Refused> {
         let size = inner
             .core
-            .segment_size(bytes, rounded)
+            .segment_size(bytes, rounded, capped)
             .ok_or_else(|| Refused::Failed(self.overflow(bytes)))?;
         let size = if size > self.max_segment && rounded <= self.max_segment {
             rounded
@@ -193,6 +213,18 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     ) -> std::result::Result<usize, Refused> {
         if self.budget.try_take(size as u64) {
             return Ok(size);
+        }
+        // Near the cap, for a small block: the room left (rounded down to the block unit), so
+        // that the small requests that follow share the segment instead of each making a tight
+        // one; else (and for a large block, as PyTorch) just the block.
+        let round = self.config.round.max(1);
+        let small = rounded <= self.config.small_size;
+        let room = match self.budget.room() {
+            Some(r) if small => usize::try_from(r).unwrap_or(usize::MAX).min(size) / round * round,
+            _ => 0,
+        };
+        if rounded < room && self.budget.try_take(room as u64) {
+            return Ok(room);
         }
         if rounded < size && self.budget.try_take(rounded as u64) {
             return Ok(rounded);

@@ -315,6 +315,12 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     /// bytes released. The out-of-memory path frees only what a request needs this way, so
     /// that the segments a program reuses step after step stay cached.
     pub(crate) fn release_at_least(&self, need: u64) -> u64 {
+        self.release_at_least_sparing(need, usize::MAX)
+    }
+
+    /// [`Pool::release_at_least`], passing over whole segments of `spare` bytes or more: under
+    /// a cap, those a small request keeps for larger ones ([`Pool::kept_whole_from`]).
+    pub(crate) fn release_at_least_sparing(&self, need: u64, spare: usize) -> u64 {
         let mut bytes = 0;
         for s in self.shards.iter() {
             if bytes >= need {
@@ -322,12 +328,26 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             }
             let segs = {
                 let mut inner = s.inner.lock();
-                let segs = inner.core.release_at_least(true, need - bytes);
+                let segs = inner.core.release_at_least(true, need - bytes, spare);
                 s.take_segments(&mut inner, segs)
             };
             bytes += s.drop_segments(segs);
         }
         bytes
+    }
+
+    /// The size from which wholly free segments are kept for larger requests when a request
+    /// of `bytes` finds no room under a cap (see the caching core's `find`); `usize::MAX` for a
+    /// request too large for that.
+    pub(crate) fn kept_whole_from(&self, bytes: usize) -> usize {
+        if bytes > self.config.small_size {
+            return usize::MAX;
+        }
+        let round = self.config.round.max(1);
+        bytes
+            .div_ceil(round)
+            .saturating_mul(round)
+            .saturating_mul(arena::KEEP_WHOLE)
     }
 
     fn release(&self, wait: bool) -> u64 {

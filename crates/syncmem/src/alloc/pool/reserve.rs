@@ -170,7 +170,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             };
             let segs = {
                 let mut inner = sh.inner.lock();
-                let segs = inner.core.release_at_least(false, excess);
+                let segs = inner.core.release_at_least(false, excess, usize::MAX);
                 count_collected(&mut inner, &segs);
                 sh.take_segments(&mut inner, segs)
             };

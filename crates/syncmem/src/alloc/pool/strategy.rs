@@ -57,10 +57,11 @@ impl<V> Core<V> {
         }
     }
 
-    /// The segment to make when nothing cached fits a request of `bytes` (`rounded`).
-    pub(crate) fn segment_size(&self, bytes: usize, rounded: usize) -> Option<usize> {
+    /// The segment to make when nothing cached fits a request of `bytes` (`rounded`);
+    /// `capped`: the pool is under a cap (see [`Arena::segment_size`]).
+    pub(crate) fn segment_size(&self, bytes: usize, rounded: usize, capped: bool) -> Option<usize> {
         match self {
-            Core::Caching(a) => a.segment_size(rounded),
+            Core::Caching(a) => a.segment_size(rounded, capped),
             Core::Binned(_) => Some(rounded),
             Core::Direct(_) => Some(bytes.max(1)),
         }
@@ -68,9 +69,15 @@ impl<V> Core<V> {
 
     /// A cached block for `req` (`rounded`: its block size).
     #[inline]
-    pub(crate) fn find(&mut self, rounded: usize, req: Request<'_>) -> Option<Grant<V>> {
+    /// `keep_whole` is asked on a miss of the caching core's lists (see [`Arena::find`]).
+    pub(crate) fn find(
+        &mut self,
+        rounded: usize,
+        req: Request<'_>,
+        keep_whole: impl FnOnce() -> bool,
+    ) -> Option<Grant<V>> {
         match self {
-            Core::Caching(a) => a.find(rounded, req),
+            Core::Caching(a) => a.find(rounded, req, keep_whole),
             Core::Binned(b) => b.find(req),
             Core::Direct(_) => None,
         }
@@ -159,7 +166,7 @@ impl<V> Core<V> {
     /// remain; segments with uses in flight are waited for when `wait`, else skipped.
     pub(crate) fn release(&mut self, wait: bool, keep: u64) -> Vec<(SegId, usize)> {
         match self {
-            Core::Caching(a) => a.release_free_segments(wait, keep),
+            Core::Caching(a) => a.release_free_segments(wait, keep, usize::MAX),
             Core::Binned(b) => b.release_free_segments(wait, keep),
             Core::Direct(_) => Vec::new(),
         }
@@ -167,9 +174,20 @@ impl<V> Core<V> {
 
     /// Releases cached memory (whole free segments, largest first; bins, largest first)
     /// until `need` bytes went back or nothing more can go.
-    pub(crate) fn release_at_least(&mut self, wait: bool, need: u64) -> Vec<(SegId, usize)> {
+    ///
+    /// The caching core passes over whole segments of `spare` bytes or more (`usize::MAX`:
+    /// none).
+    pub(crate) fn release_at_least(
+        &mut self,
+        wait: bool,
+        need: u64,
+        spare: usize,
+    ) -> Vec<(SegId, usize)> {
         let keep = self.free_bytes().saturating_sub(need);
-        self.release(wait, keep)
+        match self {
+            Core::Caching(a) => a.release_free_segments(wait, keep, spare),
+            _ => self.release(wait, keep),
+        }
     }
 
     /// Adds a fresh segment `seg` of `size` bytes as one free block of the small or large

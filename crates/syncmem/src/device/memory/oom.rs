@@ -14,6 +14,7 @@
 //! program reuses step after step so stay cached instead of being released and made again
 //! at every step under a cap.
 
+use std::cell::Cell;
 use std::ops::ControlFlow::{self, Break, Continue};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -24,6 +25,36 @@ use crate::backend::dispatch::RawMem;
 use crate::device::mirror::{Evictable, NextUse};
 use crate::device::Device;
 use crate::error::{Error, OomReport, OomRetry, Result};
+
+thread_local! {
+    /// This thread's allocations may split whole segments kept for larger requests (see
+    /// [`may_split_whole`]).
+    static SPLIT_WHOLE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether an allocation of this thread may split, under a cap, a wholly free segment the pool
+/// keeps for larger requests ([`crate::backend::RawStorage::may_split_whole`]): not on the
+/// way in, nor while the out-of-memory path drops dead values and evicts clean mirrors (a
+/// small request so takes the room of a mirror the schedule does not need, instead of
+/// breaking the block the next large request needs); from then on, before anything is spilled.
+pub(super) fn may_split_whole() -> bool {
+    SPLIT_WHOLE.with(Cell::get)
+}
+
+/// Sets this thread's [`may_split_whole`] until dropped, then puts the old value back.
+struct SplitWhole(bool);
+
+impl SplitWhole {
+    fn set(now: bool) -> Self {
+        Self(SPLIT_WHOLE.with(|s| s.replace(now)))
+    }
+}
+
+impl Drop for SplitWhole {
+    fn drop(&mut self) {
+        SPLIT_WHOLE.with(|s| s.set(self.0));
+    }
+}
 
 /// Where a run of the path stands: `Break` with what the allocation returned, or `Continue`.
 type Step<R> = ControlFlow<Result<R>>;
@@ -70,9 +101,11 @@ impl DeviceMemory {
         if !hopeless {
             // The retries' refusals are quiet; when they all failed, the last is made again
             // with its cause.
+            let _split = SplitWhole::set(false);
             if let Break(done) = quietly(|| self.free_room(&mut run, &mut attempt)) {
                 return done;
             }
+            let _split = SplitWhole::set(true);
             if let Break(done) = run.retry(&mut attempt) {
                 return done;
             }
@@ -101,13 +134,28 @@ impl DeviceMemory {
             by_next_use(&mut candidates, s.as_ref(), run.requested);
         }
         let dead = |item: &dyn Evictable| schedule.as_ref().is_some_and(|s| s.is_dead(item.key()));
+        // Victims smaller than the request are freed in batches of at least the request
+        // before the allocation is retried: one retry per victim cost more than the victims.
+        let mut batch = 0usize;
         for (item, _) in &candidates {
-            if dead(item.as_ref()) {
-                run.drop_dead(item.as_ref(), false, attempt)?;
+            let freed = if dead(item.as_ref()) {
+                run.drop_dead(item.as_ref(), false)
             } else {
-                run.evict(item.as_ref(), attempt)?;
+                run.evict(item.as_ref())
+            };
+            batch += freed.unwrap_or(0);
+            if batch >= run.requested {
+                batch = 0;
+                run.retry_freed(attempt)?;
             }
         }
+        if batch > 0 {
+            run.retry_freed(attempt)?;
+        }
+        // Before anything is written back, whole segments kept for larger requests may go to
+        // the request (until the path ends).
+        let _split = SplitWhole::set(true);
+        run.retry(attempt)?;
         // Spill: dirty mirrors written back to the host.
         let mut by_age: Vec<_> = candidates.into_iter().map(|(item, _)| item).collect();
         if schedule.is_none() {
@@ -182,6 +230,14 @@ impl DeviceMemory {
 }
 
 impl Device {
+    /// Counts a spill of `bytes` made outside the out-of-memory path (a buffer offloaded on
+    /// request) on the device pool.
+    pub(crate) fn note_spill(&self, bytes: usize) {
+        if let Some(p) = self.shared.memory.current_pool() {
+            p.note_spill(bytes);
+        }
+    }
+
     /// Drops the device mirror of `item`, whose contents a running schedule knows to be dead
     /// ([`NextUse::is_dead`]), when nothing holds it and no transfer is in flight; counted on
     /// the device pool. Returns whether it went.
@@ -202,13 +258,20 @@ impl Device {
 /// instead of several small ones whose segments would be given back and made again), then
 /// the others; within each, first the dead values (nothing to write back, nothing to bring
 /// back: largest first), then the mirrors the schedule does not use (largest first), then
-/// those it uses furthest ahead first.
+/// those it uses furthest ahead first. Mirrors smaller than the request that the schedule does
+/// not use go in the order they lie in the pool (segment, offset): freed one after the other,
+/// neighbours merge into room in one piece, where the largest first or the least recently
+/// used would leave holes between the blocks they keep.
 fn by_next_use(candidates: &mut [(Arc<dyn Evictable>, usize)], s: &dyn NextUse, requested: usize) {
     candidates.sort_by_cached_key(|(item, bytes)| {
         let small = *bytes < requested;
         let key = item.key();
         match s.next_use(key) {
             Some(_) if s.is_dead(key) => (small, 0, usize::MAX - bytes, item.last_use()),
+            None if small => {
+                let (seg, offset) = item.placement().unwrap_or((usize::MAX, 0));
+                (small, 1, seg, offset as u64)
+            }
             None => (small, 1, usize::MAX - bytes, item.last_use()),
             Some(d) => (small, 2, usize::MAX - d, item.last_use()),
         }
@@ -239,9 +302,13 @@ impl Run {
             None => requested,
         };
         if need == 0 {
-            0
-        } else {
+            return 0;
+        }
+        // Until whole segments may be split, those kept for larger requests stay too.
+        if may_split_whole() {
             p.release_at_least(need)
+        } else {
+            p.release_at_least_sparing(need, p.kept_whole_from(self.requested))
         }
     }
 
@@ -257,32 +324,19 @@ impl Run {
         self.retry(attempt)
     }
 
-    /// Drops `item`'s clean mirror if it can go, then retries.
-    fn evict<R>(
-        &mut self,
-        item: &dyn Evictable,
-        attempt: &mut impl FnMut() -> Result<R>,
-    ) -> Step<R> {
-        let Some(bytes) = item.try_evict() else {
-            return Continue(());
-        };
+    /// Drops `item`'s clean mirror if it can go; returns the bytes freed.
+    fn evict(&mut self, item: &dyn Evictable) -> Option<usize> {
+        let bytes = item.try_evict()?;
         self.note_evicted(item.label_now(), bytes);
-        self.retry_freed(attempt)
+        Some(bytes)
     }
 
-    /// Drops `item`'s dead contents if it can go (see [`Evictable::try_drop_dead`]), then
-    /// retries.
-    fn drop_dead<R>(
-        &mut self,
-        item: &dyn Evictable,
-        wait: bool,
-        attempt: &mut impl FnMut() -> Result<R>,
-    ) -> Step<R> {
-        let Some(bytes) = item.try_drop_dead(wait) else {
-            return Continue(());
-        };
+    /// Drops `item`'s dead contents if it can go (see [`Evictable::try_drop_dead`]); returns
+    /// the bytes freed.
+    fn drop_dead(&mut self, item: &dyn Evictable, wait: bool) -> Option<usize> {
+        let bytes = item.try_drop_dead(wait)?;
         self.note_dropped(item.label_now(), bytes);
-        self.retry_freed(attempt)
+        Some(bytes)
     }
 
     /// Spills the mirrors of `by_age` that can go (waiting for their queued work with `wait`),
@@ -299,8 +353,14 @@ impl Run {
         let mut batch = 0usize;
         for item in by_age {
             if dead(item.as_ref()) {
-                // Nothing to write back: retried at once, as after an eviction.
-                self.drop_dead(item.as_ref(), wait, attempt)?;
+                // Nothing to write back: retried at once when it alone holds the request.
+                if let Some(bytes) = self.drop_dead(item.as_ref(), wait) {
+                    if bytes >= self.requested {
+                        self.retry_freed(attempt)?;
+                    } else {
+                        batch += bytes;
+                    }
+                }
                 continue;
             }
             let Some(freed) = item.try_spill(wait) else {

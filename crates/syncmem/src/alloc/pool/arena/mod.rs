@@ -61,6 +61,9 @@ struct Block<V> {
     small: bool,
     /// The bytes are known to be zero (a fresh segment's, never handed out).
     zeroed: bool,
+    /// Its segment was made for one block of its size (not preallocated, no room to carve):
+    /// under a cap, small requests keep it whole while they can (see [`Arena::find`]).
+    fitted: bool,
     /// The stream the block was last handed out for.
     stream: StreamId,
     pending: Vec<PendingUse>,
@@ -78,6 +81,10 @@ impl<V> Block<V> {
         self.prev.is_some() || self.next.is_some()
     }
 }
+
+/// Under a cap, a small request does not split a wholly free segment this many times its size
+/// or more while the pool can grow instead (see [`Arena::find`]).
+pub(crate) const KEEP_WHOLE: usize = 2;
 
 /// How segments grow: see [`Arena::segment_size`].
 struct Growth {
@@ -177,9 +184,18 @@ impl<V> Arena<V> {
     /// `large_segment_limit` get their own, rounded to `segment_round`; others get the largest
     /// of the request, `min_segment` and `percent` % of what their pool (small or large) holds,
     /// capped at `small_segment` / `large_segment` (but never below the request).
-    pub(crate) fn segment_size(&self, rounded: usize) -> Option<usize> {
+    ///
+    /// Under a cap (`capped`), a request of at most a [`KEEP_WHOLE`]² share of the smallest
+    /// small-pool segment (`min_segment` and `small_segment`: 4 KiB by default) gets a segment
+    /// of that size: small blocks so share small segments, and leave the room under the cap in
+    /// pieces the larger requests can use.
+    pub(crate) fn segment_size(&self, rounded: usize, capped: bool) -> Option<usize> {
         let g = &self.growth;
         let small = rounded <= self.small_size;
+        let unit = g.min_segment.min(g.small_segment) / (KEEP_WHOLE * KEEP_WHOLE);
+        if capped && small && rounded <= unit {
+            return round_up(unit, self.round);
+        }
         if !small && rounded >= g.large_segment_limit {
             return round_up(rounded, g.segment_round);
         }
@@ -197,7 +213,21 @@ impl<V> Arena<V> {
     /// then the best fit in the arena (split if worth it). On a miss, the lists are flushed into
     /// the arena and the best fit is tried again, so that the pool only grows when merged free
     /// memory cannot serve the request either.
-    pub(crate) fn find(&mut self, rounded: usize, req: Request<'_>) -> Option<Grant<V>> {
+    ///
+    /// With `keep_whole` (asked only on a list miss: the pool is under a cap), a small request
+    /// does not split a wholly free segment made for one block (not a preallocated one) at
+    /// least [`KEEP_WHOLE`] times its size: under a
+    /// cap, the blocks a program frees and asks for again step after step (activations,
+    /// gradients) would otherwise be split by small requests until the next one of their size
+    /// finds no block whole, though the bytes are there. The pool then makes a small segment for
+    /// the request, and splits the whole one only when the cap refuses that (see
+    /// [`super::Pool`]'s allocation path).
+    pub(crate) fn find(
+        &mut self,
+        rounded: usize,
+        req: Request<'_>,
+        keep_whole: impl FnOnce() -> bool,
+    ) -> Option<Grant<V>> {
         let stream = req.stream;
         if rounded <= self.class_limit {
             if let Some(id) = self.front.pop(stream, rounded / self.round, rounded) {
@@ -206,12 +236,13 @@ impl<V> Arena<V> {
         } else if let Some(id) = self.front.pop_large(stream, rounded) {
             return Some(self.take_cached(id, req));
         }
-        if let Some(g) = self.best_fit(rounded, req) {
+        let keep = rounded <= self.small_size && keep_whole();
+        if let Some(g) = self.best_fit(rounded, req, keep) {
             return Some(g);
         }
         if !self.front.is_empty() {
             self.flush_front();
-            return self.best_fit(rounded, req);
+            return self.best_fit(rounded, req, keep);
         }
         None
     }
@@ -259,9 +290,13 @@ impl<V> Arena<V> {
         }
     }
 
-    fn best_fit(&mut self, rounded: usize, req: Request<'_>) -> Option<Grant<V>> {
+    /// The best-fit free block for `rounded` bytes usable by `req`'s stream, carved; with
+    /// `keep_whole`, wholly free segments of at least [`KEEP_WHOLE`] times `rounded` are passed
+    /// over (see [`Arena::find`]).
+    fn best_fit(&mut self, rounded: usize, req: Request<'_>, keep_whole: bool) -> Option<Grant<V>> {
         let small = rounded <= self.small_size;
         let mut pick = None;
+        let whole_from = rounded.saturating_mul(KEEP_WHOLE);
         for &(size, id) in self.free[pool_index(small)].range((rounded, 0)..) {
             if let Some(m) = self.max_split {
                 // Small requests never take oversize blocks; big ones take them only when
@@ -273,7 +308,11 @@ impl<V> Arena<V> {
                     break;
                 }
             }
-            if usable_by(&self.blocks[id].pending, req.stream) {
+            let b = &self.blocks[id];
+            if keep_whole && size >= whole_from && b.fitted && !b.is_split() {
+                continue;
+            }
+            if usable_by(&b.pending, req.stream) {
                 pick = Some(id);
                 break;
             }
@@ -291,18 +330,19 @@ impl<V> Arena<V> {
         req: Request<'_>,
     ) -> Grant<V> {
         let small = rounded <= self.small_size;
-        let id = self.insert_segment(seg, size, small, req.stream);
+        let id = self.insert_segment(seg, size, small, req.stream, size == rounded);
         self.carve(id, rounded, req)
     }
 
     /// Adds segment `seg` of `size` fresh (zeroed) bytes to the small or the large pool as one
-    /// free block of `stream`; returns the block.
+    /// free block of `stream` (`fitted`: made for one block of its size); returns the block.
     pub(super) fn insert_segment(
         &mut self,
         seg: SegId,
         size: usize,
         small: bool,
         stream: StreamId,
+        fitted: bool,
     ) -> BlockId {
         self.reserved[pool_index(small)] += size as u64;
         let id = self.blocks.insert(Block {
@@ -314,6 +354,7 @@ impl<V> Arena<V> {
             state: State::Free,
             small,
             zeroed: true,
+            fitted,
             stream,
             pending: Vec::new(),
             view: None,
@@ -357,6 +398,7 @@ impl<V> Arena<V> {
                 state: State::Free,
                 small: b.small,
                 zeroed: b.zeroed,
+                fitted: b.fitted,
                 stream: b.stream,
                 pending,
                 view: None,
@@ -437,7 +479,7 @@ impl<V> Arena<V> {
     #[inline]
     fn over_cap(&mut self) -> Vec<(SegId, usize)> {
         if self.free_bytes() > self.max_cached {
-            self.release_free_segments(false, self.max_cached)
+            self.release_free_segments(false, self.max_cached, usize::MAX)
         } else {
             Vec::new()
         }

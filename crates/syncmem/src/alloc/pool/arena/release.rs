@@ -13,7 +13,7 @@ impl<V> Arena<V> {
     /// Adds a fresh (zeroed) segment `seg` of `size` bytes to the small or the large pool as
     /// one free block, usable by every stream (a preallocation: nothing is handed out).
     pub(crate) fn add_free_segment(&mut self, seg: SegId, size: usize, small: bool) {
-        self.insert_segment(seg, size, small, HOST_STREAM);
+        self.insert_segment(seg, size, small, HOST_STREAM, false);
     }
 
     /// Segments to give back before the pool grows by a segment for `rounded` bytes: wholly
@@ -29,21 +29,38 @@ impl<V> Arena<V> {
         self.flush_front();
         let p = pool_index(rounded <= self.small_size);
         let in_use = self.reserved[p] - self.free_bytes[p];
-        self.release_whole(Some(p), false, in_use.saturating_mul(percent) / 100)
+        self.release_whole(
+            Some(p),
+            false,
+            in_use.saturating_mul(percent) / 100,
+            usize::MAX,
+        )
     }
 
     /// Removes whole free segments (largest first) until at most `keep` free bytes remain.
     /// Segments with uses in flight are waited for when `wait`, else skipped. The exact-size
     /// lists are flushed into the arena first.
-    pub(crate) fn release_free_segments(&mut self, wait: bool, keep: u64) -> Vec<(SegId, usize)> {
+    /// Segments of `spare` bytes or more stay (`usize::MAX`: none is spared).
+    pub(crate) fn release_free_segments(
+        &mut self,
+        wait: bool,
+        keep: u64,
+        spare: usize,
+    ) -> Vec<(SegId, usize)> {
         self.flush_front();
-        self.release_whole(None, wait, keep)
+        self.release_whole(None, wait, keep, spare)
     }
 
     /// Removes whole free segments of pool `pool` (`None`: both), largest first, until at most
-    /// `keep` free bytes remain in it; pending uses as in
-    /// [`Arena::release_free_segments`].
-    fn release_whole(&mut self, pool: Option<usize>, wait: bool, keep: u64) -> Vec<(SegId, usize)> {
+    /// `keep` free bytes remain in it, passing over segments of `spare` bytes or more made for
+    /// one block (see [`Arena::find`]); pending uses as in [`Arena::release_free_segments`].
+    fn release_whole(
+        &mut self,
+        pool: Option<usize>,
+        wait: bool,
+        keep: u64,
+        spare: usize,
+    ) -> Vec<(SegId, usize)> {
         let free_now = |a: &Self| match pool {
             Some(p) => a.free_bytes[p],
             None => a.free_bytes[0] + a.free_bytes[1],
@@ -57,9 +74,9 @@ impl<V> Arena<V> {
             .enumerate()
             .filter(|&(i, _)| pool.is_none_or(|p| p == i))
             .flat_map(|(_, s)| s.iter().copied())
-            .filter(|&(_, id)| {
+            .filter(|&(size, id)| {
                 let b = &self.blocks[id];
-                b.prev.is_none() && b.next.is_none()
+                b.prev.is_none() && b.next.is_none() && (size < spare || !b.fitted)
             })
             .collect();
         whole.sort_unstable_by(|a, b| b.cmp(a));

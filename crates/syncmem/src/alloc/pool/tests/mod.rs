@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use super::*;
 use crate::error::Error;
 
+mod capped;
 mod keep;
 mod reserve;
 mod shards;
