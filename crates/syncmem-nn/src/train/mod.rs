@@ -69,6 +69,7 @@ pub mod offload;
 mod parallel;
 mod planning;
 mod reduce;
+mod residency;
 mod scalars;
 mod setup;
 
@@ -237,6 +238,8 @@ pub struct Trainer {
     held_out: Option<held_out::HeldOut>,
     /// The update on the host, when the optimizer is offloaded.
     offload: Option<offload::Offloaded>,
+    /// Whether finished batches leave a capped device.
+    residency: residency::BatchResidency,
 }
 
 impl Trainer {
@@ -347,7 +350,9 @@ impl Trainer {
             if let Some(o) = &self.offload {
                 o.update.run(&self.ws)?;
             }
-            self.read_scalars(&self.train)?
+            let scalars = self.read_scalars(&self.train)?;
+            self.after_batch(i)?;
+            scalars
         };
         meter.stop(&mut self.transfers, parallel.then_some(&mut self.pairs));
         Ok((loss, acc))
@@ -424,7 +429,9 @@ impl Trainer {
             } else {
                 self.feed(i)?;
                 self.eval.run(&self.ws)?;
-                self.read_scalars(&self.eval)?
+                let scalars = self.read_scalars(&self.eval)?;
+                self.after_batch(i)?;
+                scalars
             };
             loss += f64::from(l) * n;
             acc += f64::from(a) * n;
