@@ -129,6 +129,53 @@ fn a_bounded_history_leaves_out_frees_of_dropped_allocations(dev: &Device) {
     replay_with(&trace, &PoolConfig::default(), &ReplayOptions::new()).unwrap();
 }
 
+fn threads_merge_with_each_allocation_before_its_free(dev: &Device) {
+    let _one = lock();
+    let h = record_history(Some(1000)).unwrap();
+    let d = dev.detached();
+    let label = d.label().to_string();
+    // Blocks allocated on one thread and freed on another, while both record into rings of
+    // their own: the history puts each free after its allocation (the pool's order).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let producer = {
+        let d = d.clone();
+        std::thread::spawn(move || {
+            let s = d.default_stream().unwrap();
+            for _ in 0..200 {
+                tx.send(d.alloc_pooled(4096, &s).unwrap()).unwrap();
+            }
+        })
+    };
+    let consumer = std::thread::spawn(move || rx.into_iter().for_each(drop));
+    producer.join().unwrap();
+    consumer.join().unwrap();
+    let kinds = |trace: &Trace| -> Vec<&'static str> {
+        let mine = trace.events().into_iter().filter(|e| e.device() == label);
+        mine.map(|e| e.kind()).collect()
+    };
+    let trace = h.trace();
+    let k = kinds(&trace);
+    // A free whose allocation is not before it would be left out.
+    assert_eq!(k.iter().filter(|k| **k == "alloc").count(), 200, "{k:?}");
+    assert_eq!(k.iter().filter(|k| **k == "free").count(), 200, "{k:?}");
+    replay_with(&trace, &PoolConfig::default(), &ReplayOptions::new()).unwrap();
+    // Four threads of 100 cycles each into a history of 50 events per device: 50 read.
+    let h = record_history(Some(50)).unwrap();
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                let stream = d.default_stream().unwrap();
+                for _ in 0..100 {
+                    drop(d.alloc_pooled(4096, &stream).unwrap());
+                }
+            });
+        }
+    });
+    let trace = h.trace();
+    record_history(None);
+    assert_eq!(kinds(&trace).len(), 50, "{:?}", kinds(&trace));
+}
+
 fn an_observer_runs_at_the_failure_until_its_handle_is_dropped(dev: &Device) {
     let _one = lock();
     let d = capped(dev, 1 << 20);
@@ -201,6 +248,7 @@ fn the_ready_made_observer_writes_a_snapshot_and_a_history_ending_at_the_failure
 syncmem::for_each_device!(
     history_keeps_the_newest_events_of_each_device,
     a_bounded_history_leaves_out_frees_of_dropped_allocations,
+    threads_merge_with_each_allocation_before_its_free,
     an_observer_runs_at_the_failure_until_its_handle_is_dropped,
     the_ready_made_observer_writes_a_snapshot_and_a_history_ending_at_the_failure,
 );

@@ -23,7 +23,7 @@ pub const TRACE_ENV: &str = "SYNCMEM_TRACE";
 impl Sink for Trace {
     fn on_event(&self, source: u64, e: &Event<'_>) {
         match *e {
-            Event::Pool { pool, event } => self.record_pool(Some(source), pool, event),
+            Event::Pool { pool, event, .. } => self.record_pool(Some(source), pool, event),
             Event::Copy {
                 device,
                 stream,
