@@ -176,6 +176,25 @@ fn threads_merge_with_each_allocation_before_its_free(dev: &Device) {
     assert_eq!(kinds(&trace).len(), 50, "{:?}", kinds(&trace));
 }
 
+fn an_observer_runs_once_per_failed_upload(dev: &Device) {
+    let _one = lock();
+    let d = capped(dev, 1 << 20);
+    let count = Arc::new(AtomicUsize::new(0));
+    let c = count.clone();
+    let handle = on_out_of_memory(move |_| {
+        c.fetch_add(1, SeqCst);
+    });
+    // A buffer larger than the cap, written on the host (where the device shares host memory,
+    // its first allocation tries the device and falls back to a host mirror: no error) and
+    // then read on the device: one error, one call.
+    let m = syncmem::SyncedMemory::new(4 << 20, &d);
+    m.host_mut().unwrap().fill(1);
+    let e = m.device().map(|_| ()).unwrap_err();
+    assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
+    assert_eq!(count.load(SeqCst), 1);
+    drop(handle);
+}
+
 fn an_observer_runs_at_the_failure_until_its_handle_is_dropped(dev: &Device) {
     let _one = lock();
     let d = capped(dev, 1 << 20);
@@ -250,6 +269,7 @@ syncmem::for_each_device!(
     a_bounded_history_leaves_out_frees_of_dropped_allocations,
     threads_merge_with_each_allocation_before_its_free,
     an_observer_runs_at_the_failure_until_its_handle_is_dropped,
+    an_observer_runs_once_per_failed_upload,
     the_ready_made_observer_writes_a_snapshot_and_a_history_ending_at_the_failure,
 );
 
