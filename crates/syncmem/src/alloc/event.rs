@@ -143,6 +143,16 @@ pub(crate) enum Event<'a> {
     },
     /// The program marked the step it is in (`None`: none).
     Step(Option<u64>),
+    /// A net with a memory plan was built for the source's device: per planner slot, the
+    /// names the plan puts in it, in the order the net first uses them.
+    Plan {
+        /// The device's label.
+        device: &'a str,
+        /// The net's name.
+        net: &'a str,
+        /// The slots and their names.
+        slots: &'a [(String, Vec<String>)],
+    },
 }
 
 /// Receives the events of the sources it is attached to.
@@ -248,6 +258,7 @@ pub(crate) fn publish(source: u64, event: &Event<'_>) {
     if generation != 0 {
         match *event {
             Event::Step(step) => super::ring::set_step(step),
+            Event::Plan { .. } => {}
             Event::Pool {
                 pool, event, order, ..
             } => super::ring::record_pool(

@@ -32,6 +32,7 @@ impl Sink for Trace {
                 peer,
             } => self.record_copy(device, stream, direction, bytes, peer),
             Event::Step(step) => self.set_step(step),
+            Event::Plan { device, net, slots } => self.record_plan(device, net, slots),
         }
     }
 }
