@@ -132,14 +132,16 @@ struct Recorder {
     thread: Arc<ThreadRings>,
     /// The rings written, by source, with the count of events written into each.
     sources: Vec<(u64, Arc<SourceRing>)>,
-    /// Index in `sources` of the last one used.
-    last: usize,
+    /// The source and ring of the last event.
+    last: (u64, Arc<SourceRing>),
+    /// The thread's number, placed as word 2 of a slot holds it.
+    thread_bits: u64,
     /// Events written by this thread.
     count: u64,
     /// The time read last, in nanoseconds from the history's start.
     now: u64,
     /// Numbered names, by the address of the `Arc` held here (so that it cannot be reused).
-    cache: Vec<Option<(Arc<str>, u32)>>,
+    cache: Box<[Option<(Arc<str>, u32)>; CACHE]>,
 }
 
 /// What the thread holds: the operator running on it and its recorder.
@@ -268,15 +270,18 @@ fn register(l: &mut Local, generation: u64) -> bool {
         t
     };
     let now = rings.now();
+    let thread_bits = (thread.number & 0xffff) << 16;
     l.recorder = Some(Recorder {
         generation,
         rings,
         thread,
         sources: Vec::new(),
-        last: 0,
+        // No event has source `u64::MAX`: the first event finds its ring.
+        last: (u64::MAX, Arc::new(SourceRing::new(u64::MAX, 1))),
+        thread_bits,
         count: 0,
         now,
-        cache: vec![None; CACHE],
+        cache: Box::new(std::array::from_fn(|_| None)),
     });
     true
 }

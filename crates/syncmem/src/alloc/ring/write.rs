@@ -87,25 +87,25 @@ impl Recorder {
     /// The ring of `source`, made at its first event.
     #[inline(always)]
     fn ring(&mut self, source: u64) -> &SourceRing {
-        if self
-            .sources
-            .get(self.last)
-            .is_none_or(|(s, _)| *s != source)
-        {
-            self.last = match self.sources.iter().position(|(s, _)| *s == source) {
-                Some(i) => i,
-                None => self.new_ring(source),
-            };
+        if self.last.0 != source {
+            self.switch_ring(source);
         }
-        &self.sources[self.last].1
+        &self.last.1
     }
 
+    /// Makes the ring of `source` the current one, made at its first event.
     #[cold]
-    fn new_ring(&mut self, source: u64) -> usize {
-        let ring = Arc::new(SourceRing::new(source, self.rings.max_entries));
-        self.thread.rings.lock().push(ring.clone());
-        self.sources.push((source, ring));
-        self.sources.len() - 1
+    fn switch_ring(&mut self, source: u64) {
+        let ring = match self.sources.iter().find(|(s, _)| *s == source) {
+            Some((_, r)) => r.clone(),
+            None => {
+                let ring = Arc::new(SourceRing::new(source, self.rings.max_entries));
+                self.thread.rings.lock().push(ring.clone());
+                self.sources.push((source, ring.clone()));
+                ring
+            }
+        };
+        self.last = (source, ring);
     }
 
     /// The number of `name` in the history (through the thread's cache).
@@ -136,7 +136,7 @@ impl Recorder {
     #[inline(always)]
     fn begin(&mut self, source: u64, kind: u64, label: u32) -> (u64, &Slot) {
         let now = self.now;
-        let head = kind | (self.thread.number & 0xffff) << 16 | u64::from(label) << 32;
+        let head = kind | self.thread_bits | u64::from(label) << 32;
         let (seq, slot) = self.ring(source).next_slot();
         slot.begin();
         slot.set(0, now);
