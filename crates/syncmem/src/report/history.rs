@@ -4,9 +4,11 @@
 //!
 //! One history records the process at a time: [`record_history`] starts it (or stops it) and
 //! [`current_history`] returns it; `SYNCMEM_HISTORY=N` starts it from the environment
-//! ([`history_from_env`], which the `syncmem` command calls). Each source of events (each
-//! device with its pinned pool, and the host pool) keeps its own ring of the newest `N`
-//! events, so a busy host pool does not push a device's events out.
+//! ([`history_from_env`], which the `syncmem` command calls). Each thread keeps, per source of
+//! events (each device with its pinned pool, and the host pool), a ring of its newest `N`
+//! events, written with no lock (`alloc/ring/`); reading keeps the newest `N` of each source,
+//! so a busy host pool does not push a device's events out. Plans of nets (`plan` lines of a
+//! recorded trace) are not kept.
 
 use std::path::Path;
 use std::sync::Arc;
