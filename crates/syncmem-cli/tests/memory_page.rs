@@ -498,6 +498,28 @@ fn trace_view_writes_a_self_contained_page() {
     let (trace, page) = recorded_page("file");
     let html = std::fs::read_to_string(&page.0).unwrap();
     check_page_file(&html, &trace_first_device(&trace.0));
+    // The trace carries the plan of the planned train net: every planner slot on the page is
+    // named by the blobs it holds, and the note for unnamed slots is absent.
+    let text = std::fs::read_to_string(&trace.0).unwrap();
+    assert!(text.contains("\"op\":\"plan\""), "no plan in the trace");
+    let data = page_data(&html);
+    let slots = data["slots"].as_object().expect("slots");
+    let owners: Vec<&str> = data["owners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o.as_str())
+        .filter(|o| o.trim_start_matches('_').starts_with("shared_") && o.starts_with('_'))
+        .collect();
+    assert!(!owners.is_empty(), "no planner slot among the owners");
+    for o in owners {
+        let blobs = slots.get(o).and_then(|b| b.as_array());
+        assert!(
+            blobs.is_some_and(|b| !b.is_empty()),
+            "{o} unnamed: {slots:?}"
+        );
+    }
+    assert!(!html.contains("This trace does not record which blob"));
     // A trace that cannot be read: an error naming it, no page.
     let bad = TempPath::new("memory-page", "bad.jsonl");
     std::fs::write(&bad.0, "{\"op\":\"alloc\"}\n").unwrap();

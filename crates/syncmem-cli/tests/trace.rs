@@ -80,9 +80,12 @@ fn check_trace_file(text: &str, s: &Value, device: &str) {
             + count("segment_free")
             + count("copy")
             + count("evict")
-            + count("oom"),
+            + count("oom")
+            + count("plan"),
         lines.len() as u64
     );
+    // The planned train net's plan: one line naming its slots.
+    assert!(count("plan") >= 1, "no plan line");
     // Every line has its time, in order; training steps are marked.
     let times: Vec<u64> = lines.iter().map(|l| u(&l["t_us"])).collect();
     assert!(times.windows(2).all(|w| w[0] <= w[1]));

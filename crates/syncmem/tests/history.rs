@@ -129,6 +129,74 @@ fn a_bounded_history_leaves_out_frees_of_dropped_allocations(dev: &Device) {
     replay_with(&trace, &PoolConfig::default(), &ReplayOptions::new()).unwrap();
 }
 
+fn threads_merge_with_each_allocation_before_its_free(dev: &Device) {
+    let _one = lock();
+    let h = record_history(Some(1000)).unwrap();
+    let d = dev.detached();
+    let label = d.label().to_string();
+    // Blocks allocated on one thread and freed on another, while both record into rings of
+    // their own: the history puts each free after its allocation (the pool's order).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let producer = {
+        let d = d.clone();
+        std::thread::spawn(move || {
+            let s = d.default_stream().unwrap();
+            for _ in 0..200 {
+                tx.send(d.alloc_pooled(4096, &s).unwrap()).unwrap();
+            }
+        })
+    };
+    let consumer = std::thread::spawn(move || rx.into_iter().for_each(drop));
+    producer.join().unwrap();
+    consumer.join().unwrap();
+    let kinds = |trace: &Trace| -> Vec<&'static str> {
+        let mine = trace.events().into_iter().filter(|e| e.device() == label);
+        mine.map(|e| e.kind()).collect()
+    };
+    let trace = h.trace();
+    let k = kinds(&trace);
+    // A free whose allocation is not before it would be left out.
+    assert_eq!(k.iter().filter(|k| **k == "alloc").count(), 200, "{k:?}");
+    assert_eq!(k.iter().filter(|k| **k == "free").count(), 200, "{k:?}");
+    replay_with(&trace, &PoolConfig::default(), &ReplayOptions::new()).unwrap();
+    // Six threads of 100 cycles each into a history of 50 events per device: 50 read (the
+    // rings of the threads that ended are kept, past four of them merged into one).
+    let h = record_history(Some(50)).unwrap();
+    std::thread::scope(|s| {
+        for _ in 0..6 {
+            s.spawn(|| {
+                let stream = d.default_stream().unwrap();
+                for _ in 0..100 {
+                    drop(d.alloc_pooled(4096, &stream).unwrap());
+                }
+            });
+        }
+    });
+    let trace = h.trace();
+    record_history(None);
+    let k = kinds(&trace);
+    assert_eq!(k.len(), 50, "{k:?}");
+}
+
+fn an_observer_runs_once_per_failed_upload(dev: &Device) {
+    let _one = lock();
+    let d = capped(dev, 1 << 20);
+    let count = Arc::new(AtomicUsize::new(0));
+    let c = count.clone();
+    let handle = on_out_of_memory(move |_| {
+        c.fetch_add(1, SeqCst);
+    });
+    // A buffer larger than the cap, written on the host (where the device shares host memory,
+    // its first allocation tries the device and falls back to a host mirror: no error) and
+    // then read on the device: one error, one call.
+    let m = syncmem::SyncedMemory::new(4 << 20, &d);
+    m.host_mut().unwrap().fill(1);
+    let e = m.device().map(|_| ()).unwrap_err();
+    assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
+    assert_eq!(count.load(SeqCst), 1);
+    drop(handle);
+}
+
 fn an_observer_runs_at_the_failure_until_its_handle_is_dropped(dev: &Device) {
     let _one = lock();
     let d = capped(dev, 1 << 20);
@@ -201,7 +269,9 @@ fn the_ready_made_observer_writes_a_snapshot_and_a_history_ending_at_the_failure
 syncmem::for_each_device!(
     history_keeps_the_newest_events_of_each_device,
     a_bounded_history_leaves_out_frees_of_dropped_allocations,
+    threads_merge_with_each_allocation_before_its_free,
     an_observer_runs_at_the_failure_until_its_handle_is_dropped,
+    an_observer_runs_once_per_failed_upload,
     the_ready_made_observer_writes_a_snapshot_and_a_history_ending_at_the_failure,
 );
 

@@ -114,7 +114,8 @@ pub fn view(args: &ViewArgs) -> anyhow::Result<()> {
         .title
         .clone()
         .unwrap_or_else(|| format!("memory of {}", args.file.display()));
-    let size = write_page(&trace, &title, &args.out, &crate::page::Slots::new())?;
+    // Planner slots are named from the plans the trace recorded (none in older traces).
+    let size = write_page(&trace, &title, &args.out, &crate::page::slots_of(&trace))?;
     outln!(
         "wrote {} ({}) from {} events of {}",
         args.out.display(),

@@ -30,7 +30,7 @@ use std::fmt::Write as _;
 use syncmem::report::timeline::{Timeline, TimelineOptions};
 use syncmem::report::Trace;
 
-pub use model::Slots;
+pub use model::{slots_of, Slots};
 use model::{Model, PoolModel};
 use scale::{bytes, esc, x_label};
 
@@ -306,8 +306,8 @@ fn slot_note(h: &mut String, m: &Model, slots: &Slots) {
         "<p class=\"notes\">Planner slots (<code>__shared_N</code>) are buffers that memory \
          planning shares between blobs whose lifetimes do not overlap: one slot holds one blob \
          after another within each step. This trace does not record which blob a slot holds \
-         (it would need the net's plan, or the blob bound at each operator); \
-         <code>syncmem train --memory-html</code> names them from the plan of the run.</p>\n",
+         (it holds no <code>plan</code> line: written before plans were recorded, or read \
+         from the history, which keeps none).</p>\n",
     );
 }
 

@@ -208,7 +208,8 @@ fn mark_kind(e: &TraceEvent) -> Option<String> {
         TraceEvent::Alloc { .. }
         | TraceEvent::Free { .. }
         | TraceEvent::SegmentAlloc { .. }
-        | TraceEvent::SegmentFree { .. } => None,
+        | TraceEvent::SegmentFree { .. }
+        | TraceEvent::Plan { .. } => None,
         TraceEvent::Copy { direction, .. } => Some(direction.as_str().to_string()),
         other => Some(other.kind().to_string()),
     }
@@ -441,6 +442,25 @@ fn elide(pools: &mut [PoolModel]) {
 
 /// Slot name -> the blobs a memory plan put in it, in the order the net first writes them.
 pub type Slots = BTreeMap<String, Vec<String>>;
+
+/// The planner slots the plans recorded in `trace` name ([`TraceEvent::Plan`]: one per net
+/// built with a plan while it recorded); empty for a trace without plans (older ones).
+pub fn slots_of(trace: &syncmem::report::Trace) -> Slots {
+    let mut slots = Slots::new();
+    for e in trace.events() {
+        if let TraceEvent::Plan { slots: plan, .. } = e {
+            for (slot, blobs) in plan {
+                let known = slots.entry(slot).or_default();
+                for b in blobs {
+                    if !known.contains(&b) {
+                        known.push(b);
+                    }
+                }
+            }
+        }
+    }
+    slots
+}
 
 #[cfg(test)]
 mod tests {

@@ -17,12 +17,14 @@
 //!
 //! # Cost
 //!
-//! Nothing is published while no sink is attached: a copy or a pool event then costs one
-//! relaxed load of an [`AtomicBool`] and a predicted branch ([`active`]). With sinks attached,
-//! an event takes a shared read lock on the list of attachments and calls each sink whose
-//! scope covers the source.
+//! Nothing is published while no sink is attached and no history records: a copy or a pool
+//! event then costs one relaxed load of the hook's state and a predicted branch ([`active`]).
+//! With sinks attached, an event takes a shared read lock on the list of attachments and calls
+//! each sink whose scope covers the source. The always-on history is not a sink: its
+//! generation is in the same state word, and an event goes to the thread's own rings
+//! ([`super::ring`]) with no lock.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -106,8 +108,11 @@ pub(crate) const HOST_SOURCE: u64 = 0;
 
 static NEXT_SOURCE: AtomicU64 = AtomicU64::new(HOST_SOURCE + 1);
 static NEXT_ATTACHMENT: AtomicU64 = AtomicU64::new(0);
-/// True while at least one sink is attached: the fast-path flag.
-static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// The hook's state: bit 0 set while at least one sink is attached, the generation of the
+/// history recording (0: none) above it. The fast-path flag: not 0 while anything listens.
+static STATE: AtomicU64 = AtomicU64::new(0);
+/// Bit 0 of [`STATE`].
+const SINKS: u64 = 1;
 static ATTACHED: RwLock<Vec<Attached>> = RwLock::new(Vec::new());
 
 /// What a process pool or a stream publishes.
@@ -119,6 +124,9 @@ pub(crate) enum Event<'a> {
         pool: &'a str,
         /// What happened.
         event: &'a PoolEvent,
+        /// The pool shard's key and its sequence number of this event (taken under the
+        /// shard's lock: the order of one shard's events across threads).
+        order: (u64, u64),
     },
     /// A copy made by stream `stream` of the device labelled `device`.
     Copy {
@@ -135,6 +143,16 @@ pub(crate) enum Event<'a> {
     },
     /// The program marked the step it is in (`None`: none).
     Step(Option<u64>),
+    /// A net with a memory plan was built for the source's device: per planner slot, the
+    /// names the plan puts in it, in the order the net first uses them.
+    Plan {
+        /// The device's label.
+        device: &'a str,
+        /// The net's name.
+        net: &'a str,
+        /// The slots and their names.
+        slots: &'a [(String, Vec<String>)],
+    },
 }
 
 /// Receives the events of the sources it is attached to.
@@ -184,7 +202,7 @@ impl Drop for Attachment {
     fn drop(&mut self) {
         let mut list = ATTACHED.write();
         list.retain(|a| a.id != self.id);
-        ACTIVE.store(!list.is_empty(), Relaxed);
+        set_sinks(!list.is_empty());
     }
 }
 
@@ -198,19 +216,101 @@ pub(crate) fn attach(sink: Arc<dyn Sink>, scope: Scope) -> Attachment {
     let id = NEXT_ATTACHMENT.fetch_add(1, Relaxed);
     let mut list = ATTACHED.write();
     list.push(Attached { id, scope, sink });
-    ACTIVE.store(true, Relaxed);
+    set_sinks(true);
     Attachment { id }
 }
 
-/// True when some sink is attached (one relaxed atomic load): test it before making an event.
-#[inline]
-pub(crate) fn active() -> bool {
-    ACTIVE.load(Relaxed)
+/// Sets or clears the sinks' bit of the state (with the list of attachments locked).
+fn set_sinks(on: bool) {
+    if on {
+        STATE.fetch_or(SINKS, Relaxed);
+    } else {
+        STATE.fetch_and(!SINKS, Relaxed);
+    }
 }
 
-/// Gives `event` of source `source` to every attached sink whose scope covers the source.
+/// Sets the generation of the history recording (0: none).
+pub(crate) fn set_history(generation: u64) {
+    let _ = STATE.fetch_update(Relaxed, Relaxed, |s| Some((s & SINKS) | generation << 1));
+}
+
+/// The generation of the history recording (0: none).
+pub(crate) fn history_generation() -> u64 {
+    STATE.load(Relaxed) >> 1
+}
+
+/// True when some sink is attached or the history records (one relaxed atomic load): test it
+/// before making an event.
+#[inline]
+pub(crate) fn active() -> bool {
+    STATE.load(Relaxed) != 0
+}
+
+/// Gives `event` of source `source` to every attached sink whose scope covers the source, and
+/// to the history recording.
 #[cold]
 pub(crate) fn publish(source: u64, event: &Event<'_>) {
+    let state = STATE.load(Relaxed);
+    if state & SINKS != 0 {
+        publish_to_sinks(source, event);
+    }
+    let generation = state >> 1;
+    if generation != 0 {
+        match *event {
+            Event::Step(step) => super::ring::set_step(step),
+            Event::Plan { .. } => {}
+            Event::Pool {
+                pool, event, order, ..
+            } => super::ring::record_pool(
+                generation,
+                source,
+                super::ring::label_key(pool),
+                event,
+                order,
+            ),
+            Event::Copy {
+                device,
+                stream,
+                direction,
+                bytes,
+                peer,
+            } => {
+                super::ring::record_copy(generation, source, device, stream, direction, bytes, peer)
+            }
+        }
+    }
+}
+
+/// Publishes pool event `event` of `source` from the pool labelled `label` (numbered
+/// `label_key`), with its shard's `order`: the pools' path, which gives the history the
+/// label's number rather than its text.
+#[inline]
+pub(crate) fn publish_pool(
+    source: u64,
+    label: &str,
+    label_key: u32,
+    event: &PoolEvent,
+    order: (u64, u64),
+) {
+    let state = STATE.load(Relaxed);
+    if state & SINKS != 0 {
+        publish_to_sinks(
+            source,
+            &Event::Pool {
+                pool: label,
+                event,
+                order,
+            },
+        );
+    }
+    let generation = state >> 1;
+    if generation != 0 {
+        super::ring::record_pool(generation, source, label_key, event, order);
+    }
+}
+
+#[cold]
+fn publish_to_sinks(source: u64, event: &Event<'_>) {
     for a in ATTACHED.read().iter().filter(|a| a.scope.covers(source)) {
         a.sink.on_event(source, event);
     }

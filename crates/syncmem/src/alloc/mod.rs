@@ -20,6 +20,7 @@ mod host;
 pub mod pairs;
 pub mod pool;
 mod reading;
+pub(crate) mod ring;
 pub mod stats;
 pub(crate) mod thread;
 

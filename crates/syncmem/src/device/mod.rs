@@ -70,6 +70,7 @@ pub(crate) use mirror::Inert;
 pub(crate) use mirror::{Evictable, Freed, Mirrors, NextUse};
 pub use mirror::{Head, LiveBuffer};
 pub(crate) use oom_observer::notify as notify_oom;
+pub(crate) use oom_observer::unobserved as without_oom_observers;
 pub use oom_observer::{on_out_of_memory, OomObserverHandle};
 pub use pinned::PinnedBuffer;
 pub(crate) use registry::discovered as registry_discovered;

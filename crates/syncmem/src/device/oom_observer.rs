@@ -5,6 +5,10 @@
 //! An observer runs on the thread whose allocation failed, after the out-of-memory path gave
 //! up and with no pool lock held: it may read statistics, take snapshots and write files. An
 //! allocation that fails inside an observer does not call the observers again.
+//!
+//! Observers run once per error the user sees: an attempt whose failure the library handles
+//! itself (the first allocation of a zero-copy buffer, which falls back to a host mirror of its
+//! own) runs under [`unobserved`], and its refusal calls no observer.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -25,6 +29,22 @@ static NEXT: AtomicU64 = AtomicU64::new(0);
 thread_local! {
     /// True while this thread runs the observers.
     static RUNNING: Cell<bool> = const { Cell::new(false) };
+    /// True while this thread makes an attempt whose failure does not reach the user.
+    static HELD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f`, an attempt whose out-of-memory failure the caller handles (the user never sees
+/// it): a refusal inside calls no observer.
+pub(crate) fn unobserved<R>(f: impl FnOnce() -> R) -> R {
+    /// Puts the setting back, even when `f` unwinds.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            HELD.with(|h| h.set(self.0));
+        }
+    }
+    let _restore = Restore(HELD.with(|h| h.replace(true)));
+    f()
 }
 
 /// Registers `observer`, called with the report each time a device allocation fails for lack
@@ -77,7 +97,7 @@ impl Drop for OomObserverHandle {
 
 /// Calls every registered observer with `report` (not from inside an observer).
 pub(crate) fn notify(report: &OomReport) {
-    if !ANY.load(Relaxed) || RUNNING.with(Cell::get) {
+    if !ANY.load(Relaxed) || RUNNING.with(Cell::get) || HELD.with(Cell::get) {
         return;
     }
     // A copy of the list: an observer may register or unregister others.

@@ -15,6 +15,25 @@ impl Device {
         }
     }
 
+    /// Tells the traces recording this device that net `net`, with a memory plan, was built
+    /// for it: per planner slot, the names the plan puts in it in order of first use.
+    /// `slots` is only called while a trace or the history records.
+    pub(crate) fn publish_plan(
+        &self,
+        net: &str,
+        slots: impl FnOnce() -> Vec<(String, Vec<String>)>,
+    ) {
+        if event::active() {
+            let slots = slots();
+            let e = Event::Plan {
+                device: self.label(),
+                net,
+                slots: &slots,
+            };
+            event::publish(self.trace_source(), &e);
+        }
+    }
+
     /// The source this device's pools and streams publish their events under (see
     /// `alloc::event`).
     pub(crate) fn trace_source(&self) -> u64 {

@@ -222,6 +222,10 @@ impl Net {
         } else {
             None
         };
+        if let Some(p) = &plan {
+            // The traces recording the device learn which blobs each slot holds.
+            device.publish_plan(&def.name, || p.slots_in_order(base));
+        }
         let run_def = plan.as_ref().map_or(base, |p| &p.def);
         let mut ops = Vec::with_capacity(run_def.ops.len());
         for (index, op_def) in run_def.ops.iter().enumerate() {

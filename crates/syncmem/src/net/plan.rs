@@ -96,6 +96,31 @@ pub struct MemoryPlan {
 }
 
 impl MemoryPlan {
+    /// Per slot, the blobs this plan puts in it, in the order `def` (the net before planning)
+    /// first uses them; slots in the order of their first blob's use.
+    pub(crate) fn slots_in_order(&self, def: &NetDef) -> Vec<(String, Vec<String>)> {
+        let first_use = |blob: &String| {
+            def.ops
+                .iter()
+                .position(|o| o.outputs.contains(blob) || o.inputs.contains(blob))
+                .unwrap_or(usize::MAX)
+        };
+        let mut uses: Vec<(usize, &String, &String)> = self
+            .mapping
+            .iter()
+            .map(|(blob, slot)| (first_use(blob), blob, slot))
+            .collect();
+        uses.sort();
+        let mut out: Vec<(String, Vec<String>)> = Vec::new();
+        for (_, blob, slot) in uses {
+            match out.iter_mut().find(|(s, _)| s == slot) {
+                Some((_, blobs)) => blobs.push(blob.clone()),
+                None => out.push((slot.clone(), vec![blob.clone()])),
+            }
+        }
+        out
+    }
+
     /// Number of intermediate blobs mapped to slots.
     pub fn planned_blobs(&self) -> usize {
         self.mapping.len()

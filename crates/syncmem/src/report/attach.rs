@@ -23,7 +23,7 @@ pub const TRACE_ENV: &str = "SYNCMEM_TRACE";
 impl Sink for Trace {
     fn on_event(&self, source: u64, e: &Event<'_>) {
         match *e {
-            Event::Pool { pool, event } => self.record_pool(Some(source), pool, event),
+            Event::Pool { pool, event, .. } => self.record_pool(Some(source), pool, event),
             Event::Copy {
                 device,
                 stream,
@@ -32,6 +32,7 @@ impl Sink for Trace {
                 peer,
             } => self.record_copy(device, stream, direction, bytes, peer),
             Event::Step(step) => self.set_step(step),
+            Event::Plan { device, net, slots } => self.record_plan(device, net, slots),
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The events of a trace: what one line of a saved trace holds, and the bounds that keep a
 //! hostile file from exhausting memory or overflowing the statistics.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::frames::Frame;
@@ -104,6 +106,17 @@ pub enum TraceEvent {
         /// The label of the pool (device) that refused.
         device: String,
     },
+    /// A net with a memory plan was built while the trace recorded: the blobs each planner
+    /// slot (`__shared_N`) holds, in the order the net first uses them, so that a view names
+    /// the slots. Moves no memory.
+    Plan {
+        /// The net's name.
+        net: String,
+        /// The device the net runs on.
+        device: String,
+        /// Per slot, its blobs in the order of first use.
+        slots: BTreeMap<String, Vec<String>>,
+    },
 }
 
 /// Where a block lies in its pool: the segment, the start in it, the bytes it occupies.
@@ -131,7 +144,7 @@ pub struct Stamp {
 }
 
 impl TraceEvent {
-    /// `alloc`, `free`, `segment_alloc`, `segment_free`, `copy`, `evict` or `oom`.
+    /// `alloc`, `free`, `segment_alloc`, `segment_free`, `copy`, `evict`, `oom` or `plan`.
     pub fn kind(&self) -> &'static str {
         match self {
             TraceEvent::Alloc { .. } => "alloc",
@@ -141,6 +154,7 @@ impl TraceEvent {
             TraceEvent::Copy { .. } => "copy",
             TraceEvent::Evict { .. } => "evict",
             TraceEvent::Oom { .. } => "oom",
+            TraceEvent::Plan { .. } => "plan",
         }
     }
 
@@ -153,7 +167,8 @@ impl TraceEvent {
             | TraceEvent::SegmentFree { device, .. }
             | TraceEvent::Copy { device, .. }
             | TraceEvent::Evict { device, .. }
-            | TraceEvent::Oom { device, .. } => device,
+            | TraceEvent::Oom { device, .. }
+            | TraceEvent::Plan { device, .. } => device,
         }
     }
 
@@ -166,7 +181,7 @@ impl TraceEvent {
             | TraceEvent::SegmentFree { size, .. }
             | TraceEvent::Oom { size, .. } => Some(*size as u64),
             TraceEvent::Copy { bytes, .. } | TraceEvent::Evict { bytes, .. } => Some(*bytes as u64),
-            TraceEvent::Free { .. } => None,
+            TraceEvent::Free { .. } | TraceEvent::Plan { .. } => None,
         }
     }
 }
@@ -190,7 +205,7 @@ pub(crate) fn check_event_size(e: &TraceEvent) -> std::result::Result<(), String
         TraceEvent::SegmentAlloc { size, .. } | TraceEvent::SegmentFree { size, .. } => {
             ("segment size", *size)
         }
-        TraceEvent::Free { .. } => return Ok(()),
+        TraceEvent::Free { .. } | TraceEvent::Plan { .. } => return Ok(()),
     };
     if n as u64 > MAX_EVENT_BYTES {
         return Err(format!(

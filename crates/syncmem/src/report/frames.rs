@@ -8,15 +8,15 @@
 //! microseconds), for finding where memory goes, not for production runs.
 
 use std::backtrace::Backtrace;
-use std::cell::RefCell;
-use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::alloc::ring;
+
 /// The environment variable that turns stack capture on for every recorded allocation
 /// (`SYNCMEM_TRACE_STACKS=1`).
-pub const TRACE_STACKS_ENV: &str = "SYNCMEM_TRACE_STACKS";
+pub const TRACE_STACKS_ENV: &str = ring::TRACE_STACKS_ENV;
 
 /// The most frames kept of one stack.
 const MAX_FRAMES: usize = 48;
@@ -34,24 +34,17 @@ pub struct Frame {
     pub line: u64,
 }
 
-thread_local! {
-    /// The operator running on this thread.
-    static CURRENT_OP: RefCell<Option<Arc<str>>> = const { RefCell::new(None) };
-}
-
-/// 0: not read from the environment yet; 1: off; 2: on.
-static STACKS: AtomicU8 = AtomicU8::new(0);
-
 /// Marks `op` as the operator running on this thread until the guard is dropped (which
 /// restores the one marked before).
 pub fn op_scope(op: Arc<str>) -> OpScope {
-    let previous = CURRENT_OP.with(|c| c.replace(Some(op)));
-    OpScope { previous }
+    OpScope {
+        previous: ring::replace_op(Some(op)),
+    }
 }
 
 /// The operator marked on this thread ([`op_scope`]), if any.
 pub fn current_op() -> Option<Arc<str>> {
-    CURRENT_OP.with(|c| c.borrow().clone())
+    ring::current_op()
 }
 
 /// Restores the operator marked before it when dropped (see [`op_scope`]).
@@ -63,41 +56,26 @@ pub struct OpScope {
 
 impl Drop for OpScope {
     fn drop(&mut self) {
-        let previous = self.previous.take();
-        CURRENT_OP.with(|c| *c.borrow_mut() = previous);
+        ring::replace_op(self.previous.take());
     }
 }
 
 /// Turns stack capture on or off for the allocations traces record from now on (overrides
 /// [`TRACE_STACKS_ENV`]).
 pub fn set_trace_stacks(on: bool) {
-    STACKS.store(if on { 2 } else { 1 }, Relaxed);
+    ring::set_trace_stacks(on);
 }
 
 /// Whether recorded allocations capture their stack: [`set_trace_stacks`], else
-/// [`TRACE_STACKS_ENV`] set to `1`, `true` or `on`.
+/// [`TRACE_STACKS_ENV`] set to `1`, `true`, `on` or `yes`.
 pub fn trace_stacks() -> bool {
-    match STACKS.load(Relaxed) {
-        0 => {
-            let on = std::env::var(TRACE_STACKS_ENV)
-                .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "on" | "yes"));
-            set_trace_stacks(on);
-            on
-        }
-        s => s == 2,
-    }
+    ring::trace_stacks()
 }
 
 /// The stack of the caller, innermost first, without the frames of the capture and of the
 /// recording (the standard library's backtrace, syncmem's pools and reports).
 pub(crate) fn capture() -> Vec<Frame> {
     frames_of(&Backtrace::force_capture())
-}
-
-/// The stack of the caller, not yet resolved to names (the costly part, left to
-/// [`frames_of`]).
-pub(crate) fn capture_raw() -> Backtrace {
-    Backtrace::force_capture()
 }
 
 /// The frames of `bt`, innermost first, without those of the capture and of the recording.
@@ -113,9 +91,14 @@ pub(crate) fn frames_of(bt: &Backtrace) -> Vec<Frame> {
 /// True for a frame of the capture or of the recording machinery.
 fn is_recording(name: &str) -> bool {
     let name = name.trim_start_matches('<');
-    ["std::backtrace", "syncmem::report::", "syncmem::alloc::"]
-        .iter()
-        .any(|p| name.starts_with(p))
+    [
+        "std::backtrace",
+        "std::thread::local",
+        "syncmem::report::",
+        "syncmem::alloc::",
+    ]
+    .iter()
+    .any(|p| name.starts_with(p))
         || name.starts_with("core::ops::function")
 }
 

@@ -273,6 +273,8 @@ fn run(
                 let k = r.dev_of(device)?;
                 r.devs[k].report.recorded_ooms += 1;
             }
+            // A plan moves no memory.
+            TraceEvent::Plan { .. } => {}
         }
     }
     Ok(r.finish())

@@ -60,6 +60,7 @@ fn summarize<'a>(events: impl Iterator<Item = &'a TraceEvent>) -> TraceSummary {
                 s.evicted_bytes = s.evicted_bytes.saturating_add(*bytes as u64);
             }
             TraceEvent::Oom { .. } => s.ooms += 1,
+            TraceEvent::Plan { .. } => {}
         }
     }
     s.devices = devices.into_iter().collect();

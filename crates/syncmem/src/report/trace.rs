@@ -487,6 +487,17 @@ impl Trace {
     }
 }
 
+impl Trace {
+    /// Records the memory plan of net `net` built for `device` (see [`TraceEvent::Plan`]).
+    pub(crate) fn record_plan(&self, device: &str, net: &str, slots: &[(String, Vec<String>)]) {
+        self.inner.lock().push(TraceEvent::Plan {
+            net: net.to_string(),
+            device: device.to_string(),
+            slots: slots.iter().cloned().collect(),
+        });
+    }
+}
+
 impl PoolObserver for Trace {
     fn on_event(&self, pool: &str, event: &PoolEvent) {
         self.record_pool(None, pool, event);

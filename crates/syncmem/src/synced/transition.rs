@@ -21,8 +21,10 @@ impl SyncedMemory {
         if core.host.is_none() && core.dev.is_none() && self.share_protocol().is_some() {
             // The first allocation of a zero-copy buffer is its one allocation. Where the
             // device cannot give it (out of memory, a bad pool setting), the host side does not
-            // fail: it gets a mirror of its own, and the buffer keeps two.
-            let _ = self.ensure_dev_alloc(&mut core, false);
+            // fail: it gets a mirror of its own, and the buffer keeps two. The user sees no
+            // error, so the out-of-memory observers are not called.
+            let _ =
+                crate::device::without_oom_observers(|| self.ensure_dev_alloc(&mut core, false));
         }
         if access == Access::HostWrite {
             // The exclusive lock: a buffer that kept two mirrors may share again.

@@ -66,8 +66,9 @@ fn arc_ptr<X>(a: &Arc<X>) -> NonNull<X> {
 #[cfg(test)]
 mod tests;
 
+use std::cell::Cell;
 use std::ptr::NonNull;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -89,7 +90,7 @@ pub use summary::MemorySummary;
 pub use crate::alloc::event::{PoolEvent, PoolObserver, StreamId};
 pub use crate::backend::RawStorage;
 
-use crate::alloc::event::{self, Event};
+use crate::alloc::event;
 use crate::error::Result;
 use shard::Shard;
 use slab::Slab;
@@ -126,7 +127,16 @@ struct Inner<T, V> {
     orphaned: bool,
     /// Owners kept for the leases of streams (see [`Pool::alloc_with`]).
     kept: keep::KeptList,
+    /// The shard's key in the events it publishes (unique in the process) and the sequence
+    /// number of its last one (both under the shard's lock: the order of its events across
+    /// threads for the history).
+    order: (u64, Cell<u64>),
+    /// The pool's label, numbered for the events ([`crate::alloc::ring::label_key`]).
+    label_key: u32,
 }
+
+/// Keys of pool shards in events, from 1.
+static NEXT_SHARD_KEY: AtomicU64 = AtomicU64::new(1);
 
 impl<T, V> Inner<T, V> {
     /// Reports the event `ev` makes; costs two tests when nobody observes the pool (the
@@ -145,15 +155,9 @@ impl<T, V> Inner<T, V> {
             o.on_event(label, ev);
         }
         if let Some(source) = self.source {
-            if event::active() {
-                event::publish(
-                    source,
-                    &Event::Pool {
-                        pool: label,
-                        event: ev,
-                    },
-                );
-            }
+            let seq = self.order.1.get() + 1;
+            self.order.1.set(seq);
+            event::publish_pool(source, label, self.label_key, ev, (self.order.0, seq));
         }
     }
 }
@@ -209,6 +213,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         config.check_gc_cap(budget.governing().map(|(cap, _)| cap))?;
         let label: Arc<str> = label.into().into();
         let count = config.effective_shards();
+        let label_key = crate::alloc::ring::label_key(&label);
         let shards = (0..count)
             .map(|index| {
                 Arc::new(Shard {
@@ -224,6 +229,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                         source: None,
                         orphaned: false,
                         kept: keep::KeptList::default(),
+                        order: (NEXT_SHARD_KEY.fetch_add(1, Relaxed), Cell::new(0)),
+                        label_key,
                     }),
                 })
             })

@@ -1,0 +1,32 @@
+//! The history rows of `syncmem bench` alone (`device pool 4 KiB, history` and `... history +
+//! stacks`): `history_rows [DEVICE] [SAMPLES] [BATCH]` (defaults `cpu`, 11, 200000) prints
+//! each row's times, ratio and spread, for measuring the history's cost without the rest of
+//! the bench.
+
+use syncmem::Device;
+use syncmem_bench::history::history_rows;
+use syncmem_bench::rows::Runs;
+
+fn main() -> syncmem::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dev = Device::open(args.first().map_or("cpu", String::as_str))?;
+    let num = |i: usize, d: usize| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
+    let runs = Runs {
+        samples: num(1, 11),
+        batch: num(2, 200_000),
+    };
+    for r in history_rows(&dev, runs)? {
+        println!(
+            "{}: {:.1} ns on, {:.1} ns off, ratio {:.3} ({:.3} to {:.3}, {} samples){}",
+            r.name,
+            r.ours_ns,
+            r.baseline_ns,
+            r.ratio,
+            r.ratio_low,
+            r.ratio_high,
+            r.samples,
+            r.goal.map_or(String::new(), |g| format!(", goal {g}"))
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,324 @@
+//! The rings of the always-on history: each thread writes the memory events it makes into rings
+//! of its own (one per source of events), with plain stores and no lock; a reader collects
+//! every thread's rings and merges them ([`Rings::collect`]).
+//!
+//! # The write path
+//!
+//! An event costs, while the history records: one relaxed load of the hook's state (shared
+//! with the sinks' flag, [`super::event::active`]), the thread's recorder (a thread-local),
+//! the event encoded as a few machine words (names as numbers: a pool's label, an owner and an
+//! operator are numbered once per thread and history, through a cache held by the thread), and
+//! the words stored into the ring's next slot between two stores of its sequence number (a
+//! seqlock per slot: a reader copies a slot and keeps it only when the number did not change).
+//! No atomic read-modify-write, no lock, no clock: the time is read every [`SAMPLE`] events of
+//! the thread and whenever the operator running on it changes, a step is marked, or a rare
+//! event comes (a segment made or given back, a copy, an eviction, an out-of-memory); the
+//! events in between carry the last time read.
+//!
+//! # Order
+//!
+//! The events of one thread keep their order. Across threads, the events of one pool shard
+//! carry the shard's own sequence number, taken under the shard's lock, so a block's allocation
+//! comes before its free even when two threads made them within one reading of the clock; the
+//! rest is merged by time.
+//!
+//! # Bound
+//!
+//! Each thread keeps at most `max_entries` events per source; reading keeps the newest
+//! `max_entries` events of each source over all threads (those are among the threads' own
+//! newest). Memory is bounded by `max_entries` slots per thread that made events of a source;
+//! the rings of a thread that ended are merged into one ring per source kept by the history.
+
+mod read;
+mod slots;
+mod write;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Mutex, RwLock};
+
+pub(crate) use read::RawWhat;
+use slots::SourceRing;
+pub(crate) use write::{label_key, record_copy, record_pool};
+
+/// The clock is read every `SAMPLE` events of a thread (a power of two).
+pub(crate) const SAMPLE: u64 = 64;
+
+/// The most names a history numbers; further names read as [`TOO_MANY`].
+const MAX_NAMES: usize = 1 << 20;
+/// What a name past [`MAX_NAMES`] reads as.
+const TOO_MANY: &str = "(too many names)";
+
+/// Entries of a thread's cache of numbered names (a power of two).
+const CACHE: usize = 64;
+
+/// Rings of threads that ended kept per source before they are merged into one.
+const RETIRED: usize = 4;
+
+/// The history recording now (its generation is in the hook's state).
+static CURRENT: RwLock<Option<Arc<Rings>>> = RwLock::new(None);
+/// Generations of histories, from 1.
+static NEXT_GEN: AtomicU64 = AtomicU64::new(1);
+/// The step marked now (`u64::MAX`: none).
+static STEP: AtomicU64 = AtomicU64::new(u64::MAX);
+/// 0: not read from the environment yet; 1: off; 2: on (see [`trace_stacks`]).
+static STACKS: AtomicU8 = AtomicU8::new(0);
+
+/// The environment variable that turns stack capture on (`SYNCMEM_TRACE_STACKS=1`).
+pub(crate) const TRACE_STACKS_ENV: &str = "SYNCMEM_TRACE_STACKS";
+
+/// The names a history numbers (pool labels, owners, operators): number 0 is none.
+#[derive(Debug, Default)]
+struct Names {
+    ids: HashMap<Arc<str>, u32>,
+    list: Vec<Arc<str>>,
+}
+
+impl Names {
+    fn id(&mut self, name: &str) -> u32 {
+        if let Some(&id) = self.ids.get(name) {
+            return id;
+        }
+        if self.list.len() >= MAX_NAMES {
+            return self.id_unchecked(TOO_MANY);
+        }
+        self.id_unchecked(name)
+    }
+
+    fn id_unchecked(&mut self, name: &str) -> u32 {
+        if let Some(&id) = self.ids.get(name) {
+            return id;
+        }
+        let name: Arc<str> = name.into();
+        self.list.push(name.clone());
+        let id = self.list.len() as u32;
+        self.ids.insert(name, id);
+        id
+    }
+}
+
+/// The rings of one thread.
+#[derive(Debug)]
+pub(crate) struct ThreadRings {
+    /// The thread's number in the history (for a stable order of ties).
+    number: u64,
+    rings: Mutex<Vec<Arc<SourceRing>>>,
+}
+
+/// One history: every thread's rings.
+#[derive(Debug)]
+pub(crate) struct Rings {
+    generation: u64,
+    max_entries: usize,
+    /// Times count from here.
+    start: Instant,
+    threads: Mutex<Vec<Arc<ThreadRings>>>,
+    /// The number of the next thread to join.
+    next_thread: AtomicU64,
+    /// The rings of threads that ended, one per source.
+    retired: Mutex<Vec<Arc<SourceRing>>>,
+    names: Mutex<Names>,
+}
+
+/// A thread's way into the history recording now.
+struct Recorder {
+    /// The history's generation.
+    generation: u64,
+    rings: Arc<Rings>,
+    thread: Arc<ThreadRings>,
+    /// The rings written, by source, with the count of events written into each.
+    sources: Vec<(u64, Arc<SourceRing>)>,
+    /// The source and ring of the last event.
+    last: (u64, Arc<SourceRing>),
+    /// The thread's number, placed as word 2 of a slot holds it.
+    thread_bits: u64,
+    /// Events written by this thread.
+    count: u64,
+    /// The time read last, in nanoseconds from the history's start.
+    now: u64,
+    /// Numbered names, by the address of the `Arc` held here (so that it cannot be reused).
+    cache: Box<[Option<(Arc<str>, u32)>; CACHE]>,
+}
+
+/// What the thread holds: the operator running on it and its recorder.
+#[derive(Default)]
+struct Local {
+    op: Option<Arc<str>>,
+    recorder: Option<Recorder>,
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        if let Some(r) = self.recorder.take() {
+            r.rings.retire(&r.thread);
+        }
+    }
+}
+
+thread_local! {
+    static LOCAL: RefCell<Local> = const {
+        RefCell::new(Local {
+            op: None,
+            recorder: None,
+        })
+    };
+}
+
+/// Starts a history keeping `max_entries` events per source, replacing the one recording.
+pub(crate) fn start(max_entries: usize) -> Arc<Rings> {
+    let rings = Arc::new(Rings {
+        generation: NEXT_GEN.fetch_add(1, Relaxed),
+        max_entries: max_entries.max(1),
+        start: Instant::now(),
+        threads: Mutex::new(Vec::new()),
+        next_thread: AtomicU64::new(0),
+        retired: Mutex::new(Vec::new()),
+        names: Mutex::new(Names::default()),
+    });
+    let mut current = CURRENT.write();
+    *current = Some(rings.clone());
+    super::event::set_history(rings.generation);
+    rings
+}
+
+/// Stops the history recording now, if any.
+pub(crate) fn stop() {
+    let mut current = CURRENT.write();
+    *current = None;
+    super::event::set_history(0);
+}
+
+/// Marks the step the program is in, for the events recorded from now on.
+pub(crate) fn set_step(step: Option<u64>) {
+    STEP.store(step.unwrap_or(u64::MAX), Relaxed);
+    let _ = LOCAL.try_with(|l| {
+        if let Ok(mut l) = l.try_borrow_mut() {
+            if let Some(r) = &mut l.recorder {
+                r.now = r.rings.now();
+            }
+        }
+    });
+}
+
+/// Marks `op` as the operator running on this thread; returns the one marked before.
+pub(crate) fn replace_op(op: Option<Arc<str>>) -> Option<Arc<str>> {
+    LOCAL
+        .try_with(|l| {
+            let mut l = l.borrow_mut();
+            if super::event::history_generation() != 0 {
+                if let Some(r) = &mut l.recorder {
+                    r.now = r.rings.now();
+                }
+            }
+            std::mem::replace(&mut l.op, op)
+        })
+        .ok()
+        .flatten()
+}
+
+/// The operator marked on this thread.
+pub(crate) fn current_op() -> Option<Arc<str>> {
+    LOCAL.try_with(|l| l.borrow().op.clone()).ok().flatten()
+}
+
+/// Turns stack capture on or off.
+pub(crate) fn set_trace_stacks(on: bool) {
+    STACKS.store(if on { 2 } else { 1 }, Relaxed);
+}
+
+/// Whether recorded allocations capture their stack: [`set_trace_stacks`], else
+/// [`TRACE_STACKS_ENV`] set to `1`, `true`, `on` or `yes`.
+#[inline]
+pub(crate) fn trace_stacks() -> bool {
+    match STACKS.load(Relaxed) {
+        0 => stacks_from_env(),
+        s => s == 2,
+    }
+}
+
+#[cold]
+fn stacks_from_env() -> bool {
+    let on = std::env::var(TRACE_STACKS_ENV)
+        .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "on" | "yes"));
+    set_trace_stacks(on);
+    on
+}
+
+/// Joins the history of `generation` (cold: once per thread and history).
+#[cold]
+fn register(l: &mut Local, generation: u64) -> bool {
+    if let Some(old) = l.recorder.take() {
+        old.rings.retire(&old.thread);
+    }
+    let Some(rings) = CURRENT.read().clone() else {
+        return false;
+    };
+    if rings.generation != generation {
+        return false;
+    }
+    let thread = {
+        let mut threads = rings.threads.lock();
+        let t = Arc::new(ThreadRings {
+            number: rings.next_thread.fetch_add(1, Relaxed),
+            rings: Mutex::new(Vec::new()),
+        });
+        threads.push(t.clone());
+        t
+    };
+    let now = rings.now();
+    let thread_bits = (thread.number & 0xffff) << 16;
+    l.recorder = Some(Recorder {
+        generation,
+        rings,
+        thread,
+        sources: Vec::new(),
+        // No event has source `u64::MAX`: the first event finds its ring.
+        last: (u64::MAX, Arc::new(SourceRing::new(u64::MAX, 1))),
+        thread_bits,
+        count: 0,
+        now,
+        cache: Box::new(std::array::from_fn(|_| None)),
+    });
+    true
+}
+
+impl Rings {
+    /// Nanoseconds since the history started.
+    fn now(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// The most events kept per source.
+    pub(crate) fn max_entries(&self) -> usize {
+        self.max_entries
+    }
+
+    /// Moves the rings of `thread` (which ended, or left for a newer history) into the
+    /// retired rings; past [`RETIRED`] rings of one source, they are merged into one keeping
+    /// the newest events.
+    fn retire(&self, thread: &Arc<ThreadRings>) {
+        // Locks in the reader's order: the retired rings, then the threads.
+        let mut retired = self.retired.lock();
+        self.threads.lock().retain(|t| !Arc::ptr_eq(t, thread));
+        let rings: Vec<Arc<SourceRing>> = std::mem::take(&mut *thread.rings.lock());
+        for ring in rings {
+            let source = ring.source;
+            retired.push(ring);
+            if retired.iter().filter(|r| r.source == source).count() > RETIRED {
+                let (these, rest): (Vec<_>, Vec<_>) =
+                    retired.drain(..).partition(|r| r.source == source);
+                *retired = rest;
+                let mut events: Vec<_> = these.iter().flat_map(|r| r.events()).collect();
+                events.sort_by_key(|(seq, w, _)| (w[0], (w[2] >> 16) & 0xffff, *seq));
+                let skip = events.len().saturating_sub(self.max_entries);
+                let merged = SourceRing::new(source, self.max_entries);
+                merged.absorb(events.split_off(skip));
+                retired.push(Arc::new(merged));
+            }
+        }
+    }
+}
