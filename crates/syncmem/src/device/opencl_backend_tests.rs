@@ -271,6 +271,7 @@ fn every_gemm_kernel_matches_the_host_gemm() {
                 n,
                 k,
                 relu,
+                user: None,
             };
             let case = GemmCase::new(cl, &s, g);
             let blocked = case.check(cl, &s, GemmKernel::RegisterBlocked);

@@ -48,8 +48,8 @@ pub use args::{invalid_def, Args};
 pub use io::{with_io, OperatorIo};
 pub use operand::{check_context, Operand};
 pub use registry::{
-    create_operator, gradient_of, is_registered, register_operator, registered_types,
-    OperatorBuilder,
+    create_operator, epilogue_of, gradient_epilogue_of, gradient_of, is_registered,
+    register_epilogue, register_operator, registered_types, EpilogueBuilder, OperatorBuilder,
 };
 
 use serde::{Deserialize, Serialize};
