@@ -1,9 +1,11 @@
 //! An operator of your own: `LeakyRelu` and its gradient, defined outside syncmem with a
 //! kernel in OpenCL C, one in CUDA C and a host closure for `cpu` (`custom_operator/`),
 //! through the same public API the built-in operators of this crate use (`syncmem::ops`,
-//! `syncmem::kernels`), registered, then used to train the MLP of `syncmem train` from JSON
-//! nets, with `LeakyRelu` in place of `Relu`. Every step is checked against a plain host
-//! reference: the loss within 1e-5, and the weights after the update.
+//! `syncmem::kernels`), registered with their GEMM epilogue (so that the trainer's fusion
+//! applies `LeakyRelu` in the `FC`s' GEMMs and its gradient in the `FCGradient`s', as it does
+//! `Relu`), then used to train the MLP of `syncmem train` from JSON nets, with `LeakyRelu` in
+//! place of `Relu`. Every step is checked against a plain host reference: the loss within
+//! 1e-5, and the weights after the update.
 //!
 //! ```sh
 //! cargo run -p syncmem-nn --example custom_operator             # first accelerator, else cpu

@@ -1,7 +1,8 @@
 //! A user's element-wise operator fuses into the GEMM like the built-in `Relu`: the
 //! `custom_operator` example's `LeakyRelu`, declared with its epilogue, is applied in the `FC`'s
 //! store and its gradient in the `FCGradient`'s, with the results of the unfused net bit for
-//! bit, on `cpu` and OpenCL; the same operators registered without an epilogue are not fused.
+//! bit, on `cpu`, OpenCL and CUDA (skipped with a message where there is no GPU); the same
+//! operators registered without an epilogue are not fused.
 
 use std::sync::LazyLock;
 
@@ -26,6 +27,7 @@ static REGISTERED: LazyLock<()> = LazyLock::new(|| {
 fn devices() -> Vec<Device> {
     let mut devs = vec![Device::cpu()];
     devs.extend(syncmem::testing::opencl_or_skip("user_fusion"));
+    devs.extend(syncmem::testing::cuda_or_skip("user_fusion"));
     devs
 }
 

@@ -5,7 +5,10 @@
 //! The fused `FCGradient`'s `dX` GEMM applies the mask `R > 0` as it stores each result (the
 //! select of `ReluGradient`: `dX` where `R > 0`, else 0), so the results are bit for bit those
 //! of the two operators, with one launch and one pass over the gradient fewer, and without the
-//! `dX` blob.
+//! `dX` blob. The gradient of a user's element-wise operator whose declared epilogue has a
+//! gradient ([`syncmem::ops::register_epilogue`]; inputs `[R, g]`, output `d`, as
+//! `ReluGradient`) fuses the same way: the `FCGradient` also gets `activation` (the gradient's
+//! type) and `activation_args`, and its `dX` GEMM applies `act_grad(·, R)` as it stores.
 //!
 //! An `FCGradient` at position `i` (inputs `[X, W, dY]`, outputs `[dW, db, g]`) and a
 //! `ReluGradient` at `j > i` (inputs `[R, g]`, output `d`) fuse when:

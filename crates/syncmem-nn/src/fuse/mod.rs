@@ -1,5 +1,10 @@
 //! Operator fusion: an `FC` whose output is read only by a following `Relu` becomes one `FC`
-//! with `relu = 1` that writes the Relu's output, and the `Relu` goes.
+//! with `relu = 1` that writes the Relu's output, and the `Relu` goes. A user's element-wise
+//! operator declared with its GEMM epilogue ([`syncmem::ops::register_epilogue`], an
+//! [`Epilogue`](syncmem::kernels::Epilogue) with code for every backend) fuses the same way:
+//! the `FC` gets `activation` (the type) and `activation_args` (its arguments) and applies the
+//! epilogue as it stores each result; its gradient fuses into the `FCGradient` as
+//! `ReluGradient` does (see [`grad`]). An operator without a declared epilogue is never fused.
 //!
 //! The fused GEMM applies `max(·, 0)` as it stores each result, so the net makes one pass over
 //! the activations instead of three (GEMM store, ReLU load and store), launches one kernel
@@ -9,9 +14,9 @@
 //! writes under the Relu's name, and `FCGradient` reads the layer's input and `dY`, never the
 //! pre-activation.
 //!
-//! An `FC` at position `i` writing `y` and a `Relu` at `j > i` reading `y` and writing `r` fuse
-//! when:
-//! - the `FC` has no `relu` argument yet and does not read `y` or `r`;
+//! An `FC` at position `i` writing `y` and a `Relu` (or a declared user's element-wise operator,
+//! one input and one output) at `j > i` reading `y` and writing `r` fuse when:
+//! - the `FC` has no `relu` or `activation` argument yet and does not read `y` or `r`;
 //! - `y` is written by that `FC` only and read by that `Relu` only (when the Relu runs in place,
 //!   `r == y`: no operator between them reads or writes `y`), and `y` is not protected (an
 //!   external input or output of the net, or a name in `keep`);

@@ -14,6 +14,13 @@
 //! `FCGradient` with a fourth input `R` (dims of `X`) writes `dX = (dY·W) · [R > 0]`: the GEMM
 //! applies the mask as it stores, bit for bit `FCGradient` then `ReluGradient` with `Y = R`
 //! (a fused FCGradient + ReluGradient, see [`crate::fuse`]).
+//!
+//! `FC` with `activation = "T"` (and `activation_args`, the arguments of the `T` it replaces)
+//! applies the GEMM epilogue declared for the user's element-wise type `T`
+//! ([`syncmem::ops::register_epilogue`]) as it stores each result: `Y = act(X·Wᵀ + b)`.
+//! `FCGradient` with a fourth input `R` and `activation = "G"` (the gradient's type of such a
+//! `T`) writes `dX = act_grad(dY·W, R)` instead of the mask: `FCGradient` then `G` with
+//! `Y = R`, in one launch (a fused user's activation, see [`crate::fuse`]).
 
 use syncmem::kernels::{self, Epilogue, Gemm};
 use syncmem::ops::{

@@ -38,7 +38,7 @@ pub(crate) struct EpilogueCode {
 /// Which prelude: the function qualifier of OpenCL C or of CUDA C.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Dialect {
-    /// `inline`.
+    /// `__attribute__((always_inline)) inline`.
     OpenCl,
     /// `__device__ __forceinline__`.
     Cuda,
@@ -96,17 +96,29 @@ impl EpilogueCode {
             _ => {}
         }
         let qualifier = match dialect {
-            Dialect::OpenCl => "inline",
+            Dialect::OpenCl => "__attribute__((always_inline)) inline",
             Dialect::Cuda => "__device__ __forceinline__",
         };
         Ok(code.preludes[dialect as usize].get_or_init(|| {
-            format!(
+            let (fwd, grad) = (fwd.unwrap_or("return x;"), grad.unwrap_or("return g;"));
+            let mut p = format!(
                 "#define SM_USER_EPILOGUE 1\n\
-                 {qualifier} float sm_user_act(float x) {{\n{}\n}}\n\
-                 {qualifier} float sm_user_act_grad(float g, float y) {{\n{}\n}}\n",
-                fwd.unwrap_or("return x;"),
-                grad.unwrap_or("return g;")
-            )
+                 {qualifier} float sm_user_act(float x) {{\n{fwd}\n}}\n\
+                 {qualifier} float sm_user_act_grad(float g, float y) {{\n{grad}\n}}\n"
+            );
+            if dialect == Dialect::OpenCl {
+                // The same bodies on 16 lanes, for the register-blocked GEMMs' stores: OpenCL
+                // C's operators and built-ins work on vectors, so most bodies compile as they
+                // are; a program with them is tried first, one without them after
+                // (`SM_USER_VECTOR`).
+                p.push_str(&format!(
+                    "#ifdef SM_USER_VECTOR\n\
+                     {qualifier} float16 sm_user_act16(float16 x) {{\n{fwd}\n}}\n\
+                     {qualifier} float16 sm_user_act_grad16(float16 g, float16 y) {{\n{grad}\n}}\n\
+                     #endif\n"
+                ));
+            }
+            p
         }))
     }
 

@@ -23,6 +23,12 @@
 //! ([`crate::kernels::launch`]); errors name the operator and the blob ([`Operand`]). The
 //! `custom_operator` example defines `LeakyRelu` this way, and so are the built-in operators.
 //!
+//! An element-wise type of your own may also be declared with a GEMM epilogue
+//! ([`register_epilogue`], a [`crate::kernels::Epilogue`]): a fusion pass (`syncmem-nn`'s) then
+//! applies it in the store of the GEMM that computes its input, and its gradient in the store
+//! of the GEMM that computes the input gradient, as it does for the built-in `Relu`
+//! ([`epilogue_of`], [`gradient_epilogue_of`] find the declaration).
+//!
 //! # Blobs, locks, in-place
 //!
 //! Inputs are looked up with [`Workspace::get_blob`] and must hold a

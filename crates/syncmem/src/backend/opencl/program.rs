@@ -256,7 +256,13 @@ impl KernelCache {
         let tiles = self.ops(dev)?.tiles;
         let slot = self.epilogues.slot_of(prelude);
         slot.get_or_build(|| {
-            build_ops_with(dev, tiles, prelude)?.ok_or_else(|| Error::Unsupported {
+            // With the bodies on vectors first (`SM_USER_VECTOR`), else lane by lane.
+            let vector = format!("#define SM_USER_VECTOR 1\n{prelude}");
+            let built = match build_ops_with(dev, tiles, &vector) {
+                Ok(k) => k,
+                Err(_) => build_ops_with(dev, tiles, prelude)?,
+            };
+            built.ok_or_else(|| Error::Unsupported {
                 device: dev.label().to_string(),
                 what: "the GEMM with a user's epilogue does not fit the device's work-groups"
                     .into(),

@@ -199,14 +199,30 @@ __attribute__((always_inline)) inline void sm_rb_store(const float16* acc, const
                     const float16 y = vload16(0, mask + (size_t)(m0 + i) * N + n0);
                     v = select((float16)(0.0f), v, y > 0.0f);
                 }
-#ifdef SM_USER_EPILOGUE
+#if defined(SM_USER_VECTOR)
+                /* A user's activation or its gradient on 16 lanes at once. */
+                if (flags & SM_ACT) {
+                    v = sm_user_act16(v);
+                }
+                if (flags & SM_DACT) {
+                    v = sm_user_act_grad16(v, vload16(0, mask + (size_t)(m0 + i) * N + n0));
+                }
+#elif defined(SM_USER_EPILOGUE)
+                /* A body that does not compile on vectors: lane by lane. */
                 if (flags & (SM_ACT | SM_DACT)) {
                     float t[16];
                     vstore16(v, 0, t);
                     const size_t row = (size_t)(m0 + i) * N + n0;
-                    for (uint j = 0; j < 16; ++j) {
-                        t[j] = (flags & SM_ACT) ? sm_user_act(t[j])
-                                                : sm_user_act_grad(t[j], mask[row + j]);
+                    if (flags & SM_ACT) {
+#pragma unroll
+                        for (uint j = 0; j < 16; ++j) {
+                            t[j] = sm_user_act(t[j]);
+                        }
+                    } else {
+#pragma unroll
+                        for (uint j = 0; j < 16; ++j) {
+                            t[j] = sm_user_act_grad(t[j], mask[row + j]);
+                        }
                     }
                     v = vload16(0, t);
                 }
