@@ -190,3 +190,50 @@ fn a_missing_part_is_an_error() {
     }
     assert_eq!(c.host().unwrap()[..], 6.0f32.to_ne_bytes());
 }
+
+/// A body that does not compile on OpenCL vectors (an `if` on the value) runs lane by lane:
+/// the same results as its host closure on `cpu`, bit for bit.
+#[test]
+fn a_body_without_vector_form_runs_lane_by_lane() {
+    let Some(cl) = syncmem::testing::opencl_or_skip("a_body_without_vector_form_runs_lane_by_lane")
+    else {
+        return;
+    };
+    let half = Epilogue::new("branchy")
+        .with_source("if (x > 1.0f) { return x; } return 0.5f * x;")
+        .with_host(|c| {
+            c.iter_mut()
+                .for_each(|v| *v = if *v > 1.0 { *v } else { 0.5 * *v })
+        });
+    let (m, n, k) = (19, 48, 5);
+    let a: Vec<f32> = (0..m * k).map(|i| ((i * 3) % 7) as f32 - 3.0).collect();
+    let b: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 5) % 9) as f32 * 0.25 - 1.0)
+        .collect();
+    let mut outs = Vec::new();
+    for dev in [Device::cpu(), cl] {
+        let mem = |v: &[f32]| {
+            let s = SyncedMemory::new(4 * v.len(), &dev);
+            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_ne_bytes()).collect();
+            s.host_mut().unwrap().copy_from_slice(&bytes);
+            s
+        };
+        let (am, bm, cm) = (mem(&a), mem(&b), SyncedMemory::new(4 * m * n, &dev));
+        {
+            let (a, b) = (am.device().unwrap(), bm.device().unwrap());
+            let mut c = cm.device_overwrite().unwrap();
+            let g = Gemm::new((m, n, k), &a, &b, &mut c).activation(Some(&half));
+            kernels::gemm(&dev.default_stream().unwrap(), g).unwrap();
+        }
+        outs.push(cm.host().unwrap().to_vec());
+    }
+    assert_eq!(outs[0], outs[1], "cpu vs opencl");
+    let v: Vec<f32> = outs[0]
+        .chunks_exact(4)
+        .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert!(
+        v.iter().any(|&x| x > 1.0) && v.iter().any(|&x| x < 0.0),
+        "{v:?}"
+    );
+}

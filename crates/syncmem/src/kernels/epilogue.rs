@@ -16,7 +16,7 @@ use crate::backend::epilogue::{EpilogueCode, UserAct};
 ///
 /// | backend | code |
 /// |---|---|
-/// | `opencl:N`, `cuda:N` | [`Epilogue::with_source`]: the body of `float sm_user_act(float x)`; [`Epilogue::with_gradient_source`]: the body of `float sm_user_act_grad(float g, float y)`. The same text is compiled as OpenCL C and as CUDA C (NVRTC), spliced before the operator kernels; the program is built once per device and body |
+/// | `opencl:N`, `cuda:N` | [`Epilogue::with_source`]: the body of `float sm_user_act(float x)`; [`Epilogue::with_gradient_source`]: the body of `float sm_user_act_grad(float g, float y)`. The same text is compiled as OpenCL C and as CUDA C (NVRTC), spliced before the operator kernels; the program is built once per device and body. On OpenCL the bodies are also compiled on `float16` (OpenCL C's operators and built-ins work on vectors), for the GEMMs that store 16 columns at once; a body that does not compile so (an `if` on the value) runs lane by lane there, slower (the driver may print the first build's errors) |
 /// | `cpu` | [`Epilogue::with_host`]: a closure over a run of the GEMM's output, in place; [`Epilogue::with_host_gradient`]: one over a run of the gradient with the matching run of `y` |
 ///
 /// A GEMM asked for a part the epilogue lacks on its device returns
