@@ -37,10 +37,13 @@ pub(crate) struct EpilogueCode {
 
 /// Which prelude: the function qualifier of OpenCL C or of CUDA C.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(any(feature = "opencl", feature = "cuda")), allow(dead_code))]
 pub(crate) enum Dialect {
     /// `__attribute__((always_inline)) inline`.
+    #[cfg_attr(not(feature = "opencl"), allow(dead_code))]
     OpenCl,
     /// `__device__ __forceinline__`.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Cuda,
 }
 
@@ -87,6 +90,7 @@ impl EpilogueCode {
     ///
     /// # Errors
     /// [`Error::Unsupported`] when the epilogue has no source for what `act` applies.
+    #[cfg_attr(not(any(feature = "opencl", feature = "cuda")), allow(dead_code))]
     pub(crate) fn prelude<'e>(act: UserAct<'e>, dialect: Dialect, device: &str) -> Result<&'e str> {
         let code = act.code;
         let (fwd, grad) = (code.source.as_deref(), code.grad_source.as_deref());
