@@ -273,8 +273,10 @@ const BASELINES: [&str; 17] = [
      queue (cpu: the closure called directly), never waited for, the queue held behind a user \
      event while a sample is timed (queuing cost only); goal: ours <= 1.2 x plain, ratio >= 0.83",
     "epoch LeakyRelu: the custom_operator example's epoch (LeakyRelu and its gradient as \
-     user kernels, which no fusion pass knows) against the built-in Relu net as syncmem train \
-     runs it (fused), and unfused; goal: <= 1.3 x the fused Relu epoch, ratio >= 0.77",
+     user kernels, declared element-wise with a GEMM epilogue, so fused into the FC and \
+     FCGradient GEMMs as Relu is) against the built-in Relu net as syncmem train runs it \
+     (fused), and unfused; the same operators without an epilogue (not fused) against the \
+     fused Relu net; goal: ratio >= 0.95 x the fused Relu epoch",
 ];
 
 /// Printed when a device row against the raw call misses its goal.

@@ -29,6 +29,7 @@ fn bench_quick_json_has_ratios() {
         "user kernel launch",
         "epoch LeakyRelu vs Relu",
         "epoch LeakyRelu vs Relu unfused",
+        "epoch LeakyRelu no epilogue vs Relu",
         "256 B cycle, 100000 live buffers",
         "host pool 4 KiB, 1 thread",
         "host pool 4 KiB, 2 threads",

@@ -1,9 +1,11 @@
 //! An operator of your own: `LeakyRelu` and its gradient, defined outside syncmem with a
 //! kernel in OpenCL C, one in CUDA C and a host closure for `cpu` (`custom_operator/`),
 //! through the same public API the built-in operators of this crate use (`syncmem::ops`,
-//! `syncmem::kernels`), registered, then used to train the MLP of `syncmem train` from JSON
-//! nets, with `LeakyRelu` in place of `Relu`. Every step is checked against a plain host
-//! reference: the loss within 1e-5, and the weights after the update.
+//! `syncmem::kernels`), registered with their GEMM epilogue (so that the trainer's fusion
+//! applies `LeakyRelu` in the `FC`s' GEMMs and its gradient in the `FCGradient`s', as it does
+//! `Relu`), then used to train the MLP of `syncmem train` from JSON nets, with `LeakyRelu` in
+//! place of `Relu`. Every step is checked against a plain host reference: the loss within
+//! 1e-5, and the weights after the update.
 //!
 //! ```sh
 //! cargo run -p syncmem-nn --example custom_operator             # first accelerator, else cpu
@@ -56,6 +58,7 @@ fn main() -> Result<(), Failure> {
     }
 
     let mut trainer = Trainer::with_nets(&dev, &data, &cfg, mlp.clone(), nets)?;
+    check_fused(&trainer)?;
     let reference = Reference {
         lr: f64::from(cfg.lr),
         alpha: f64::from(leaky_relu::ALPHA),
@@ -108,6 +111,18 @@ fn main() -> Result<(), Failure> {
     );
     if accuracy < 0.5 {
         return Err(format!("the model did not learn: accuracy {accuracy}").into());
+    }
+    Ok(())
+}
+
+/// The trainer's fusion applies LeakyRelu and its gradient in the GEMMs (its epilogue): the
+/// net that runs has neither.
+fn check_fused(trainer: &Trainer) -> Result<(), Failure> {
+    let ran = trainer.train_net().run_def();
+    let ran: Vec<&str> = ran.ops.iter().map(|o| o.op_type.as_str()).collect();
+    println!("train net as it runs (fused): {}", ran.join(", "));
+    if ran.iter().any(|t| t.starts_with("LeakyRelu")) {
+        return Err("LeakyRelu was not fused into the FC GEMMs".into());
     }
     Ok(())
 }

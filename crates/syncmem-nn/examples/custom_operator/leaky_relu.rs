@@ -1,13 +1,15 @@
 //! `LeakyRelu` (`Y = X > 0 ? X : alpha · X`) and `LeakyReluGradient` (`dX = Y > 0 ? dY :
 //! alpha · dY`), operators defined outside syncmem with its public API only: one kernel each,
 //! as OpenCL C (`leaky_relu.cl`), CUDA C (`leaky_relu.cu`, compile-checked by NVRTC in CI)
-//! and a host closure for the `cpu` device; [`register`] adds both types to the registry.
+//! and a host closure for the `cpu` device; [`register`] adds both types to the registry and
+//! declares them element-wise with a GEMM epilogue ([`epilogue`]), so that nets fuse them into
+//! the `FC` before them as they fuse `Relu`.
 //! Argument `alpha` (default [`ALPHA`]); `f32` tensors of any shape; not in place.
 
 use std::sync::LazyLock;
 
 use syncmem::device::{Grid, UserKernel};
-use syncmem::kernels::{self, Arg};
+use syncmem::kernels::{self, Arg, Epilogue};
 use syncmem::ops::{self, Args, Operator, OperatorDef};
 use syncmem::{Context, DType, Device, Error, Result, Tensor, Workspace};
 
@@ -48,13 +50,47 @@ pub static BACKWARD: LazyLock<UserKernel> = LazyLock::new(|| {
         })
 });
 
-/// Registers `LeakyRelu` (whose gradient is `LeakyReluGradient`) and `LeakyReluGradient`.
+/// Registers `LeakyRelu` (whose gradient is `LeakyReluGradient`) and `LeakyReluGradient`, and
+/// declares them element-wise with their GEMM epilogue ([`epilogue`]): the net's fusion pass
+/// then applies `LeakyRelu` in the store of the `FC` before it, and its gradient in the store of
+/// the `FCGradient` before that, as it does for the built-in `Relu`.
 ///
 /// # Errors
 /// [`Error::AlreadyExists`] when they are registered already.
 pub fn register() -> Result<()> {
-    ops::register_operator("LeakyRelu", Some("LeakyReluGradient"), build_forward)?;
-    ops::register_operator("LeakyReluGradient", None, build_backward)
+    register_as("LeakyRelu", "LeakyReluGradient")?;
+    ops::register_epilogue("LeakyRelu", |def| {
+        let alpha = Args::check(def, (0, 2), (0, 1), &["alpha"])?.f32_or("alpha", ALPHA)?;
+        Ok(epilogue(alpha))
+    })
+}
+
+/// Registers the operators under other names, without declaring an epilogue: nothing fuses
+/// them (what the example did before epilogues existed).
+///
+/// # Errors
+/// [`Error::AlreadyExists`] when they are registered already.
+pub fn register_as(forward: &str, backward: &str) -> Result<()> {
+    ops::register_operator(forward, Some(backward), build_forward)?;
+    ops::register_operator(backward, None, build_backward)
+}
+
+/// `LeakyRelu` as a GEMM epilogue: the same select as the kernels above, as a C body (OpenCL
+/// and CUDA, `alpha` written into the source: one program per slope) and as host closures.
+pub fn epilogue(alpha: f32) -> Epilogue {
+    Epilogue::new("LeakyRelu")
+        .with_source(&format!("return x > 0.0f ? x : {alpha:?}f * x;"))
+        .with_gradient_source(&format!("return y > 0.0f ? g : {alpha:?}f * g;"))
+        .with_host(move |y| {
+            for v in y {
+                *v = if *v > 0.0 { *v } else { alpha * *v };
+            }
+        })
+        .with_host_gradient(move |g, y| {
+            for (g, &y) in g.iter_mut().zip(y) {
+                *g = if y > 0.0 { *g } else { alpha * *g };
+            }
+        })
 }
 
 struct LeakyRelu {

@@ -5,7 +5,10 @@
 //! The fused `FCGradient`'s `dX` GEMM applies the mask `R > 0` as it stores each result (the
 //! select of `ReluGradient`: `dX` where `R > 0`, else 0), so the results are bit for bit those
 //! of the two operators, with one launch and one pass over the gradient fewer, and without the
-//! `dX` blob.
+//! `dX` blob. The gradient of a user's element-wise operator whose declared epilogue has a
+//! gradient ([`syncmem::ops::register_epilogue`]; inputs `[R, g]`, output `d`, as
+//! `ReluGradient`) fuses the same way: the `FCGradient` also gets `activation` (the gradient's
+//! type) and `activation_args`, and its `dX` GEMM applies `act_grad(·, R)` as it stores.
 //!
 //! An `FCGradient` at position `i` (inputs `[X, W, dY]`, outputs `[dW, db, g]`) and a
 //! `ReluGradient` at `j > i` (inputs `[R, g]`, output `d`) fuse when:
@@ -21,14 +24,20 @@
 
 use std::collections::BTreeSet;
 
-use syncmem::ops::OperatorDef;
+use syncmem::ops::{self, OperatorDef};
 
 fn is_fc_grad(op: &OperatorDef) -> bool {
     op.op_type == "FCGradient" && op.inputs.len() == 3 && op.outputs.len() == 3
 }
 
+/// True for a `ReluGradient`, or the gradient of a user's element-wise operator whose declared
+/// epilogue has a gradient with code for every backend; inputs `[Y, dY]`, output `dX`.
 fn is_relu_grad(op: &OperatorDef) -> bool {
-    op.op_type == "ReluGradient" && op.inputs.len() == 2 && op.outputs.len() == 1
+    if op.inputs.len() != 2 || op.outputs.len() != 1 {
+        return false;
+    }
+    op.op_type == "ReluGradient"
+        || matches!(ops::gradient_epilogue_of(op), Ok(Some(e)) if e.fuses_gradient())
 }
 
 fn touches(op: &OperatorDef, name: &str) -> bool {
@@ -49,7 +58,11 @@ pub(super) fn fuse_relu_grad(
             let (r, d) = (ops[j].inputs[0].clone(), ops[j].outputs[0].clone());
             let g = std::mem::replace(&mut ops[i].outputs[2], d.clone());
             ops[i].inputs.push(r);
-            ops.remove(j);
+            let act = ops.remove(j);
+            if act.op_type != "ReluGradient" {
+                // A user's gradient: the FCGradient applies its epilogue to dX with R = Y.
+                super::attach(&mut ops[i], &act, "ReluGradient");
+            }
             fused.push((g, d));
         }
         i += 1;

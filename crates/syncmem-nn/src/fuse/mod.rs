@@ -1,5 +1,10 @@
 //! Operator fusion: an `FC` whose output is read only by a following `Relu` becomes one `FC`
-//! with `relu = 1` that writes the Relu's output, and the `Relu` goes.
+//! with `relu = 1` that writes the Relu's output, and the `Relu` goes. A user's element-wise
+//! operator declared with its GEMM epilogue ([`syncmem::ops::register_epilogue`], an
+//! [`Epilogue`](syncmem::kernels::Epilogue) with code for every backend) fuses the same way:
+//! the `FC` gets `activation` (the type) and `activation_args` (its arguments) and applies the
+//! epilogue as it stores each result; its gradient fuses into the `FCGradient` as
+//! `ReluGradient` does (see [`grad`]). An operator without a declared epilogue is never fused.
 //!
 //! The fused GEMM applies `max(·, 0)` as it stores each result, so the net makes one pass over
 //! the activations instead of three (GEMM store, ReLU load and store), launches one kernel
@@ -9,9 +14,9 @@
 //! writes under the Relu's name, and `FCGradient` reads the layer's input and `dY`, never the
 //! pre-activation.
 //!
-//! An `FC` at position `i` writing `y` and a `Relu` at `j > i` reading `y` and writing `r` fuse
-//! when:
-//! - the `FC` has no `relu` argument yet and does not read `y` or `r`;
+//! An `FC` at position `i` writing `y` and a `Relu` (or a declared user's element-wise operator,
+//! one input and one output) at `j > i` reading `y` and writing `r` fuse when:
+//! - the `FC` has no `relu` or `activation` argument yet and does not read `y` or `r`;
 //! - `y` is written by that `FC` only and read by that `Relu` only (when the Relu runs in place,
 //!   `r == y`: no operator between them reads or writes `y`), and `y` is not protected (an
 //!   external input or output of the net, or a name in `keep`);
@@ -25,7 +30,7 @@
 //!
 //! ```
 //! use syncmem::net::NetDef;
-//! use syncmem::ops::OperatorDef;
+//! use syncmem::ops::{self, OperatorDef};
 //! use syncmem_nn::fuse::fuse_fc_relu;
 //!
 //! let def = NetDef::new("mlp")
@@ -47,7 +52,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use syncmem::net::{NetDef, NetRewrite};
-use syncmem::ops::OperatorDef;
+use syncmem::ops::{self, OperatorDef};
 
 /// Every fusion of [`fuse_net`] as a rewrite of nets at build time
 /// ([`NetOptions::rewrite`](syncmem::net::NetOptions::rewrite)).
@@ -130,11 +135,34 @@ fn protected(def: &NetDef, keep: &[String]) -> BTreeSet<String> {
 }
 
 fn is_fc(op: &OperatorDef) -> bool {
-    op.op_type == "FC" && op.outputs.len() == 1 && !op.args.contains_key("relu")
+    op.op_type == "FC"
+        && op.outputs.len() == 1
+        && !op.args.contains_key("relu")
+        && !op.args.contains_key("activation")
 }
 
-fn is_relu(op: &OperatorDef) -> bool {
-    op.op_type == "Relu" && op.inputs.len() == 1 && op.outputs.len() == 1
+/// True for a `Relu`, or a user's element-wise operator whose declared epilogue
+/// ([`syncmem::ops::register_epilogue`]) has code for every backend; one input, one output.
+fn is_activation(op: &OperatorDef) -> bool {
+    if op.inputs.len() != 1 || op.outputs.len() != 1 {
+        return false;
+    }
+    op.op_type == "Relu" || matches!(ops::epilogue_of(op), Ok(Some(e)) if e.fuses())
+}
+
+/// Makes `fc` apply the activation `act` in its GEMM: `relu = 1` for a `Relu`, else
+/// `activation` (the type) and `activation_args` (its arguments).
+fn attach(fc: &mut OperatorDef, act: &OperatorDef, relu: &str) {
+    if act.op_type == relu {
+        fc.args.insert("relu".into(), 1.into());
+        return;
+    }
+    fc.args
+        .insert("activation".into(), act.op_type.clone().into());
+    fc.args.insert(
+        "activation_args".into(),
+        serde_json::Value::Object(act.args.clone()),
+    );
 }
 
 fn touches(op: &OperatorDef, name: &str) -> bool {
@@ -152,8 +180,8 @@ pub fn fuse_fc_relu(def: &NetDef, keep: &[String]) -> Fusion {
         if let Some(j) = partner(&ops, i, &protected) {
             let r = ops[j].outputs[0].clone();
             let y = std::mem::replace(&mut ops[i].outputs[0], r.clone());
-            ops[i].args.insert("relu".into(), 1.into());
-            ops.remove(j);
+            let act = ops.remove(j);
+            attach(&mut ops[i], &act, "Relu");
             fused.push((y, r));
         }
         i += 1;
@@ -173,7 +201,8 @@ pub fn fuse_fc_relu(def: &NetDef, keep: &[String]) -> Fusion {
     }
 }
 
-/// The index of the `Relu` that the `FC` at `i` fuses with, if any.
+/// The index of the `Relu` (or user's element-wise operator) that the `FC` at `i` fuses with,
+/// if any.
 fn partner(ops: &[OperatorDef], i: usize, protected: &BTreeSet<String>) -> Option<usize> {
     let fc = &ops[i];
     if !is_fc(fc) {
@@ -186,7 +215,7 @@ fn partner(ops: &[OperatorDef], i: usize, protected: &BTreeSet<String>) -> Optio
     // The first operator after the FC that touches y must be a Relu reading it.
     let j = (i + 1..ops.len()).find(|&j| touches(&ops[j], y))?;
     let relu = &ops[j];
-    if !is_relu(relu) || relu.inputs[0] != *y {
+    if !is_activation(relu) || relu.inputs[0] != *y {
         return None;
     }
     let r = &relu.outputs[0];

@@ -14,10 +14,18 @@
 //! `FCGradient` with a fourth input `R` (dims of `X`) writes `dX = (dY·W) · [R > 0]`: the GEMM
 //! applies the mask as it stores, bit for bit `FCGradient` then `ReluGradient` with `Y = R`
 //! (a fused FCGradient + ReluGradient, see [`crate::fuse`]).
+//!
+//! `FC` with `activation = "T"` (and `activation_args`, the arguments of the `T` it replaces)
+//! applies the GEMM epilogue declared for the user's element-wise type `T`
+//! ([`syncmem::ops::register_epilogue`]) as it stores each result: `Y = act(X·Wᵀ + b)`.
+//! `FCGradient` with a fourth input `R` and `activation = "G"` (the gradient's type of such a
+//! `T`) writes `dX = act_grad(dY·W, R)` instead of the mask: `FCGradient` then `G` with
+//! `Y = R`, in one launch (a fused user's activation, see [`crate::fuse`]).
 
-use syncmem::kernels::{self, Gemm};
+use syncmem::kernels::{self, Epilogue, Gemm};
 use syncmem::ops::{
-    check_context, invalid_def, with_io, Args, Operand as What, Operator, OperatorDef, OperatorIo,
+    self, check_context, invalid_def, with_io, Args, Operand as What, Operator, OperatorDef,
+    OperatorIo,
 };
 use syncmem::{Context, Device, Result, Tensor, Workspace};
 
@@ -32,6 +40,10 @@ struct Fc {
     /// `FCGradient` with `db_in_gemm = 1`: the `dW` GEMM's launch also writes `db`.
     db_in_gemm: bool,
     gradient: bool,
+    /// A user's element-wise operator fused into the GEMM (`activation`): its epilogue, applied
+    /// as the GEMM stores `Y` (`FC`), or its gradient applied to `dX` from the fourth input
+    /// `R = Y` (`FCGradient`).
+    activation: Option<Epilogue>,
 }
 
 fn build(def: &OperatorDef, device: &Device, gradient: bool) -> Result<Box<dyn Operator>> {
@@ -41,9 +53,15 @@ fn build(def: &OperatorDef, device: &Device, gradient: bool) -> Result<Box<dyn O
         ((3, 3), (1, 1))
     };
     let known: &[&str] = if gradient {
-        &["axis", "axis_w", "db_in_gemm"]
+        &[
+            "axis",
+            "axis_w",
+            "db_in_gemm",
+            "activation",
+            "activation_args",
+        ]
     } else {
-        &["axis", "axis_w", "relu"]
+        &["axis", "axis_w", "relu", "activation", "activation_args"]
     };
     let args = Args::check(def, inputs, outputs, known)?;
     if def.inputs.len() == 4 && def.outputs.len() != 3 {
@@ -62,6 +80,13 @@ fn build(def: &OperatorDef, device: &Device, gradient: bool) -> Result<Box<dyn O
     };
     let relu = flag("relu")?;
     let db_in_gemm = flag("db_in_gemm")?;
+    let activation = activation(def, &args, gradient)?;
+    if relu && activation.is_some() {
+        return Err(invalid_def(
+            def,
+            "\"relu\" and \"activation\" are two epilogues; give one".to_string(),
+        ));
+    }
     Ok(Box::new(Fc {
         def: def.clone(),
         device: device.clone(),
@@ -70,7 +95,47 @@ fn build(def: &OperatorDef, device: &Device, gradient: bool) -> Result<Box<dyn O
         relu,
         db_in_gemm,
         gradient,
+        activation,
     }))
+}
+
+/// The epilogue of argument `activation` (an element-wise operator type, or its gradient's for
+/// `FCGradient`, declared with [`syncmem::ops::register_epilogue`]) built from the arguments
+/// in `activation_args` (an object); `None` without it.
+fn activation(def: &OperatorDef, args: &Args<'_>, gradient: bool) -> Result<Option<Epilogue>> {
+    let op_type = args.str_or("activation", "")?;
+    if op_type.is_empty() {
+        return Ok(None);
+    }
+    let mut act = OperatorDef::new(op_type, &[], &[]);
+    match def.args.get("activation_args") {
+        None => {}
+        Some(serde_json::Value::Object(m)) => act.args = m.clone(),
+        Some(v) => {
+            return Err(invalid_def(
+                def,
+                format!("argument \"activation_args\" must be an object, got {v}"),
+            ))
+        }
+    }
+    let epilogue = if gradient {
+        ops::gradient_epilogue_of(&act)?
+    } else {
+        ops::epilogue_of(&act)?
+    };
+    let epilogue = epilogue.ok_or_else(|| {
+        invalid_def(
+            def,
+            format!("activation {op_type:?} has no GEMM epilogue (see register_epilogue)"),
+        )
+    })?;
+    if gradient && def.inputs.len() != 4 {
+        return Err(invalid_def(
+            def,
+            "an activation's gradient needs its output as the fourth input".to_string(),
+        ));
+    }
+    Ok(Some(epilogue))
 }
 
 pub(crate) fn build_fc(def: &OperatorDef, device: &Device) -> Result<Box<dyn Operator>> {
@@ -169,7 +234,8 @@ impl Fc {
         let g = Gemm::new((n, m, k), xi.src(), wi.src(), y.dst())
             .b_transposed(true)
             .bias(Some(bi.src()))
-            .relu(self.relu);
+            .relu(self.relu)
+            .activation(self.activation.as_ref());
         kernels::gemm(ctx.stream(), g)
     }
 
@@ -228,8 +294,11 @@ impl Fc {
             kernels::col_sum(s, (n, m), dyi.src(), db.dst())?;
         }
         if let Some(dx) = &mut dx {
-            let g = Gemm::new((n, k, m), dyi.src(), wi.src(), dx.dst())
-                .mask(mask.as_ref().map(In::src));
+            let g = Gemm::new((n, k, m), dyi.src(), wi.src(), dx.dst());
+            let g = match (&self.activation, &mask) {
+                (Some(e), Some(r)) => g.activation_grad(Some((e, r.src()))),
+                _ => g.mask(mask.as_ref().map(In::src)),
+            };
             kernels::gemm(s, g)?;
         }
         Ok(())

@@ -21,8 +21,8 @@
 //! | `GaussianFill` | none, or `like` | `Y` | `shape`, `mean` (0), `std` (1) |
 //! | `XavierFill` | none, or `like` | `Y` | `shape`: uniform in `±sqrt(3 / fan_in)`, `fan_in = numel / dims[0]` |
 //! | `MSRAFill` | none, or `like` | `Y` | `shape`: gaussian, `std = sqrt(2 / fan_out)`, `fan_out = numel / dims[1]` (as Caffe2) |
-//! | `FC` | `X[N,K]`, `W[M,K]`, `b[M]` | `Y[N,M] = X·Wᵀ + b` | `axis` (1), `axis_w` (1), `relu` (0): 1 gives `Y = max(X·Wᵀ + b, 0)` in the GEMM's own pass (a fused FC + Relu, see [`crate::fuse`]) |
-//! | `FCGradient` | `X[N,K]`, `W[M,K]`, `dY[N,M]` | `dW[M,K]`, `db[M]`, optional `dX[N,K]` | `axis`, `axis_w` |
+//! | `FC` | `X[N,K]`, `W[M,K]`, `b[M]` | `Y[N,M] = X·Wᵀ + b` | `axis` (1), `axis_w` (1), `relu` (0): 1 gives `Y = max(X·Wᵀ + b, 0)` in the GEMM's own pass (a fused FC + Relu, see [`crate::fuse`]); `activation` (a type declared with `syncmem::ops::register_epilogue`) and `activation_args` (an object): that operator's epilogue in the GEMM's pass (a fused FC + a user's element-wise operator) |
+//! | `FCGradient` | `X[N,K]`, `W[M,K]`, `dY[N,M]`, optional `R[N,K]` | `dW[M,K]`, `db[M]`, optional `dX[N,K]` | `axis`, `axis_w`, `db_in_gemm` (0); with `R`: `dX` masked by `R > 0` (a fused ReluGradient), or with `activation` (the gradient's type) and `activation_args`, that gradient's epilogue from `R = Y` |
 //! | `Relu` | `X` | `Y = max(X, 0)` (in place allowed) | |
 //! | `ReluGradient` | `Y`, `dY` | `dX = dY · [Y > 0]` (in place on `dY` allowed) | |
 //! | `SoftmaxWithLoss` | `logits[N,C]`, `labels[N]` (`i32`) | `prob[N,C]`, `loss[]` (mean cross-entropy) | `axis` (1) |

@@ -82,7 +82,9 @@ pub(crate) fn scalar<P>(s: super::user::ScalarArg) -> KArg<P> {
 
 /// `sm_gemm(M, N, K, ta, tb, A, B, C, bias, mask, sum, flags)`: `flags` bit 0 adds the bias,
 /// bit 1 applies the ReLU ([`Gemm::relu`]), bit 2 the mask of a fused ReLU gradient, bit 3
-/// writes the column sums of `A` into `sum` (a fused bias gradient).
+/// writes the column sums of `A` into `sum` (a fused bias gradient), bit 4 applies a user's
+/// activation ([`Gemm::user`]), bit 5 its gradient (with `mask` as the activation's output, in
+/// place of bit 2).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm<P: DevicePtr>(
     label: &str,
@@ -94,6 +96,7 @@ pub(crate) fn gemm<P: DevicePtr>(
     mask: Option<P>,
     sum: Option<P>,
 ) -> Result<[KArg<P>; 12]> {
+    let user_grad = g.user.is_some_and(|u| u.grad);
     Ok([
         u32_arg(g.m, "GEMM M", label)?,
         u32_arg(g.n, "GEMM N", label)?,
@@ -109,8 +112,10 @@ pub(crate) fn gemm<P: DevicePtr>(
         KArg::U32(
             u32::from(bias.is_some())
                 | (u32::from(g.relu) << 1)
-                | (u32::from(mask.is_some()) << 2)
-                | (u32::from(sum.is_some()) << 3),
+                | (u32::from(mask.is_some() && !user_grad) << 2)
+                | (u32::from(sum.is_some()) << 3)
+                | (u32::from(g.user.is_some_and(|u| !u.grad)) << 4)
+                | (u32::from(user_grad && mask.is_some()) << 5),
         ),
     ])
 }
@@ -281,6 +286,7 @@ mod tests {
             n: 3,
             k: 0,
             relu: false,
+            user: None,
         };
         let a = gemm::<u64>("x", &g, None, None, 9, Some(5), None, None).unwrap();
         assert!(matches!(a[3], KArg::U32(1)) && matches!(a[4], KArg::U32(0)));
@@ -296,6 +302,31 @@ mod tests {
         assert!(matches!(r[9], KArg::Ptr(6)) && matches!(r[11], KArg::U32(4)));
         let r = gemm::<u64>("x", &g, None, None, 9, None, None, Some(7)).unwrap();
         assert!(matches!(r[10], KArg::Ptr(7)) && matches!(r[11], KArg::U32(8)));
+        let code = crate::backend::epilogue::EpilogueCode {
+            name: "act".into(),
+            source: None,
+            grad_source: None,
+            host: None,
+            host_grad: None,
+            preludes: Default::default(),
+        };
+        let act = crate::backend::epilogue::UserAct {
+            code: &code,
+            grad: false,
+        };
+        let fwd = Gemm {
+            user: Some(act),
+            ..g
+        };
+        let r = gemm::<u64>("x", &fwd, None, None, 9, None, None, None).unwrap();
+        assert!(matches!(r[11], KArg::U32(16)));
+        let grad = Gemm {
+            user: Some(crate::backend::epilogue::UserAct { grad: true, ..act }),
+            ..g
+        };
+        // The gradient replaces the ReLU mask: bit 5, not bit 2.
+        let r = gemm::<u64>("x", &grad, None, None, 9, None, Some(6), None).unwrap();
+        assert!(matches!(r[9], KArg::Ptr(6)) && matches!(r[11], KArg::U32(32)));
         let s = softmax_loss_grad::<u64>("x", (1, 2), 1, 2, None, 3).unwrap();
         assert!(matches!(s[4], KArg::Ptr(0)) && matches!(s[5], KArg::U32(0)));
         assert!(matches!(value::<u64, f64>(0.5), KArg::F64(v) if v == 0.5));

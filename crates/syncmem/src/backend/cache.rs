@@ -71,6 +71,19 @@ impl<K: Eq + Hash, T> BuildMap<K, T> {
     pub(crate) fn slot(&self, key: K) -> Arc<BuildOnce<T>> {
         self.slots.lock().entry(key).or_default().clone()
     }
+
+    /// The slot of a borrowed `key`, which is copied only on first use.
+    pub(crate) fn slot_of<Q>(&self, key: &Q) -> Arc<BuildOnce<T>>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut slots = self.slots.lock();
+        if let Some(slot) = slots.get(key) {
+            return slot.clone();
+        }
+        slots.entry(key.to_owned()).or_default().clone()
+    }
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 pub(crate) mod dispatch;
+pub(crate) mod epilogue;
 pub(crate) mod grid;
 #[cfg(feature = "opencl")]
 pub(crate) mod opencl;
@@ -289,7 +290,7 @@ pub(crate) type BadLabel = (usize, i32);
 /// A GEMM: `C[m,n] = op(A)·op(B) (+ bias[col])`, then `max(C, 0)` with `relu`, row-major, with
 /// `op(A)[i,l] = ta ? A[l*m + i] : A[i*k + l]` and `op(B)[l,j] = tb ? B[j*k + l] : B[l*n + j]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Gemm {
+pub(crate) struct Gemm<'e> {
     /// `A` is stored transposed.
     pub(crate) ta: bool,
     /// `B` is stored transposed.
@@ -302,6 +303,9 @@ pub(crate) struct Gemm {
     pub(crate) k: usize,
     /// Apply `max(·, 0)` to every result, after the bias (a fused FC + Relu).
     pub(crate) relu: bool,
+    /// A user's activation after the bias (and the ReLU), or its gradient in place of the
+    /// ReLU's mask (the mask operand is then the activation's output).
+    pub(crate) user: Option<epilogue::UserAct<'e>>,
 }
 
 /// What [`BackendKernels::softmax_loss`] also computes in its pass over the rows (a fused

@@ -148,7 +148,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 /// One GEMM of the sweep: its operands on the device and the host's answers.
 struct GemmCase {
-    g: crate::backend::Gemm,
+    g: crate::backend::Gemm<'static>,
     a: ClMem,
     b: ClMem,
     bias: ClMem,
@@ -158,7 +158,7 @@ struct GemmCase {
 }
 
 impl GemmCase {
-    fn new(cl: &ClDevice, s: &ClStream, g: crate::backend::Gemm) -> Self {
+    fn new(cl: &ClDevice, s: &ClStream, g: crate::backend::Gemm<'static>) -> Self {
         use crate::backend::cpu::math;
         use crate::backend::BackendKernels;
         let (m, n, k) = (g.m, g.n, g.k);
@@ -271,12 +271,84 @@ fn every_gemm_kernel_matches_the_host_gemm() {
                 n,
                 k,
                 relu,
+                user: None,
             };
             let case = GemmCase::new(cl, &s, g);
             let blocked = case.check(cl, &s, GemmKernel::RegisterBlocked);
             let staged = case.check(cl, &s, GemmKernel::Staged);
             assert_eq!(bits(&staged), bits(&blocked), "{g:?}: staged vs blocked");
             case.check(cl, &s, GemmKernel::Tiled);
+        }
+    }
+}
+
+/// A user's epilogue that is ReLU (and its gradient the ReLU mask) gives the built-in ReLU's
+/// results bit for bit through every OpenCL GEMM: the snippet is spliced into the tiled, the
+/// register-blocked (16 columns at once and the edges) and the staged kernels alike.
+#[test]
+fn a_user_epilogue_runs_in_every_gemm_kernel() {
+    use crate::backend::epilogue::{EpilogueCode, UserAct};
+    use crate::backend::opencl::GemmKernel;
+    use crate::backend::Gemm;
+    let Some(dev) = opencl_or_skip("a_user_epilogue_runs_in_every_gemm_kernel") else {
+        return;
+    };
+    let cl = raw(&dev);
+    let s = cl.new_stream().unwrap();
+    let code = EpilogueCode {
+        name: "relu".into(),
+        source: Some("return x > 0.0f ? x : 0.0f;".into()),
+        grad_source: Some("return y > 0.0f ? g : 0.0f;".into()),
+        host: None,
+        host_grad: None,
+        preludes: Default::default(),
+    };
+    for (m, n, k, ta, tb) in [(70, 130, 33, false, true), (17, 20, 40, true, false)] {
+        let base = Gemm {
+            ta,
+            tb,
+            m,
+            n,
+            k,
+            relu: false,
+            user: None,
+        };
+        let (a, b) = (
+            upload(cl, &s, &gemm_values(m * k, 1)),
+            upload(cl, &s, &gemm_values(k * n, 2)),
+        );
+        let bias = upload(cl, &s, &gemm_values(n, 3));
+        let y = upload(cl, &s, &gemm_values(m * n, 4));
+        let run = |g: &Gemm, bias: Option<&ClMem>, mask: Option<&ClMem>, kernel| {
+            let c = upload(cl, &s, &vec![f32::NAN; m * n]);
+            let ops = (Some(&a), Some(&b), &c, bias, mask, None);
+            cl.gemm_on(&s, g, ops, kernel).unwrap();
+            bits(&download(&s, &c, m * n))
+        };
+        for kernel in [
+            GemmKernel::Tiled,
+            GemmKernel::RegisterBlocked,
+            GemmKernel::Staged,
+        ] {
+            let fwd = Gemm {
+                user: Some(UserAct {
+                    code: &code,
+                    grad: false,
+                }),
+                ..base
+            };
+            let relu = Gemm { relu: true, ..base };
+            let want = run(&relu, Some(&bias), None, kernel);
+            assert_eq!(run(&fwd, Some(&bias), None, kernel), want, "{kernel:?}");
+            let grad = Gemm {
+                user: Some(UserAct {
+                    code: &code,
+                    grad: true,
+                }),
+                ..base
+            };
+            let want = run(&base, None, Some(&y), kernel);
+            assert_eq!(run(&grad, None, Some(&y), kernel), want, "{kernel:?} grad");
         }
     }
 }

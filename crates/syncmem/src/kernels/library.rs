@@ -10,6 +10,7 @@
 
 use smallvec::SmallVec;
 
+use super::epilogue::Epilogue;
 use super::operand::{BadLabel, Dst, Src};
 use crate::backend::{Gemm as GemmShape, SoftmaxExtra, AXPY_MULTI as AXPY_MULTI_BACKEND};
 use crate::device::{DeviceBuffer, Stream};
@@ -21,7 +22,9 @@ use crate::error::Result;
 pub const AXPY_MULTI: usize = AXPY_MULTI_BACKEND;
 
 /// A GEMM with its fused epilogues: `C[m,n] = op(A)·op(B) (+ bias[col])`, then `max(C, 0)`
-/// ([`Gemm::relu`]) or `C = mask > 0 ? C : 0` ([`Gemm::mask`], a fused ReLU gradient), and
+/// ([`Gemm::relu`]) or a user's activation ([`Gemm::activation`]), or `C = mask > 0 ? C : 0`
+/// ([`Gemm::mask`], a fused ReLU gradient) or a user's activation gradient
+/// ([`Gemm::activation_grad`]), and
 /// the column sums of `A` in the same launch ([`Gemm::a_col_sums`]). Row-major, with
 /// `op(A)[i,l] = A[l*m + i]` when `A` is stored transposed, else `A[i*k + l]`, and
 /// `op(B)[l,j] = B[j*k + l]` when `B` is stored transposed, else `B[l*n + j]`.
@@ -51,7 +54,7 @@ pub const AXPY_MULTI: usize = AXPY_MULTI_BACKEND;
 /// # }
 /// ```
 pub struct Gemm<'a> {
-    shape: GemmShape,
+    shape: GemmShape<'a>,
     a: &'a dyn Src,
     b: &'a dyn Src,
     c: &'a mut dyn Dst,
@@ -76,6 +79,7 @@ impl<'a> Gemm<'a> {
                 n,
                 k,
                 relu: false,
+                user: None,
             },
             a,
             b,
@@ -107,6 +111,24 @@ impl<'a> Gemm<'a> {
     /// Applies `max(·, 0)` to every result, after the bias (a fused FC + Relu).
     pub fn relu(mut self, yes: bool) -> Self {
         self.shape.relu = yes;
+        self
+    }
+
+    /// Applies a user's activation to every result, after the bias (and the ReLU): a fused
+    /// FC + a user's element-wise operator. See [`Epilogue`].
+    pub fn activation(mut self, act: Option<&'a Epilogue>) -> Self {
+        self.shape.user = act.map(|e| e.act(false));
+        self
+    }
+
+    /// Then `C = act_grad(C, y)` with the activation's output `y` (`m x n`, not `C`), in
+    /// place of [`Gemm::mask`]: a fused gradient of a user's element-wise operator. See
+    /// [`Epilogue`].
+    pub fn activation_grad(mut self, act: Option<(&'a Epilogue, &'a dyn Src)>) -> Self {
+        if let Some((e, y)) = act {
+            self.shape.user = Some(e.act(true));
+            self.mask = Some(y);
+        }
         self
     }
 

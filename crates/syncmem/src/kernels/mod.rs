@@ -6,7 +6,7 @@
 //! |---|---|
 //! | the library's kernels (`f32`) | [`gemm`] with its fused epilogues (bias, ReLU, ReLU-gradient mask, column sums of `A`), [`col_sum`], [`relu`], [`relu_grad`], [`fill`], [`softmax_loss`] (with accuracy, gradient and both scalars in one pass), [`softmax_loss_grad`], [`accuracy`], [`axpy_multi`] |
 //! | parameter math (`f32`, `f64`; Caffe's `caffe_gpu_axpy` and friends) | [`axpy`], [`scale`], [`asum`], [`sumsq`], and their host loops ([`host`]) |
-//! | kernels of your own | [`launch`] of a [`UserKernel`] |
+//! | kernels of your own | [`launch`] of a [`UserKernel`]; an element-wise activation of your own in the GEMM's store ([`Epilogue`], [`Gemm::activation`]) |
 //!
 //! Every launch is checked (each operand on the stream's device and large enough; errors name
 //! the kernel and the operand) and safe: operands are guards of device mirrors ([`Src`] for
@@ -57,6 +57,7 @@ use crate::device::{Device, DeviceBuffer};
 use crate::error::{Error, Result};
 use crate::synced::{DeviceRead, DeviceWrite};
 
+mod epilogue;
 mod launch;
 mod library;
 mod operand;
@@ -64,6 +65,7 @@ mod operand;
 pub use crate::backend::cpu::math as host;
 pub use crate::device::{Grid, UserKernel};
 pub use crate::dtype::{Float, Scalar, ScalarKind};
+pub use epilogue::Epilogue;
 pub use launch::{launch, Arg, Buffer, BufferMut};
 pub use library::{
     accuracy, axpy_multi, col_sum, fill, gemm, relu, relu_grad, softmax_loss, softmax_loss_grad,

@@ -23,6 +23,12 @@
 //! ([`crate::kernels::launch`]); errors name the operator and the blob ([`Operand`]). The
 //! `custom_operator` example defines `LeakyRelu` this way, and so are the built-in operators.
 //!
+//! An element-wise type of your own may also be declared with a GEMM epilogue
+//! ([`register_epilogue`], a [`crate::kernels::Epilogue`]): a fusion pass (`syncmem-nn`'s) then
+//! applies it in the store of the GEMM that computes its input, and its gradient in the store
+//! of the GEMM that computes the input gradient, as it does for the built-in `Relu`
+//! ([`epilogue_of`], [`gradient_epilogue_of`] find the declaration).
+//!
 //! # Blobs, locks, in-place
 //!
 //! Inputs are looked up with [`Workspace::get_blob`] and must hold a
@@ -48,8 +54,8 @@ pub use args::{invalid_def, Args};
 pub use io::{with_io, OperatorIo};
 pub use operand::{check_context, Operand};
 pub use registry::{
-    create_operator, gradient_of, is_registered, register_operator, registered_types,
-    OperatorBuilder,
+    create_operator, epilogue_of, gradient_epilogue_of, gradient_of, is_registered,
+    register_epilogue, register_operator, registered_types, EpilogueBuilder, OperatorBuilder,
 };
 
 use serde::{Deserialize, Serialize};

@@ -12,11 +12,16 @@ use parking_lot::RwLock;
 use super::{Operator, OperatorDef};
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::kernels::Epilogue;
 
 /// What builds an operator of one type for a device: checks the def (arity, arguments) and
 /// returns the operator, or an error naming it.
 pub type OperatorBuilder =
     Arc<dyn Fn(&OperatorDef, &Device) -> Result<Box<dyn Operator>> + Send + Sync>;
+
+/// What builds the GEMM epilogue of an element-wise operator type from a def (of the type or
+/// of its gradient: the builder reads the arguments they share), for the fusion of nets.
+pub type EpilogueBuilder = Arc<dyn Fn(&OperatorDef) -> Result<Epilogue> + Send + Sync>;
 
 /// One registered operator type.
 struct Entry {
@@ -24,6 +29,8 @@ struct Entry {
     name: &'static str,
     gradient: Option<&'static str>,
     build: OperatorBuilder,
+    /// Declared element-wise, with its epilogue ([`register_epilogue`]).
+    epilogue: Option<EpilogueBuilder>,
 }
 
 /// Every registered type, in the order of registration.
@@ -45,6 +52,7 @@ impl Registry {
             name,
             gradient,
             build,
+            epilogue: None,
         });
         Ok(())
     }
@@ -170,6 +178,75 @@ pub fn gradient_of(op_type: &str) -> Option<&'static str> {
         .iter()
         .find(|e| e.name == op_type)
         .and_then(|e| e.gradient)
+}
+
+/// Declares the registered operator type `op_type` element-wise, with the GEMM epilogue that
+/// `build` makes from a def (see [`Epilogue`]): from then on a net's fusion pass (such as
+/// `syncmem-nn`'s) may apply it in the store of the GEMM that computes its input, as it does
+/// for the built-in `Relu`, and, when the epilogue has a gradient, fuse the gradient operator
+/// registered with the type into the GEMM that computes the input gradient.
+///
+/// The contract the fusion relies on: an operator of the type reads one tensor `X` and writes
+/// `Y[i] = act(X[i])` for every element, nothing else; its gradient operator reads `[Y, dY]`
+/// and writes `dX[i] = act_grad(dY[i], Y[i])` (the form of `ReluGradient`). `build` is called
+/// with the def of either (it reads the arguments they share) and returns the same epilogue
+/// for equal arguments.
+///
+/// # Errors
+/// [`Error::NotFound`] when `op_type` is not registered; [`Error::AlreadyExists`] when it was
+/// declared before.
+pub fn register_epilogue(
+    op_type: &str,
+    build: impl Fn(&OperatorDef) -> Result<Epilogue> + Send + Sync + 'static,
+) -> Result<()> {
+    let mut registry = REGISTRY.write();
+    let Some(entry) = registry.entries.iter_mut().find(|e| e.name == op_type) else {
+        return Err(Error::NotFound {
+            kind: "operator type",
+            name: op_type.to_string(),
+            detail: " (register the operator before its epilogue)".into(),
+        });
+    };
+    if entry.epilogue.is_some() {
+        return Err(Error::AlreadyExists {
+            kind: "epilogue of operator type",
+            name: op_type.to_string(),
+            detail: " (declared before: an epilogue is declared once)".into(),
+        });
+    }
+    entry.epilogue = Some(Arc::new(build));
+    Ok(())
+}
+
+/// The epilogue of `def` when its type was declared element-wise ([`register_epilogue`]);
+/// `Ok(None)` otherwise.
+///
+/// # Errors
+/// The error of the declared builder (a bad argument of `def`).
+pub fn epilogue_of(def: &OperatorDef) -> Result<Option<Epilogue>> {
+    declared(def, |e| e.name == def.op_type)
+}
+
+/// The epilogue of `def` when its type is the gradient of a type declared element-wise
+/// ([`register_epilogue`]), built from `def`'s arguments; `Ok(None)` otherwise.
+///
+/// # Errors
+/// The error of the declared builder (a bad argument of `def`).
+pub fn gradient_epilogue_of(def: &OperatorDef) -> Result<Option<Epilogue>> {
+    declared(def, |e| e.gradient == Some(def.op_type.as_str()))
+}
+
+/// The epilogue of the first entry that `owns` and that declared one, built from `def`.
+fn declared(def: &OperatorDef, owns: impl Fn(&Entry) -> bool) -> Result<Option<Epilogue>> {
+    let build = {
+        let r = REGISTRY.read();
+        match r.entries.iter().find(|e| owns(e) && e.epilogue.is_some()) {
+            Some(e) => e.epilogue.clone(),
+            None => return Ok(None),
+        }
+    };
+    // Outside the lock, as a builder of operators.
+    build.map_or(Ok(None), |b| b(def).map(Some))
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use bytemuck::Pod;
 
 use super::math;
 use super::{CpuDevice, CpuMem, CpuStream};
+use crate::backend::epilogue::EpilogueCode;
 use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce, SoftmaxExtra};
 use crate::dtype::{Float, ScalarKind};
 use crate::error::{Error, Result};
@@ -92,6 +93,7 @@ impl BackendKernels for CpuDevice {
         sum: Buf<'_, CpuMem>,
     ) -> Result<()> {
         let (m, n, k) = (g.m, g.n, g.k);
+        let user = g.user.map(EpilogueCode::host_fn).transpose()?;
         let a = view_opt::<f32>(a, m * k)?;
         let b = view_opt::<f32>(b, k * n)?;
         // SAFETY: `c` is the one output, held exclusively, aliasing no input.
@@ -108,8 +110,11 @@ impl BackendKernels for CpuDevice {
         if g.relu {
             math::relu_in_place(c);
         }
-        if let Some(mask) = mask {
-            math::relu_grad_in_place(view::<f32>(mask, m * n)?, c);
+        let mask = mask.map(|x| view::<f32>(x, m * n)).transpose()?;
+        match (user, mask) {
+            (Some(f), y) => f.apply(c, y)?,
+            (None, Some(mask)) => math::relu_grad_in_place(mask, c),
+            (None, None) => {}
         }
         if let Some(sum) = sum {
             // Nothing to save on the host: the column sums as `col_sum` computes them.

@@ -29,6 +29,7 @@ use super::launch::{blocks_for, launch, linear, Arg, MAX_BLOCKS, MAX_GRID_Y};
 use super::source::{BLOCK, GEMM_THREADS, MATH_BLOCK, TILE_M, TILE_N};
 use super::{CuDevice, CuMem, CuStream};
 use crate::backend::args;
+use crate::backend::epilogue::{Dialect, EpilogueCode};
 use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce, SoftmaxExtra, AXPY_MULTI};
 use crate::dtype::{Float, ScalarKind};
 use crate::error::Result;
@@ -94,6 +95,13 @@ impl BackendKernels for CuDevice {
         mask: Buf<'_, CuMem>,
         sum: Buf<'_, CuMem>,
     ) -> Result<()> {
+        let user = match g.user {
+            Some(act) => {
+                let prelude = EpilogueCode::prelude(act, Dialect::Cuda, self.label())?;
+                Some(self.kernel_cache().gemm_with_epilogue(self, prelude)?)
+            }
+            None => None,
+        };
         let ks = self.kernel_cache().ops(self)?;
         let args = args::gemm(
             self.label(),
@@ -110,7 +118,8 @@ impl BackendKernels for CuDevice {
             block_dim: (GEMM_THREADS.0, GEMM_THREADS.1, 1),
             shared_mem_bytes: 0,
         };
-        self.run(s, "sm_gemm", &ks.gemm, &args, cfg)
+        let func = user.as_deref().unwrap_or(&ks.gemm);
+        self.run(s, "sm_gemm", func, &args, cfg)
     }
 
     fn col_sum(
@@ -315,6 +324,22 @@ mod tests {
         for name in OP_KERNELS {
             assert!(ops.contains(&format!(".entry {name}(")), "{name}");
         }
+        // With a user's epilogue spliced in (as the LeakyRelu example declares it).
+        let code = crate::backend::epilogue::EpilogueCode {
+            name: "leaky".into(),
+            source: Some("return x > 0.0f ? x : 0.01f * x;".into()),
+            grad_source: Some("return y > 0.0f ? g : 0.01f * g;".into()),
+            host: None,
+            host_grad: None,
+            preludes: Default::default(),
+        };
+        let act = crate::backend::epilogue::UserAct {
+            code: &code,
+            grad: true,
+        };
+        let prelude = EpilogueCode::prelude(act, Dialect::Cuda, "cuda").unwrap();
+        let ptx = super::super::program::epilogue_ptx(prelude).unwrap_or_else(|e| panic!("{e}"));
+        assert!(ptx.to_src().contains(".entry sm_gemm("));
     }
 
     #[test]

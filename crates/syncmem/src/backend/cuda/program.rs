@@ -16,7 +16,7 @@
 //!   missing symbol of an old library).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{self, Ptx};
@@ -24,7 +24,7 @@ use cudarc::nvrtc::{self, Ptx};
 use super::error::{driver_error, panic_text};
 use super::source::{BLOCK, GEMM_THREADS, MATH, OPS};
 use super::CuDevice;
-use crate::backend::cache::BuildOnce;
+use crate::backend::cache::{BuildMap, BuildOnce};
 use crate::dtype::ScalarKind;
 use crate::error::{BackendKind, Error, Result};
 
@@ -102,12 +102,43 @@ pub(crate) struct KernelCache {
     math: BuildOnce<MathKernels>,
     /// The user's kernels (see [`super::user`]).
     pub(super) user: super::user::UserModules,
+    /// The GEMMs with a user's epilogue, by prelude ([`crate::backend::epilogue`]).
+    epilogues: BuildMap<String, CudaFunction>,
 }
 
 impl KernelCache {
     /// The operator kernels of `dev`.
     pub(super) fn ops(&self, dev: &CuDevice) -> Result<Arc<OpKernels>> {
         self.ops.get_or_build(|| build_ops(dev))
+    }
+
+    /// The GEMM of `dev` with a user's epilogue: the operator source after `prelude`,
+    /// compiled once per process and loaded once per device.
+    pub(super) fn gemm_with_epilogue(
+        &self,
+        dev: &CuDevice,
+        prelude: &str,
+    ) -> Result<Arc<CudaFunction>> {
+        self.epilogues.slot_of(prelude).get_or_build(|| {
+            let label = dev.label();
+            let ptx = epilogue_ptx(prelude)?;
+            load_module(
+                label,
+                "CUDA GEMM with an epilogue",
+                dev.context(),
+                ptx,
+                |module| {
+                    let func = module
+                        .load_function("sm_gemm")
+                        .map_err(|e| driver_error(label, "cuModuleGetFunction", e))?;
+                    let max = func
+                        .max_threads_per_block()
+                        .map_err(|e| driver_error(label, "cuFuncGetAttribute", e))?;
+                    check_threads(label, "sm_gemm", max, threads_of("sm_gemm"))?;
+                    Ok(func)
+                },
+            )
+        })
     }
 
     /// The math kernels of `dev`.
@@ -155,6 +186,12 @@ pub(super) fn compile(source: &str, cache: &BuildOnce<Ptx>) -> Result<Ptx> {
 /// The PTX of the operator kernels.
 pub(super) fn ops_ptx() -> Result<Ptx> {
     compile(OPS, &OPS_PTX)
+}
+
+/// The PTX of the operator kernels after a user's epilogue `prelude`, once per prelude.
+pub(super) fn epilogue_ptx(prelude: &str) -> Result<Ptx> {
+    static PTX: LazyLock<BuildMap<String, Ptx>> = LazyLock::new(BuildMap::default);
+    compile(&format!("{prelude}{OPS}"), &PTX.slot_of(prelude))
 }
 
 /// The PTX of the math kernels.

@@ -138,6 +138,12 @@ extern "C" __global__ void sm_gemm(unsigned int M, unsigned int N, unsigned int 
                     const size_t at = (size_t)gm * N + gn;
                     float v = (flags & 1u) ? acc[i][j] + bias[gn] : acc[i][j];
                     v = (flags & 2u) ? (v > 0.0f ? v : 0.0f) : v;
+#ifdef SM_USER_EPILOGUE
+                    /* A user's activation (bit 4) or its gradient from the activation's
+                     * output in mask (bit 5), defined by the prelude of a user's epilogue. */
+                    v = (flags & 16u) ? sm_user_act(v) : v;
+                    v = (flags & 32u) ? sm_user_act_grad(v, mask[at]) : v;
+#endif
                     C[at] = (flags & 4u) ? (mask[at] > 0.0f ? v : 0.0f) : v;
                 }
             }

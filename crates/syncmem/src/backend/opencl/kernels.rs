@@ -9,6 +9,7 @@ use super::launch::{groups_for, launch, Arg, Grid, Slot};
 use super::program::GemmKernel;
 use super::{ClDevice, ClMem, ClStream};
 use crate::backend::args;
+use crate::backend::epilogue::{Dialect, EpilogueCode};
 use crate::backend::{BackendKernels, BadLabel, Buf, Gemm, Reduce, SoftmaxExtra, AXPY_MULTI};
 use crate::dtype::{Float, ScalarKind};
 use crate::error::Result;
@@ -132,7 +133,13 @@ impl ClDevice {
         (a, b, c, bias, mask, sum): GemmOperands<'_>,
         kernel: GemmKernel,
     ) -> Result<()> {
-        let ks = self.kernel_cache().ops(self)?;
+        let ks = match g.user {
+            Some(act) => {
+                let prelude = EpilogueCode::prelude(act, Dialect::OpenCl, self.label())?;
+                self.kernel_cache().ops_with_epilogue(self, prelude)?
+            }
+            None => self.kernel_cache().ops(self)?,
+        };
         let args = args::gemm(
             self.label(),
             g,

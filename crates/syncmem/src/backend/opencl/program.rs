@@ -59,7 +59,7 @@ use super::launch::Slot;
 use super::math_source::{ELEMENTWISE, MATH};
 use super::source::OPS;
 use super::{backend_error, ClDevice};
-use crate::backend::cache::BuildOnce;
+use crate::backend::cache::{BuildMap, BuildOnce};
 use crate::backend::Gemm;
 use crate::dtype::ScalarKind;
 use crate::error::{Error, Result};
@@ -235,12 +235,39 @@ pub(crate) struct KernelCache {
     f64: BuildOnce<MathKernels>,
     /// The programs of the user's kernels (see [`super::user`]).
     pub(super) user: super::user::UserPrograms,
+    /// The operator programs with a user's GEMM epilogue, by prelude
+    /// ([`crate::backend::epilogue`]).
+    epilogues: BuildMap<String, OpKernels>,
 }
 
 impl KernelCache {
     /// The operator kernels of `dev`.
     pub(crate) fn ops(&self, dev: &ClDevice) -> Result<std::sync::Arc<OpKernels>> {
         self.ops.get_or_build(|| build_ops(dev))
+    }
+
+    /// The operator kernels of `dev` with a user's GEMM epilogue: the operator program built
+    /// once per `prelude` (the tiles of [`KernelCache::ops`]), after `prelude`.
+    pub(crate) fn ops_with_epilogue(
+        &self,
+        dev: &ClDevice,
+        prelude: &str,
+    ) -> Result<std::sync::Arc<OpKernels>> {
+        let tiles = self.ops(dev)?.tiles;
+        let slot = self.epilogues.slot_of(prelude);
+        slot.get_or_build(|| {
+            // With the bodies on vectors first (`SM_USER_VECTOR`), else lane by lane.
+            let vector = format!("#define SM_USER_VECTOR 1\n{prelude}");
+            let built = match build_ops_with(dev, tiles, &vector) {
+                Ok(k) => k,
+                Err(_) => build_ops_with(dev, tiles, prelude)?,
+            };
+            built.ok_or_else(|| Error::Unsupported {
+                device: dev.label().to_string(),
+                what: "the GEMM with a user's epilogue does not fit the device's work-groups"
+                    .into(),
+            })
+        })
     }
 
     /// The math kernels of `kind` (`f32` or `f64`) on `dev`.
@@ -313,7 +340,7 @@ fn build_ops(dev: &ClDevice) -> Result<OpKernels> {
     let candidates = tile_candidates(max_wg, local_mem);
     let mut last = None;
     for tiles in &candidates {
-        match build_ops_with(dev, *tiles)? {
+        match build_ops_with(dev, *tiles, "")? {
             Some(k) => return Ok(k),
             None => last = Some(*tiles),
         }
@@ -329,7 +356,8 @@ fn build_ops(dev: &ClDevice) -> Result<OpKernels> {
 
 /// Builds the operator program with `tiles`; `None` when the GEMM kernel cannot run
 /// work-groups of that size on the device (register pressure), so that smaller tiles are tried.
-fn build_ops_with(dev: &ClDevice, tiles: Tiles) -> Result<Option<OpKernels>> {
+/// `prelude` goes first (a user's GEMM epilogue, or nothing).
+fn build_ops_with(dev: &ClDevice, tiles: Tiles, prelude: &str) -> Result<Option<OpKernels>> {
     let (label, id) = (dev.label(), dev.device_id());
     let options = format!(
         "-D TSM={} -D TSN={} -D TSK={}{}",
@@ -338,7 +366,7 @@ fn build_ops_with(dev: &ClDevice, tiles: Tiles) -> Result<Option<OpKernels>> {
         tiles.tsk,
         elementwise_option(dev)
     );
-    let source = format!("{ELEMENTWISE}{OPS}");
+    let source = format!("{prelude}{ELEMENTWISE}{OPS}");
     let program = build_program(dev, &source, &options, "operator kernels")?;
     let gemm = Slot::new(&program, id, "sm_gemm", label)?;
     if gemm.max_work_group < tiles.work_group() {

@@ -35,10 +35,20 @@ pub(super) const OPS: &str = r#"
  * sum[m] = sum_k A[k*M + m], the column sums of A as stored, in the order of sm_col_sum (one
  * accumulator per column, k ascending), so bit for bit its result. */
 #define SM_SUM 8u
+/* flags bit 4: a user's activation sm_user_act(v) after the bias and ReLU; bit 5: its gradient
+ * sm_user_act_grad(v, mask[at]) in place of the mask (a fused FCGradient + the gradient of a
+ * user's element-wise operator). Both exist only in a program built with a user's epilogue
+ * (SM_USER_EPILOGUE, defined by the prelude that defines the two functions). */
+#define SM_ACT 16u
+#define SM_DACT 32u
 inline float sm_epilogue(float v, __global const float* bias, __global const float* mask,
                          const size_t at, const uint n, const uint flags) {
     v = (flags & SM_BIAS) ? v + bias[n] : v;
     v = (flags & SM_RELU) ? (v > 0.0f ? v : 0.0f) : v;
+#ifdef SM_USER_EPILOGUE
+    v = (flags & SM_ACT) ? sm_user_act(v) : v;
+    v = (flags & SM_DACT) ? sm_user_act_grad(v, mask[at]) : v;
+#endif
     return (flags & SM_MASK) ? (mask[at] > 0.0f ? v : 0.0f) : v;
 }
 
@@ -189,6 +199,34 @@ __attribute__((always_inline)) inline void sm_rb_store(const float16* acc, const
                     const float16 y = vload16(0, mask + (size_t)(m0 + i) * N + n0);
                     v = select((float16)(0.0f), v, y > 0.0f);
                 }
+#if defined(SM_USER_VECTOR)
+                /* A user's activation or its gradient on 16 lanes at once. */
+                if (flags & SM_ACT) {
+                    v = sm_user_act16(v);
+                }
+                if (flags & SM_DACT) {
+                    v = sm_user_act_grad16(v, vload16(0, mask + (size_t)(m0 + i) * N + n0));
+                }
+#elif defined(SM_USER_EPILOGUE)
+                /* A body that does not compile on vectors: lane by lane. */
+                if (flags & (SM_ACT | SM_DACT)) {
+                    float t[16];
+                    vstore16(v, 0, t);
+                    const size_t row = (size_t)(m0 + i) * N + n0;
+                    if (flags & SM_ACT) {
+#pragma unroll
+                        for (uint j = 0; j < 16; ++j) {
+                            t[j] = sm_user_act(t[j]);
+                        }
+                    } else {
+#pragma unroll
+                        for (uint j = 0; j < 16; ++j) {
+                            t[j] = sm_user_act_grad(t[j], mask[row + j]);
+                        }
+                    }
+                    v = vload16(0, t);
+                }
+#endif
                 vstore16(v, 0, C + (size_t)(m0 + i) * N + n0);
             }
         }
