@@ -141,8 +141,11 @@ struct Recorder {
     /// The time read last, in nanoseconds from the history's start.
     now: u64,
     /// Numbered names, by the address of the `Arc` held here (so that it cannot be reused).
-    cache: Box<[Option<(Arc<str>, u32)>; CACHE]>,
+    cache: Box<NameCache>,
 }
+
+/// Numbered names of a thread's recorder: a name and its number, per cache slot.
+type NameCache = [Option<(Arc<str>, u32)>; CACHE];
 
 /// What the thread holds: the operator running on it and its recorder.
 #[derive(Default)]
