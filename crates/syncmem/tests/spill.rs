@@ -160,7 +160,11 @@ fn offload_frees_the_device_mirror_and_keeps_the_data(dev: &Device) {
         assert_eq!(device_bytes(&a), vec![3u8; MIB], "{zero_copy}");
         assert!(a.device_allocated());
         assert_eq!(a.offload().unwrap(), MIB, "{zero_copy}");
-        assert_eq!(a.copy_stats().spilled.count, 1, "{zero_copy}: a clean mirror is dropped");
+        assert_eq!(
+            a.copy_stats().spilled.count,
+            1,
+            "{zero_copy}: a clean mirror is dropped"
+        );
         assert!(a.host().unwrap().iter().all(|&x| x == 3));
         // A guard of this thread, or a pin, refuses it.
         let g = a.device().unwrap();
