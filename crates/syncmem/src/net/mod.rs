@@ -183,7 +183,7 @@ pub struct Net {
     ctx: Context,
     ops: Vec<Box<dyn Operator>>,
     /// What the operators do with each blob (the schedule of a run under a memory cap).
-    blob_uses: Arc<schedule::BlobUses>,
+    blob_uses: schedule::Schedules,
     /// What each operator's allocations record as the operator running (see
     /// [`crate::report::op_scope`]): `NET[INDEX] TYPE -> OUTPUTS`.
     sites: Vec<Arc<str>>,
@@ -246,7 +246,7 @@ impl Net {
             .into_iter()
             .filter(|n| !protected.contains(n))
             .collect();
-        let blob_uses = Arc::new(schedule::BlobUses::new(&ops, &internal));
+        let blob_uses = schedule::Schedules::new(schedule::BlobUses::new(&ops, &internal));
         let sites = run_def
             .ops
             .iter()

@@ -24,6 +24,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 
+use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use crate::device::{Device, Evictable, NextUse};
@@ -51,6 +52,17 @@ pub(super) struct BlobUses {
 }
 
 impl BlobUses {
+    #[cfg(test)]
+    fn clone_for_test(&self) -> BlobUses {
+        BlobUses {
+            names: self.names.clone(),
+            uses: self.uses.clone(),
+            internal: self.internal.clone(),
+            by_op: self.by_op.clone(),
+            dead_after: self.dead_after.clone(),
+        }
+    }
+
     /// The uses of the blobs of `ops`; `internal`: the names nothing outside a run reads.
     pub(super) fn new(ops: &[Box<dyn Operator>], internal: &BTreeSet<String>) -> BlobUses {
         let mut index: HashMap<&str, u32> = HashMap::new();
@@ -173,6 +185,59 @@ impl Schedule {
         }
     }
 
+    /// Brings the schedule up to the buffers `ws` holds now: each name whose buffer changed
+    /// leaves its old buffer and joins its new one.
+    fn refresh(&mut self, ws: &Workspace) {
+        self.at.store(0, Relaxed);
+        let blobs = self.blobs.clone();
+        for (n, name) in blobs.names.iter().enumerate() {
+            let old = self.keys[n];
+            if key_of(ws, name) == old {
+                continue;
+            }
+            if let Some(b) = self.buffers.get_mut(&old) {
+                b.names.retain(|m| *m as usize != n);
+                if b.names.is_empty() {
+                    self.buffers.remove(&old);
+                } else {
+                    self.mark_shared(old);
+                }
+            }
+            self.keys[n] = 0;
+            self.held[n] = None;
+            let Some((key, item)) = buffer_of(ws, name) else {
+                continue;
+            };
+            self.keys[n] = key;
+            self.held[n] = Some(Held {
+                item: item.clone(),
+                shared: false,
+            });
+            self.buffers
+                .entry(key)
+                .or_insert_with(|| Buffer {
+                    names: SmallVec::new(),
+                    item,
+                })
+                .names
+                .push(n as u32);
+            self.mark_shared(key);
+        }
+    }
+
+    /// Marks the names of buffer `key` as sharing it or not.
+    fn mark_shared(&mut self, key: usize) {
+        let Some(b) = self.buffers.get(&key) else {
+            return;
+        };
+        let shared = b.names.len() > 1;
+        for &m in &b.names {
+            if let Some(h) = &mut self.held[m as usize] {
+                h.shared = shared;
+            }
+        }
+    }
+
     /// Operator `i` runs now.
     pub(super) fn at(&self, i: usize) {
         self.at.store(i, Relaxed);
@@ -248,6 +313,51 @@ fn buffer_of(ws: &Workspace, name: &str) -> Option<(usize, Weak<dyn Evictable>)>
     Some((synced.key(), synced.evictable()))
 }
 
+/// The key of the buffer of blob `name` in `ws` (0: none).
+fn key_of(ws: &Workspace, name: &str) -> usize {
+    let Some(blob) = ws.try_get_blob(name) else {
+        return 0;
+    };
+    let guard = blob.read_recursive();
+    guard
+        .get::<Tensor>()
+        .ok()
+        .and_then(Tensor::synced)
+        .map_or(0, |s| s.key())
+}
+
+/// A net's blob uses, and the schedule of its last run under a cap: a run whose blobs hold the
+/// same buffers (a training step after the first) takes it again instead of reading a new one.
+/// It holds weak references to those buffers (their memory is freed with them; only their
+/// shared state's allocation waits for the next schedule), so a key it knows cannot name
+/// another buffer.
+pub(super) struct Schedules {
+    blobs: Arc<BlobUses>,
+    last: Mutex<Option<Arc<Schedule>>>,
+}
+
+impl Schedules {
+    pub(super) fn new(blobs: BlobUses) -> Schedules {
+        Schedules {
+            blobs: Arc::new(blobs),
+            last: Mutex::new(None),
+        }
+    }
+
+    /// The schedule over the buffers `ws` holds now: the last one brought up to date where
+    /// no run holds it any more (only the names whose buffer changed are read again: a step's
+    /// batch), else a new one.
+    fn current(&self, ws: &Workspace) -> Arc<Schedule> {
+        let mut last = self.last.lock();
+        match last.as_mut().and_then(Arc::get_mut) {
+            Some(s) => s.refresh(ws),
+            None => *last = Some(Arc::new(Schedule::read(&self.blobs, ws))),
+        }
+        last.as_ref()
+            .map_or_else(|| Arc::new(Schedule::read(&self.blobs, ws)), Arc::clone)
+    }
+}
+
 impl NextUse for Schedule {
     fn next_use(&self, key: usize) -> Option<usize> {
         let b = self.buffers.get(&key)?;
@@ -274,11 +384,11 @@ impl<'a> Installed<'a> {
     /// cap (without one nothing is evicted, and the run reads nothing).
     pub(super) fn on_capped(
         device: &'a Device,
-        blobs: &Arc<BlobUses>,
+        schedules: &Schedules,
         ws: &Workspace,
     ) -> Option<Installed<'a>> {
         device.memory_cap()?;
-        let schedule = Arc::new(Schedule::read(blobs, ws));
+        let schedule = schedules.current(ws);
         let previous = device.swap_next_use(Some(schedule.clone()));
         Some(Installed {
             device,
@@ -405,5 +515,63 @@ mod tests {
         t.buffers.remove(&2);
         t.buffers.get_mut(&1).unwrap().names.push(1);
         assert!(!t.is_dead(1), "one external name keeps it");
+    }
+
+    /// A blob `name` of `ws` holding a 4-element tensor of `dev` with storage of its own, or
+    /// sharing blob `from`'s; returns the key of its buffer.
+    fn blob(ws: &Workspace, dev: &Device, name: &str, from: Option<&str>) -> usize {
+        let t = match from {
+            Some(src) => {
+                let src = ws.try_get_blob(src).unwrap();
+                let src = src.read();
+                let mut t = Tensor::new(dev);
+                t.resize(&[4]).unwrap();
+                t.share_data(src.get::<Tensor>().unwrap()).unwrap();
+                t
+            }
+            None => Tensor::from_slice(&[4], &[1.0f32; 4], Some(dev)).unwrap(),
+        };
+        let key = t.synced().unwrap().key();
+        ws.create_blob(name).unwrap().write().reset(t);
+        key
+    }
+
+    #[test]
+    fn a_schedule_is_reused_and_follows_a_blob_to_its_new_buffer() {
+        let dev = Device::cpu();
+        let ws = Workspace::new();
+        let a = blob(&ws, &dev, "b0", None);
+        blob(&ws, &dev, "b1", None);
+        let mut blobs = schedule(2, &[(&[(0, false)], true), (&[(1, false)], true)])
+            .blobs
+            .as_ref()
+            .clone_for_test();
+        blobs.by_op = vec![SmallVec::from_slice(&[0]), SmallVec::from_slice(&[1])];
+        let schedules = Schedules::new(blobs);
+        let first = schedules.current(&ws);
+        assert_eq!(first.next_use(a), Some(0));
+        let first_ptr = Arc::as_ptr(&first);
+        drop(first);
+        // The same buffers: the same schedule, brought up to date in place.
+        assert_eq!(Arc::as_ptr(&schedules.current(&ws)), first_ptr);
+        // b1 now shares b0's buffer (a batch fed by sharing): one buffer of two names.
+        assert_eq!(blob(&ws, &dev, "b1", Some("b0")), a);
+        let s = schedules.current(&ws);
+        assert_eq!(Arc::as_ptr(&s), first_ptr);
+        assert_eq!(s.keys, vec![a, a]);
+        assert_eq!(s.buffers.len(), 1);
+        assert!(s.held.iter().all(|h| h.as_ref().is_some_and(|h| h.shared)));
+        drop(s);
+        // b1 back on a buffer of its own.
+        let c = blob(&ws, &dev, "b1", None);
+        let s = schedules.current(&ws);
+        assert_eq!(Arc::as_ptr(&s), first_ptr);
+        assert_eq!(s.buffers.len(), 2);
+        assert!(s.held.iter().all(|h| h.as_ref().is_some_and(|h| !h.shared)));
+        assert_eq!((s.next_use(a), s.next_use(c)), (Some(0), Some(1)));
+        // While a run holds it, the next gets a schedule of its own.
+        let other = schedules.current(&ws);
+        assert!(!Arc::ptr_eq(&s, &other));
+        assert_eq!(other.next_use(c), Some(1));
     }
 }
