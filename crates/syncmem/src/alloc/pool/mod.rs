@@ -194,6 +194,8 @@ pub struct Pool<T: Send + Sync + 'static, V: Send + 'static = ()> {
     /// Replaced by another pool (see [`Pool::retire_if_idle`]): refuses every allocation.
     /// Written with every shard locked, read under a shard's lock.
     retired: AtomicBool,
+    /// Picks a thread's shard without a division ([`shard::shard_multiplier`]).
+    shard_mul: u64,
 }
 
 impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
@@ -242,6 +244,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             shards,
             config,
             retired: AtomicBool::new(false),
+            shard_mul: shard::shard_multiplier(count),
         }))
     }
 

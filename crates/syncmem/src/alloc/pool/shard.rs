@@ -189,13 +189,33 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Drop for Pool<T, V> {
     }
 }
 
+/// The multiplier of [`shard_of`] for `n` shards: `ceil(2^64 / n)`, 0 for one shard.
+pub(super) fn shard_multiplier(n: usize) -> u64 {
+    match n as u64 {
+        0 | 1 => 0,
+        n => u64::MAX / n + 1,
+    }
+}
+
+/// `x % n` for `n` (at least 2, at most `u32::MAX`) shards and `mul` =
+/// [`shard_multiplier`]`(n)`, with two multiplications instead of a division (Lemire, Kaser
+/// and Kurz, "Faster remainder by direct computation", 2019: exact for 32-bit `x` and `n`).
+/// A 32-bit `div` costs 10 to 40 cycles, about a tenth of an allocate + free of the pool.
+#[inline]
+pub(super) fn shard_of(x: u32, n: usize, mul: u64) -> usize {
+    let low = mul.wrapping_mul(u64::from(x));
+    ((u128::from(low) * n as u128) >> 64) as usize
+}
+
 impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
-    /// The index of the calling thread's shard.
+    /// The index of the calling thread's shard: the thread's index (its low 32 bits; any
+    /// shard is a correct one) modulo the number of shards, by multiplication (see
+    /// [`shard_of`]).
     #[inline]
     pub(super) fn shard_index(&self) -> usize {
         match self.shards.len() {
             1 => 0,
-            n => crate::alloc::thread::index() % n,
+            n => shard_of(crate::alloc::thread::index() as u32, n, self.shard_mul),
         }
     }
 

@@ -230,7 +230,10 @@ impl<V> Arena<V> {
     ) -> Option<Grant<V>> {
         let stream = req.stream;
         if rounded <= self.class_limit {
-            if let Some(id) = self.front.pop(stream, rounded / self.round, rounded) {
+            // `round` is a power of two (the configuration checks it): a shift, not a division
+            // (a 32-bit `div` costs 10 to 40 cycles, about a tenth of a cycle of the pool).
+            let class = rounded >> self.round.trailing_zeros();
+            if let Some(id) = self.front.pop(stream, class, rounded) {
                 return Some(self.take_cached(id, req));
             }
         } else if let Some(id) = self.front.pop_large(stream, rounded) {
@@ -465,7 +468,9 @@ impl<V> Arena<V> {
                 self.inactive(small, size, true);
             }
             if small && size <= class_limit {
-                self.front.push(stream, size / round, size, id);
+                // A shift: `round` is a power of two (see `find`).
+                self.front
+                    .push(stream, size >> round.trailing_zeros(), size, id);
             } else if let Some((old, _)) = self.front.push_large(stream, size, id) {
                 self.settle(old);
             }

@@ -173,3 +173,36 @@ fn a_pool_retires_only_when_idle_and_then_refuses_allocations() {
     assert_eq!(budget.used(), 0);
     assert_eq!(p.usage(), u);
 }
+
+#[test]
+fn the_shard_of_a_thread_is_its_index_modulo_the_shards() {
+    let xs = [
+        0,
+        1,
+        2,
+        3,
+        7,
+        8,
+        1023,
+        1024,
+        65_537,
+        u32::MAX / 3,
+        u32::MAX - 1,
+        u32::MAX,
+    ];
+    for n in (2..=70).chain([127, 128, 1000, config::MAX_SHARDS]) {
+        let mul = shard::shard_multiplier(n);
+        for x in xs.into_iter().chain(0..3 * n as u32) {
+            assert_eq!(
+                shard::shard_of(x, n, mul),
+                x as usize % n,
+                "{x} modulo {n} shards"
+            );
+        }
+    }
+    assert_eq!(
+        shard::shard_multiplier(1),
+        0,
+        "one shard needs no multiplier"
+    );
+}

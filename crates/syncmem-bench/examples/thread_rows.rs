@@ -1,0 +1,37 @@
+//! The pool rows under threads of `syncmem bench` alone (`host pool 4 KiB, N threads` and
+//! `device pool 4 KiB, N threads` at 1, 2 and 8 threads, against the system allocator from as
+//! many threads): `thread_rows [DEVICE] [SAMPLES] [BATCH]` (defaults `cpu`, 11, 100000) prints
+//! each row's times, ratio and spread, with the machine's load before and after, for measuring
+//! the pools without the rest of the bench.
+
+use syncmem::Device;
+use syncmem_bench::rows::Runs;
+use syncmem_bench::threads::{device_pool_rows, host_pool_rows};
+
+/// `/proc/loadavg`'s first three fields (empty where there is none).
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn main() -> syncmem::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dev = Device::open(args.first().map_or("cpu", String::as_str))?;
+    let num = |i: usize, d: usize| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
+    let runs = Runs {
+        samples: num(1, 11),
+        batch: num(2, 100_000),
+    };
+    println!("load before: {}", load());
+    let mut rows = host_pool_rows(runs)?;
+    rows.extend(device_pool_rows(&dev, runs)?);
+    for r in rows {
+        println!(
+            "{}: {:.1} ns, system allocator {:.1} ns, ratio {:.3} ({:.3} to {:.3}, {} samples)",
+            r.name, r.ours_ns, r.baseline_ns, r.ratio, r.ratio_low, r.ratio_high, r.samples,
+        );
+    }
+    println!("load after: {}", load());
+    Ok(())
+}
