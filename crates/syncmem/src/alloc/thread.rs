@@ -7,6 +7,30 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
+/// A flag of the calling thread set until dropped, then put back as it was, even when the
+/// code it wraps unwinds: the settings a call makes for the calls below it on its thread (quiet
+/// refusals, unobserved attempts, whether whole segments may be split).
+pub(crate) struct SetFlag {
+    key: &'static std::thread::LocalKey<Cell<bool>>,
+    old: bool,
+}
+
+impl SetFlag {
+    /// Sets `key` to `now` until the guard is dropped.
+    pub(crate) fn new(key: &'static std::thread::LocalKey<Cell<bool>>, now: bool) -> SetFlag {
+        SetFlag {
+            key,
+            old: key.with(|c| c.replace(now)),
+        }
+    }
+}
+
+impl Drop for SetFlag {
+    fn drop(&mut self) {
+        self.key.with(|c| c.set(self.old));
+    }
+}
+
 /// Stripes of the memory counters: threads with indexes apart by less than
 /// this write cache lines apart.
 pub(crate) const STRIPES: usize = 8;

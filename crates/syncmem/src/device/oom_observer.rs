@@ -36,14 +36,7 @@ thread_local! {
 /// Runs `f`, an attempt whose out-of-memory failure the caller handles (the user never sees
 /// it): a refusal inside calls no observer.
 pub(crate) fn unobserved<R>(f: impl FnOnce() -> R) -> R {
-    /// Puts the setting back, even when `f` unwinds.
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            HELD.with(|h| h.set(self.0));
-        }
-    }
-    let _restore = Restore(HELD.with(|h| h.replace(true)));
+    let _held = crate::alloc::thread::SetFlag::new(&HELD, true);
     f()
 }
 

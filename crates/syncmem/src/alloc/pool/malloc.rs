@@ -26,14 +26,7 @@ thread_local! {
 /// text (formatting one costs more than the allocation attempt). For the retries of an
 /// out-of-memory path, whose final refusal is made again loudly when they all fail.
 pub(crate) fn quietly<R>(f: impl FnOnce() -> R) -> R {
-    /// Puts the setting back, even when `f` unwinds.
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            QUIET.with(|q| q.set(self.0));
-        }
-    }
-    let _restore = Restore(QUIET.with(|q| q.replace(true)));
+    let _quiet = crate::alloc::thread::SetFlag::new(&QUIET, true);
     f()
 }
 

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use super::{max_segment, DeviceMemory};
 use crate::alloc::pool::{quietly, Pool};
+use crate::alloc::thread::SetFlag;
 use crate::backend::dispatch::RawMem;
 use crate::device::mirror::{Evictable, NextUse};
 use crate::device::Device;
@@ -41,19 +42,9 @@ pub(super) fn may_split_whole() -> bool {
     SPLIT_WHOLE.with(Cell::get)
 }
 
-/// Sets this thread's [`may_split_whole`] until dropped, then puts the old value back.
-struct SplitWhole(bool);
-
-impl SplitWhole {
-    fn set(now: bool) -> Self {
-        Self(SPLIT_WHOLE.with(|s| s.replace(now)))
-    }
-}
-
-impl Drop for SplitWhole {
-    fn drop(&mut self) {
-        SPLIT_WHOLE.with(|s| s.set(self.0));
-    }
+/// Sets this thread's [`may_split_whole`] to `now` until the guard is dropped.
+fn split_whole(now: bool) -> SetFlag {
+    SetFlag::new(&SPLIT_WHOLE, now)
 }
 
 /// Where a run of the path stands: `Break` with what the allocation returned, or `Continue`.
@@ -101,11 +92,11 @@ impl DeviceMemory {
         if !hopeless {
             // The retries' refusals are quiet; when they all failed, the last is made again
             // with its cause.
-            let _split = SplitWhole::set(false);
+            let _split = split_whole(false);
             if let Break(done) = quietly(|| self.free_room(&mut run, &mut attempt)) {
                 return done;
             }
-            let _split = SplitWhole::set(true);
+            let _split = split_whole(true);
             if let Break(done) = run.retry(&mut attempt) {
                 return done;
             }
@@ -154,7 +145,7 @@ impl DeviceMemory {
         }
         // Before anything is written back, whole segments kept for larger requests may go to
         // the request (until the path ends).
-        let _split = SplitWhole::set(true);
+        let _split = split_whole(true);
         run.retry(attempt)?;
         // Spill: dirty mirrors written back to the host.
         let mut by_age: Vec<_> = candidates.into_iter().map(|(item, _)| item).collect();
