@@ -6,7 +6,8 @@
 //! NumPy view, a DLPack export), users' kernels, replicas on a second device, frees and reuse
 //! of pool blocks, all under a memory cap that spills and refills, with zero-copy on, off and
 //! with the map protocol, contents dropped (`drop_contents`: every read then fails until an
-//! overwrite), and MemPool scopes opened and closed around them (each step checks
+//! overwrite), buffers offloaded (`offload`: the device mirror goes, the data stays), and
+//! MemPool scopes opened and closed around them (each step checks
 //! that only the innermost scope's pool, or with none open the device's, allocated). `FailNext` makes the `n`-th allocation fail
 //! ([`Device::fail_allocation`]): an operation that fails with out-of-memory (injected, or the
 //! cap) must leave every buffer as it was, which is checked on the spot. The always-on history
