@@ -178,7 +178,7 @@ impl SyncedMemory {
 
 impl SyncedMemory {
     /// Moves the data to the host and frees the device mirror now, as the out-of-memory path
-    /// would spill it (see the [module docs](self)), waiting for the commands queued on it: the
+    /// would spill it (see [`crate::device`]), waiting for the commands queued on it: the
     /// data is written back first where only the device holds it (or where the host shares the
     /// device's memory), and the next device access brings it back. For a buffer a program
     /// will not need on the device for a while, under a memory cap: the room it frees is there
