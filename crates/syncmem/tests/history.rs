@@ -159,8 +159,10 @@ fn threads_merge_with_each_allocation_before_its_free(dev: &Device) {
     assert_eq!(k.iter().filter(|k| **k == "alloc").count(), 200, "{k:?}");
     assert_eq!(k.iter().filter(|k| **k == "free").count(), 200, "{k:?}");
     replay_with(&trace, &PoolConfig::default(), &ReplayOptions::new()).unwrap();
-    // Six threads of 100 cycles each into a history of 50 events per device: 50 read (the
-    // rings of the threads that ended are kept, past four of them merged into one).
+    // Six threads of 100 cycles each into a history of 50 events per device: the newest 50
+    // are kept (the rings of the threads that ended too, past four of them merged into one).
+    // A free at the window's start whose allocation fell out of it is left out when read: at
+    // most one per thread.
     let h = record_history(Some(50)).unwrap();
     std::thread::scope(|s| {
         for _ in 0..6 {
@@ -175,7 +177,9 @@ fn threads_merge_with_each_allocation_before_its_free(dev: &Device) {
     let trace = h.trace();
     record_history(None);
     let k = kinds(&trace);
-    assert_eq!(k.len(), 50, "{k:?}");
+    assert!((44..=50).contains(&k.len()), "{} events: {k:?}", k.len());
+    let allocs = k.iter().filter(|k| **k == "alloc").count();
+    assert!(allocs >= k.len() - allocs, "{k:?}");
 }
 
 fn an_observer_runs_once_per_failed_upload(dev: &Device) {
