@@ -273,10 +273,28 @@ fn quiet_mirror(core: &mut Core, wait: bool) -> Option<Arc<DeviceBuffer>> {
         }
         core.coh.finish_pending().ok()?;
     }
-    if !wait && dev.has_pending_uses() {
-        return None;
+    // What the release must follow. The block goes back to the pool ordered after every
+    // command recorded on it (see `DeviceBuffer`'s drop), so only a read of the data on the
+    // host needs commands finished, and only those that write it: none when the host copy is
+    // current (nothing is read from the device), the writer alone when the host reads shared
+    // memory in place (commands that only read it may still run). A write-back through a
+    // device read waits for every command, as before.
+    let host_current = core.zc.is_none() && core.coh.has(Place::Host);
+    let in_place = core.zc.is_some_and(ZeroCopyState::host_ready);
+    if host_current || in_place {
+        let writing = !host_current && dev.writer_point().is_some();
+        if writing && !wait {
+            return None;
+        }
+        if writing {
+            dev.wait_writer().ok()?;
+        }
+    } else {
+        if !wait && dev.has_pending_uses() {
+            return None;
+        }
+        dev.wait_uses().ok()?;
     }
-    dev.wait_uses().ok()?;
     core.coh.release_host().ok()?;
     Some(dev)
 }
