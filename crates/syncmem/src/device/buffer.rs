@@ -381,7 +381,8 @@ impl DeviceBuffer {
     /// # Errors
     /// The error of a command that failed.
     pub(crate) fn wait_uses(&self) -> Result<()> {
-        let points: Vec<Point> = {
+        // A writer and a reader per stream of two, inline: no heap allocation.
+        let points: smallvec::SmallVec<[Point; 3]> = {
             let mut uses = self.uses.lock();
             uses.prune();
             uses.points().cloned().collect()
@@ -416,15 +417,17 @@ fn inherited_uses(lease: &Lease<RawMem, RawMem>) -> Uses {
 fn inherit_pending(lease: &Lease<RawMem, RawMem>) -> Uses {
     let mut uses = Uses::default();
     for (stream, fence) in lease.pending() {
-        let any: &dyn Any = &**fence;
-        let point = if let Some(p) = any.downcast_ref::<Point>() {
+        let any: &dyn Any = fence;
+        let point = if let Some(p) = Point::of_fence(stream, fence) {
+            (!p.is_done()).then_some(p)
+        } else if let Some(p) = any.downcast_ref::<Point>() {
             (!p.is_done()).then(|| p.clone())
         } else if let Some(f) = any.downcast_ref::<StreamFence>() {
             // Work queued natively on the stream: a marker after it stands for it.
             f.point_now(stream)
         } else {
             // A fence the device layer does not make (a user's event): wait for it.
-            Fence::wait(&**fence);
+            Fence::wait(fence);
             None
         };
         if let Some(displaced) = point.and_then(|p| uses.inherit(p)) {
@@ -459,7 +462,7 @@ impl Drop for DeviceBuffer {
                 if let Some(uses) = uses.as_mut().filter(|u| !u.is_empty()) {
                     uses.prune();
                     for p in uses.points() {
-                        lease.add_pending(p.id, Arc::new(p.clone()));
+                        lease.add_pending_at(p.id, p.queue(), p.seq);
                     }
                 }
                 // Work queued on the buffer's own stream outside the crate (through a native

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use crate::alloc::pool::Fence;
+use crate::alloc::pool::{Fence, Queue, QueuePoint};
 use crate::alloc::stats::count_wait;
 use crate::backend::dispatch::RawStream;
 use crate::error::Result;
@@ -45,6 +45,37 @@ impl Point {
             count_wait();
         }
         Ok(())
+    }
+}
+
+impl Queue for RawStream {
+    fn reached(&self, seq: u64) -> bool {
+        self.is_done(seq).unwrap_or(true)
+    }
+    fn wait_reached(&self, seq: u64) {
+        if self.wait_done(seq).unwrap_or(false) {
+            count_wait();
+        }
+    }
+}
+
+impl Point {
+    /// The point as a pool fence of its stream's: the stream shared, nothing allocated.
+    pub(crate) fn queue(&self) -> Arc<dyn Queue> {
+        self.stream.clone()
+    }
+
+    /// The point a pool fence of [`Point::queue`] stands for (`None` for any other fence).
+    pub(crate) fn of_fence(id: u64, fence: &dyn Fence) -> Option<Point> {
+        let any: &dyn std::any::Any = fence;
+        let p = any.downcast_ref::<QueuePoint>()?;
+        let queue: Arc<dyn std::any::Any + Send + Sync> = p.queue.clone();
+        let stream = queue.downcast::<RawStream>().ok()?;
+        Some(Point {
+            stream,
+            id,
+            seq: p.seq,
+        })
     }
 }
 

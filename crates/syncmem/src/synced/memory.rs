@@ -31,6 +31,13 @@ impl Core {
                 b.set_release(Release::Idle);
             }
         }
+        // The block goes back to the pool here; its heap allocation stays, for the next one.
+        if let (true, Some(d)) = (mirror.owned, device) {
+            if let Some(b) = Arc::get_mut(&mut mirror.buf) {
+                drop(std::mem::replace(b, DeviceBuffer::empty(d)));
+                self.spare = Some(mirror.buf);
+            }
+        }
     }
 }
 
@@ -71,7 +78,7 @@ impl SyncedMemory {
         let stream = self.pick_stream(None)?;
         let buf = DeviceBuffer::pooled(device, self.len(), &stream, Some(&self.settings().label))
             .map_err(|e| self.named(e))?;
-        let buf = Arc::new(buf);
+        let buf = reuse(core.spare.take(), buf);
         core.dev = Some(DevMirror {
             reg: self.register(device, buf.len()),
             buf: buf.clone(),
@@ -103,6 +110,20 @@ impl SyncedMemory {
             registry::of(device).unregister(id);
             mirror.reg = self.register(device, mirror.buf.len());
         }
+    }
+}
+
+/// `buf` in `spare`'s heap allocation when it is free (see [`Core::spare`]), else in a new one.
+fn reuse(spare: Option<Arc<DeviceBuffer>>, buf: DeviceBuffer) -> Arc<DeviceBuffer> {
+    match spare {
+        Some(mut spare) => match Arc::get_mut(&mut spare) {
+            Some(slot) => {
+                *slot = buf;
+                spare
+            }
+            None => Arc::new(buf),
+        },
+        None => Arc::new(buf),
     }
 }
 

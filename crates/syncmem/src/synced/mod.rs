@@ -178,6 +178,10 @@ struct Core {
     zc: Option<shared::ZeroCopyState>,
     /// Replicas on other devices (see [`replica`]).
     remote: Vec<replica::Remote>,
+    /// The heap allocation of the last device mirror this buffer freed, emptied, for its
+    /// next one: a value dropped and made again every step (under a memory cap) allocates
+    /// nothing on the heap. A few hundred bytes per buffer that had a device mirror.
+    spare: Option<Arc<DeviceBuffer>>,
 }
 
 impl Core {

@@ -15,8 +15,6 @@
 //! the same from run to run.
 
 use std::any::Any;
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -26,41 +24,106 @@ use crate::device::{Device, Evictable, Mirrors};
 struct Entry {
     item: Weak<dyn Evictable>,
     bytes: usize,
+    /// Registration number: the order of registrations (see the [module docs](self)).
+    seq: u64,
+    /// The slot's generation when this entry was made: an id names its slot and generation,
+    /// so that a stale id (its entry dropped as dead, its slot taken again) unregisters
+    /// nothing.
+    generation: u32,
 }
 
-/// Weak references to the device mirrors of one device, by registration number (increasing
-/// with the registration order).
+/// The registered mirrors: a slab of slots (an entry, or free), reused in place, so that
+/// registering and unregistering, as a capped run does for every value it drops and makes
+/// again, allocates nothing once the slab has grown to the most mirrors alive at once.
+#[derive(Default)]
+struct Slots {
+    entries: Vec<Option<Entry>>,
+    /// Per slot, the generation of its next entry.
+    generations: Vec<u32>,
+    free: Vec<u32>,
+    next_seq: u64,
+}
+
+impl Slots {
+    fn remove(&mut self, slot: usize) {
+        if self.entries[slot].take().is_some() {
+            self.free.push(slot as u32);
+        }
+    }
+}
+
+/// Weak references to the device mirrors of one device (see the [module docs](self)).
 #[derive(Default)]
 pub(crate) struct MirrorRegistry {
-    next: AtomicU64,
-    map: Mutex<BTreeMap<u64, Entry>>,
+    slots: Mutex<Slots>,
+}
+
+/// An id of `slot` at `generation`.
+fn id_of(slot: u32, generation: u32) -> u64 {
+    (u64::from(generation) << 32) | u64::from(slot)
 }
 
 impl MirrorRegistry {
     /// Adds a mirror of `bytes` bytes; the id unregisters it.
     pub(crate) fn register(&self, item: Weak<dyn Evictable>, bytes: usize) -> u64 {
-        let id = self.next.fetch_add(1, Relaxed);
-        self.map.lock().insert(id, Entry { item, bytes });
-        id
+        let mut s = self.slots.lock();
+        let slot = match s.free.pop() {
+            Some(slot) => slot,
+            None => {
+                s.entries.push(None);
+                s.generations.push(0);
+                (s.entries.len() - 1) as u32
+            }
+        };
+        let generation = s.generations[slot as usize];
+        s.generations[slot as usize] = generation.wrapping_add(1);
+        let seq = s.next_seq;
+        s.next_seq += 1;
+        s.entries[slot as usize] = Some(Entry {
+            item,
+            bytes,
+            seq,
+            generation,
+        });
+        id_of(slot, generation)
     }
 
+    /// Removes the mirror of `id` (nothing when it was dropped already, as dead).
     pub(crate) fn unregister(&self, id: u64) {
-        self.map.lock().remove(&id);
+        let slot = (id & u64::from(u32::MAX)) as usize;
+        let generation = (id >> 32) as u32;
+        let mut s = self.slots.lock();
+        let current = s
+            .entries
+            .get(slot)
+            .and_then(Option::as_ref)
+            .is_some_and(|e| e.generation == generation);
+        if current {
+            s.remove(slot);
+        }
     }
 
     /// The live mirrors in eviction order: largest first, then first registered first (see
     /// the [module docs](self)). The registry lock is not held afterwards.
     pub(crate) fn live(&self) -> Vec<(Arc<dyn Evictable>, usize)> {
         let mut v: Vec<_> = {
-            let mut map = self.map.lock();
-            map.retain(|_, e| e.item.strong_count() > 0);
-            map.values()
-                .filter_map(|e| Some((e.item.upgrade()?, e.bytes)))
-                .collect()
+            let mut s = self.slots.lock();
+            let mut live = Vec::new();
+            for slot in 0..s.entries.len() {
+                let Some(e) = s.entries[slot].as_ref() else {
+                    continue;
+                };
+                match e.item.upgrade() {
+                    Some(item) => live.push((item, e.bytes, e.seq)),
+                    None => s.remove(slot),
+                }
+            }
+            live
         };
-        // The map yields registration order; the stable sort keeps it among equal sizes.
-        v.sort_by_key(|e| std::cmp::Reverse(e.1));
-        v
+        v.sort_unstable_by_key(|e| (std::cmp::Reverse(e.1), e.2));
+        v.into_iter()
+            .map(|(item, bytes, _)| (item, bytes))
+            .collect()
     }
 }
 
@@ -119,5 +182,31 @@ mod tests {
         drop(gone);
         let again: Vec<String> = r2.live().iter().map(|(e, _)| e.label_now()).collect();
         assert_eq!(again, ["d", "b", "e", "a", "c", "f"]);
+    }
+
+    #[test]
+    fn a_stale_id_unregisters_nothing_and_slots_are_reused() {
+        let r = MirrorRegistry::default();
+        let gone: Arc<dyn Evictable> = Arc::new(Fake("gone"));
+        let stale = r.register(Arc::downgrade(&gone), 10);
+        drop(gone);
+        // Reading the registry drops the dead entry and frees its slot...
+        assert!(r.live().is_empty());
+        // ...which the next registration takes, under a new generation.
+        let kept: Arc<dyn Evictable> = Arc::new(Fake("kept"));
+        let id = r.register(Arc::downgrade(&kept), 20);
+        assert_eq!(id & u64::from(u32::MAX), stale & u64::from(u32::MAX));
+        assert_ne!(id, stale);
+        // The owner of the dead entry unregisters late: the new entry stays.
+        r.unregister(stale);
+        assert_eq!(labels(&r), ["kept"]);
+        r.unregister(id);
+        assert!(r.live().is_empty());
+        // Registering and unregistering again reuses the one slot.
+        for _ in 0..100 {
+            let id = r.register(Arc::downgrade(&kept), 20);
+            r.unregister(id);
+        }
+        assert_eq!(r.slots.lock().entries.len(), 1);
     }
 }

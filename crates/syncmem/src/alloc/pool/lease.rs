@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::shard::Shard;
 #[cfg(doc)]
 use super::Pool;
-use super::{merge_one, BlockId, Fence, PendingUse, StreamId};
+use super::{merge_one, BlockId, Fence, PendingFence, PendingUse, Queue, QueuePoint, StreamId};
 
 /// A block of a [`Pool`]: `len()` bytes at `offset()` in `segment()`, with the block's view
 /// (see [Views](Pool#views)). Given back to the pool, with its pending uses and its view, when
@@ -94,6 +94,15 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
     /// Records a use still in flight when the lease is dropped: the block is reusable at once
     /// on `stream`, elsewhere once `fence` has completed.
     pub fn add_pending(&mut self, stream: StreamId, fence: Arc<dyn Fence>) {
+        self.add(stream, PendingFence::Shared(fence));
+    }
+
+    /// As [`Lease::add_pending`], with command `seq` of `queue` as the fence (no allocation).
+    pub(crate) fn add_pending_at(&mut self, stream: StreamId, queue: Arc<dyn Queue>, seq: u64) {
+        self.add(stream, PendingFence::At(QueuePoint { queue, seq }));
+    }
+
+    fn add(&mut self, stream: StreamId, fence: PendingFence) {
         merge_one(&mut self.pending, PendingUse::new(stream, fence));
         self.pending.retain(|p| !p.fence.poll());
     }
@@ -102,8 +111,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
     /// on `stream` (the stream this lease was asked for; the fences of other streams had
     /// completed when the block was handed out). Whatever touches the block through another
     /// stream must be ordered after them.
-    pub fn pending(&self) -> impl Iterator<Item = (StreamId, &Arc<dyn Fence>)> {
-        self.pending.iter().map(|p| (p.stream, &p.fence))
+    pub fn pending(&self) -> impl Iterator<Item = (StreamId, &dyn Fence)> {
+        self.pending.iter().map(|p| (p.stream, &*p.fence))
     }
 
     /// The label of the pool the block belongs to.

@@ -80,7 +80,9 @@ pub(crate) use keep::Keep;
 pub use lease::Lease;
 pub(crate) use malloc::quietly;
 pub use pending::Fence;
-pub(crate) use pending::{in_flight, merge_one, merge_pending, usable_by, PendingUse};
+pub(crate) use pending::{
+    in_flight, merge_one, merge_pending, usable_by, PendingFence, PendingUse, Queue, QueuePoint,
+};
 pub use snapshot::{
     BlockSnapshot, BlockState, MemorySnapshot, PoolSnapshot, SegmentSnapshot, SizeClass,
 };

@@ -24,13 +24,60 @@ pub trait Fence: Any + Send + Sync {
     }
 }
 
+/// An in-order queue of numbered commands (a device's stream), as a block's pending use sees
+/// it: a command number stands for the work up to it, with no fence object of its own.
+pub(crate) trait Queue: Any + Send + Sync {
+    /// True once command `seq` has completed (an error counts as completed).
+    fn reached(&self, seq: u64) -> bool;
+    /// Blocks until command `seq` has completed.
+    fn wait_reached(&self, seq: u64);
+}
+
+/// Command `seq` of `queue`: a [`Fence`] made without a heap allocation (the queue is shared).
+#[derive(Clone)]
+pub(crate) struct QueuePoint {
+    pub(crate) queue: Arc<dyn Queue>,
+    pub(crate) seq: u64,
+}
+
+impl Fence for QueuePoint {
+    fn is_complete(&self) -> bool {
+        self.queue.reached(self.seq)
+    }
+    fn wait(&self) {
+        self.queue.wait_reached(self.seq);
+    }
+}
+
+/// The fence of a pending use: a shared one ([`Lease::add_pending`]), or a point on a queue
+/// ([`Lease::add_pending_at`]: a device's own commands, recorded on every free of a block in
+/// use, so that such a free allocates nothing). Derefs to the fence.
+///
+/// [`Lease::add_pending`]: super::Lease::add_pending
+/// [`Lease::add_pending_at`]: super::Lease::add_pending_at
+#[derive(Clone)]
+pub(crate) enum PendingFence {
+    Shared(Arc<dyn Fence>),
+    At(QueuePoint),
+}
+
+impl std::ops::Deref for PendingFence {
+    type Target = dyn Fence;
+    fn deref(&self) -> &(dyn Fence + 'static) {
+        match self {
+            PendingFence::Shared(f) => &**f,
+            PendingFence::At(p) => p,
+        }
+    }
+}
+
 /// A use of a block still in flight on a stream.
 #[derive(Clone)]
 pub(crate) struct PendingUse {
     /// The stream the work was queued on.
     pub(crate) stream: StreamId,
     /// Completes when the work is done.
-    pub(crate) fence: Arc<dyn Fence>,
+    pub(crate) fence: PendingFence,
     /// Order of creation: on one (in-order) stream a newer fence covers every older one.
     pub(crate) seq: u64,
 }
@@ -38,7 +85,7 @@ pub(crate) struct PendingUse {
 static NEXT_PENDING: AtomicU64 = AtomicU64::new(0);
 
 impl PendingUse {
-    pub(crate) fn new(stream: StreamId, fence: Arc<dyn Fence>) -> Self {
+    pub(crate) fn new(stream: StreamId, fence: PendingFence) -> Self {
         Self {
             stream,
             fence,

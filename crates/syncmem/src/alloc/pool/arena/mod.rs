@@ -454,6 +454,9 @@ impl<V> Arena<V> {
         b.pending.clear();
         if !pending.is_empty() {
             merge_pending(&mut b.pending, pending);
+        } else if b.pending.capacity() == 0 {
+            // The list's memory stays with the block, for the uses its next lease records.
+            b.pending = pending;
         }
         // One pending use per stream: at most one entry means at most one stream.
         let stream = match b.pending.as_slice() {
