@@ -73,6 +73,7 @@ use parking_lot::Mutex;
 use crate::context::{random_seed, Context};
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::ops::cache::{Installed, Kept};
 use crate::ops::{create_operator, Operator, OperatorDef};
 use crate::workspace::Workspace;
 
@@ -187,7 +188,9 @@ pub struct Net {
     /// What each operator's allocations record as the operator running (see
     /// [`crate::report::op_scope`]): `NET[INDEX] TYPE -> OUTPUTS`.
     sites: Vec<Arc<str>>,
-    running: Mutex<()>,
+    /// Held while the net runs: each operator's blobs as its last run found them (see
+    /// `ops::cache`), so that a run looks up no name while no name changed.
+    running: Mutex<Vec<Option<Box<Kept>>>>,
 }
 
 impl Net {
@@ -253,6 +256,7 @@ impl Net {
             .enumerate()
             .map(|(i, o)| site(&def.name, i, o))
             .collect();
+        let kept = ops.iter().map(|_| Some(Box::default())).collect();
         Ok(Net {
             def: def.clone(),
             rewritten,
@@ -262,7 +266,7 @@ impl Net {
             ops,
             blob_uses,
             sites,
-            running: Mutex::new(()),
+            running: Mutex::new(kept),
         })
     }
 
@@ -363,7 +367,7 @@ impl Net {
                 actual: ctx.device().label().to_string(),
             });
         }
-        let _one_run = self.running.lock();
+        let mut kept = self.running.lock();
         // Under a memory cap, the device drops and spills by this run's next uses.
         let schedule = schedule::Installed::on_capped(&self.device, &self.blob_uses, ws);
         for (index, op) in self.ops.iter().enumerate() {
@@ -371,8 +375,10 @@ impl Net {
                 s.schedule.at(index);
             }
             let _site = crate::report::op_scope(self.sites[index].clone());
+            let installed = Installed::new(&mut kept[index]);
             op.run(ws, ctx)
                 .map_err(|e| op_failed(self.base_def(), self.plan.as_ref(), "run", index, e))?;
+            drop(installed);
             if let Some(s) = &schedule {
                 s.schedule.drop_dead_after(index, &self.device);
             }

@@ -1,8 +1,9 @@
 //! Blob lookup and locking for one run of an operator.
 //!
-//! [`Blobs::resolve`] looks up the inputs (they must exist) and creates the outputs, then
+//! [`resolve`] looks up the inputs (they must exist) and creates the outputs, then
 //! removes duplicates by identity (two names can reach the same blob through a parent or a
-//! forwarded name). [`Blobs::lock`] takes one lock per distinct blob, in the order of the blobs'
+//! forwarded name); a net keeps what it found between runs (see [`super::cache`]).
+//! [`Blobs::lock`] takes one lock per distinct blob, in the order of the blobs'
 //! addresses: a read lock for a blob that is only read, a write lock for a blob that is written
 //! (also when it is read too, in place). [`Locked::io`] then hands out `&Tensor` for inputs and
 //! `&mut Tensor` for outputs, with the checks every operator needs (a tensor, on the operator's
@@ -23,109 +24,138 @@ use crate::workspace::{BlobRef, Workspace};
 
 /// The lists of one run live on the stack: operators have a handful of inputs and outputs, and
 /// a step of a net runs without a heap allocation.
-type Small<T> = SmallVec<[T; 16]>;
+pub(crate) type Small<T> = SmallVec<[T; 16]>;
 
-/// The distinct blobs of one run, and which inputs and outputs map to which.
-pub(crate) struct Blobs<'d> {
-    def: &'d OperatorDef,
-    refs: Small<BlobRef>,
+/// Which of the distinct blobs of a run each input and output is, and the order they are
+/// locked in: what a lookup found, kept between runs of a net (see [`super::cache`]).
+#[derive(Default)]
+pub(crate) struct Layout {
     writable: Small<bool>,
     ins: Small<usize>,
     outs: Small<usize>,
     /// For each input, the output it shares its blob with (an allowed in-place pair).
     in_place: Small<Option<usize>>,
+    /// The blobs' indices in the order of their addresses (the order of locking).
+    order: Small<usize>,
 }
 
-impl<'d> Blobs<'d> {
-    /// Looks up the inputs and creates the outputs of `def`. `in_place_ok` lists the
-    /// (input, output) pairs that may name the same blob.
-    pub(crate) fn resolve(
-        ws: &Workspace,
-        def: &'d OperatorDef,
-        in_place_ok: &[(usize, usize)],
-    ) -> Result<Self> {
-        let mut refs: Small<BlobRef> = SmallVec::new();
-        let index_of = |r: BlobRef, refs: &mut Small<BlobRef>| -> usize {
-            match refs.iter().position(|x| Arc::ptr_eq(x, &r)) {
-                Some(i) => i,
-                None => {
-                    refs.push(r);
-                    refs.len() - 1
-                }
+/// The distinct blobs of one run, and which inputs and outputs map to which.
+#[derive(Clone, Copy)]
+pub(crate) struct Blobs<'a> {
+    def: &'a OperatorDef,
+    refs: &'a [BlobRef],
+    layout: &'a Layout,
+}
+
+/// Looks up the inputs and creates the outputs of `def`: its distinct blobs and their
+/// [`Layout`]. `in_place_ok` lists the (input, output) pairs that may name the same blob.
+pub(crate) fn resolve(
+    ws: &Workspace,
+    def: &OperatorDef,
+    in_place_ok: &[(usize, usize)],
+) -> Result<(Small<BlobRef>, Layout)> {
+    let mut refs: Small<BlobRef> = SmallVec::new();
+    let index_of = |r: BlobRef, refs: &mut Small<BlobRef>| -> usize {
+        match refs.iter().position(|x| Arc::ptr_eq(x, &r)) {
+            Some(i) => i,
+            None => {
+                refs.push(r);
+                refs.len() - 1
             }
-        };
-        let mut ins: Small<usize> = SmallVec::new();
-        for (i, name) in def.inputs.iter().enumerate() {
-            let r = ws.try_get_blob(name).ok_or_else(|| Error::NotFound {
-                kind: "blob",
-                name: name.clone(),
-                detail: format!(" in the workspace (input {i} of operator {})", def.label()),
-            })?;
-            ins.push(index_of(r, &mut refs));
         }
-        let mut outs: Small<usize> = SmallVec::new();
-        for name in &def.outputs {
-            outs.push(index_of(ws.create_blob(name)?, &mut refs));
+    };
+    let mut ins: Small<usize> = SmallVec::new();
+    for (i, name) in def.inputs.iter().enumerate() {
+        let r = ws.try_get_blob(name).ok_or_else(|| Error::NotFound {
+            kind: "blob",
+            name: name.clone(),
+            detail: format!(" in the workspace (input {i} of operator {})", def.label()),
+        })?;
+        ins.push(index_of(r, &mut refs));
+    }
+    let mut outs: Small<usize> = SmallVec::new();
+    for name in &def.outputs {
+        outs.push(index_of(ws.create_blob(name)?, &mut refs));
+    }
+    let mut writable: Small<bool> = smallvec![false; refs.len()];
+    for (j, &b) in outs.iter().enumerate() {
+        if writable[b] {
+            return Err(Error::InvalidState {
+                op: "Operator::run",
+                buffer: format!("blob {:?}", def.outputs[j]),
+                reason: format!(
+                    "operator {} writes the blob through two of its outputs",
+                    def.label()
+                ),
+            });
         }
-        let mut writable: Small<bool> = smallvec![false; refs.len()];
-        for (j, &b) in outs.iter().enumerate() {
-            if writable[b] {
-                return Err(Error::InvalidState {
-                    op: "Operator::run",
-                    buffer: format!("blob {:?}", def.outputs[j]),
-                    reason: format!(
-                        "operator {} writes the blob through two of its outputs",
-                        def.label()
-                    ),
-                });
-            }
-            writable[b] = true;
+        writable[b] = true;
+    }
+    let in_place = in_place_pairs(def, &ins, &outs, &writable, in_place_ok)?;
+    let mut order: Small<usize> = (0..refs.len()).collect();
+    order.sort_unstable_by_key(|&i| Arc::as_ptr(&refs[i]) as usize);
+    let layout = Layout {
+        writable,
+        ins,
+        outs,
+        in_place,
+        order,
+    };
+    Ok((refs, layout))
+}
+
+/// For each input, the output it shares its blob with: an error for a pair not in
+/// `in_place_ok`.
+fn in_place_pairs(
+    def: &OperatorDef,
+    ins: &[usize],
+    outs: &[usize],
+    writable: &[bool],
+    in_place_ok: &[(usize, usize)],
+) -> Result<Small<Option<usize>>> {
+    let mut in_place: Small<Option<usize>> = smallvec![None; ins.len()];
+    for (i, &b) in ins.iter().enumerate() {
+        if !writable[b] {
+            continue;
         }
-        let mut in_place: Small<Option<usize>> = smallvec![None; ins.len()];
-        for (i, &b) in ins.iter().enumerate() {
-            if !writable[b] {
-                continue;
-            }
-            let j = outs.iter().position(|&o| o == b).unwrap_or(usize::MAX);
-            if !in_place_ok.contains(&(i, j)) {
-                let allowed = if in_place_ok.is_empty() {
-                    "it computes nothing in place".to_string()
-                } else {
-                    let pairs: Vec<String> = in_place_ok
-                        .iter()
-                        .map(|(i, j)| format!("input {i} -> output {j}"))
-                        .collect();
-                    format!("it allows only {}", pairs.join(", "))
-                };
-                return Err(Error::InvalidState {
-                    op: "Operator::run",
-                    buffer: format!("blob {:?}", def.inputs[i]),
-                    reason: format!(
-                        "input {i} of operator {} is also its output {j} ({:?}), but {allowed}",
-                        def.label(),
-                        def.outputs.get(j).map_or("", String::as_str)
-                    ),
-                });
-            }
-            in_place[i] = Some(j);
+        let j = outs.iter().position(|&o| o == b).unwrap_or(usize::MAX);
+        if !in_place_ok.contains(&(i, j)) {
+            let allowed = if in_place_ok.is_empty() {
+                "it computes nothing in place".to_string()
+            } else {
+                let pairs: Vec<String> = in_place_ok
+                    .iter()
+                    .map(|(i, j)| format!("input {i} -> output {j}"))
+                    .collect();
+                format!("it allows only {}", pairs.join(", "))
+            };
+            return Err(Error::InvalidState {
+                op: "Operator::run",
+                buffer: format!("blob {:?}", def.inputs[i]),
+                reason: format!(
+                    "input {i} of operator {} is also its output {j} ({:?}), but {allowed}",
+                    def.label(),
+                    def.outputs.get(j).map_or("", String::as_str)
+                ),
+            });
         }
-        Ok(Self {
-            def,
-            refs,
-            writable,
-            ins,
-            outs,
-            in_place,
-        })
+        in_place[i] = Some(j);
+    }
+    Ok(in_place)
+}
+
+impl<'a> Blobs<'a> {
+    /// The blobs `refs` of a run of `def`, as `layout` (from [`resolve`]) maps them.
+    pub(crate) fn new(def: &'a OperatorDef, refs: &'a [BlobRef], layout: &'a Layout) -> Self {
+        Self { def, refs, layout }
     }
 
     /// Locks every distinct blob once, in address order.
-    pub(crate) fn lock(&self) -> Locked<'_, 'd> {
-        let mut order: Small<usize> = (0..self.refs.len()).collect();
-        order.sort_unstable_by_key(|&i| Arc::as_ptr(&self.refs[i]) as usize);
-        let mut slots: Small<Option<Guard<'_>>> = (0..self.refs.len()).map(|_| None).collect();
-        for i in order {
-            slots[i] = Some(if self.writable[i] {
+    pub(crate) fn lock(self) -> Locked<'a> {
+        let l = self.layout;
+        let mut slots: Small<Option<Guard<'a>>> = (0..self.refs.len()).map(|_| None).collect();
+        for &i in &l.order {
+            slots[i] = Some(if l.writable[i] {
                 Guard::W(self.refs[i].write())
             } else {
                 Guard::R(self.refs[i].read())
@@ -144,8 +174,8 @@ enum Guard<'r> {
 }
 
 /// The locks of one run.
-pub(crate) struct Locked<'r, 'd> {
-    blobs: &'r Blobs<'d>,
+pub(crate) struct Locked<'r> {
+    blobs: Blobs<'r>,
     guards: Small<Guard<'r>>,
 }
 
@@ -154,11 +184,11 @@ enum Slot<'g> {
     W(&'g mut Blob),
 }
 
-impl<'r, 'd> Locked<'r, 'd> {
+impl<'r> Locked<'r> {
     /// The tensors of the run, checked to live on `dev`.
     pub(crate) fn io<'g>(&'g mut self, dev: &'g Device) -> Result<Io<'g>> {
-        let b = self.blobs;
-        let def = b.def;
+        let def = self.blobs.def;
+        let b = self.blobs.layout;
         let mut slots: Small<Option<Slot<'g>>> = self
             .guards
             .iter_mut()
@@ -219,7 +249,7 @@ impl<'r, 'd> Locked<'r, 'd> {
         Ok(Io {
             def,
             ins,
-            in_place: b.in_place.clone(),
+            in_place: &b.in_place,
             outs,
         })
     }
@@ -229,7 +259,7 @@ impl<'r, 'd> Locked<'r, 'd> {
 pub(crate) struct Io<'g> {
     def: &'g OperatorDef,
     ins: Small<Option<&'g Tensor>>,
-    in_place: Small<Option<usize>>,
+    in_place: &'g [Option<usize>],
     outs: Small<Option<&'g mut Tensor>>,
 }
 
@@ -321,7 +351,23 @@ pub fn with_io<R>(
     in_place: &[(usize, usize)],
     f: impl FnOnce(&mut OperatorIo<'_>) -> Result<R>,
 ) -> Result<R> {
-    let blobs = Blobs::resolve(ws, def, in_place)?;
+    let Some(mut kept) = super::cache::take() else {
+        let (refs, layout) = resolve(ws, def, in_place)?;
+        return run_io(Blobs::new(def, &refs, &layout), device, f);
+    };
+    let r = kept
+        .refs(ws, def, in_place)
+        .and_then(|refs| run_io(Blobs::new(def, &refs, kept.layout()), device, f));
+    super::cache::put_back(kept);
+    r
+}
+
+/// Locks `blobs` and runs `f` with their tensors.
+fn run_io<R>(
+    blobs: Blobs<'_>,
+    device: &Device,
+    f: impl FnOnce(&mut OperatorIo<'_>) -> Result<R>,
+) -> Result<R> {
     let mut locked = blobs.lock();
     let mut io = OperatorIo {
         io: locked.io(device)?,

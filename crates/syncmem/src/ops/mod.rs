@@ -46,6 +46,7 @@
 //! to [`with_io`]) allow it.
 
 mod args;
+pub(crate) mod cache;
 mod io;
 mod operand;
 mod registry;

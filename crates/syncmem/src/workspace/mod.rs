@@ -68,6 +68,7 @@
 use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -83,6 +84,22 @@ pub use tensors::{TensorReadGuard, TensorRef, TensorWriteGuard};
 
 /// A blob shared between a workspace and its users.
 pub type BlobRef = Arc<RwLock<Blob>>;
+
+/// Changes to the names of every workspace of the process: a blob added, removed or renamed, a
+/// name forwarded or no longer forwarded, a workspace dropped. A lookup made at one count
+/// still gives the same blobs while the count is unchanged, which lets a net keep its
+/// operators' blobs between runs (`ops`' lookup cache).
+static NAMES_CHANGED: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a change of names (see [`NAMES_CHANGED`]); called while the changed map is locked.
+fn names_changed() {
+    NAMES_CHANGED.fetch_add(1, Ordering::AcqRel);
+}
+
+/// The count of name changes so far (see [`NAMES_CHANGED`]).
+pub(crate) fn names_generation() -> u64 {
+    NAMES_CHANGED.load(Ordering::Acquire)
+}
 
 /// Objects of a higher layer kept by name in a workspace (the nets).
 pub(crate) type NamedObjects = RwLock<BTreeMap<String, Arc<dyn Any + Send + Sync>>>;
@@ -236,9 +253,12 @@ impl Workspace {
     }
 
     fn insert_local(&self, name: &str) -> BlobRef {
-        self.blobs
-            .write()
-            .entry(name.to_string())
+        let mut map = self.blobs.write();
+        if let Some(b) = map.get(name) {
+            return b.clone();
+        }
+        names_changed();
+        map.entry(name.to_string())
             .or_insert_with(|| Arc::new(RwLock::new(Blob::new())))
             .clone()
     }
@@ -246,7 +266,9 @@ impl Workspace {
     /// Removes the local blob `name`; returns whether there was one. Parents and forwarded
     /// names are never touched. Holders of the [`BlobRef`] keep it alive.
     pub fn remove_blob(&self, name: &str) -> bool {
-        self.blobs.write().remove(name).is_some()
+        let mut map = self.blobs.write();
+        names_changed();
+        map.remove(name).is_some()
     }
 
     /// Renames the local blob `old` to `new`, keeping the same blob object.
@@ -266,6 +288,7 @@ impl Workspace {
             });
         }
         let mut map = self.blobs.write();
+        names_changed();
         let blob = map.remove(old).ok_or_else(|| Error::NotFound {
             kind: "blob",
             name: old.to_string(),
@@ -316,6 +339,7 @@ impl Workspace {
             }
         }
         let mut fwd = self.forwarded.write();
+        names_changed();
         for (local, target) in to_add {
             fwd.insert(local, (parent.clone(), target.into()));
         }
@@ -347,7 +371,11 @@ impl Workspace {
                     detail: format!(" in the parent workspace (forwarded as {name:?})"),
                 })?;
             let copied = copy(src.read().get::<T>()?)?;
-            self.forwarded.write().remove(name);
+            {
+                let mut fwd = self.forwarded.write();
+                names_changed();
+                fwd.remove(name);
+            }
             self.insert_local(name).write().reset(copied);
         }
         Ok(())
@@ -396,6 +424,8 @@ impl Drop for Workspace {
     /// apart here instead of dropping its own parent recursively, so a chain of any depth
     /// cannot overflow the stack.
     fn drop(&mut self) {
+        // Another workspace may later live at this address.
+        names_changed();
         let mut pending: Vec<Arc<Workspace>> = self.take_parents().collect();
         while let Some(parent) = pending.pop() {
             // The last holder takes it apart; any other holder just lets go of its count.
