@@ -24,13 +24,14 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use smallvec::SmallVec;
 
+use crate::blob::Blob;
 use crate::device::{Device, Evictable, NextUse};
 use crate::ops::Operator;
 use crate::tensor::Tensor;
-use crate::workspace::Workspace;
+use crate::workspace::{names_generation, BlobRef, Workspace};
 
 /// One use of a blob: the operator's index, and whether it overwrites the blob whole without
 /// reading it.
@@ -146,6 +147,12 @@ pub(super) struct Schedule {
     /// Name index -> its buffer.
     held: Vec<Option<Held>>,
     at: AtomicUsize,
+    /// Name index -> the blob it named at the last lookup: valid while `looked_up` holds the
+    /// workspace and the count of name changes of that lookup
+    /// ([`crate::workspace::names_generation`]), so that a run reads each blob without
+    /// looking its name up.
+    found: Vec<Weak<RwLock<Blob>>>,
+    looked_up: Option<(usize, u64)>,
 }
 
 impl Schedule {
@@ -154,8 +161,17 @@ impl Schedule {
         let mut buffers: HashMap<usize, Buffer> = HashMap::with_capacity(blobs.names.len());
         let mut keys = vec![0; blobs.names.len()];
         let mut held = vec![None; blobs.names.len()];
-        for (n, name) in blobs.names.iter().enumerate() {
-            let Some((key, item)) = buffer_of(ws, name) else {
+        let generation = names_generation();
+        let found: Vec<_> = blobs
+            .names
+            .iter()
+            .map(|name| {
+                ws.try_get_blob(name)
+                    .map_or_else(Weak::new, |b| Arc::downgrade(&b))
+            })
+            .collect();
+        for (n, blob) in found.iter().enumerate() {
+            let Some((key, item)) = blob.upgrade().and_then(|b| buffer_in(&b)) else {
                 continue;
             };
             keys[n] = key;
@@ -182,17 +198,35 @@ impl Schedule {
             keys,
             held,
             at: AtomicUsize::new(0),
+            found,
+            looked_up: Some((workspace_id(ws), generation)),
         }
+    }
+
+    /// The blob of name `n` in `ws`: the one found by the last lookup while no name changed
+    /// since, else looked up again (`fresh`: the lookups of this refresh are made at that
+    /// count).
+    fn blob(&mut self, ws: &Workspace, n: usize, fresh: bool) -> Option<BlobRef> {
+        if !fresh {
+            return self.found[n].upgrade();
+        }
+        let blob = ws.try_get_blob(&self.blobs.names[n]);
+        self.found[n] = blob.as_ref().map_or_else(Weak::new, Arc::downgrade);
+        blob
     }
 
     /// Brings the schedule up to the buffers `ws` holds now: each name whose buffer changed
     /// leaves its old buffer and joins its new one.
     fn refresh(&mut self, ws: &Workspace) {
         self.at.store(0, Relaxed);
-        let blobs = self.blobs.clone();
-        for (n, name) in blobs.names.iter().enumerate() {
+        // Read before the lookups: a change made during them makes the next refresh look up.
+        let now = (workspace_id(ws), names_generation());
+        let fresh = self.looked_up != Some(now);
+        self.looked_up = Some(now);
+        for n in 0..self.blobs.names.len() {
             let old = self.keys[n];
-            if key_of(ws, name) == old {
+            let blob = self.blob(ws, n, fresh);
+            if blob.as_ref().map_or(0, key_in) == old {
                 continue;
             }
             if let Some(b) = self.buffers.get_mut(&old) {
@@ -205,7 +239,7 @@ impl Schedule {
             }
             self.keys[n] = 0;
             self.held[n] = None;
-            let Some((key, item)) = buffer_of(ws, name) else {
+            let Some((key, item)) = blob.as_ref().and_then(buffer_in) else {
                 continue;
             };
             self.keys[n] = key;
@@ -304,26 +338,26 @@ impl Schedule {
     }
 }
 
-/// The key of the buffer of blob `name` in `ws`, and the buffer, when the blob holds a tensor
-/// with storage.
-fn buffer_of(ws: &Workspace, name: &str) -> Option<(usize, Weak<dyn Evictable>)> {
-    let blob = ws.try_get_blob(name)?;
+/// The key of the buffer of `blob`, and the buffer, when the blob holds a tensor with storage.
+fn buffer_in(blob: &BlobRef) -> Option<(usize, Weak<dyn Evictable>)> {
     let guard = blob.read_recursive();
     let synced = guard.get::<Tensor>().ok().and_then(Tensor::synced)?;
     Some((synced.key(), synced.evictable()))
 }
 
-/// The key of the buffer of blob `name` in `ws` (0: none).
-fn key_of(ws: &Workspace, name: &str) -> usize {
-    let Some(blob) = ws.try_get_blob(name) else {
-        return 0;
-    };
+/// The key of the buffer of `blob` (0: none).
+fn key_in(blob: &BlobRef) -> usize {
     let guard = blob.read_recursive();
     guard
         .get::<Tensor>()
         .ok()
         .and_then(Tensor::synced)
         .map_or(0, |s| s.key())
+}
+
+/// Which workspace `ws` is, while it lives.
+fn workspace_id(ws: &Workspace) -> usize {
+    std::ptr::from_ref(ws) as usize
 }
 
 /// A net's blob uses, and the schedule of its last run under a cap: a run whose blobs hold the
@@ -405,173 +439,5 @@ impl Drop for Installed<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    use crate::device::Inert;
-
-    /// A schedule of `len` operators over buffers `1..`, each of one name with these uses
-    /// (`(op, overwrite)`) and internal or not; buffer `k` is name `k - 1`.
-    fn schedule(len: usize, names: &[(&[(u32, bool)], bool)]) -> Schedule {
-        let blobs = BlobUses {
-            names: (0..names.len()).map(|n| format!("b{n}")).collect(),
-            uses: names
-                .iter()
-                .map(|(l, _)| {
-                    l.iter()
-                        .map(|&(op, overwrite)| Use { op, overwrite })
-                        .collect()
-                })
-                .collect(),
-            internal: names.iter().map(|&(_, i)| i).collect(),
-            by_op: vec![SmallVec::new(); len],
-            dead_after: vec![SmallVec::new(); len],
-        };
-        let buffers = (0..names.len())
-            .map(|n| {
-                let item: Weak<dyn Evictable> = Weak::<Inert>::new();
-                let names = SmallVec::from_slice(&[n as u32]);
-                (n + 1, Buffer { names, item })
-            })
-            .collect();
-        Schedule {
-            blobs: Arc::new(blobs),
-            buffers,
-            keys: (1..=names.len()).collect(),
-            held: vec![None; names.len()],
-            at: AtomicUsize::new(0),
-        }
-    }
-
-    #[test]
-    fn next_uses_count_on_into_the_next_run() {
-        let s = schedule(
-            8,
-            &[(&[(0, false), (5, false)], true), (&[(3, false)], true)],
-        );
-        assert_eq!(
-            (s.next_use(1), s.next_use(2), s.next_use(3)),
-            (Some(0), Some(3), None)
-        );
-        s.at(4);
-        assert_eq!((s.next_use(1), s.next_use(2)), (Some(1), Some(7)));
-        s.at(6);
-        // Buffer 1 next at operator 0 of the next run.
-        assert_eq!(s.next_use(1), Some(2));
-    }
-
-    #[test]
-    fn dead_until_overwritten_and_only_inside_the_net() {
-        let s = schedule(
-            6,
-            &[
-                // Written by 1, read by 4 (an activation): dead after 4 until the next run's 1.
-                (&[(1, true), (4, false)], true),
-                // The same, but an external output: never dead.
-                (&[(1, true), (4, false)], false),
-                // Read by 0, overwritten by 2 in the run, read by 3.
-                (&[(0, false), (2, true), (3, false)], true),
-            ],
-        );
-        // Before 1 writes it: dead (the next use overwrites it). Buffer 3 is read by 0, which
-        // runs now.
-        assert!(s.is_dead(1) && !s.is_dead(2) && !s.is_dead(3));
-        s.at(1);
-        // 1 runs now and may have written it already.
-        assert!(!s.is_dead(1) && s.is_dead(3));
-        s.at(2);
-        assert!(!s.is_dead(1) && !s.is_dead(3));
-        s.at(5);
-        // Past its last read: dead until the next run's write; never for the external one.
-        assert!(s.is_dead(1) && !s.is_dead(2) && !s.is_dead(3));
-        assert!(
-            !s.is_dead(9),
-            "a buffer the net does not use is not known dead"
-        );
-    }
-
-    #[test]
-    fn a_buffer_of_two_names_is_dead_only_if_both_say_so() {
-        let mut s = schedule(
-            4,
-            &[
-                (&[(0, true), (2, false)], true),
-                (&[(1, false), (2, true)], true),
-            ],
-        );
-        // One buffer under both names.
-        s.buffers.remove(&2);
-        s.buffers.get_mut(&1).unwrap().names.push(1);
-        s.at(3);
-        // Next: name 0's overwrite at 0 (the next run's), before name 1's read at 1.
-        assert!(s.is_dead(1));
-        s.at(1);
-        // Next: name 1's read at 1, running now: not dead.
-        assert!(!s.is_dead(1));
-        s.at(2);
-        // At 2 name 0 is read and name 1 overwritten: a read.
-        assert!(!s.is_dead(1));
-        let mut t = schedule(4, &[(&[(2, true)], true), (&[(2, true)], false)]);
-        t.buffers.remove(&2);
-        t.buffers.get_mut(&1).unwrap().names.push(1);
-        assert!(!t.is_dead(1), "one external name keeps it");
-    }
-
-    /// A blob `name` of `ws` holding a 4-element tensor of `dev` with storage of its own, or
-    /// sharing blob `from`'s; returns the key of its buffer.
-    fn blob(ws: &Workspace, dev: &Device, name: &str, from: Option<&str>) -> usize {
-        let t = match from {
-            Some(src) => {
-                let src = ws.try_get_blob(src).unwrap();
-                let src = src.read();
-                let mut t = Tensor::new(dev);
-                t.resize(&[4]).unwrap();
-                t.share_data(src.get::<Tensor>().unwrap()).unwrap();
-                t
-            }
-            None => Tensor::from_slice(&[4], &[1.0f32; 4], Some(dev)).unwrap(),
-        };
-        let key = t.synced().unwrap().key();
-        ws.create_blob(name).unwrap().write().reset(t);
-        key
-    }
-
-    #[test]
-    fn a_schedule_is_reused_and_follows_a_blob_to_its_new_buffer() {
-        let dev = Device::cpu();
-        let ws = Workspace::new();
-        let a = blob(&ws, &dev, "b0", None);
-        blob(&ws, &dev, "b1", None);
-        let mut blobs = schedule(2, &[(&[(0, false)], true), (&[(1, false)], true)])
-            .blobs
-            .as_ref()
-            .clone_for_test();
-        blobs.by_op = vec![SmallVec::from_slice(&[0]), SmallVec::from_slice(&[1])];
-        let schedules = Schedules::new(blobs);
-        let first = schedules.current(&ws);
-        assert_eq!(first.next_use(a), Some(0));
-        let first_ptr = Arc::as_ptr(&first);
-        drop(first);
-        // The same buffers: the same schedule, brought up to date in place.
-        assert_eq!(Arc::as_ptr(&schedules.current(&ws)), first_ptr);
-        // b1 now shares b0's buffer (a batch fed by sharing): one buffer of two names.
-        assert_eq!(blob(&ws, &dev, "b1", Some("b0")), a);
-        let s = schedules.current(&ws);
-        assert_eq!(Arc::as_ptr(&s), first_ptr);
-        assert_eq!(s.keys, vec![a, a]);
-        assert_eq!(s.buffers.len(), 1);
-        assert!(s.held.iter().all(|h| h.as_ref().is_some_and(|h| h.shared)));
-        drop(s);
-        // b1 back on a buffer of its own.
-        let c = blob(&ws, &dev, "b1", None);
-        let s = schedules.current(&ws);
-        assert_eq!(Arc::as_ptr(&s), first_ptr);
-        assert_eq!(s.buffers.len(), 2);
-        assert!(s.held.iter().all(|h| h.as_ref().is_some_and(|h| !h.shared)));
-        assert_eq!((s.next_use(a), s.next_use(c)), (Some(0), Some(1)));
-        // While a run holds it, the next gets a schedule of its own.
-        let other = schedules.current(&ws);
-        assert!(!Arc::ptr_eq(&s, &other));
-        assert_eq!(other.next_use(c), Some(1));
-    }
-}
+#[path = "schedule_tests.rs"]
+mod tests;

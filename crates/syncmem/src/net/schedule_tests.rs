@@ -1,0 +1,204 @@
+//! Tests of the schedule (`super`).
+
+use super::*;
+
+use crate::device::Inert;
+
+/// A schedule of `len` operators over buffers `1..`, each of one name with these uses
+/// (`(op, overwrite)`) and internal or not; buffer `k` is name `k - 1`.
+fn schedule(len: usize, names: &[(&[(u32, bool)], bool)]) -> Schedule {
+    let blobs = BlobUses {
+        names: (0..names.len()).map(|n| format!("b{n}")).collect(),
+        uses: names
+            .iter()
+            .map(|(l, _)| {
+                l.iter()
+                    .map(|&(op, overwrite)| Use { op, overwrite })
+                    .collect()
+            })
+            .collect(),
+        internal: names.iter().map(|&(_, i)| i).collect(),
+        by_op: vec![SmallVec::new(); len],
+        dead_after: vec![SmallVec::new(); len],
+    };
+    let buffers = (0..names.len())
+        .map(|n| {
+            let item: Weak<dyn Evictable> = Weak::<Inert>::new();
+            let names = SmallVec::from_slice(&[n as u32]);
+            (n + 1, Buffer { names, item })
+        })
+        .collect();
+    Schedule {
+        blobs: Arc::new(blobs),
+        buffers,
+        keys: (1..=names.len()).collect(),
+        held: vec![None; names.len()],
+        at: AtomicUsize::new(0),
+        found: names.iter().map(|_| Weak::new()).collect(),
+        looked_up: None,
+    }
+}
+
+#[test]
+fn next_uses_count_on_into_the_next_run() {
+    let s = schedule(
+        8,
+        &[(&[(0, false), (5, false)], true), (&[(3, false)], true)],
+    );
+    assert_eq!(
+        (s.next_use(1), s.next_use(2), s.next_use(3)),
+        (Some(0), Some(3), None)
+    );
+    s.at(4);
+    assert_eq!((s.next_use(1), s.next_use(2)), (Some(1), Some(7)));
+    s.at(6);
+    // Buffer 1 next at operator 0 of the next run.
+    assert_eq!(s.next_use(1), Some(2));
+}
+
+#[test]
+fn dead_until_overwritten_and_only_inside_the_net() {
+    let s = schedule(
+        6,
+        &[
+            // Written by 1, read by 4 (an activation): dead after 4 until the next run's 1.
+            (&[(1, true), (4, false)], true),
+            // The same, but an external output: never dead.
+            (&[(1, true), (4, false)], false),
+            // Read by 0, overwritten by 2 in the run, read by 3.
+            (&[(0, false), (2, true), (3, false)], true),
+        ],
+    );
+    // Before 1 writes it: dead (the next use overwrites it). Buffer 3 is read by 0, which
+    // runs now.
+    assert!(s.is_dead(1) && !s.is_dead(2) && !s.is_dead(3));
+    s.at(1);
+    // 1 runs now and may have written it already.
+    assert!(!s.is_dead(1) && s.is_dead(3));
+    s.at(2);
+    assert!(!s.is_dead(1) && !s.is_dead(3));
+    s.at(5);
+    // Past its last read: dead until the next run's write; never for the external one.
+    assert!(s.is_dead(1) && !s.is_dead(2) && !s.is_dead(3));
+    assert!(
+        !s.is_dead(9),
+        "a buffer the net does not use is not known dead"
+    );
+}
+
+#[test]
+fn a_buffer_of_two_names_is_dead_only_if_both_say_so() {
+    let mut s = schedule(
+        4,
+        &[
+            (&[(0, true), (2, false)], true),
+            (&[(1, false), (2, true)], true),
+        ],
+    );
+    // One buffer under both names.
+    s.buffers.remove(&2);
+    s.buffers.get_mut(&1).unwrap().names.push(1);
+    s.at(3);
+    // Next: name 0's overwrite at 0 (the next run's), before name 1's read at 1.
+    assert!(s.is_dead(1));
+    s.at(1);
+    // Next: name 1's read at 1, running now: not dead.
+    assert!(!s.is_dead(1));
+    s.at(2);
+    // At 2 name 0 is read and name 1 overwritten: a read.
+    assert!(!s.is_dead(1));
+    let mut t = schedule(4, &[(&[(2, true)], true), (&[(2, true)], false)]);
+    t.buffers.remove(&2);
+    t.buffers.get_mut(&1).unwrap().names.push(1);
+    assert!(!t.is_dead(1), "one external name keeps it");
+}
+
+/// A blob `name` of `ws` holding a 4-element tensor of `dev` with storage of its own, or
+/// sharing blob `from`'s; returns the key of its buffer.
+fn blob(ws: &Workspace, dev: &Device, name: &str, from: Option<&str>) -> usize {
+    let t = match from {
+        Some(src) => {
+            let src = ws.try_get_blob(src).unwrap();
+            let src = src.read();
+            let mut t = Tensor::new(dev);
+            t.resize(&[4]).unwrap();
+            t.share_data(src.get::<Tensor>().unwrap()).unwrap();
+            t
+        }
+        None => Tensor::from_slice(&[4], &[1.0f32; 4], Some(dev)).unwrap(),
+    };
+    let key = t.synced().unwrap().key();
+    ws.create_blob(name).unwrap().write().reset(t);
+    key
+}
+
+#[test]
+fn a_schedule_is_reused_and_follows_a_blob_to_its_new_buffer() {
+    let dev = Device::cpu();
+    let ws = Workspace::new();
+    let a = blob(&ws, &dev, "b0", None);
+    blob(&ws, &dev, "b1", None);
+    let mut blobs = schedule(2, &[(&[(0, false)], true), (&[(1, false)], true)])
+        .blobs
+        .as_ref()
+        .clone_for_test();
+    blobs.by_op = vec![SmallVec::from_slice(&[0]), SmallVec::from_slice(&[1])];
+    let schedules = Schedules::new(blobs);
+    let first = schedules.current(&ws);
+    assert_eq!(first.next_use(a), Some(0));
+    let first_ptr = Arc::as_ptr(&first);
+    drop(first);
+    // The same buffers: the same schedule, brought up to date in place.
+    assert_eq!(Arc::as_ptr(&schedules.current(&ws)), first_ptr);
+    // b1 now shares b0's buffer (a batch fed by sharing): one buffer of two names.
+    assert_eq!(blob(&ws, &dev, "b1", Some("b0")), a);
+    let s = schedules.current(&ws);
+    assert_eq!(Arc::as_ptr(&s), first_ptr);
+    assert_eq!(s.keys, vec![a, a]);
+    assert_eq!(s.buffers.len(), 1);
+    assert!(s.held.iter().all(|h| h.as_ref().is_some_and(|h| h.shared)));
+    drop(s);
+    // b1 back on a buffer of its own.
+    let c = blob(&ws, &dev, "b1", None);
+    let s = schedules.current(&ws);
+    assert_eq!(Arc::as_ptr(&s), first_ptr);
+    assert_eq!(s.buffers.len(), 2);
+    assert!(s.held.iter().all(|h| h.as_ref().is_some_and(|h| !h.shared)));
+    assert_eq!((s.next_use(a), s.next_use(c)), (Some(0), Some(1)));
+    // While a run holds it, the next gets a schedule of its own.
+    let other = schedules.current(&ws);
+    assert!(!Arc::ptr_eq(&s, &other));
+    assert_eq!(other.next_use(c), Some(1));
+}
+
+#[test]
+fn a_schedule_looks_names_up_again_once_a_name_changed() {
+    let dev = Device::cpu();
+    let ws = Workspace::new();
+    let a = blob(&ws, &dev, "b0", None);
+    let b = blob(&ws, &dev, "b1", None);
+    let mut blobs = schedule(2, &[(&[(0, false)], true), (&[(1, false)], true)])
+        .blobs
+        .as_ref()
+        .clone_for_test();
+    blobs.by_op = vec![SmallVec::from_slice(&[0]), SmallVec::from_slice(&[1])];
+    let schedules = Schedules::new(blobs);
+    assert_eq!(schedules.current(&ws).keys, vec![a, b]);
+    // The same names: the blobs found last are read again, with what they hold now.
+    let c = blob(&ws, &dev, "b1", None);
+    assert_eq!(schedules.current(&ws).keys, vec![a, c]);
+    // b1 removed and made again: another blob under the same name, found by a new lookup.
+    assert!(ws.remove_blob("b1"));
+    let d = blob(&ws, &dev, "b1", None);
+    assert_eq!(schedules.current(&ws).keys, vec![a, d]);
+    // b0 gone: no buffer for it.
+    assert!(ws.remove_blob("b0"));
+    assert_eq!(schedules.current(&ws).keys, vec![0, d]);
+    // Another workspace, with no change of names in between: looked up there.
+    let other = Workspace::new();
+    let e = blob(&other, &dev, "b0", None);
+    let f = blob(&other, &dev, "b1", None);
+    let g = blob(&ws, &dev, "b0", None);
+    assert_eq!(schedules.current(&other).keys, vec![e, f]);
+    assert_eq!(schedules.current(&ws).keys, vec![g, d]);
+}
