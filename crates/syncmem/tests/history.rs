@@ -182,6 +182,59 @@ fn threads_merge_with_each_allocation_before_its_free(dev: &Device) {
     assert!(allocs >= k.len() - allocs, "{k:?}");
 }
 
+fn one_thread_alternating_devices_and_histories_keeps_each_in_order(dev: &Device) {
+    let _one = lock();
+    let h = record_history(Some(100)).unwrap();
+    let (a, b) = (dev.detached(), dev.detached());
+    let (sa, sb) = (a.default_stream().unwrap(), b.default_stream().unwrap());
+    // Both carry the device's label: their events are told apart by their sizes.
+    let label = a.label().to_string();
+    drop(a.alloc_pooled(4096, &sa).unwrap());
+    // The operator marked after the thread joined the history is the one its events carry.
+    let op = op_scope("alternating".into());
+    // Each event goes to the other device's ring than the one before: 300 events per device
+    // into rings of 100 (runs of slots end, rings wrap).
+    for _ in 0..150 {
+        drop(a.alloc_pooled(4096, &sa).unwrap());
+        drop(b.alloc_pooled(8192, &sb).unwrap());
+    }
+    drop(op);
+    let mine = |trace: &Trace| -> Vec<TraceEvent> {
+        let mine = trace.events().into_iter().filter(|e| e.device() == label);
+        mine.collect()
+    };
+    let sizes = |events: &[TraceEvent]| -> Vec<usize> {
+        let sizes = events.iter().filter_map(|e| match e {
+            TraceEvent::Alloc { size, .. } => Some(*size),
+            _ => None,
+        });
+        sizes.collect()
+    };
+    let trace = h.trace();
+    // The newest 100 of each: 50 cycles each, every free after its allocation.
+    let events = mine(&trace);
+    assert_eq!(events.len(), 200, "{events:?}");
+    let s = sizes(&events);
+    assert_eq!(s.iter().filter(|s| **s == 4096).count(), 50, "{s:?}");
+    assert_eq!(s.iter().filter(|s| **s == 8192).count(), 50, "{s:?}");
+    let last = events.iter().rev().find(|e| e.kind() == "alloc");
+    let Some(TraceEvent::Alloc { operator, .. }) = last else {
+        panic!("{events:?}")
+    };
+    assert_eq!(operator.as_deref(), Some("alternating"));
+    replay_with(&trace, &PoolConfig::default(), &ReplayOptions::new()).unwrap();
+    // A history started anew takes the thread's next events; the one before keeps its own.
+    let h2 = record_history(Some(100)).unwrap();
+    for _ in 0..10 {
+        drop(a.alloc_pooled(4096, &sa).unwrap());
+    }
+    let (old, new) = (mine(&h.trace()), mine(&h2.trace()));
+    record_history(None);
+    assert_eq!(old.len(), 200);
+    assert_eq!(new.len(), 20, "{new:?}");
+    assert_eq!(sizes(&new), [4096; 10]);
+}
+
 fn an_observer_runs_once_per_failed_upload(dev: &Device) {
     let _one = lock();
     let d = capped(dev, 1 << 20);
@@ -274,6 +327,7 @@ syncmem::for_each_device!(
     history_keeps_the_newest_events_of_each_device,
     a_bounded_history_leaves_out_frees_of_dropped_allocations,
     threads_merge_with_each_allocation_before_its_free,
+    one_thread_alternating_devices_and_histories_keeps_each_in_order,
     an_observer_runs_at_the_failure_until_its_handle_is_dropped,
     an_observer_runs_once_per_failed_upload,
     the_ready_made_observer_writes_a_snapshot_and_a_history_ending_at_the_failure,

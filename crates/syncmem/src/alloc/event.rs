@@ -239,6 +239,21 @@ pub(crate) fn history_generation() -> u64 {
     STATE.load(Relaxed) >> 1
 }
 
+/// The hook's state (one relaxed atomic load): 0 while nothing listens; else the generation
+/// of the history recording ([`history_generation`]) above bit 0, which is set while a sink
+/// is attached ([`state_has_sinks`]). For the pools' allocations and frees, which write the
+/// history with no event made while no sink is attached.
+#[inline(always)]
+pub(crate) fn state() -> u64 {
+    STATE.load(Relaxed)
+}
+
+/// Whether `state` (a [`state`]) has a sink attached.
+#[inline(always)]
+pub(crate) fn state_has_sinks(state: u64) -> bool {
+    state & SINKS != 0
+}
+
 /// True when some sink is attached or the history records (one relaxed atomic load): test it
 /// before making an event.
 #[inline]

@@ -32,8 +32,9 @@ pub const HISTORY_ENV: &str = "SYNCMEM_HISTORY";
 /// the host pool), with no lock (see `docs/performance.md` for the cost); reading merges them
 /// into one order: the events of one thread in their order, an allocation before its free
 /// (the pool's own order), the rest by time. The time of an event is the time its thread read
-/// last: the clock is read every 64 events of a thread and whenever the operator running on
-/// it changes, a step is marked, a segment is made or given back, or a copy is made. Each
+/// last: the clock is read every 64 events of a device on a thread and whenever the operator
+/// running on it changes, a step is marked, a segment is made or given back, or a copy is
+/// made. Each
 /// thread holds at most `max_entries` events per device; reading keeps the newest
 /// `max_entries` of each device over all threads.
 #[derive(Debug)]

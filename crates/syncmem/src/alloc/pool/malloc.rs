@@ -14,6 +14,7 @@ use parking_lot::MutexGuard;
 use super::grant::{Grant, Request};
 use super::shard::Shard;
 use super::{arc_ptr, Inner, Keep, Lease, Pool, PoolEvent, RawStorage, Seg, StreamId};
+use crate::alloc::ring::AllocRecord;
 use crate::alloc::stats::human_bytes;
 use crate::error::{Error, OomReport, Result};
 
@@ -278,7 +279,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         inner
             .c
             .on_alloc(grant.size as u64, bytes as u64, grant.small);
-        inner.emit(&self.label, || PoolEvent::Alloc {
+        inner.emit_alloc(&self.label, || AllocRecord {
             requested: bytes,
             size: grant.size,
             cache_hit: hit,
@@ -286,7 +287,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             stream,
             segment: sh.tag(grant.seg),
             offset: grant.offset,
-            owner: req.owner.cloned(),
+            owner: req.owner,
         });
         // The host stream (0) has no owner to keep: its leases are not kept.
         let kept = keep.and_then(|keep| {

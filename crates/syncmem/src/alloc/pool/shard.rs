@@ -38,6 +38,8 @@ use parking_lot::Mutex;
 use super::stats::{Counters, PoolUsage};
 use super::{BlockId, Inner, Keep, Pool, SegId};
 use super::{Budget, PendingUse, PoolEvent, PoolObserver, PoolStats};
+use crate::alloc::event;
+use crate::alloc::ring::{self, AllocRecord};
 use crate::error::{Error, Result};
 
 /// One shard: aligned to its own cache lines, so that the shards' locks do not share one.
@@ -52,6 +54,67 @@ pub(super) struct Shard<T, V> {
     /// The pool's budget.
     pub(super) budget: Arc<Budget>,
     pub(super) inner: Mutex<Inner<T, V>>,
+}
+
+impl<T, V> Inner<T, V> {
+    /// The order of the shard's next event: its key and sequence number.
+    #[inline(always)]
+    fn next_order(&self) -> (u64, u64) {
+        let seq = self.order.1.get() + 1;
+        self.order.1.set(seq);
+        (self.order.0, seq)
+    }
+
+    /// Reports allocation `a`: as [`Inner::emit`] when the pool is observed or sinks are
+    /// attached; when only the history records, written into the thread's ring straight from
+    /// `a` (no event made, no call). Costs the tests of [`Inner::emit`] when nobody listens.
+    #[inline(always)]
+    pub(super) fn emit_alloc<'r>(&self, label: &str, a: impl FnOnce() -> AllocRecord<'r>) {
+        if self.observer.is_none() {
+            let Some(source) = self.source else {
+                return;
+            };
+            let state = event::state();
+            if state == 0 {
+                return;
+            }
+            if !event::state_has_sinks(state) {
+                let order = self.next_order();
+                let a = a();
+                ring::with_hot(|h| ring::record_alloc(h, source, self.label_key, order, &a));
+                return;
+            }
+        }
+        self.emit_alloc_observed(label, &a());
+    }
+
+    /// [`Inner::emit_observed`] of allocation `a` (out of the allocation path's way).
+    #[cold]
+    #[inline(never)]
+    fn emit_alloc_observed(&self, label: &str, a: &AllocRecord<'_>) {
+        self.emit_observed(label, &a.event());
+    }
+
+    /// Reports the free of `size` bytes of block `block`, as [`Inner::emit_alloc`].
+    #[inline(always)]
+    pub(super) fn emit_free(&self, label: &str, size: usize, block: u64) {
+        if self.observer.is_none() {
+            let Some(source) = self.source else {
+                return;
+            };
+            let state = event::state();
+            if state == 0 {
+                return;
+            }
+            if !event::state_has_sinks(state) {
+                let order = self.next_order();
+                let label = self.label_key;
+                ring::with_hot(|h| ring::record_free(h, source, label, order, (size, block)));
+                return;
+            }
+        }
+        self.emit_observed(label, &PoolEvent::Free { size, block });
+    }
 }
 
 impl<T, V> Shard<T, V> {
@@ -87,10 +150,7 @@ impl<T, V> Shard<T, V> {
                 let mut inner = sh.inner.lock();
                 inner.c.frees += 1;
                 inner.c.on_free(size as u64, requested as u64, small);
-                inner.emit(&sh.label, || PoolEvent::Free {
-                    size,
-                    block: sh.tag(block),
-                });
+                inner.emit_free(&sh.label, size, sh.tag(block));
                 let segs = inner.core.free(block, pending, view);
                 let segs = if segs.is_empty() {
                     Vec::new()

@@ -4,16 +4,23 @@
 //!
 //! # The write path
 //!
-//! An event costs, while the history records: one relaxed load of the hook's state (shared
-//! with the sinks' flag, [`super::event::active`]), the thread's recorder (a thread-local),
-//! the event encoded as a few machine words (names as numbers: a pool's label, an owner and an
-//! operator are numbered once per thread and history, through a cache held by the thread), and
-//! the words stored into the ring's next slot between two stores of its sequence number (a
-//! seqlock per slot: a reader copies a slot and keeps it only when the number did not change).
-//! No atomic read-modify-write, no lock, no clock: the time is read every [`SAMPLE`] events of
-//! the thread and whenever the operator running on it changes, a step is marked, or a rare
-//! event comes (a segment made or given back, a copy, an eviction, an out-of-memory); the
-//! events in between carry the last time read.
+//! A pool's allocation or free costs, while the history records and no sink is attached: one
+//! relaxed load of the hook's state (shared with the sinks' flag, [`super::event::active`]),
+//! the shard's sequence number, and one call ([`record_alloc`], [`record_free`]) that writes
+//! the pool's own fields (no event value is made) into the next slot of the thread's ring,
+//! through the thread's hot state ([`hot`]: one thread-local of cells, no borrow): a test of
+//! the history's generation, of the ring written last and of the run of slots left, the
+//! words (names as numbers: a pool's label is numbered when the pool is made, an owner and an
+//! operator once per thread and history, through a cache held by the thread), stored between
+//! two stores of the slot's sequence number (a seqlock per slot: a reader copies a slot and
+//! keeps it only when the number did not change). No atomic read-modify-write, no lock, no
+//! clock: the time is read every [`SAMPLE`] events of a ring (when a run of slots ends) and
+//! whenever the operator running on the thread changes, a step is marked, or a rare event
+//! comes (a segment made or given back, a copy, an eviction, an out-of-memory); the events in
+//! between carry the last time read. Everything else (joining a history, another ring, the
+//! end of a run, a name not numbered yet, a stack to capture) is the cold path ([`cold`]).
+//! Other events, and every event of a pool with an observer or sinks, are made as values
+//! first and written the same way ([`record_pool`]).
 //!
 //! # Order
 //!
@@ -29,6 +36,8 @@
 //! newest). Memory is bounded by `max_entries` slots per thread that made events of a source;
 //! the rings of a thread that ended are merged into one ring per source kept by the history.
 
+mod cold;
+mod hot;
 mod read;
 mod slots;
 mod write;
@@ -41,11 +50,12 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 
+pub(crate) use hot::{record_alloc, record_free, with_hot, AllocRecord};
 pub(crate) use read::RawWhat;
 use slots::SourceRing;
 pub(crate) use write::{label_key, record_copy, record_pool};
 
-/// The clock is read every `SAMPLE` events of a thread (a power of two).
+/// The clock is read every `SAMPLE` events of a ring (a power of two).
 pub(crate) const SAMPLE: u64 = 64;
 
 /// The most names a history numbers; further names read as [`TOO_MANY`].
@@ -124,22 +134,15 @@ pub(crate) struct Rings {
     names: Mutex<Names>,
 }
 
-/// A thread's way into the history recording now.
+/// A thread's way into the history recording now (what an event needs of it is mirrored in
+/// the hot state, [`hot`]).
 struct Recorder {
     /// The history's generation.
     generation: u64,
     rings: Arc<Rings>,
     thread: Arc<ThreadRings>,
-    /// The rings written, by source, with the count of events written into each.
+    /// The rings written, by source.
     sources: Vec<(u64, Arc<SourceRing>)>,
-    /// The source and ring of the last event.
-    last: (u64, Arc<SourceRing>),
-    /// The thread's number, placed as word 2 of a slot holds it.
-    thread_bits: u64,
-    /// Events written by this thread.
-    count: u64,
-    /// The time read last, in nanoseconds from the history's start.
-    now: u64,
     /// Numbered names, by the address of the `Arc` held here (so that it cannot be reused).
     cache: Box<NameCache>,
 }
@@ -156,6 +159,8 @@ struct Local {
 
 impl Drop for Local {
     fn drop(&mut self) {
+        // The hot state first: it points into the rings given up below.
+        let _ = hot::HOT.try_with(cold::reset);
         if let Some(r) = self.recorder.take() {
             r.rings.retire(&r.thread);
         }
@@ -199,9 +204,9 @@ pub(crate) fn stop() {
 pub(crate) fn set_step(step: Option<u64>) {
     STEP.store(step.unwrap_or(u64::MAX), Relaxed);
     let _ = LOCAL.try_with(|l| {
-        if let Ok(mut l) = l.try_borrow_mut() {
-            if let Some(r) = &mut l.recorder {
-                r.now = r.rings.now();
+        if let Ok(l) = l.try_borrow() {
+            if let Some(r) = &l.recorder {
+                let _ = hot::HOT.try_with(|h| h.now.set(r.rings.now()));
             }
         }
     });
@@ -212,10 +217,13 @@ pub(crate) fn replace_op(op: Option<Arc<str>>) -> Option<Arc<str>> {
     LOCAL
         .try_with(|l| {
             let mut l = l.borrow_mut();
-            if super::event::history_generation() != 0 {
-                if let Some(r) = &mut l.recorder {
-                    r.now = r.rings.now();
-                }
+            let l = &mut *l;
+            let generation = super::event::history_generation();
+            if let Some(r) = l.recorder.as_mut().filter(|r| r.generation == generation) {
+                let _ = hot::HOT.try_with(|h| {
+                    h.now.set(r.rings.now());
+                    h.op.set(u64::from(op.as_ref().map_or(0, |o| r.id_of(h, o))) << 32);
+                });
             }
             std::mem::replace(&mut l.op, op)
         })
@@ -228,9 +236,12 @@ pub(crate) fn current_op() -> Option<Arc<str>> {
     LOCAL.try_with(|l| l.borrow().op.clone()).ok().flatten()
 }
 
+/// [`STACKS`] when stacks are not captured.
+const STACKS_OFF: u8 = 1;
+
 /// Turns stack capture on or off.
 pub(crate) fn set_trace_stacks(on: bool) {
-    STACKS.store(if on { 2 } else { 1 }, Relaxed);
+    STACKS.store(if on { 2 } else { STACKS_OFF }, Relaxed);
 }
 
 /// Whether recorded allocations capture their stack: [`set_trace_stacks`], else
@@ -249,44 +260,6 @@ fn stacks_from_env() -> bool {
         .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "on" | "yes"));
     set_trace_stacks(on);
     on
-}
-
-/// Joins the history of `generation` (cold: once per thread and history).
-#[cold]
-fn register(l: &mut Local, generation: u64) -> bool {
-    if let Some(old) = l.recorder.take() {
-        old.rings.retire(&old.thread);
-    }
-    let Some(rings) = CURRENT.read().clone() else {
-        return false;
-    };
-    if rings.generation != generation {
-        return false;
-    }
-    let thread = {
-        let mut threads = rings.threads.lock();
-        let t = Arc::new(ThreadRings {
-            number: rings.next_thread.fetch_add(1, Relaxed),
-            rings: Mutex::new(Vec::new()),
-        });
-        threads.push(t.clone());
-        t
-    };
-    let now = rings.now();
-    let thread_bits = (thread.number & 0xffff) << 16;
-    l.recorder = Some(Recorder {
-        generation,
-        rings,
-        thread,
-        sources: Vec::new(),
-        // No event has source `u64::MAX`: the first event finds its ring.
-        last: (u64::MAX, Arc::new(SourceRing::new(u64::MAX, 1))),
-        thread_bits,
-        count: 0,
-        now,
-        cache: Box::new(std::array::from_fn(|_| None)),
-    });
-    true
 }
 
 impl Rings {

@@ -4,6 +4,7 @@
 
 use std::backtrace::Backtrace;
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -89,6 +90,8 @@ pub(crate) struct SourceRing {
     chunk_bits: u32,
     chunks: Box<[OnceLock<Box<[Slot]>>]>,
     /// Events written (read and written by the writer only; atomic so that the ring is shared).
+    /// A thread writing into the ring keeps the number in its hot state and leaves it here
+    /// when it switches to another ring.
     next: AtomicU64,
     /// The stacks of its allocations, by sequence number.
     stacks: Mutex<HashMap<u64, Arc<Backtrace>>>,
@@ -111,8 +114,7 @@ impl SourceRing {
     }
 
     /// The slot of the next event and its sequence number. One writer at a time.
-    #[inline(always)]
-    pub(crate) fn next_slot(&self) -> (u64, &Slot) {
+    fn next_slot(&self) -> (u64, &Slot) {
         let seq = self.next.load(Ordering::Relaxed);
         self.next.store(seq + 1, Ordering::Relaxed);
         let i = seq & self.mask;
@@ -122,6 +124,34 @@ impl SourceRing {
             None => self.new_chunk(chunk),
         };
         (seq, &slots[(i & ((1 << self.chunk_bits) - 1)) as usize])
+    }
+
+    /// The slots of the events from `seq` on, up to the end of their chunk or to the next
+    /// multiple of `sample` (a power of two), whichever comes first (at least one slot); the
+    /// chunk is made at its first use. The range points into the ring's memory, which stays
+    /// where it is while the ring lives.
+    pub(crate) fn run(&self, seq: u64, sample: u64) -> Range<*const Slot> {
+        let i = seq & self.mask;
+        let len = 1u64 << self.chunk_bits;
+        let chunk = &self.chunks[(i >> self.chunk_bits) as usize];
+        let slots = match chunk.get() {
+            Some(c) => c,
+            None => self.new_chunk(chunk),
+        };
+        let at = i & (len - 1);
+        let count = (sample - seq % sample).min(len - at);
+        slots[at as usize..(at + count) as usize].as_ptr_range()
+    }
+
+    /// The sequence number of the next event (the writer's, while no thread writes into the
+    /// ring through its hot state).
+    pub(crate) fn next(&self) -> u64 {
+        self.next.load(Ordering::Relaxed)
+    }
+
+    /// Sets the sequence number of the next event (the writer leaving the ring).
+    pub(crate) fn set_next(&self, seq: u64) {
+        self.next.store(seq, Ordering::Relaxed);
     }
 
     /// Writes the next event whole; returns its sequence number. One writer at a time.

@@ -1,0 +1,383 @@
+//! The write path of the allocations and frees: an event written into the thread's ring
+//! straight from the pool's own fields, with no event value made and no call, through one
+//! thread-local of cells with no destructor ([`Hot`]: reached with no registration check and
+//! no borrow).
+//!
+//! The thread's recorder (the rings it owns, its numbered names) stays in the thread-local of
+//! [`super::Local`], behind its `RefCell`; the hot state mirrors what an event needs of it:
+//! the history's generation, the ring written last and the run of its slots that can be
+//! written with no look at the ring (up to the end of the ring's chunk or to the next reading
+//! of the clock, whichever comes first), the time read last, the number of the operator
+//! running, and the numbers of the names the recorder's cache holds. Anything else (another
+//! history, another source, the end of the run, a name not cached) takes the cold path
+//! ([`super::cold`]), which borrows the recorder and sets the hot state again.
+//!
+//! # The invariant that makes the slot pointer safe
+//!
+//! While `generation` is not [`DISARMED`], the thread's recorder is of that generation and holds (in an
+//! `Arc`) the ring of `source`, whose chunk contains the slots from `cur` to `end`; the cold
+//! path disarms the state before it changes the recorder or the run, and back once they
+//! agree again, and the recorder's destructor disarms it first. A chunk never moves or is
+//! freed while its ring lives.
+
+use std::cell::Cell;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use super::slots::{self, Slot};
+use super::{cold, trace_stacks, CACHE, STEP};
+use crate::alloc::event::{history_generation, PoolEvent, StreamId};
+
+/// An allocation as the history records it: the pool's own fields, borrowed (no event made).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AllocRecord<'a> {
+    /// Bytes asked for.
+    pub(crate) requested: usize,
+    /// Block size.
+    pub(crate) size: usize,
+    /// Served from cached memory.
+    pub(crate) cache_hit: bool,
+    /// The block's id in the pool.
+    pub(crate) block: u64,
+    /// The stream the block was allocated for.
+    pub(crate) stream: StreamId,
+    /// The segment's id in the pool.
+    pub(crate) segment: u64,
+    /// The block's start in its segment.
+    pub(crate) offset: usize,
+    /// The label of the buffer the block is handed to.
+    pub(crate) owner: Option<&'a Arc<str>>,
+}
+
+impl AllocRecord<'_> {
+    /// The event (for an observer or a sink).
+    pub(crate) fn event(&self) -> PoolEvent {
+        PoolEvent::Alloc {
+            requested: self.requested,
+            size: self.size,
+            cache_hit: self.cache_hit,
+            block: self.block,
+            stream: self.stream,
+            segment: self.segment,
+            offset: self.offset,
+            owner: self.owner.cloned(),
+        }
+    }
+}
+
+/// The generation of a hot state out of use: no history has it (generations are below
+/// 2^63), so no event passes its first test.
+pub(super) const DISARMED: u64 = u64::MAX;
+
+/// What an event of the thread reads and writes (see the module docs).
+pub(crate) struct Hot {
+    /// The generation of the history the thread writes into; [`DISARMED`]: none, or the cold
+    /// path runs (no history has that generation).
+    pub(super) generation: Cell<u64>,
+    /// The source of the ring written last (`u64::MAX`: none).
+    pub(super) source: Cell<u64>,
+    /// The next slot of that ring, and the end of the run of slots written with no look at
+    /// the ring.
+    pub(super) cur: Cell<*const Slot>,
+    pub(super) end: Cell<*const Slot>,
+    /// The sequence number of the event at `cur` in its ring.
+    pub(super) seq: Cell<u64>,
+    /// The time read last, in nanoseconds from the history's start.
+    pub(super) now: Cell<u64>,
+    /// The thread's number, placed as word 2 of a slot holds it.
+    pub(super) thread_bits: Cell<u64>,
+    /// The number of the operator running on the thread (0: none), placed as word 5 of an
+    /// allocation holds it.
+    pub(super) op: Cell<u64>,
+    /// Per cache slot: the address of the name the recorder's cache holds there, and its
+    /// number (the recorder holds the `Arc`, so no other name has that address).
+    pub(super) names: [Cell<(usize, u32)>; CACHE],
+}
+
+impl Hot {
+    /// Takes the hot state out of use (see the module docs); returns the generation it had.
+    pub(super) fn disarm(&self) -> u64 {
+        self.generation.replace(DISARMED)
+    }
+
+    /// The number of `name` in the history when the cache holds it.
+    #[inline(always)]
+    fn cached_id(&self, name: &Arc<str>) -> Option<u32> {
+        let addr = Arc::as_ptr(name) as *const u8 as usize;
+        let (held, id) = self.names[cache_index(addr)].get();
+        (held == addr).then_some(id)
+    }
+
+    /// The number of `name` in the history (0 when it cannot be numbered now).
+    #[inline(always)]
+    fn id_of(&self, name: &Arc<str>) -> u32 {
+        match self.cached_id(name) {
+            Some(id) => id,
+            None => cold::number(self, name),
+        }
+    }
+
+    /// The next slot of the ring of `source` in the history of `generation`, with its
+    /// sequence number; `None` when the event cannot be recorded (the thread ends, or the
+    /// event is made by the cold path itself).
+    #[inline(always)]
+    fn next_slot(&self, generation: u64, source: u64) -> Option<(u64, &Slot)> {
+        let cur = self.cur.get();
+        if (self.generation.get() != generation
+            || self.source.get() != source
+            || cur == self.end.get())
+            && !cold::prepare(generation, source)
+        {
+            return None;
+        }
+        let cur = self.cur.get();
+        // SAFETY: the hot state is armed for this generation and source with a run that is
+        // not empty (checked above, or set so by `prepare`): `cur` points to a slot of a chunk
+        // of the ring of `source`, which the thread's recorder holds (module docs), and the
+        // slot is written by this thread only. Nothing below calls out before the slot is
+        // written, so the run cannot change under it.
+        let slot = unsafe { &*cur };
+        self.cur.set(cur.wrapping_add(1));
+        let seq = self.seq.get();
+        self.seq.set(seq + 1);
+        Some((seq, slot))
+    }
+}
+
+/// The slot of the name cache of the name at `addr`.
+#[inline(always)]
+pub(super) fn cache_index(addr: usize) -> usize {
+    (addr >> 4) & (CACHE - 1)
+}
+
+thread_local! {
+    pub(super) static HOT: Hot = const {
+        Hot {
+            generation: Cell::new(DISARMED),
+            source: Cell::new(u64::MAX),
+            cur: Cell::new(std::ptr::null()),
+            end: Cell::new(std::ptr::null()),
+            seq: Cell::new(0),
+            now: Cell::new(0),
+            thread_bits: Cell::new(0),
+            op: Cell::new(0),
+            names: [const { Cell::new((0, 0)) }; CACHE],
+        }
+    };
+}
+
+/// Runs `f` with the thread's hot state, reached with one address computation: the
+/// thread-local's address is taken with a closure small enough to be inlined always (a larger
+/// one left `LocalKey::with` as a call, and the thread-local's accessor as a second one).
+///
+/// The pools reach it themselves and pass it to [`record_alloc`] and [`record_free`]: a
+/// thread-local is reached, to the compiler, through a call (the linker makes it one
+/// instruction), which would make those two save every register they use.
+#[inline(always)]
+pub(crate) fn with_hot<R>(f: impl FnOnce(&Hot) -> R) -> R {
+    let h: *const Hot = HOT.with(std::ptr::from_ref);
+    // SAFETY: a thread-local with no destructor stays at its address, alive, as long as its
+    // thread runs; the reference does not leave this call on this thread.
+    f(unsafe { &*h })
+}
+
+/// The words 0 to 2 of an event of `kind` from the pool (or device) labelled `label`.
+#[inline(always)]
+fn head(h: &Hot, kind: u64, label: u32) -> [u64; 3] {
+    [
+        h.now.get(),
+        STEP.load(Relaxed).wrapping_add(1),
+        kind | h.thread_bits.get() | u64::from(label) << 32,
+    ]
+}
+
+/// Records allocation `a` of `source` from the pool labelled `label` (its `label_key`), with
+/// its shard's `order`, in the history recording now, with the thread's hot state `h`
+/// ([`with_hot`]). Not inlined: the pool's allocation
+/// path stays as small as with no history (its own steps inlined), and pays a call only
+/// while the history records. Everything but the common case (the ring written last, a
+/// run of slots not used up, the owner's number cached, no stacks) goes to
+/// [`record_alloc_cold`] whole, so that this one calls nothing and saves no register.
+#[inline(never)]
+pub(crate) fn record_alloc(
+    h: &Hot,
+    source: u64,
+    label: u32,
+    order: (u64, u64),
+    a: &AllocRecord<'_>,
+) {
+    let generation = history_generation();
+    {
+        let cur = h.cur.get();
+        let owner = match a.owner {
+            None => Some(0),
+            Some(o) => h.cached_id(o),
+        };
+        match owner {
+            Some(owner)
+                if h.generation.get() == generation
+                    && h.source.get() == source
+                    && cur != h.end.get()
+                    && !maybe_stacks() =>
+            {
+                // SAFETY: as in `Hot::next_slot`: armed for this generation and source, with
+                // a run that is not empty.
+                let slot = unsafe { &*cur };
+                h.cur.set(cur.wrapping_add(1));
+                let seq = h.seq.get();
+                h.seq.set(seq + 1);
+                write_alloc(h, (seq, slot), label, order, owner, a);
+            }
+            _ => record_alloc_cold(generation, source, label, order, a),
+        }
+    }
+}
+
+/// [`record_alloc`] the long way: joins the history, switches rings, starts a run, numbers
+/// the owner, keeps the stack, as needed.
+#[cold]
+#[inline(never)]
+fn record_alloc_cold(
+    generation: u64,
+    source: u64,
+    label: u32,
+    order: (u64, u64),
+    a: &AllocRecord<'_>,
+) {
+    with_hot(|h| {
+        if h.generation.get() != generation && !cold::prepare(generation, source) {
+            return;
+        }
+        let owner = a.owner.map_or(0, |o| h.id_of(o));
+        let Some((seq, slot)) = h.next_slot(generation, source) else {
+            return;
+        };
+        write_alloc(h, (seq, slot), label, order, owner, a);
+        if trace_stacks() {
+            cold::keep_stack(source, seq);
+        }
+    });
+}
+
+/// Whether allocations may have to capture their stack (on, or not read yet).
+#[inline(always)]
+fn maybe_stacks() -> bool {
+    super::STACKS.load(Relaxed) != super::STACKS_OFF
+}
+
+/// Writes allocation `a` into `slot`, event `seq`.
+#[inline(always)]
+fn write_alloc(
+    h: &Hot,
+    (seq, slot): (u64, &Slot),
+    label: u32,
+    order: (u64, u64),
+    owner: u32,
+    a: &AllocRecord<'_>,
+) {
+    let [t, step, head] = head(h, slots::ALLOC | u64::from(a.cache_hit) << 8, label);
+    slot.begin();
+    slot.set(0, t);
+    slot.set(1, step);
+    slot.set(2, head);
+    slot.set(3, order.0);
+    slot.set(4, order.1);
+    slot.set(5, u64::from(owner) | h.op.get());
+    slot.set(6, a.requested as u64);
+    slot.set(7, a.size as u64);
+    slot.set(8, a.block);
+    slot.set(9, a.stream);
+    slot.set(10, a.segment);
+    slot.set(11, a.offset as u64);
+    slot.end(seq);
+}
+
+/// Records the free of block `block` (`size` bytes) of `source` from the pool labelled
+/// `label`, with its shard's `order`, in the history recording now (`h`: as
+/// [`record_alloc`]). Not inlined, and the
+/// common case calls nothing (as [`record_alloc`]).
+#[inline(never)]
+pub(crate) fn record_free(
+    h: &Hot,
+    source: u64,
+    label: u32,
+    order: (u64, u64),
+    (size, block): (usize, u64),
+) {
+    let generation = history_generation();
+    {
+        let cur = h.cur.get();
+        if h.generation.get() == generation && h.source.get() == source && cur != h.end.get() {
+            // SAFETY: as in `Hot::next_slot`: armed for this generation and source, with a
+            // run that is not empty.
+            let slot = unsafe { &*cur };
+            h.cur.set(cur.wrapping_add(1));
+            let seq = h.seq.get();
+            h.seq.set(seq + 1);
+            write_free(h, (seq, slot), label, order, (size, block));
+        } else {
+            record_free_cold(generation, source, label, order, (size, block));
+        }
+    }
+}
+
+/// [`record_free`] the long way.
+#[cold]
+#[inline(never)]
+fn record_free_cold(
+    generation: u64,
+    source: u64,
+    label: u32,
+    order: (u64, u64),
+    (size, block): (usize, u64),
+) {
+    with_hot(|h| {
+        if let Some(at) = h.next_slot(generation, source) {
+            write_free(h, at, label, order, (size, block));
+        }
+    });
+}
+
+/// Writes the free of `block` (`size` bytes) into `slot`, event `seq`.
+#[inline(always)]
+fn write_free(
+    h: &Hot,
+    (seq, slot): (u64, &Slot),
+    label: u32,
+    order: (u64, u64),
+    (size, block): (usize, u64),
+) {
+    let [t, step, head] = head(h, slots::FREE, label);
+    slot.begin();
+    slot.set(0, t);
+    slot.set(1, step);
+    slot.set(2, head);
+    slot.set(3, order.0);
+    slot.set(4, order.1);
+    slot.set(7, size as u64);
+    slot.set(8, block);
+    slot.end(seq);
+}
+
+/// Records an event of `kind` from `label` with words 3 to 11 `w` (a rare event, a copy: the
+/// clock is read first) in the history of `generation`.
+pub(super) fn record_words(generation: u64, source: u64, kind: u64, label: u32, w: [u64; 9]) {
+    HOT.with(|h| {
+        if h.generation.get() != generation && !cold::prepare(generation, source) {
+            return;
+        }
+        cold::read_clock(h);
+        let Some((seq, slot)) = h.next_slot(generation, source) else {
+            return;
+        };
+        let [t, step, head] = head(h, kind, label);
+        slot.begin();
+        slot.set(0, t);
+        slot.set(1, step);
+        slot.set(2, head);
+        for (i, v) in w.iter().enumerate() {
+            slot.set(3 + i, *v);
+        }
+        slot.end(seq);
+    });
+}
