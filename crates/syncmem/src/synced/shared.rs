@@ -92,7 +92,6 @@ impl SyncedMemory {
         if !buf.in_place() {
             return Ok(());
         }
-        let stream = self.pick_stream(None)?;
         let Some(host) = buf.host_ptr().and_then(NonNull::new) else {
             return Ok(());
         };
@@ -103,6 +102,7 @@ impl SyncedMemory {
         if let Some(old) = core.host.as_ref().filter(|_| core.coh.has(Place::Host)) {
             // The block may still be in use by its previous owner's commands.
             let old = old.ptr();
+            let stream = self.pick_stream(None)?;
             // SAFETY: the old host mirror is valid for `size` bytes and no guard exists (the
             // caller holds the state lock during an allocation); `host` is `buf`'s memory.
             unsafe { self.move_in(core, buf, &stream, &mut state, old, host)? };
