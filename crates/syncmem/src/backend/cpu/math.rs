@@ -29,6 +29,7 @@
 //! accuracy stay on the calling thread (their sums would depend on where the work is cut).
 
 use super::par::{for_parts, Rows, THREADED_ELEMENTS};
+use super::wide::{wide, width, Width};
 use crate::backend::BadLabel;
 use crate::dtype::Float;
 use crate::error::{Error, Result};
@@ -52,9 +53,11 @@ pub fn axpy<F: Float>(a: F, x: &[F], y: &mut [F]) -> Result<()> {
     }
     let threaded = y.len() >= THREADED_ELEMENTS;
     for_parts((x, y), threaded, &|(x, y)| {
-        for (yi, &xi) in y.iter_mut().zip(x) {
-            *yi = *yi + a * xi;
-        }
+        wide(|| {
+            for (yi, &xi) in y.iter_mut().zip(x) {
+                *yi = *yi + a * xi;
+            }
+        })
     });
     Ok(())
 }
@@ -63,9 +66,11 @@ pub fn axpy<F: Float>(a: F, x: &[F], y: &mut [F]) -> Result<()> {
 pub fn scale<F: Float>(a: F, x: &mut [F]) {
     let threaded = x.len() >= THREADED_ELEMENTS;
     for_parts(x, threaded, &|x| {
-        for xi in x {
-            *xi = *xi * a;
-        }
+        wide(|| {
+            for xi in x {
+                *xi = *xi * a;
+            }
+        })
     });
 }
 
@@ -243,20 +248,62 @@ pub(crate) fn col_sum(rows: usize, cols: usize, x: &[f32], out: &mut [f32]) {
     let n = cols.min(out.len());
     let threaded = rows.saturating_mul(cols) >= THREADED_ELEMENTS;
     for_parts((&mut out[..n], 0..n), threaded, &|(out, range)| {
-        col_sum_part(rows, cols, x, range.start, out);
+        let args = (rows, cols, x, range.start, out);
+        match width() {
+            // SAFETY: the CPU has AVX-512F.
+            #[cfg(target_arch = "x86_64")]
+            Width::Avx512 => unsafe { col_sum_avx512(args) },
+            // SAFETY: the CPU has AVX2.
+            #[cfg(target_arch = "x86_64")]
+            Width::Avx2 => unsafe { col_sum_avx2(args) },
+            _ => col_sum_part(args),
+        }
     });
 }
 
+/// Rows, columns, `x`, first column and the sums of [`col_sum_part`].
+type ColSum<'a> = (usize, usize, &'a [f32], usize, &'a mut [f32]);
+
+/// [`col_sum_part`] built for AVX-512F (8 sums a vector).
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn col_sum_avx512(args: ColSum<'_>) {
+    col_sum_part(args);
+}
+
+/// [`col_sum_part`] built for AVX2 (4 sums a vector).
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn col_sum_avx2(args: ColSum<'_>) {
+    col_sum_part(args);
+}
+
 /// Columns `first..first + out.len()` of [`col_sum`].
-fn col_sum_part(rows: usize, cols: usize, x: &[f32], first: usize, out: &mut [f32]) {
+#[inline(always)]
+fn col_sum_part((rows, cols, x, first, out): ColSum<'_>) {
     const BLOCK: usize = 64;
     let cols_ = cols.max(1);
     for (start, out_block) in (first..).step_by(BLOCK).zip(out.chunks_mut(BLOCK)) {
         let width = out_block.len();
         let mut acc = [0.0f64; BLOCK];
         for row in x.chunks_exact(cols_).take(rows) {
-            for (a, &v) in acc.iter_mut().zip(&row[start..start + width]) {
-                *a += f64::from(v);
+            let row = &row[start..start + width];
+            if let Ok(row) = <&[f32; BLOCK]>::try_from(row) {
+                // A whole block: a loop of a fixed length, which the compiler keeps in
+                // vector registers (the same sums in the same order).
+                for (a, &v) in acc.iter_mut().zip(row) {
+                    *a += f64::from(v);
+                }
+            } else {
+                for (a, &v) in acc.iter_mut().zip(row) {
+                    *a += f64::from(v);
+                }
             }
         }
         for (o, a) in out_block.iter_mut().zip(acc) {
@@ -270,9 +317,11 @@ pub(crate) fn relu(x: &[f32], y: &mut [f32]) {
     let n = x.len().min(y.len());
     let (x, y) = (&x[..n], &mut y[..n]);
     for_parts((x, y), n >= THREADED_ELEMENTS, &|(x, y)| {
-        for (yi, &xi) in y.iter_mut().zip(x) {
-            *yi = if xi > 0.0 { xi } else { 0.0 };
-        }
+        wide(|| {
+            for (yi, &xi) in y.iter_mut().zip(x) {
+                *yi = if xi > 0.0 { xi } else { 0.0 };
+            }
+        })
     });
 }
 
@@ -280,10 +329,12 @@ pub(crate) fn relu(x: &[f32], y: &mut [f32]) {
 pub(crate) fn relu_in_place(y: &mut [f32]) {
     let threaded = y.len() >= THREADED_ELEMENTS;
     for_parts(y, threaded, &|y| {
-        for v in y {
-            // NaN -> 0, as in `relu` and the OpenCL kernel.
-            *v = if *v > 0.0 { *v } else { 0.0 };
-        }
+        wide(|| {
+            for v in y {
+                // NaN -> 0, as in `relu` and the OpenCL kernel.
+                *v = if *v > 0.0 { *v } else { 0.0 };
+            }
+        })
     });
 }
 
@@ -292,9 +343,11 @@ pub(crate) fn relu_grad(y: &[f32], dy: &[f32], dx: &mut [f32]) {
     let n = y.len().min(dy.len()).min(dx.len());
     let (y, dy, dx) = (&y[..n], &dy[..n], &mut dx[..n]);
     for_parts((y, dy, dx), n >= THREADED_ELEMENTS, &|(y, dy, dx)| {
-        for ((d, &yi), &g) in dx.iter_mut().zip(y).zip(dy) {
-            *d = if yi > 0.0 { g } else { 0.0 };
-        }
+        wide(|| {
+            for ((d, &yi), &g) in dx.iter_mut().zip(y).zip(dy) {
+                *d = if yi > 0.0 { g } else { 0.0 };
+            }
+        })
     });
 }
 
@@ -303,9 +356,11 @@ pub(crate) fn relu_grad_in_place(y: &[f32], dx: &mut [f32]) {
     let n = y.len().min(dx.len());
     let (y, dx) = (&y[..n], &mut dx[..n]);
     for_parts((y, dx), n >= THREADED_ELEMENTS, &|(y, dx)| {
-        for (d, &yi) in dx.iter_mut().zip(y) {
-            *d = if yi > 0.0 { *d } else { 0.0 };
-        }
+        wide(|| {
+            for (d, &yi) in dx.iter_mut().zip(y) {
+                *d = if yi > 0.0 { *d } else { 0.0 };
+            }
+        })
     });
 }
 

@@ -12,5 +12,6 @@ pub mod math;
 mod par;
 mod team;
 pub(crate) mod user;
+mod wide;
 
 pub(crate) use device::{total_memory, CpuDevice, CpuEvent, CpuMem, CpuPinned, CpuStream};
