@@ -69,6 +69,22 @@ fn misaligned<T>(e: bytemuck::PodCastError) -> Error {
     }
 }
 
+/// Copies `row` into every row of `c` (whose length is a multiple of the row's): into the
+/// first, then doubling the rows filled with each copy (a few large copies, not one per row).
+fn fill_rows(c: &mut [f32], row: &[f32]) {
+    let n = row.len();
+    if n == 0 || c.len() < n {
+        return;
+    }
+    c[..n].copy_from_slice(row);
+    let mut filled = n;
+    while filled < c.len() {
+        let more = filled.min(c.len() - filled);
+        c.copy_within(..more, filled);
+        filled += more;
+    }
+}
+
 fn same(a: &CpuMem, b: &CpuMem) -> bool {
     std::ptr::eq(a.as_ptr(), b.as_ptr())
 }
@@ -100,8 +116,7 @@ impl BackendKernels for CpuDevice {
         let c = unsafe { view_mut::<f32>(c, m * n)? };
         let beta = match bias {
             Some(bias) => {
-                let bias = view::<f32>(bias, n)?;
-                c.chunks_exact_mut(n).for_each(|r| r.copy_from_slice(bias));
+                fill_rows(c, view::<f32>(bias, n)?);
                 1.0
             }
             None => 0.0,
@@ -313,5 +328,20 @@ impl BackendKernels for CpuDevice {
         let out = unsafe { view_mut::<F>(partial, 1)? };
         out[0] = v;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fill_rows;
+
+    #[test]
+    fn fill_rows_copies_the_row_into_every_row() {
+        for rows in [1, 2, 3, 5, 8, 63, 64, 65] {
+            let row = [1.5f32, -2.0, 3.25];
+            let mut c = vec![0.0f32; rows * row.len()];
+            fill_rows(&mut c, &row);
+            assert!(c.chunks_exact(3).all(|r| r == row), "{rows} rows");
+        }
     }
 }

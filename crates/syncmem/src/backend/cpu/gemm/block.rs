@@ -50,6 +50,11 @@ impl Block<'_> {
             for l in 0..self.kc {
                 let src = p.a.add(i * p.rsa + (self.l0 + l) * p.csa);
                 let dst = panel.add(l * MR);
+                if mm == MR && p.rsa == 1 {
+                    // A whole tile of contiguous rows (`tn`: a row of dY): one copy.
+                    std::ptr::copy_nonoverlapping(src, dst, MR);
+                    continue;
+                }
                 for r in 0..MR {
                     *dst.add(r) = if r < mm { *src.add(r * p.rsa) } else { 0.0 };
                 }
