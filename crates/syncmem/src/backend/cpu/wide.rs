@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 
 /// The vector extensions [`wide`] may use on this CPU.
 #[derive(Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) enum Width {
     /// AVX-512F.
     Avx512,
@@ -82,7 +83,7 @@ mod tests {
         let x: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
         let axpy = |y: &mut [f32]| {
             for (yi, &xi) in y.iter_mut().zip(&x) {
-                *yi = *yi + 0.3 * xi;
+                *yi += 0.3 * xi;
             }
         };
         let mut base: Vec<f32> = x.iter().map(|v| v * 0.5 - 1.0).collect();
