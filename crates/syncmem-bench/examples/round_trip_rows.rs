@@ -5,13 +5,12 @@
 //! load before and after.
 
 use syncmem::Device;
+use syncmem_bench::load::LoadAverage;
 use syncmem_bench::rows::{round_trip_row, Runs};
 
-/// `/proc/loadavg`'s first three fields (empty where there is none).
+/// The machine's load averages, or why there are none.
 fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
+    LoadAverage::read().map_or_else(|e| e, |l| l.to_string())
 }
 
 fn main() -> syncmem::Result<()> {

@@ -5,14 +5,13 @@
 //! the pools without the rest of the bench.
 
 use syncmem::Device;
+use syncmem_bench::load::LoadAverage;
 use syncmem_bench::rows::Runs;
 use syncmem_bench::threads::{device_pool_rows, host_pool_rows};
 
-/// `/proc/loadavg`'s first three fields (empty where there is none).
+/// The machine's load averages, or why there are none.
 fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
+    LoadAverage::read().map_or_else(|e| e, |l| l.to_string())
 }
 
 fn main() -> syncmem::Result<()> {

@@ -132,18 +132,24 @@ fn blob(ws: &Workspace, dev: &Device, name: &str, from: Option<&str>) -> usize {
     key
 }
 
+/// The schedules of a net of two operators, each reading one internal blob of its own: `b0`
+/// by operator 0, `b1` by operator 1.
+fn two_names() -> Schedules {
+    let mut blobs = schedule(2, &[(&[(0, false)], true), (&[(1, false)], true)])
+        .blobs
+        .as_ref()
+        .clone_for_test();
+    blobs.by_op = vec![SmallVec::from_slice(&[0]), SmallVec::from_slice(&[1])];
+    Schedules::new(blobs)
+}
+
 #[test]
 fn a_schedule_is_reused_and_follows_a_blob_to_its_new_buffer() {
     let dev = Device::cpu();
     let ws = Workspace::new();
     let a = blob(&ws, &dev, "b0", None);
     blob(&ws, &dev, "b1", None);
-    let mut blobs = schedule(2, &[(&[(0, false)], true), (&[(1, false)], true)])
-        .blobs
-        .as_ref()
-        .clone_for_test();
-    blobs.by_op = vec![SmallVec::from_slice(&[0]), SmallVec::from_slice(&[1])];
-    let schedules = Schedules::new(blobs);
+    let schedules = two_names();
     let first = schedules.current(&ws);
     assert_eq!(first.next_use(a), Some(0));
     let first_ptr = Arc::as_ptr(&first);
@@ -177,12 +183,7 @@ fn a_schedule_looks_names_up_again_once_a_name_changed() {
     let ws = Workspace::new();
     let a = blob(&ws, &dev, "b0", None);
     let b = blob(&ws, &dev, "b1", None);
-    let mut blobs = schedule(2, &[(&[(0, false)], true), (&[(1, false)], true)])
-        .blobs
-        .as_ref()
-        .clone_for_test();
-    blobs.by_op = vec![SmallVec::from_slice(&[0]), SmallVec::from_slice(&[1])];
-    let schedules = Schedules::new(blobs);
+    let schedules = two_names();
     assert_eq!(schedules.current(&ws).keys, vec![a, b]);
     // The same names: the blobs found last are read again, with what they hold now.
     let c = blob(&ws, &dev, "b1", None);
