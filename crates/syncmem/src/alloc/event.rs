@@ -235,6 +235,7 @@ pub(crate) fn set_history(generation: u64) {
 }
 
 /// The generation of the history recording (0: none).
+#[inline(always)]
 pub(crate) fn history_generation() -> u64 {
     STATE.load(Relaxed) >> 1
 }

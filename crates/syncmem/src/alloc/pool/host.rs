@@ -16,7 +16,7 @@
 use std::sync::{Arc, OnceLock};
 
 use super::config::{PoolConfig, HOST_POOL_CONF_ENV, HOST_POOL_ENV};
-use super::{Budget, Lease, Pool, PoolSnapshot, PoolStats, HOST_STREAM};
+use super::{Budget, Lease, Pool, PoolSnapshot, PoolStats};
 use crate::alloc::stats::{Counted, HOST};
 use crate::alloc::{HostBlock, HOST_ALIGN};
 use crate::error::{Error, Result};
@@ -112,7 +112,7 @@ impl HostPool {
                 counted: None,
             });
         }
-        let lease = match self.pool.alloc_labelled(len, HOST_STREAM, &source, owner) {
+        let lease = match self.pool.alloc_host(len, &source, owner) {
             Ok(l) => l,
             Err(e) => self.retry(len, owner, e)?,
         };
@@ -130,7 +130,7 @@ impl HostPool {
     fn retry(&self, len: usize, owner: Option<&Arc<str>>, e: Error) -> Result<Lease<HostBlock>> {
         let r = if e.is_out_of_memory() && self.pool.empty_cache() > 0 {
             self.pool.note_retry();
-            self.pool.alloc_labelled(len, HOST_STREAM, &source, owner)
+            self.pool.alloc_host(len, &source, owner)
         } else {
             Err(e)
         };

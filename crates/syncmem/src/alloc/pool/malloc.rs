@@ -67,7 +67,37 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     ///
     /// # Errors
     /// As [`Pool::alloc`].
+    #[inline(never)]
     pub(crate) fn alloc_with<S: RawStorage<Segment = T, View = V> + ?Sized>(
+        self: &Arc<Self>,
+        bytes: usize,
+        stream: StreamId,
+        source: &S,
+        owner: Option<&Arc<str>>,
+        keep: Option<&dyn Fn() -> Keep>,
+    ) -> Result<Lease<T, V>> {
+        self.alloc_inner(bytes, stream, source, owner, keep)
+    }
+
+    /// [`Pool::alloc_labelled`] on [`HOST_STREAM`](super::HOST_STREAM) with no owner kept:
+    /// the allocation path compiled for those constants (a host pool's), whatever the
+    /// compiler decides for [`Pool::alloc_with`].
+    ///
+    /// # Errors
+    /// As [`Pool::alloc`].
+    #[inline(never)]
+    pub(crate) fn alloc_host<S: RawStorage<Segment = T, View = V> + ?Sized>(
+        self: &Arc<Self>,
+        bytes: usize,
+        source: &S,
+        owner: Option<&Arc<str>>,
+    ) -> Result<Lease<T, V>> {
+        self.alloc_inner(bytes, super::HOST_STREAM, source, owner, None)
+    }
+
+    /// The body of [`Pool::alloc_with`].
+    #[inline(always)]
+    fn alloc_inner<S: RawStorage<Segment = T, View = V> + ?Sized>(
         self: &Arc<Self>,
         bytes: usize,
         stream: StreamId,

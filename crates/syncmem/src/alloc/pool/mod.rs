@@ -130,9 +130,9 @@ struct Inner<T, V> {
     /// Owners kept for the leases of streams (see [`Pool::alloc_with`]).
     kept: keep::KeptList,
     /// The shard's key in the events it publishes (unique in the process) and the sequence
-    /// number of its last one (both under the shard's lock: the order of its events across
-    /// threads for the history).
-    order: (u64, Cell<u64>),
+    /// number of its last one, in one word ([`crate::alloc::ring::order_word`]), under the
+    /// shard's lock: the order of its events across threads for the history.
+    order: Cell<u64>,
     /// The pool's label, numbered for the events ([`crate::alloc::ring::label_key`]).
     label_key: u32,
 }
@@ -157,9 +157,8 @@ impl<T, V> Inner<T, V> {
             o.on_event(label, ev);
         }
         if let Some(source) = self.source {
-            let seq = self.order.1.get() + 1;
-            self.order.1.set(seq);
-            event::publish_pool(source, label, self.label_key, ev, (self.order.0, seq));
+            let order = crate::alloc::ring::split_order(self.next_order());
+            event::publish_pool(source, label, self.label_key, ev, order);
         }
     }
 }
@@ -233,7 +232,10 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                         source: None,
                         orphaned: false,
                         kept: keep::KeptList::default(),
-                        order: (NEXT_SHARD_KEY.fetch_add(1, Relaxed), Cell::new(0)),
+                        order: Cell::new(crate::alloc::ring::order_word(
+                            NEXT_SHARD_KEY.fetch_add(1, Relaxed),
+                            0,
+                        )),
                         label_key,
                     }),
                 })

@@ -57,12 +57,13 @@ pub(super) struct Shard<T, V> {
 }
 
 impl<T, V> Inner<T, V> {
-    /// The order of the shard's next event: its key and sequence number.
+    /// The order word of the shard's next event: its key and sequence number in one word
+    /// ([`ring::order_word`]).
     #[inline(always)]
-    fn next_order(&self) -> (u64, u64) {
-        let seq = self.order.1.get() + 1;
-        self.order.1.set(seq);
-        (self.order.0, seq)
+    pub(super) fn next_order(&self) -> u64 {
+        let order = self.order.get() + 1;
+        self.order.set(order);
+        order
     }
 
     /// Reports allocation `a`: as [`Inner::emit`] when the pool is observed or sinks are
@@ -80,8 +81,7 @@ impl<T, V> Inner<T, V> {
             }
             if !event::state_has_sinks(state) {
                 let order = self.next_order();
-                let a = a();
-                ring::with_hot(|h| ring::record_alloc(h, source, self.label_key, order, &a));
+                ring::record_alloc(state >> 1, source, self.label_key, order, &a());
                 return;
             }
         }
@@ -108,8 +108,7 @@ impl<T, V> Inner<T, V> {
             }
             if !event::state_has_sinks(state) {
                 let order = self.next_order();
-                let label = self.label_key;
-                ring::with_hot(|h| ring::record_free(h, source, label, order, (size, block)));
+                ring::record_free(state >> 1, source, self.label_key, order, (size, block));
                 return;
             }
         }

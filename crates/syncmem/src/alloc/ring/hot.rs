@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use super::slots::{self, Slot};
 use super::{cold, trace_stacks, CACHE, STEP};
-use crate::alloc::event::{history_generation, PoolEvent, StreamId};
+use crate::alloc::event::{PoolEvent, StreamId};
 
 /// An allocation as the history records it: the pool's own fields, borrowed (no event made).
 #[derive(Debug, Clone, Copy)]
@@ -166,19 +166,21 @@ thread_local! {
     };
 }
 
-/// Runs `f` with the thread's hot state, reached with one address computation: the
-/// thread-local's address is taken with a closure small enough to be inlined always (a larger
-/// one left `LocalKey::with` as a call, and the thread-local's accessor as a second one).
-///
-/// The pools reach it themselves and pass it to [`record_alloc`] and [`record_free`]: a
-/// thread-local is reached, to the compiler, through a call (the linker makes it one
-/// instruction), which would make those two save every register they use.
+/// The thread's hot state, reached with one address computation (no closure: a closure
+/// the compiler declines to inline would put a call on the allocation path).
 #[inline(always)]
-pub(crate) fn with_hot<R>(f: impl FnOnce(&Hot) -> R) -> R {
+fn hot<'a>() -> &'a Hot {
     let h: *const Hot = HOT.with(std::ptr::from_ref);
     // SAFETY: a thread-local with no destructor stays at its address, alive, as long as its
-    // thread runs; the reference does not leave this call on this thread.
-    f(unsafe { &*h })
+    // thread runs. The reference is only used by the inlined writers of this thread, which
+    // keep it no longer than the event they write.
+    unsafe { &*h }
+}
+
+/// Runs `f` with the thread's hot state ([`hot`]).
+#[inline(always)]
+fn with_hot<R>(f: impl FnOnce(&Hot) -> R) -> R {
+    f(hot())
 }
 
 /// The words 0 to 2 of an event of `kind` from the pool (or device) labelled `label`.
@@ -192,44 +194,42 @@ fn head(h: &Hot, kind: u64, label: u32) -> [u64; 3] {
 }
 
 /// Records allocation `a` of `source` from the pool labelled `label` (its `label_key`), with
-/// its shard's `order`, in the history recording now, with the thread's hot state `h`
-/// ([`with_hot`]). Not inlined: the pool's allocation
-/// path stays as small as with no history (its own steps inlined), and pays a call only
-/// while the history records. Everything but the common case (the ring written last, a
-/// run of slots not used up, the owner's number cached, no stacks) goes to
-/// [`record_alloc_cold`] whole, so that this one calls nothing and saves no register.
-#[inline(never)]
+/// its shard's `order` word, in the history of `generation`. Inlined into the pool's
+/// allocation path: the common case (the ring written last, a run of slots not used up, the
+/// owner's number cached, no stacks) is a few tests and the slot's stores straight from the
+/// pool's registers, with no call and no record made in memory; everything else goes to
+/// [`record_alloc_cold`] whole, out of line.
+#[inline(always)]
 pub(crate) fn record_alloc(
-    h: &Hot,
+    generation: u64,
     source: u64,
     label: u32,
-    order: (u64, u64),
+    order: u64,
     a: &AllocRecord<'_>,
 ) {
-    let generation = history_generation();
-    {
-        let cur = h.cur.get();
-        let owner = match a.owner {
-            None => Some(0),
-            Some(o) => h.cached_id(o),
-        };
-        match owner {
-            Some(owner)
-                if h.generation.get() == generation
-                    && h.source.get() == source
-                    && cur != h.end.get()
-                    && !maybe_stacks() =>
-            {
-                // SAFETY: as in `Hot::next_slot`: armed for this generation and source, with
-                // a run that is not empty.
-                let slot = unsafe { &*cur };
-                h.cur.set(cur.wrapping_add(1));
-                let seq = h.seq.get();
-                h.seq.set(seq + 1);
-                write_alloc(h, (seq, slot), label, order, owner, a);
-            }
-            _ => record_alloc_cold(generation, source, label, order, a),
+    let h = hot();
+    let cur = h.cur.get();
+    let owner = match a.owner {
+        None => Some(0),
+        Some(o) => h.cached_id(o),
+    };
+    match owner {
+        Some(owner)
+            if h.generation.get() == generation
+                && h.source.get() == source
+                && cur != h.end.get()
+                && !maybe_stacks() =>
+        {
+            // SAFETY: as in `Hot::next_slot`: armed for this generation and source, with a
+            // run that is not empty.
+            let slot = unsafe { &*cur };
+            h.cur.set(cur.wrapping_add(1));
+            let seq = h.seq.get();
+            h.seq.set(seq + 1);
+            write_alloc(h, (seq, slot), label, order, owner, a);
         }
+        // By value: the record is made in memory on this rare path only.
+        _ => record_alloc_cold(generation, source, label, order, *a),
     }
 }
 
@@ -237,13 +237,7 @@ pub(crate) fn record_alloc(
 /// the owner, keeps the stack, as needed.
 #[cold]
 #[inline(never)]
-fn record_alloc_cold(
-    generation: u64,
-    source: u64,
-    label: u32,
-    order: (u64, u64),
-    a: &AllocRecord<'_>,
-) {
+fn record_alloc_cold(generation: u64, source: u64, label: u32, order: u64, a: AllocRecord<'_>) {
     with_hot(|h| {
         if h.generation.get() != generation && !cold::prepare(generation, source) {
             return;
@@ -252,7 +246,7 @@ fn record_alloc_cold(
         let Some((seq, slot)) = h.next_slot(generation, source) else {
             return;
         };
-        write_alloc(h, (seq, slot), label, order, owner, a);
+        write_alloc(h, (seq, slot), label, order, owner, &a);
         if trace_stacks() {
             cold::keep_stack(source, seq);
         }
@@ -271,7 +265,7 @@ fn write_alloc(
     h: &Hot,
     (seq, slot): (u64, &Slot),
     label: u32,
-    order: (u64, u64),
+    order: u64,
     owner: u32,
     a: &AllocRecord<'_>,
 ) {
@@ -280,8 +274,7 @@ fn write_alloc(
     slot.set(0, t);
     slot.set(1, step);
     slot.set(2, head);
-    slot.set(3, order.0);
-    slot.set(4, order.1);
+    slot.set(3, order);
     slot.set(5, u64::from(owner) | h.op.get());
     slot.set(6, a.requested as u64);
     slot.set(7, a.size as u64);
@@ -293,31 +286,28 @@ fn write_alloc(
 }
 
 /// Records the free of block `block` (`size` bytes) of `source` from the pool labelled
-/// `label`, with its shard's `order`, in the history recording now (`h`: as
-/// [`record_alloc`]). Not inlined, and the
-/// common case calls nothing (as [`record_alloc`]).
-#[inline(never)]
+/// `label`, with its shard's `order` word, in the history of `generation`. Inlined, with the
+/// rare cases out of line, as [`record_alloc`].
+#[inline(always)]
 pub(crate) fn record_free(
-    h: &Hot,
+    generation: u64,
     source: u64,
     label: u32,
-    order: (u64, u64),
+    order: u64,
     (size, block): (usize, u64),
 ) {
-    let generation = history_generation();
-    {
-        let cur = h.cur.get();
-        if h.generation.get() == generation && h.source.get() == source && cur != h.end.get() {
-            // SAFETY: as in `Hot::next_slot`: armed for this generation and source, with a
-            // run that is not empty.
-            let slot = unsafe { &*cur };
-            h.cur.set(cur.wrapping_add(1));
-            let seq = h.seq.get();
-            h.seq.set(seq + 1);
-            write_free(h, (seq, slot), label, order, (size, block));
-        } else {
-            record_free_cold(generation, source, label, order, (size, block));
-        }
+    let h = hot();
+    let cur = h.cur.get();
+    if h.generation.get() == generation && h.source.get() == source && cur != h.end.get() {
+        // SAFETY: as in `Hot::next_slot`: armed for this generation and source, with a run
+        // that is not empty.
+        let slot = unsafe { &*cur };
+        h.cur.set(cur.wrapping_add(1));
+        let seq = h.seq.get();
+        h.seq.set(seq + 1);
+        write_free(h, (seq, slot), label, order, (size, block));
+    } else {
+        record_free_cold(generation, source, label, order, (size, block));
     }
 }
 
@@ -328,7 +318,7 @@ fn record_free_cold(
     generation: u64,
     source: u64,
     label: u32,
-    order: (u64, u64),
+    order: u64,
     (size, block): (usize, u64),
 ) {
     with_hot(|h| {
@@ -344,7 +334,7 @@ fn write_free(
     h: &Hot,
     (seq, slot): (u64, &Slot),
     label: u32,
-    order: (u64, u64),
+    order: u64,
     (size, block): (usize, u64),
 ) {
     let [t, step, head] = head(h, slots::FREE, label);
@@ -352,8 +342,7 @@ fn write_free(
     slot.set(0, t);
     slot.set(1, step);
     slot.set(2, head);
-    slot.set(3, order.0);
-    slot.set(4, order.1);
+    slot.set(3, order);
     slot.set(7, size as u64);
     slot.set(8, block);
     slot.end(seq);

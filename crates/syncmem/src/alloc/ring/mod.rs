@@ -6,8 +6,9 @@
 //!
 //! A pool's allocation or free costs, while the history records and no sink is attached: one
 //! relaxed load of the hook's state (shared with the sinks' flag, [`super::event::active`]),
-//! the shard's sequence number, and one call ([`record_alloc`], [`record_free`]) that writes
-//! the pool's own fields (no event value is made) into the next slot of the thread's ring,
+//! the shard's order word (its key and sequence number in one word), and the writer
+//! ([`record_alloc`], [`record_free`], inlined into the pool: no call) that stores the pool's
+//! own fields (no event value is made) into the next slot of the thread's ring,
 //! through the thread's hot state ([`hot`]: one thread-local of cells, no borrow): a test of
 //! the history's generation, of the ring written last and of the run of slots left, the
 //! words (names as numbers: a pool's label is numbered when the pool is made, an owner and an
@@ -25,7 +26,8 @@
 //! # Order
 //!
 //! The events of one thread keep their order. Across threads, the events of one pool shard
-//! carry the shard's own sequence number, taken under the shard's lock, so a block's allocation
+//! carry the shard's own sequence number (modulo 2^40, with the shard's key in the same word),
+//! taken under the shard's lock, so a block's allocation
 //! comes before its free even when two threads made them within one reading of the clock; the
 //! rest is merged by time.
 //!
@@ -50,9 +52,10 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 
-pub(crate) use hot::{record_alloc, record_free, with_hot, AllocRecord};
+pub(crate) use hot::{record_alloc, record_free, AllocRecord};
 pub(crate) use read::RawWhat;
 use slots::SourceRing;
+pub(crate) use slots::{order_word, split_order};
 pub(crate) use write::{label_key, record_copy, record_pool};
 
 /// The clock is read every `SAMPLE` events of a ring (a power of two).

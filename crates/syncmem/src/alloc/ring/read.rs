@@ -116,14 +116,18 @@ fn order(entries: &mut Vec<Entry>) {
     entries.sort_by_key(|e| (e.t(), e.thread, e.seq));
     let mut shards: HashMap<u64, Vec<usize>> = HashMap::new();
     for (i, e) in entries.iter().enumerate() {
-        if e.w[3] != 0 {
-            shards.entry(e.w[3]).or_default().push(i);
+        let (key, _) = slots::split_order(e.w[3]);
+        if key != 0 {
+            shards.entry(key).or_default().push(i);
         }
     }
     let mut at: Vec<usize> = (0..entries.len()).collect();
     let mut moved = false;
     for places in shards.values() {
-        let mut by_seq: Vec<(u64, usize)> = places.iter().map(|&i| (entries[i].w[4], i)).collect();
+        let mut by_seq: Vec<(u64, usize)> = places
+            .iter()
+            .map(|&i| (slots::split_order(entries[i].w[3]).1, i))
+            .collect();
         if by_seq.windows(2).all(|p| p[0].0 < p[1].0) {
             continue;
         }

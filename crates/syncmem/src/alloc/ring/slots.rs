@@ -24,6 +24,21 @@ pub(crate) const EVICT: u64 = 5;
 pub(crate) const OOM: u64 = 6;
 pub(crate) const COPY: u64 = 7;
 
+/// Bits of a shard's sequence number in an event's order word (word 3 of a pool event): the
+/// shard's key above them. A shard's events are put in order by the number modulo 2^40 (more
+/// than a trillion events); keys are unique below 2^24 shards made in the process.
+pub(crate) const ORDER_SEQ_BITS: u32 = 40;
+
+/// The order word of event `seq` of the shard keyed `key`.
+pub(crate) fn order_word(key: u64, seq: u64) -> u64 {
+    key << ORDER_SEQ_BITS | (seq & ((1 << ORDER_SEQ_BITS) - 1))
+}
+
+/// The shard key and sequence number of order word `w` ([`order_word`]).
+pub(crate) fn split_order(w: u64) -> (u64, u64) {
+    (w >> ORDER_SEQ_BITS, w & ((1 << ORDER_SEQ_BITS) - 1))
+}
+
 /// The sequence word of a slot being written.
 const WRITING: u64 = u64::MAX;
 
@@ -220,4 +235,26 @@ pub(crate) fn direction_of(code: u64) -> Direction {
         .get(code as usize)
         .copied()
         .unwrap_or(Direction::HostToDevice)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{order_word, split_order, ORDER_SEQ_BITS};
+
+    #[test]
+    fn an_order_word_gives_back_its_key_and_sequence_number() {
+        for (key, seq) in [
+            (1, 0),
+            (1, 1),
+            (7, 123_456_789),
+            ((1 << 24) - 1, (1 << 40) - 1),
+        ] {
+            assert_eq!(split_order(order_word(key, seq)), (key, seq));
+        }
+        // The shard's counter adds one to the word: the sequence number, under the key.
+        let w = order_word(3, 41) + 1;
+        assert_eq!(split_order(w), (3, 42));
+        // A sequence number past its bits is taken modulo 2^40, the key unchanged.
+        assert_eq!(split_order(order_word(5, 1 << ORDER_SEQ_BITS)), (5, 0));
+    }
 }

@@ -6,7 +6,7 @@ use std::sync::{Arc, LazyLock};
 
 use parking_lot::Mutex;
 
-use super::hot::{record_alloc, record_free, record_words, with_hot, AllocRecord};
+use super::hot::{record_alloc, record_free, record_words, AllocRecord};
 use super::{cold, slots, Names};
 use crate::alloc::event::{PoolEvent, StreamId};
 use crate::alloc::stats::Direction;
@@ -56,10 +56,22 @@ pub(crate) fn record_pool(
                 offset: *offset,
                 owner: owner.as_ref(),
             };
-            return with_hot(|h| record_alloc(h, source, label, order, &a));
+            return record_alloc(
+                generation,
+                source,
+                label,
+                slots::order_word(order.0, order.1),
+                &a,
+            );
         }
         PoolEvent::Free { size, block } => {
-            return with_hot(|h| record_free(h, source, label, order, (*size, *block)))
+            return record_free(
+                generation,
+                source,
+                label,
+                slots::order_word(order.0, order.1),
+                (*size, *block),
+            )
         }
         // Words 3 to 11.
         PoolEvent::SegmentAlloc {
@@ -92,7 +104,8 @@ pub(crate) fn record_pool(
             (slots::OOM, [0, 0, 0, *requested as u64, 0, 0, 0, 0, 0])
         }
     };
-    let w = [order.0, order.1, w[2], w[3], w[4], w[5], w[6], w[7], w[8]];
+    let order = slots::order_word(order.0, order.1);
+    let w = [order, 0, w[2], w[3], w[4], w[5], w[6], w[7], w[8]];
     record_words(generation, source, kind, label, w);
 }
 
