@@ -24,6 +24,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 
+use foldhash::fast::FixedState;
 use parking_lot::{Mutex, RwLock};
 use smallvec::SmallVec;
 
@@ -129,6 +130,9 @@ struct Buffer {
     item: Weak<dyn Evictable>,
 }
 
+/// Buffers by key.
+type Buffers = HashMap<usize, Buffer, FixedState>;
+
 /// The buffer a name holds in this run.
 #[derive(Clone)]
 struct Held {
@@ -140,8 +144,9 @@ struct Held {
 /// Which operators use which buffer in this run, and the operator running now.
 pub(super) struct Schedule {
     blobs: Arc<BlobUses>,
-    /// Buffer key -> the buffer.
-    buffers: HashMap<usize, Buffer>,
+    /// Buffer key -> the buffer (keys are addresses: a fast fixed hash, not SipHash, whose
+    /// per-lookup cost showed in every capped step).
+    buffers: Buffers,
     /// Name index -> the key of its buffer (0: none).
     keys: Vec<usize>,
     /// Name index -> its buffer.
@@ -158,7 +163,8 @@ pub(super) struct Schedule {
 impl Schedule {
     /// The schedule of `blobs` over the buffers `ws` holds now.
     fn read(blobs: &Arc<BlobUses>, ws: &Workspace) -> Schedule {
-        let mut buffers: HashMap<usize, Buffer> = HashMap::with_capacity(blobs.names.len());
+        let mut buffers =
+            Buffers::with_capacity_and_hasher(blobs.names.len(), FixedState::default());
         let mut keys = vec![0; blobs.names.len()];
         let mut held = vec![None; blobs.names.len()];
         let generation = names_generation();
