@@ -154,3 +154,41 @@ fn an_offloaded_optimizer_moves_gradients_and_parameters_only() {
     let err = rejected_value("--offload activations", &out);
     assert!(err.contains("not offloaded"), "{err}");
 }
+
+#[test]
+fn offloaded_parameters_end_where_kept_ones_do() {
+    let args = |offload: Option<&'static str>| {
+        let mut a = vec!["train", "--device", "cpu", "--epochs", "2", "--json"];
+        if let Some(o) = offload {
+            a.extend(["--offload", o]);
+        }
+        json(&a)
+    };
+    let kept = args(None);
+    let off = args(Some("parameters"));
+    assert_eq!(off["settings"]["offload_parameters"], true);
+    assert_eq!(kept["settings"]["offload_parameters"], false);
+    assert_eq!(
+        off["final"], kept["final"],
+        "the same training, bit for bit"
+    );
+    // The last step brought the parameters up and wrote them back (copied, or synced where
+    // the device's memory is host memory).
+    let params = 4.0 * f(&off["model"]["parameters"]);
+    let step = &off["transfers"]["max_step"];
+    let bytes = |dirs: &[&str]| dirs.iter().map(|d| f(&step[d]["bytes"])).sum::<f64>();
+    assert!(
+        bytes(&["host_to_device", "refilled", "mapped"]) >= params,
+        "up: {step}"
+    );
+    assert!(
+        bytes(&["device_to_host", "spilled", "mapped"]) >= params,
+        "back: {step}"
+    );
+    let both = args(Some("optimizer,parameters"));
+    assert_eq!(both["settings"]["offload_optimizer"], true);
+    assert_eq!(both["settings"]["offload_parameters"], true);
+    let refused = common::run(&["train", "--offload", "activations"]);
+    let err = rejected_value("--offload activations", &refused);
+    assert!(err.contains("not offloaded (yet)"), "{err}");
+}

@@ -106,7 +106,10 @@ pub struct Args {
     pub optimizer: syncmem_nn::train::Optimizer,
 
     /// Keep on the host: `optimizer` (the state of momentum or Adam lives in host memory only
-    /// and the update runs there: each step moves the gradients down and the parameters up).
+    /// and the update runs there: each step moves the gradients down and the parameters up),
+    /// `parameters` (between steps: each step brings them to the device ahead of use on a copy
+    /// stream and writes them back after the update, freeing their device memory), or both,
+    /// separated by a comma.
     #[arg(long, value_name = "WHAT", value_parser = optimizer::parse_offload)]
     pub offload: Option<optimizer::Offload>,
 
@@ -354,7 +357,8 @@ fn config(args: &Args) -> TrainConfig {
         .with_fuse(!args.no_fuse)
         .with_bucket_bytes(usize::try_from(args.bucket_size).unwrap_or(usize::MAX))
         .with_overlap(!args.no_overlap)
-        .with_offload_optimizer(args.offload.is_some())
+        .with_offload_optimizer(args.offload.is_some_and(|o| o.optimizer))
+        .with_offload_parameters(args.offload.is_some_and(|o| o.parameters))
 }
 
 /// The lines of the text report before training: the note on the device, the model, the data
@@ -381,11 +385,7 @@ fn print_header(
         cfg.batch,
         cfg.optimizer,
         cfg.lr,
-        if cfg.offload_optimizer {
-            " on the host"
-        } else {
-            ""
-        },
+        optimizer::offload_note(cfg),
         cfg.seed,
         if cfg.plan { "on" } else { "off" },
         h = cfg.hidden[0],

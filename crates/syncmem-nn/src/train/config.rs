@@ -1,7 +1,74 @@
-//! The `with_*` builder of [`TrainConfig`] (a `#[non_exhaustive]` struct: code outside the
+//! [`TrainConfig`] and its `with_*` builder (a `#[non_exhaustive]` struct: code outside the
 //! crate makes one from [`TrainConfig::default`]).
 
-use super::{Optimizer, TrainConfig};
+use super::Optimizer;
+#[cfg(doc)]
+use super::{offload, Trainer};
+
+/// Settings of a training run: [`TrainConfig::default`] and the `with_*` methods make one.
+///
+/// ```
+/// use syncmem_nn::train::TrainConfig;
+///
+/// let cfg = TrainConfig::default().with_hidden(vec![32, 32]).with_epochs(3);
+/// assert_eq!((cfg.hidden.as_slice(), cfg.epochs, cfg.batch), (&[32, 32][..], 3, 64));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct TrainConfig {
+    /// Hidden layer widths.
+    pub hidden: Vec<usize>,
+    /// Passes over the data.
+    pub epochs: usize,
+    /// Samples per step (the last batch may be smaller).
+    pub batch: usize,
+    /// Learning rate of the update ([`TrainConfig::with_optimizer`] sets the optimizer's
+    /// default).
+    pub lr: f32,
+    /// How the parameters are updated: SGD, momentum or Adam (see [`crate::optimizer`]).
+    pub optimizer: Optimizer,
+    /// Seed of the data order and the initial weights.
+    pub seed: u64,
+    /// Plan memory (intermediate blobs share buffers).
+    pub plan: bool,
+    /// Fuse each FC + Relu into one FC that applies the ReLU (see [`crate::fuse`]).
+    pub fuse: bool,
+    /// Distributed training ([`Trainer::distributed`]): the most bytes of gradients summed
+    /// over the ranks in one collective call (a larger gradient has a call of its own).
+    pub bucket_bytes: usize,
+    /// Distributed training: sum each bucket as soon as backward has written it, while
+    /// backward goes on (else after backward).
+    pub overlap: bool,
+    /// Keep the optimizer's state on the host and update the parameters there (see
+    /// [`offload`]); single-device training only.
+    pub offload_optimizer: bool,
+    /// Keep the parameters on the host between steps: each step brings them to the device
+    /// ahead of the forward pass (queued on a copy stream) and writes them back after the
+    /// update, freeing their device memory (see [`Trainer::step`]); single-device training
+    /// only.
+    pub offload_parameters: bool,
+}
+
+impl Default for TrainConfig {
+    /// Two hidden layers of 64, 30 epochs of batches of 64, SGD at learning rate 0.5, seed 0,
+    /// planning and fusion on; for distributed training, buckets of 1 MiB, overlapped.
+    fn default() -> Self {
+        Self {
+            hidden: vec![64, 64],
+            epochs: 30,
+            batch: 64,
+            lr: Optimizer::Sgd.default_lr(),
+            optimizer: Optimizer::Sgd,
+            seed: 0,
+            plan: true,
+            fuse: true,
+            bucket_bytes: 1 << 20,
+            overlap: true,
+            offload_optimizer: false,
+            offload_parameters: false,
+        }
+    }
+}
 
 impl TrainConfig {
     /// The same settings with these hidden layer widths.
@@ -93,6 +160,14 @@ impl TrainConfig {
     #[must_use]
     pub fn with_offload_optimizer(mut self, offload: bool) -> Self {
         self.offload_optimizer = offload;
+        self
+    }
+
+    /// The same settings with the parameters kept on the host between steps or not (see
+    /// [`TrainConfig::offload_parameters`]).
+    #[must_use]
+    pub fn with_offload_parameters(mut self, offload: bool) -> Self {
+        self.offload_parameters = offload;
         self
     }
 }

@@ -67,6 +67,7 @@ mod held_out;
 mod meter;
 pub mod offload;
 mod parallel;
+mod params;
 mod planning;
 mod reduce;
 mod residency;
@@ -81,64 +82,7 @@ pub use planning::{compare_planning, PlanningComparison};
 pub use reduce::CommStats;
 use setup::Setup;
 
-/// Settings of a training run: [`TrainConfig::default`] and the `with_*` methods make one.
-///
-/// ```
-/// use syncmem_nn::train::TrainConfig;
-///
-/// let cfg = TrainConfig::default().with_hidden(vec![32, 32]).with_epochs(3);
-/// assert_eq!((cfg.hidden.as_slice(), cfg.epochs, cfg.batch), (&[32, 32][..], 3, 64));
-/// ```
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct TrainConfig {
-    /// Hidden layer widths.
-    pub hidden: Vec<usize>,
-    /// Passes over the data.
-    pub epochs: usize,
-    /// Samples per step (the last batch may be smaller).
-    pub batch: usize,
-    /// Learning rate of the update ([`TrainConfig::with_optimizer`] sets the optimizer's
-    /// default).
-    pub lr: f32,
-    /// How the parameters are updated: SGD, momentum or Adam (see [`crate::optimizer`]).
-    pub optimizer: Optimizer,
-    /// Seed of the data order and the initial weights.
-    pub seed: u64,
-    /// Plan memory (intermediate blobs share buffers).
-    pub plan: bool,
-    /// Fuse each FC + Relu into one FC that applies the ReLU (see [`crate::fuse`]).
-    pub fuse: bool,
-    /// Distributed training ([`Trainer::distributed`]): the most bytes of gradients summed
-    /// over the ranks in one collective call (a larger gradient has a call of its own).
-    pub bucket_bytes: usize,
-    /// Distributed training: sum each bucket as soon as backward has written it, while
-    /// backward goes on (else after backward).
-    pub overlap: bool,
-    /// Keep the optimizer's state on the host and update the parameters there (see
-    /// [`offload`]); single-device training only.
-    pub offload_optimizer: bool,
-}
-
-impl Default for TrainConfig {
-    /// Two hidden layers of 64, 30 epochs of batches of 64, SGD at learning rate 0.5, seed 0,
-    /// planning and fusion on; for distributed training, buckets of 1 MiB, overlapped.
-    fn default() -> Self {
-        Self {
-            hidden: vec![64, 64],
-            epochs: 30,
-            batch: 64,
-            lr: Optimizer::Sgd.default_lr(),
-            optimizer: Optimizer::Sgd,
-            seed: 0,
-            plan: true,
-            fuse: true,
-            bucket_bytes: 1 << 20,
-            overlap: true,
-            offload_optimizer: false,
-        }
-    }
-}
+pub use config::TrainConfig;
 
 /// Loss and accuracy of one epoch (means over its samples).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -238,6 +182,8 @@ pub struct Trainer {
     held_out: Option<held_out::HeldOut>,
     /// The update on the host, when the optimizer is offloaded.
     offload: Option<offload::Offloaded>,
+    /// The parameters, when they leave the device between steps.
+    params: Option<params::OffloadedParams>,
     /// Whether finished batches leave a capped device.
     residency: residency::BatchResidency,
 }
@@ -304,6 +250,7 @@ impl Trainer {
         let mut t = setup.trainer(device, data, mlp, nets, train, eval);
         t.batches = batches;
         t.offload = offloaded;
+        t.params = params::OffloadedParams::new(cfg, &t.device, &t.ws, &t.nets.params)?;
         for name in [DATA, LABEL] {
             t.ws.create_blob(name)?
                 .write()
@@ -324,7 +271,9 @@ impl Trainer {
     }
 
     /// Runs one training step on batch `i`; returns (loss, accuracy) of the batch before the
-    /// update.
+    /// update. With [`TrainConfig::offload_parameters`] the parameters' copies to the device are
+    /// queued first and, once the scalars are read, the parameters go back to the host and free
+    /// their device memory (see `params.rs`).
     ///
     /// # Errors
     /// [`Error::OutOfBounds`] for a batch index past the end; the errors of [`Net::run`].
@@ -346,11 +295,18 @@ impl Trainer {
             self.parallel_step(i)?
         } else {
             self.feed(i)?;
+            if let Some(p) = &self.params {
+                p.bring_in()?;
+            }
             self.train.run(&self.ws)?;
             if let Some(o) = &self.offload {
                 o.update.run(&self.ws)?;
             }
+            // After the read, which waits for the step anyway.
             let scalars = self.read_scalars(&self.train)?;
+            if let Some(p) = &self.params {
+                p.write_back()?;
+            }
             self.after_batch(i)?;
             scalars
         };

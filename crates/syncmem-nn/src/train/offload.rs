@@ -43,16 +43,19 @@ pub(super) struct Split {
     state_init: NetDef,
 }
 
-/// Refuses an offloaded optimizer for `what` (training on several devices or ranks).
+/// Refuses an offloaded optimizer or offloaded parameters for `what` (training on several
+/// devices or ranks).
 pub(super) fn refuse(cfg: &TrainConfig, what: &str) -> Result<()> {
-    if cfg.offload_optimizer {
-        return Err(Error::InvalidState {
-            op: "Trainer",
-            buffer: "training configuration".into(),
-            reason: format!("offloading the optimizer is not supported with {what}"),
-        });
-    }
-    Ok(())
+    let offloaded = match (cfg.offload_optimizer, cfg.offload_parameters) {
+        (true, _) => "the optimizer",
+        (false, true) => "the parameters",
+        (false, false) => return Ok(()),
+    };
+    Err(Error::InvalidState {
+        op: "Trainer",
+        buffer: "training configuration".into(),
+        reason: format!("offloading {offloaded} is not supported with {what}"),
+    })
 }
 
 /// Splits `nets` (see [`Split`]): the update operators (`SGD`, `MomentumSGD`, `Adam`) leave

@@ -94,6 +94,7 @@ impl Setup {
             transfers: Transfers::default(),
             held_out: None,
             offload: None,
+            params: None,
             residency: Default::default(),
         }
     }

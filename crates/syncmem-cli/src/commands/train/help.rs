@@ -10,7 +10,10 @@ and two tensors per parameter, is zero-filled by the init net and stays on the d
 --offload optimizer it lives in host memory and the update runs on the host, each step moving
 the gradients down and the parameters up, with no overlap with the device's work). Data,
 weights and activations stay on the device: each step shares one uploaded batch (no copy) and
-reads back only the loss and accuracy scalars. Memory saved by planning is measured on one step
+reads back only the loss and accuracy scalars. With --offload parameters the weights leave the
+device between steps: each step queues their copies to the device on a copy stream of its own
+before the forward pass (each operator waits for its own weights' copy only) and writes them
+back after the update, freeing their device memory (the transfers count both ways). Memory saved by planning is measured on one step
 with and without it, in fresh workspaces.
 
 Fusion (on by default, off with --no-fuse; the results are the same bit for bit): each FC whose
@@ -38,7 +41,7 @@ JSON output (--json), one object:
       ones of --validation-split), \"features\", \"classes\"},
    \"model\": {\"widths\": [D, H, H, C], \"parameters\"},
    \"settings\": {\"epochs\", \"batch\", \"lr\", \"optimizer\": \"sgd\" | \"momentum\" | \"adam\",
-      \"offload_optimizer\": bool,
+      \"offload_optimizer\": bool, \"offload_parameters\": bool,
       \"seed\", \"plan\": bool, \"fuse\": bool},
    \"epochs\": [{\"epoch\", \"loss\", \"accuracy\", \"steps\", \"seconds\",
       \"held_out\": {\"loss\", \"accuracy\"} | null (the held-out set after the epoch)}],

@@ -11,20 +11,40 @@ pub fn parse(s: &str) -> Result<Optimizer, String> {
 }
 
 /// What `--offload` keeps on the host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Offload {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Offload {
     /// The optimizer's state, and its update.
-    Optimizer,
+    pub optimizer: bool,
+    /// The parameters, between steps.
+    pub parameters: bool,
 }
 
-/// `--offload`'s value: `optimizer` (any case).
+/// `--offload`'s value: `optimizer`, `parameters`, or both, separated by commas (any case).
 pub fn parse_offload(s: &str) -> Result<Offload, String> {
-    match s.trim().to_ascii_lowercase().as_str() {
-        "optimizer" => Ok(Offload::Optimizer),
-        "parameters" | "activations" => Err(format!(
-            "{s:?} is not offloaded (yet): only the optimizer is (--offload optimizer)"
-        )),
-        _ => Err(format!("must be optimizer, got {s:?}")),
+    let mut o = Offload::default();
+    for part in s.split(',') {
+        match part.trim().to_ascii_lowercase().as_str() {
+            "optimizer" => o.optimizer = true,
+            "parameters" => o.parameters = true,
+            "activations" => {
+                return Err(format!(
+                    "{part:?} is not offloaded (yet): the optimizer and the parameters are \
+                     (--offload optimizer,parameters)"
+                ))
+            }
+            _ => return Err(format!("must be optimizer or parameters, got {part:?}")),
+        }
+    }
+    Ok(o)
+}
+
+/// What the header says after the optimizer of `cfg` about what is offloaded.
+pub(super) fn offload_note(cfg: &TrainConfig) -> &'static str {
+    match (cfg.offload_optimizer, cfg.offload_parameters) {
+        (true, true) => " on the host, parameters offloaded between steps",
+        (true, false) => " on the host",
+        (false, true) => ", parameters offloaded between steps",
+        (false, false) => "",
     }
 }
 
@@ -52,10 +72,21 @@ mod tests {
         assert_eq!(cfg, TrainConfig::default());
         assert_eq!(parse(" Adam"), Ok(Optimizer::Adam));
         assert!(parse("adagrad").unwrap_err().contains("\"adagrad\""));
-        assert_eq!(parse_offload(" Optimizer"), Ok(Offload::Optimizer));
-        assert!(parse_offload("parameters")
+        let optimizer = Offload {
+            optimizer: true,
+            parameters: false,
+        };
+        assert_eq!(parse_offload(" Optimizer"), Ok(optimizer));
+        let both = Offload {
+            optimizer: true,
+            parameters: true,
+        };
+        assert_eq!(parse_offload("parameters, optimizer"), Ok(both));
+        assert!(parse_offload("activations")
             .unwrap_err()
             .contains("not offloaded"));
-        assert!(parse_offload("gpu").unwrap_err().contains("\"gpu\""));
+        assert!(parse_offload("optimizer,gpu")
+            .unwrap_err()
+            .contains("\"gpu\""));
     }
 }

@@ -122,6 +122,8 @@ struct Settings {
     optimizer: String,
     /// The optimizer's state and update on the host (`--offload optimizer`).
     offload_optimizer: bool,
+    /// The parameters on the host between steps (`--offload parameters`).
+    offload_parameters: bool,
     seed: u64,
     plan: bool,
     fuse: bool,
@@ -323,6 +325,7 @@ pub(super) fn build(r: Run<'_>) -> Report {
             lr: r.cfg.lr,
             optimizer: r.cfg.optimizer.to_string(),
             offload_optimizer: r.cfg.offload_optimizer,
+            offload_parameters: r.cfg.offload_parameters,
             seed: r.cfg.seed,
             plan: r.cfg.plan,
             fuse: r.cfg.fuse,

@@ -94,6 +94,13 @@ impl Report {
                 r.device
             );
         }
+        if r.settings.offload_parameters {
+            outln!(
+                "  (--offload parameters: the parameters leave {} after each step; their head \
+                 above is where they are between steps)",
+                r.device
+            );
+        }
         Ok(())
     }
 

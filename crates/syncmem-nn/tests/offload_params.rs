@@ -1,0 +1,146 @@
+//! The parameters offloaded between steps (`TrainConfig::offload_parameters`): after every
+//! step the device holds none of them (their device memory is free), each step brings them up
+//! and writes them back, and training ends bit for bit where it ends with the parameters kept
+//! on the device (the data moves, the arithmetic does not change), with either optimizer
+//! placement.
+
+use syncmem::{Device, Head, ZeroCopy};
+use syncmem_nn::mlp::Dataset;
+use syncmem_nn::train::{Optimizer, TrainConfig, Trainer};
+
+/// What a run ends with.
+struct Run {
+    losses: Vec<f64>,
+    params: Vec<Vec<f32>>,
+    /// The parameters' heads after training.
+    heads: Vec<Head>,
+    /// Bytes of the device pool handed out after the last step.
+    allocated: u64,
+    /// Bytes of the parameters.
+    param_bytes: u64,
+    /// Bytes brought to the device and written back in the last step.
+    up: u64,
+    back: u64,
+}
+
+fn run(dev: &Device, cfg: &TrainConfig) -> Run {
+    let data = Dataset::spirals(200, 3, 0.2, 0);
+    let mut t = Trainer::new(dev, &data, cfg).unwrap();
+    let losses = (0..cfg.epochs)
+        .map(|_| t.run_epoch().unwrap().loss)
+        .collect();
+    let allocated = dev.pool_stats().unwrap().allocated.current;
+    let last = t.transfers().last_step;
+    let (mut params, mut heads, mut param_bytes) = (Vec::new(), Vec::new(), 0);
+    for p in &t.nets().params {
+        let head = t
+            .workspace()
+            .with_tensor(p, |t| Ok(t.synced().map(|m| m.head())))
+            .unwrap();
+        heads.extend(head);
+        let values = t.workspace().fetch::<f32>(p).unwrap();
+        param_bytes += values.len() as u64 * 4;
+        params.push(values);
+    }
+    Run {
+        losses,
+        params,
+        heads,
+        allocated,
+        param_bytes,
+        up: last.host_to_device.bytes + last.refilled.bytes,
+        back: last.device_to_host.bytes + last.spilled.bytes,
+    }
+}
+
+fn check(dev: &Device) {
+    for (optimizer, on_host) in [
+        (Optimizer::Sgd, false),
+        (Optimizer::Adam, false),
+        (Optimizer::Momentum, true),
+    ] {
+        let cfg = TrainConfig::default()
+            .with_optimizer(optimizer)
+            .with_epochs(2)
+            .with_offload_optimizer(on_host);
+        let kept = run(&dev.isolated(), &cfg);
+        let off = run(&dev.isolated(), &cfg.clone().with_offload_parameters(true));
+        eprintln!(
+            "{} {optimizer:?} (update on the host: {on_host}): {} B of parameters; after the \
+             steps {} B allocated on the device kept, {} B offloaded; last step up {} B, back \
+             {} B",
+            dev.label(),
+            off.param_bytes,
+            kept.allocated,
+            off.allocated,
+            off.up,
+            off.back
+        );
+        assert_eq!(off.losses, kept.losses, "the losses, bit for bit");
+        assert_eq!(off.params, kept.params, "the parameters, bit for bit");
+        assert!(
+            off.heads.iter().all(|h| *h == Head::AtHost),
+            "no parameter is on the device between steps: {:?}",
+            off.heads
+        );
+        assert!(
+            kept.allocated >= off.allocated + off.param_bytes,
+            "the parameters' device memory is free between steps: {} B kept, {} B offloaded",
+            kept.allocated,
+            off.allocated
+        );
+        // Two mirrors (zero-copy off): the bytes go up and come back every step (with the
+        // update on the host the device copies are stale: nothing comes back but the
+        // gradients, as with the optimizer offloaded alone).
+        if dev.zero_copy_protocol().is_none() {
+            assert!(off.up >= off.param_bytes, "up {} B", off.up);
+            if !on_host {
+                assert!(off.back >= off.param_bytes, "back {} B", off.back);
+            }
+        }
+    }
+}
+
+fn each_setting(dev: &Device) {
+    check(dev);
+    // As on a discrete device: two mirrors, the copies made.
+    let two = dev.isolated();
+    two.set_zero_copy(ZeroCopy::Off);
+    check(&two);
+}
+
+#[test]
+fn offloaded_parameters_train_as_kept_ones_on_cpu() {
+    each_setting(&Device::cpu());
+}
+
+#[cfg(feature = "opencl")]
+#[test]
+fn offloaded_parameters_train_as_kept_ones_on_opencl() {
+    let devs = Device::all(syncmem::BackendKind::OpenCl).unwrap_or_default();
+    let Some(dev) = devs.first() else {
+        assert!(
+            std::env::var("SYNCMEM_REQUIRE_OPENCL").as_deref() != Ok("1"),
+            "SYNCMEM_REQUIRE_OPENCL=1 but no OpenCL device"
+        );
+        eprintln!("SKIPPED offloaded_parameters_train_as_kept_ones_on_opencl: no OpenCL device");
+        return;
+    };
+    each_setting(dev);
+}
+
+#[test]
+fn offloaded_parameters_are_refused_on_several_devices() {
+    let data = Dataset::spirals(60, 3, 0.2, 0);
+    let cfg = TrainConfig::default()
+        .with_epochs(1)
+        .with_offload_parameters(true);
+    let devs = [Device::cpu().isolated(), Device::cpu().isolated()];
+    let err = Trainer::data_parallel(&devs, &data, &cfg)
+        .err()
+        .expect("refused");
+    assert!(
+        err.to_string().contains("offloading the parameters"),
+        "{err}"
+    );
+}
