@@ -1,8 +1,8 @@
 //! The synced round-trip rows of `syncmem bench` alone: `round_trip_rows [DEVICE] [MIB]
 //! [SAMPLES]` (defaults `opencl:0`, 64, 11) times a `SyncedMemory` host -> device -> host round
-//! trip against blocking `Stream::write` + `Stream::read` of the same bytes, from pageable and
-//! from pinned host memory, and prints each row's times, ratio and spread with the machine's
-//! load before and after.
+//! trip against blocking `Stream::write` + `Stream::read` of the same bytes through the same
+//! memory, from pageable and from pinned host memory, and prints each row's times, ratio and
+//! spread with the machine's load before and after.
 
 use syncmem::Device;
 use syncmem_bench::load::LoadAverage;

@@ -29,6 +29,7 @@ mod runner;
 pub mod spread;
 pub mod threads;
 pub mod train_memory;
+mod trip;
 pub mod user;
 pub mod zero_copy;
 
@@ -239,8 +240,12 @@ const BASELINES: [&str; 17] = [
      history recording (report::record_history, 100000 events per device) against the same \
      with it off, in alternating samples; goal: <= 1.10 x, ratio >= 0.91; with call stacks \
      captured (SYNCMEM_TRACE_STACKS=1) reported without a goal",
-    "synced round trips: the same host memory on both sides (the host allocator's pageable \
-     memory, or the device's pinned memory)",
+    "synced round trips: host memory of the same kind on both sides (the host allocator's \
+     pageable memory, or the device's pinned memory), and the same memory: two pairs of a host \
+     block and a device buffer, the synced buffer adopting one while the raw side copies \
+     through the other, then the other way round; a sample of each side is a round trip on \
+     each pair (a 64 MiB copy's speed depends on the memory behind it, by up to 10-15% between \
+     buffers allocated alike)",
     "host read access: per call, through SyncedMemory::host() against indexing a slice",
     "zero-copy cycles (devices whose memory is host memory): host write of a byte, device read, \
      device write, host read of a byte on one 64 MiB buffer shared by host and device, against \

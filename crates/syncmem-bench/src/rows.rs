@@ -7,11 +7,11 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use syncmem::alloc::pool::{HostPool, PoolConfig, PoolKind};
-use syncmem::alloc::HostBlock;
-use syncmem::{Device, Error, OomReport, Result, SyncedMemory, ZeroCopy};
+use syncmem::{Device, Error, OomReport, Result, SyncedMemory};
 
 use crate::raw::raw_cycle;
 pub(crate) use crate::spread::median;
+pub use crate::trip::round_trip_row;
 use crate::{size_name, Row, Samples};
 
 const PAGE: usize = 4096;
@@ -148,71 +148,6 @@ pub fn device_pool_row(dev: &Device, bytes: usize, raw: bool, runs: Runs) -> Res
             "Device::alloc (direct) + drop",
         ))
     }
-}
-
-/// A `SyncedMemory` round trip (host write, `device()` copies up, `device_mut()` marks the
-/// device current, `host()` copies back) vs blocking `Stream::write` + `Stream::read` from host
-/// memory of the same kind: pageable memory of the host allocator, or (`pinned`) the device's
-/// pinned memory on both sides.
-///
-/// # Errors
-/// Device errors.
-pub fn round_trip_row(dev: &Device, bytes: usize, pinned: bool, runs: Runs) -> Result<Row> {
-    let dev = dev.isolated();
-    // Two mirrors, so that the row measures the copies (the zero-copy rows measure sharing).
-    dev.set_zero_copy(ZeroCopy::Off);
-    let stream = dev.default_stream()?;
-    let buf = SyncedMemory::new(bytes, &dev).with_pinned_host(pinned);
-    let mut dbuf = dev.alloc(bytes)?;
-    let mut pinned_host = if pinned {
-        Some(dev.alloc_pinned(bytes)?)
-    } else {
-        None
-    };
-    let mut pageable = if pinned {
-        None
-    } else {
-        Some(HostBlock::zeroed(bytes)?)
-    };
-    let samples = compare(
-        runs,
-        || {
-            buf.host_mut()?[0] = 1;
-            drop(black_box(buf.device()?));
-            drop(black_box(buf.device_mut()?));
-            black_box(buf.host()?[bytes - 1]);
-            Ok(())
-        },
-        || {
-            let host: &mut [u8] = match (&mut pinned_host, &mut pageable) {
-                (Some(p), _) => p.as_mut_slice(),
-                (None, Some(h)) => h.as_mut_slice(),
-                (None, None) => &mut [],
-            };
-            host[0] = 1;
-            stream.write(&mut dbuf, 0, host)?;
-            stream.read(&dbuf, 0, host)?;
-            black_box(&host);
-            Ok(())
-        },
-    )?;
-    let (name, base_name) = if pinned {
-        (
-            format!("synced round trip {} pinned", size_name(bytes)),
-            "Stream::write + read, pinned host memory",
-        )
-    } else {
-        (
-            format!("synced round trip {}", size_name(bytes)),
-            "Stream::write + read, HostBlock memory",
-        )
-    };
-    let ours_name = if pinned {
-        "SyncedMemory (pinned host) host->device->host"
-    } else {
-        "SyncedMemory host->device->host"
-    };
-    Ok(samples.row(&name, ours_name, base_name))
 }
 
 /// `buf.host()` + read one byte vs indexing a plain slice.
