@@ -170,3 +170,43 @@ pub fn round_trip_row(dev: &Device, bytes: usize, pinned: bool, runs: Runs) -> R
     };
     Ok(Samples::new(ours, base).row(&name, ours_name, base_name))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host_start(h: &Host) -> *const u8 {
+        match h {
+            Host::Pageable(b) => b.as_ptr(),
+            Host::Pinned(p) => p.as_slice().as_ptr(),
+        }
+    }
+
+    #[test]
+    fn each_side_copies_through_each_pair_in_turn() {
+        let dev = Device::cpu().isolated();
+        dev.set_zero_copy(ZeroCopy::Off);
+        let stream = dev.default_stream().unwrap();
+        for pinned in [false, true] {
+            let mut trip = Trip::new(&dev, 4096, pinned).unwrap();
+            for (n, i) in [0, 1, 0, 1].into_iter().enumerate() {
+                assert_eq!(trip.lent, i);
+                // The synced buffer works on pair `i`'s host memory; the raw side on the other.
+                assert_eq!(
+                    trip.buf.host().unwrap().as_ptr(),
+                    host_start(&trip.hosts[i])
+                );
+                assert!(trip.devs[i].is_none() && trip.devs[1 - i].is_some());
+                trip.synced().unwrap();
+                // A real round trip: one upload and one read-back of every byte per call.
+                let c = trip.buf.copy_stats();
+                let round_trips = n as u64 + 1;
+                assert_eq!(c.host_to_device.count, round_trips, "{c:?}");
+                assert_eq!(c.device_to_host.count, round_trips, "{c:?}");
+                assert_eq!(c.device_to_host.bytes, 4096 * round_trips, "{c:?}");
+                trip.raw(&stream).unwrap();
+                trip.lend(1 - i).unwrap();
+            }
+        }
+    }
+}
