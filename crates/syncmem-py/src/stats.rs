@@ -84,6 +84,7 @@ const STATS: &[(&str, Source)] = &[
     ("dead_dropped_bytes", Source::Count(|p| p.dropped_bytes)),
     ("cached_free_bytes", Source::Current(|p| p.free_bytes)),
     ("largest_free_block", Source::Max(|p| p.largest_free_block)),
+    ("parked_bytes", Source::Current(|p| p.parked_bytes)),
     ("in_use_bytes", Source::SpaceGauge(|m| (m.in_use, m.peak))),
     ("num_allocs", Source::SpaceCount(|m| m.allocs)),
     ("num_frees", Source::SpaceCount(|m| m.frees)),

@@ -12,7 +12,7 @@ use super::handle::{DeviceHandle, Lent};
 use super::stream::{StreamFence, UnboundStream};
 use super::usage::{Point, Uses};
 use super::{Device, Stream};
-use crate::alloc::pool::{Fence, Lease};
+use crate::alloc::pool::{Budget, Fence, Lease};
 use crate::alloc::stats::Counted;
 use crate::backend::dispatch::RawMem;
 use crate::error::{BackendKind, Error, OomReport, Result};
@@ -250,6 +250,15 @@ impl DeviceBuffer {
             Origin::Pooled { lease, .. } => {
                 Some((std::ptr::from_ref(lease.segment()) as usize, lease.offset()))
             }
+            _ => None,
+        }
+    }
+
+    /// For a pool block: the budget its pool charges and the bytes the block holds of its
+    /// segment (what parking it gives back, see [`crate::alloc::pool::Budget::park`]).
+    pub(crate) fn pool_charge(&self) -> Option<(&Arc<Budget>, usize)> {
+        match &self.origin {
+            Origin::Pooled { lease, .. } => Some(lease.charge()),
             _ => None,
         }
     }

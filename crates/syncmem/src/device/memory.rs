@@ -361,6 +361,32 @@ impl DeviceMemory {
         out
     }
 
+    /// Charges `bytes` parked in `budget` (a block spilled in place, see
+    /// [`Budget::park`]) again, making room as an allocation would: the out-of-memory path
+    /// frees cached segments, drops clean mirrors and spills others until they fit.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when nothing made room (the bytes stay parked).
+    pub(crate) fn unpark(&self, dev: &Device, budget: &Budget, bytes: usize) -> Result<()> {
+        self.with_retries(dev, bytes, || {
+            if budget.try_unpark(bytes as u64) {
+                return Ok(());
+            }
+            let (cap, used) = budget
+                .refusing(bytes as u64)
+                .unwrap_or((u64::MAX, budget.used()));
+            Err(OomReport::new(
+                dev.label(),
+                bytes,
+                format!(
+                    "a block spilled in place would exceed the cap ({used} of {cap} bytes used)"
+                ),
+            )
+            .with_cap(Some(cap))
+            .into())
+        })
+    }
+
     /// Gives back `bytes` of a direct allocation.
     pub(crate) fn uncharge(&self, bytes: usize) {
         self.direct.fetch_sub(bytes as u64, Relaxed);

@@ -74,6 +74,11 @@ impl SyncedMemory {
         if let Some(d) = &core.dev {
             return Ok(d.buf.clone());
         }
+        // A block spilled in place comes back as it is (see `super::park`).
+        self.unpark(core)?;
+        if let Some(d) = &core.dev {
+            return Ok(d.buf.clone());
+        }
         let device = self.target().ok_or_else(|| self.no_device())?;
         let stream = self.pick_stream(None)?;
         let buf = DeviceBuffer::pooled(device, self.len(), &stream, Some(&self.settings().label))
@@ -91,7 +96,7 @@ impl SyncedMemory {
 
     /// Registers the buffer's device mirror of `bytes` bytes with the device's out-of-memory
     /// path; `None` for an empty one (nothing to free).
-    fn register(&self, device: &Device, bytes: usize) -> Option<u64> {
+    pub(super) fn register(&self, device: &Device, bytes: usize) -> Option<u64> {
         let weak: Weak<dyn Evictable> = Arc::downgrade(&self.shared) as Weak<dyn Evictable>;
         (bytes > 0).then(|| registry::of(device).register(weak, bytes))
     }

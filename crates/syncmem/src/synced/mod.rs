@@ -94,6 +94,7 @@ mod fast;
 mod guard;
 pub(crate) mod held;
 mod memory;
+mod park;
 mod pin;
 mod prefetch;
 mod registry;
@@ -137,10 +138,13 @@ enum HostMem {
     /// The device mirror's own memory, shared with the host (zero-copy, see [`shared`]): owned
     /// by the device mirror, gone with it.
     Shared(NonNull<u8>),
+    /// The former device mirror's block, spilled in place (see [`park`]): the host's now.
+    Parked(park::Parked),
 }
 
 // SAFETY: `External.ptr` is memory that `set_host_ptr`'s contract (or the owner's `AsMut`) gives
-// to this buffer alone; the owner is `Send + Sync`. The other variants are `Send + Sync`.
+// to this buffer alone; the owner is `Send + Sync`. `Shared` and `Parked` point into a device
+// block the buffer owns. The other variants are `Send + Sync`.
 unsafe impl Send for HostMem {}
 // SAFETY: as above; access to the bytes is serialised by the buffer's locks.
 unsafe impl Sync for HostMem {}
@@ -152,6 +156,7 @@ impl HostMem {
             HostMem::Pinned(p) => p.ptr(),
             HostMem::External { ptr, .. } => ptr.as_ptr(),
             HostMem::Shared(ptr) => ptr.as_ptr(),
+            HostMem::Parked(p) => p.ptr(),
         }
     }
 }
@@ -452,7 +457,7 @@ impl SyncedMemory {
     pub fn owns_host(&self) -> bool {
         matches!(
             self.shared.core.lock().host,
-            Some(HostMem::Owned(_) | HostMem::Pinned(_) | HostMem::Shared(_))
+            Some(HostMem::Owned(_) | HostMem::Pinned(_) | HostMem::Shared(_) | HostMem::Parked(_))
         )
     }
 

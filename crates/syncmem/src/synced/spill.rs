@@ -10,8 +10,9 @@
 //! used dirty mirrors that nothing holds (no guard, no lock taken, no transfer or command
 //! queued on them; a last round waits for queued commands to finish first), moves their head
 //! to the host and frees their device memory. The next device access brings the data back (a
-//! refill). A zero-copy buffer's memory is its device mirror: spilling it copies the data into
-//! a host mirror of its own. A buffer whose placement is pinned ([`super::PlacementPin`]: a
+//! refill). A zero-copy buffer's memory is its device mirror: where the host uses it in place,
+//! spilling it parks it, no byte copied ([`super::park`]: the block becomes the host mirror and
+//! leaves the cap's count); otherwise the data is copied into a host mirror of its own. A buffer whose placement is pinned ([`super::PlacementPin`]: a
 //! view or an export of its memory lives) is never spilled nor evicted.
 //!
 //! Spills and refills are counted apart from copies ([`Direction::Spill`],
@@ -239,7 +240,16 @@ fn spill_locked(shared: &Shared, core: &mut Core, wait: bool) -> Option<Freed> {
             None => device.default_stream().ok()?,
         };
         match core.zc {
-            Some(state) => write_back_shared(shared, core, &dev, &stream, state)?,
+            Some(state) => {
+                if super::park::park(shared, core, &dev, state).is_some() {
+                    // Spilled in place: no byte copied, the block stays as the host mirror.
+                    return Some(Freed {
+                        bytes: dev.len(),
+                        spilled: true,
+                    });
+                }
+                write_back_shared(shared, core, &dev, &stream, state)?;
+            }
             None => write_back(shared, core, &dev, &stream)?,
         }
         if shared.settings.size > 0 {

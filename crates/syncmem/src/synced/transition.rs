@@ -29,6 +29,10 @@ impl SyncedMemory {
         if access == Access::HostWrite {
             // The exclusive lock: a buffer that kept two mirrors may share again.
             self.reshare(&mut core)?;
+            if let Some(HostMem::Parked(p)) = &core.host {
+                // A block spilled in place: device commands may still read it.
+                p.wait_readers()?;
+            }
         }
         if core.zc.is_some() {
             return self.shared_host(&mut core, access, overwrite);
@@ -67,6 +71,8 @@ impl SyncedMemory {
             self.refuse_if_dropped(&core, "device access")?;
         }
         self.note_device_use();
+        // A block spilled in place is the device mirror again (charged to the cap first).
+        self.unpark(&mut core)?;
         let stream = self.pick_stream(None)?;
         // A device write holds the exclusive access lock: no host guard is alive.
         let exclusive = access == Access::DeviceWrite;

@@ -72,14 +72,28 @@ pub fn drop_step(l: &mut Live, pinned: bool, at: &str) -> Result<(), TestCaseErr
 /// Buffers whose device mirror an `Offload` freed (by every program of the process).
 pub static OFFLOADED: AtomicU64 = AtomicU64::new(0);
 
+/// Buffers sharing memory in place that an `Offload` parked (spilled in place).
+pub static PARKED: AtomicU64 = AtomicU64::new(0);
+
 /// `Offload`: the device mirror goes and the data stays (the model is unchanged: later reads
 /// check it); dropped contents stay dropped; a pinned buffer (a view keeps its address)
 /// refuses.
 pub fn offload_step(l: &Live, pinned: bool, at: &str) -> Result<(), TestCaseError> {
+    let in_place = l.mem.zero_copy_protocol() == Some(syncmem::ZeroCopyProtocol::InPlace);
+    let spilled = l.mem.copy_stats().spilled.count;
     match (l.mem.offload(), pinned) {
         (Ok(freed), false) => {
             if freed > 0 {
                 OFFLOADED.fetch_add(1, Relaxed);
+                if in_place {
+                    // Spilled in place: the block stays as the host mirror, nothing copied.
+                    PARKED.fetch_add(1, Relaxed);
+                    if l.mem.copy_stats().spilled.count != spilled {
+                        return Err(TestCaseError::fail(format!(
+                            "{at}: a buffer sharing memory in place was copied out"
+                        )));
+                    }
+                }
                 if l.mem.device_allocated() {
                     return Err(TestCaseError::fail(format!(
                         "{at}: {freed} bytes offloaded, the device mirror is still there"

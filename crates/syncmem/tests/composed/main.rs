@@ -6,7 +6,8 @@
 //! NumPy view, a DLPack export), users' kernels, replicas on a second device, frees and reuse
 //! of pool blocks, all under a memory cap that spills and refills, with zero-copy on, off and
 //! with the map protocol, contents dropped (`drop_contents`: every read then fails until an
-//! overwrite), buffers offloaded (`offload`: the device mirror goes, the data stays), and
+//! overwrite), buffers offloaded (`offload`: the device mirror goes, the data stays; where
+//! memory is shared in place, its block stays as the host mirror, spilled in place), and
 //! MemPool scopes opened and closed around them (each step checks
 //! that only the innermost scope's pool, or with none open the device's, allocated). `FailNext` makes the `n`-th allocation fail
 //! ([`Device::fail_allocation`]): an operation that fails with out-of-memory (injected, or the
@@ -366,9 +367,20 @@ fn check(home: &Device, other: &Device) {
     let dropped = dropped::DROPPED.load(std::sync::atomic::Ordering::Relaxed);
     eprintln!("{} contents dropped", dropped);
     assert!(dropped > 0, "no buffer's contents were dropped");
+    offloaded_and_parked(home);
+}
+
+/// Buffers were offloaded, and spilled in place where `home` shares memory in place.
+fn offloaded_and_parked(home: &Device) {
     let offloaded = dropped::OFFLOADED.load(std::sync::atomic::Ordering::Relaxed);
     eprintln!("{} buffers offloaded", offloaded);
     assert!(offloaded > 0, "no buffer was offloaded");
+    let parked = dropped::PARKED.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("{} buffers spilled in place", parked);
+    let auto = capped(home, ZeroCopy::Auto);
+    if auto.zero_copy_protocol() == Some(syncmem::ZeroCopyProtocol::InPlace) {
+        assert!(parked > 0, "no buffer was spilled in place");
+    }
 }
 
 #[test]

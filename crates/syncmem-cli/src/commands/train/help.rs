@@ -83,7 +83,8 @@ JSON output (--json), one object:
       allocated and freed are cumulative), \"segments\": {\"all\", \"small\", \"large\"},
       \"allocations\", \"frees\", \"cache_hits\", \"backend_allocs\", \"backend_frees\",
       \"alloc_retries\", \"ooms\", \"free_bytes\", \"largest_free_block\", \"cap\" (null: none),
-      \"direct_bytes\"),
+      \"direct_bytes\", \"parked_bytes\" (blocks spilled in place: reserved, not charged to the
+      cap)),
    \"planning\": {\"enabled\", \"unplanned_peak\", \"planned_peak\", \"saved\" (tensor bytes on the
       device at the peak of one step), \"device_peak_unplanned\", \"device_peak_planned\" (the
       device allocator's peak), \"planned_blobs\", \"slots\",

@@ -3,6 +3,8 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+use super::lease::Lease;
+
 /// A byte budget shared by a pool's segments and direct allocations of the same memory.
 ///
 /// A budget may sit inside another ([`Budget::nested`]): a private pool's (a
@@ -12,6 +14,9 @@ use std::sync::Arc;
 pub struct Budget {
     cap: AtomicU64,
     used: AtomicU64,
+    /// Bytes of blocks parked ([`Budget::park`]): handed out, in segments charged before, but
+    /// not charged now.
+    parked: AtomicU64,
     /// The enclosing budget, charged for everything this one is.
     parent: Option<Arc<Budget>>,
 }
@@ -22,6 +27,7 @@ impl Budget {
         Self {
             cap: AtomicU64::new(cap.unwrap_or(u64::MAX)),
             used: AtomicU64::new(0),
+            parked: AtomicU64::new(0),
             parent: None,
         }
     }
@@ -109,10 +115,61 @@ impl Budget {
         }
     }
 
+    /// Parks `n` bytes of a block handed out: they are given back (to the enclosing budgets
+    /// too) while the block stays where it is, so the pool's segments then hold more than the
+    /// bytes charged, by [`Budget::parked`]. A zero-copy buffer spilled in place parks its
+    /// block: the host keeps using it, the cap has the room (see `crate::synced`).
+    pub(crate) fn park(&self, n: u64) {
+        self.parked.fetch_add(n, Relaxed);
+        self.give(n);
+    }
+
+    /// Charges `n` parked bytes again if they fit under the cap (and every enclosing one).
+    pub(crate) fn try_unpark(&self, n: u64) -> bool {
+        if !self.try_take(n) {
+            return false;
+        }
+        self.unparked(n);
+        true
+    }
+
+    /// Charges `n` parked bytes again, over the cap if need be: the block goes back to its
+    /// pool, whose segments are charged whole (an allocation over the cap makes room first).
+    pub(crate) fn unpark_anyway(&self, n: u64) {
+        self.take_anyway(n);
+        self.unparked(n);
+    }
+
+    fn unparked(&self, n: u64) {
+        let _ = self
+            .parked
+            .fetch_update(Relaxed, Relaxed, |p| Some(p.saturating_sub(n)));
+    }
+
+    /// Bytes parked now (this budget's own blocks).
+    pub fn parked(&self) -> u64 {
+        self.parked.load(Relaxed)
+    }
+
+    fn take_anyway(&self, n: u64) {
+        self.used.fetch_add(n, Relaxed);
+        if let Some(p) = &self.parent {
+            p.take_anyway(n);
+        }
+    }
+
     fn give_own(&self, n: u64) {
         let _ = self
             .used
             .fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(n)));
+    }
+}
+
+impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
+    /// The budget of the pool the block belongs to, and the bytes the block holds of its
+    /// segment: what parking it gives back ([`Budget::park`]).
+    pub(crate) fn charge(&self) -> (&Arc<Budget>, usize) {
+        (&self.shard().budget, self.block_size())
     }
 }
 
@@ -149,5 +206,37 @@ mod tests {
             "the device's cap governs"
         );
         assert_eq!(Budget::new(None).governing(), None);
+    }
+
+    #[test]
+    fn parked_bytes_leave_the_budget_and_come_back() {
+        let device = Arc::new(Budget::new(Some(100)));
+        let private = Budget::nested(None, device.clone());
+        assert!(private.try_take(80));
+        private.park(30);
+        assert_eq!(
+            (private.used(), device.used(), private.parked()),
+            (50, 50, 30)
+        );
+        assert!(
+            device.try_take(40),
+            "the room parked bytes left is the cap's"
+        );
+        assert!(!private.try_unpark(30), "no room to charge them again");
+        assert_eq!(private.parked(), 30, "a refusal keeps them parked");
+        device.give(40);
+        assert!(private.try_unpark(30));
+        assert_eq!(
+            (private.used(), device.used(), private.parked()),
+            (80, 80, 0)
+        );
+        private.park(30);
+        assert!(device.try_take(50));
+        private.unpark_anyway(30);
+        assert_eq!(
+            (device.used(), private.parked()),
+            (130, 0),
+            "charged over the cap: the block goes back to a segment charged whole"
+        );
     }
 }

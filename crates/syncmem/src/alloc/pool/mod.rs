@@ -419,6 +419,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             gc_releases: c.gc_releases,
             gc_released_bytes: c.gc_released_bytes,
             preallocated_bytes: c.preallocated,
+            parked_bytes: self.budget.parked(),
             cap: self.budget.governing().map(|(cap, _)| cap),
             direct_bytes: 0,
         }

@@ -78,6 +78,10 @@ pub struct MemorySummary {
     pub cap: Option<u64>,
     /// Bytes of direct (unpooled) allocations counted against the same cap.
     pub direct_bytes: u64,
+    /// Bytes of blocks spilled in place ([`PoolStats::parked_bytes`]): reserved, not charged
+    /// to the cap.
+    #[serde(default)]
+    pub parked_bytes: u64,
 }
 
 impl PoolStats {
@@ -112,6 +116,7 @@ impl PoolStats {
             largest_free_block: self.largest_free_block,
             cap: self.cap,
             direct_bytes: self.direct_bytes,
+            parked_bytes: self.parked_bytes,
         }
     }
 }
@@ -235,6 +240,13 @@ impl MemorySummary {
                     "direct allocations outside the pool: {}",
                     human_bytes(self.direct_bytes)
                 ),
+            )?;
+        }
+        if self.parked_bytes > 0 {
+            let parked = human_bytes(self.parked_bytes);
+            line(
+                f,
+                &format!("spilled in place (reserved, not charged): {parked}"),
             )?;
         }
         Ok(())

@@ -289,7 +289,11 @@ impl Run {
         let Some(p) = &self.pool else { return 0 };
         let requested = self.requested as u64;
         let need = match self.cap {
-            Some(cap) => (p.stats().reserved.current + requested).saturating_sub(cap),
+            Some(cap) => {
+                // Blocks spilled in place are reserved but not charged to the cap.
+                let s = p.stats();
+                (s.reserved.current.saturating_sub(s.parked_bytes) + requested).saturating_sub(cap)
+            }
             None => requested,
         };
         if need == 0 {

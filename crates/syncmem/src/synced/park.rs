@@ -1,0 +1,182 @@
+//! Spilling in place: a zero-copy buffer spilled where the host uses the device's memory in
+//! place keeps its memory, which becomes its host mirror; only the memory cap's accounting
+//! moves.
+//!
+//! On a host-unified device ([`ZeroCopyProtocol::InPlace`]: `cpu`, PoCL, integrated GPUs) a
+//! zero-copy buffer's one allocation is a block of the device pool that host and device both
+//! use. Spilling it ([`super::spill`], [`SyncedMemory::offload`]) would copy its bytes into a
+//! host mirror of its own and give the block back; instead the block is *parked*:
+//! - it stays where it is and becomes the buffer's host mirror ([`HostMem::Parked`]); the
+//!   device mirror is gone as far as the buffer, the device and its out-of-memory path see
+//!   ([`SyncedMemory::device_allocated`] is false, the head [`super::Head::AtHost`]);
+//! - its bytes leave the pool's budget ([`Budget::park`]), so the cap has that room, and the
+//!   pool's reserved bytes exceed the bytes charged by [`crate::PoolStats::parked_bytes`];
+//! - the next device access charges them again (through the out-of-memory path when the cap
+//!   has no room: cached segments released, other buffers dropped or spilled; when nothing
+//!   makes room the access fails with [`crate::Error::OutOfMemory`] and the buffer stays
+//!   parked), and the memory is the device mirror again: no byte copied either way. It counts
+//!   as a zero-copy sync ([`crate::Direction::Mapped`]), not as a spill and a refill: the
+//!   buffer's and the process's spill and refill counters count bytes written back and read
+//!   again; the pool counts the spill ([`crate::PoolStats::spills`]) and the refill;
+//! - a host write waits for the device commands that may still read the memory, as a host
+//!   write of shared memory does; a host read needs no wait (the writer was waited for when
+//!   the block was parked);
+//! - freed while parked (the buffer dropped, its host data replaced), the block is charged
+//!   again, over the cap if need be, before it goes back to its pool, whose segments are
+//!   charged whole.
+//!
+//! The `map` protocol (a driver that does not use the memory in place) and
+//! `SYNCMEM_ZERO_COPY=off` keep the copying spill. The bytes are the same either way: on a
+//! host-unified device the spilled data lives in host memory both ways.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use super::registry;
+use super::shared::ZeroCopyState;
+use super::{Core, DevMirror, HostMem, Shared, SyncedMemory};
+use crate::alloc::pool::Budget;
+use crate::device::{DeviceBuffer, ZeroCopyProtocol};
+use crate::error::Result;
+
+/// A device pool block parked as a buffer's host mirror (see the [module docs](self)). Kept
+/// in place in the host mirror's record, not boxed: parking and bringing back allocate nothing
+/// on the heap (a capped training step parks its batch every step).
+pub(super) struct Parked {
+    /// The block (`None` once taken back as the device mirror). Its pool's budget and the
+    /// bytes parked there are the block's ([`DeviceBuffer::pool_charge`]).
+    buf: Option<Arc<DeviceBuffer>>,
+    /// The host address of the memory.
+    host: NonNull<u8>,
+    /// A device guard had been handed out (see [`DevMirror::exposed`]).
+    exposed: bool,
+}
+
+impl Parked {
+    pub(super) fn ptr(&self) -> *mut u8 {
+        self.host.as_ptr()
+    }
+
+    /// Waits for the device commands that may still use the memory: before a host write.
+    pub(super) fn wait_readers(&self) -> Result<()> {
+        self.buf.as_ref().map_or(Ok(()), |b| b.wait_uses())
+    }
+
+    /// The budget the block's bytes were given back to, and those bytes.
+    fn charge(&self) -> Option<(Arc<Budget>, usize)> {
+        let (budget, bytes) = self.buf.as_ref()?.pool_charge()?;
+        Some((budget.clone(), bytes))
+    }
+}
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        let Some((budget, bytes)) = self.charge() else {
+            return;
+        };
+        let Some(buf) = self.buf.take() else {
+            return;
+        };
+        // Charged again before the block goes back to its pool.
+        budget.unpark_anyway(bytes as u64);
+        let device = buf.device().clone();
+        drop(buf);
+        if budget.refusing(0).is_some() {
+            // Over the cap now: idle cached segments go back (without waiting) until it holds.
+            if let Some(pool) = device.shared.memory.current_pool() {
+                pool.trim();
+            }
+        }
+    }
+}
+
+/// Parks the device mirror `dev` of `shared`, a zero-copy buffer sharing it in place (see the
+/// [module docs](self)), once nothing writes it any more (the caller waited for that) and
+/// with the exclusive access lock held. Returns the bytes given back to the budget, or `None`
+/// where the buffer cannot be parked: the copying spill applies.
+pub(super) fn park(
+    shared: &Shared,
+    core: &mut Core,
+    dev: &Arc<DeviceBuffer>,
+    state: ZeroCopyState,
+) -> Option<usize> {
+    let device = shared.settings.device.as_ref()?;
+    if state.protocol != ZeroCopyProtocol::InPlace || state.mapped.is_some() {
+        return None;
+    }
+    let (budget, bytes) = dev.pool_charge()?;
+    let host = NonNull::new(core.host_ptr()?)?;
+    let mirror = core.dev.take()?;
+    if let Some(id) = mirror.reg {
+        registry::of(device).unregister(id);
+    }
+    budget.park(bytes as u64);
+    core.zc = None;
+    core.host = Some(HostMem::Parked(Parked {
+        buf: Some(mirror.buf),
+        host,
+        exposed: mirror.exposed,
+    }));
+    core.coh.spilled_to_host();
+    Some(bytes)
+}
+
+impl SyncedMemory {
+    /// Brings a parked block back as the device mirror, shared with the host again (see the
+    /// [module docs](self)): its bytes are charged to the budget first, making room as an
+    /// allocation would. Nothing when the host mirror is not a parked block.
+    ///
+    /// # Errors
+    /// [`crate::Error::OutOfMemory`] when the cap has no room even after the out-of-memory
+    /// path (the buffer stays as it was), or an injected failure.
+    pub(super) fn unpark(&self, core: &mut Core) -> Result<()> {
+        let Some(HostMem::Parked(p)) = &core.host else {
+            return Ok(());
+        };
+        if core.dev.is_some() {
+            // An adopted device mirror: the parked block is only the host mirror.
+            return Ok(());
+        }
+        let Some((budget, bytes)) = p.charge() else {
+            return Ok(());
+        };
+        let device = self.target().ok_or_else(|| self.no_device())?;
+        crate::device::inject::check(device, bytes, "device memory").map_err(|e| self.named(e))?;
+        device
+            .shared
+            .memory
+            .unpark(device, &budget, bytes)
+            .map_err(|e| self.named(e))?;
+        let mut p = match core.host.take() {
+            Some(HostMem::Parked(p)) => p,
+            other => {
+                // Not reached: the state lock is held throughout.
+                core.host = other;
+                budget.park(bytes as u64);
+                return Ok(());
+            }
+        };
+        // Charged again: taken out, the block is not charged a second time when the record
+        // goes.
+        let Some(buf) = p.buf.take() else {
+            return Ok(());
+        };
+        let host = p.host;
+        core.dev = Some(DevMirror {
+            reg: self.register(device, buf.len()),
+            buf,
+            owned: true,
+            exposed: p.exposed,
+        });
+        core.host = Some(HostMem::Shared(host));
+        core.zc = Some(ZeroCopyState {
+            protocol: ZeroCopyProtocol::InPlace,
+            mapped: None,
+        });
+        // Nothing to bring back: the data never left. The pool counts the refill; the device
+        // access counts the zero-copy sync.
+        core.coh.spill_forgotten();
+        self.note_refill();
+        Ok(())
+    }
+}
