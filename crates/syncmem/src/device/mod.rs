@@ -398,7 +398,8 @@ impl Device {
     }
 
     /// Bytes the memory cap counts now, capped or not: the segments of the device pool and of
-    /// the device's [`MemPool`]s, and its direct allocations.
+    /// the device's [`MemPool`]s, and its direct allocations, less the blocks spilled in place
+    /// ([`PoolStats::parked_bytes`]: the host holds them, the cap does not count them).
     pub fn reserved_bytes(&self) -> u64 {
         self.shared.memory.reserved()
     }

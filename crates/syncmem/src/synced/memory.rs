@@ -74,10 +74,12 @@ impl SyncedMemory {
         if let Some(d) = &core.dev {
             return Ok(d.buf.clone());
         }
-        // A block spilled in place comes back as it is (see `super::park`).
-        self.unpark(core)?;
-        if let Some(d) = &core.dev {
-            return Ok(d.buf.clone());
+        if core.parked() {
+            // A block spilled in place comes back as it is (see `super::park`).
+            self.unpark(core)?;
+            if let Some(d) = &core.dev {
+                return Ok(d.buf.clone());
+            }
         }
         let device = self.target().ok_or_else(|| self.no_device())?;
         let stream = self.pick_stream(None)?;

@@ -121,6 +121,15 @@ pub(super) fn park(
     Some(bytes)
 }
 
+impl Core {
+    /// The host mirror is a parked block and no device mirror exists: the next device access
+    /// brings the block back ([`SyncedMemory::unpark`]). Two compares on every device access.
+    #[inline]
+    pub(super) fn parked(&self) -> bool {
+        self.dev.is_none() && matches!(self.host, Some(HostMem::Parked(_)))
+    }
+}
+
 impl SyncedMemory {
     /// Brings a parked block back as the device mirror, shared with the host again (see the
     /// [module docs](self)): its bytes are charged to the budget first, making room as an
@@ -129,6 +138,8 @@ impl SyncedMemory {
     /// # Errors
     /// [`crate::Error::OutOfMemory`] when the cap has no room even after the out-of-memory
     /// path (the buffer stays as it was), or an injected failure.
+    #[cold]
+    #[inline(never)]
     pub(super) fn unpark(&self, core: &mut Core) -> Result<()> {
         let Some(HostMem::Parked(p)) = &core.host else {
             return Ok(());

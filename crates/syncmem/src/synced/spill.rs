@@ -185,7 +185,9 @@ impl SyncedMemory {
     /// will not need on the device for a while, under a memory cap: the room it frees is there
     /// for the next allocations without an out-of-memory path. Returns the device bytes freed,
     /// 0 when there was nothing to free (no device mirror, no data yet, adopted device memory)
-    /// or no host memory for the data. Counted as a spill.
+    /// or no host memory for the data. Counted as a spill. A zero-copy buffer whose memory the
+    /// host uses in place is spilled in place ([`super::park`]): its block stays, as the host
+    /// mirror, and only leaves the cap's count (the bytes returned); nothing is copied.
     ///
     /// # Errors
     /// [`crate::Error::Busy`] when this thread holds a guard of the buffer or its placement is

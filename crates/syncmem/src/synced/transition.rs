@@ -71,8 +71,10 @@ impl SyncedMemory {
             self.refuse_if_dropped(&core, "device access")?;
         }
         self.note_device_use();
-        // A block spilled in place is the device mirror again (charged to the cap first).
-        self.unpark(&mut core)?;
+        if core.parked() {
+            // A block spilled in place is the device mirror again (charged to the cap first).
+            self.unpark(&mut core)?;
+        }
         let stream = self.pick_stream(None)?;
         // A device write holds the exclusive access lock: no host guard is alive.
         let exclusive = access == Access::DeviceWrite;
