@@ -14,7 +14,9 @@ struct Run {
     params: Vec<Vec<f32>>,
     /// The parameters' heads after training.
     heads: Vec<Head>,
-    /// Bytes of the device pool handed out after the last step.
+    /// Bytes of the device pool handed out after the last step and charged to the device (a
+    /// block spilled in place, where the host uses the device's memory in place, is the host's:
+    /// `PoolStats::parked_bytes`).
     allocated: u64,
     /// Bytes of the parameters.
     param_bytes: u64,
@@ -29,7 +31,8 @@ fn run(dev: &Device, cfg: &TrainConfig) -> Run {
     let losses = (0..cfg.epochs)
         .map(|_| t.run_epoch().unwrap().loss)
         .collect();
-    let allocated = dev.pool_stats().unwrap().allocated.current;
+    let s = dev.pool_stats().unwrap();
+    let allocated = s.allocated.current - s.parked_bytes;
     let last = t.transfers().last_step;
     let (mut params, mut heads, mut param_bytes) = (Vec::new(), Vec::new(), 0);
     for p in &t.nets().params {
@@ -63,8 +66,15 @@ fn check(dev: &Device) {
             .with_optimizer(optimizer)
             .with_epochs(2)
             .with_offload_optimizer(on_host);
-        let kept = run(&dev.isolated(), &cfg);
-        let off = run(&dev.isolated(), &cfg.clone().with_offload_parameters(true));
+        // Handles of their own with `dev`'s zero-copy setting (an isolated handle starts
+        // with the environment's).
+        let own = || {
+            let d = dev.isolated();
+            d.set_zero_copy(dev.zero_copy());
+            d
+        };
+        let kept = run(&own(), &cfg);
+        let off = run(&own(), &cfg.clone().with_offload_parameters(true));
         eprintln!(
             "{} {optimizer:?} (update on the host: {on_host}): {} B of parameters; after the \
              steps {} B allocated on the device kept, {} B offloaded; last step up {} B, back \
