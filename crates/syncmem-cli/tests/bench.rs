@@ -247,10 +247,8 @@ fn check_train_memory(v: &Value, devices: &[&str]) {
             capped if capped.starts_with("capped") => {
                 assert!(r["cap"].as_u64().is_some_and(|c| c > 0), "{r}");
                 if run == "capped h64" {
-                    assert!(
-                        f("spills_per_step") > 0.0 && f("spilled_bytes_per_step") > 0.0,
-                        "{r}"
-                    );
+                    // Where memory is shared in place (`cpu`, PoCL) a spill copies no byte.
+                    assert!(f("spills_per_step") > 0.0, "{r}");
                     assert!(f("refills_per_step") > 0.0, "{r}");
                 }
             }

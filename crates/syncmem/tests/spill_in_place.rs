@@ -86,6 +86,11 @@ fn a_zero_copy_spill_copies_nothing(dev: &Device) {
         (0, 0, 0),
         "no byte copied: {c:?}"
     );
+    assert_eq!(
+        (c.spilled.count, c.refilled.count),
+        (1, 1),
+        "a spill and a refill, in place"
+    );
     // A host write to a parked block, then the device reads it: still no copy.
     a.offload().unwrap();
     a.host_mut().unwrap()[..4].copy_from_slice(&[9, 8, 7, 6]);

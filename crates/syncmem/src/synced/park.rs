@@ -10,14 +10,17 @@
 //!   device mirror is gone as far as the buffer, the device and its out-of-memory path see
 //!   ([`SyncedMemory::device_allocated`] is false, the head [`super::Head::AtHost`]);
 //! - its bytes leave the pool's budget ([`Budget::park`]), so the cap has that room, and the
-//!   pool's reserved bytes exceed the bytes charged by [`crate::PoolStats::parked_bytes`];
+//!   pool's reserved bytes exceed the bytes charged by [`crate::PoolStats::parked_bytes`]
+//!   (the pool still counts the block as handed out: its snapshots show it allocated, owned
+//!   by the buffer);
 //! - the next device access charges them again (through the out-of-memory path when the cap
 //!   has no room: cached segments released, other buffers dropped or spilled; when nothing
 //!   makes room the access fails with [`crate::Error::OutOfMemory`] and the buffer stays
-//!   parked), and the memory is the device mirror again: no byte copied either way. It counts
-//!   as a zero-copy sync ([`crate::Direction::Mapped`]), not as a spill and a refill: the
-//!   buffer's and the process's spill and refill counters count bytes written back and read
-//!   again; the pool counts the spill ([`crate::PoolStats::spills`]) and the refill;
+//!   parked), and the memory is the device mirror again: no byte copied either way. The spill
+//!   and the refill are counted, of no byte ([`crate::Direction::Spill`],
+//!   [`crate::Direction::Refill`] with 0 bytes, on the buffer, in the process and in traces;
+//!   the pool's [`crate::PoolStats::spills`] and `refills`), and the device access as a
+//!   zero-copy sync ([`crate::Direction::Mapped`]);
 //! - a host write waits for the device commands that may still read the memory, as a host
 //!   write of shared memory does; a host read needs no wait (the writer was waited for when
 //!   the block was parked);
@@ -36,7 +39,8 @@ use super::registry;
 use super::shared::ZeroCopyState;
 use super::{Core, DevMirror, HostMem, Shared, SyncedMemory};
 use crate::alloc::pool::Budget;
-use crate::device::{DeviceBuffer, ZeroCopyProtocol};
+use crate::alloc::stats::{CopyCounters, Direction};
+use crate::device::{DeviceBuffer, Stream, ZeroCopyProtocol};
 use crate::error::Result;
 
 /// A device pool block parked as a buffer's host mirror (see the [module docs](self)). Kept
@@ -99,6 +103,7 @@ pub(super) fn park(
     core: &mut Core,
     dev: &Arc<DeviceBuffer>,
     state: ZeroCopyState,
+    stream: &Stream,
 ) -> Option<usize> {
     let device = shared.settings.device.as_ref()?;
     if state.protocol != ZeroCopyProtocol::InPlace || state.mapped.is_some() {
@@ -118,7 +123,15 @@ pub(super) fn park(
         exposed: mirror.exposed,
     }));
     core.coh.spilled_to_host();
+    count_in_place(&shared.copies, stream, Direction::Spill);
     Some(bytes)
+}
+
+/// Counts a spill or a refill made in place: one, of no byte (nothing was copied), on the
+/// buffer and in the process's counters (and attached traces).
+fn count_in_place(copies: &CopyCounters, stream: &Stream, kind: Direction) {
+    copies.record(kind, 0);
+    stream.count_transfer(kind, 0);
 }
 
 impl Core {
@@ -184,10 +197,16 @@ impl SyncedMemory {
             protocol: ZeroCopyProtocol::InPlace,
             mapped: None,
         });
-        // Nothing to bring back: the data never left. The pool counts the refill; the device
-        // access counts the zero-copy sync.
-        core.coh.spill_forgotten();
-        self.note_refill();
+        // Nothing to bring back: the data never left. A refill of no byte, unless the host
+        // wrote new data since (as the upload of a spilled buffer is then an ordinary one);
+        // the device access counts the zero-copy sync.
+        if core.coh.spilled() {
+            core.coh.spill_forgotten();
+            self.note_refill();
+            if let Ok(stream) = self.pick_stream(None) {
+                count_in_place(&self.shared.copies, &stream, Direction::Refill);
+            }
+        }
         Ok(())
     }
 }

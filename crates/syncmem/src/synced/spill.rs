@@ -186,7 +186,7 @@ impl SyncedMemory {
     /// for the next allocations without an out-of-memory path. Returns the device bytes freed,
     /// 0 when there was nothing to free (no device mirror, no data yet, adopted device memory)
     /// or no host memory for the data. Counted as a spill. A zero-copy buffer whose memory the
-    /// host uses in place is spilled in place ([`super::park`]): its block stays, as the host
+    /// host uses in place is spilled in place (without a copy): its block stays, as the host
     /// mirror, and only leaves the cap's count (the bytes returned); nothing is copied.
     ///
     /// # Errors
@@ -243,7 +243,7 @@ fn spill_locked(shared: &Shared, core: &mut Core, wait: bool) -> Option<Freed> {
         };
         match core.zc {
             Some(state) => {
-                if super::park::park(shared, core, &dev, state).is_some() {
+                if super::park::park(shared, core, &dev, state, &stream).is_some() {
                     // Spilled in place: no byte copied, the block stays as the host mirror.
                     return Some(Freed {
                         bytes: dev.len(),

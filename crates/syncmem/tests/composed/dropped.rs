@@ -80,7 +80,7 @@ pub static PARKED: AtomicU64 = AtomicU64::new(0);
 /// refuses.
 pub fn offload_step(l: &Live, pinned: bool, at: &str) -> Result<(), TestCaseError> {
     let in_place = l.mem.zero_copy_protocol() == Some(syncmem::ZeroCopyProtocol::InPlace);
-    let spilled = l.mem.copy_stats().spilled.count;
+    let spilled = l.mem.copy_stats().spilled.bytes;
     match (l.mem.offload(), pinned) {
         (Ok(freed), false) => {
             if freed > 0 {
@@ -88,7 +88,7 @@ pub fn offload_step(l: &Live, pinned: bool, at: &str) -> Result<(), TestCaseErro
                 if in_place {
                     // Spilled in place: the block stays as the host mirror, nothing copied.
                     PARKED.fetch_add(1, Relaxed);
-                    if l.mem.copy_stats().spilled.count != spilled {
+                    if l.mem.copy_stats().spilled.bytes != spilled {
                         return Err(TestCaseError::fail(format!(
                             "{at}: a buffer sharing memory in place was copied out"
                         )));
