@@ -185,7 +185,37 @@ fn no_room_leaves_a_parked_buffer_as_it_was(dev: &Device) {
     check_accounting(&d, 2 * MIB, "after the refill");
 }
 
+/// A parked block whose segment also holds cached free memory keeps that memory charged and
+/// the segment from going: when nothing else makes room, the out-of-memory path copies the
+/// parked data into a host mirror of its own and lets the block go (the spill made late).
+fn a_parked_block_is_copied_out_as_a_last_resort(dev: &Device) {
+    let d = capped(dev, 4 * MIB, ZeroCopy::Auto);
+    if d.zero_copy_protocol() != Some(ZeroCopyProtocol::InPlace) {
+        return;
+    }
+    // A segment of 3 MiB, cached; the 1.5 MiB buffer `a` is carved from it.
+    drop(patterned(&d, "x", 3 * MIB, 0));
+    let (a, want) = patterned(&d, "a", 3 * MIB / 2, 1);
+    a.offload().unwrap();
+    let s = d.pool_stats().unwrap();
+    assert_eq!((s.parked_bytes, s.segments), (3 * MIB as u64 / 2, 1), "{s}");
+    assert_eq!(a.copy_stats().spilled.bytes, 0);
+    // 3.5 MiB fits under the cap only once `a`'s segment goes.
+    let (c, cw) = patterned(&d, "c", 7 * MIB / 2, 2);
+    let s = d.pool_stats().unwrap();
+    assert_eq!(s.parked_bytes, 0, "copied out: {s}");
+    assert_eq!(
+        a.copy_stats().spilled.bytes,
+        3 * MIB as u64 / 2,
+        "the copy made late"
+    );
+    assert_eq!(&*a.host().unwrap(), &want[..]);
+    assert_eq!(device_bytes(&c), cw);
+    check_accounting(&d, 4 * MIB, "after the copy-out");
+}
+
 syncmem::for_each_device!(
+    a_parked_block_is_copied_out_as_a_last_resort,
     a_zero_copy_spill_copies_nothing,
     with_zero_copy_off_the_spill_copies,
     the_cap_holds_for_the_charged_bytes,

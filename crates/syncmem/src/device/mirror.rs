@@ -87,6 +87,13 @@ pub(crate) trait Evictable: Send + Sync {
     fn placement(&self) -> Option<(usize, usize)> {
         None
     }
+    /// For a buffer whose block is spilled in place (parked): copies its data into a host
+    /// mirror of its own and gives the block back to its pool, so that its segment can go
+    /// (the out-of-memory path's last resort, see `crate::synced`). Never waits for a lock.
+    /// Returns the bytes of the block given back.
+    fn try_copy_out(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// What a running schedule (a net) knows about when buffers are used next: under memory
@@ -165,6 +172,11 @@ pub(crate) trait Mirrors: Send + Sync + Any {
     /// The live mirrors in eviction order (largest first, then the mirror registered first),
     /// with their sizes. No lock is held afterwards.
     fn candidates(&self) -> Vec<(Arc<dyn Evictable>, usize)>;
+
+    /// The buffers whose blocks are spilled in place (see [`Evictable::try_copy_out`]).
+    fn parked(&self) -> Vec<Arc<dyn Evictable>> {
+        Vec::new()
+    }
 
     /// The registry itself, for the synced layer to take back its own type.
     fn as_any(&self) -> &dyn Any;

@@ -26,7 +26,11 @@
 //!   the block was parked);
 //! - freed while parked (the buffer dropped, its host data replaced), the block is charged
 //!   again, over the cap if need be, before it goes back to its pool, whose segments are
-//!   charged whole.
+//!   charged whole;
+//! - a parked block keeps its segment, and with it the cached free memory the segment also
+//!   holds, charged: when the out-of-memory path has dropped, evicted and spilled all it
+//!   could, it copies parked data into host mirrors of their own and lets their blocks go (the
+//!   copying spill, made late, counted then with its bytes), before it gives up.
 //!
 //! The `map` protocol (a driver that does not use the memory in place) and
 //! `SYNCMEM_ZERO_COPY=off` keep the copying spill. The bytes are the same either way: on a
@@ -54,6 +58,8 @@ pub(super) struct Parked {
     host: NonNull<u8>,
     /// A device guard had been handed out (see [`DevMirror::exposed`]).
     exposed: bool,
+    /// The device mirror's id in the device's registry, marked parked there.
+    reg: Option<u64>,
 }
 
 impl Parked {
@@ -67,7 +73,7 @@ impl Parked {
     }
 
     /// The budget the block's bytes were given back to, and those bytes.
-    fn charge(&self) -> Option<(Arc<Budget>, usize)> {
+    pub(super) fn charge(&self) -> Option<(Arc<Budget>, usize)> {
         let (budget, bytes) = self.buf.as_ref()?.pool_charge()?;
         Some((budget.clone(), bytes))
     }
@@ -84,6 +90,9 @@ impl Drop for Parked {
         // Charged again before the block goes back to its pool.
         budget.unpark_anyway(bytes as u64);
         let device = buf.device().clone();
+        if let Some(id) = self.reg {
+            registry::of(&device).unregister(id);
+        }
         drop(buf);
         if budget.refusing(0).is_some() {
             // Over the cap now: idle cached segments go back (without waiting) until it holds.
@@ -113,7 +122,7 @@ pub(super) fn park(
     let host = NonNull::new(core.host_ptr()?)?;
     let mirror = core.dev.take()?;
     if let Some(id) = mirror.reg {
-        registry::of(device).unregister(id);
+        registry::of(device).set_parked(id, true);
     }
     budget.park(bytes as u64);
     core.zc = None;
@@ -121,6 +130,7 @@ pub(super) fn park(
         buf: Some(mirror.buf),
         host,
         exposed: mirror.exposed,
+        reg: mirror.reg,
     }));
     core.coh.spilled_to_host();
     count_in_place(&shared.copies, stream, Direction::Spill);
@@ -186,8 +196,12 @@ impl SyncedMemory {
             return Ok(());
         };
         let host = p.host;
+        let reg = p.reg.take();
+        if let Some(id) = reg {
+            registry::of(device).set_parked(id, false);
+        }
         core.dev = Some(DevMirror {
-            reg: self.register(device, buf.len()),
+            reg: reg.or_else(|| self.register(device, buf.len())),
             buf,
             owned: true,
             exposed: p.exposed,

@@ -26,6 +26,8 @@ struct Entry {
     bytes: usize,
     /// Registration number: the order of registrations (see the [module docs](self)).
     seq: u64,
+    /// A block spilled in place, not a device mirror (see `super::park`).
+    parked: bool,
     /// The slot's generation when this entry was made: an id names its slot and generation,
     /// so that a stale id (its entry dropped as dead, its slot taken again) unregisters
     /// nothing.
@@ -83,9 +85,24 @@ impl MirrorRegistry {
             item,
             bytes,
             seq,
+            parked: false,
             generation,
         });
         id_of(slot, generation)
+    }
+
+    /// Marks the entry of `id` as a block spilled in place (`parked`), or as a device mirror
+    /// again: the out-of-memory path passes parked ones over, but for its last resort
+    /// ([`Mirrors::parked`]).
+    pub(crate) fn set_parked(&self, id: u64, parked: bool) {
+        let slot = (id & u64::from(u32::MAX)) as usize;
+        let generation = (id >> 32) as u32;
+        let mut s = self.slots.lock();
+        if let Some(e) = s.entries.get_mut(slot).and_then(Option::as_mut) {
+            if e.generation == generation {
+                e.parked = parked;
+            }
+        }
     }
 
     /// Removes the mirror of `id` (nothing when it was dropped already, as dead).
@@ -106,6 +123,12 @@ impl MirrorRegistry {
     /// The live mirrors in eviction order: largest first, then first registered first (see
     /// the [module docs](self)). The registry lock is not held afterwards.
     pub(crate) fn live(&self) -> Vec<(Arc<dyn Evictable>, usize)> {
+        self.entries(false)
+    }
+
+    /// The live entries of one kind (device mirrors, or blocks spilled in place) in eviction
+    /// order.
+    fn entries(&self, parked: bool) -> Vec<(Arc<dyn Evictable>, usize)> {
         let mut v: Vec<_> = {
             let mut s = self.slots.lock();
             let mut live = Vec::new();
@@ -113,6 +136,9 @@ impl MirrorRegistry {
                 let Some(e) = s.entries[slot].as_ref() else {
                     continue;
                 };
+                if e.parked != parked {
+                    continue;
+                }
                 match e.item.upgrade() {
                     Some(item) => live.push((item, e.bytes, e.seq)),
                     None => s.remove(slot),
@@ -130,6 +156,13 @@ impl MirrorRegistry {
 impl Mirrors for MirrorRegistry {
     fn candidates(&self) -> Vec<(Arc<dyn Evictable>, usize)> {
         self.live()
+    }
+
+    fn parked(&self) -> Vec<Arc<dyn Evictable>> {
+        self.entries(true)
+            .into_iter()
+            .map(|(item, _)| item)
+            .collect()
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -122,6 +122,15 @@ impl Evictable for Shared {
         std::ptr::from_ref(self) as usize
     }
 
+    fn try_copy_out(&self) -> Option<usize> {
+        if self.pinned() {
+            return None;
+        }
+        let _exclusive = self.access.try_write()?;
+        let mut core = self.core.try_lock()?;
+        copy_out(self, &mut core)
+    }
+
     fn placement(&self) -> Option<(usize, usize)> {
         let core = self.core.try_lock()?;
         if !core.dev_owned() {
@@ -357,4 +366,34 @@ fn write_back(shared: &Shared, core: &mut Core, dev: &DeviceBuffer, stream: &Str
     unsafe { stream.read_counted(dev, 0, dst, shared.settings.size, true, Direction::Spill) }
         .ok()?;
     Some(())
+}
+
+/// Copies the data of a block spilled in place (see [`super::park`]) into a host mirror of its
+/// own and lets the block go back to its pool (charged again first), so that the segment it
+/// kept can go: the spill the buffer would have made without sharing memory in place, made
+/// late. The caller holds the exclusive access lock. Returns the bytes of the block.
+fn copy_out(shared: &Shared, core: &mut Core) -> Option<usize> {
+    let Some(HostMem::Parked(p)) = &core.host else {
+        return None;
+    };
+    let (_, bytes) = p.charge()?;
+    let src = p.ptr();
+    let device = shared.settings.device.as_ref()?;
+    let stream = match &shared.settings.stream {
+        Some(s) => s.clone(),
+        None => device.default_stream().ok()?,
+    };
+    let mem = host_mirror(shared)?;
+    let size = shared.settings.size;
+    // SAFETY: `src` is the parked block, `size` bytes, which no device command writes (its
+    // writer was waited for when it was parked) and no host guard writes (the caller holds the
+    // exclusive lock); `mem` is a new host block of `size` bytes; they do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(src, mem.ptr(), size) };
+    if size > 0 {
+        shared.copies.record(Direction::Spill, size);
+    }
+    stream.count_transfer(Direction::Spill, size);
+    // The parked record goes: the block is charged again and goes back to its pool.
+    core.host = Some(mem);
+    Some(bytes)
 }

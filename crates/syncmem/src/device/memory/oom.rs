@@ -164,6 +164,13 @@ impl DeviceMemory {
         for &wait in rounds {
             run.spill(&by_age, wait, &dead, attempt)?;
         }
+        // Blocks spilled in place keep their segments: copied out, they let them go.
+        let parked = self.mirrors.get().map_or_else(Vec::new, |m| m.parked());
+        for item in &parked {
+            if item.try_copy_out().is_some() {
+                run.retry_freed(attempt)?;
+            }
+        }
         // The last resort: every cached byte back to the backend.
         let all = run.pool.as_ref().map_or(0, |p| p.empty_cache());
         if all > 0 {
