@@ -112,6 +112,15 @@ pub struct NetOptions {
     pub seed: Option<u64>,
     /// Operators tried before the built-in ones.
     pub operators: Option<OperatorFactory>,
+    /// Give a value's device memory back as soon as it is dead, even on a device without a
+    /// memory cap (under a cap a run always does): after each operator, the device mirror of
+    /// an internal blob whose next use overwrites it whole, this run or the next, is dropped
+    /// without a write-back ([`crate::SyncedMemory::drop_contents`]). A value then holds
+    /// device memory from its first write to its last read only, so the device's peak is that
+    /// of the values live at once, at the cost of one pooled allocation per value and run.
+    /// For work that moves values off the device between uses (offloaded activations): the
+    /// room they leave is not taken back by values that are already dead.
+    pub drop_dead: bool,
 }
 
 impl NetOptions {
@@ -156,6 +165,12 @@ impl NetOptions {
         self.operators = Some(factory);
         self
     }
+
+    /// Sets [`NetOptions::drop_dead`].
+    pub fn drop_dead(mut self, yes: bool) -> Self {
+        self.drop_dead = yes;
+        self
+    }
 }
 
 impl fmt::Debug for NetOptions {
@@ -191,6 +206,8 @@ pub struct Net {
     /// Held while the net runs: each operator's blobs as its last run found them (see
     /// `ops::cache`), so that a run looks up no name while no name changed.
     running: Mutex<Vec<Option<Box<Kept>>>>,
+    /// [`NetOptions::drop_dead`].
+    drop_dead: bool,
 }
 
 impl Net {
@@ -267,6 +284,7 @@ impl Net {
             blob_uses,
             sites,
             running: Mutex::new(kept),
+            drop_dead: opts.drop_dead,
         })
     }
 
@@ -368,8 +386,10 @@ impl Net {
             });
         }
         let mut kept = self.running.lock();
-        // Under a memory cap, the device drops and spills by this run's next uses.
-        let schedule = schedule::Installed::on_capped(&self.device, &self.blob_uses, ws);
+        // Under a memory cap (or asked to), the device drops and spills by this run's next
+        // uses.
+        let schedule =
+            schedule::Installed::when_needed(&self.device, &self.blob_uses, ws, self.drop_dead);
         for (index, op) in self.ops.iter().enumerate() {
             if let Some(s) = &schedule {
                 s.schedule.at(index);

@@ -9,7 +9,8 @@
 //! a net's first run) is not known then; its buffer is ordered as one the net does not use
 //! until the next run. Uses count on into the next run (a training step repeats), so a
 //! parameter read by the first operator is "soon" when the last one runs. With no cap the run
-//! reads nothing and installs nothing.
+//! reads nothing and installs nothing, unless the net was built to drop dead values
+//! ([`super::NetOptions::drop_dead`]).
 //!
 //! A buffer is *dead* when its next use overwrites it whole before anything reads it: its
 //! blob is internal to the net (not an external input or output, not kept: nothing outside
@@ -421,13 +422,17 @@ pub(super) struct Installed<'a> {
 
 impl<'a> Installed<'a> {
     /// Reads and installs the schedule of `blobs` on `device`, when the device has a memory
-    /// cap (without one nothing is evicted, and the run reads nothing).
-    pub(super) fn on_capped(
+    /// cap or `drop_dead` asks for dead values to go (else nothing is evicted or dropped, and
+    /// the run reads nothing).
+    pub(super) fn when_needed(
         device: &'a Device,
         schedules: &Schedules,
         ws: &Workspace,
+        drop_dead: bool,
     ) -> Option<Installed<'a>> {
-        device.memory_cap()?;
+        if !drop_dead {
+            device.memory_cap()?;
+        }
         let schedule = schedules.current(ws);
         let previous = device.swap_next_use(Some(schedule.clone()));
         Some(Installed {
