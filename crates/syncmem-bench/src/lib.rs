@@ -219,7 +219,7 @@ const STEPS: [&str; 30] = [
 ];
 
 /// The notes printed under the table: what the baselines are.
-const BASELINES: [&str; 17] = [
+const BASELINES: [&str; 18] = [
     "spread: sample i of ours and of the baseline are taken back to back; a row's spread is \
      the interquartile range of the per-sample ratios (baseline / ours), widened to include the \
      ratio of the medians; a goal is met when the whole spread reaches it, NOT met when the \
@@ -266,6 +266,10 @@ const BASELINES: [&str; 17] = [
      optimizer` (the state on the host, the update there: gradients down and parameters up \
      each step, not overlapped) against the update on the device (no goal; bytes per step in \
      the table below)",
+    "train epoch activations offloaded/kept: `syncmem train --offload activations` (values \
+     backward reads long after forward wrote them go to the host in between, vDNN-style, and \
+     dead values are dropped at once) against the activations kept on the device (no goal; \
+     bytes per step in the table below)",
     "device to device: a buffer written on the device read on the next device of its backend \
      through its replica there (one device command between OpenCL devices of a context), \
      waited for, against a blocking read into host memory and a blocking write (no goal)",

@@ -336,6 +336,16 @@ impl Bench<'_> {
                     .skipped
                     .push(format!("train offload rows on {}: {e}", d.label())),
             }
+            match train_memory::activation_offload_rows(d, quick) {
+                Ok((row, t)) => {
+                    self.rows.push(row);
+                    table.extend(t);
+                }
+                Err(e) => self.skipped.push(format!(
+                    "train activation offload rows on {}: {e}",
+                    d.label()
+                )),
+            }
         }
         table
     }

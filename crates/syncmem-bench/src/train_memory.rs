@@ -267,6 +267,31 @@ pub fn offload_rows(dev: &Device, quick: bool) -> Result<(Row, [TrainMemoryRow; 
     Ok((row, [o, d]))
 }
 
+/// `syncmem train --offload activations` on `dev` against the activations kept on the
+/// device (the default net, SGD). The time row's ratio is kept / offloaded (below 1: what
+/// moving them costs); no goal.
+///
+/// # Errors
+/// Training errors.
+pub fn activation_offload_rows(dev: &Device, quick: bool) -> Result<(Row, [TrainMemoryRow; 2])> {
+    let (data, cfg) = data_and_config(true, true);
+    let mut on = Run::new(dev.isolated(), &data, &cfg)?;
+    let mut off = Run::new(
+        dev.isolated(),
+        &data,
+        &cfg.clone().with_offload_activations(true),
+    )?;
+    interleave(&mut off, &mut on, epochs(quick))?;
+    let o = off.row("acts, host", None, on.loss);
+    let d = on.row("acts, device", None, off.loss);
+    let row = off.samples(&on).row(
+        &format!("train epoch activations offloaded/kept {}", dev.label()),
+        "syncmem train --offload activations epoch",
+        "the same with the activations kept on the device",
+    );
+    Ok((row, [o, d]))
+}
+
 /// Writes the table of `rows` (the text form of the report).
 ///
 /// # Errors

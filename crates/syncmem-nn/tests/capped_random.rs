@@ -2,7 +2,11 @@
 //! fused or not, trained for an epoch under a cap between about half and all of its uncapped
 //! peak, with the schedule ordering what leaves the device (Belady), ends with every loss and
 //! every parameter equal to the uncapped run's, bit for bit. A cap too small for one
-//! operator's working set is an out-of-memory error, never a wrong value.
+//! operator's working set is an out-of-memory error, never a wrong value. The capped run may
+//! also move the activations to the host between forward and backward, or the parameters
+//! between steps (`TrainConfig::offload_activations`, `offload_parameters`), on a device whose
+//! host uses its memory in place or with two mirrors: the values stay those of the uncapped
+//! run that keeps everything on the device.
 
 use proptest::prelude::*;
 use syncmem::{Device, Error, MemoryCap, Tensor};
@@ -45,9 +49,15 @@ proptest! {
         plan in any::<bool>(),
         fuse in any::<bool>(),
         percent in 45u64..100,
+        activations in any::<bool>(),
+        parameters in any::<bool>(),
+        two_mirrors in any::<bool>(),
     ) {
-        // A device of its own: the cap is its setting alone.
+        // A device of its own: the cap and zero-copy are its settings alone.
         let dev = Device::cpu().detached();
+        if two_mirrors {
+            dev.set_zero_copy(syncmem::ZeroCopy::Off);
+        }
         let data = Dataset::spirals(60, 3, 0.2, 1);
         let cfg = TrainConfig::default()
             .with_hidden(vec![hidden, hidden])
@@ -62,15 +72,23 @@ proptest! {
         let peak = dev.pool_stats().unwrap().reserved.peak;
         let cap = (peak * percent / 100).max(1);
         dev.set_pool(base.with_memory_cap(MemoryCap::Bytes(cap))).unwrap();
-        match train(&dev, &data, &cfg) {
+        let moved = cfg
+            .clone()
+            .with_offload_activations(activations)
+            .with_offload_parameters(parameters);
+        let how = format!(
+            "hidden {hidden} batch {batch} plan {plan} fuse {fuse} activations {activations} \
+             parameters {parameters} two mirrors {two_mirrors}"
+        );
+        match train(&dev, &data, &moved) {
             Ok(got) => {
-                eprintln!("hidden {hidden} batch {batch} plan {plan} fuse {fuse}: cap {cap} of peak {peak}: same");
+                eprintln!("{how}: cap {cap} of peak {peak}: same");
                 prop_assert_eq!(got, want, "cap {} of peak {}", cap, peak)
             }
             // Too small for one operator's working set: refused, never wrong.
             Err(Error::OperatorFailed { error, .. })
                 if matches!(*error, Error::OutOfMemory { .. }) => {
-                    eprintln!("hidden {hidden} batch {batch} plan {plan} fuse {fuse}: cap {cap} of peak {peak}: {error}");
+                    eprintln!("{how}: cap {cap} of peak {peak}: {error}");
                 }
             Err(Error::OutOfMemory { .. }) => {}
             Err(e) => prop_assert!(false, "cap {} of peak {}: {}", cap, peak, e),

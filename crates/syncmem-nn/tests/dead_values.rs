@@ -93,3 +93,49 @@ fn dead_values_are_dropped_on_opencl() {
         check(&dev.isolated());
     }
 }
+
+/// The blobs of `t`'s workspace whose tensor ends the run dropped.
+fn dropped_blobs(t: &Trainer) -> Vec<String> {
+    let ws = t.workspace();
+    ws.blobs()
+        .into_iter()
+        .filter(|name| {
+            let blob = ws.get_blob(name).unwrap();
+            let guard = blob.read();
+            guard
+                .get::<Tensor>()
+                .is_ok_and(|t| t.head() == Some(Head::Dropped))
+        })
+        .collect()
+}
+
+/// Without a cap, dead values stay unless the net was built to drop them
+/// (`NetOptions::drop_dead`, which offloaded activations turn on): then the device's peak in
+/// a step is lower and the losses are the same.
+#[test]
+fn dead_values_are_dropped_without_a_cap_when_asked() {
+    let data = Dataset::spirals(300, 3, 0.2, 0);
+    let cfg = TrainConfig::default()
+        .with_epochs(1)
+        .with_plan(false)
+        .with_fuse(false);
+    let run = |cfg: &TrainConfig| {
+        let dev = Device::cpu().detached();
+        dev.set_zero_copy(syncmem::ZeroCopy::Off);
+        let mut t = Trainer::new(&dev, &data, cfg).unwrap();
+        // A net's first run meets its outputs before they have storage: the second epoch's
+        // peak is the steady one.
+        t.run_epoch().unwrap();
+        dev.reset_peak_stats();
+        let loss = t.run_epoch().unwrap().loss;
+        let peak = dev.pool_stats().unwrap().allocated.peak;
+        (loss, peak, dropped_blobs(&t))
+    };
+    let (loss, peak, dropped) = run(&cfg);
+    assert!(dropped.is_empty(), "no cap, nothing dropped: {dropped:?}");
+    let (loss_d, peak_d, dropped_d) = run(&cfg.clone().with_offload_activations(true));
+    eprintln!("peak {peak} B kept, {peak_d} B dropping dead values; dropped {dropped_d:?}");
+    assert_eq!(loss_d.to_bits(), loss.to_bits());
+    assert!(!dropped_d.is_empty(), "dead values dropped");
+    assert!(peak_d < peak, "{peak_d} B against {peak} B");
+}

@@ -106,10 +106,10 @@ pub struct Args {
     pub optimizer: syncmem_nn::train::Optimizer,
 
     /// Keep on the host: `optimizer` (the state of momentum or Adam lives in host memory only
-    /// and the update runs there: each step moves the gradients down and the parameters up),
-    /// `parameters` (between steps: each step brings them to the device ahead of use on a copy
-    /// stream and writes them back after the update, freeing their device memory), or both,
-    /// separated by a comma.
+    /// and the update runs there), `parameters` (between steps: brought up ahead of use on a
+    /// copy stream, written back after the update), `activations` (between forward and
+    /// backward, as vDNN: copied out after their last forward use, brought back one operator
+    /// ahead of their backward reader), or several, separated by commas.
     #[arg(long, value_name = "WHAT", value_parser = optimizer::parse_offload)]
     pub offload: Option<optimizer::Offload>,
 
@@ -348,7 +348,7 @@ fn check_args(args: &Args) -> anyhow::Result<()> {
 
 /// The training settings of the arguments.
 fn config(args: &Args) -> TrainConfig {
-    optimizer::with_optimizer(TrainConfig::default(), args.optimizer, args.lr)
+    let cfg = optimizer::with_optimizer(TrainConfig::default(), args.optimizer, args.lr)
         .with_hidden(vec![args.hidden; 2])
         .with_epochs(args.epochs)
         .with_batch(args.batch)
@@ -356,9 +356,8 @@ fn config(args: &Args) -> TrainConfig {
         .with_plan(!args.no_plan)
         .with_fuse(!args.no_fuse)
         .with_bucket_bytes(usize::try_from(args.bucket_size).unwrap_or(usize::MAX))
-        .with_overlap(!args.no_overlap)
-        .with_offload_optimizer(args.offload.is_some_and(|o| o.optimizer))
-        .with_offload_parameters(args.offload.is_some_and(|o| o.parameters))
+        .with_overlap(!args.no_overlap);
+    optimizer::with_offload(cfg, args.offload)
 }
 
 /// The lines of the text report before training: the note on the device, the model, the data

@@ -47,6 +47,11 @@ pub struct TrainConfig {
     /// update, freeing their device memory (see [`Trainer::step`]); single-device training
     /// only.
     pub offload_parameters: bool,
+    /// Move the activations that backward reads long after forward wrote them to the host in
+    /// between, as vDNN does: each is copied out after its last forward use (on a copy stream),
+    /// its device memory freed one operator later, and brought back one operator ahead of its
+    /// backward reader (see [`super::activations`]); single-device training only.
+    pub offload_activations: bool,
 }
 
 impl Default for TrainConfig {
@@ -66,6 +71,7 @@ impl Default for TrainConfig {
             overlap: true,
             offload_optimizer: false,
             offload_parameters: false,
+            offload_activations: false,
         }
     }
 }
@@ -168,6 +174,14 @@ impl TrainConfig {
     #[must_use]
     pub fn with_offload_parameters(mut self, offload: bool) -> Self {
         self.offload_parameters = offload;
+        self
+    }
+
+    /// The same settings with the activations moved to the host between forward and backward
+    /// or not (see [`TrainConfig::offload_activations`]).
+    #[must_use]
+    pub fn with_offload_activations(mut self, offload: bool) -> Self {
+        self.offload_activations = offload;
         self
     }
 }

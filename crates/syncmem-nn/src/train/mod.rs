@@ -60,6 +60,7 @@ use syncmem::{Device, Error, Result, Tensor, Workspace};
 
 use crate::mlp::{Dataset, Mlp, MlpNets, DATA, LABEL};
 
+pub mod activations;
 pub mod collective;
 mod config;
 mod distributed;
@@ -184,6 +185,8 @@ pub struct Trainer {
     offload: Option<offload::Offloaded>,
     /// The parameters, when they leave the device between steps.
     params: Option<params::OffloadedParams>,
+    /// The activations' moves, when offloaded.
+    activations: Option<activations::OffloadedActivations>,
     /// Whether finished batches leave a capped device.
     residency: residency::BatchResidency,
 }
@@ -251,6 +254,10 @@ impl Trainer {
         t.batches = batches;
         t.offload = offloaded;
         t.params = params::OffloadedParams::new(cfg, &t.device, &t.ws, &t.nets.params)?;
+        if cfg.offload_activations {
+            let acts = activations::OffloadedActivations::new(&t.train, &t.device, &t.ws)?;
+            t.activations = Some(acts);
+        }
         for name in [DATA, LABEL] {
             t.ws.create_blob(name)?
                 .write()
@@ -298,7 +305,12 @@ impl Trainer {
             if let Some(p) = &self.params {
                 p.bring_in()?;
             }
-            self.train.run(&self.ws)?;
+            match &mut self.activations {
+                Some(a) => self
+                    .train
+                    .run_observed(&self.ws, self.train.context(), |i, _| a.after(i))?,
+                None => self.train.run(&self.ws)?,
+            }
             if let Some(o) = &self.offload {
                 o.update.run(&self.ws)?;
             }
@@ -403,6 +415,14 @@ impl Trainer {
     /// Copies made by the trainer's buffers so far, by phase.
     pub fn transfers(&self) -> Transfers {
         self.transfers
+    }
+
+    /// What moving the activations to the host between forward and backward did so far
+    /// ([`TrainConfig::offload_activations`]; `None` when they stay on the device).
+    pub fn activation_offload(&self) -> Option<activations::ActivationOffload> {
+        self.activations
+            .as_ref()
+            .map(activations::OffloadedActivations::stats)
     }
 
     /// Host-device copies made so far by every buffer of the trainer (workspace blobs and

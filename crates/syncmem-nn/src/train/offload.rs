@@ -43,13 +43,17 @@ pub(super) struct Split {
     state_init: NetDef,
 }
 
-/// Refuses an offloaded optimizer or offloaded parameters for `what` (training on several
+/// Refuses an offloaded optimizer, parameters or activations for `what` (training on several
 /// devices or ranks).
 pub(super) fn refuse(cfg: &TrainConfig, what: &str) -> Result<()> {
-    let offloaded = match (cfg.offload_optimizer, cfg.offload_parameters) {
-        (true, _) => "the optimizer",
-        (false, true) => "the parameters",
-        (false, false) => return Ok(()),
+    let offloaded = if cfg.offload_optimizer {
+        "the optimizer"
+    } else if cfg.offload_parameters {
+        "the parameters"
+    } else if cfg.offload_activations {
+        "the activations"
+    } else {
+        return Ok(());
     };
     Err(Error::InvalidState {
         op: "Trainer",

@@ -55,7 +55,9 @@ impl Setup {
     pub(super) fn options(&self, cfg: &TrainConfig, mlp: &Mlp, keep: Vec<String>) -> NetOptions {
         let base = NetOptions::new()
             .seed(self.seed)
-            .rewrite(crate::fuse::Fuse::when(cfg.fuse));
+            .rewrite(crate::fuse::Fuse::when(cfg.fuse))
+            // Offloaded activations leave room that dead values must not keep taken.
+            .drop_dead(cfg.offload_activations);
         if cfg.plan {
             let mut plan = PlanOptions::default();
             plan.keep = keep;
@@ -95,6 +97,7 @@ impl Setup {
             held_out: None,
             offload: None,
             params: None,
+            activations: None,
             residency: Default::default(),
         }
     }

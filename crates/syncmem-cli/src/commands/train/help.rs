@@ -41,7 +41,7 @@ JSON output (--json), one object:
       ones of --validation-split), \"features\", \"classes\"},
    \"model\": {\"widths\": [D, H, H, C], \"parameters\"},
    \"settings\": {\"epochs\", \"batch\", \"lr\", \"optimizer\": \"sgd\" | \"momentum\" | \"adam\",
-      \"offload_optimizer\": bool, \"offload_parameters\": bool,
+      \"offload_optimizer\": bool, \"offload_parameters\": bool, \"offload_activations\": bool,
       \"seed\", \"plan\": bool, \"fuse\": bool},
    \"epochs\": [{\"epoch\", \"loss\", \"accuracy\", \"steps\", \"seconds\",
       \"held_out\": {\"loss\", \"accuracy\"} | null (the held-out set after the epoch)}],
@@ -66,6 +66,11 @@ JSON output (--json), one object:
    \"memory_cap\": {\"cap\": bytes | null, \"spills_per_step\", \"spilled_bytes_per_step\",
       \"refills_per_step\", \"refilled_bytes_per_step\", \"spills\", \"refills\"} (during the
       steps; fractions per step),
+   \"activations\": {\"planned\", \"offloads_per_step\", \"released_bytes_per_step\",
+      \"down_bytes_per_step\", \"up_bytes_per_step\", \"refills\", \"not_ready\"} | null: what
+      --offload activations moved (values that left the device, the device bytes they released,
+      the bytes copied each way, the copies back and those still running when their reader
+      started),
    \"waits\": {\"per_step\", \"max_step\", \"total\"}: host waits on device work during the
       steps (event waits, blocking reads, queue finishes; counted by the library),
    \"heap_allocations\": {\"per_step\", \"max_step\" (over the steps after the first),

@@ -17,35 +17,56 @@ pub struct Offload {
     pub optimizer: bool,
     /// The parameters, between steps.
     pub parameters: bool,
+    /// The activations, between forward and backward.
+    pub activations: bool,
 }
 
-/// `--offload`'s value: `optimizer`, `parameters`, or both, separated by commas (any case).
+/// `--offload`'s value: `optimizer`, `parameters`, `activations`, or several, separated by
+/// commas (any case).
 pub fn parse_offload(s: &str) -> Result<Offload, String> {
     let mut o = Offload::default();
     for part in s.split(',') {
         match part.trim().to_ascii_lowercase().as_str() {
             "optimizer" => o.optimizer = true,
             "parameters" => o.parameters = true,
-            "activations" => {
+            "activations" => o.activations = true,
+            _ => {
                 return Err(format!(
-                    "{part:?} is not offloaded (yet): the optimizer and the parameters are \
-                     (--offload optimizer,parameters)"
+                    "must be optimizer, parameters or activations, got {part:?}"
                 ))
             }
-            _ => return Err(format!("must be optimizer or parameters, got {part:?}")),
         }
     }
     Ok(o)
 }
 
+/// `cfg` keeping on the host what `offload` says (nothing when `None`).
+pub(super) fn with_offload(cfg: TrainConfig, offload: Option<Offload>) -> TrainConfig {
+    let o = offload.unwrap_or_default();
+    cfg.with_offload_optimizer(o.optimizer)
+        .with_offload_parameters(o.parameters)
+        .with_offload_activations(o.activations)
+}
+
 /// What the header says after the optimizer of `cfg` about what is offloaded.
-pub(super) fn offload_note(cfg: &TrainConfig) -> &'static str {
-    match (cfg.offload_optimizer, cfg.offload_parameters) {
-        (true, true) => " on the host, parameters offloaded between steps",
-        (true, false) => " on the host",
-        (false, true) => ", parameters offloaded between steps",
-        (false, false) => "",
+pub(super) fn offload_note(cfg: &TrainConfig) -> String {
+    let mut note = String::new();
+    if cfg.offload_optimizer {
+        note.push_str(" on the host");
     }
+    for (yes, what) in [
+        (cfg.offload_parameters, "parameters offloaded between steps"),
+        (
+            cfg.offload_activations,
+            "activations offloaded from forward to backward",
+        ),
+    ] {
+        if yes {
+            note.push_str(", ");
+            note.push_str(what);
+        }
+    }
+    note
 }
 
 /// `cfg` with `optimizer` at `lr`, or at the optimizer's default learning rate.
@@ -74,17 +95,26 @@ mod tests {
         assert!(parse("adagrad").unwrap_err().contains("\"adagrad\""));
         let optimizer = Offload {
             optimizer: true,
-            parameters: false,
+            ..Offload::default()
         };
         assert_eq!(parse_offload(" Optimizer"), Ok(optimizer));
         let both = Offload {
             optimizer: true,
             parameters: true,
+            activations: false,
         };
         assert_eq!(parse_offload("parameters, optimizer"), Ok(both));
-        assert!(parse_offload("activations")
-            .unwrap_err()
-            .contains("not offloaded"));
+        let all = parse_offload("activations,Parameters,optimizer").unwrap();
+        let cfg = with_offload(TrainConfig::default(), Some(all));
+        assert!(cfg.offload_optimizer && cfg.offload_parameters && cfg.offload_activations);
+        assert_eq!(
+            offload_note(&cfg),
+            " on the host, parameters offloaded between steps, activations offloaded from \
+             forward to backward"
+        );
+        let none = with_offload(TrainConfig::default(), None);
+        assert_eq!(none, TrainConfig::default());
+        assert_eq!(offload_note(&none), "");
         assert!(parse_offload("optimizer,gpu")
             .unwrap_err()
             .contains("\"gpu\""));

@@ -67,6 +67,8 @@ pub(super) struct Report {
     /// Copies between devices during the steps, per pair and route (data-parallel training).
     device_pairs: Vec<PairRow>,
     memory_cap: CapReport,
+    /// What `--offload activations` moved (`None` without it).
+    activations: Option<ActivationReport>,
     waits: WaitReport,
     heap_allocations: HeapReport,
     blobs: Vec<BlobRow>,
@@ -124,6 +126,8 @@ struct Settings {
     offload_optimizer: bool,
     /// The parameters on the host between steps (`--offload parameters`).
     offload_parameters: bool,
+    /// The activations on the host from forward to backward (`--offload activations`).
+    offload_activations: bool,
     seed: u64,
     plan: bool,
     fuse: bool,
@@ -181,6 +185,26 @@ struct CapReport {
     refilled_bytes_per_step: f64,
     spills: u64,
     refills: u64,
+}
+
+/// The activations moved between forward and backward during the steps
+/// (`--offload activations`).
+#[derive(Serialize)]
+struct ActivationReport {
+    /// Blobs the plan moves.
+    planned: usize,
+    /// Values that left the device, per step.
+    offloads_per_step: f64,
+    /// Device bytes they released, per step.
+    released_bytes_per_step: f64,
+    /// Bytes copied down and up, per step (0 where the host uses the device's memory in
+    /// place).
+    down_bytes_per_step: f64,
+    up_bytes_per_step: f64,
+    /// Values brought back, and those whose copy back was still running when their reader
+    /// started (not hidden behind the operator before it).
+    refills: u64,
+    not_ready: u64,
 }
 
 /// Host waits on device work during the steps, counted by the library.
@@ -326,6 +350,7 @@ pub(super) fn build(r: Run<'_>) -> Report {
             optimizer: r.cfg.optimizer.to_string(),
             offload_optimizer: r.cfg.offload_optimizer,
             offload_parameters: r.cfg.offload_parameters,
+            offload_activations: r.cfg.offload_activations,
             seed: r.cfg.seed,
             plan: r.cfg.plan,
             fuse: r.cfg.fuse,
@@ -345,6 +370,7 @@ pub(super) fn build(r: Run<'_>) -> Report {
         seconds: r.seconds,
         transfers: transfer_report(r.trainer.transfers(), r.process),
         memory_cap: cap_report(r.device.memory_cap(), &r.trainer.transfers()),
+        activations: activation_report(r.trainer),
         waits: wait_report(&r.trainer.transfers()),
         heap_allocations: heap_report(&r.heap),
         blobs: blob_report(r.trainer.workspace())
@@ -494,4 +520,19 @@ impl Report {
     pub(super) fn device(&self) -> &str {
         &self.device
     }
+}
+
+/// What `--offload activations` moved, per step.
+fn activation_report(t: &Trainer) -> Option<ActivationReport> {
+    let a = t.activation_offload()?;
+    let steps = t.transfers().step_count.max(1) as f64;
+    Some(ActivationReport {
+        planned: a.planned,
+        offloads_per_step: a.offloads as f64 / steps,
+        released_bytes_per_step: a.bytes_released as f64 / steps,
+        down_bytes_per_step: a.bytes_down as f64 / steps,
+        up_bytes_per_step: a.bytes_up as f64 / steps,
+        refills: a.refills,
+        not_ready: a.not_ready,
+    })
 }

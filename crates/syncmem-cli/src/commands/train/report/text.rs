@@ -138,6 +138,20 @@ impl Report {
                 );
             }
         }
+        if let Some(a) = &r.activations {
+            outln!(
+                "\nactivations offloaded ({} blob(s) planned): {:.2} values a step left the device \
+                 ({} released), {} down and {} up a step; {} of {} copies back done before \
+                 their reader",
+                a.planned,
+                a.offloads_per_step,
+                human_bytes(a.released_bytes_per_step.round() as u64),
+                human_bytes(a.down_bytes_per_step.round() as u64),
+                human_bytes(a.up_bytes_per_step.round() as u64),
+                a.refills - a.not_ready.min(a.refills),
+                a.refills
+            );
+        }
         let m = &r.memory_cap;
         if let Some(cap) = m.cap {
             outln!(
