@@ -5,7 +5,7 @@
 
 use syncmem::{Device, ZeroCopy};
 use syncmem_nn::mlp::Dataset;
-use syncmem_nn::train::activations::ActivationOffload;
+use syncmem_nn::train::activations::OffloadMoves;
 use syncmem_nn::train::{Optimizer, TrainConfig, Trainer};
 
 /// What a run ends with.
@@ -15,7 +15,7 @@ struct Run {
     /// The device pool's peak of bytes handed out in the last epoch, less the bytes spilled in
     /// place then (`PoolStats::parked_bytes`, the host's).
     peak: u64,
-    moved: Option<ActivationOffload>,
+    moved: Option<OffloadMoves>,
     steps: u64,
 }
 

@@ -1,6 +1,6 @@
 //! The parameters offloaded between steps (`TrainConfig::offload_parameters`): after every
 //! step the device holds none of them (their device memory is free), each step brings them up
-//! and writes them back, and training ends bit for bit where it ends with the parameters kept
+//! layer by layer (each ahead of its first reader) and writes them back, and training ends bit for bit where it ends with the parameters kept
 //! on the device (the data moves, the arithmetic does not change), with either optimizer
 //! placement.
 
@@ -23,13 +23,22 @@ struct Run {
     /// Bytes brought to the device and written back in the last step.
     up: u64,
     back: u64,
+    /// The device pool's peak of bytes handed out in the last epoch.
+    peak: u64,
+    /// The moves within the steps (offloaded parameters only).
+    moves: Option<syncmem_nn::train::OffloadMoves>,
 }
 
 fn run(dev: &Device, cfg: &TrainConfig) -> Run {
     let data = Dataset::spirals(200, 3, 0.2, 0);
     let mut t = Trainer::new(dev, &data, cfg).unwrap();
     let losses = (0..cfg.epochs)
-        .map(|_| t.run_epoch().unwrap().loss)
+        .map(|e| {
+            if e + 1 == cfg.epochs {
+                dev.reset_peak_stats();
+            }
+            t.run_epoch().unwrap().loss
+        })
         .collect();
     let s = dev.pool_stats().unwrap();
     let allocated = s.allocated.current - s.parked_bytes;
@@ -53,6 +62,8 @@ fn run(dev: &Device, cfg: &TrainConfig) -> Run {
         param_bytes,
         up: last.host_to_device.bytes + last.refilled.bytes,
         back: last.device_to_host.bytes + last.spilled.bytes,
+        peak: s.allocated.peak,
+        moves: t.parameter_offload(),
     }
 }
 
@@ -86,7 +97,18 @@ fn check(dev: &Device) {
             off.up,
             off.back
         );
+        let m = off.moves.expect("the moves of offloaded parameters");
+        assert!(kept.moves.is_none());
+        eprintln!(
+            "  peak in a step: {} B kept, {} B offloaded; moves within the steps {m:?}",
+            kept.peak, off.peak
+        );
         assert_eq!(off.losses, kept.losses, "the losses, bit for bit");
+        // Layer by layer: every parameter the net reads is brought up ahead of its first
+        // reader each step (a few before the run), and stays until the step ends.
+        assert_eq!(m.planned, off.params.len(), "{m:?}");
+        assert!(m.refills >= m.planned as u64, "{m:?}");
+        assert_eq!(m.offloads, 0, "{m:?}");
         assert_eq!(off.params, kept.params, "the parameters, bit for bit");
         assert!(
             off.heads.iter().all(|h| *h == Head::AtHost),
@@ -103,6 +125,15 @@ fn check(dev: &Device) {
         // update on the host the device copies are stale: nothing comes back but the
         // gradients, as with the optimizer offloaded alone).
         if dev.zero_copy_protocol().is_none() {
+            // The step's peak is at the update, with every parameter on the device: the
+            // same as with them kept (the room is there between steps).
+            assert!(
+                off.peak <= kept.peak,
+                "{} B against {} B",
+                off.peak,
+                kept.peak
+            );
+            assert!(m.bytes_up > 0, "{m:?}");
             assert!(off.up >= off.param_bytes, "up {} B", off.up);
             if !on_host {
                 assert!(off.back >= off.param_bytes, "back {} B", off.back);

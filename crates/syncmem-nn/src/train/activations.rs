@@ -23,13 +23,10 @@
 //! block is spilled in place and only leaves the device's memory cap (see
 //! [`syncmem::SyncedMemory::offload`]).
 
-use std::collections::HashMap;
+use syncmem::net::Net;
+use syncmem::{Device, Result, Workspace};
 
-use syncmem::net::{Net, NetDef};
-use syncmem::synced::PendingKind;
-use syncmem::workspace::BlobRef;
-use syncmem::{Device, Head, Result, Stream, Tensor, Workspace};
-
+use super::moves::{plan, Mover, Pick};
 #[cfg(doc)]
 use super::TrainConfig;
 
@@ -38,9 +35,10 @@ use super::TrainConfig;
 /// under.
 pub const MIN_GAP: usize = 4;
 
-/// What offloading the activations did (see [`super::Trainer::activation_offload`]).
+/// What moving offloaded values during the steps did: the activations'
+/// ([`super::Trainer::activation_offload`]) or the parameters' ([`super::Trainer::parameter_offload`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ActivationOffload {
+pub struct OffloadMoves {
     /// Blob names the plan moves (per step, each may leave more than once).
     pub planned: usize,
     /// Values that left the device (their device memory freed or, shared in place, uncharged).
@@ -58,79 +56,8 @@ pub struct ActivationOffload {
     pub not_ready: u64,
 }
 
-/// The plan: per operator, what to do after it ran (indexes into `names`).
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(super) struct Plan {
-    /// The blob names moved (the net's run names).
-    pub(super) names: Vec<String>,
-    /// After operator `i`: queue the copy to the host.
-    pub(super) down: Vec<Vec<u32>>,
-    /// After operator `i`: free the device memory.
-    pub(super) free: Vec<Vec<u32>>,
-    /// After operator `i`: queue the copy back to the device.
-    pub(super) up: Vec<Vec<u32>>,
-    /// After operator `i`: note whether the copy back for operator `i + 1` is done.
-    pub(super) check: Vec<Vec<u32>>,
-}
-
-/// The plan of `def` (see the [module docs](self)).
-pub(super) fn plan(def: &NetDef) -> Plan {
-    let n = def.ops.len();
-    // Per blob name, in order: (operator, reads it).
-    let mut uses: Vec<(String, Vec<(usize, bool)>)> = Vec::new();
-    let mut index: HashMap<&str, usize> = HashMap::new();
-    for (i, op) in def.ops.iter().enumerate() {
-        let named = op.inputs.iter().map(|s| (s, true));
-        for (name, read) in named.chain(op.outputs.iter().map(|s| (s, false))) {
-            let k = *index.entry(name.as_str()).or_insert_with(|| {
-                uses.push((name.clone(), Vec::new()));
-                uses.len() - 1
-            });
-            let list = &mut uses[k].1;
-            match list.last_mut() {
-                Some(last) if last.0 == i => last.1 |= read,
-                _ => list.push((i, read)),
-            }
-        }
-    }
-    let mut p = Plan {
-        names: Vec::new(),
-        down: vec![Vec::new(); n],
-        free: vec![Vec::new(); n],
-        up: vec![Vec::new(); n],
-        check: vec![Vec::new(); n],
-    };
-    for (name, list) in uses {
-        // Produced by the net: written before anything reads it.
-        if list.first().is_none_or(|&(_, read)| read) {
-            continue;
-        }
-        let id = p.names.len() as u32;
-        let mut any = false;
-        for pair in list.windows(2) {
-            let ((a, _), (b, read)) = (pair[0], pair[1]);
-            if read && b - a >= MIN_GAP {
-                p.down[a].push(id);
-                p.free[a + 1].push(id);
-                p.up[b - 2].push(id);
-                p.check[b - 1].push(id);
-                any = true;
-            }
-        }
-        if any {
-            p.names.push(name);
-        }
-    }
-    p
-}
-
-/// The plan of a training net, with its blobs and copy stream, and what it did.
-pub(super) struct OffloadedActivations {
-    plan: Plan,
-    blobs: Vec<BlobRef>,
-    stream: Stream,
-    stats: ActivationOffload,
-}
+/// The activations' plan for a training net, with its blobs and copy stream.
+pub(super) struct OffloadedActivations(Mover);
 
 impl OffloadedActivations {
     /// The plan of `net`, whose blobs live in `ws`, moved by a new stream of `device`.
@@ -138,169 +65,20 @@ impl OffloadedActivations {
     /// # Errors
     /// The stream's creation; a planned blob missing from `ws` (a net not created in it).
     pub(super) fn new(net: &Net, device: &Device, ws: &Workspace) -> Result<Self> {
-        let plan = plan(net.run_def());
-        let blobs = plan
-            .names
-            .iter()
-            .map(|n| ws.get_blob(n))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Self {
-            stats: ActivationOffload {
-                planned: plan.names.len(),
-                ..ActivationOffload::default()
-            },
-            plan,
-            blobs,
-            stream: device.new_stream()?,
-        })
+        let plan = plan(net.run_def(), &Pick::Produced);
+        Ok(Self(Mover::new(plan, ws, device.new_stream()?)?))
     }
 
     /// What the plan did so far.
-    pub(super) fn stats(&self) -> ActivationOffload {
-        self.stats
+    pub(super) fn stats(&self) -> OffloadMoves {
+        self.0.stats()
     }
 
-    /// The moves due after operator `op` ran (see the [module docs](self)).
+    /// The moves due after operator `op` ran.
     ///
     /// # Errors
     /// The copies' and frees' errors (out of memory under a cap included).
     pub(super) fn after(&mut self, op: usize) -> Result<()> {
-        let Self {
-            plan,
-            blobs,
-            stream,
-            stats,
-        } = self;
-        for &id in plan.free.get(op).into_iter().flatten() {
-            each(&blobs[id as usize], |m| {
-                if matches!(m.head(), Head::AtDevice | Head::Synced) && m.device_allocated() {
-                    let bytes = m.offload()?;
-                    stats.offloads += u64::from(bytes > 0);
-                    stats.bytes_released += bytes as u64;
-                }
-                Ok(())
-            })?;
-        }
-        for &id in plan.down.get(op).into_iter().flatten() {
-            each(&blobs[id as usize], |m| {
-                if matches!(m.head(), Head::AtDevice) && m.prefetch_to_host(Some(stream))?.is_some()
-                {
-                    stats.bytes_down += m.len() as u64;
-                }
-                Ok(())
-            })?;
-        }
-        for &id in plan.up.get(op).into_iter().flatten() {
-            each(&blobs[id as usize], |m| {
-                if matches!(m.head(), Head::AtHost) {
-                    stats.refills += 1;
-                    if m.prefetch_to_device(Some(stream))?.is_some() {
-                        stats.bytes_up += m.len() as u64;
-                    }
-                }
-                Ok(())
-            })?;
-        }
-        for &id in plan.check.get(op).into_iter().flatten() {
-            each(&blobs[id as usize], |m| {
-                stats.not_ready += u64::from(m.pending()? == Some(PendingKind::ToDevice));
-                Ok(())
-            })?;
-        }
-        Ok(())
-    }
-}
-
-/// Runs `f` on the buffer of the tensor `blob` holds (a blob holding something else, or a
-/// tensor with no buffer yet, is passed over).
-fn each(blob: &BlobRef, mut f: impl FnMut(&syncmem::SyncedMemory) -> Result<()>) -> Result<()> {
-    let b = blob.read();
-    match b.get::<Tensor>().ok().and_then(Tensor::synced) {
-        Some(m) => f(m),
-        None => Ok(()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use syncmem::ops::OperatorDef;
-
-    fn net(ops: &[(&[&str], &[&str])]) -> NetDef {
-        let mut d = NetDef::new("t");
-        for (i, (inp, out)) in ops.iter().enumerate() {
-            d.ops.push(OperatorDef::new(&format!("Op{i}"), inp, out));
-        }
-        d
-    }
-
-    #[test]
-    fn moves_values_across_long_gaps_only() {
-        // x: external (read first); a: written at 0, read at 1 and at 6 (gap 5);
-        // b: written at 1, read at 4 (gap 3, too short); c: written at 2, written at 7 (no read).
-        let d = net(&[
-            (&["x", "w"], &["a"]),
-            (&["a"], &["b"]),
-            (&["b"], &["c"]),
-            (&["c"], &["d"]),
-            (&["b", "d"], &["e"]),
-            (&["e"], &["f"]),
-            (&["f", "a", "w"], &["g"]),
-            (&["g"], &["c"]),
-        ]);
-        let p = plan(&d);
-        assert_eq!(p.names, vec!["a".to_string()]);
-        let at = |v: &Vec<Vec<u32>>| -> Vec<usize> {
-            (0..v.len()).filter(|&i| !v[i].is_empty()).collect()
-        };
-        assert_eq!(at(&p.down), vec![1]);
-        assert_eq!(at(&p.free), vec![2]);
-        assert_eq!(at(&p.up), vec![4]);
-        assert_eq!(at(&p.check), vec![5]);
-    }
-
-    #[test]
-    fn a_value_can_leave_twice_and_the_gap_bound_is_inclusive() {
-        let d = net(&[
-            (&["x"], &["a"]),
-            (&[], &["p"]),
-            (&[], &["q"]),
-            (&[], &["r"]),
-            (&["a"], &["s"]),
-            (&[], &["t"]),
-            (&[], &["u"]),
-            (&[], &["v"]),
-            (&["a"], &["y"]),
-        ]);
-        let p = plan(&d);
-        assert_eq!(p.names, vec!["a".to_string()]);
-        assert_eq!(p.down[0], vec![0]);
-        assert_eq!(p.down[4], vec![0]);
-        assert_eq!(p.up[2], vec![0]);
-        assert_eq!(p.up[6], vec![0]);
-        // A gap of MIN_GAP - 1 stays on the device.
-        let d = net(&[
-            (&["x"], &["a"]),
-            (&[], &["p"]),
-            (&[], &["q"]),
-            (&["a"], &["y"]),
-        ]);
-        assert!(plan(&d).names.is_empty());
-    }
-
-    #[test]
-    fn an_in_place_output_counts_as_one_use() {
-        // `a` read and written by operator 1 (in place): one use there.
-        let d = net(&[
-            (&["x"], &["a"]),
-            (&["a"], &["a"]),
-            (&[], &["p"]),
-            (&[], &["q"]),
-            (&[], &["r"]),
-            (&["a"], &["y"]),
-        ]);
-        let p = plan(&d);
-        assert_eq!(p.down[1], vec![0]);
-        assert!(p.down[0].is_empty());
+        self.0.after(op)
     }
 }

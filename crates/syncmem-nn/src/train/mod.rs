@@ -66,6 +66,7 @@ mod config;
 mod distributed;
 mod held_out;
 mod meter;
+mod moves;
 pub mod offload;
 mod parallel;
 mod params;
@@ -83,6 +84,7 @@ pub use planning::{compare_planning, PlanningComparison};
 pub use reduce::CommStats;
 use setup::Setup;
 
+pub use activations::OffloadMoves;
 pub use config::TrainConfig;
 
 /// Loss and accuracy of one epoch (means over its samples).
@@ -253,7 +255,7 @@ impl Trainer {
         let mut t = setup.trainer(device, data, mlp, nets, train, eval);
         t.batches = batches;
         t.offload = offloaded;
-        t.params = params::OffloadedParams::new(cfg, &t.device, &t.ws, &t.nets.params)?;
+        t.params = params::OffloadedParams::new(cfg, &t.train, &t.device, &t.ws, &t.nets.params)?;
         if cfg.offload_activations {
             let acts = activations::OffloadedActivations::new(&t.train, &t.device, &t.ws)?;
             t.activations = Some(acts);
@@ -278,9 +280,11 @@ impl Trainer {
     }
 
     /// Runs one training step on batch `i`; returns (loss, accuracy) of the batch before the
-    /// update. With [`TrainConfig::offload_parameters`] the parameters' copies to the device are
-    /// queued first and, once the scalars are read, the parameters go back to the host and free
-    /// their device memory (see `params.rs`).
+    /// update. With [`TrainConfig::offload_parameters`] the parameters come to the device layer
+    /// by layer, ahead of their readers, and once the scalars are read they go back to the host
+    /// and free their device memory (see `params.rs`); with
+    /// [`TrainConfig::offload_activations`] the activations leave between forward and backward
+    /// (see [`activations`]).
     ///
     /// # Errors
     /// [`Error::OutOfBounds`] for a batch index past the end; the errors of [`Net::run`].
@@ -302,15 +306,10 @@ impl Trainer {
             self.parallel_step(i)?
         } else {
             self.feed(i)?;
-            if let Some(p) = &self.params {
+            if let Some(p) = &mut self.params {
                 p.bring_in()?;
             }
-            match &mut self.activations {
-                Some(a) => self
-                    .train
-                    .run_observed(&self.ws, self.train.context(), |i, _| a.after(i))?,
-                None => self.train.run(&self.ws)?,
-            }
+            self.run_train_net()?;
             if let Some(o) = &self.offload {
                 o.update.run(&self.ws)?;
             }
@@ -324,6 +323,25 @@ impl Trainer {
         };
         meter.stop(&mut self.transfers, parallel.then_some(&mut self.pairs));
         Ok((loss, acc))
+    }
+
+    /// Runs the training net, with the moves of the offloaded parameters and activations
+    /// after each operator.
+    fn run_train_net(&mut self) -> Result<()> {
+        let (params, acts) = (&mut self.params, &mut self.activations);
+        if params.is_none() && acts.is_none() {
+            return self.train.run(&self.ws);
+        }
+        self.train
+            .run_observed(&self.ws, self.train.context(), |i, _| {
+                if let Some(p) = params.as_mut() {
+                    p.after(i)?;
+                }
+                match acts.as_mut() {
+                    Some(a) => a.after(i),
+                    None => Ok(()),
+                }
+            })
     }
 
     /// One pass over every batch, in an order drawn from the seed.
@@ -419,10 +437,18 @@ impl Trainer {
 
     /// What moving the activations to the host between forward and backward did so far
     /// ([`TrainConfig::offload_activations`]; `None` when they stay on the device).
-    pub fn activation_offload(&self) -> Option<activations::ActivationOffload> {
+    pub fn activation_offload(&self) -> Option<activations::OffloadMoves> {
         self.activations
             .as_ref()
             .map(activations::OffloadedActivations::stats)
+    }
+
+    /// What bringing the offloaded parameters in layer by layer during the steps did
+    /// ([`TrainConfig::offload_parameters`]; `None` when they stay on the device): the moves
+    /// within the steps (the write-back after the update is not counted here; the transfer
+    /// report counts every copy).
+    pub fn parameter_offload(&self) -> Option<OffloadMoves> {
+        self.params.as_ref().map(params::OffloadedParams::stats)
     }
 
     /// Host-device copies made so far by every buffer of the trainer (workspace blobs and

@@ -1,11 +1,15 @@
-//! The parameters off the device between steps ([`TrainConfig::offload_parameters`]): each
-//! step queues every parameter's copy to the device on a copy stream of its own before the
-//! forward pass (the operators' first reads wait for their parameter's copy, not for all of
-//! them), and once the update has run writes each parameter back to the host and frees its
-//! device memory ([`syncmem::SyncedMemory::offload`]). Between steps the device holds none of them: the
-//! room is there for whatever else the device holds (under a memory cap, the values of the next
-//! step) without an out-of-memory path. A step moves the parameters' bytes up and down once
-//! each; the transfer report counts them.
+//! The parameters off the device between steps ([`TrainConfig::offload_parameters`]), brought
+//! in layer by layer: each parameter's copy to the device is queued on a copy stream of its own
+//! two operators ahead of its first reader (before the run for the first operators' own), so
+//! the device holds at the start of a step only the parameters of the first layers, and each
+//! operator waits for its own parameter's copy only (the plan is that of the net that runs:
+//! `moves.rs`). Once the update has run, each parameter is written back to the host and its
+//! device memory freed ([`syncmem::SyncedMemory::offload`]). Between steps the device holds
+//! none of them: the room is there for whatever else the device holds (under a memory cap, the
+//! values of the next step) without an out-of-memory path. A step moves the parameters' bytes
+//! up and down once each; the transfer report counts them. Within the step they stay: the
+//! step's peak comes at the update, when every parameter and gradient is live, so freeing the
+//! weights between forward and backward would move them twice for nothing (measured).
 //!
 //! With the optimizer offloaded as well ([`TrainConfig::offload_optimizer`]) the update writes
 //! the parameters on its own host device: the parameters come to their buffers' host memory
@@ -16,25 +20,30 @@
 //! On a device whose memory the host shares (zero-copy), the copies are what that device's
 //! buffers do: none where the host and the device use one allocation.
 
-use syncmem::workspace::BlobRef;
-use syncmem::{Device, Head, Result, Stream, Tensor, Workspace};
+use std::collections::BTreeSet;
 
+use syncmem::net::Net;
+use syncmem::workspace::BlobRef;
+use syncmem::{Device, Head, Result, Tensor, Workspace};
+
+use super::moves::{plan, Mover, Pick};
 use super::TrainConfig;
 
-/// The parameters' blobs and the stream their copies to the device are queued on.
+/// The parameters' blobs and the plan of their moves during a step.
 pub(super) struct OffloadedParams {
-    stream: Stream,
+    mover: Mover,
     params: Vec<BlobRef>,
 }
 
 impl OffloadedParams {
-    /// The parameters named `names` in `ws`, moved by a new stream of `device`, when `cfg`
-    /// offloads them.
+    /// The parameters named `names` in `ws`, moved by a new stream of `device` as `net` (the
+    /// training net) uses them, when `cfg` offloads them.
     ///
     /// # Errors
     /// A parameter not in `ws` ([`syncmem::Error::NotFound`]); the stream's creation.
     pub(super) fn new(
         cfg: &TrainConfig,
+        net: &Net,
         device: &Device,
         ws: &Workspace,
         names: &[String],
@@ -46,23 +55,34 @@ impl OffloadedParams {
             .iter()
             .map(|n| ws.get_blob(n))
             .collect::<Result<Vec<_>>>()?;
+        let named: BTreeSet<String> = names.iter().cloned().collect();
+        let plan = plan(net.run_def(), &Pick::Named(&named));
         Ok(Some(Self {
-            stream: device.new_stream()?,
+            mover: Mover::new(plan, ws, device.new_stream()?)?,
             params,
         }))
     }
 
-    /// Queues every parameter's copy to the device (those not there yet), without waiting.
+    /// Queues the copies to the device of the parameters the first operators read (those not
+    /// there yet), without waiting; the others come up during the run ([`Self::after`]).
     ///
     /// # Errors
     /// The copies' errors (out of memory under a cap included).
-    pub(super) fn bring_in(&self) -> Result<()> {
-        self.each(|t| {
-            if let Some(m) = t.synced() {
-                m.prefetch_to_device(Some(&self.stream))?;
-            }
-            Ok(())
-        })
+    pub(super) fn bring_in(&mut self) -> Result<()> {
+        self.mover.before()
+    }
+
+    /// What the moves within the steps did so far.
+    pub(super) fn stats(&self) -> super::OffloadMoves {
+        self.mover.stats()
+    }
+
+    /// The moves due after operator `op` of the training net ran.
+    ///
+    /// # Errors
+    /// The copies' and frees' errors (out of memory under a cap included).
+    pub(super) fn after(&mut self, op: usize) -> Result<()> {
+        self.mover.after(op)
     }
 
     /// Writes every parameter back to the host (where only the device holds it) and frees its

@@ -1,0 +1,256 @@
+//! Moves between the device and the host while a net runs, planned from the uses of the net
+//! that runs: for the activations (see [`super::activations`]) and the parameters offloaded
+//! layer by layer (see `params.rs`).
+//!
+//! For a use of a blob the net produces at operator `a` and its next read at operator `b`, at
+//! least [`MIN_GAP`] operators later:
+//! - after operator `a`: its copy to the host is queued on the mover's copy stream (nothing
+//!   when the host copy is current already, as for a parameter that was only read);
+//! - after operator `a + 1`: its device memory is freed ([`syncmem::SyncedMemory::offload`]:
+//!   it waits for that copy if it is still running, while operator `a + 1` is queued);
+//! - after operator `b - 2`: its copy back is queued on the copy stream, one operator ahead of
+//!   its reader;
+//! - after operator `b - 1`: whether the copy back is still running is noted (the reader's
+//!   access then waits for it: the copy was not hidden).
+//!
+//! Named blobs (the parameters) are brought up ahead of their first read instead: after
+//! operator `first - 2`, or before the run ([`Mover::before`]) when one of the first two
+//! operators reads them; and they stay until the step ends. Freeing a weight between its
+//! forward and its backward read would move its bytes twice and not lower a training step's
+//! peak, which comes at the update, after backward, when every parameter and gradient is live
+//! (measured: the same peak, twice the bytes up).
+//!
+//! Nothing depends on the plan for correctness: the buffers' head state machine orders every
+//! access after the copies, so a plan that misjudges only moves bytes in vain.
+
+use std::collections::{BTreeSet, HashMap};
+
+use syncmem::net::NetDef;
+use syncmem::synced::PendingKind;
+use syncmem::workspace::BlobRef;
+use syncmem::{Head, Result, Stream, SyncedMemory, Tensor, Workspace};
+
+use super::activations::{OffloadMoves, MIN_GAP};
+
+/// Which blobs a plan moves.
+pub(super) enum Pick<'a> {
+    /// The blobs the net writes before it reads them (its intermediate values).
+    Produced,
+    /// The blobs of these names.
+    Named(&'a BTreeSet<String>),
+}
+
+/// The plan: per operator, what to do after it ran (indexes into `names`).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Plan {
+    /// The blob names moved (the net's run names).
+    pub(super) names: Vec<String>,
+    /// Before the run: queue the copy to the device.
+    pub(super) before: Vec<u32>,
+    /// After operator `i`: queue the copy to the host.
+    pub(super) down: Vec<Vec<u32>>,
+    /// After operator `i`: free the device memory.
+    pub(super) free: Vec<Vec<u32>>,
+    /// After operator `i`: queue the copy to the device.
+    pub(super) up: Vec<Vec<u32>>,
+    /// After operator `i`: note whether the copy to the device for operator `i + 1` is done.
+    pub(super) check: Vec<Vec<u32>>,
+}
+
+/// Per blob name of `def`, in order of first use: its uses, each `(operator, reads it)` (one
+/// per operator).
+fn uses(def: &NetDef) -> Vec<(String, Vec<(usize, bool)>)> {
+    let mut uses: Vec<(String, Vec<(usize, bool)>)> = Vec::new();
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    for (i, op) in def.ops.iter().enumerate() {
+        let named = op.inputs.iter().map(|s| (s, true));
+        for (name, read) in named.chain(op.outputs.iter().map(|s| (s, false))) {
+            let k = *index.entry(name.as_str()).or_insert_with(|| {
+                uses.push((name.clone(), Vec::new()));
+                uses.len() - 1
+            });
+            let list = &mut uses[k].1;
+            match list.last_mut() {
+                Some(last) if last.0 == i => last.1 |= read,
+                _ => list.push((i, read)),
+            }
+        }
+    }
+    uses
+}
+
+/// The plan of `def` for the blobs `pick` picks (see the [module docs](self)).
+pub(super) fn plan(def: &NetDef, pick: &Pick<'_>) -> Plan {
+    let n = def.ops.len();
+    let mut p = Plan {
+        names: Vec::new(),
+        before: Vec::new(),
+        down: vec![Vec::new(); n],
+        free: vec![Vec::new(); n],
+        up: vec![Vec::new(); n],
+        check: vec![Vec::new(); n],
+    };
+    for (name, list) in uses(def) {
+        let Some(&(first, read_first)) = list.first() else {
+            continue;
+        };
+        let picked = match pick {
+            Pick::Produced => !read_first,
+            Pick::Named(names) => names.contains(&name),
+        };
+        if !picked {
+            continue;
+        }
+        let id = p.names.len() as u32;
+        let mut any = false;
+        if read_first && matches!(pick, Pick::Named(_)) {
+            if first >= 2 {
+                p.up[first - 2].push(id);
+                p.check[first - 1].push(id);
+            } else {
+                p.before.push(id);
+            }
+            any = true;
+        }
+        // Named blobs (parameters) stay once brought up: see the module docs.
+        let pairs = if matches!(pick, Pick::Produced) {
+            list.windows(2)
+        } else {
+            [].windows(2)
+        };
+        for pair in pairs {
+            let ((a, _), (b, read)) = (pair[0], pair[1]);
+            if read && b - a >= MIN_GAP {
+                p.down[a].push(id);
+                p.free[a + 1].push(id);
+                p.up[b - 2].push(id);
+                p.check[b - 1].push(id);
+                any = true;
+            }
+        }
+        if any {
+            p.names.push(name);
+        }
+    }
+    p
+}
+
+/// A plan with its blobs and copy stream, and what it did.
+pub(super) struct Mover {
+    plan: Plan,
+    blobs: Vec<BlobRef>,
+    stream: Stream,
+    stats: OffloadMoves,
+}
+
+impl Mover {
+    /// `plan` over the blobs of `ws`, its copies queued on `stream`.
+    ///
+    /// # Errors
+    /// A planned blob missing from `ws` (a net not created in it).
+    pub(super) fn new(plan: Plan, ws: &Workspace, stream: Stream) -> Result<Self> {
+        let blobs = plan
+            .names
+            .iter()
+            .map(|n| ws.get_blob(n))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            stats: OffloadMoves {
+                planned: plan.names.len(),
+                ..OffloadMoves::default()
+            },
+            plan,
+            blobs,
+            stream,
+        })
+    }
+
+    /// What the plan did so far.
+    pub(super) fn stats(&self) -> OffloadMoves {
+        self.stats
+    }
+
+    /// The copies to the device due before the run.
+    ///
+    /// # Errors
+    /// The copies' errors (out of memory under a cap included).
+    pub(super) fn before(&mut self) -> Result<()> {
+        let Self {
+            plan,
+            blobs,
+            stream,
+            stats,
+        } = self;
+        for &id in &plan.before {
+            each(&blobs[id as usize], |m| up(m, stream, stats))?;
+        }
+        Ok(())
+    }
+
+    /// The moves due after operator `op` ran (see the [module docs](self)).
+    ///
+    /// # Errors
+    /// The copies' and frees' errors (out of memory under a cap included).
+    pub(super) fn after(&mut self, op: usize) -> Result<()> {
+        let Self {
+            plan,
+            blobs,
+            stream,
+            stats,
+        } = self;
+        for &id in plan.free.get(op).into_iter().flatten() {
+            each(&blobs[id as usize], |m| {
+                if matches!(m.head(), Head::AtDevice | Head::Synced) && m.device_allocated() {
+                    let bytes = m.offload()?;
+                    stats.offloads += u64::from(bytes > 0);
+                    stats.bytes_released += bytes as u64;
+                }
+                Ok(())
+            })?;
+        }
+        for &id in plan.down.get(op).into_iter().flatten() {
+            each(&blobs[id as usize], |m| {
+                if matches!(m.head(), Head::AtDevice) && m.prefetch_to_host(Some(stream))?.is_some()
+                {
+                    stats.bytes_down += m.len() as u64;
+                }
+                Ok(())
+            })?;
+        }
+        for &id in plan.up.get(op).into_iter().flatten() {
+            each(&blobs[id as usize], |m| up(m, stream, stats))?;
+        }
+        for &id in plan.check.get(op).into_iter().flatten() {
+            each(&blobs[id as usize], |m| {
+                stats.not_ready += u64::from(m.pending()? == Some(PendingKind::ToDevice));
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// Queues the copy of `m` to the device on `stream`, when only the host holds its data.
+fn up(m: &SyncedMemory, stream: &Stream, stats: &mut OffloadMoves) -> Result<()> {
+    if matches!(m.head(), Head::AtHost) {
+        stats.refills += 1;
+        if m.prefetch_to_device(Some(stream))?.is_some() {
+            stats.bytes_up += m.len() as u64;
+        }
+    }
+    Ok(())
+}
+
+/// Runs `f` on the buffer of the tensor `blob` holds (a blob holding something else, or a
+/// tensor with no buffer yet, is passed over).
+fn each(blob: &BlobRef, f: impl FnOnce(&SyncedMemory) -> Result<()>) -> Result<()> {
+    let b = blob.read();
+    match b.get::<Tensor>().ok().and_then(Tensor::synced) {
+        Some(m) => f(m),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+#[path = "moves_tests.rs"]
+mod tests;
