@@ -106,8 +106,8 @@ pub struct Args {
     pub optimizer: syncmem_nn::train::Optimizer,
 
     /// Keep on the host: `optimizer` (the state of momentum or Adam lives in host memory only
-    /// and the update runs there), `parameters` (between steps: brought up ahead of use on a
-    /// copy stream, written back after the update), `activations` (between forward and
+    /// and the update runs there), `parameters` (between steps: brought up layer by layer on a
+    /// copy stream, each written back after its update), `activations` (between forward and
     /// backward, as vDNN: copied out after their last forward use, brought back one operator
     /// ahead of their backward reader), or several, separated by commas.
     #[arg(long, value_name = "WHAT", value_parser = optimizer::parse_offload)]

@@ -82,3 +82,41 @@ impl OffloadedActivations {
         self.0.after(op)
     }
 }
+
+impl super::Trainer {
+    /// What moving the activations to the host between forward and backward did so far
+    /// ([`TrainConfig::offload_activations`]; `None` when they stay on the device).
+    pub fn activation_offload(&self) -> Option<OffloadMoves> {
+        self.activations.as_ref().map(OffloadedActivations::stats)
+    }
+
+    /// What bringing the offloaded parameters in layer by layer during the steps did
+    /// ([`TrainConfig::offload_parameters`]; `None` when they stay on the device): the moves
+    /// within the steps, each weight's copy back after its update included (the write-back
+    /// after the step of what is left on the device is not counted here; the transfer report
+    /// counts every copy).
+    pub fn parameter_offload(&self) -> Option<OffloadMoves> {
+        self.params
+            .as_ref()
+            .map(super::params::OffloadedParams::stats)
+    }
+
+    /// Runs the training net, with the moves of the offloaded parameters and activations
+    /// after each operator.
+    pub(super) fn run_train_net(&mut self) -> Result<()> {
+        let (params, acts) = (&mut self.params, &mut self.activations);
+        if params.is_none() && acts.is_none() {
+            return self.train.run(&self.ws);
+        }
+        self.train
+            .run_observed(&self.ws, self.train.context(), |i, _| {
+                if let Some(p) = params.as_mut() {
+                    p.after(i)?;
+                }
+                match acts.as_mut() {
+                    Some(a) => a.after(i),
+                    None => Ok(()),
+                }
+            })
+    }
+}

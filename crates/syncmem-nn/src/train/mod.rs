@@ -238,7 +238,13 @@ impl Trainer {
             true => Some(offload::split(&mlp, &nets)?),
             false => None,
         };
-        let nets = split.as_ref().map_or(nets, |s| s.nets.clone());
+        let mut nets = split.as_ref().map_or(nets, |s| s.nets.clone());
+        if cfg.offload_parameters {
+            // Each layer's update as soon as backward is done with it: its weights go back
+            // to the host then (with the optimizer offloaded the net has no update).
+            let names: BTreeSet<String> = nets.params.iter().cloned().collect();
+            nets.train = params::hoist_updates(&nets.train, &names);
+        }
         let setup = Setup::new(device, data, cfg, &nets)?;
         let offloaded = match &split {
             Some(s) => Some(s.build(&setup.ws, &setup, cfg, &mlp)?),
@@ -323,25 +329,6 @@ impl Trainer {
         };
         meter.stop(&mut self.transfers, parallel.then_some(&mut self.pairs));
         Ok((loss, acc))
-    }
-
-    /// Runs the training net, with the moves of the offloaded parameters and activations
-    /// after each operator.
-    fn run_train_net(&mut self) -> Result<()> {
-        let (params, acts) = (&mut self.params, &mut self.activations);
-        if params.is_none() && acts.is_none() {
-            return self.train.run(&self.ws);
-        }
-        self.train
-            .run_observed(&self.ws, self.train.context(), |i, _| {
-                if let Some(p) = params.as_mut() {
-                    p.after(i)?;
-                }
-                match acts.as_mut() {
-                    Some(a) => a.after(i),
-                    None => Ok(()),
-                }
-            })
     }
 
     /// One pass over every batch, in an order drawn from the seed.
@@ -433,22 +420,6 @@ impl Trainer {
     /// Copies made by the trainer's buffers so far, by phase.
     pub fn transfers(&self) -> Transfers {
         self.transfers
-    }
-
-    /// What moving the activations to the host between forward and backward did so far
-    /// ([`TrainConfig::offload_activations`]; `None` when they stay on the device).
-    pub fn activation_offload(&self) -> Option<activations::OffloadMoves> {
-        self.activations
-            .as_ref()
-            .map(activations::OffloadedActivations::stats)
-    }
-
-    /// What bringing the offloaded parameters in layer by layer during the steps did
-    /// ([`TrainConfig::offload_parameters`]; `None` when they stay on the device): the moves
-    /// within the steps (the write-back after the update is not counted here; the transfer
-    /// report counts every copy).
-    pub fn parameter_offload(&self) -> Option<OffloadMoves> {
-        self.params.as_ref().map(params::OffloadedParams::stats)
     }
 
     /// Host-device copies made so far by every buffer of the trainer (workspace blobs and

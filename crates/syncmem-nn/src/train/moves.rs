@@ -15,10 +15,12 @@
 //!
 //! Named blobs (the parameters) are brought up ahead of their first read instead: after
 //! operator `first - 2`, or before the run ([`Mover::before`]) when one of the first two
-//! operators reads them; and they stay until the step ends. Freeing a weight between its
-//! forward and its backward read would move its bytes twice and not lower a training step's
-//! peak, which comes at the update, after backward, when every parameter and gradient is live
-//! (measured: the same peak, twice the bytes up).
+//! operators reads them; and they stay until their last use. When that use writes them (their
+//! update) and is not the net's last operator, they go back to the host at once: their copy
+//! is queued after it and their device memory freed one operator later. They do not leave
+//! between their forward and their backward reads: measured on three hidden layers of 256 with
+//! batches of 16, that lowered the step's peak by 3% more (905 KiB to 881 KiB) for the weights'
+//! bytes moved up twice.
 //!
 //! Nothing depends on the plan for correctness: the buffers' head state machine orders every
 //! access after the copies, so a plan that misjudges only moves bytes in vain.
@@ -111,6 +113,15 @@ pub(super) fn plan(def: &NetDef, pick: &Pick<'_>) -> Plan {
                 p.before.push(id);
             }
             any = true;
+        }
+        // Written by its last use (a parameter's update): back to the host at once.
+        if let (Pick::Named(_), Some(&(last, _))) = (pick, list.last()) {
+            let writes = def.ops[last].outputs.contains(&name);
+            if writes && last + 1 < n {
+                p.down[last].push(id);
+                p.free[last + 1].push(id);
+                any = true;
+            }
         }
         // Named blobs (parameters) stay once brought up: see the module docs.
         let pairs = if matches!(pick, Pick::Produced) {

@@ -56,8 +56,8 @@ impl Setup {
         let base = NetOptions::new()
             .seed(self.seed)
             .rewrite(crate::fuse::Fuse::when(cfg.fuse))
-            // Offloaded activations leave room that dead values must not keep taken.
-            .drop_dead(cfg.offload_activations);
+            // Offloaded values leave room that dead values must not keep taken.
+            .drop_dead(cfg.offload_activations || cfg.offload_parameters);
         if cfg.plan {
             let mut plan = PlanOptions::default();
             plan.keep = keep;
