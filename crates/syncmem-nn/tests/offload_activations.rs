@@ -1,7 +1,7 @@
 //! The activations offloaded between forward and backward (`TrainConfig::offload_activations`,
 //! as vDNN does): training ends bit for bit where it ends with them kept on the device, the
-//! device's peak in a step is lower by what left, and where the host uses the device's memory
-//! in place nothing is copied.
+//! device's peak in a step is lower (the training net unplanned, its dead values dropped at
+//! once), and where the host uses the device's memory in place nothing is copied.
 
 use syncmem::{Device, ZeroCopy};
 use syncmem_nn::mlp::Dataset;
@@ -20,7 +20,7 @@ struct Run {
 }
 
 fn run(dev: &Device, cfg: &TrainConfig) -> Run {
-    let data = Dataset::spirals(256, 3, 0.2, 0);
+    let data = Dataset::spirals(1024, 3, 0.2, 0);
     let mut t = Trainer::new(dev, &data, cfg).unwrap();
     let mut losses = Vec::new();
     for e in 0..cfg.epochs {
@@ -51,9 +51,10 @@ fn check(dev: &Device) {
         (Optimizer::Adam, false, true),
         (Optimizer::Momentum, true, false),
     ] {
+        // Activations outweigh the parameters (and Adam's state): narrow layers, large batches.
         let cfg = TrainConfig::default()
-            .with_hidden(vec![96, 96, 96, 96])
-            .with_batch(128)
+            .with_hidden(vec![64; 6])
+            .with_batch(512)
             .with_optimizer(optimizer)
             .with_fuse(fuse)
             .with_plan(plan)
@@ -81,10 +82,11 @@ fn check(dev: &Device) {
         assert!(m.offloads >= off.steps, "values leave every step: {m:?}");
         assert!(m.refills >= off.steps, "and come back every step: {m:?}");
         if dev.zero_copy_protocol().is_none() {
-            // Two mirrors: the bytes go down and up, and the device's peak falls by them.
+            // Two mirrors: the bytes go down and up, and the device's peak falls by a good
+            // part (the training net unplanned, its dead values dropped at once).
             assert!(m.bytes_down > 0 && m.bytes_up > 0, "{m:?}");
             assert!(
-                off.peak < kept.peak,
+                off.peak < kept.peak - kept.peak / 10,
                 "the device's peak falls: {} B kept, {} B offloaded",
                 kept.peak,
                 off.peak

@@ -386,7 +386,7 @@ fn print_header(
         cfg.lr,
         optimizer::offload_note(cfg),
         cfg.seed,
-        if cfg.plan { "on" } else { "off" },
+        optimizer::planning_note(cfg),
         h = cfg.hidden[0],
     );
     if let Some(h) = held_out {

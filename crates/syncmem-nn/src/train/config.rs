@@ -50,7 +50,10 @@ pub struct TrainConfig {
     /// Move the activations that backward reads long after forward wrote them to the host in
     /// between, as vDNN does: each is copied out after its last forward use (on a copy stream),
     /// its device memory freed one operator later, and brought back one operator ahead of its
-    /// backward reader (see [`super::activations`]); single-device training only.
+    /// backward reader (see [`super::activations`]); the training net then drops dead values
+    /// at once and is not memory-planned, whatever [`TrainConfig::plan`] says (the evaluation
+    /// net is): fixed shared buffers would keep the room the offloaded values leave. Single-device
+    /// training only.
     pub offload_activations: bool,
 }
 

@@ -256,7 +256,9 @@ impl Trainer {
         }
         let opts = setup.options(cfg, &mlp, Vec::new());
         let ws = setup.ws.clone();
-        let train = ws.create_net(&nets.train, device, &opts)?;
+        let train_cfg = cfg.clone().with_plan(activations::plan_train_net(cfg));
+        let train_opts = setup.options(&train_cfg, &mlp, Vec::new());
+        let train = ws.create_net(&nets.train, device, &train_opts)?;
         let eval = ws.create_net(&nets.eval, device, &opts)?;
         let mut t = setup.trainer(device, data, mlp, nets, train, eval);
         t.batches = batches;

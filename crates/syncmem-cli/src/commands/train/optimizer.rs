@@ -69,6 +69,15 @@ pub(super) fn offload_note(cfg: &TrainConfig) -> String {
     note
 }
 
+/// What the header says of memory planning under `cfg`.
+pub(super) fn planning_note(cfg: &TrainConfig) -> &'static str {
+    match (cfg.plan, cfg.offload_activations) {
+        (true, true) => "on for evaluation (the training net drops dead values instead)",
+        (true, false) => "on",
+        (false, _) => "off",
+    }
+}
+
 /// `cfg` with `optimizer` at `lr`, or at the optimizer's default learning rate.
 pub(super) fn with_optimizer(
     cfg: TrainConfig,
