@@ -171,6 +171,16 @@ fn offloaded_parameters_end_where_kept_ones_do() {
     let off = args(Some("parameters"));
     assert_eq!(off["settings"]["offload_parameters"], true);
     assert_eq!(kept["settings"]["offload_parameters"], false);
+    // In layer by layer: every parameter comes up each step after the first (the init net
+    // left them on the device), ahead of its first reader.
+    assert!(kept["parameters"].is_null(), "{}", kept["parameters"]);
+    let m = &off["parameters"];
+    // Three layers of the default MLP: a weight and a bias each.
+    assert_eq!(f(&m["planned"]), 6.0, "{m}");
+    assert!(
+        f(&m["refills"]) >= 6.0 * (f(&off["transfers"]["steps"]) - 1.0),
+        "{m}"
+    );
     assert_eq!(
         off["final"], kept["final"],
         "the same training, bit for bit"

@@ -71,6 +71,8 @@ JSON output (--json), one object:
       --offload activations moved (values that left the device, the device bytes they released,
       the bytes copied each way, the copies back and those still running when their reader
       started),
+   \"parameters\": {same fields} | null: what --offload parameters moved within the steps (each
+      weight brought up ahead of its first reader, and back after its update),
    \"waits\": {\"per_step\", \"max_step\", \"total\"}: host waits on device work during the
       steps (event waits, blocking reads, queue finishes; counted by the library),
    \"heap_allocations\": {\"per_step\", \"max_step\" (over the steps after the first),

@@ -7,7 +7,9 @@ use syncmem::alloc::stats::CopyDir;
 use syncmem::net::memory::{blob_report, BlobInfo};
 use syncmem::{CopyStats, Device, MemorySummary};
 use syncmem_nn::mlp::Dataset;
-use syncmem_nn::train::{EpochStats, PlanningComparison, TrainConfig, Trainer, Transfers};
+use syncmem_nn::train::{
+    EpochStats, OffloadMoves, PlanningComparison, TrainConfig, Trainer, Transfers,
+};
 
 pub(super) use super::heap::HeapSteps;
 
@@ -68,7 +70,9 @@ pub(super) struct Report {
     device_pairs: Vec<PairRow>,
     memory_cap: CapReport,
     /// What `--offload activations` moved (`None` without it).
-    activations: Option<ActivationReport>,
+    activations: Option<MovesReport>,
+    /// What `--offload parameters` moved within the steps (`None` without it).
+    parameters: Option<MovesReport>,
     waits: WaitReport,
     heap_allocations: HeapReport,
     blobs: Vec<BlobRow>,
@@ -187,10 +191,10 @@ struct CapReport {
     refills: u64,
 }
 
-/// The activations moved between forward and backward during the steps
-/// (`--offload activations`).
+/// The values moved during the steps by `--offload activations` (between forward and
+/// backward) or `--offload parameters` (in layer by layer, back after their update).
 #[derive(Serialize)]
-struct ActivationReport {
+struct MovesReport {
     /// Blobs the plan moves.
     planned: usize,
     /// Values that left the device, per step.
@@ -370,7 +374,8 @@ pub(super) fn build(r: Run<'_>) -> Report {
         seconds: r.seconds,
         transfers: transfer_report(r.trainer.transfers(), r.process),
         memory_cap: cap_report(r.device.memory_cap(), &r.trainer.transfers()),
-        activations: activation_report(r.trainer),
+        activations: moves_report(r.trainer, r.trainer.activation_offload()),
+        parameters: moves_report(r.trainer, r.trainer.parameter_offload()),
         waits: wait_report(&r.trainer.transfers()),
         heap_allocations: heap_report(&r.heap),
         blobs: blob_report(r.trainer.workspace())
@@ -522,11 +527,11 @@ impl Report {
     }
 }
 
-/// What `--offload activations` moved, per step.
-fn activation_report(t: &Trainer) -> Option<ActivationReport> {
-    let a = t.activation_offload()?;
+/// What an offload moved (`moves`), per step of `t`.
+fn moves_report(t: &Trainer, moves: Option<OffloadMoves>) -> Option<MovesReport> {
+    let a = moves?;
     let steps = t.transfers().step_count.max(1) as f64;
-    Some(ActivationReport {
+    Some(MovesReport {
         planned: a.planned,
         offloads_per_step: a.offloads as f64 / steps,
         released_bytes_per_step: a.bytes_released as f64 / steps,

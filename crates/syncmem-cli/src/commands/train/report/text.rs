@@ -138,11 +138,15 @@ impl Report {
                 );
             }
         }
-        if let Some(a) = &r.activations {
+        for (what, moves) in [
+            ("activations", &r.activations),
+            ("parameters", &r.parameters),
+        ] {
+            let Some(a) = moves else { continue };
             outln!(
-                "\nactivations offloaded ({} blob(s) planned): {:.2} values a step left the device \
-                 ({} released), {} down and {} up a step; {} of {} copies back done before \
-                 their reader",
+                "\n{what} offloaded ({} blob(s) planned): {:.2} values a step left the device \
+                 ({} released), {} down and {} up a step; {} of {} copies to the device done \
+                 before their reader",
                 a.planned,
                 a.offloads_per_step,
                 human_bytes(a.released_bytes_per_step.round() as u64),
