@@ -248,23 +248,17 @@ fn largest_working_set(t: &Trainer, cfg: &TrainConfig) -> u64 {
 /// # Errors
 /// Training errors.
 pub fn offload_rows(dev: &Device, quick: bool) -> Result<(Row, [TrainMemoryRow; 2])> {
-    let (data, cfg) = data_and_config(true, true);
+    let (_, cfg) = data_and_config(true, true);
     let cfg = cfg.with_optimizer(syncmem_nn::train::Optimizer::Adam);
-    let mut on = Run::new(dev.isolated(), &data, &cfg)?;
-    let mut off = Run::new(
-        dev.isolated(),
-        &data,
-        &cfg.clone().with_offload_optimizer(true),
-    )?;
-    interleave(&mut off, &mut on, epochs(quick))?;
-    let o = off.row("adam, host", None, on.loss);
-    let d = on.row("adam, device", None, off.loss);
-    let row = off.samples(&on).row(
-        &format!("train epoch adam offloaded/on device {}", dev.label()),
+    let off = cfg.clone().with_offload_optimizer(true);
+    let names = [
+        "adam, host",
+        "adam, device",
+        "train epoch adam offloaded/on device",
         "syncmem train --optimizer adam --offload optimizer epoch",
         "the same with the update on the device",
-    );
-    Ok((row, [o, d]))
+    ];
+    offloaded_pair(dev, quick, (&off, &cfg), names)
 }
 
 /// `syncmem train --offload activations` on `dev` against the activations kept on the
@@ -274,21 +268,34 @@ pub fn offload_rows(dev: &Device, quick: bool) -> Result<(Row, [TrainMemoryRow; 
 /// # Errors
 /// Training errors.
 pub fn activation_offload_rows(dev: &Device, quick: bool) -> Result<(Row, [TrainMemoryRow; 2])> {
-    let (data, cfg) = data_and_config(true, true);
-    let mut on = Run::new(dev.isolated(), &data, &cfg)?;
-    let mut off = Run::new(
-        dev.isolated(),
-        &data,
-        &cfg.clone().with_offload_activations(true),
-    )?;
-    interleave(&mut off, &mut on, epochs(quick))?;
-    let o = off.row("acts, host", None, on.loss);
-    let d = on.row("acts, device", None, off.loss);
-    let row = off.samples(&on).row(
-        &format!("train epoch activations offloaded/kept {}", dev.label()),
+    let (_, cfg) = data_and_config(true, true);
+    let off = cfg.clone().with_offload_activations(true);
+    let names = [
+        "acts, host",
+        "acts, device",
+        "train epoch activations offloaded/kept",
         "syncmem train --offload activations epoch",
         "the same with the activations kept on the device",
-    );
+    ];
+    offloaded_pair(dev, quick, (&off, &cfg), names)
+}
+
+/// Epochs of `off` and `on` on `dev`, interleaved: the time row (`names[2]` and the device;
+/// ours `names[3]`, the baseline `names[4]`) and a table row for each (`names[0]`, `names[1]`).
+fn offloaded_pair(
+    dev: &Device,
+    quick: bool,
+    (off, on): (&TrainConfig, &TrainConfig),
+    names: [&str; 5],
+) -> Result<(Row, [TrainMemoryRow; 2])> {
+    let (data, _) = data_and_config(true, true);
+    let mut on = Run::new(dev.isolated(), &data, on)?;
+    let mut off = Run::new(dev.isolated(), &data, off)?;
+    interleave(&mut off, &mut on, epochs(quick))?;
+    let o = off.row(names[0], None, on.loss);
+    let d = on.row(names[1], None, off.loss);
+    let name = format!("{} {}", names[2], dev.label());
+    let row = off.samples(&on).row(&name, names[3], names[4]);
     Ok((row, [o, d]))
 }
 

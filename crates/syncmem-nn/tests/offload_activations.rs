@@ -111,30 +111,18 @@ fn offloaded_activations_train_as_kept_ones_on_cpu() {
 #[cfg(feature = "opencl")]
 #[test]
 fn offloaded_activations_train_as_kept_ones_on_opencl() {
-    let devs = Device::all(syncmem::BackendKind::OpenCl).unwrap_or_default();
-    let Some(dev) = devs.first() else {
-        assert!(
-            std::env::var("SYNCMEM_REQUIRE_OPENCL").as_deref() != Ok("1"),
-            "SYNCMEM_REQUIRE_OPENCL=1 but no OpenCL device"
-        );
-        eprintln!("SKIPPED offloaded_activations_train_as_kept_ones_on_opencl: no OpenCL device");
-        return;
-    };
-    each_setting(dev);
+    let test = "offloaded_activations_train_as_kept_ones_on_opencl";
+    if let Some(dev) = syncmem::testing::opencl_or_skip(test) {
+        each_setting(&dev);
+    }
 }
 
+/// Data-parallel training refuses the option by name.
 #[test]
 fn offloaded_activations_are_refused_on_several_devices() {
-    let data = Dataset::spirals(60, 3, 0.2, 0);
-    let cfg = TrainConfig::default()
-        .with_epochs(1)
-        .with_offload_activations(true);
+    let cfg = TrainConfig::default().with_offload_activations(true);
     let devs = [Device::cpu().isolated(), Device::cpu().isolated()];
-    let err = Trainer::data_parallel(&devs, &data, &cfg)
-        .err()
-        .expect("refused");
-    assert!(
-        err.to_string().contains("offloading the activations"),
-        "{err}"
-    );
+    let err = Trainer::data_parallel(&devs, &Dataset::spirals(60, 3, 0.2, 0), &cfg).err();
+    let err = err.expect("refused").to_string();
+    assert!(err.contains("offloading the activations"), "{err}");
 }
