@@ -10,8 +10,9 @@
 //! at operator `a` and the next read at operator `b`:
 //! - after operator `a`: its copy to the host is queued on the plan's copy stream
 //!   ([`syncmem::SyncedMemory::prefetch_to_host`]; ordered after the work that wrote it);
-//! - after operator `a + 1`: its device memory is freed ([`syncmem::SyncedMemory::offload`],
-//!   which waits for that copy if it is still running, while operator `a + 1` is queued);
+//! - from operator `a + 1` on: its device memory is freed ([`syncmem::SyncedMemory::offload`])
+//!   once that copy is done, with no host wait, or two operators later at the latest, waiting
+//!   for the copy then (see `moves.rs`);
 //! - after operator `b - 2`: its copy back is queued on the copy stream
 //!   ([`syncmem::SyncedMemory::prefetch_to_device`]), one operator ahead of its reader;
 //! - after operator `b - 1`: whether the copy back is still running is noted (the reader's
@@ -62,8 +63,8 @@ pub struct OffloadMoves {
 /// buffers stay allocated while the values in them are dead. Unplanned, with dead values
 /// dropped at once ([`syncmem::net::NetOptions::drop_dead`]), the pool shares the memory among
 /// the values live at each moment instead (measured, six hidden layers of 64, batches of 512,
-/// two mirrors: a step's peak of 1,111 KiB planned and kept, 983 KiB planned and offloaded, 668
-/// KiB unplanned and offloaded). The evaluation net stays planned.
+/// two mirrors, on `cpu`: a step's peak of 1,111 KiB planned and kept, 983 KiB planned and
+/// offloaded, 668 KiB unplanned and offloaded). The evaluation net stays planned.
 pub(super) fn plan_train_net(cfg: &TrainConfig) -> bool {
     cfg.plan && !cfg.offload_activations
 }

@@ -6,7 +6,7 @@
 //!   ahead of its first reader (before the run for the first operators' own), so each operator
 //!   waits for its own parameter's copy only;
 //! - right after its update, each parameter's copy back to the host is queued and its device
-//!   memory freed one operator later (the plan is that of the net that runs: `moves.rs`); the
+//!   memory freed once that copy is done (the plan is that of the net that runs: `moves.rs`); the
 //!   net drops dead values at once (`NetOptions::drop_dead`), its gradient among them.
 //!
 //! So the device never holds every weight and gradient at once: on three hidden layers of 256
