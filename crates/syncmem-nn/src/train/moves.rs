@@ -59,7 +59,8 @@ pub(super) struct Plan {
     pub(super) before: Vec<u32>,
     /// After operator `i`: queue the copy to the host.
     pub(super) down: Vec<Vec<u32>>,
-    /// After operator `i`: free the device memory.
+    /// After operator `i`: free the device memory at the latest (it leaves earlier once its
+    /// copy to the host is done).
     pub(super) free: Vec<Vec<u32>>,
     /// After operator `i`: queue the copy to the device.
     pub(super) up: Vec<Vec<u32>>,
