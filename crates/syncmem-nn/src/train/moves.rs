@@ -200,17 +200,44 @@ impl Mover {
     /// # Errors
     /// The copies' errors (out of memory under a cap included).
     pub(super) fn before(&mut self) -> Result<()> {
-        let Self {
-            plan,
-            blobs,
-            stream,
-            stats,
-            leaving,
-        } = self;
         // Whatever was on its way out last run has left (the deadlines fall inside a run).
-        leaving.clear();
-        for &id in &plan.before {
-            each(&blobs[id as usize], |m| up(m, stream, stats))?;
+        self.leaving.clear();
+        for &id in &self.plan.before {
+            each(&self.blobs[id as usize], |m| {
+                up(m, &self.stream, &mut self.stats)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Frees the values on their way out whose copy to the host is done, and those due after
+    /// operator `op` whatever their copy (waiting for it); keeps the others.
+    ///
+    /// # Errors
+    /// The frees' errors.
+    fn free_leaving(&mut self, op: usize) -> Result<()> {
+        let due = self.plan.free.get(op).map_or(&[][..], Vec::as_slice);
+        let mut i = 0;
+        while i < self.leaving.len() {
+            let id = self.leaving[i];
+            let mut keep = false;
+            each(&self.blobs[id as usize], |m| {
+                if !due.contains(&id) && m.pending()? == Some(PendingKind::ToHost) {
+                    keep = true;
+                } else if matches!(m.head(), Head::AtDevice | Head::Synced) && m.device_allocated()
+                {
+                    // The host copy is current, or is waited for here.
+                    let bytes = m.offload()?;
+                    self.stats.offloads += u64::from(bytes > 0);
+                    self.stats.bytes_released += bytes as u64;
+                }
+                Ok(())
+            })?;
+            if keep {
+                i += 1;
+            } else {
+                self.leaving.swap_remove(i);
+            }
         }
         Ok(())
     }
@@ -220,6 +247,7 @@ impl Mover {
     /// # Errors
     /// The copies' and frees' errors (out of memory under a cap included).
     pub(super) fn after(&mut self, op: usize) -> Result<()> {
+        self.free_leaving(op)?;
         let Self {
             plan,
             blobs,
@@ -227,28 +255,6 @@ impl Mover {
             stats,
             leaving,
         } = self;
-        let due = plan.free.get(op).map_or(&[][..], Vec::as_slice);
-        let mut err = Ok(());
-        leaving.retain(|&id| {
-            let mut done = true;
-            let r = each(&blobs[id as usize], |m| {
-                if !due.contains(&id) && m.pending()? == Some(PendingKind::ToHost) {
-                    done = false;
-                } else if matches!(m.head(), Head::AtDevice | Head::Synced) && m.device_allocated()
-                {
-                    // The host copy is current: nothing to wait for.
-                    let bytes = m.offload()?;
-                    stats.offloads += u64::from(bytes > 0);
-                    stats.bytes_released += bytes as u64;
-                }
-                Ok(())
-            });
-            if r.is_err() && err.is_ok() {
-                err = r;
-            }
-            !done
-        });
-        err?;
         // A value still on its way out when its copy back is due stays.
         let up_now = plan.up.get(op).map_or(&[][..], Vec::as_slice);
         leaving.retain(|id| !up_now.contains(id));

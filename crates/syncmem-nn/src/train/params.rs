@@ -132,10 +132,13 @@ pub(super) fn hoist_updates(def: &NetDef, params: &BTreeSet<String>) -> NetDef {
     for op in &def.ops {
         let updates = op.outputs.iter().any(|o| params.contains(o));
         let at = if updates {
+            let mine: BTreeSet<&String> = op.inputs.iter().chain(&op.outputs).collect();
             let touches = |other: &OperatorDef| {
-                let mine = op.inputs.iter().chain(&op.outputs);
-                let theirs: BTreeSet<&String> = other.inputs.iter().chain(&other.outputs).collect();
-                mine.into_iter().any(|b| theirs.contains(b))
+                other
+                    .inputs
+                    .iter()
+                    .chain(&other.outputs)
+                    .any(|b| mine.contains(b))
             };
             ops.iter().rposition(touches).map_or(0, |j| j + 1)
         } else {
