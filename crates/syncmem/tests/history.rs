@@ -357,3 +357,45 @@ fn a_bounded_trace_keeps_its_newest_events() {
     assert_eq!(id, 19, "{events:?}");
     drop(blocks);
 }
+
+/// Frees made on threads that end land in rings merged and cut apart from the rings of the
+/// threads that allocated: a block's free can go while its allocation stays. The history then
+/// leaves the allocation out (seen when another allocation lands on its bytes), so that it
+/// always exports: no two live blocks over each other. Two threads allocate host blocks, free
+/// a third of them on short-lived threads, and read the history as they go.
+#[test]
+fn frees_on_threads_that_end_never_leave_two_blocks_over_each_other() {
+    let _one = lock();
+    let h = record_history(Some(512)).unwrap();
+    let pool = syncmem::HostPool::global().unwrap();
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            let h = &h;
+            s.spawn(move || {
+                let mut kept = Vec::new();
+                for i in 0..1500 {
+                    let a = pool.alloc([100, 4096, 16384][(i + t) % 3]).unwrap();
+                    match i % 3 {
+                        0 => std::thread::scope(|s| {
+                            s.spawn(move || drop(a));
+                        }),
+                        1 => {
+                            kept.push(a);
+                            if kept.len() > 3 {
+                                kept.remove(0);
+                            }
+                        }
+                        _ => drop(a),
+                    }
+                    if i % 97 == 0 {
+                        let trace = h.trace();
+                        if let Err(e) = TorchSnapshot::from_trace(&trace) {
+                            panic!("thread {t}, round {i}: {e}");
+                        }
+                    }
+                }
+            });
+        }
+    });
+    record_history(None);
+}

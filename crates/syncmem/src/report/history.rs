@@ -95,12 +95,20 @@ impl History {
     }
 
     /// The events kept now, of every device, as one trace in order: ids are the trace's own,
-    /// a free whose allocation was dropped from its ring is left out (so that every view and
-    /// replay takes the trace), and a block in a segment made before the ring's oldest event
-    /// keeps its placement.
+    /// a free whose allocation was dropped from its ring is left out, and so is an allocation
+    /// whose free was (a thread's ring may keep a block's allocation while the free, in the
+    /// ring of another thread, went: seen when another allocation lands on its bytes or its
+    /// segment goes), so that every view and replay takes the trace; a block in a segment
+    /// made before the ring's oldest event keeps its placement.
     pub fn trace(&self) -> Trace {
         let trace = Trace::new();
-        for e in self.rings.collect() {
+        let events = self.rings.collect();
+        let lost = super::lost::lost_frees(&events);
+        for (_, e) in events
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| !lost.contains(i))
+        {
             let stamp = Stamp {
                 t_us: e.t_ns / 1000,
                 step: e.step,

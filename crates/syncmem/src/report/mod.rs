@@ -92,6 +92,7 @@ mod event;
 mod file;
 mod frames;
 mod history;
+mod lost;
 mod oom_dump;
 mod pickle;
 mod replay;

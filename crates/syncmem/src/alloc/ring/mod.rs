@@ -53,7 +53,7 @@ use std::time::Instant;
 use parking_lot::{Mutex, RwLock};
 
 pub(crate) use hot::{record_alloc, record_free, AllocRecord};
-pub(crate) use read::RawWhat;
+pub(crate) use read::{RawEvent, RawWhat};
 use slots::SourceRing;
 pub(crate) use slots::{order_word, split_order};
 pub(crate) use write::{label_key, record_copy, record_pool};
