@@ -9,7 +9,10 @@
 //! overwrite), buffers offloaded (`offload`: the device mirror goes, the data stays; where
 //! memory is shared in place, its block stays as the host mirror, spilled in place), and
 //! MemPool scopes opened and closed around them (each step checks
-//! that only the innermost scope's pool, or with none open the device's, allocated). `FailNext` makes the `n`-th allocation fail
+//! that only the innermost scope's pool, or with none open the device's, allocated), and
+//! unnamed host blocks (staging buffers, served by the thread's cache of the host pool)
+//! allocated, freed here or on another thread, and released with the pool's cache in between
+//! (`scratch.rs`: each keeps its bytes). `FailNext` makes the `n`-th allocation fail
 //! ([`Device::fail_allocation`]): an operation that fails with out-of-memory (injected, or the
 //! cap) must leave every buffer as it was, which is checked on the spot. The always-on history
 //! records every program, and an out-of-memory observer runs at every failure, reading the
@@ -24,6 +27,7 @@ mod dropped;
 mod model;
 mod observed;
 mod ops;
+mod scratch;
 mod steps;
 
 use model::{same, user_twice, values};
@@ -80,6 +84,8 @@ struct World<'d> {
     closed: std::cell::RefCell<Option<MemPool>>,
     /// Allocations made by MemPools whose scope was closed.
     scoped: std::cell::Cell<u64>,
+    /// Unnamed host blocks, allocated and freed between the buffers' operations.
+    scratch: scratch::Scratch,
 }
 
 impl World<'_> {
@@ -199,6 +205,9 @@ fn run(w: &World<'_>, ops: &[Op]) -> Result<(), TestCaseError> {
             dropped::reads_fail(&slots[slot].as_ref().unwrap().mem, &at)?;
             continue;
         }
+        if w.scratch.applies(*op, &at)? {
+            continue;
+        }
         if let Op::DropContents { slot } = *op {
             if let Some(l) = &mut slots[slot] {
                 dropped::drop_step(l, pinned(slot), &at)?;
@@ -216,6 +225,7 @@ fn run(w: &World<'_>, ops: &[Op]) -> Result<(), TestCaseError> {
         if !matches!(op, Op::OpenScope | Op::CloseScope { .. }) {
             w.routed(&at, &before)?;
         }
+        w.scratch.check(&at)?;
         // What a device guard holds keeps its device mirror, whatever the pool spilled; what a
         // host guard holds keeps its bytes.
         for h in &held {
@@ -234,6 +244,7 @@ fn run(w: &World<'_>, ops: &[Op]) -> Result<(), TestCaseError> {
         }
     }
     held.clear();
+    w.scratch.clear("the end")?;
     w.close_scopes();
     w.dev.fail_allocation(0);
     w.other.fail_allocation(0);
@@ -291,6 +302,29 @@ fn cases() -> u32 {
         .unwrap_or(256)
 }
 
+/// Prints what a pass under `zero_copy` did; returns its device pool's statistics.
+fn report(w: &World<'_>, zero_copy: ZeroCopy) -> syncmem::PoolStats {
+    let s = w.dev.pool_stats().unwrap();
+    eprintln!(
+        "{} zero-copy {zero_copy}: {} failed operations ({} injected), {} spills, {} \
+         refills, {} evictions, {} allocations in MemPool scopes, {} scratch blocks from the \
+         thread's cache",
+        w.dev.label(),
+        w.failed.get(),
+        w.dev.injected_failures() + w.other.injected_failures(),
+        s.spills,
+        s.refills,
+        s.evictions,
+        w.scoped.get(),
+        w.scratch.thread_cache_hits()
+    );
+    assert!(
+        w.scratch.thread_cache_hits() > 0,
+        "no scratch block came from the thread's cache"
+    );
+    s
+}
+
 /// Runs the model on `home` (with replicas on `other`) under every zero-copy setting.
 fn check(home: &Device, other: &Device) {
     let mut failed = 0;
@@ -316,6 +350,7 @@ fn check(home: &Device, other: &Device) {
             scopes: Default::default(),
             closed: Default::default(),
             scoped: std::cell::Cell::new(0),
+            scratch: Default::default(),
         };
         let mut runner = TestRunner::new(Config {
             cases: cases(),
@@ -339,18 +374,7 @@ fn check(home: &Device, other: &Device) {
             }
             Err(e) => panic!("{} zero-copy {zero_copy}: {e}", dev.label()),
         }
-        let s = dev.pool_stats().unwrap();
-        eprintln!(
-            "{} zero-copy {zero_copy}: {} failed operations ({} injected), {} spills, {} \
-             refills, {} evictions, {} allocations in MemPool scopes",
-            dev.label(),
-            w.failed.get(),
-            dev.injected_failures() + other.injected_failures(),
-            s.spills,
-            s.refills,
-            s.evictions,
-            w.scoped.get()
-        );
+        let s = report(&w, zero_copy);
         scoped += w.scoped.get();
         failed += w.failed.get();
         injected += dev.injected_failures() + other.injected_failures();

@@ -4,6 +4,8 @@ use proptest::prelude::*;
 
 /// Buffer slots.
 pub const SLOTS: usize = 8;
+/// Scratch slots: unnamed host blocks (see `scratch.rs`).
+pub const SCRATCH: usize = 4;
 /// Buffer sizes in `f32` elements (16 KiB and 64 KiB).
 pub const SIZES: [usize; 2] = [1 << 12, 1 << 14];
 /// The cap of each device: four of the largest buffers. Two guards kept across operations,
@@ -109,6 +111,25 @@ pub enum Op {
     CloseScope {
         keep: bool,
     },
+    /// An unnamed host block (a staging buffer: what a thread's cache serves), `len` bytes
+    /// with `seed`'s pattern, in scratch slot `slot` (see `scratch.rs`): of the process's host
+    /// pool, or (`private`) of a host pool of the test's own.
+    Scratch {
+        slot: usize,
+        len: usize,
+        seed: u8,
+        private: bool,
+    },
+    /// Frees scratch slot `slot`, here or on another thread (`elsewhere`).
+    ScratchFree {
+        slot: usize,
+        elsewhere: bool,
+    },
+    /// Gives the host pool's idle memory back (`trim`, or with `empty` `empty_cache`, which
+    /// empties every thread's cache) and takes its snapshot.
+    HostRelease {
+        empty: bool,
+    },
 }
 
 pub fn op() -> impl Strategy<Value = Op> {
@@ -143,5 +164,15 @@ pub fn op() -> impl Strategy<Value = Op> {
         1 => slot().prop_map(|slot| Op::Offload { slot }),
         1 => Just(Op::OpenScope),
         1 => any::<bool>().prop_map(|keep| Op::CloseScope { keep }),
+        2 => (
+            0..SCRATCH,
+            prop::sample::select(vec![100usize, 4096, 16 << 10, 64 << 10]),
+            any::<u8>(),
+            any::<bool>()
+        )
+            .prop_map(|(slot, len, seed, private)| Op::Scratch { slot, len, seed, private }),
+        2 => (0..SCRATCH, any::<bool>())
+            .prop_map(|(slot, elsewhere)| Op::ScratchFree { slot, elsewhere }),
+        1 => any::<bool>().prop_map(|empty| Op::HostRelease { empty }),
     ]
 }

@@ -39,7 +39,11 @@ pub fn step_one<'s>(
         | Op::Unpin
         | Op::ViewRead { .. }
         | Op::FailNext { .. } => keep_step(w, slots, held, pins, op, at),
-        Op::DropContents { .. } | Op::Offload { .. } => unreachable!("run applies {op:?}"),
+        Op::DropContents { .. }
+        | Op::Offload { .. }
+        | Op::Scratch { .. }
+        | Op::ScratchFree { .. }
+        | Op::HostRelease { .. } => unreachable!("run applies {op:?}"),
         Op::OpenScope | Op::CloseScope { .. } => {
             scope_step(w, op);
             Ok(())

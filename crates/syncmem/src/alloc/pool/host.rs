@@ -10,13 +10,17 @@
 //! holds the bytes of its previous user (always initialised memory). Callers that need zeros
 //! call [`HostAllocation::zero`], which writes only when the block is not known to be zero.
 //!
+//! Each thread serves its own unnamed frees back to itself from a cache of its own (see
+//! [`super::Pool`]'s notes on thread caches): a small allocate + free there costs a fraction
+//! of the system allocator's.
+//!
 //! The process-wide pool ([`HostPool::global`]) is configured by `SYNCMEM_HOST_POOL` and
 //! `SYNCMEM_HOST_POOL_CONF` (see [`super::config`]); [`HostPool::new`] makes private ones.
 
 use std::sync::{Arc, OnceLock};
 
 use super::config::{PoolConfig, HOST_POOL_CONF_ENV, HOST_POOL_ENV};
-use super::{Budget, Lease, Pool, PoolSnapshot, PoolStats};
+use super::{Budget, Pool, PoolSnapshot, PoolStats, Slim};
 use crate::alloc::stats::{Counted, HOST};
 use crate::alloc::{HostBlock, HOST_ALIGN};
 use crate::error::{Error, Result};
@@ -106,28 +110,28 @@ impl HostPool {
     /// As [`HostPool::alloc`].
     pub fn alloc_labelled(&self, len: usize, owner: Option<&Arc<str>>) -> Result<HostAllocation> {
         if len == 0 {
-            return Ok(HostAllocation {
-                lease: None,
-                len: 0,
-                counted: None,
-            });
+            return Ok(HostAllocation { block: None });
         }
-        let lease = match self.pool.alloc_host(len, &source, owner) {
-            Ok(l) => l,
-            Err(e) => self.retry(len, owner, e)?,
-        };
-        let counted = self.counted.then(|| HOST.on_alloc(len));
-        Ok(HostAllocation {
-            lease: Some(lease),
-            len,
-            counted,
-        })
+        // The block is moved once, into place, from the thread's cache (see
+        // `HostAllocation`).
+        let mut out = HostAllocation { block: None };
+        if !(owner.is_none() && self.pool.take_cached(len, &mut out.block)) {
+            let block = match self.pool.alloc_host(len, &source, owner) {
+                Ok(b) => b,
+                Err(e) => self.retry(len, owner, e)?,
+            };
+            out.block = Some(block);
+        }
+        if self.counted {
+            out.count();
+        }
+        Ok(out)
     }
 
     /// After a failed allocation: when out of memory, gives the cache back to the system and
     /// tries once more; a failure for good is reported to the pool's observers.
     #[cold]
-    fn retry(&self, len: usize, owner: Option<&Arc<str>>, e: Error) -> Result<Lease<HostBlock>> {
+    fn retry(&self, len: usize, owner: Option<&Arc<str>>, e: Error) -> Result<Slim<HostBlock>> {
         let r = if e.is_out_of_memory() && self.pool.empty_cache() > 0 {
             self.pool.note_retry();
             self.pool.alloc_host(len, &source, owner)
@@ -176,27 +180,45 @@ impl HostPool {
 
 /// A block of host memory from a [`HostPool`]: 64-byte aligned, `len()` initialised bytes.
 /// Goes back to its pool when dropped.
+///
+/// Its block is all it holds, in 64 bytes (the block's own form for host pools and thread
+/// caches, which moves in whole 16-byte pieces): the length is the block's request, and
+/// whether the process-wide host statistics counted it, and in which stripe, is in the
+/// block's flags.
 pub struct HostAllocation {
-    lease: Option<Lease<HostBlock>>,
-    len: usize,
-    /// The host statistics' token when the block is counted there.
-    counted: Option<Counted>,
+    block: Option<Slim<HostBlock>>,
 }
 
+/// A flag of a host allocation's block: counted in the host statistics, in the stripe at
+/// [`STRIPE_SHIFT`] (above the pool's own flags).
+const HOST_COUNTED: u64 = 1 << 16;
+/// Where a counted host allocation's block keeps its stripe (8 bits).
+const STRIPE_SHIFT: u32 = 8;
+
 impl HostAllocation {
+    /// Counts the allocation in the process-wide host statistics (the global pool's): its
+    /// stripe goes in the block's tags.
+    #[inline(never)]
+    fn count(&mut self) {
+        if let Some(b) = self.block.take() {
+            let stripe = u64::from(HOST.on_alloc(b.len()).stripe());
+            self.block = Some(b.with_tag(HOST_COUNTED | stripe << STRIPE_SHIFT));
+        }
+    }
+
     /// Size in bytes.
     pub fn len(&self) -> usize {
-        self.len
+        self.block.as_ref().map_or(0, |b| b.len())
     }
 
     /// True when empty.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.block.is_none()
     }
 
     /// Start of the memory (aligned dangling when empty).
     pub fn as_ptr(&self) -> *mut u8 {
-        match &self.lease {
+        match &self.block {
             // SAFETY: the block lies inside its segment (offset + block size <= segment size),
             // so the offset pointer stays within the segment's allocation.
             Some(l) => unsafe { l.segment().as_ptr().add(l.offset()) },
@@ -206,7 +228,7 @@ impl HostAllocation {
 
     /// True when the bytes are known to be zero (a fresh segment's, never handed out before).
     pub fn was_zeroed(&self) -> bool {
-        self.lease.as_ref().is_none_or(|l| l.zeroed())
+        self.block.as_ref().is_none_or(|l| l.zeroed())
     }
 
     /// Makes every byte zero, writing only when they are not known to be zero already.
@@ -221,34 +243,40 @@ impl HostAllocation {
 
     /// Bytes the block occupies in its pool (the request rounded up).
     pub fn block_size(&self) -> usize {
-        self.lease.as_ref().map_or(0, |l| l.block_size())
+        self.block.as_ref().map_or(0, |l| l.block_size())
     }
 
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        if self.len == 0 {
+        let len = self.len();
+        if len == 0 {
             return &[];
         }
-        // SAFETY: the block is `len` bytes of a live segment (kept alive by the lease), its
-        // bytes are initialised (calloc'ed, or written by earlier users), no other lease covers
+        // SAFETY: the block is `len` bytes of a live segment (kept alive by the block), its
+        // bytes are initialised (calloc'ed, or written by earlier users), no other block covers
         // them, and `&self` excludes writers through this value.
-        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts(self.as_ptr(), len) }
     }
 
     /// The bytes, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        if self.len == 0 {
+        let len = self.len();
+        if len == 0 {
             return &mut [];
         }
         // SAFETY: as in `as_slice`; `&mut self` gives exclusive access.
-        unsafe { std::slice::from_raw_parts_mut(self.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.as_ptr(), len) }
     }
 }
 
 impl Drop for HostAllocation {
     fn drop(&mut self) {
-        if let (Some(_), Some(counted)) = (self.lease.take(), self.counted) {
-            HOST.on_free(counted, self.len);
+        // The block goes back to its pool where it lies, after this (a move would copy it).
+        if let Some(b) = &self.block {
+            if b.flags() & HOST_COUNTED != 0 {
+                let stripe = Counted::from_stripe((b.flags() >> STRIPE_SHIFT) as u8);
+                HOST.on_free(stripe, b.len());
+            }
         }
     }
 }
@@ -256,7 +284,7 @@ impl Drop for HostAllocation {
 impl std::fmt::Debug for HostAllocation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HostAllocation")
-            .field("len", &self.len)
+            .field("len", &self.len())
             .field("block_size", &self.block_size())
             .finish()
     }

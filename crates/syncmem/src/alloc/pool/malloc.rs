@@ -13,6 +13,7 @@ use parking_lot::MutexGuard;
 
 use super::grant::{Grant, Request};
 use super::shard::Shard;
+use super::slim::Slim;
 use super::{arc_ptr, Inner, Keep, Lease, Pool, PoolEvent, RawStorage, Seg, StreamId};
 use crate::alloc::ring::AllocRecord;
 use crate::alloc::stats::human_bytes;
@@ -91,8 +92,31 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         bytes: usize,
         source: &S,
         owner: Option<&Arc<str>>,
-    ) -> Result<Lease<T, V>> {
-        self.alloc_inner(bytes, super::HOST_STREAM, source, owner, None)
+    ) -> Result<Slim<T, V>> {
+        // The thread's cache (see `tcache`), tried first for unnamed requests (a block's
+        // owner is kept by its shard, for snapshots: `take_cached`), is emptied into the
+        // shards before they serve any request, so that their peaks see none of its blocks.
+        if let Some(t) = &self.tcache {
+            t.before_shards();
+        }
+        let lease = self.alloc_inner(bytes, super::HOST_STREAM, source, owner, None)?;
+        let cacheable = self.tcache.is_some() && owner.is_none() && lease.small;
+        Ok(lease.into_slim(cacheable))
+    }
+
+    /// A block of exactly `bytes` requested from the calling thread's cache of the pool (see
+    /// [`super::tcache`]), put in `into` (which holds `None`), when it has one and nobody
+    /// listens to the pool's events; returns whether it did (else the request goes to
+    /// [`Pool::alloc_host`]).
+    #[inline]
+    pub(crate) fn take_cached(&self, bytes: usize, into: &mut Option<Slim<T, V>>) -> bool {
+        let Some(t) = self.tcache.as_ref() else {
+            return false;
+        };
+        if self.retired.load(Relaxed) || !self.shards[0].quiet() {
+            return false;
+        }
+        t.take(bytes, into)
     }
 
     /// The body of [`Pool::alloc_with`].

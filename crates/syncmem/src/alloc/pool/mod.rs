@@ -29,6 +29,21 @@
 //! given back by [`Pool::trim`] (no waiting) and [`Pool::empty_cache`] (waits for fences), and
 //! beyond [`PoolConfig::max_cached_bytes`] after each free.
 //!
+//! # Thread caches
+//!
+//! A caching pool keeps, for each thread that allocates from it on the host stream, a cache of
+//! that thread's own frees ([`PoolConfig::thread_cache`] bytes, 256 KiB by default, at most 32
+//! blocks): an unnamed host request of the same length as one of them takes it back with no
+//! shard lock (glibc's tcache and tcmalloc's thread caches do the same). A host pool's
+//! allocate + free then costs about a quarter of the shard path, with no atomic
+//! read-modify-write but the cache's own flag. The readings, snapshots and releases see
+//! through it (`tcache`'s notes): a cached block reads as free
+//! ([`PoolStats::thread_cached_bytes`]), [`Pool::snapshot`], [`Pool::trim`] and
+//! [`Pool::empty_cache`] give every thread's cached blocks back to their shards first, and a
+//! request that goes to a shard gives the thread's back before, so that peaks stay exact for
+//! one thread. While a pool is observed, or publishes and a trace or the history records, the
+//! caches stand aside: every allocation and free is an event of its shard.
+//!
 //! # Statistics and tracing
 //!
 //! Every pool keeps [`PoolStats`]; a [`PoolObserver`] sees every allocation, free, segment and
@@ -52,10 +67,12 @@ mod pending;
 mod reserve;
 mod shard;
 mod slab;
+mod slim;
 pub mod snapshot;
 pub mod stats;
 mod strategy;
 pub mod summary;
+mod tcache;
 /// `Arc::as_ptr(a)` as a `NonNull`, with the provenance of the whole `Arc` allocation (so that
 /// `Arc::from_raw` may take it back).
 fn arc_ptr<X>(a: &Arc<X>) -> NonNull<X> {
@@ -68,7 +85,7 @@ mod tests;
 
 use std::cell::Cell;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -83,6 +100,7 @@ pub use pending::Fence;
 pub(crate) use pending::{
     in_flight, merge_one, merge_pending, usable_by, PendingFence, PendingUse, Queue, QueuePoint,
 };
+pub(crate) use slim::Slim;
 pub use snapshot::{
     BlockSnapshot, BlockState, MemorySnapshot, PoolSnapshot, SegmentSnapshot, SizeClass,
 };
@@ -197,6 +215,8 @@ pub struct Pool<T: Send + Sync + 'static, V: Send + 'static = ()> {
     retired: AtomicBool,
     /// Picks a thread's shard without a division ([`shard::shard_multiplier`]).
     shard_mul: u64,
+    /// The threads' caches of host blocks ([`PoolConfig::thread_cache`]; see [`tcache`]).
+    tcache: Option<tcache::ThreadCaches<T, V>>,
 }
 
 impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
@@ -217,6 +237,9 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         let label: Arc<str> = label.into().into();
         let count = config.effective_shards();
         let label_key = crate::alloc::ring::label_key(&label);
+        let tcache = (config.thread_cache > 0 && config.kind == PoolKind::Caching)
+            .then(|| tcache::ThreadCaches::new(config.thread_cache));
+        let (cache_key, cache_limit) = tcache.as_ref().map_or((0, 0), |t| (t.key(), t.limit()));
         let shards = (0..count)
             .map(|index| {
                 Arc::new(Shard {
@@ -224,6 +247,9 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                     count,
                     label: label.clone(),
                     budget: budget.clone(),
+                    cache_key,
+                    cache_limit,
+                    listened: AtomicU8::new(0),
                     inner: Mutex::new(Inner {
                         core: Core::new(&config),
                         segments: Slab::default(),
@@ -249,6 +275,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             config,
             retired: AtomicBool::new(false),
             shard_mul: shard::shard_multiplier(count),
+            tcache,
         }))
     }
 
@@ -335,6 +362,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     /// [`Pool::release_at_least`], passing over whole segments of `spare` bytes or more: under
     /// a cap, those a small request keeps for larger ones ([`Pool::kept_whole_from`]).
     pub(crate) fn release_at_least_sparing(&self, need: u64, spare: usize) -> u64 {
+        self.drain_thread_caches();
         let mut bytes = 0;
         for s in self.shards.iter() {
             if bytes >= need {
@@ -365,6 +393,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     }
 
     fn release(&self, wait: bool) -> u64 {
+        self.drain_thread_caches();
         let mut bytes = 0;
         for s in self.shards.iter() {
             let segs = {
@@ -402,6 +431,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             allocations: c.allocations,
             frees: c.frees,
             cache_hits: c.cache_hits,
+            thread_cache_hits: c.thread_cache_hits,
+            thread_cached_bytes: c.thread_cached_bytes,
             backend_allocs: c.backend_allocs,
             backend_frees: c.backend_frees,
             free_bytes: free,
@@ -429,6 +460,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     /// with the statistics of the same instant. Walks every block under every shard's lock: a
     /// tool for reports, not for every step.
     pub fn snapshot(&self) -> PoolSnapshot {
+        self.drain_thread_caches();
         let guards: Vec<_> = self.shards.iter().map(|s| s.inner.lock()).collect();
         let mut segments: Vec<SegmentSnapshot> = Vec::new();
         let mut sum = Counters::default();
@@ -458,6 +490,31 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             kind: self.config.kind,
             stats: self.stats_from(&sum, &inactive, free, largest),
             segments,
+        }
+    }
+
+    /// Gives every thread's cached blocks back to their shards (see [`tcache`]): before a
+    /// reading that walks the blocks, a release, an idle check. Never with a shard locked.
+    fn drain_thread_caches(&self) {
+        if let Some(t) = &self.tcache {
+            t.drain_all(false);
+        }
+    }
+
+    /// The shards' counters summed, with the threads' caches folded in (see [`tcache`]).
+    fn counters(&self) -> Counters {
+        let mut sum = Counters::default();
+        for s in self.shards.iter() {
+            sum.absorb(&s.inner.lock().c);
+        }
+        self.fold_thread_caches(&mut sum);
+        sum
+    }
+
+    /// Folds the threads' caches' counts into `sum` (see [`tcache`]).
+    fn fold_thread_caches(&self, sum: &mut Counters) {
+        if let Some(t) = &self.tcache {
+            t.fold_into(sum);
         }
     }
 

@@ -30,7 +30,7 @@
 
 use std::num::NonZeroU64;
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -53,8 +53,20 @@ pub(super) struct Shard<T, V> {
     pub(super) label: Arc<str>,
     /// The pool's budget.
     pub(super) budget: Arc<Budget>,
+    /// The key of the pool's thread caches (0: none; see [`super::tcache`]).
+    pub(super) cache_key: u64,
+    /// The most bytes of a thread cache.
+    pub(super) cache_limit: usize,
+    /// Who listens to the shard's events, readable without its lock: [`OBSERVED`],
+    /// [`PUBLISHED`].
+    pub(super) listened: AtomicU8,
     pub(super) inner: Mutex<Inner<T, V>>,
 }
+
+/// [`Shard::listened`]: an observer is attached.
+const OBSERVED: u8 = 1;
+/// [`Shard::listened`]: the pool publishes to the process-wide sinks and history.
+const PUBLISHED: u8 = 2;
 
 impl<T, V> Inner<T, V> {
     /// The order word of the shard's next event: its key and sequence number in one word
@@ -117,6 +129,17 @@ impl<T, V> Inner<T, V> {
 }
 
 impl<T, V> Shard<T, V> {
+    /// True when no event of the shard would be seen now: no observer, and no sink or history
+    /// recording a published pool. Thread caches work only then (see [`super::tcache`]).
+    #[inline]
+    pub(super) fn quiet(&self) -> bool {
+        match self.listened.load(Relaxed) {
+            0 => true,
+            PUBLISHED => event::state() == 0,
+            _ => false,
+        }
+    }
+
     /// The id the shard reports for its own id `local` (a block's or a segment's): unique in
     /// the pool, and `local` itself when the pool has one shard.
     #[inline]
@@ -227,6 +250,10 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Drop for Pool<T, V> {
     /// passes to them (the last one given back drops it). Leases take no reference count of
     /// their own, so that threads allocating at once do not share one counter.
     fn drop(&mut self) {
+        // The threads' cached blocks go back to their shards, and their caches take no more.
+        if let Some(t) = &self.tcache {
+            t.drain_all(true);
+        }
         for shard in std::mem::take(&mut self.shards).into_vec() {
             // The pool's reference, raw from here on: once `orphaned` is set and the lock is
             // released, the shard's last block given back may drop it on another thread.
@@ -285,8 +312,17 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
 
     /// Attaches (or with `None` detaches) an observer of every event.
     pub fn set_observer(&self, observer: Option<std::sync::Arc<dyn PoolObserver>>) {
+        // Blocks cached by threads go back first: the observer sees every block as the
+        // shards do, and no free of them is missed.
+        self.drain_thread_caches();
         for s in self.shards.iter() {
-            s.inner.lock().observer = observer.clone();
+            let mut inner = s.inner.lock();
+            if observer.is_some() {
+                s.listened.fetch_or(OBSERVED, Relaxed);
+            } else {
+                s.listened.fetch_and(!OBSERVED, Relaxed);
+            }
+            inner.observer = observer.clone();
         }
     }
 
@@ -294,19 +330,15 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     /// device's source, or the host's; see [`crate::alloc::event`]).
     pub(crate) fn publish(&self, source: u64) {
         for s in self.shards.iter() {
+            s.listened.fetch_or(PUBLISHED, Relaxed);
             s.inner.lock().source = Some(source);
         }
     }
 
     /// Bytes of blocks handed out and of segments held, now.
     pub(crate) fn gauges(&self) -> (u64, u64) {
-        self.shards.iter().fold((0, 0), |(a, r), s| {
-            let inner = s.inner.lock();
-            (
-                a + inner.c.allocated.all().current,
-                r + inner.c.reserved.all().current,
-            )
-        })
+        let c = self.counters();
+        (c.allocated.all().current, c.reserved.all().current)
     }
 
     /// A reading of the statistics (the sum of the shards'; see the module docs on peaks).
@@ -321,11 +353,14 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             free += inner.core.free_bytes();
             largest = largest.max(inner.core.largest_free());
         }
+        self.fold_thread_caches(&mut sum);
         self.stats_from(&sum, &inactive, free, largest)
     }
 
     /// Resets the peaks to the current values.
     pub fn reset_peak(&self) {
+        // With no block cached by a thread, the shards' current values are the pool's.
+        self.drain_thread_caches();
         for s in self.shards.iter() {
             let mut inner = s.inner.lock();
             inner.c.reset_peaks();
@@ -335,6 +370,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
 
     /// True when no block is handed out.
     pub fn is_idle(&self) -> bool {
+        self.drain_thread_caches();
         self.shards
             .iter()
             .all(|s| s.inner.lock().c.allocated.all().current == 0)
@@ -345,9 +381,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     /// pooled buffers with it (their length is the bytes requested), so that a pooled
     /// allocation writes no counter outside its shard.
     pub(crate) fn usage(&self) -> PoolUsage {
-        self.shards
-            .iter()
-            .fold(PoolUsage::default(), |u, s| u.plus(&s.inner.lock().c))
+        PoolUsage::default().plus(&self.counters())
     }
 
     /// Retires the pool if no block is handed out: with every shard locked, runs `replace`
@@ -361,6 +395,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         busy: impl FnOnce(u64) -> Error,
         replace: impl FnOnce(PoolUsage) -> Result<()>,
     ) -> Result<()> {
+        self.drain_thread_caches();
         let mut held: Vec<_> = self.shards.iter().map(|s| s.inner.lock()).collect();
         let used: u64 = held.iter().map(|i| i.c.allocated.all().current).sum();
         if used > 0 {

@@ -169,6 +169,15 @@ impl SplitGauge {
         self.peak = self.class[0].current + self.class[1].current;
     }
 
+    /// Folds in a thread cache's small blocks (see `tcache`): `added` more handed out and
+    /// `removed` more given back than the shards counted; the peaks stay the shards'.
+    pub(crate) fn fold_small(&mut self, added: u64, removed: u64) {
+        let g = &mut self.class[0];
+        g.current = g.current.wrapping_add(added).wrapping_sub(removed);
+        g.allocated = g.allocated.wrapping_add(added);
+        g.freed = g.freed.wrapping_add(removed);
+    }
+
     /// Adds `other` (another shard's gauge), as [`Gauge::absorb`].
     pub(crate) fn absorb(&mut self, other: &SplitGauge) {
         for (a, b) in self.class.iter_mut().zip(&other.class) {
@@ -193,6 +202,10 @@ pub(crate) struct Counters {
     pub(crate) allocations: u64,
     pub(crate) frees: u64,
     pub(crate) cache_hits: u64,
+    /// Of `cache_hits`, served by threads' caches (folded in on reading: see `tcache`).
+    pub(crate) thread_cache_hits: u64,
+    /// Bytes in threads' caches now (folded in on reading).
+    pub(crate) thread_cached_bytes: u64,
     pub(crate) backend_allocs: u64,
     pub(crate) backend_frees: u64,
     pub(crate) alloc_retries: u64,
@@ -228,6 +241,8 @@ impl Counters {
             (&mut self.allocations, o.allocations),
             (&mut self.frees, o.frees),
             (&mut self.cache_hits, o.cache_hits),
+            (&mut self.thread_cache_hits, o.thread_cache_hits),
+            (&mut self.thread_cached_bytes, o.thread_cached_bytes),
             (&mut self.backend_allocs, o.backend_allocs),
             (&mut self.backend_frees, o.backend_frees),
             (&mut self.alloc_retries, o.alloc_retries),
@@ -350,6 +365,15 @@ pub struct PoolStats {
     pub frees: u64,
     /// Allocations served from cached memory (no backend call).
     pub cache_hits: u64,
+    /// Of `cache_hits`, those served from a thread's own cache (see
+    /// [`crate::PoolConfig::thread_cache`]), without touching a shard.
+    #[serde(default)]
+    pub thread_cache_hits: u64,
+    /// Bytes of blocks held in the threads' caches now (free blocks, counted neither in
+    /// `allocated` nor in `free_bytes`: they stay in the threads' caches until reused, or
+    /// until a release, a snapshot or the thread's end gives them back).
+    #[serde(default)]
+    pub thread_cached_bytes: u64,
     /// Backend allocations (segments made).
     pub backend_allocs: u64,
     /// Backend frees (segments released).

@@ -35,6 +35,8 @@ fn fragmentation_and_hit_rate() {
         allocations: 0,
         frees: 0,
         cache_hits: 0,
+        thread_cache_hits: 0,
+        thread_cached_bytes: 0,
         backend_allocs: 0,
         backend_frees: 0,
         free_bytes: 0,

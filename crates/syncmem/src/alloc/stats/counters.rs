@@ -48,6 +48,18 @@ impl Default for MemCounters {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Counted(u8);
 
+impl Counted {
+    /// The stripe, as a number (see [`Counted::from_stripe`]).
+    pub(crate) fn stripe(self) -> u8 {
+        self.0
+    }
+
+    /// The token of a stripe number that [`Counted::stripe`] gave.
+    pub(crate) fn from_stripe(stripe: u8) -> Counted {
+        Counted(stripe)
+    }
+}
+
 impl MemCounters {
     /// New zeroed counters.
     pub const fn new() -> Self {

@@ -17,7 +17,8 @@ impl PoolConfig {
     /// `max_non_split_rounding`, `bin_growth`, `min_bin`, `max_bin`, `bin_divisions` (or
     /// `roundup_power2_divisions`), `max_cached_bytes` (or `unlimited`), `memory_cap` (bytes, a
     /// fraction such as `0.5`, a percentage such as `50%`, or `none`), `shards` (`0`: one per
-    /// core), `preallocate` (bytes reserved when the pool is made, or a percentage of the cap,
+    /// core), `thread_cache` (bytes each thread keeps of its own frees; `off`),
+    /// `preallocate` (bytes reserved when the pool is made, or a percentage of the cap,
     /// else of the device's memory, such as `25%`; `none`), `gc_threshold` (a fraction in
     /// `(0, 1)` of the cap above which idle cached segments are given back; `none`). The
     /// result is validated.
@@ -87,6 +88,10 @@ impl PoolConfig {
             "max_bin" => self.max_bin = small(value)?,
             "bin_divisions" | "roundup_power2_divisions" => self.bin_divisions = small(value)?,
             "shards" => self.shards = small(value)? as usize,
+            "thread_cache" => {
+                let off = matches!(value.to_ascii_lowercase().as_str(), "off" | "none");
+                self.thread_cache = if off { 0 } else { size()? }
+            }
             "max_cached_bytes" => {
                 self.max_cached_bytes = (!unlimited).then(size).transpose()?.map(|v| v as u64)
             }
@@ -165,6 +170,7 @@ const KEYS: &[&str] = &[
     "max_cached_bytes",
     "memory_cap",
     "shards",
+    "thread_cache (SIZE, or off)",
     "preallocate (SIZE or PERCENT of the cap, else of the device's memory)",
     "gc_threshold (a fraction of the cap in (0, 1))",
 ];

@@ -1,0 +1,177 @@
+//! [`Slim`]: a lease with no uses in flight and no owner kept, the form in which the host pool
+//! hands its blocks out and thread caches keep them (see [`super::tcache`]).
+//!
+//! It is eight words with no padding, 16-byte aligned, with `None` of an `Option<Slim>` in
+//! its last word: it moves in whole 16-byte pieces, each read back whole by the next move. A
+//! move that reads a piece written in narrower parts stalls on the store it waits for, and a
+//! block handed back by a thread cache is moved right after the move that put it there.
+
+use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
+
+use super::shard::Shard;
+use super::{BlockId, Lease};
+
+/// [`Slim::flags`]: the block's bytes are known to be zero (a fresh segment's).
+const ZEROED: u64 = 1;
+/// [`Slim::flags`]: the block is small (see [`crate::alloc::pool::PoolStats::small`]).
+const SMALL: u64 = 2;
+/// [`Slim::flags`]: handed out on the host stream without an owner's name by a pool with
+/// thread caches: may go into the freeing thread's cache.
+pub(super) const CACHEABLE: u64 = 4;
+/// The first bit of [`Slim::flags`] free for the caller's tags ([`Slim::with_tag`]).
+pub(crate) const TAG_SHIFT: u32 = 8;
+
+/// A block of a pool with no uses in flight and no owner kept: the fields of a [`Lease`] that
+/// such a block needs. Given back to its shard (or its thread's cache) when dropped.
+#[repr(C, align(16))]
+pub(crate) struct Slim<T: Send + Sync + 'static, V: Send + 'static = ()> {
+    /// As [`Lease`]'s (never null): a plain pointer, so that `Option<Slim>` keeps `None` in
+    /// `shard`, the last word.
+    pub(super) segment: *const T,
+    pub(super) block: BlockId,
+    pub(super) offset: usize,
+    pub(super) size: usize,
+    pub(super) requested: usize,
+    /// [`ZEROED`], [`SMALL`], [`CACHEABLE`], and the caller's tags ([`Slim::with_tag`]).
+    pub(super) flags: u64,
+    pub(super) view: Option<Box<V>>,
+    /// Last: `None` of an `Option<Slim>`.
+    pub(super) shard: NonNull<Shard<T, V>>,
+}
+
+// SAFETY: as for `Lease` (the same fields, less the list of uses in flight and the kept
+// stream, which are plain values there).
+unsafe impl<T: Send + Sync + 'static, V: Send + 'static> Send for Slim<T, V> {}
+// SAFETY: as for `Lease`.
+unsafe impl<T: Send + Sync + 'static, V: Send + Sync + 'static> Sync for Slim<T, V> {}
+
+impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
+    /// The lease as a [`Slim`], waiting first for its uses in flight (a host block's: the
+    /// host is about to use it); `cacheable`: it may go into a thread cache when dropped.
+    ///
+    /// # Panics
+    /// Never for a lease of the host stream; a lease whose pool keeps an owner for it is a
+    /// caller's error (debug assertion; the owner is then let go with the block).
+    pub(crate) fn into_slim(self, cacheable: bool) -> Slim<T, V> {
+        debug_assert!(self.kept.is_none(), "a slim lease keeps no owner");
+        for p in &self.pending {
+            p.fence.wait();
+        }
+        let mut me = ManuallyDrop::new(self);
+        drop(std::mem::take(&mut me.pending));
+        let flags = (u64::from(me.small) * SMALL)
+            | (u64::from(me.zeroed) * ZEROED)
+            | (u64::from(cacheable) * CACHEABLE);
+        Slim {
+            segment: me.segment.as_ptr().cast_const(),
+            block: me.block,
+            offset: me.offset,
+            size: me.size,
+            requested: me.requested,
+            flags,
+            view: me.view.take(),
+            shard: me.shard,
+        }
+    }
+}
+
+impl<T: Send + Sync + 'static, V: Send + 'static> Slim<T, V> {
+    /// The segment holding the block.
+    pub(crate) fn segment(&self) -> &T {
+        // SAFETY: as `Lease::segment` (the pointer is the lease's): the shard keeps the
+        // segment's `Arc` until the block is given back, in `drop`, after the last use of
+        // this reference.
+        unsafe { &*self.segment }
+    }
+
+    /// Start of the block in its segment.
+    pub(crate) fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Bytes asked for.
+    pub(crate) fn len(&self) -> usize {
+        self.requested
+    }
+
+    /// Block size (at least `len()`).
+    pub(crate) fn block_size(&self) -> usize {
+        self.size
+    }
+
+    /// True when the block's bytes are known to be zero (a fresh segment, never handed out).
+    pub(crate) fn zeroed(&self) -> bool {
+        self.flags & ZEROED != 0
+    }
+
+    /// Replaces the caller's tags (the flags from bit [`TAG_SHIFT`] up: the host pool's
+    /// statistics stripe) with `tag`, which has no bit below it.
+    pub(crate) fn with_tag(mut self, tag: u64) -> Self {
+        debug_assert_eq!(
+            tag & ((1 << TAG_SHIFT) - 1),
+            0,
+            "tags start at bit {TAG_SHIFT}"
+        );
+        self.flags = (self.flags & ((1 << TAG_SHIFT) - 1)) | tag;
+        self
+    }
+
+    /// The flags (the pool's and the tags of [`Slim::with_tag`]).
+    pub(crate) fn flags(&self) -> u64 {
+        self.flags
+    }
+
+    /// Moves the block into the freeing thread's cache when it may go there and there is
+    /// room; returns whether it went.
+    #[inline]
+    fn cache_on_this_thread(&mut self) -> bool {
+        // SAFETY: the shard lives while the block is handed out (see `Lease::shard`).
+        let sh = unsafe { self.shard.as_ref() };
+        let (key, limit) = (sh.cache_key, sh.cache_limit);
+        if key == 0 || self.size > limit || !sh.quiet() {
+            return false;
+        }
+        // SAFETY: `key` is the key of the thread caches of this block's pool (its shard's),
+        // whose types are this one's.
+        unsafe { super::tcache::absorb(key, limit, self) }
+    }
+
+    /// Clears [`ZEROED`] (out of line: once in a block's life).
+    #[cold]
+    #[inline(never)]
+    fn clear_zeroed(&mut self) {
+        self.flags &= !ZEROED;
+    }
+
+    /// The block in a new value for a thread cache; `self` keeps nothing to give back. Its
+    /// next users find this one's bytes: it is no longer [`ZEROED`].
+    #[inline(always)]
+    pub(super) fn take_for_cache(&mut self) -> Slim<T, V> {
+        // Written once in a block's life, on its first way into a cache (a flag written here
+        // stalls the whole read below; a cached block's flag is clear already).
+        if self.flags & ZEROED != 0 {
+            self.clear_zeroed();
+        }
+        // SAFETY: a bitwise copy, whole (so that it moves in whole pieces); the one field
+        // that owns something (the view) is made `None` in `self` at once below, so it is
+        // owned once, and `self` gives nothing back when dropped (the caller returns from
+        // `drop`).
+        let slim = unsafe { std::ptr::read(self) };
+        // SAFETY: the old value was moved into `slim` above: overwritten, not dropped.
+        unsafe { std::ptr::write(&mut self.view, None) };
+        slim
+    }
+}
+
+impl<T: Send + Sync + 'static, V: Send + 'static> Drop for Slim<T, V> {
+    fn drop(&mut self) {
+        if self.flags & CACHEABLE != 0 && self.cache_on_this_thread() {
+            return;
+        }
+        let view = self.view.take();
+        let sizes = (self.size, self.requested, self.flags & SMALL != 0);
+        // SAFETY: the shard lives until the block is given back, which this does, once.
+        unsafe { Shard::release_block(self.shard, self.block, sizes, None, Vec::new(), view) };
+    }
+}

@@ -1,0 +1,443 @@
+//! Per-thread caches of host blocks: a thread's recent frees served again to the same thread
+//! without touching a shard (tcmalloc's and glibc's tcache design).
+//!
+//! A pool with [`super::PoolConfig::thread_cache`] bytes gives each thread that allocates from
+//! it on the host stream a *magazine*: at most [`SLOTS`] leases, at most that many bytes.
+//! A lease handed out by [`Pool::alloc_host`] without an owner's name, given back by a
+//! thread that holds a magazine of its pool, goes into that magazine (it stays handed out in
+//! its shard's eyes); the thread's next request of exactly the same length takes it back.
+//! Both are a move of the lease under the magazine's flag: one atomic swap and one plain store,
+//! against the shard lock's two read-modify-writes each way, and a few dozen instructions
+//! against the shard's several hundred.
+//!
+//! What the pool promises stays as it was:
+//! - **Readings.** Each magazine counts what it took and gave (under its flag), and
+//!   [`Pool::stats`] folds the counts in: a block in a magazine reads as free, a hit as an
+//!   allocation and a cache hit, an absorbed lease as a free. A request that misses its
+//!   magazine first gives the magazine's blocks back to their shards, so the shard's peaks are
+//!   taken with none of this thread's blocks cached: exact for one thread; with several,
+//!   an upper bound by at most the other threads' cached bytes (as the sum of the shards'
+//!   peaks already is).
+//! - **Snapshots, trims, idle checks, retirement, peak resets, observers and drops** first
+//!   take every thread's magazine back into the shards ([`ThreadCaches::drain_all`]), so they
+//!   see cached blocks as free blocks of the arena, and `empty_cache` can give them back.
+//! - **Events.** While the pool is observed, or publishes and a trace or history records, no
+//!   lease enters or leaves a magazine: every allocation and free is reported by its shard, in
+//!   the shard's order.
+//! - **Threads that end** give their magazines back from their thread-local destructor. A
+//!   lease given back after that (from another thread-local's destructor) goes to its shard.
+//!
+//! Only the host stream's unnamed leases are cached: a device lease's uses in flight and a
+//! named block's owner (kept by the shard for snapshots) would not survive the move.
+
+use std::cell::{Cell, RefCell, UnsafeCell};
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::slim::{Slim, CACHEABLE};
+use super::stats::Counters;
+
+/// The most leases a magazine holds.
+pub(crate) const SLOTS: usize = 32;
+
+/// Keys of the pools with thread caches, from 1 (0: none).
+static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
+
+/// [`CacheCounts`]: requests served from the magazine.
+const HIT: usize = 0;
+/// [`CacheCounts`]: blocks given back into the magazine.
+const ABSORBED: usize = 1;
+/// [`CacheCounts`]: cached blocks given back to their shards.
+const FLUSHED: usize = 2;
+
+/// What a magazine took and gave ([`HIT`], [`ABSORBED`], [`FLUSHED`]), counted under its
+/// flag, folded into the pool's readings. Each event writes three words a row apart: never
+/// two neighbours, which the compiler would join into one wide write that the next event's
+/// narrow ones would stall.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct CacheCounts {
+    /// Blocks.
+    n: [u64; 3],
+    /// Block bytes.
+    bytes: [u64; 3],
+    /// Requested bytes.
+    req: [u64; 3],
+}
+
+impl CacheCounts {
+    /// Counts a block of `size` bytes (`req` requested) for `event`.
+    #[inline(always)]
+    fn count(&mut self, event: usize, size: usize, req: usize) {
+        self.n[event] = self.n[event].wrapping_add(1);
+        self.bytes[event] = self.bytes[event].wrapping_add(size as u64);
+        self.req[event] = self.req[event].wrapping_add(req as u64);
+    }
+
+    fn plus(&mut self, o: &CacheCounts) {
+        for e in [HIT, ABSORBED, FLUSHED] {
+            self.n[e] = self.n[e].wrapping_add(o.n[e]);
+            self.bytes[e] = self.bytes[e].wrapping_add(o.bytes[e]);
+            self.req[e] = self.req[e].wrapping_add(o.req[e]);
+        }
+    }
+
+    /// Folds the counts into the shards' counters `c`: the blocks cached read as free small
+    /// blocks (they stay handed out in the shards), hits as allocations and absorbed leases
+    /// as frees (less those given back to the shards, which counted them).
+    pub(super) fn fold_into(&self, c: &mut Counters) {
+        let [hits, abs, fl] = self.n;
+        let [hit_bytes, abs_bytes, fl_bytes] = self.bytes;
+        let [hit_req, abs_req, fl_req] = self.req;
+        c.allocations = c.allocations.wrapping_add(hits);
+        c.cache_hits = c.cache_hits.wrapping_add(hits);
+        c.thread_cache_hits = c.thread_cache_hits.wrapping_add(hits);
+        let cached = abs_bytes.wrapping_sub(fl_bytes).wrapping_sub(hit_bytes);
+        c.thread_cached_bytes = c.thread_cached_bytes.wrapping_add(cached);
+        c.frees = c.frees.wrapping_add(abs.wrapping_sub(fl));
+        c.allocated
+            .fold_small(hit_bytes, abs_bytes.wrapping_sub(fl_bytes));
+        c.requested
+            .fold_small(hit_req, abs_req.wrapping_sub(fl_req));
+        c.block_count.fold_small(hits, abs.wrapping_sub(fl));
+    }
+}
+
+/// The leases of a magazine and its counts.
+pub(super) struct Held<T: Send + Sync + 'static, V: Send + 'static> {
+    leases: Vec<Slim<T, V>>,
+    counts: CacheCounts,
+    /// Block bytes of `leases`.
+    bytes: usize,
+    /// The thread ended or the pool is gone: takes no lease any more.
+    closed: bool,
+}
+
+/// One thread's cache of one pool: its leases behind a flag that the owning thread takes
+/// with one swap (and never waits for), and others with a spin (rare: readings and drains).
+pub(super) struct Magazine<T: Send + Sync + 'static, V: Send + 'static> {
+    busy: AtomicBool,
+    /// Set once with `held.closed`, read without the flag (pruning).
+    closed: AtomicBool,
+    held: UnsafeCell<Held<T, V>>,
+}
+
+// SAFETY: `held` is only reached through a `Guard`, which exists only while `busy` is set by
+// the thread holding it (taken with an acquiring swap, given back with a releasing store), so
+// one thread at a time touches it: as a `Mutex<Held>` would, which is `Sync` when `Held` is
+// `Send` (leases are, for these bounds).
+unsafe impl<T: Send + Sync + 'static, V: Send + 'static> Sync for Magazine<T, V> {}
+
+/// Access to a magazine's contents while its flag is held.
+pub(super) struct Guard<'a, T: Send + Sync + 'static, V: Send + 'static>(&'a Magazine<T, V>);
+
+impl<T: Send + Sync + 'static, V: Send + 'static> Deref for Guard<'_, T, V> {
+    type Target = Held<T, V>;
+    fn deref(&self) -> &Held<T, V> {
+        // SAFETY: this guard holds the flag (see `Magazine`'s `Sync`).
+        unsafe { &*self.0.held.get() }
+    }
+}
+
+impl<T: Send + Sync + 'static, V: Send + 'static> DerefMut for Guard<'_, T, V> {
+    fn deref_mut(&mut self) -> &mut Held<T, V> {
+        // SAFETY: as in `deref`; `&mut self` keeps this the only reference made from it.
+        unsafe { &mut *self.0.held.get() }
+    }
+}
+
+impl<T: Send + Sync + 'static, V: Send + 'static> Drop for Guard<'_, T, V> {
+    fn drop(&mut self) {
+        self.0.busy.store(false, Ordering::Release);
+    }
+}
+
+impl<T: Send + Sync + 'static, V: Send + 'static> Magazine<T, V> {
+    fn new() -> Self {
+        Self {
+            busy: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            held: UnsafeCell::new(Held {
+                leases: Vec::with_capacity(SLOTS),
+                bytes: 0,
+                counts: CacheCounts::default(),
+                closed: false,
+            }),
+        }
+    }
+
+    /// The flag if it is free now (the owner's path: never waits).
+    #[inline]
+    fn try_lock(&self) -> Option<Guard<'_, T, V>> {
+        (!self.busy.swap(true, Ordering::Acquire)).then_some(Guard(self))
+    }
+
+    /// The flag, waiting for it (held by the owner for a few instructions at a time).
+    fn lock(&self) -> Guard<'_, T, V> {
+        loop {
+            if !self.busy.load(Ordering::Relaxed) && !self.busy.swap(true, Ordering::Acquire) {
+                return Guard(self);
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Gives every cached block back to its shard, counting them (`close`: and takes no
+    /// more). The blocks go back with the flag held (their shards' locks are taken under it,
+    /// never the other way round), so that the list keeps its capacity.
+    fn flush(&self, close: bool) {
+        let mut g = self.lock();
+        if close {
+            g.closed = true;
+            self.closed.store(true, Ordering::Relaxed);
+        }
+        let Held {
+            leases,
+            counts,
+            bytes,
+            ..
+        } = &mut *g;
+        for mut l in leases.drain(..) {
+            counts.count(FLUSHED, l.size, l.requested);
+            // To its shard, not into a cache again.
+            l.flags &= !CACHEABLE;
+        }
+        *bytes = 0;
+    }
+}
+
+/// A magazine seen from its thread, whatever its pool's types: closed when the thread ends.
+trait Close: Send + Sync {
+    fn close(&self);
+    fn is_closed(&self) -> bool;
+}
+
+impl<T: Send + Sync + 'static, V: Send + 'static> Close for Magazine<T, V> {
+    fn close(&self) {
+        self.flush(true);
+    }
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
+    }
+}
+
+/// A thread's magazine of the pool keyed `key`; `ptr` is `mag`'s `Magazine<T, V>` (the types
+/// of that pool).
+struct Entry {
+    key: u64,
+    mag: Arc<dyn Close>,
+    ptr: *const (),
+}
+
+/// The thread's magazines; closes them when the thread ends.
+struct Entries(Vec<Entry>);
+
+impl Drop for Entries {
+    fn drop(&mut self) {
+        LAST.with(|l| l.set((0, std::ptr::null())));
+        for e in self.0.drain(..) {
+            e.mag.close();
+        }
+    }
+}
+
+thread_local! {
+    /// The magazine used last: its pool's key and its address (no destructor: readable while
+    /// other thread-locals are destroyed; cleared before `ENTRIES` goes).
+    static LAST: Cell<(u64, *const ())> = const { Cell::new((0, std::ptr::null())) };
+    static ENTRIES: RefCell<Entries> = const { RefCell::new(Entries(Vec::new())) };
+}
+
+/// This thread's magazine of the pool keyed `key`, if it has one.
+///
+/// # Safety
+/// `key` is the key of a pool of types `T`, `V`. The reference is used before this thread
+/// registers another magazine (which may prune entries) and before it ends.
+#[inline]
+unsafe fn mine<'a, T: Send + Sync + 'static, V: Send + 'static>(
+    key: u64,
+) -> Option<&'a Magazine<T, V>> {
+    let (k, p) = LAST.with(Cell::get);
+    let p = if k == key {
+        p
+    } else {
+        let p = ENTRIES
+            .try_with(|e| {
+                let e = e.try_borrow().ok()?;
+                e.0.iter().find(|x| x.key == key).map(|x| x.ptr)
+            })
+            .ok()
+            .flatten()?;
+        LAST.with(|l| l.set((key, p)));
+        p
+    };
+    // SAFETY: `p` is the address of the `Magazine<T, V>` (the types of the pool keyed `key`,
+    // as the caller promises) of an entry this thread holds in an `Arc`: alive until the
+    // entry is pruned or the thread ends, which the caller rules out while it is used.
+    Some(unsafe { &*p.cast::<Magazine<T, V>>() })
+}
+
+/// The registry of a pool's magazines.
+struct Registry<T: Send + Sync + 'static, V: Send + 'static> {
+    live: Vec<Arc<Magazine<T, V>>>,
+    /// The counts of closed magazines, pruned.
+    gone: CacheCounts,
+}
+
+/// A pool's thread caches: its key, its limit, and every thread's magazine.
+pub(super) struct ThreadCaches<T: Send + Sync + 'static, V: Send + 'static> {
+    key: u64,
+    /// Most block bytes per magazine.
+    limit: usize,
+    registry: Mutex<Registry<T, V>>,
+}
+
+impl<T: Send + Sync + 'static, V: Send + 'static> ThreadCaches<T, V> {
+    /// Thread caches of `limit` bytes each.
+    pub(super) fn new(limit: usize) -> Self {
+        Self {
+            key: NEXT_KEY.fetch_add(1, Ordering::Relaxed),
+            limit,
+            registry: Mutex::new(Registry {
+                live: Vec::new(),
+                gone: CacheCounts::default(),
+            }),
+        }
+    }
+
+    /// The key the pool's shards give their leases' frees (see [`absorb`]).
+    pub(super) fn key(&self) -> u64 {
+        self.key
+    }
+
+    /// The most bytes a magazine holds.
+    pub(super) fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// A cached block of exactly `bytes` requested, from this thread's magazine, put in
+    /// `into` (which holds `None`); returns whether there was one.
+    #[inline]
+    pub(super) fn take(&self, bytes: usize, into: &mut Option<Slim<T, V>>) -> bool {
+        // SAFETY: the key is this pool's; the reference ends in this function, which
+        // registers nothing.
+        let Some(mag) = (unsafe { mine::<T, V>(self.key) }) else {
+            return false;
+        };
+        let Some(mut g) = mag.try_lock() else {
+            return false;
+        };
+        let Some(i) = g.leases.iter().rposition(|l| l.requested == bytes) else {
+            return false;
+        };
+        // The sizes are read in place and the block then moved untouched, straight into
+        // `into`: a move whose pieces were split into registers stalls the next one that
+        // reads it whole.
+        let size = g.leases[i].size;
+        g.bytes -= size;
+        g.counts.count(HIT, size, bytes);
+        *into = Some(g.leases.swap_remove(i));
+        true
+    }
+
+    /// Before a request goes to the shards: gives this thread's cached leases back to them
+    /// (so the shard's peaks see none of them), and gives the thread a magazine if it has
+    /// none. Must not be called with a shard locked.
+    pub(super) fn before_shards(&self) {
+        // SAFETY: the key is this pool's; the reference is dropped before registering.
+        match unsafe { mine::<T, V>(self.key) } {
+            Some(mag) => {
+                // Only when free now: held, it is being flushed (by another thread, or by
+                // this one, which a free under the flag may have brought back here).
+                let holds = mag.try_lock().is_some_and(|g| !g.leases.is_empty());
+                if holds {
+                    mag.flush(false);
+                }
+            }
+            None => self.register(),
+        }
+    }
+
+    /// Gives this thread a magazine of the pool.
+    #[cold]
+    fn register(&self) {
+        let mag = Arc::new(Magazine::<T, V>::new());
+        let ptr = Arc::as_ptr(&mag).cast::<()>();
+        let added = ENTRIES.try_with(|e| {
+            let Ok(mut e) = e.try_borrow_mut() else {
+                return false;
+            };
+            // Entries of pools gone, or closed, are dropped here (never while a `mine`
+            // reference is in use: this runs on the thread's own allocation path only).
+            e.0.retain(|x| !x.mag.is_closed());
+            e.0.push(Entry {
+                key: self.key,
+                mag: mag.clone(),
+                ptr,
+            });
+            true
+        });
+        if added == Ok(true) {
+            LAST.with(|l| l.set((self.key, ptr)));
+            let mut r = self.registry.lock();
+            let Registry { live, gone } = &mut *r;
+            live.retain(|m| {
+                let closed = m.is_closed();
+                if closed {
+                    gone.plus(&m.lock().counts);
+                }
+                !closed
+            });
+            live.push(mag);
+        }
+    }
+
+    /// Gives every thread's cached leases back to their shards (`close`: for good, the pool is
+    /// going). Must not be called with a shard locked.
+    pub(super) fn drain_all(&self, close: bool) {
+        let mags: Vec<_> = self.registry.lock().live.clone();
+        for m in mags {
+            m.flush(close);
+        }
+    }
+
+    /// Folds every magazine's counts into `c` (see [`CacheCounts::fold_into`]).
+    pub(super) fn fold_into(&self, c: &mut Counters) {
+        let r = self.registry.lock();
+        let mut sum = r.gone;
+        for m in &r.live {
+            sum.plus(&m.lock().counts);
+        }
+        sum.fold_into(c);
+    }
+}
+
+/// Moves the block of `lease` (being dropped) into this thread's magazine of its pool, keyed
+/// `key`, when there is room, and returns whether it went (`lease` then holds nothing to give
+/// back). The caller checked that the lease may be cached.
+///
+/// # Safety
+/// `key` is the key of the pool (of types `T`, `V`) the lease belongs to.
+#[inline]
+pub(super) unsafe fn absorb<T: Send + Sync + 'static, V: Send + 'static>(
+    key: u64,
+    limit: usize,
+    lease: &mut Slim<T, V>,
+) -> bool {
+    // SAFETY: as the caller promises; the reference ends here, and nothing here registers.
+    let Some(mag) = (unsafe { mine::<T, V>(key) }) else {
+        return false;
+    };
+    let Some(mut g) = mag.try_lock() else {
+        return false;
+    };
+    if g.closed || g.leases.len() >= SLOTS || g.bytes + lease.size > limit {
+        return false;
+    }
+    g.bytes += lease.size;
+    g.counts.count(ABSORBED, lease.size, lease.requested);
+    g.leases.push(lease.take_for_cache());
+    true
+}
