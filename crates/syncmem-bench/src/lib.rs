@@ -173,8 +173,8 @@ impl BenchReport {
     }
 }
 
-/// Goal of the host pool's 4 KiB row: at least as fast as the system allocator.
-pub const HOST_SMALL_GOAL: f64 = 1.0;
+/// Goal of the host pool's 4 KiB row: at least 1.2 x the system allocator's speed.
+pub const HOST_SMALL_GOAL: f64 = 1.2;
 /// Goal of the device pool rows against the raw backend call.
 pub const DEVICE_RAW_GOAL: f64 = 1.0;
 /// Goal of the synced round trips: at least this fraction of raw copy speed.
@@ -232,8 +232,9 @@ const BASELINES: [&str; 18] = [
      sides (the system's fresh pages fault, the pool's cached ones do not)",
     "pool rows with threads: 4 KiB allocate + free from 1, 2 and 8 threads started together, \
      one pool for all (sharded: a shard per core; the device pool: a stream per thread), \
-     against the system allocator from as many threads; wall time per operation; goal at 8 \
-     threads: ratio >= 1.0",
+     against the system allocator from as many threads; wall time per operation; goal at every \
+     thread count: ratio >= 1.2; the host pool serves each thread's own frees from the \
+     thread's cache (PoolConfig::thread_cache), the device pool has none",
     "device pool rows: the pool against the raw backend call and against Device::alloc (the same \
      call plus the memory cap and statistics)",
     "history rows: a pooled 4 KiB allocate + free on the bench device with the always-on \

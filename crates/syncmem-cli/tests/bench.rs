@@ -137,7 +137,8 @@ fn check_ratio_row(r: &Value) {
     assert!(r["samples"].as_u64().is_some_and(|n| n >= 3), "{r}");
     let name = r["name"].as_str().unwrap();
     let goal = match name {
-        "host pool 4 KiB" | "device pool 4 KiB" | "device pool 64 MiB" => Some(1.0),
+        "host pool 4 KiB" => Some(syncmem_bench::HOST_SMALL_GOAL),
+        "device pool 4 KiB" | "device pool 64 MiB" => Some(1.0),
         "synced round trip 64 MiB" | "synced round trip 64 MiB pinned" => Some(0.95),
         "user kernel launch" => Some(syncmem_bench::user::LAUNCH_GOAL),
         "device pool 4 KiB, history" => Some(syncmem_bench::history::HISTORY_GOAL),
@@ -145,8 +146,9 @@ fn check_ratio_row(r: &Value) {
         "zero-copy cycle 64 MiB" => Some(syncmem_bench::zero_copy::VS_COPIES_GOAL),
         "zero-copy map cycle 64 MiB" => Some(syncmem_bench::zero_copy::VS_RAW_MAP_GOAL),
         "256 B cycle, 100000 live buffers" => Some(syncmem_bench::zero_copy::LIVE_BUFFERS_GOAL),
-        "host pool 4 KiB, 8 threads" | "device pool 4 KiB, 8 threads" => {
-            Some(syncmem_bench::threads::EIGHT_THREADS_GOAL)
+        n if n.starts_with("host pool 4 KiB, ") || n.starts_with("device pool 4 KiB, ") => {
+            (n.ends_with("thread") || n.ends_with("threads"))
+                .then_some(syncmem_bench::threads::THREADS_GOAL)
         }
         // The distributed rows (feature `mpi`): the all-reduce through the trainer's buckets
         // against a plain MPI_Allreduce of the same bytes.
