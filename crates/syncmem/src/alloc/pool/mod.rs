@@ -503,18 +503,27 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
 
     /// The shards' counters summed, with the threads' caches folded in (see [`tcache`]).
     fn counters(&self) -> Counters {
-        let mut sum = Counters::default();
-        for s in self.shards.iter() {
-            sum.absorb(&s.inner.lock().c);
-        }
-        self.fold_thread_caches(&mut sum);
-        sum
+        self.with_thread_caches(|| {
+            let mut sum = Counters::default();
+            for s in self.shards.iter() {
+                sum.absorb(&s.inner.lock().c);
+            }
+            (sum, ())
+        })
+        .0
     }
 
-    /// Folds the threads' caches' counts into `sum` (see [`tcache`]).
-    fn fold_thread_caches(&self, sum: &mut Counters) {
-        if let Some(t) = &self.tcache {
-            t.fold_into(sum);
+    /// Runs `read` (a reading of the shards: their counters summed, and more) at one moment
+    /// of every thread's cache, and folds the caches' counts into the counters it returns
+    /// (see [`tcache`]).
+    fn with_thread_caches<R>(&self, read: impl FnOnce() -> (Counters, R)) -> (Counters, R) {
+        match &self.tcache {
+            None => read(),
+            Some(t) => {
+                let ((mut sum, more), counts) = t.read(read);
+                counts.fold_into(&mut sum);
+                (sum, more)
+            }
         }
     }
 

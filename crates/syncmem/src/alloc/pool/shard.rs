@@ -343,17 +343,19 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
 
     /// A reading of the statistics (the sum of the shards'; see the module docs on peaks).
     pub fn stats(&self) -> PoolStats {
-        let mut sum = Counters::default();
-        let mut inactive = super::stats::SplitGauge::default();
-        let (mut free, mut largest) = (0, 0);
-        for s in self.shards.iter() {
-            let inner = s.inner.lock();
-            sum.absorb(&inner.c);
-            inactive.absorb(&inner.core.inactive_split());
-            free += inner.core.free_bytes();
-            largest = largest.max(inner.core.largest_free());
-        }
-        self.fold_thread_caches(&mut sum);
+        let (sum, (inactive, free, largest)) = self.with_thread_caches(|| {
+            let mut sum = Counters::default();
+            let mut inactive = super::stats::SplitGauge::default();
+            let (mut free, mut largest) = (0, 0);
+            for s in self.shards.iter() {
+                let inner = s.inner.lock();
+                sum.absorb(&inner.c);
+                inactive.absorb(&inner.core.inactive_split());
+                free += inner.core.free_bytes();
+                largest = largest.max(inner.core.largest_free());
+            }
+            (sum, (inactive, free, largest))
+        });
         self.stats_from(&sum, &inactive, free, largest)
     }
 

@@ -403,14 +403,20 @@ impl<T: Send + Sync + 'static, V: Send + 'static> ThreadCaches<T, V> {
         }
     }
 
-    /// Folds every magazine's counts into `c` (see [`CacheCounts::fold_into`]).
-    pub(super) fn fold_into(&self, c: &mut Counters) {
+    /// Runs `read_shards` (a reading of the shards' counters) with every magazine's flag held,
+    /// and returns it with the magazines' counts summed (see [`CacheCounts::fold_into`]). A
+    /// magazine gives its blocks back to their shards with its flag held: the shards and the
+    /// counts are read at one moment of each magazine, never halfway through such a flush.
+    /// Takes the shards' locks under the flags, as a flush does.
+    pub(super) fn read<R>(&self, read_shards: impl FnOnce() -> R) -> (R, CacheCounts) {
         let r = self.registry.lock();
+        let guards: Vec<_> = r.live.iter().map(|m| m.lock()).collect();
+        let shards = read_shards();
         let mut sum = r.gone;
-        for m in &r.live {
-            sum.plus(&m.lock().counts);
+        for g in &guards {
+            sum.plus(&g.counts);
         }
-        sum.fold_into(c);
+        (shards, sum)
     }
 }
 
