@@ -104,6 +104,35 @@ fn named_and_large_requests_and_a_cache_of_zero_bytes_pass_by() {
     assert_eq!((s.allocations, s.frees, s.allocated.current), (3, 3, 0));
 }
 
+/// Under a peak set earlier (a first step), requests of other lengths leave the thread's
+/// cache alone; one that raises the peak gives it back first, so the peak stays exact.
+#[test]
+fn alternating_lengths_stay_cached_with_exact_peaks() {
+    let cached = pool("tc alternating on", 256 * KIB);
+    let plain = pool("tc alternating off", 0);
+    for p in [&cached, &plain] {
+        // A first step holds both at once: the peak is their sum.
+        drop((p.alloc(4096).unwrap(), p.alloc(8192).unwrap()));
+        for _ in 0..50 {
+            drop(p.alloc(4096).unwrap());
+            drop(p.alloc(8192).unwrap());
+        }
+    }
+    // Both lengths wait in the thread's cache: no request would raise a peak (the shard
+    // counts cached blocks as handed out, and still stays under it), so none gives the cache
+    // back.
+    assert_eq!(cached.stats().thread_cache_hits, 100);
+    assert_eq!(readings(&cached.stats()), readings(&plain.stats()));
+    // A larger request that raises the peak gives the cache back first: the peak is its own.
+    let big = cached.alloc(100_000).unwrap();
+    let s = cached.stats();
+    assert_eq!(s.thread_cached_bytes, 0);
+    assert_eq!(s.allocated.peak, big.block_size() as u64);
+    let pb = plain.alloc(100_000).unwrap();
+    assert_eq!(readings(&cached.stats()), readings(&plain.stats()));
+    drop((big, pb));
+}
+
 #[derive(Debug, Clone)]
 enum Step {
     Alloc { len: usize, named: bool },

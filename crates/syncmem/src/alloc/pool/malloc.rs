@@ -95,13 +95,28 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     ) -> Result<Slim<T, V>> {
         // The thread's cache (see `tcache`), tried first for unnamed requests (a block's
         // owner is kept by its shard, for snapshots: `take_cached`), is emptied into the
-        // shards before they serve any request, so that their peaks see none of its blocks.
+        // shards before they serve a request that would raise a peak, so that no peak counts
+        // its blocks.
         if let Some(t) = &self.tcache {
-            t.before_shards();
+            t.before_shards(|| self.peak_would_rise(bytes));
         }
         let lease = self.alloc_inner(bytes, super::HOST_STREAM, source, owner, None)?;
         let cacheable = self.tcache.is_some() && owner.is_none() && lease.small;
         Ok(lease.into_slim(cacheable))
+    }
+
+    /// Whether a request of `bytes` from this thread's shard would raise one of its peaks,
+    /// counting it as a new block of its rounded size (true when that cannot be told: a
+    /// large request may get a block larger than its rounding).
+    #[cold]
+    fn peak_would_rise(&self, bytes: usize) -> bool {
+        let inner = self.shards[self.shard_index()].inner.lock();
+        match inner.core.round(bytes) {
+            Some(rounded) if rounded <= self.config.small_size => {
+                inner.c.would_raise_peak(rounded as u64, bytes as u64, true)
+            }
+            _ => true,
+        }
     }
 
     /// A block of exactly `bytes` requested from the calling thread's cache of the pool (see

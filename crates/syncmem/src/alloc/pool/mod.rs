@@ -40,8 +40,8 @@
 //! through it (`tcache`'s notes): a cached block reads as free
 //! ([`PoolStats::thread_cached_bytes`]), [`Pool::snapshot`], [`Pool::trim`] and
 //! [`Pool::empty_cache`] give every thread's cached blocks back to their shards first, and a
-//! request that goes to a shard gives the thread's back before, so that peaks stay exact for
-//! one thread. While a pool is observed, or publishes and a trace or the history records, the
+//! request that would raise a shard's peak gives the thread's back before, so that peaks stay
+//! exact for one thread. While a pool is observed, or publishes and a trace or the history records, the
 //! caches stand aside: every allocation and free is an event of its shard.
 //!
 //! # Statistics and tracing

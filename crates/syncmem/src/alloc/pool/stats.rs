@@ -169,6 +169,13 @@ impl SplitGauge {
         self.peak = self.class[0].current + self.class[1].current;
     }
 
+    /// Whether adding `n` to `small`'s class would raise a peak (the class's, or that of both).
+    fn would_raise_peak(&self, small: bool, n: u64) -> bool {
+        let class = &self.class[usize::from(!small)];
+        let total = self.class[0].current.wrapping_add(self.class[1].current);
+        class.current.wrapping_add(n) > class.peak || total.wrapping_add(n) > self.peak
+    }
+
     /// Folds in a thread cache's small blocks (see `tcache`): `added` more handed out and
     /// `removed` more given back than the shards counted; the peaks stay the shards'.
     pub(crate) fn fold_small(&mut self, added: u64, removed: u64) {
@@ -269,6 +276,14 @@ impl Counters {
         self.reserved.reset_peak();
         self.block_count.reset_peak();
         self.segment_count.reset_peak();
+    }
+
+    /// Whether handing out a block of `size` bytes (`requested` asked for) of size class
+    /// `small` would raise a peak of the blocks handed out.
+    pub(crate) fn would_raise_peak(&self, size: u64, requested: u64, small: bool) -> bool {
+        self.allocated.would_raise_peak(small, size)
+            || self.requested.would_raise_peak(small, requested)
+            || self.block_count.would_raise_peak(small, 1)
     }
 
     /// Counts a block of `size` bytes (`requested` asked for) of size class `small` handed out.

@@ -14,10 +14,12 @@
 //! - **Readings.** Each magazine counts what it took and gave (under its flag), and
 //!   [`Pool::stats`] folds the counts in: a block in a magazine reads as free, a hit as an
 //!   allocation and a cache hit, an absorbed lease as a free. A request that misses its
-//!   magazine first gives the magazine's blocks back to their shards, so the shard's peaks are
-//!   taken with none of this thread's blocks cached: exact for one thread; with several,
-//!   an upper bound by at most the other threads' cached bytes (as the sum of the shards'
-//!   peaks already is).
+//!   magazine and would raise a peak of its shard (which counts cached blocks as handed out)
+//!   first gives the magazine's blocks back to their shards, so a shard's peak only rises
+//!   with none of this thread's blocks cached, and the pool's use never passes it (see
+//!   [`ThreadCaches::before_shards`]): exact for one thread; with several, an upper bound by
+//!   at most the other threads' cached bytes (as the sum of the shards' peaks already is).
+//!   Under a peak set earlier (a program's first step), the cache stays.
 //! - **Snapshots, trims, idle checks, retirement, peak resets, observers and drops** first
 //!   take every thread's magazine back into the shards ([`ThreadCaches::drain_all`]), so they
 //!   see cached blocks as free blocks of the arena, and `empty_cache` can give them back.
@@ -342,17 +344,23 @@ impl<T: Send + Sync + 'static, V: Send + 'static> ThreadCaches<T, V> {
         true
     }
 
-    /// Before a request goes to the shards: gives this thread's cached leases back to them
-    /// (so the shard's peaks see none of them), and gives the thread a magazine if it has
-    /// none. Must not be called with a shard locked.
-    pub(super) fn before_shards(&self) {
+    /// Before a request goes to the shards: gives this thread's cached blocks back to them
+    /// when `raises` (the request would raise a peak of its shard, which counts the cached
+    /// blocks as handed out), and gives the thread a magazine if it has none. Must not be
+    /// called with a shard locked.
+    ///
+    /// So a shard's peak only rises while this thread caches nothing: every peak it records
+    /// is a value the pool's use reached, and no use passes it (a hit or a request that left
+    /// the cache alone stays under the shard's count, which is under its peak). Exact for one
+    /// thread; with several, an upper bound by at most the other threads' cached bytes.
+    pub(super) fn before_shards(&self, raises: impl FnOnce() -> bool) {
         // SAFETY: the key is this pool's; the reference is dropped before registering.
         match unsafe { mine::<T, V>(self.key) } {
             Some(mag) => {
                 // Only when free now: held, it is being flushed (by another thread, or by
                 // this one, which a free under the flag may have brought back here).
                 let holds = mag.try_lock().is_some_and(|g| !g.leases.is_empty());
-                if holds {
+                if holds && raises() {
                     mag.flush(false);
                 }
             }
