@@ -348,7 +348,8 @@ fn bad_state_is_a_typed_error_naming_the_operator_and_the_blob() {
 }
 
 /// The CUDA C of `file`, compiled to PTX by NVRTC (no GPU needed): `entry` with `params`
-/// parameters.
+/// parameters, and no fused multiply-add (the host's update, which an offloaded optimizer
+/// runs, rounds each product and sum on its own).
 #[cfg(feature = "cuda")]
 fn compiles(test: &str, source: &str, entry: &str, params: usize) {
     if !syncmem::testing::nvrtc_or_skip(test) {
@@ -362,6 +363,10 @@ fn compiles(test: &str, source: &str, entry: &str, params: usize) {
         .unwrap_or_else(|| panic!("{test}: no entry {entry} in\n{ptx}"));
     let list = &ptx[start..start + ptx[start..].find(')').unwrap()];
     assert_eq!(list.matches(".param").count(), params, "{list}");
+    assert!(
+        !ptx.contains("fma."),
+        "{test}: a fused multiply-add in\n{ptx}"
+    );
 }
 
 #[cfg(feature = "cuda")]

@@ -13,9 +13,10 @@
 //! state both ways (4 x for Adam, 2 x for momentum) and hold it on the device meanwhile; SGD
 //! has no state and gains nothing but the bytes of the update's work.
 //!
-//! The host update computes what the device's does: on `cpu` the losses are those of the
-//! update on the device bit for bit; on another device the update's rounding is the host's
-//! (see the tests).
+//! The host update computes what the device's does, bit for bit, on every backend: the
+//! device's update kernels round each operation on its own, never contracted into a fused
+//! multiply-add, with correctly rounded division and square root, as the host does (see the
+//! tests).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

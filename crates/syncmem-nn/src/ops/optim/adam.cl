@@ -7,7 +7,12 @@
  *   m' = beta1 * m + (1 - beta1) * g
  *   v' = beta2 * v + (1 - beta2) * g * g
  *   p -= lr_t * m' / (sqrt(v') + epsilon)
+ *
+ * Each product and sum is rounded on its own (no contraction into a fused multiply-add), and
+ * the program is built with -cl-fp32-correctly-rounded-divide-sqrt, as the host closure
+ * rounds: an update offloaded to the host gives these bits.
  */
+#pragma OPENCL FP_CONTRACT OFF
 __kernel void adam_update(__global float* p, const __global float* g, __global float* m,
                           __global float* v, uint n, float2 beta, float epsilon,
                           float lr_t) {

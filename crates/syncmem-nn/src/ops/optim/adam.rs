@@ -35,6 +35,9 @@ static KERNEL: LazyLock<UserKernel> = LazyLock::new(|| {
     const NAME: &str = "adam_update";
     UserKernel::new(NAME)
         .with_opencl(include_str!("adam.cl"))
+        // The host closure's division and square root are correctly rounded; OpenCL's need not
+        // be without this option (a GPU's may be off by an ulp or two).
+        .with_opencl_options("-cl-fp32-correctly-rounded-divide-sqrt")
         .with_cuda(include_str!("adam.cu"))
         .with_host(|a| {
             let n = a.u32(4)? as usize;

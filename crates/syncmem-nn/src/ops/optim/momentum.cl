@@ -4,7 +4,11 @@
  *   m' = momentum * m + lr * g
  *   p -= m'                                  (nesterov = 0)
  *   p -= (1 + momentum) * m' - momentum * m  (nesterov = 1)
+ *
+ * Each product and sum is rounded on its own (no contraction into a fused multiply-add), as
+ * the host closure rounds them: an update offloaded to the host gives these bits.
  */
+#pragma OPENCL FP_CONTRACT OFF
 __kernel void momentum_sgd_update(__global float* p, const __global float* g,
                                   __global float* m, uint n, float lr, float momentum,
                                   int nesterov) {

@@ -356,6 +356,11 @@ mod tests {
                 );
             }
         }
+        // The axpy kernels (SGD's update) round the product and the sum each on its own, as
+        // the host's axpy does: no fused multiply-add in them.
+        for entry in math.split(".entry ").filter(|e| e.starts_with("sm_axpy")) {
+            assert!(!entry.contains("fma."), "a fused multiply-add in {entry}");
+        }
     }
 
     #[test]

@@ -353,18 +353,28 @@ pub(super) const MATH_BLOCK: u32 = 256;
 pub(super) const MATH: &str = r#"
 #define SM_BLOCK 256
 
+/* y + a * x with the product and the sum each rounded on its own (never contracted into a
+ * fused multiply-add), as the host's axpy rounds them: SGD offloaded to the host gives these
+ * bits. */
+__device__ __forceinline__ float sm_axpy1(float a, float x, float y) {
+    return __fadd_rn(y, __fmul_rn(a, x));
+}
+__device__ __forceinline__ double sm_axpy1(double a, double x, double y) {
+    return __dadd_rn(y, __dmul_rn(a, x));
+}
+
 /* One pair of sm_axpy_multi: the grid-stride loop of sm_axpy over it. */
 #define SM_AXPY_PAIR(N, X, Y)                                                                \
     for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;   \
          i < (N); i += (unsigned long long)gridDim.x * blockDim.x) {                         \
-        (Y)[i] += a * (X)[i];                                                                \
+        (Y)[i] = sm_axpy1(a, (X)[i], (Y)[i]);                                                \
     }
 
 #define SM_KERNELS(T, SUF)                                                                   \
 extern "C" __global__ void sm_axpy_##SUF(unsigned long long n, T a, const T* x, T* y) {      \
     for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;   \
          i < n; i += (unsigned long long)gridDim.x * blockDim.x) {                           \
-        y[i] += a * x[i];                                                                    \
+        y[i] = sm_axpy1(a, x[i], y[i]);                                                      \
     }                                                                                        \
 }                                                                                            \
 extern "C" __global__ void sm_scale_##SUF(unsigned long long n, T a, T* x) {                 \

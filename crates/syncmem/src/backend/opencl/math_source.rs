@@ -34,7 +34,12 @@ pub(super) const ELEMENTWISE: &str = r#"
 "#;
 
 /// The math kernels; `T` is defined as `float` or `double` in front of it.
+///
+/// The axpy kernels round the product and the sum each on its own (no contraction into a
+/// fused multiply-add, which OpenCL C allows by default), as the host's axpy does: `SGD`
+/// offloaded to the host gives the device's bits.
 pub(super) const MATH: &str = r#"
+#pragma OPENCL FP_CONTRACT OFF
 __kernel void sm_axpy(const ulong n, const T a, __global const T* x, __global T* y) {
     SM_FOR_EACH(i, n) {
         y[i] += a * x[i];
@@ -85,6 +90,7 @@ __kernel void sm_axpy_multi(const T a, const uint count,
     SM_AXPY_PAIR(n6, x6, y6)
     SM_AXPY_PAIR(n7, x7, y7)
 }
+#pragma OPENCL FP_CONTRACT ON
 
 /* Vector types of T. */
 #define SM_CAT_(a, b) a##b
