@@ -3,7 +3,7 @@
 //! device's peak in a step is lower (the training net unplanned, its dead values dropped at
 //! once), and where the host uses the device's memory in place nothing is copied.
 
-use syncmem::{Device, ZeroCopy};
+use syncmem::{BackendKind, Device, ZeroCopy};
 use syncmem_nn::mlp::Dataset;
 use syncmem_nn::train::activations::OffloadMoves;
 use syncmem_nn::train::{Optimizer, TrainConfig, Trainer};
@@ -17,6 +17,8 @@ struct Run {
     peak: u64,
     moved: Option<OffloadMoves>,
     steps: u64,
+    /// The peak of bytes handed out by the device's pinned pool.
+    pinned_peak: u64,
 }
 
 fn run(dev: &Device, cfg: &TrainConfig) -> Run {
@@ -42,6 +44,7 @@ fn run(dev: &Device, cfg: &TrainConfig) -> Run {
         peak: s.allocated.peak,
         moved: t.activation_offload(),
         steps: t.transfers().step_count,
+        pinned_peak: dev.pinned_pool_stats().map_or(0, |p| p.allocated.peak),
     }
 }
 
@@ -81,6 +84,11 @@ fn check(dev: &Device) {
         assert!(m.planned > 0, "the plan moves something: {m:?}");
         assert!(m.offloads >= off.steps, "values leave every step: {m:?}");
         assert!(m.refills >= off.steps, "and come back every step: {m:?}");
+        // Where the device keeps two mirrors (not on `cpu`, whose memory is the host's), the
+        // values that leave land in pinned host memory; nothing else of these runs is pinned.
+        let pins = dev.zero_copy_protocol().is_none() && dev.backend() != BackendKind::Cpu;
+        assert_eq!(kept.pinned_peak, 0, "nothing pinned when nothing leaves");
+        assert_eq!(off.pinned_peak > 0, pins, "{} B pinned", off.pinned_peak);
         if dev.zero_copy_protocol().is_none() {
             // Two mirrors: the bytes go down and up, and the device's peak falls by a good
             // part (the training net unplanned, its dead values dropped at once).

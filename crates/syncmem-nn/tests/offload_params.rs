@@ -4,7 +4,7 @@
 //! on the device (the data moves, the arithmetic does not change), with either optimizer
 //! placement.
 
-use syncmem::{Device, Head, ZeroCopy};
+use syncmem::{BackendKind, Device, Head, ZeroCopy};
 use syncmem_nn::mlp::Dataset;
 use syncmem_nn::train::{Optimizer, TrainConfig, Trainer};
 
@@ -27,6 +27,10 @@ struct Run {
     peak: u64,
     /// The moves within the steps (offloaded parameters only).
     moves: Option<syncmem_nn::train::OffloadMoves>,
+    /// Per parameter: whether its host mirrors are pinned memory of the device.
+    pinned: Vec<bool>,
+    /// Bytes of the device's pinned pool handed out after training.
+    pinned_bytes: u64,
 }
 
 fn run(dev: &Device, cfg: &TrainConfig) -> Run {
@@ -44,12 +48,19 @@ fn run(dev: &Device, cfg: &TrainConfig) -> Run {
     let allocated = s.allocated.current - s.parked_bytes;
     let last = t.transfers().last_step;
     let (mut params, mut heads, mut param_bytes) = (Vec::new(), Vec::new(), 0);
+    let mut pinned = Vec::new();
     for p in &t.nets().params {
-        let head = t
+        let (head, pin) = t
             .workspace()
-            .with_tensor(p, |t| Ok(t.synced().map(|m| m.head())))
+            .with_tensor(p, |t| {
+                Ok((
+                    t.synced().map(|m| m.head()),
+                    t.synced().is_some_and(|m| m.pinned_host()),
+                ))
+            })
             .unwrap();
         heads.extend(head);
+        pinned.push(pin);
         let values = t.workspace().fetch::<f32>(p).unwrap();
         param_bytes += values.len() as u64 * 4;
         params.push(values);
@@ -64,6 +75,8 @@ fn run(dev: &Device, cfg: &TrainConfig) -> Run {
         back: last.device_to_host.bytes + last.spilled.bytes,
         peak: s.allocated.peak,
         moves: t.parameter_offload(),
+        pinned,
+        pinned_bytes: dev.pinned_pool_stats().map_or(0, |p| p.allocated.current),
     }
 }
 
@@ -122,6 +135,7 @@ fn check(dev: &Device) {
             kept.allocated,
             off.allocated
         );
+        check_pinned(dev, on_host, &kept, &off);
         // Two mirrors (zero-copy off): the bytes go up and come back every step (with the
         // update on the host the device copies are stale: nothing comes back but the
         // gradients, as with the optimizer offloaded alone).
@@ -138,6 +152,33 @@ fn check(dev: &Device) {
                 assert!(off.back >= off.param_bytes, "back {} B", off.back);
             }
         }
+    }
+}
+
+/// Where the device keeps two mirrors (not on `cpu`, whose memory is the host's), the
+/// parameters offloaded and those the update on the host reads (`on_host`) keep their host
+/// copies in pinned memory; elsewhere they share memory with the device, and nothing is pinned.
+fn check_pinned(dev: &Device, on_host: bool, kept: &Run, off: &Run) {
+    let pins = dev.zero_copy_protocol().is_none() && dev.backend() != BackendKind::Cpu;
+    assert_eq!(
+        off.pinned,
+        vec![pins; off.pinned.len()],
+        "offloaded parameters"
+    );
+    assert_eq!(
+        kept.pinned,
+        vec![pins && on_host; kept.pinned.len()],
+        "kept ones"
+    );
+    if pins {
+        assert!(
+            off.pinned_bytes >= off.param_bytes,
+            "the parameters' host copies are pinned: {} B of {} B",
+            off.pinned_bytes,
+            off.param_bytes
+        );
+    } else {
+        assert_eq!((off.pinned_bytes, kept.pinned_bytes), (0, 0));
     }
 }
 

@@ -447,6 +447,32 @@ fn pinned_host_mirror(dev: &Device) {
     );
     assert_eq!(device_bytes(&m), vec![11u8; 1 << 20]);
     assert!(m.owns_host());
+
+    // Set at run time, through a shared reference: the host mirror the buffer has stays
+    // where it is; the next one, once that is freed, is pinned.
+    let m = mem(4096, dev);
+    m.host_mut().unwrap().fill(5);
+    let before = dev.pinned_stats();
+    m.set_pinned_host(true);
+    assert!(m.pinned_host());
+    assert_eq!(&*m.host().unwrap(), &[5u8; 4096][..]);
+    assert_eq!(
+        dev.pinned_stats().allocs,
+        before.allocs,
+        "the mirror it has stays"
+    );
+    let m = SyncedMemory::new(4096, dev);
+    m.set_pinned_host(true);
+    m.host_mut().unwrap().fill(6);
+    assert!(
+        dev.pinned_stats().allocs > before.allocs,
+        "a host mirror made after the setting is pinned"
+    );
+    // Pinned buffers keep two mirrors, where the device could share host memory too.
+    assert_eq!(device_bytes(&m), vec![6u8; 4096]);
+    assert!(m.zero_copy_protocol().is_none());
+    m.set_pinned_host(false);
+    assert!(!m.pinned_host());
 }
 
 fn device_errors(dev: &Device) {

@@ -79,7 +79,7 @@ impl OffloadedActivations {
     /// The stream's creation; a planned blob missing from `ws` (a net not created in it).
     pub(super) fn new(net: &Net, device: &Device, ws: &Workspace) -> Result<Self> {
         let plan = plan(net.run_def(), &Pick::Produced);
-        Ok(Self(Mover::new(plan, ws, device.new_stream()?)?))
+        Ok(Self(Mover::new(plan, ws, device)?))
     }
 
     /// What the plan did so far.

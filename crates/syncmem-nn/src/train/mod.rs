@@ -262,6 +262,9 @@ impl Trainer {
         let eval = ws.create_net(&nets.eval, device, &opts)?;
         let mut t = setup.trainer(device, data, mlp, nets, train, eval);
         t.batches = batches;
+        if let Some(s) = &split {
+            moves::pin_host(&t.ws, &t.device, &s.staged());
+        }
         t.offload = offloaded;
         t.params = params::OffloadedParams::new(cfg, &t.train, &t.device, &t.ws, &t.nets.params)?;
         if cfg.offload_activations {

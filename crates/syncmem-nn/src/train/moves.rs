@@ -28,13 +28,18 @@
 //!
 //! Nothing depends on the plan for correctness: the buffers' head state machine orders every
 //! access after the copies, so a plan that misjudges only moves bytes in vain.
+//!
+//! Where the device keeps two mirrors (a discrete device, or zero-copy off), the moved values'
+//! host mirrors are pinned memory of the device ([`pin_host`]): its copies to and from them
+//! run at full speed and without a host wait, as the copy stream needs. Where the device shares
+//! host memory in place nothing is copied, and the values keep their one allocation.
 
 use std::collections::{BTreeSet, HashMap};
 
 use syncmem::net::NetDef;
 use syncmem::synced::PendingKind;
 use syncmem::workspace::BlobRef;
-use syncmem::{Head, Result, Stream, SyncedMemory, Tensor, Workspace};
+use syncmem::{BackendKind, Device, Head, Result, Stream, SyncedMemory, Tensor, Workspace};
 
 use super::activations::{OffloadMoves, MIN_GAP};
 
@@ -165,14 +170,17 @@ pub(super) struct Mover {
     /// freed after the first operator at whose end the copy is done (no host wait), or kept
     /// when its copy back is due first.
     leaving: Vec<u32>,
+    /// The values' host mirrors are pinned memory ([`pins_host`]).
+    pin: bool,
 }
 
 impl Mover {
-    /// `plan` over the blobs of `ws`, its copies queued on `stream`.
+    /// `plan` over the blobs of `ws`, its copies queued on a new stream of `device`.
     ///
     /// # Errors
-    /// A planned blob missing from `ws` (a net not created in it).
-    pub(super) fn new(plan: Plan, ws: &Workspace, stream: Stream) -> Result<Self> {
+    /// A planned blob missing from `ws` (a net not created in it); the stream's creation.
+    pub(super) fn new(plan: Plan, ws: &Workspace, device: &Device) -> Result<Self> {
+        let pin = pin_host(ws, device, &plan.names);
         let blobs = plan
             .names
             .iter()
@@ -185,8 +193,9 @@ impl Mover {
             },
             plan,
             blobs,
-            stream,
+            stream: device.new_stream()?,
             leaving: Vec::new(),
+            pin,
         })
     }
 
@@ -254,6 +263,7 @@ impl Mover {
             stream,
             stats,
             leaving,
+            pin,
         } = self;
         // A value still on its way out when its copy back is due stays.
         let up_now = plan.up.get(op).map_or(&[][..], Vec::as_slice);
@@ -261,6 +271,11 @@ impl Mover {
         for &id in plan.down.get(op).into_iter().flatten() {
             leaving.push(id);
             each(&blobs[id as usize], |m| {
+                if *pin {
+                    // A value whose tensor the net made after the mover was: its buffer's
+                    // first host mirror is made by this copy.
+                    m.set_pinned_host(true);
+                }
                 if matches!(m.head(), Head::AtDevice) && m.prefetch_to_host(Some(stream))?.is_some()
                 {
                     stats.bytes_down += m.len() as u64;
@@ -279,6 +294,31 @@ impl Mover {
         }
         Ok(())
     }
+}
+
+/// Whether values offloaded from `device` get pinned host mirrors: where the device keeps
+/// two mirrors (it does not share host memory in place), whose copies between them a pinned
+/// host side makes fast and asynchronous; not on `cpu`, whose device memory is host memory.
+pub(super) fn pins_host(device: &Device) -> bool {
+    device.zero_copy_protocol().is_none() && device.backend() != BackendKind::Cpu
+}
+
+/// Pins the host mirrors of the tensors of the blobs `names` of `ws` (those that exist and
+/// hold a tensor, for their storage now and later: [`Tensor::set_pinned_host`]) where
+/// [`pins_host`] says so; returns whether it did.
+///
+pub(super) fn pin_host(ws: &Workspace, device: &Device, names: &[String]) -> bool {
+    if !pins_host(device) {
+        return false;
+    }
+    for name in names {
+        if let Ok(blob) = ws.get_blob(name) {
+            if let Ok(t) = blob.write().get_mut::<Tensor>() {
+                t.set_pinned_host(true);
+            }
+        }
+    }
+    true
 }
 
 /// Queues the copy of `m` to the device on `stream`, when only the host holds its data.

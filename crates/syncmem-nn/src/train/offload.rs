@@ -13,6 +13,10 @@
 //! state both ways (4 x for Adam, 2 x for momentum) and hold it on the device meanwhile; SGD
 //! has no state and gains nothing but the bytes of the update's work.
 //!
+//! Where the training device keeps two mirrors, the host mirrors of the gradients and the
+//! parameters are pinned memory of the device (`moves::pin_host`): each step's copies through
+//! them run at full speed.
+//!
 //! The host update computes what the device's does, bit for bit, on every backend: the
 //! device's update kernels round each operation on its own, never contracted into a fused
 //! multiply-add, with correctly rounded division and square root, as the host does (see the
@@ -107,6 +111,26 @@ pub(super) fn split(mlp: &Mlp, nets: &MlpNets) -> Result<Split> {
 }
 
 impl Split {
+    /// The training net's blobs the update reads or writes (the gradients and the
+    /// parameters; not the state, which lives on the update's host device): each step they go
+    /// through their host mirrors.
+    pub(super) fn staged(&self) -> Vec<String> {
+        let state: BTreeSet<&String> = self
+            .state_init
+            .ops
+            .iter()
+            .flat_map(|o| &o.outputs)
+            .collect();
+        let names: BTreeSet<&String> = self
+            .update
+            .ops
+            .iter()
+            .flat_map(|o| o.inputs.iter().chain(&o.outputs))
+            .filter(|n| !state.contains(n))
+            .collect();
+        names.into_iter().cloned().collect()
+    }
+
     /// Creates the state on a new host device and builds the update net there.
     pub(super) fn build(
         &self,

@@ -64,7 +64,7 @@ impl OffloadedParams {
         let named: BTreeSet<String> = names.iter().cloned().collect();
         let plan = plan(net.run_def(), &Pick::Named(&named));
         Ok(Some(Self {
-            mover: Mover::new(plan, ws, device.new_stream()?)?,
+            mover: Mover::new(plan, ws, device)?,
             params,
         }))
     }

@@ -50,7 +50,7 @@ impl SyncedMemory {
         }
         let mem = new_host_mirror(
             self.target(),
-            self.settings().pinned_host,
+            self.shared.pinned_host(),
             self.len(),
             &self.settings().label,
             zero,

@@ -110,7 +110,7 @@ pub use state::{Head, PendingKind};
 
 use std::fmt;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -217,8 +217,6 @@ struct Settings {
     device: Option<Device>,
     /// The buffer's stream (`None`: the device's default stream).
     stream: Option<Stream>,
-    /// Host mirrors come from the device's pinned pool ([`SyncedMemory::with_pinned_host`]).
-    pinned_host: bool,
     /// The buffer may share memory with its device (zero-copy) where the device allows it.
     zero_copy: bool,
 }
@@ -236,6 +234,9 @@ pub(crate) struct Shared {
     last_use: AtomicU64,
     /// Live [`PlacementPin`]s: while any lives, no mirror moves (see [`pin`]).
     pins: Arc<AtomicUsize>,
+    /// Host mirrors come from the device's pinned pool ([`SyncedMemory::set_pinned_host`]):
+    /// read when a host mirror is made, or a device mirror that could share its memory.
+    pinned_host: AtomicBool,
 }
 
 impl Shared {
@@ -247,7 +248,13 @@ impl Shared {
             copies: Arc::new(CopyCounters::new()),
             last_use: AtomicU64::new(0),
             pins: Arc::new(AtomicUsize::new(0)),
+            pinned_host: AtomicBool::new(false),
         }
+    }
+
+    /// Whether new host mirrors come from the device's pinned pool.
+    fn pinned_host(&self) -> bool {
+        self.pinned_host.load(Ordering::Relaxed)
     }
 
     /// A new shared part that takes over this one's state, counters and pins, leaving this
@@ -261,6 +268,7 @@ impl Shared {
             copies: self.copies.clone(),
             last_use: AtomicU64::new(self.last_use.load(Ordering::Relaxed)),
             pins: self.pins.clone(),
+            pinned_host: AtomicBool::new(self.pinned_host()),
         }
     }
 }
@@ -312,7 +320,6 @@ impl SyncedMemory {
             size,
             device,
             stream: None,
-            pinned_host: false,
             zero_copy: true,
         };
         Self {
@@ -349,8 +356,27 @@ impl SyncedMemory {
 
     /// Allocates the host mirror as pinned memory of the device (faster copies), instead of
     /// ordinary host memory. A policy per buffer: other host allocations are unaffected.
+    /// [`SyncedMemory::set_pinned_host`] on a buffer being built.
     pub fn with_pinned_host(self, pinned: bool) -> Self {
-        self.configure(|s| s.pinned_host = pinned)
+        self.set_pinned_host(pinned);
+        self
+    }
+
+    /// Sets where this buffer's host mirrors come from: the device's pinned pool (page-locked
+    /// memory, which a discrete device copies to and from at full speed and without a host
+    /// wait) or ordinary host memory. It takes effect when a host mirror is next made: a
+    /// mirror that exists stays where it is until it is freed (a spill, `clear`, an adoption).
+    /// A buffer with pinned host mirrors keeps two mirrors where its device could share
+    /// memory with the host (zero-copy), from its next device mirror on. No effect on a
+    /// host-only buffer (there is no device to pin memory for).
+    pub fn set_pinned_host(&self, pinned: bool) {
+        self.shared.pinned_host.store(pinned, Ordering::Relaxed);
+    }
+
+    /// Whether new host mirrors of this buffer come from the device's pinned pool
+    /// ([`SyncedMemory::set_pinned_host`]).
+    pub fn pinned_host(&self) -> bool {
+        self.shared.pinned_host()
     }
 
     /// Whether this buffer may share one allocation with its device where the device's memory

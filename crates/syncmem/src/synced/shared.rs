@@ -57,7 +57,7 @@ impl ZeroCopyState {
 impl SyncedMemory {
     /// The protocol a new device mirror of this buffer would share memory with, if any.
     pub(super) fn share_protocol(&self) -> Option<ZeroCopyProtocol> {
-        if !self.settings().zero_copy || self.settings().pinned_host || self.is_empty() {
+        if !self.settings().zero_copy || self.shared.pinned_host() || self.is_empty() {
             return None;
         }
         self.target()?.zero_copy_protocol()

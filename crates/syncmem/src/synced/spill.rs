@@ -323,7 +323,14 @@ fn quiet_mirror(core: &mut Core, wait: bool) -> Option<Arc<DeviceBuffer>> {
 /// A new host mirror for the data of `shared` (no zero fill: the data is copied in).
 fn host_mirror(shared: &Shared) -> Option<HostMem> {
     let s = &shared.settings;
-    new_host_mirror(s.device.as_ref(), s.pinned_host, s.size, &s.label, false).ok()
+    new_host_mirror(
+        s.device.as_ref(),
+        shared.pinned_host(),
+        s.size,
+        &s.label,
+        false,
+    )
+    .ok()
 }
 
 /// Copies the data of a zero-copy buffer out of its shared memory (the device mirror `dev`)

@@ -181,10 +181,11 @@ impl Tensor {
         let mut t = Tensor::on(self.device.as_ref())
             .with_label(format!("{}.clone", self.label))
             .with_policy(self.policy);
+        t.pinned_host = self.pinned_host;
         t.shape = self.shape.clone();
         t.dtype = self.dtype;
         if let (Some(src), Some(dtype), Some(n)) = (&self.storage, self.dtype, self.numel()) {
-            let dst = Storage::new(dtype, n, t.device.as_ref(), &t.label)?;
+            let dst = Storage::new(dtype, n, t.device.as_ref(), &t.label, t.pinned_host)?;
             copy_prefix(src, &dst, n, t.nbytes(), Dest::Fresh, (&t.label, &t.label))?;
             t.storage = Some(dst);
         }
@@ -219,7 +220,13 @@ impl Tensor {
         if cap_bytes <= self.capacity_bytes() {
             return Ok(());
         }
-        let dst = Storage::new(dtype, cap.numel, self.device.as_ref(), &self.label)?;
+        let dst = Storage::new(
+            dtype,
+            cap.numel,
+            self.device.as_ref(),
+            &self.label,
+            self.pinned_host,
+        )?;
         if let Some(src) = &self.storage {
             copy_prefix(
                 src,

@@ -143,6 +143,9 @@ pub struct Tensor {
     storage: Option<Storage>,
     reserved: bool,
     policy: ShrinkPolicy,
+    /// Host mirrors of the storage come from the device's pinned pool
+    /// ([`Tensor::set_pinned_host`]).
+    pinned_host: bool,
 }
 
 impl Tensor {
@@ -167,6 +170,7 @@ impl Tensor {
             storage: None,
             reserved: false,
             policy: ShrinkPolicy::default(),
+            pinned_host: false,
         }
     }
 
@@ -239,6 +243,25 @@ impl Tensor {
     /// The shrink policy.
     pub fn policy(&self) -> ShrinkPolicy {
         self.policy
+    }
+
+    /// Sets where the host mirrors of the tensor's storage come from: the device's pinned
+    /// pool (page-locked memory: a discrete device's copies to and from it run at full speed
+    /// and need no host wait) or ordinary host memory, for the storage it has (shared with
+    /// every tensor sharing it) and the storage it makes later. See
+    /// [`SyncedMemory::set_pinned_host`]: a host mirror that exists stays where it is, and a
+    /// pinned buffer keeps two mirrors where the device could share host memory in place.
+    pub fn set_pinned_host(&mut self, pinned: bool) {
+        self.pinned_host = pinned;
+        if let Some(mem) = self.synced() {
+            mem.set_pinned_host(pinned);
+        }
+    }
+
+    /// Whether the tensor's new host mirrors come from the device's pinned pool
+    /// ([`Tensor::set_pinned_host`]).
+    pub fn pinned_host(&self) -> bool {
+        self.pinned_host
     }
 
     /// The label used in errors.

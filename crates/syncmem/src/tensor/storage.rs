@@ -100,12 +100,14 @@ fn busy(tensor: &str, h: held::Held) -> Error {
 }
 
 impl Storage {
-    /// Fresh storage for `numel` elements of `dtype`. Byte storage allocates nothing yet.
+    /// Fresh storage for `numel` elements of `dtype`, its host mirrors pinned with
+    /// `pinned_host` ([`SyncedMemory::set_pinned_host`]). Byte storage allocates nothing yet.
     pub(crate) fn new(
         dtype: DType,
         numel: usize,
         device: Option<&Device>,
         label: &str,
+        pinned_host: bool,
     ) -> Result<Storage> {
         let nbytes = checked_mul(numel, dtype.size(), format_args!("bytes of tensor {label}"))?;
         if dtype.is_pod() {
@@ -114,7 +116,7 @@ impl Storage {
                 None => SyncedMemory::host_only(nbytes),
             };
             return Ok(Storage::Bytes(Arc::new(ByteStorage {
-                mem: mem.with_label(label),
+                mem: mem.with_label(label).with_pinned_host(pinned_host),
                 adopted: false,
             })));
         }
@@ -303,7 +305,13 @@ impl Tensor {
             self.storage = None;
             self.reserved = false;
             if numel > 0 {
-                let st = Storage::new(dtype, numel, self.device.as_ref(), &self.label)?;
+                let st = Storage::new(
+                    dtype,
+                    numel,
+                    self.device.as_ref(),
+                    &self.label,
+                    self.pinned_host,
+                )?;
                 self.storage = Some(st);
             }
         }
@@ -483,6 +491,7 @@ impl Tensor {
             None => SyncedMemory::host_only(nbytes),
         };
         mem.with_label(self.label.clone())
+            .with_pinned_host(self.pinned_host)
     }
 
     fn install(&mut self, dtype: DType, storage: Storage) {

@@ -12,7 +12,8 @@
 //! that only the innermost scope's pool, or with none open the device's, allocated), and
 //! unnamed host blocks (staging buffers, served by the thread's cache of the host pool)
 //! allocated, freed here or on another thread, and released with the pool's cache in between
-//! (`scratch.rs`: each keeps its bytes). `FailNext` makes the `n`-th allocation fail
+//! (`scratch.rs`: each keeps its bytes), and buffers whose next host mirror is set to come
+//! from the device's pinned pool or not (`PinnedHost`, at any moment). `FailNext` makes the `n`-th allocation fail
 //! ([`Device::fail_allocation`]): an operation that fails with out-of-memory (injected, or the
 //! cap) must leave every buffer as it was, which is checked on the spot. The always-on history
 //! records every program, and an out-of-memory observer runs at every failure, reading the

@@ -130,6 +130,12 @@ pub enum Op {
     HostRelease {
         empty: bool,
     },
+    /// Sets where the slot's next host mirror comes from (`SyncedMemory::set_pinned_host`):
+    /// the device's pinned pool, or the host pool. Its data stays as it is.
+    PinnedHost {
+        slot: usize,
+        pinned: bool,
+    },
 }
 
 pub fn op() -> impl Strategy<Value = Op> {
@@ -174,5 +180,6 @@ pub fn op() -> impl Strategy<Value = Op> {
         2 => (0..SCRATCH, any::<bool>())
             .prop_map(|(slot, elsewhere)| Op::ScratchFree { slot, elsewhere }),
         1 => any::<bool>().prop_map(|empty| Op::HostRelease { empty }),
+        1 => (slot(), any::<bool>()).prop_map(|(slot, pinned)| Op::PinnedHost { slot, pinned }),
     ]
 }

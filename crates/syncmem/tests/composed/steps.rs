@@ -48,6 +48,13 @@ pub fn step_one<'s>(
             scope_step(w, op);
             Ok(())
         }
+        Op::PinnedHost { slot, pinned } => {
+            if let Some(l) = &slots[slot] {
+                l.mem.set_pinned_host(pinned);
+                prop_assert_eq!(l.mem.pinned_host(), pinned, "{}", at);
+            }
+            Ok(())
+        }
     }
 }
 

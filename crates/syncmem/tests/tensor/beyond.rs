@@ -143,6 +143,28 @@ fn copy_from_same_device(dev: &Device) {
     assert_eq!(&*c.host::<u8>().unwrap(), &[1, 2, 3]);
 }
 
+fn pinned_host_applies_to_storage_now_and_later(dev: &Device) {
+    let mut t = Tensor::with_shape(&[256], DType::F32, Some(dev)).unwrap();
+    assert!(!t.pinned_host());
+    t.set_pinned_host(true);
+    assert!(t.pinned_host());
+    let before = dev.pinned_stats().allocs;
+    t.host_mut::<f32>().unwrap().fill(1.5);
+    assert!(
+        dev.pinned_stats().allocs > before,
+        "the host mirror is pinned"
+    );
+    assert!(t.synced().unwrap().pinned_host());
+    // Storage made later (a resize past the capacity) and deep copies keep the setting.
+    t.resize(&[4096]).unwrap();
+    t.host_mut::<f32>().unwrap().fill(2.5);
+    assert!(t.synced().unwrap().pinned_host());
+    let c = t.clone_deep().unwrap();
+    assert!(c.pinned_host() && c.synced().unwrap().pinned_host());
+    t.set_pinned_host(false);
+    assert!(!t.synced().unwrap().pinned_host());
+}
+
 fn swap_exchanges_everything_but_label(dev: &Device) {
     let mut a = Tensor::from_slice(&[2], &[1.0f64, 2.0], Some(dev))
         .unwrap()
@@ -258,6 +280,7 @@ syncmem::for_each_device!(
     reserve_keeps_data,
     shrink_keeps_memory,
     copy_from_same_device,
+    pinned_host_applies_to_storage_now_and_later,
     swap_exchanges_everything_but_label,
     bool_bytes_are_validated,
     string_tensor_has_no_device_view,
