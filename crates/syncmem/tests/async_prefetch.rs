@@ -1,5 +1,6 @@
 //! Copies in flight, on OpenCL: an access that conflicts with a prefetch waits for it, and an
-//! access that does not conflict does not wait.
+//! access that does not conflict does not wait. A device access meeting a copy to the device
+//! does not wait on the host either: the device orders its commands after the copy.
 //!
 //! The buffer's stream is blocked with an OpenCL user event (a barrier waiting on it is queued
 //! first), so a prefetch queued after it cannot start until the test opens the gate. A
@@ -62,8 +63,8 @@ fn device_bytes_elsewhere(dev: &Device, m: &SyncedMemory) -> Vec<u8> {
 }
 
 #[test]
-fn to_device_host_read_does_not_wait_device_read_does() {
-    let Some((_dev, stream, m)) = rig("to_device_host_read_does_not_wait_device_read_does") else {
+fn to_device_host_read_and_device_read_do_not_wait() {
+    let Some((dev, stream, m)) = rig("to_device_host_read_and_device_read_do_not_wait") else {
         return;
     };
     let data = pattern(1);
@@ -88,13 +89,26 @@ fn to_device_host_read_does_not_wait_device_read_does() {
             "a host read waited for the host-to-device copy"
         );
         assert_eq!(m.pending().unwrap(), Some(PendingKind::ToDevice));
-        // Conflicting: a device read waits for the copy.
-        release_later();
+        // A device read takes the copy as arrived without a host wait: the device orders
+        // every command on the buffer after it.
         let g = m.device().unwrap();
         assert!(
-            gate.is_open(),
-            "a device read did not wait for the copy in flight"
+            !gate.is_open(),
+            "a device read waited on the host for the copy in flight"
         );
+        assert_eq!(
+            m.pending().unwrap(),
+            None,
+            "the device took the copy as arrived"
+        );
+        assert_eq!(m.head(), Head::Synced);
+        drop(g);
+        // A read of the device mirror on another stream waits for the copy on the device:
+        // it returns the copied bytes once the gate opens, not what the block held before.
+        release_later();
+        assert_eq!(device_bytes_elsewhere(&dev, &m), data);
+        assert!(gate.is_open());
+        let g = m.device().unwrap();
         let mut out = vec![0u8; N];
         g.read_into(&mut out).unwrap();
         assert_eq!(out, data);
@@ -177,6 +191,91 @@ fn to_host_device_read_does_not_wait_host_read_does() {
     assert_eq!(m.pending().unwrap(), None);
     let s = m.copy_stats();
     assert_eq!((s.host_to_device.count, s.device_to_host.count), (0, 1));
+}
+
+#[test]
+fn an_ordered_offload_under_a_copy_to_the_host_does_not_wait() {
+    let Some((dev, stream, m)) = rig("an_ordered_offload_under_a_copy_to_the_host_does_not_wait")
+    else {
+        return;
+    };
+    let data = pattern(6);
+    m.device_overwrite().unwrap().write_from(0, &data).unwrap();
+    let gate = Gate::block(&stream);
+    m.prefetch_to_host(None)
+        .unwrap()
+        .expect("a copy was queued");
+    guarded(&gate, |release_later| {
+        // The device mirror goes at once, its block back to the pool ordered after the copy
+        // that still reads it: no host wait.
+        assert_eq!(m.offload_ordered().unwrap(), N);
+        assert!(
+            !gate.is_open(),
+            "offload waited for the device-to-host copy"
+        );
+        assert!(!m.device_allocated());
+        assert_eq!(m.pending().unwrap(), Some(PendingKind::ToHost));
+        assert_eq!(m.head(), Head::AtHost, "the copy in flight counts as done");
+        // Another buffer written on another stream meanwhile does not get the block the copy
+        // still reads (else the copy would read its bytes).
+        let other = SyncedMemory::new(N, &dev).with_zero_copy(false);
+        other.device_overwrite().unwrap().fill(0xFF).unwrap();
+        assert!(
+            !gate.is_open(),
+            "an allocation elsewhere waited for the copy"
+        );
+        // The host read waits for the copy, which brings the data.
+        release_later();
+        let h = m.host().unwrap();
+        assert!(gate.is_open(), "a host read did not wait for the copy");
+        assert_eq!(&*h, &data[..]);
+    });
+    assert_eq!(m.pending().unwrap(), None);
+    assert_eq!(device_bytes_elsewhere(&dev, &m), data);
+    let s = m.copy_stats();
+    assert_eq!((s.host_to_device.count, s.device_to_host.count), (1, 1));
+}
+
+#[test]
+fn a_value_freed_under_its_copy_out_comes_back_on_that_stream_without_a_wait() {
+    let test = "a_value_freed_under_its_copy_out_comes_back_on_that_stream_without_a_wait";
+    let Some((dev, stream, m)) = rig(test) else {
+        return;
+    };
+    let data = pattern(7);
+    m.device_overwrite().unwrap().write_from(0, &data).unwrap();
+    let gate = Gate::block(&stream);
+    m.prefetch_to_host(None)
+        .unwrap()
+        .expect("a copy was queued");
+    guarded(&gate, |release_later| {
+        assert_eq!(m.offload_ordered().unwrap(), N);
+        // Brought back on the stream of the copy out: the upload is queued behind it.
+        let ev = m
+            .prefetch_to_device(Some(&stream))
+            .unwrap()
+            .expect("an upload was queued");
+        assert!(
+            !gate.is_open(),
+            "the prefetch waited for the copy to the host"
+        );
+        assert!(m.device_allocated());
+        assert!(!ev.is_complete().unwrap());
+        assert_eq!(m.head(), Head::Synced);
+        // A device read takes it without a host wait; a read of the device mirror on another
+        // stream waits for the upload on the device, and gets the data.
+        drop(m.device().unwrap());
+        assert!(!gate.is_open(), "a device read waited on the host");
+        release_later();
+        assert_eq!(device_bytes_elsewhere(&dev, &m), data);
+        // The host waits for its own copy.
+        assert_eq!(&*m.host().unwrap(), &data[..]);
+    });
+    assert_eq!(m.pending().unwrap(), None);
+    assert_eq!(m.head(), Head::Synced);
+    // One copy each way: out, and back behind it.
+    let s = m.copy_stats();
+    assert_eq!((s.host_to_device.count, s.device_to_host.count), (1, 1));
 }
 
 #[test]

@@ -88,6 +88,105 @@ fn failed_copy_to_device_is_reported_once_and_redone() {
 }
 
 #[test]
+fn failed_copy_to_device_taken_by_a_device_read_is_reported_by_the_next_host_write() {
+    let test = "failed_copy_to_device_taken_by_a_device_read_is_reported_by_the_next_host_write";
+    let Some((dev, stream, m)) = rig(test) else {
+        return;
+    };
+    let data = pattern(5);
+    m.host_mut().unwrap().copy_from_slice(&data);
+    let gate = Gate::block(&stream);
+    m.prefetch_to_device(None)
+        .unwrap()
+        .expect("a copy was queued");
+    // A device read takes the copy as arrived, without a host wait (the device orders its
+    // commands after the copy).
+    drop(m.device().unwrap());
+    assert_eq!(m.pending().unwrap(), None);
+    assert_eq!(m.head(), Head::Synced);
+    gate.fail();
+    // The copy still reads the host mirror: a host write waits for it and reports its
+    // failure; the device mirror it was filling is then stale.
+    let err = m.host_mut().expect_err("the failed copy is reported");
+    assert!(
+        err.to_string().contains("clWaitForEvents"),
+        "the backend call is named: {err}"
+    );
+    assert_eq!(m.head(), Head::AtHost, "the device mirror is not current");
+    // A device access uploads again.
+    let g = m.device().unwrap();
+    let mut out = vec![0u8; N];
+    dev.new_stream()
+        .unwrap()
+        .read(g.buffer(), 0, &mut out)
+        .unwrap();
+    assert_eq!(out, data);
+    drop(g);
+    assert_eq!(m.copy_stats().host_to_device.count, 2);
+}
+
+#[test]
+fn failed_copy_to_host_after_its_device_mirror_went_loses_the_contents_with_an_error() {
+    let test = "failed_copy_to_host_after_its_device_mirror_went_loses_the_contents_with_an_error";
+    let Some((_, stream, m)) = rig(test) else {
+        return;
+    };
+    let data = pattern(6);
+    m.device_overwrite().unwrap().write_from(0, &data).unwrap();
+    let gate = Gate::block(&stream);
+    m.prefetch_to_host(None)
+        .unwrap()
+        .expect("a copy was queued");
+    // The device mirror goes without waiting for the copy (ordered after it).
+    assert_eq!(m.offload_ordered().unwrap(), N);
+    assert!(!m.device_allocated());
+    gate.fail();
+    // The copy held the only data: the access that settles it reports the failure, and the
+    // buffer then says its contents are gone instead of reading zeros.
+    let err = m.host().expect_err("the failed copy is reported");
+    assert!(
+        err.to_string().contains("clWaitForEvents"),
+        "the backend call is named: {err}"
+    );
+    assert_eq!(m.head(), Head::Dropped);
+    assert!(matches!(
+        m.device().map(drop),
+        Err(syncmem::Error::ContentsDropped { .. })
+    ));
+    // A write gives it contents again.
+    m.host_overwrite().unwrap().fill(7);
+    assert_eq!(&*m.host().unwrap(), &[7u8; N][..]);
+}
+
+#[test]
+fn failed_copy_out_under_a_value_brought_back_behind_it_loses_the_contents_with_an_error() {
+    let test =
+        "failed_copy_out_under_a_value_brought_back_behind_it_loses_the_contents_with_an_error";
+    let Some((_, stream, m)) = rig(test) else {
+        return;
+    };
+    m.device_overwrite().unwrap().fill(3).unwrap();
+    let gate = Gate::block(&stream);
+    m.prefetch_to_host(None)
+        .unwrap()
+        .expect("a copy was queued");
+    assert_eq!(m.offload_ordered().unwrap(), N);
+    // Brought back behind its copy out, on the same stream: no wait.
+    m.prefetch_to_device(Some(&stream))
+        .unwrap()
+        .expect("an upload was queued");
+    gate.fail();
+    // The copy out failed: the upload behind it copied no data of the buffer's, so neither
+    // mirror holds it.
+    let err = m.host().expect_err("the failed copy is reported");
+    assert!(
+        err.to_string().contains("clWaitForEvents"),
+        "the backend call is named: {err}"
+    );
+    assert_eq!(m.head(), Head::Dropped);
+}
+
+#[test]
 fn failed_announced_work_is_reported() {
     let Some((dev, _, m)) = rig("failed_announced_work_is_reported") else {
         return;

@@ -34,8 +34,12 @@
 //! # Copies in flight
 //!
 //! [`SyncedMemory::prefetch_to_device`] queues the host-to-device copy and returns. Unlike
-//! Caffe, the buffer knows the copy is in flight: an access that conflicts with it (a device
-//! access, or a host write) first waits for the copy's event; a host read does not wait.
+//! Caffe, the buffer knows the copy is in flight. A device access does not wait for it on the
+//! host: the device mirror counts as current from then on, and every device command on the
+//! buffer, on any stream, is ordered after the copy on the device (the copy is a write use of
+//! the device buffer; the guard's stream waits for it, device-side, before the caller's own
+//! commands), as for the copy below. A host write waits for the copy's event; a host read does
+//! not wait.
 //!
 //! The copy a device access makes when the host holds the newest data (Caffe's `to_gpu`) is
 //! queued too, on the buffer's stream, and the device mirror counts as current at once: every
@@ -44,9 +48,12 @@
 //! source until it ends: a host write, a new host mirror ([`SyncedMemory::set_host_data`]) and
 //! dropping the buffer wait for it; host reads do not.
 //!
-//! A copy (or announced device work) that fails is never counted as arrived: the first access
-//! that settles it returns the backend's error, and the mirror it was filling stays stale, so
-//! the next access that needs that mirror copies again.
+//! A copy (or announced device work) that fails is never counted as arrived where the host
+//! waits for it: the access that settles it returns the backend's error, and the mirror it was
+//! filling stays stale, so the next access that needs that mirror copies again. A copy to the
+//! device that a device access took as arrived (both kinds above) reports its error to the
+//! next access that waits for the copy (a host write, a new host mirror), which then marks the
+//! device mirror stale.
 //!
 //! # Departures from Caffe, on purpose
 //!

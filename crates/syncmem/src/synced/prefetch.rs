@@ -29,6 +29,9 @@ impl SyncedMemory {
     pub fn prefetch_to_device(&self, stream: Option<&Stream>) -> Result<Option<Event>> {
         let _lock = self.lock_read(None)?;
         let mut core = self.shared.core.lock();
+        if let Some(stream) = self.behind_download(&core, stream)? {
+            return self.upload_behind_download(&mut core, &stream);
+        }
         self.settle(&mut core, Access::DeviceRead)?;
         self.refuse_if_dropped(&core, "prefetch_to_device")?;
         // Only replicas on other devices are current: the data comes back first (blocking).
@@ -62,6 +65,59 @@ impl SyncedMemory {
         let point = stream.point_now();
         self.count(Direction::HostToDevice);
         core.coh.queued(PendingKind::ToDevice, point);
+        Ok(Some(event))
+    }
+
+    /// The stream of a copy to the host still in flight whose device mirror went already
+    /// (freed ordered after it: see [`SyncedMemory::offload`]), when a prefetch to the device
+    /// on `stream` can queue its upload behind that copy, on the same stream, instead of
+    /// waiting for it: a buffer with two mirrors brought back on the stream that took it out.
+    fn behind_download(
+        &self,
+        core: &super::Core,
+        stream: Option<&Stream>,
+    ) -> Result<Option<Stream>> {
+        let Some(p) = core.coh.pending() else {
+            return Ok(None);
+        };
+        if p.kind != PendingKind::ToHost
+            || core.dev.is_some()
+            || core.host.is_none()
+            || self.share_protocol().is_some()
+            || p.point.is_done()
+        {
+            return Ok(None);
+        }
+        let stream = self.pick_stream(stream)?;
+        Ok((stream.id() == p.point.id).then_some(stream))
+    }
+
+    /// Queues the upload of the host mirror on `stream`, behind the copy into it in flight on
+    /// the same stream (see [`SyncedMemory::behind_download`]): the stream runs them in order,
+    /// so the upload reads what that copy wrote, and nobody waits. The device mirror is
+    /// current from now on; the host still waits for its copy.
+    fn upload_behind_download(
+        &self,
+        core: &mut super::Core,
+        stream: &Stream,
+    ) -> Result<Option<Event>> {
+        self.note_device_use();
+        let dev = self.ensure_dev_alloc(core, false)?;
+        let src = core.host_ptr().ok_or_else(|| self.no_host())?;
+        // SAFETY: `src` is the host mirror, valid for `size` bytes. The copy into it in flight
+        // runs before the upload on this stream; host writes and frees of it wait for both
+        // (the copy is pending, the upload recorded as its reader).
+        unsafe { stream.write_raw(&dev, 0, src, self.len(), false)? };
+        let event = stream.record()?;
+        self.count(Direction::HostToDevice);
+        match stream.point_now() {
+            Some(point) => core.coh.chained_upload(point),
+            // Done when queued (a backend that runs copies at once): so is the copy before.
+            None => {
+                core.coh.finish_pending()?;
+                core.coh.uploaded();
+            }
+        }
         Ok(Some(event))
     }
 

@@ -202,10 +202,35 @@ impl SyncedMemory {
     /// [`crate::Error::Busy`] when this thread holds a guard of the buffer or its placement is
     /// pinned (a view or an export of its memory lives).
     pub fn offload(&self) -> crate::Result<usize> {
+        self.offload_with(false)
+    }
+
+    /// [`SyncedMemory::offload`], except that a buffer with two mirrors whose copy to the host
+    /// is in flight ([`SyncedMemory::prefetch_to_host`]) frees its device mirror at once,
+    /// without waiting for the copy: a stream-ordered free. The block goes back to its pool
+    /// ordered after the copy (the copy's stream may reuse it at once, the others once the
+    /// copy is done: until then its memory stays taken), the host mirror becomes current when
+    /// the copy lands (every access waits for it, a device read too), and a
+    /// [`SyncedMemory::prefetch_to_device`] on the copy's stream queues its upload behind the
+    /// copy, still without a wait. If the copy fails, the data is lost and reads say so
+    /// ([`crate::Error::ContentsDropped`]). For a value a program takes out and brings back
+    /// on one copy stream, when waiting costs more than the memory held until the copy ends.
+    ///
+    /// # Errors
+    /// As [`SyncedMemory::offload`].
+    pub fn offload_ordered(&self) -> crate::Result<usize> {
+        self.offload_with(true)
+    }
+
+    fn offload_with(&self, ordered: bool) -> crate::Result<usize> {
         self.refuse_if_pinned()?;
         let _lock = self.lock_write(None)?;
         let mut core = self.shared.core.lock();
-        let freed = spill_locked(&self.shared, &mut core, true);
+        let freed = match self.target() {
+            Some(device) if ordered => free_under_copy(&mut core, device),
+            _ => None,
+        }
+        .or_else(|| spill_locked(&self.shared, &mut core, true));
         if let (Some(f), Some(device)) = (freed, self.target()) {
             if f.spilled {
                 device.note_spill(f.bytes);
@@ -277,6 +302,32 @@ fn spill_locked(shared: &Shared, core: &mut Core, wait: bool) -> Option<Freed> {
     Some(Freed {
         bytes,
         spilled: dirty,
+    })
+}
+
+/// Frees the device mirror of a buffer with two mirrors whose copy to the host is in flight
+/// (a prefetch to the host) without waiting for the copy: a stream-ordered free. The block
+/// goes back to its pool ordered after the copy (the copy's read is recorded on it: the
+/// copy's stream may reuse it at once, the others once the copy is done), and the host
+/// mirror becomes current when the copy lands (the copy stays pending: every access waits
+/// for it, a device read too, the mirror it would read being gone). Nothing was written to
+/// the device since the copy was queued (a device write settles it first). `None` when that
+/// is not the case: no copy to the host in flight, shared memory, adopted device memory.
+fn free_under_copy(core: &mut Core, device: &crate::Device) -> Option<Freed> {
+    if core.zc.is_some() || !core.dev_owned() {
+        return None;
+    }
+    let p = core.coh.pending()?;
+    if p.kind != super::PendingKind::ToHost || p.point.is_done() {
+        // Done: the ordinary path settles it without a wait.
+        return None;
+    }
+    let bytes = core.dev_buf()?.len();
+    core.coh.device_left_under_copy();
+    core.release_device(Some(device));
+    Some(Freed {
+        bytes,
+        spilled: false,
     })
 }
 

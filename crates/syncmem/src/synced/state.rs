@@ -157,6 +157,10 @@ pub(super) struct Coherence {
     /// replica holds data, and a read is an error (not zeros, as for a fresh buffer) until
     /// the next write.
     dropped: bool,
+    /// The device mirror's data came, on the same stream, from the host mirror that the
+    /// pending copy to the host is filling ([`Coherence::chained_upload`]): if that copy
+    /// fails, the device's data is not the buffer's either.
+    chained: bool,
 }
 
 impl Coherence {
@@ -316,14 +320,71 @@ impl Coherence {
     /// The work is settled either way: when the wait fails (the copy or the work before its
     /// event failed), its destination is *not* marked valid, so the next access that needs it
     /// copies again, and the error is returned (once).
+    ///
+    /// A copy to the host whose device mirror went before it ended
+    /// ([`Coherence::device_left_under_copy`]) held the only data: when it fails, the contents
+    /// are lost, and every read says so ([`Head::Dropped`]) instead of reading zeros.
     pub(super) fn finish_pending(&mut self) -> Result<()> {
         if let Some(p) = self.pending.take() {
-            p.point.wait()?;
+            let chained = std::mem::take(&mut self.chained);
+            if let Err(e) = p.point.wait() {
+                if chained {
+                    self.device_lost();
+                }
+                if self.valid.is_empty() && !self.dropped {
+                    self.contents_dropped();
+                }
+                return Err(e);
+            }
             if let Some(place) = p.kind.lands_on() {
                 self.arrived(place);
             }
         }
         Ok(())
+    }
+
+    /// An upload queued at `point` on the stream of the pending copy to the host, after it,
+    /// from the host mirror that copy fills (a value freed under its copy out and brought
+    /// back): the device mirror is current (every device command on it is ordered after the
+    /// upload, its last writer), the upload reads the host mirror until `point`
+    /// ([`Coherence::release_host`]), and the host still becomes current when the pending copy
+    /// lands (host accesses wait for it).
+    pub(super) fn chained_upload(&mut self, point: Point) {
+        self.host_busy = Some(point);
+        self.chained = true;
+        self.arrived(Place::Device);
+    }
+
+    /// The device mirror went while a copy from it to the host is in flight (freed ordered
+    /// after the copy): the host becomes current when the copy lands, and the device holds
+    /// nothing. Replicas on other devices keep theirs.
+    pub(super) fn device_left_under_copy(&mut self) {
+        self.valid = Valid::NONE.keep_remote(self.valid);
+        self.chained = false;
+    }
+
+    /// A copy to the device in flight, met by a device access: the device takes it as
+    /// arrived, and the host does not wait. Every command on the device mirror, on any
+    /// stream, is ordered after the copy on the device (it is the mirror's last writer, which
+    /// the access's stream waits for, device-side), and the copy stays recorded as the reader
+    /// of the host mirror ([`Coherence::release_host`]), as an upload queued by a device
+    /// access is. Returns whether it did: not for another kind of work, nor while another
+    /// copy that reads the host mirror is not known done (the record holds one).
+    pub(super) fn arrive_on_device(&mut self, access: Access) -> bool {
+        let device = matches!(access, Access::DeviceRead | Access::DeviceWrite);
+        let upload = self
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.kind == PendingKind::ToDevice);
+        if !device || !upload || self.host_busy.as_ref().is_some_and(|p| !p.is_done()) {
+            return false;
+        }
+        let Some(p) = self.pending.take() else {
+            return false;
+        };
+        self.host_busy = Some(p.point);
+        self.arrived(Place::Device);
+        true
     }
 
     /// Waits for the work in flight, forgetting its result (the buffer is going).

@@ -189,10 +189,23 @@ impl SyncedMemory {
         Ok(dev)
     }
 
-    /// Settles pending work: waits for it when `access` conflicts, else settles it only if done.
+    /// Settles pending work: waits for it when `access` conflicts (except a copy to the device
+    /// met by a device access, which the device orders after the copy itself: see
+    /// [`super::state::Coherence::arrive_on_device`]), else settles it only if done.
     pub(super) fn settle(&self, core: &mut Core, access: Access) -> Result<()> {
+        // A copy to the host whose device mirror went already (freed ordered after it, see
+        // `spill.rs`) holds the data for every access, a device read too.
+        let no_source = core.dev.is_none();
         match core.coh.pending() {
-            Some(p) if p.kind.conflicts_with(access) => core.coh.finish_pending(),
+            Some(p)
+                if p.kind.conflicts_with(access)
+                    || (p.kind == PendingKind::ToHost && no_source) =>
+            {
+                if core.coh.arrive_on_device(access) {
+                    return Ok(());
+                }
+                core.coh.finish_pending()
+            }
             Some(_) => self.settle_if_complete(core),
             None => Ok(()),
         }

@@ -78,10 +78,15 @@ pub static PARKED: AtomicU64 = AtomicU64::new(0);
 /// `Offload`: the device mirror goes and the data stays (the model is unchanged: later reads
 /// check it); dropped contents stay dropped; a pinned buffer (a view keeps its address)
 /// refuses.
-pub fn offload_step(l: &Live, pinned: bool, at: &str) -> Result<(), TestCaseError> {
+pub fn offload_step(l: &Live, pinned: bool, ordered: bool, at: &str) -> Result<(), TestCaseError> {
     let in_place = l.mem.zero_copy_protocol() == Some(syncmem::ZeroCopyProtocol::InPlace);
     let spilled = l.mem.copy_stats().spilled.bytes;
-    match (l.mem.offload(), pinned) {
+    let offloaded = if ordered {
+        l.mem.offload_ordered()
+    } else {
+        l.mem.offload()
+    };
+    match (offloaded, pinned) {
         (Ok(freed), false) => {
             if freed > 0 {
                 OFFLOADED.fetch_add(1, Relaxed);

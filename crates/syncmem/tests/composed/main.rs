@@ -193,7 +193,7 @@ fn run(w: &World<'_>, ops: &[Op]) -> Result<(), TestCaseError> {
             | Op::DeviceOverwrite { slot, .. }
             | Op::UserTwice { slot }
             | Op::DropContents { slot }
-            | Op::Offload { slot }
+            | Op::Offload { slot, .. }
             | Op::ReplicaScale { slot, .. } => guarded(slot),
             Op::Axpy { x, y, .. } => guarded(y) || x == y,
             _ => false,
@@ -215,9 +215,9 @@ fn run(w: &World<'_>, ops: &[Op]) -> Result<(), TestCaseError> {
             }
             continue;
         }
-        if let Op::Offload { slot } = *op {
+        if let Op::Offload { slot, ordered } = *op {
             if let Some(l) = &slots[slot] {
-                dropped::offload_step(l, pinned(slot), &at)?;
+                dropped::offload_step(l, pinned(slot), ordered, &at)?;
             }
             continue;
         }

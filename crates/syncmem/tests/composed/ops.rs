@@ -95,9 +95,12 @@ pub enum Op {
     DropContents {
         slot: usize,
     },
-    /// Offloads the slot (`SyncedMemory::offload`): its device mirror goes, its data stays.
+    /// Offloads the slot (`SyncedMemory::offload`, or with `ordered`
+    /// `SyncedMemory::offload_ordered`, which frees the device mirror under a copy to the host
+    /// in flight): its device mirror goes, its data stays.
     Offload {
         slot: usize,
+        ordered: bool,
     },
     /// The `n`-th allocation for the devices from now fails.
     FailNext {
@@ -167,7 +170,7 @@ pub fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(slot, a)| Op::ReplicaScale { slot, a }),
         2 => (1u64..6).prop_map(|n| Op::FailNext { n }),
         1 => slot().prop_map(|slot| Op::DropContents { slot }),
-        1 => slot().prop_map(|slot| Op::Offload { slot }),
+        1 => (slot(), any::<bool>()).prop_map(|(slot, ordered)| Op::Offload { slot, ordered }),
         1 => Just(Op::OpenScope),
         1 => any::<bool>().prop_map(|keep| Op::CloseScope { keep }),
         2 => (
