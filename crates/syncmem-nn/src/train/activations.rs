@@ -51,8 +51,9 @@ pub struct OffloadMoves {
     pub refills: u64,
     /// Bytes copied back to the device.
     pub bytes_up: u64,
-    /// Readers that found their value's copy back still running (the copy was not hidden
-    /// behind the operator before them).
+    /// Readers that found their value's copy back (or its copy out, which the copy back
+    /// follows on the same stream) still running: the copy was not hidden behind the operator
+    /// before them, and the device runs the reader after it.
     pub not_ready: u64,
 }
 

@@ -204,6 +204,11 @@ impl Mover {
         self.stats
     }
 
+    /// The stream the copies are queued on.
+    pub(super) fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
     /// The copies to the device due before the run.
     ///
     /// # Errors
@@ -288,7 +293,7 @@ impl Mover {
         }
         for &id in plan.check.get(op).into_iter().flatten() {
             each(&blobs[id as usize], |m| {
-                stats.not_ready += u64::from(m.pending()? == Some(PendingKind::ToDevice));
+                stats.not_ready += u64::from(m.pending()?.is_some());
                 Ok(())
             })?;
         }

@@ -92,19 +92,29 @@ impl OffloadedParams {
     }
 
     /// Writes every parameter back to the host (where only the device holds it) and frees its
-    /// device memory.
+    /// device memory. A parameter only the device holds is copied out on the copy stream and
+    /// its device memory freed ordered after the copy, with no host wait; the next step brings
+    /// it back on the same stream, behind that copy.
     ///
     /// # Errors
     /// As [`syncmem::SyncedMemory::offload`].
     pub(super) fn write_back(&self) -> Result<()> {
+        let stream = self.mover.stream();
         self.each(|t| {
             if let Some(m) = t.synced() {
-                if m.head() == Head::Elsewhere {
+                match m.head() {
                     // Updated on the host's update device: the data comes to this buffer's
                     // own host memory first, and the device's stale copy is freed.
-                    m.prefetch_to_host(None)?;
+                    Head::Elsewhere => {
+                        m.prefetch_to_host(None)?;
+                    }
+                    Head::AtDevice => {
+                        m.prefetch_to_host(Some(stream))?;
+                    }
+                    _ => {}
                 }
-                m.offload()?;
+                // Freed ordered after the copy out: the next step brings it back behind it.
+                m.offload_ordered()?;
             }
             Ok(())
         })
