@@ -322,7 +322,7 @@ impl Trainer {
             }
             self.run_train_net()?;
             if let Some(o) = &self.offload {
-                o.update.run(&self.ws)?;
+                o.run(&self.ws)?;
             }
             // After the read, which waits for the step anyway.
             let scalars = self.read_scalars(&self.train)?;

@@ -37,7 +37,33 @@ pub(super) struct Offloaded {
     /// The host device the update runs on.
     pub(super) host: Device,
     /// The update net.
-    pub(super) update: Arc<Net>,
+    update: Arc<Net>,
+    /// The gradients the update reads (its inputs that it does not write).
+    gradients: Vec<String>,
+}
+
+impl Offloaded {
+    /// Runs the update on the host. The gradients' copies to the host are queued first, all
+    /// at once, on their buffers' streams (behind the backward pass that writes them), and
+    /// waited for once: the update then reads each with no wait of its own (one host wait a
+    /// step, not one per gradient).
+    ///
+    /// # Errors
+    /// The copies' and the update's errors.
+    pub(super) fn run(&self, ws: &Workspace) -> Result<()> {
+        let mut last = None;
+        for g in &self.gradients {
+            let queued = ws.with_tensor(g, |t| match t.synced() {
+                Some(m) if m.head() == syncmem::Head::AtDevice => m.prefetch_to_host(None),
+                _ => Ok(None),
+            })?;
+            last = queued.or(last);
+        }
+        if let Some(event) = last {
+            event.wait()?;
+        }
+        self.update.run(ws)
+    }
 }
 
 /// `nets` split for an offloaded optimizer: the training net without its update operators,
@@ -147,7 +173,20 @@ impl Split {
             ws.run_net_once(&self.state_init, &host, &opts)?;
         }
         let update = ws.create_net(&self.update, &host, &opts)?;
-        Ok(Offloaded { host, update })
+        let written: BTreeSet<&String> = self.update.ops.iter().flat_map(|o| &o.outputs).collect();
+        let gradients: BTreeSet<String> = self
+            .update
+            .ops
+            .iter()
+            .flat_map(|o| &o.inputs)
+            .filter(|n| !written.contains(n))
+            .cloned()
+            .collect();
+        Ok(Offloaded {
+            host,
+            update,
+            gradients: gradients.into_iter().collect(),
+        })
     }
 }
 
