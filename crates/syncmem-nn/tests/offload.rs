@@ -15,10 +15,16 @@ struct Run {
     peak: u64,
     bytes_per_step: f64,
     param_bytes: usize,
+    /// Host waits of the last step (the stepping thread's).
+    waits: u64,
 }
 
 fn run(dev: &Device, optimizer: Optimizer, offload: bool) -> Run {
-    let dev = dev.isolated();
+    // A handle of its own with `dev`'s zero-copy setting (an isolated handle starts with the
+    // environment's).
+    let own = dev.isolated();
+    own.set_zero_copy(dev.zero_copy());
+    let dev = own;
     let data = Dataset::spirals(200, 3, 0.2, 0);
     let cfg = TrainConfig::default()
         .with_optimizer(optimizer)
@@ -43,6 +49,7 @@ fn run(dev: &Device, optimizer: Optimizer, offload: bool) -> Run {
         peak: dev.pool_stats().unwrap().reserved.peak,
         bytes_per_step: tr.steps.total_bytes() as f64 / tr.step_count as f64,
         param_bytes,
+        waits: tr.waits.last_step,
     }
 }
 
@@ -63,6 +70,13 @@ fn check(dev: &Device) {
         );
         assert_eq!(off.losses, on.losses, "{optimizer:?}: the same losses");
         assert_eq!(off.params, on.params, "{optimizer:?}: the same parameters");
+        // The loss's read, and the gradients' copies down waited for once (not once per
+        // gradient).
+        assert!(
+            off.waits <= 2,
+            "{optimizer:?}: {} host waits a step",
+            off.waits
+        );
         if optimizer != Optimizer::Sgd {
             assert!(
                 off.peak < on.peak,
@@ -105,6 +119,10 @@ fn offloaded_optimizers_train_as_on_the_device_on_opencl() {
     let test = "offloaded_optimizers_train_as_on_the_device_on_opencl";
     if let Some(dev) = syncmem::testing::opencl_or_skip(test) {
         check(&dev);
+        // As on a discrete device: two mirrors, the copies made.
+        let two = dev.isolated();
+        two.set_zero_copy(syncmem::ZeroCopy::Off);
+        check(&two);
     }
 }
 
