@@ -23,6 +23,7 @@ pub fn reads_dropped(op: Op, slots: &[Option<Live>]) -> Option<usize> {
         | Op::Guard { slot, .. }
         | Op::ViewRead { slot }
         | Op::Pin { slot }
+        | Op::MoveOut { slot, .. }
         | Op::UserTwice { slot }
         | Op::ReplicaRead { slot }
         | Op::ReplicaScale { slot, .. } => vec![slot],
@@ -75,6 +76,9 @@ pub static OFFLOADED: AtomicU64 = AtomicU64::new(0);
 /// Buffers sharing memory in place that an `Offload` parked (spilled in place).
 pub static PARKED: AtomicU64 = AtomicU64::new(0);
 
+/// Ordered `Offload`s that freed a device mirror under its copy to the host in flight.
+pub static UNDER_COPY: AtomicU64 = AtomicU64::new(0);
+
 /// `Offload`: the device mirror goes and the data stays (the model is unchanged: later reads
 /// check it); dropped contents stay dropped; a pinned buffer (a view keeps its address)
 /// refuses.
@@ -103,6 +107,11 @@ pub fn offload_step(l: &Live, pinned: bool, ordered: bool, at: &str) -> Result<(
                     return Err(TestCaseError::fail(format!(
                         "{at}: {freed} bytes offloaded, the device mirror is still there"
                     )));
+                }
+                if ordered
+                    && l.mem.pending().ok().flatten() == Some(syncmem::synced::PendingKind::ToHost)
+                {
+                    UNDER_COPY.fetch_add(1, Relaxed);
                 }
             }
             if l.dropped {

@@ -13,7 +13,10 @@
 //! unnamed host blocks (staging buffers, served by the thread's cache of the host pool)
 //! allocated, freed here or on another thread, and released with the pool's cache in between
 //! (`scratch.rs`: each keeps its bytes), and buffers whose next host mirror is set to come
-//! from the device's pinned pool or not (`PinnedHost`, at any moment). `FailNext` makes the `n`-th allocation fail
+//! from the device's pinned pool or not (`PinnedHost`, at any moment), and, on OpenCL, streams
+//! held for a moment so that copies stay in flight while the operations after them run
+//! (`Hold`, and `MoveOut`: a value copied out, its device mirror freed under the copy and maybe
+//! brought back behind it; `hold.rs`). `FailNext` makes the `n`-th allocation fail
 //! ([`Device::fail_allocation`]): an operation that fails with out-of-memory (injected, or the
 //! cap) must leave every buffer as it was, which is checked on the spot. The always-on history
 //! records every program, and an out-of-memory observer runs at every failure, reading the
@@ -24,6 +27,7 @@
 //! setting (CI runs the default; a longer local run sets more).
 
 mod dropped;
+mod hold;
 #[path = "../common/model.rs"]
 mod model;
 mod observed;
@@ -194,6 +198,7 @@ fn run(w: &World<'_>, ops: &[Op]) -> Result<(), TestCaseError> {
             | Op::UserTwice { slot }
             | Op::DropContents { slot }
             | Op::Offload { slot, .. }
+            | Op::MoveOut { slot, .. }
             | Op::ReplicaScale { slot, .. } => guarded(slot),
             Op::Axpy { x, y, .. } => guarded(y) || x == y,
             _ => false,
@@ -209,16 +214,7 @@ fn run(w: &World<'_>, ops: &[Op]) -> Result<(), TestCaseError> {
         if w.scratch.applies(*op, &at)? {
             continue;
         }
-        if let Op::DropContents { slot } = *op {
-            if let Some(l) = &mut slots[slot] {
-                dropped::drop_step(l, pinned(slot), &at)?;
-            }
-            continue;
-        }
-        if let Op::Offload { slot, ordered } = *op {
-            if let Some(l) = &slots[slot] {
-                dropped::offload_step(l, pinned(slot), ordered, &at)?;
-            }
+        if leave_or_drop(w, &mut slots, *op, &pinned, &at)? {
             continue;
         }
         let before = w.allocations();
@@ -252,6 +248,41 @@ fn run(w: &World<'_>, ops: &[Op]) -> Result<(), TestCaseError> {
     finally(w, &slots, &pins)?;
     pins.clear();
     Ok(())
+}
+
+/// Applies `op` when it drops a slot's contents or takes it off the device (`DropContents`,
+/// `Offload`, `MoveOut`); returns whether it was one of them.
+fn leave_or_drop(
+    w: &World<'_>,
+    slots: &mut [Option<Live>],
+    op: Op,
+    pinned: &dyn Fn(usize) -> bool,
+    at: &str,
+) -> Result<bool, TestCaseError> {
+    match op {
+        Op::DropContents { slot } => {
+            if let Some(l) = &mut slots[slot] {
+                dropped::drop_step(l, pinned(slot), at)?;
+            }
+        }
+        Op::MoveOut {
+            slot,
+            stream,
+            micros,
+            back,
+        } => {
+            if let Some(l) = &slots[slot] {
+                hold::move_out(w, l, (stream, micros, back), pinned(slot), at)?;
+            }
+        }
+        Op::Offload { slot, ordered } => {
+            if let Some(l) = &slots[slot] {
+                dropped::offload_step(l, pinned(slot), ordered, at)?;
+            }
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
 }
 
 /// At the end of a program: pinned views did not move, and every buffer holds the model's
@@ -402,6 +433,15 @@ fn offloaded_and_parked(home: &Device) {
     assert!(offloaded > 0, "no buffer was offloaded");
     let parked = dropped::PARKED.load(std::sync::atomic::Ordering::Relaxed);
     eprintln!("{} buffers spilled in place", parked);
+    let under_copy = dropped::UNDER_COPY.load(std::sync::atomic::Ordering::Relaxed);
+    let held = hold::HELD.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("{held} streams held, {under_copy} device mirrors freed under their copy out");
+    if home.backend() == syncmem::BackendKind::OpenCl {
+        assert!(
+            under_copy > 0,
+            "no device mirror was freed under its copy out"
+        );
+    }
     let auto = capped(home, ZeroCopy::Auto);
     if auto.zero_copy_protocol() == Some(syncmem::ZeroCopyProtocol::InPlace) {
         assert!(parked > 0, "no buffer was spilled in place");

@@ -133,6 +133,20 @@ pub enum Op {
     HostRelease {
         empty: bool,
     },
+    /// Holds stream `stream` of the device for `micros` microseconds (OpenCL; see
+    /// `hold.rs`): what is queued on it meanwhile stays in flight.
+    Hold {
+        stream: usize,
+        micros: u64,
+    },
+    /// Takes the slot out of the device and maybe back, with the copies held in flight on
+    /// `stream` for `micros` (see `hold.rs`).
+    MoveOut {
+        slot: usize,
+        stream: usize,
+        micros: u64,
+        back: bool,
+    },
     /// Sets where the slot's next host mirror comes from (`SyncedMemory::set_pinned_host`):
     /// the device's pinned pool, or the host pool. Its data stays as it is.
     PinnedHost {
@@ -184,5 +198,8 @@ pub fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(slot, elsewhere)| Op::ScratchFree { slot, elsewhere }),
         1 => any::<bool>().prop_map(|empty| Op::HostRelease { empty }),
         1 => (slot(), any::<bool>()).prop_map(|(slot, pinned)| Op::PinnedHost { slot, pinned }),
+        2 => (0..2usize, 200..3000u64).prop_map(|(stream, micros)| Op::Hold { stream, micros }),
+        2 => (slot(), 0..2usize, 200..3000u64, any::<bool>())
+            .prop_map(|(slot, stream, micros, back)| Op::MoveOut { slot, stream, micros, back }),
     ]
 }

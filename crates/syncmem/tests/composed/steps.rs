@@ -41,11 +41,16 @@ pub fn step_one<'s>(
         | Op::FailNext { .. } => keep_step(w, slots, held, pins, op, at),
         Op::DropContents { .. }
         | Op::Offload { .. }
+        | Op::MoveOut { .. }
         | Op::Scratch { .. }
         | Op::ScratchFree { .. }
         | Op::HostRelease { .. } => unreachable!("run applies {op:?}"),
         Op::OpenScope | Op::CloseScope { .. } => {
             scope_step(w, op);
+            Ok(())
+        }
+        Op::Hold { stream, micros } => {
+            super::hold::hold(&w.streams[stream], micros);
             Ok(())
         }
         Op::PinnedHost { slot, pinned } => {
