@@ -6,16 +6,20 @@
 //! least [`MIN_GAP`] operators later:
 //! - after operator `a`: its copy to the host is queued on the mover's copy stream (nothing
 //!   when the host copy is current already, as for a parameter that was only read);
-//! - from operator `a + 1` on: its device memory is freed ([`syncmem::SyncedMemory::offload`])
-//!   after the first operator at whose end that copy is done, with no host wait; at the latest
-//!   after operator `a + 1 + DEFER` (but not later than `b - 3`), waiting for the copy then.
-//!   On PoCL with two mirrors (the host queues far ahead of the device, so a copy is seldom
-//!   done one operator later) an epoch at hidden 64 with the parameters offloaded took 20.3,
+//! - with two mirrors, after operator `a + 1`: its device memory is freed ordered after that
+//!   copy ([`syncmem::SyncedMemory::offload_ordered`]): no host wait; the block goes back to the
+//!   pool with the copy in flight, and the next mirror to take it (on any stream) orders its
+//!   first command after the copy on the device. Where the host shares the device's memory in
+//!   place (nothing is copied, the block becomes the host's once its writer is done): after
+//!   the first operator at whose end that writer is done, with no host wait; at the latest
+//!   after operator `a + 1 + DEFER` (but not later than `b - 3`), waiting for it then. On PoCL
+//!   with two mirrors, before frees were ordered after the copies (a copy is seldom done one
+//!   operator later there), an epoch at hidden 64 with the parameters offloaded took 20.3,
 //!   18.7 and 15.3 ms with `DEFER` 0, 1 and 2;
 //! - after operator `b - 2`: its copy back is queued on the copy stream, one operator ahead of
-//!   its reader;
-//! - after operator `b - 1`: whether the copy back is still running is noted (the reader's
-//!   access then waits for it: the copy was not hidden).
+//!   its reader (behind its copy out on that stream, if that is still running: no wait);
+//! - after operator `b - 1`: whether the copy back (or the copy out it follows) is still
+//!   running is noted: the copy was not hidden, and the device runs the reader after it.
 //!
 //! Named blobs (the parameters) are brought up ahead of their first read instead: after
 //! operator `first - 2`, or before the run ([`Mover::before`]) when one of the first two
@@ -224,8 +228,9 @@ impl Mover {
         Ok(())
     }
 
-    /// Frees the values on their way out whose copy to the host is done, and those due after
-    /// operator `op` whatever their copy (waiting for it); keeps the others.
+    /// Frees the values on their way out: with two mirrors at once, ordered after their copy
+    /// to the host; sharing memory in place, those whose writer is done, and those due after
+    /// operator `op` (waiting for it); keeps the others.
     ///
     /// # Errors
     /// The frees' errors.
@@ -236,12 +241,17 @@ impl Mover {
             let id = self.leaving[i];
             let mut keep = false;
             each(&self.blobs[id as usize], |m| {
-                if !due.contains(&id) && m.pending()? == Some(PendingKind::ToHost) {
+                // Memory the host shares in place is given to the host once its last writer
+                // is done, which an early free would wait for.
+                let shared = m.zero_copy_protocol().is_some();
+                if shared && !due.contains(&id) && m.pending()? == Some(PendingKind::ToHost) {
                     keep = true;
                 } else if matches!(m.head(), Head::AtDevice | Head::Synced) && m.device_allocated()
                 {
-                    // The host copy is current, or is waited for here.
-                    let bytes = m.offload()?;
+                    // With two mirrors, freed ordered after its copy out, with no host wait:
+                    // the block goes back with the copy in flight, and the mirror that takes
+                    // it next orders itself after the copy on the device.
+                    let bytes = m.offload_ordered()?;
                     self.stats.offloads += u64::from(bytes > 0);
                     self.stats.bytes_released += bytes as u64;
                 }

@@ -63,6 +63,8 @@ impl Evictable for Shared {
         if !core.dev_owned() {
             return None;
         }
+        // A copy out that a copy back follows needs no wait: the contents go.
+        core.coh.forget_chained_copy();
         if let Some(p) = core.coh.pending() {
             if !wait && !p.point.is_done() {
                 return None;

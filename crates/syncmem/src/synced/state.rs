@@ -355,6 +355,24 @@ impl Coherence {
         self.arrived(Place::Device);
     }
 
+    /// Forgets the pending copy to the host of a buffer whose device mirror came back behind
+    /// it ([`Coherence::chained_upload`]), when the contents are dropped: nothing waits for
+    /// the copy, and whatever writes or frees the host mirror still waits for the upload
+    /// queued after it on the same stream ([`Coherence::release_host`]), so for the copy too.
+    /// Returns whether it did.
+    pub(super) fn forget_chained_copy(&mut self) -> bool {
+        let copy_out = self
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.kind == PendingKind::ToHost);
+        if !(self.chained && copy_out && self.host_busy.is_some()) {
+            return false;
+        }
+        self.pending = None;
+        self.chained = false;
+        true
+    }
+
     /// The device mirror went while a copy from it to the host is in flight (freed ordered
     /// after the copy): the host becomes current when the copy lands, and the device holds
     /// nothing. Replicas on other devices keep theirs.

@@ -7,12 +7,14 @@ use std::sync::Arc;
 use super::{BlockId, PendingUse, SegId, StreamId};
 
 /// Who a block is for: the stream, the bytes asked for and the owner's name (kept with the
-/// block while it is handed out, for snapshots).
+/// block while it is handed out, for snapshots), and whether the new user orders itself after
+/// another stream's uses in flight on the device ([`crate::backend::RawStorage::orders_reuse`]).
 #[derive(Clone, Copy)]
 pub(crate) struct Request<'a> {
     pub(crate) stream: StreamId,
     pub(crate) requested: usize,
     pub(crate) owner: Option<&'a Arc<str>>,
+    pub(crate) ordered: bool,
 }
 
 /// A block handed out by a core.
@@ -25,8 +27,9 @@ pub(crate) struct Grant<V> {
     /// The view the block kept from its last use, if its placement (segment, offset, size) has
     /// not changed since.
     pub(crate) view: Option<Box<V>>,
-    /// Uses of the block still in flight, on the stream it is handed to (or complete): they
-    /// go back to the pool with the block, with the new user's own.
+    /// Uses of the block still in flight, on the stream it is handed to (or complete; or, for
+    /// an ordered request, commands of other streams' queues, which the new user orders
+    /// itself after): they go back to the pool with the block, with the new user's own.
     pub(crate) pending: Vec<PendingUse>,
     /// The block is small (the caching pool's small pool; elsewhere at most `small_size`).
     pub(crate) small: bool,

@@ -153,6 +153,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             stream,
             requested: bytes,
             owner,
+            ordered: source.orders_reuse(),
         };
         // Round: the size of the block the request takes.
         let Some(rounded) = inner.core.round(bytes) else {

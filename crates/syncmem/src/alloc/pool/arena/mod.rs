@@ -39,7 +39,7 @@ use super::front::Front;
 use super::grant::{Grant, Request};
 use super::slab::Slab;
 use super::stats::SplitGauge;
-use super::{merge_pending, usable_by, BlockId, PendingUse, SegId, StreamId};
+use super::{merge_pending, orderable, usable_by, BlockId, PendingUse, SegId, StreamId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -295,10 +295,13 @@ impl<V> Arena<V> {
 
     /// The best-fit free block for `rounded` bytes usable by `req`'s stream, carved; with
     /// `keep_whole`, wholly free segments of at least [`KEEP_WHOLE`] times `rounded` are passed
-    /// over (see [`Arena::find`]).
+    /// over (see [`Arena::find`]). For a request that orders itself after the uses in flight
+    /// ([`Request::ordered`]), the best fit among blocks other streams still use is taken when
+    /// no block is free of them: before a new segment is made.
     fn best_fit(&mut self, rounded: usize, req: Request<'_>, keep_whole: bool) -> Option<Grant<V>> {
         let small = rounded <= self.small_size;
         let mut pick = None;
+        let mut ordered = None;
         let whole_from = rounded.saturating_mul(KEEP_WHOLE);
         for &(size, id) in self.free[pool_index(small)].range((rounded, 0)..) {
             if let Some(m) = self.max_split {
@@ -319,8 +322,11 @@ impl<V> Arena<V> {
                 pick = Some(id);
                 break;
             }
+            if req.ordered && ordered.is_none() && orderable(&b.pending) {
+                ordered = Some(id);
+            }
         }
-        pick.map(|id| self.carve(id, rounded, req))
+        pick.or(ordered).map(|id| self.carve(id, rounded, req))
     }
 
     /// Adds a fresh (zeroed) segment of `size` bytes and carves `rounded` bytes from it for
