@@ -20,7 +20,7 @@ use std::time::Duration;
 #[path = "common/gate.rs"]
 mod gate;
 
-use gate::{rig, Gate, N};
+use gate::{freed_under_copy_out, rig, Gate, N};
 use syncmem::synced::PendingKind;
 use syncmem::{Device, Head, SyncedMemory};
 
@@ -200,15 +200,10 @@ fn an_ordered_offload_under_a_copy_to_the_host_does_not_wait() {
         return;
     };
     let data = pattern(6);
-    m.device_overwrite().unwrap().write_from(0, &data).unwrap();
-    let gate = Gate::block(&stream);
-    m.prefetch_to_host(None)
-        .unwrap()
-        .expect("a copy was queued");
+    // The device mirror goes at once, its block back to the pool ordered after the copy that
+    // still reads it: no host wait.
+    let gate = freed_under_copy_out(&stream, &m, &data);
     guarded(&gate, |release_later| {
-        // The device mirror goes at once, its block back to the pool ordered after the copy
-        // that still reads it: no host wait.
-        assert_eq!(m.offload_ordered().unwrap(), N);
         assert!(
             !gate.is_open(),
             "offload waited for the device-to-host copy"
@@ -243,13 +238,8 @@ fn a_value_freed_under_its_copy_out_comes_back_on_that_stream_without_a_wait() {
         return;
     };
     let data = pattern(7);
-    m.device_overwrite().unwrap().write_from(0, &data).unwrap();
-    let gate = Gate::block(&stream);
-    m.prefetch_to_host(None)
-        .unwrap()
-        .expect("a copy was queued");
+    let gate = freed_under_copy_out(&stream, &m, &data);
     guarded(&gate, |release_later| {
-        assert_eq!(m.offload_ordered().unwrap(), N);
         // Brought back on the stream of the copy out: the upload is queued behind it.
         let ev = m
             .prefetch_to_device(Some(&stream))
@@ -296,13 +286,8 @@ fn a_block_under_a_copy_out_serves_another_stream_ordered_after_the_copy() {
     let stream = dev.new_stream().unwrap();
     let m = SyncedMemory::new(N, &dev).with_stream(&stream).unwrap();
     let data = pattern(8);
-    m.device_overwrite().unwrap().write_from(0, &data).unwrap();
-    let gate = Gate::block(&stream);
-    m.prefetch_to_host(None)
-        .unwrap()
-        .expect("a copy was queued");
+    let gate = freed_under_copy_out(&stream, &m, &data);
     guarded(&gate, |release_later| {
-        assert_eq!(m.offload_ordered().unwrap(), N);
         // A buffer's mirror on another stream takes the block the copy still reads: its
         // commands wait for the copy on the device, not on the host.
         let other = SyncedMemory::new(N, &dev)

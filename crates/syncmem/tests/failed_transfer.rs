@@ -13,7 +13,7 @@
 #[path = "common/gate.rs"]
 mod gate;
 
-use gate::{rig, Gate, N};
+use gate::{freed_under_copy_out, rig, Gate, N};
 use syncmem::synced::PendingKind;
 use syncmem::Head;
 
@@ -131,14 +131,8 @@ fn failed_copy_to_host_after_its_device_mirror_went_loses_the_contents_with_an_e
     let Some((_, stream, m)) = rig(test) else {
         return;
     };
-    let data = pattern(6);
-    m.device_overwrite().unwrap().write_from(0, &data).unwrap();
-    let gate = Gate::block(&stream);
-    m.prefetch_to_host(None)
-        .unwrap()
-        .expect("a copy was queued");
     // The device mirror goes without waiting for the copy (ordered after it).
-    assert_eq!(m.offload_ordered().unwrap(), N);
+    let gate = freed_under_copy_out(&stream, &m, &pattern(6));
     assert!(!m.device_allocated());
     gate.fail();
     // The copy held the only data: the access that settles it reports the failure, and the
@@ -165,12 +159,7 @@ fn failed_copy_out_under_a_value_brought_back_behind_it_loses_the_contents_with_
     let Some((_, stream, m)) = rig(test) else {
         return;
     };
-    m.device_overwrite().unwrap().fill(3).unwrap();
-    let gate = Gate::block(&stream);
-    m.prefetch_to_host(None)
-        .unwrap()
-        .expect("a copy was queued");
-    assert_eq!(m.offload_ordered().unwrap(), N);
+    let gate = freed_under_copy_out(&stream, &m, &pattern(3));
     // Brought back behind its copy out, on the same stream: no wait.
     m.prefetch_to_device(Some(&stream))
         .unwrap()

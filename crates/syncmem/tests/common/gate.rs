@@ -94,3 +94,22 @@ pub fn rig(test: &str) -> Option<(Device, Stream, SyncedMemory)> {
         .with_label(test);
     Some((dev, stream, m))
 }
+
+/// `data` written to `m`'s device mirror, then `stream` (`m`'s) blocked by a new gate and the
+/// copy of `m` to the host queued behind it: a copy out held in flight until the gate opens.
+pub fn copy_out_held(stream: &Stream, m: &SyncedMemory, data: &[u8]) -> Gate {
+    m.device_overwrite().unwrap().write_from(0, data).unwrap();
+    let gate = Gate::block(stream);
+    m.prefetch_to_host(None)
+        .unwrap()
+        .expect("a copy was queued");
+    gate
+}
+
+/// `data` written to `m`'s device mirror and copied out behind a gate (see
+/// [`copy_out_held`]), and `m`'s device mirror freed ordered after the copy.
+pub fn freed_under_copy_out(stream: &Stream, m: &SyncedMemory, data: &[u8]) -> Gate {
+    let gate = copy_out_held(stream, m, data);
+    assert_eq!(m.offload_ordered().unwrap(), N, "freed at once");
+    gate
+}
