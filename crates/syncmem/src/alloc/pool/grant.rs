@@ -7,14 +7,12 @@ use std::sync::Arc;
 use super::{BlockId, PendingUse, SegId, StreamId};
 
 /// Who a block is for: the stream, the bytes asked for and the owner's name (kept with the
-/// block while it is handed out, for snapshots), and whether the new user orders itself after
-/// another stream's uses in flight on the device ([`crate::backend::RawStorage::orders_reuse`]).
+/// block while it is handed out, for snapshots).
 #[derive(Clone, Copy)]
 pub(crate) struct Request<'a> {
     pub(crate) stream: StreamId,
     pub(crate) requested: usize,
     pub(crate) owner: Option<&'a Arc<str>>,
-    pub(crate) ordered: bool,
 }
 
 /// A block handed out by a core.
