@@ -269,46 +269,6 @@ fn a_value_freed_under_its_copy_out_comes_back_on_that_stream_without_a_wait() {
 }
 
 #[test]
-fn a_block_under_a_copy_out_serves_another_stream_ordered_after_the_copy() {
-    let test = "a_block_under_a_copy_out_serves_another_stream_ordered_after_the_copy";
-    let Some((shared, _, _)) = rig(test) else {
-        return;
-    };
-    // A device handle of its own, capped at one buffer: the next mirror can only take the
-    // block the copy still reads.
-    let dev = shared.isolated();
-    dev.set_zero_copy(syncmem::ZeroCopy::Off);
-    dev.set_pool(
-        syncmem::PoolConfig::default()
-            .with_memory_cap(syncmem::alloc::pool::MemoryCap::Bytes(N as u64)),
-    )
-    .unwrap();
-    let stream = dev.new_stream().unwrap();
-    let m = SyncedMemory::new(N, &dev).with_stream(&stream).unwrap();
-    let data = pattern(8);
-    let gate = freed_under_copy_out(&stream, &m, &data);
-    guarded(&gate, |release_later| {
-        // A buffer's mirror on another stream takes the block the copy still reads: its
-        // commands wait for the copy on the device, not on the host.
-        let other = SyncedMemory::new(N, &dev)
-            .with_zero_copy(false)
-            .with_stream(&dev.new_stream().unwrap())
-            .unwrap();
-        other.device_overwrite().unwrap().fill(0xFF).unwrap();
-        assert!(!gate.is_open(), "the reuse waited on the host for the copy");
-        let s = dev.pool_stats().unwrap();
-        assert_eq!(
-            s.reserved.current, N as u64,
-            "the block was reused, no segment made"
-        );
-        // The copy read the data before the fill wrote the block.
-        release_later();
-        assert_eq!(&*m.host().unwrap(), &data[..]);
-        assert_eq!(&*other.host().unwrap(), &[0xFFu8; N][..]);
-    });
-}
-
-#[test]
 fn to_host_device_write_waits() {
     let Some((dev, stream, m)) = rig("to_host_device_write_waits") else {
         return;

@@ -6,16 +6,16 @@
 //! least [`MIN_GAP`] operators later:
 //! - after operator `a`: its copy to the host is queued on the mover's copy stream (nothing
 //!   when the host copy is current already, as for a parameter that was only read);
-//! - with two mirrors, after operator `a + 1`: its device memory is freed ordered after that
-//!   copy ([`syncmem::SyncedMemory::offload_ordered`]): no host wait; the block goes back to the
-//!   pool with the copy in flight, and the next mirror to take it (on any stream) orders its
-//!   first command after the copy on the device. Where the host shares the device's memory in
-//!   place (nothing is copied, the block becomes the host's once its writer is done): after
-//!   the first operator at whose end that writer is done, with no host wait; at the latest
-//!   after operator `a + 1 + DEFER` (but not later than `b - 3`), waiting for it then. On PoCL
-//!   with two mirrors, before frees were ordered after the copies (a copy is seldom done one
-//!   operator later there), an epoch at hidden 64 with the parameters offloaded took 20.3,
-//!   18.7 and 15.3 ms with `DEFER` 0, 1 and 2;
+//! - from operator `a + 1` on: its device memory is freed after the first operator at whose
+//!   end that copy is done; at the latest after operator `a + 1 + DEFER` (but not later than
+//!   `b - 3`), then with two mirrors ordered after the copy still running
+//!   ([`syncmem::SyncedMemory::offload_ordered`]: its block goes back to the pool with the copy
+//!   in flight), and where the host shares the memory in place waiting for its writer. On PoCL
+//!   with two mirrors (the host queues far ahead of the device, so a copy is seldom done one
+//!   operator later), before frees were ordered after the copies, an epoch at hidden 64 with
+//!   the parameters offloaded took 20.3, 18.7 and 15.3 ms with `DEFER` 0, 1 and 2. Freeing at
+//!   once, ordered, instead of at the deadline took no less time and raised the step's peak:
+//!   the compute stream does not reuse a block until the copy using it is done;
 //! - after operator `b - 2`: its copy back is queued on the copy stream, one operator ahead of
 //!   its reader (behind its copy out on that stream, if that is still running: no wait);
 //! - after operator `b - 1`: whether the copy back (or the copy out it follows) is still
@@ -228,9 +228,8 @@ impl Mover {
         Ok(())
     }
 
-    /// Frees the values on their way out: with two mirrors at once, ordered after their copy
-    /// to the host; sharing memory in place, those whose writer is done, and those due after
-    /// operator `op` (waiting for it); keeps the others.
+    /// Frees the values on their way out whose copy to the host is done, and those due after
+    /// operator `op` whatever their copy (waiting for it); keeps the others.
     ///
     /// # Errors
     /// The frees' errors.
@@ -241,16 +240,13 @@ impl Mover {
             let id = self.leaving[i];
             let mut keep = false;
             each(&self.blobs[id as usize], |m| {
-                // Memory the host shares in place is given to the host once its last writer
-                // is done, which an early free would wait for.
-                let shared = m.zero_copy_protocol().is_some();
-                if shared && !due.contains(&id) && m.pending()? == Some(PendingKind::ToHost) {
+                if !due.contains(&id) && m.pending()? == Some(PendingKind::ToHost) {
                     keep = true;
                 } else if matches!(m.head(), Head::AtDevice | Head::Synced) && m.device_allocated()
                 {
-                    // With two mirrors, freed ordered after its copy out, with no host wait:
-                    // the block goes back with the copy in flight, and the mirror that takes
-                    // it next orders itself after the copy on the device.
+                    // The host copy is current, or its copy is still running at the deadline:
+                    // with two mirrors the block goes back ordered after the copy, with no host
+                    // wait (sharing memory in place, its writer is waited for here).
                     let bytes = m.offload_ordered()?;
                     self.stats.offloads += u64::from(bytes > 0);
                     self.stats.bytes_released += bytes as u64;

@@ -107,17 +107,6 @@ pub trait RawStorage {
     fn may_split_whole(&self) -> bool {
         true
     }
-
-    /// Whether a free block that another stream's commands still use may be handed to this
-    /// request, its new user ordering its first command after them on the device (a device
-    /// buffer inherits a reused block's uses in flight, and every command on it, and every
-    /// host access of memory it shares, waits for them). `false` by default: the block goes
-    /// only to the stream of those commands, or once they are done. A device's storage says
-    /// `true` for buffers' mirrors, whose uses all go through the crate; not for memory whose
-    /// native handle is handed out, which work the crate does not see may use at once.
-    fn orders_reuse(&self) -> bool {
-        false
-    }
 }
 
 /// Any function from a size to a segment is a storage without views (tests, trace replay).

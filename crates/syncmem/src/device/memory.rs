@@ -126,11 +126,6 @@ fn max_segment(dev: &Device) -> usize {
 struct PoolStorage<'a> {
     dev: &'a Device,
     zero_copy: &'a ZeroCopySetting,
-    /// The allocation is a buffer's mirror (a named request): every use of it goes through
-    /// the crate's ordering, so it may reuse a block another stream still uses
-    /// ([`RawStorage::orders_reuse`]). A user's own pooled buffer (no name) may have its native
-    /// handle used at once, and does not.
-    mirror: bool,
 }
 
 impl RawStorage for PoolStorage<'_> {
@@ -152,10 +147,6 @@ impl RawStorage for PoolStorage<'_> {
 
     fn may_split_whole(&self) -> bool {
         oom::may_split_whole()
-    }
-
-    fn orders_reuse(&self) -> bool {
-        self.mirror
     }
 }
 
@@ -447,7 +438,6 @@ impl DeviceMemory {
         let storage = &PoolStorage {
             dev,
             zero_copy: &self.zero_copy,
-            mirror: owner.is_some(),
         };
         // The common case: the pool exists and has room (no reference count taken; the lease
         // holds its shard from then on).

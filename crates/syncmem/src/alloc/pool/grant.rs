@@ -25,9 +25,8 @@ pub(crate) struct Grant<V> {
     /// The view the block kept from its last use, if its placement (segment, offset, size) has
     /// not changed since.
     pub(crate) view: Option<Box<V>>,
-    /// Uses of the block still in flight, on the stream it is handed to (or complete; or, for
-    /// an ordered request, commands of other streams' queues, which the new user orders
-    /// itself after): they go back to the pool with the block, with the new user's own.
+    /// Uses of the block still in flight, on the stream it is handed to (or complete): they
+    /// go back to the pool with the block, with the new user's own.
     pub(crate) pending: Vec<PendingUse>,
     /// The block is small (the caching pool's small pool; elsewhere at most `small_size`).
     pub(crate) small: bool,

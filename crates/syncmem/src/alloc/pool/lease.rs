@@ -109,9 +109,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
 
     /// The uses still in flight that the block came with: work of its previous owners, queued
     /// on `stream` (the stream this lease was asked for; the fences of other streams had
-    /// completed when the block was handed out), or, for a storage that orders reuse
-    /// ([`crate::backend::RawStorage::orders_reuse`]), commands of other streams' queues too.
-    /// Whatever touches the block through a stream must be ordered after those of the others.
+    /// completed when the block was handed out). Whatever touches the block through another
+    /// stream must be ordered after them.
     pub fn pending(&self) -> impl Iterator<Item = (StreamId, &dyn Fence)> {
         self.pending.iter().map(|p| (p.stream, &*p.fence))
     }

@@ -169,13 +169,6 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         if let Some(grant) = inner.core.find(rounded, req, capped) {
             return self.hand_out(sh, inner, (grant, true), req, source, keep);
         }
-        // A block another stream still uses, for a request that orders itself after that use
-        // on the device (see `RawStorage::orders_reuse`): before a new segment is made.
-        if source.orders_reuse() {
-            if let Some(grant) = inner.core.find_ordered(rounded, req, keep_whole) {
-                return self.hand_out(sh, inner, (grant, true), req, source, keep);
-            }
-        }
         // Free cached: give back the idle memory the request cannot use, so that the new
         // segment is sized by what the pool holds now. Not under a cap: segments a program
         // left idle come back as its demand returns, and the cap bounds what they hold (the

@@ -98,8 +98,7 @@ pub use lease::Lease;
 pub(crate) use malloc::quietly;
 pub use pending::Fence;
 pub(crate) use pending::{
-    in_flight, merge_one, merge_pending, orderable, usable_by, PendingFence, PendingUse, Queue,
-    QueuePoint,
+    in_flight, merge_one, merge_pending, usable_by, PendingFence, PendingUse, Queue, QueuePoint,
 };
 pub(crate) use slim::Slim;
 pub use snapshot::{

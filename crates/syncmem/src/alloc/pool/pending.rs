@@ -126,15 +126,6 @@ pub(crate) fn usable_by(pending: &[PendingUse], stream: StreamId) -> bool {
         .all(|p| p.stream == stream || p.fence.is_complete())
 }
 
-/// True when a block with these pending uses may be handed to a user that orders itself after
-/// them on the device ([`crate::backend::RawStorage::orders_reuse`]): each is a command on a
-/// device's queue (which the new user's device buffer inherits and waits for there) or done.
-pub(crate) fn orderable(pending: &[PendingUse]) -> bool {
-    pending
-        .iter()
-        .all(|p| matches!(p.fence, PendingFence::At(_)) || p.fence.is_complete())
-}
-
 /// True when some of these uses may still be running (a cheap check: see [`Fence::poll`]).
 pub(crate) fn in_flight(pending: &[PendingUse]) -> bool {
     pending.iter().any(|p| !p.fence.poll())

@@ -83,21 +83,6 @@ impl<V> Core<V> {
         }
     }
 
-    /// A free block for `rounded` bytes that other streams' device commands still use, for a
-    /// request that orders itself after them ([`crate::backend::RawStorage::orders_reuse`]);
-    /// the caching strategy only.
-    pub(crate) fn find_ordered(
-        &mut self,
-        rounded: usize,
-        req: Request<'_>,
-        keep_whole: bool,
-    ) -> Option<Grant<V>> {
-        match self {
-            Core::Caching(a) => a.find_ordered(rounded, req, keep_whole),
-            Core::Binned(_) | Core::Direct(_) => None,
-        }
-    }
-
     /// Keeps nothing cached from now on: every free gives back what it can (a pool that
     /// drains).
     pub(crate) fn stop_caching(&mut self) {

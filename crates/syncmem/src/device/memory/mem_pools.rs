@@ -55,7 +55,6 @@ impl DeviceMemory {
         let storage = PoolStorage {
             dev,
             zero_copy: &self.zero_copy,
-            mirror: false,
         };
         p.preallocate(bytes, &storage)?;
         Ok(())
@@ -77,7 +76,6 @@ impl DeviceMemory {
         let storage = PoolStorage {
             dev,
             zero_copy: &self.zero_copy,
-            mirror: owner.is_some(),
         };
         // No owner kept for the stream's leases: the buffer holds the device itself, so that
         // the pool keeps no handle that would hold the device (and so the pool).

@@ -28,7 +28,6 @@
 
 #[cfg(test)]
 mod check;
-mod fit;
 mod release;
 mod walk;
 
@@ -40,7 +39,7 @@ use super::front::Front;
 use super::grant::{Grant, Request};
 use super::slab::Slab;
 use super::stats::SplitGauge;
-use super::{merge_pending, BlockId, PendingUse, SegId, StreamId};
+use super::{merge_pending, usable_by, BlockId, PendingUse, SegId, StreamId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -292,6 +291,36 @@ impl<V> Arena<V> {
             pending,
             small,
         }
+    }
+
+    /// The best-fit free block for `rounded` bytes usable by `req`'s stream, carved; with
+    /// `keep_whole`, wholly free segments of at least [`KEEP_WHOLE`] times `rounded` are passed
+    /// over (see [`Arena::find`]).
+    fn best_fit(&mut self, rounded: usize, req: Request<'_>, keep_whole: bool) -> Option<Grant<V>> {
+        let small = rounded <= self.small_size;
+        let mut pick = None;
+        let whole_from = rounded.saturating_mul(KEEP_WHOLE);
+        for &(size, id) in self.free[pool_index(small)].range((rounded, 0)..) {
+            if let Some(m) = self.max_split {
+                // Small requests never take oversize blocks; big ones take them only when
+                // little is wasted (the sets are ordered, so nothing later fits either).
+                if rounded < m && size >= m {
+                    break;
+                }
+                if rounded >= m && size >= rounded.saturating_add(self.max_non_split_rounding) {
+                    break;
+                }
+            }
+            let b = &self.blocks[id];
+            if keep_whole && size >= whole_from && b.fitted && !b.is_split() {
+                continue;
+            }
+            if usable_by(&b.pending, req.stream) {
+                pick = Some(id);
+                break;
+            }
+        }
+        pick.map(|id| self.carve(id, rounded, req))
     }
 
     /// Adds a fresh (zeroed) segment of `size` bytes and carves `rounded` bytes from it for
