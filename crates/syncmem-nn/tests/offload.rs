@@ -70,13 +70,15 @@ fn check(dev: &Device) {
         );
         assert_eq!(off.losses, on.losses, "{optimizer:?}: the same losses");
         assert_eq!(off.params, on.params, "{optimizer:?}: the same parameters");
-        // The loss's read, and the gradients' copies down waited for once (not once per
-        // gradient).
-        assert!(
-            off.waits <= 2,
-            "{optimizer:?}: {} host waits a step",
-            off.waits
-        );
+        // With two mirrors: the loss's read, and the gradients' copies down waited for once
+        // (not once per gradient). Shared memory mapped for the host waits for each map.
+        if dev.zero_copy_protocol().is_none() {
+            assert!(
+                off.waits <= 2,
+                "{optimizer:?}: {} host waits a step",
+                off.waits
+            );
+        }
         if optimizer != Optimizer::Sgd {
             assert!(
                 off.peak < on.peak,
