@@ -173,7 +173,13 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Magazine<T, V> {
     /// The flag if it is free now (the owner's path: never waits).
     #[inline]
     fn try_lock(&self) -> Option<Guard<'_, T, V>> {
-        (!self.busy.swap(true, Ordering::Acquire)).then_some(Guard(self))
+        // A guard is made only when the flag was free: dropping one gives the flag back, so
+        // one made (and dropped) while another thread holds the flag would give back theirs.
+        if self.busy.swap(true, Ordering::Acquire) {
+            None
+        } else {
+            Some(Guard(self))
+        }
     }
 
     /// The flag, waiting for it (held by the owner for a few instructions at a time).
@@ -454,4 +460,22 @@ pub(super) unsafe fn absorb<T: Send + Sync + 'static, V: Send + 'static>(
     g.counts.count(ABSORBED, lease.size, lease.requested);
     g.leases.push(lease.take_for_cache());
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Magazine;
+
+    /// A thread that finds the flag taken leaves it taken: a failed `try_lock` once gave the
+    /// holder's flag back (the guard was made before the test and dropped), so that the
+    /// owner's next `try_lock` and the holder (a drain) touched the leases at once.
+    #[test]
+    fn a_failed_try_lock_leaves_the_holder_its_flag() {
+        let m = Magazine::<(), ()>::new();
+        let held = m.lock();
+        assert!(m.try_lock().is_none());
+        assert!(m.try_lock().is_none(), "the holder's flag was given back");
+        drop(held);
+        assert!(m.try_lock().is_some());
+    }
 }
