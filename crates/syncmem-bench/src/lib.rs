@@ -233,14 +233,17 @@ const BASELINES: [&str; 18] = [
     "pool rows with threads: 4 KiB allocate + free from 1, 2 and 8 threads started together, \
      one pool for all (sharded: a shard per core; the device pool: a stream per thread), \
      against the system allocator from as many threads; wall time per operation; goal at every \
-     thread count: ratio >= 1.2; the host pool serves each thread's own frees from the \
-     thread's cache (PoolConfig::thread_cache), the device pool has none",
+     thread count: ratio >= 1.2; both pools serve each thread's own frees from the thread's \
+     cache (PoolConfig::thread_cache; the device pool's for the same stream, blocks freed with \
+     no work in flight)",
     "device pool rows: the pool against the raw backend call and against Device::alloc (the same \
      call plus the memory cap and statistics)",
     "history rows: a pooled 4 KiB allocate + free on the bench device with the always-on \
      history recording (report::record_history, 100000 events per device) against the same \
      with it off, in alternating samples; goal: <= 1.10 x, ratio >= 0.91; with call stacks \
-     captured (SYNCMEM_TRACE_STACKS=1) reported without a goal",
+     captured (SYNCMEM_TRACE_STACKS=1) reported without a goal; with the history off the \
+     thread's cache serves the cycle, while it records every allocation and free goes \
+     through the pool's shards (the cache's events are not recorded yet)",
     "synced round trips: host memory of the same kind on both sides (the host allocator's \
      pageable memory, or the device's pinned memory), and the same memory: two pairs of a host \
      block and a device buffer, the synced buffer adopting one while the raw side copies \

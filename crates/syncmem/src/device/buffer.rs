@@ -12,7 +12,7 @@ use super::handle::{DeviceHandle, Lent};
 use super::stream::{StreamFence, UnboundStream};
 use super::usage::{Point, Uses};
 use super::{Device, Stream};
-use crate::alloc::pool::{Budget, Fence, Lease};
+use crate::alloc::pool::{Budget, Fence, Lease, StreamId};
 use crate::alloc::stats::Counted;
 use crate::backend::dispatch::RawMem;
 use crate::error::{BackendKind, Error, OomReport, Result};
@@ -478,13 +478,13 @@ impl Drop for DeviceBuffer {
                 // handle handed out) is covered by a fence recorded there when another stream
                 // wants the block. The cpu backend finishes every operation before returning:
                 // nothing is ever in flight there.
+                let stream = match release {
+                    Release::Idle => None,
+                    Release::Record(s) => Some(&*s),
+                    Release::RecordOwn => self.device.stream(),
+                    Release::RecordDefault => self.device.default_unbound(),
+                };
                 if *self.exposed.get_mut() {
-                    let stream = match release {
-                        Release::Idle => None,
-                        Release::Record(s) => Some(&*s),
-                        Release::RecordOwn => self.device.stream(),
-                        Release::RecordDefault => self.device.default_unbound(),
-                    };
                     if let Some(s) = stream.filter(|s| !s.is_cpu()) {
                         lease.add_pending(s.id(), Arc::new(StreamFence::new(s)));
                     }
@@ -493,7 +493,21 @@ impl Drop for DeviceBuffer {
                 if let Some(view) = lease.view_mut() {
                     view.recycle();
                 }
-                // The lease gives the block back when the field is dropped, right after this.
+                // An idle block's stream is not known here: to its shard.
+                let stream = stream.map_or(StreamId::MAX, UnboundStream::id);
+                if !lease.may_cache() {
+                    // The lease gives the block back when the field is dropped, after this.
+                    return;
+                }
+                if let Origin::Pooled { lease, .. } =
+                    std::mem::replace(&mut self.origin, Origin::Empty)
+                {
+                    // Into this thread's cache when it may go there, unless the stream the
+                    // pool keeps for it was let go: that answer is read with the cache's flag
+                    // held, while the lease (still out) keeps the stream's handle alive.
+                    let on = self.device.lent();
+                    lease.give_back(stream, || on.is_none_or(|o| !o.is_released()));
+                }
             }
         }
     }

@@ -263,6 +263,62 @@ fn set_pool_racing_pooled_allocations_fails_none_of_them(shared: &Device) {
     assert_eq!((m.in_use, m.allocs, m.frees), (0, total, total));
 }
 
+/// An unnamed pooled buffer freed with no work in flight waits in the freeing thread's cache
+/// for the next request of its length on its stream (no shard lock either way), and for no
+/// other stream or length; the device's counts stay exact.
+fn a_freed_block_comes_back_from_the_thread_cache_on_its_stream(shared: &Device) {
+    let dev = shared.isolated();
+    let (s1, s2) = (dev.new_stream().unwrap(), dev.new_stream().unwrap());
+    let hits = || dev.pool_stats().map_or(0, |p| p.thread_cache_hits);
+    // The first request makes the pool (the slow way, which caches nothing).
+    drop(dev.alloc_pooled(4096, &s1).unwrap());
+    let a = dev.alloc_pooled(4096, &s1).unwrap();
+    let at = a.placement();
+    drop(a);
+    assert_eq!(dev.pool_stats().unwrap().thread_cached_bytes, 4096);
+    let mut b = dev.alloc_pooled(4096, &s1).unwrap();
+    assert_eq!(
+        (b.placement(), hits()),
+        (at, 1),
+        "the same block, from the cache"
+    );
+    s1.write(&mut b, 0, &pattern(4096, 3)).unwrap();
+    let mut back = vec![0u8; 4096];
+    s1.read(&b, 0, &mut back).unwrap();
+    assert_eq!(back, pattern(4096, 3));
+    drop(b);
+    // Another stream's request: not from the cache; the cached block goes back to the
+    // shard first (a new block would raise the peak).
+    let c = dev.alloc_pooled(4096, &s2).unwrap();
+    let p = dev.pool_stats().unwrap();
+    assert_eq!((p.thread_cache_hits, p.thread_cached_bytes), (1, 0));
+    assert_eq!(p.allocated.peak, 4096, "the peak counts no cached block");
+    drop(c);
+    // Another length: from the shards.
+    let d = dev.alloc_pooled(2048, &s2).unwrap();
+    assert_eq!(hits(), 1);
+    let m = dev.memory_stats();
+    assert_eq!((m.in_use, m.allocs, m.frees), (2048, 5, 4));
+    drop(d);
+    // A buffer whose native handle was handed out may have work the crate does not see on a
+    // device that queues work: its block goes to the shard, fenced.
+    let e = dev.alloc_pooled(4096, &s2).unwrap();
+    let before = hits();
+    assert!(e.native_address().is_some());
+    drop(e);
+    drop(dev.alloc_pooled(4096, &s2).unwrap());
+    let queues = dev.backend() != crate::error::BackendKind::Cpu;
+    assert_eq!(hits(), before + u64::from(!queues));
+    let m = dev.memory_stats();
+    assert_eq!((m.in_use, m.allocs, m.frees), (0, 7, 7));
+    // Emptied by `empty_cache`, from any thread.
+    std::thread::scope(|sc| {
+        sc.spawn(|| dev.empty_cache());
+    });
+    let p = dev.pool_stats().unwrap();
+    assert_eq!((p.thread_cached_bytes, p.reserved.current), (0, 0));
+}
+
 fn uses_of_three_streams_are_freed_with_the_buffer(dev: &Device) {
     let s0 = dev.new_stream().unwrap();
     let mut buf = dev.alloc_pooled(64, &s0).unwrap();
@@ -425,6 +481,7 @@ crate::for_each_device!(
     memory_stats_track_alloc_and_free,
     pooled_buffers_count_in_memory_stats_across_pool_replacement,
     set_pool_racing_pooled_allocations_fails_none_of_them,
+    a_freed_block_comes_back_from_the_thread_cache_on_its_stream,
     uses_of_three_streams_are_freed_with_the_buffer,
     alloc_above_max_alloc_is_out_of_memory,
     out_of_bounds_and_other_backends_are_errors,

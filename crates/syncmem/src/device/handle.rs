@@ -45,6 +45,10 @@ impl StreamUsers {
 
 impl Drop for StreamUsers {
     fn drop(&mut self) {
+        // Before the pool empties the threads' caches (in `release_stream`): a buffer of the
+        // stream freed later reads it with its cache's flag held, and keeps its block out
+        // (see `DeviceBuffer`'s drop), while one freed earlier is emptied from the cache.
+        self.on.released.store(true, Ordering::Relaxed);
         // A stream that never allocated from the pool has nothing to let go (and the pool's
         // shards are not locked for it). Relaxed is enough: every allocation on the stream
         // happened before its handles' last reference count was dropped, which this follows.
@@ -67,6 +71,9 @@ pub(crate) struct OnStream {
     stream: UnboundStream,
     /// The device pool was given this handle to keep (see [`OnStream::keep`]).
     kept: AtomicBool,
+    /// The stream's last user handle is gone: the pool lets this handle go once the stream's
+    /// last block is given back, so no block of it may wait in a thread's cache.
+    released: AtomicBool,
 }
 
 impl OnStream {
@@ -76,7 +83,14 @@ impl OnStream {
             device,
             stream,
             kept: AtomicBool::new(false),
+            released: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the stream's last user handle is gone (see [`OnStream::released`]).
+    #[inline]
+    pub(crate) fn is_released(&self) -> bool {
+        self.released.load(Ordering::Relaxed)
     }
 
     /// This handle, for the device pool to keep for the stream's buffers, noted so that the
@@ -147,6 +161,15 @@ impl Lent {
 }
 
 impl DeviceHandle {
+    /// The stream's handle the pool keeps (`None` for the device's own handle).
+    #[inline]
+    pub(crate) fn lent(&self) -> Option<&OnStream> {
+        match self {
+            DeviceHandle::Device(_) => None,
+            DeviceHandle::Lent(l) => Some(l.get()),
+        }
+    }
+
     /// The stream this handle was made for (`None` for the device's own handle).
     #[inline]
     pub(crate) fn stream(&self) -> Option<&UnboundStream> {

@@ -442,7 +442,7 @@ impl DeviceMemory {
         // The common case: the pool exists and has room (no reference count taken; the lease
         // holds its shard from then on).
         if let Some(pool) = self.pool.load() {
-            match pool.alloc_with(len, stream.id(), storage, owner, keep) {
+            match pool.alloc_device(len, stream.id(), storage, owner, keep) {
                 Ok(lease) => return Ok(DeviceBuffer::from_pool(stream, len, lease)),
                 // Full (retried below), or replaced since it was read (`set_pool`: the new
                 // one is published).

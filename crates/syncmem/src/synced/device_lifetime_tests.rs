@@ -246,3 +246,45 @@ fn the_last_stream_handle_racing_its_buffers_lets_the_device_go() {
         assert_eq!(shared.strong_count(), 0);
     }
 }
+
+/// A buffer freed after its stream's last handle, on a thread that goes on (whose cache
+/// of the pool would keep the block, and with it the stream's handle and the device): the
+/// block goes to its shard, and the device with the last handle.
+#[test]
+fn a_buffer_freed_after_its_stream_stays_out_of_the_thread_cache() {
+    let d = Device::cpu().isolated();
+    let shared = Arc::downgrade(&d.shared);
+    let s = d.new_stream().unwrap();
+    // The first request makes the pool; the next ones may go through this thread's cache.
+    drop(d.alloc_pooled(4096, &s).unwrap());
+    drop(d.alloc_pooled(4096, &s).unwrap());
+    let buf = d.alloc_pooled(4096, &s).unwrap();
+    assert!(
+        d.pool_stats().unwrap().thread_cache_hits > 0,
+        "the thread's cache serves the stream"
+    );
+    drop((s, d));
+    assert_eq!(shared.strong_count(), 1, "the buffer is out");
+    drop(buf);
+    assert_eq!(shared.strong_count(), 0, "the buffer let the device go");
+}
+
+/// The last handle of a stream dropped on another thread while this one (which goes on)
+/// frees the stream's buffers: whichever comes first, no block of the stream stays in this
+/// thread's cache, and the device goes.
+#[test]
+fn a_stream_let_go_racing_frees_into_the_thread_cache_lets_the_device_go() {
+    for _ in 0..200 {
+        let d = Device::cpu().isolated();
+        let shared = Arc::downgrade(&d.shared);
+        let s = d.new_stream().unwrap();
+        drop(d.alloc_pooled(512, &s).unwrap());
+        let bufs: Vec<_> = (0..4).map(|_| d.alloc_pooled(512, &s).unwrap()).collect();
+        drop(d);
+        std::thread::scope(|sc| {
+            sc.spawn(move || drop(s));
+            drop(bufs);
+        });
+        assert_eq!(shared.strong_count(), 0);
+    }
+}

@@ -12,20 +12,24 @@
 //! that only the innermost scope's pool, or with none open the device's, allocated), and
 //! unnamed host blocks (staging buffers, served by the thread's cache of the host pool)
 //! allocated, freed here or on another thread, and released with the pool's cache in between
-//! (`scratch.rs`: each keeps its bytes), and buffers whose next host mirror is set to come
-//! from the device's pinned pool or not (`PinnedHost`, at any moment), and, on OpenCL, streams
-//! held for a moment so that copies stay in flight while the operations after them run
-//! (`Hold`, and `MoveOut`: a value copied out, its device mirror freed under the copy and maybe
-//! brought back behind it; `hold.rs`). `FailNext` makes the `n`-th allocation fail
-//! ([`Device::fail_allocation`]): an operation that fails with out-of-memory (injected, or the
-//! cap) must leave every buffer as it was, which is checked on the spot. The always-on history
-//! records every program, and an out-of-memory observer runs at every failure, reading the
-//! history and snapshotting the pools in the middle of the failing operation (`observed.rs`).
+//! (`scratch.rs`: each keeps its bytes), unnamed pooled device blocks filled on a stream and
+//! freed here or on another thread, served by the thread's cache of the device pool while the
+//! history is paused (`dev_scratch.rs`, `HistoryPause`), and buffers whose next host mirror
+//! is set to come from the device's pinned pool or not (`PinnedHost`, at any moment), and,
+//! on OpenCL, streams held for a moment so that copies stay in flight while the operations
+//! after them run (`Hold`, and `MoveOut`: a value copied out, its device mirror freed under
+//! the copy and maybe brought back behind it; `hold.rs`). `FailNext` makes the `n`-th
+//! allocation fail ([`Device::fail_allocation`]): an operation that fails with out-of-memory
+//! (injected, or the cap) must leave every buffer as it was, which is checked on the spot. The
+//! always-on history records every program (but where it pauses), and an out-of-memory
+//! observer runs at every failure, reading the history and snapshotting the pools in the middle
+//! of the failing operation (`observed.rs`).
 //!
 //! Defects found where two features meet are kept here as operations; every new feature adds
 //! its own. `SYNCMEM_PROPTEST_CASES` sets the number of programs per device and zero-copy
 //! setting (CI runs the default; a longer local run sets more).
 
+mod dev_scratch;
 mod dropped;
 mod hold;
 #[path = "../common/model.rs"]
@@ -91,6 +95,8 @@ struct World<'d> {
     scoped: std::cell::Cell<u64>,
     /// Unnamed host blocks, allocated and freed between the buffers' operations.
     scratch: scratch::Scratch,
+    /// Unnamed device blocks, likewise.
+    dev_scratch: dev_scratch::DevScratch,
 }
 
 impl World<'_> {
@@ -211,7 +217,7 @@ fn run(w: &World<'_>, ops: &[Op]) -> Result<(), TestCaseError> {
             dropped::reads_fail(&slots[slot].as_ref().unwrap().mem, &at)?;
             continue;
         }
-        if w.scratch.applies(*op, &at)? {
+        if w.scratch.applies(*op, &at)? || w.dev_scratch.applies(w, *op, &at)? {
             continue;
         }
         if leave_or_drop(w, &mut slots, *op, &pinned, &at)? {
@@ -242,6 +248,7 @@ fn run(w: &World<'_>, ops: &[Op]) -> Result<(), TestCaseError> {
     }
     held.clear();
     w.scratch.clear("the end")?;
+    w.dev_scratch.clear(w, "the end")?;
     w.close_scopes();
     w.dev.fail_allocation(0);
     w.other.fail_allocation(0);
@@ -340,7 +347,7 @@ fn report(w: &World<'_>, zero_copy: ZeroCopy) -> syncmem::PoolStats {
     eprintln!(
         "{} zero-copy {zero_copy}: {} failed operations ({} injected), {} spills, {} \
          refills, {} evictions, {} allocations in MemPool scopes, {} scratch blocks from the \
-         thread's cache",
+         thread's cache, {} device blocks from the thread's cache",
         w.dev.label(),
         w.failed.get(),
         w.dev.injected_failures() + w.other.injected_failures(),
@@ -348,7 +355,8 @@ fn report(w: &World<'_>, zero_copy: ZeroCopy) -> syncmem::PoolStats {
         s.refills,
         s.evictions,
         w.scoped.get(),
-        w.scratch.thread_cache_hits()
+        w.scratch.thread_cache_hits(),
+        s.thread_cache_hits
     );
     assert!(
         w.scratch.thread_cache_hits() > 0,
@@ -358,11 +366,17 @@ fn report(w: &World<'_>, zero_copy: ZeroCopy) -> syncmem::PoolStats {
 }
 
 /// Runs the model on `home` (with replicas on `other`) under every zero-copy setting.
+/// Held by each backend's run: one at a time, so that a run's pause of the process's history
+/// (`HistoryPause`) never lands between another run's failure and its observer.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn check(home: &Device, other: &Device) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut failed = 0;
     let mut injected = 0;
     let mut spills = 0;
     let mut scoped = 0;
+    let mut device_cached = 0;
     observed::observe();
     let observed_before = observed::runs();
     for zero_copy in [ZeroCopy::Auto, ZeroCopy::Off, ZeroCopy::Map] {
@@ -383,6 +397,7 @@ fn check(home: &Device, other: &Device) {
             closed: Default::default(),
             scoped: std::cell::Cell::new(0),
             scratch: Default::default(),
+            dev_scratch: Default::default(),
         };
         let mut runner = TestRunner::new(Config {
             cases: cases(),
@@ -411,7 +426,12 @@ fn check(home: &Device, other: &Device) {
         failed += w.failed.get();
         injected += dev.injected_failures() + other.injected_failures();
         spills += s.spills;
+        device_cached += s.thread_cache_hits;
     }
+    assert!(
+        device_cached > 0,
+        "no device scratch block came from the thread's cache"
+    );
     assert!(injected > 0, "no allocation failure was injected");
     assert!(
         observed::runs() > observed_before,

@@ -128,6 +128,24 @@ pub enum Op {
         slot: usize,
         elsewhere: bool,
     },
+    /// An unnamed pooled device buffer of `len` bytes filled with `seed` on stream `stream`,
+    /// in device scratch slot `slot` (see `dev_scratch.rs`).
+    DevScratch {
+        slot: usize,
+        len: usize,
+        seed: u8,
+        stream: usize,
+    },
+    /// Frees device scratch slot `slot`, here or on another thread (`elsewhere`).
+    DevScratchFree {
+        slot: usize,
+        elsewhere: bool,
+    },
+    /// Stops (`paused`) or starts again the always-on history: while it is stopped nobody
+    /// listens to the device pool, whose thread caches then serve.
+    HistoryPause {
+        paused: bool,
+    },
     /// Gives the host pool's idle memory back (`trim`, or with `empty` `empty_cache`, which
     /// empties every thread's cache) and takes its snapshot.
     HostRelease {
@@ -197,6 +215,16 @@ pub fn op() -> impl Strategy<Value = Op> {
         2 => (0..SCRATCH, any::<bool>())
             .prop_map(|(slot, elsewhere)| Op::ScratchFree { slot, elsewhere }),
         1 => any::<bool>().prop_map(|empty| Op::HostRelease { empty }),
+        3 => (
+            0..SCRATCH,
+            prop::sample::select(vec![256usize, 4096, 16 << 10]),
+            any::<u8>(),
+            0..2usize
+        )
+            .prop_map(|(slot, len, seed, stream)| Op::DevScratch { slot, len, seed, stream }),
+        2 => (0..SCRATCH, any::<bool>())
+            .prop_map(|(slot, elsewhere)| Op::DevScratchFree { slot, elsewhere }),
+        1 => prop::bool::weighted(0.75).prop_map(|paused| Op::HistoryPause { paused }),
         1 => (slot(), any::<bool>()).prop_map(|(slot, pinned)| Op::PinnedHost { slot, pinned }),
         2 => (0..2usize, 200..3000u64).prop_map(|(stream, micros)| Op::Hold { stream, micros }),
         2 => (slot(), 0..2usize, 200..3000u64, any::<bool>())

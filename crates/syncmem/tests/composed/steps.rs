@@ -44,7 +44,10 @@ pub fn step_one<'s>(
         | Op::MoveOut { .. }
         | Op::Scratch { .. }
         | Op::ScratchFree { .. }
-        | Op::HostRelease { .. } => unreachable!("run applies {op:?}"),
+        | Op::HostRelease { .. }
+        | Op::DevScratch { .. }
+        | Op::DevScratchFree { .. }
+        | Op::HistoryPause { .. } => unreachable!("run applies {op:?}"),
         Op::OpenScope | Op::CloseScope { .. } => {
             scope_step(w, op);
             Ok(())

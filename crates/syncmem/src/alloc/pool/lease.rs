@@ -27,6 +27,9 @@ pub struct Lease<T: Send + Sync + 'static, V: Send + 'static = ()> {
     pub(super) zeroed: bool,
     /// The block is small (see [`crate::alloc::pool::PoolStats::small`]).
     pub(super) small: bool,
+    /// Handed out by [`Pool::alloc_device`] to a request without an owner's name, by a pool
+    /// with thread caches: [`Lease::give_back`] may put it into the freeing thread's cache.
+    pub(super) cacheable: bool,
     pub(super) pending: Vec<PendingUse>,
     /// The block's view (`None` only while the pool makes the lease).
     pub(super) view: Option<Box<V>>,

@@ -13,7 +13,7 @@ use parking_lot::MutexGuard;
 
 use super::grant::{Grant, Request};
 use super::shard::Shard;
-use super::slim::Slim;
+use super::slim::{Slim, TAG_SHIFT};
 use super::{arc_ptr, Inner, Keep, Lease, Pool, PoolEvent, RawStorage, Seg, StreamId};
 use crate::alloc::ring::AllocRecord;
 use crate::alloc::stats::human_bytes;
@@ -78,6 +78,47 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         keep: Option<&dyn Fn() -> Keep>,
     ) -> Result<Lease<T, V>> {
         self.alloc_inner(bytes, stream, source, owner, keep)
+    }
+
+    /// [`Pool::alloc_with`] for a device buffer. A request without an owner's name is served
+    /// first from the calling thread's cache of the blocks it gave back on the same stream
+    /// with no use in flight (see [`super::tcache`]), and its lease may go there again
+    /// ([`Lease::give_back`]); a request with a name goes to the shards (its block keeps the
+    /// name there, for snapshots), as every request does while the pool's events are seen.
+    ///
+    /// # Errors
+    /// As [`Pool::alloc`].
+    #[inline]
+    pub(crate) fn alloc_device<S: RawStorage<Segment = T, View = V> + ?Sized>(
+        self: &Arc<Self>,
+        bytes: usize,
+        stream: StreamId,
+        source: &S,
+        owner: Option<&Arc<str>>,
+        keep: Option<&dyn Fn() -> Keep>,
+    ) -> Result<Lease<T, V>> {
+        // While the pool's events are seen (a history records), no block enters or leaves a
+        // thread's cache (see `tcache`): the request goes to the shards, as `alloc_with`.
+        // Blocks this thread cached before then stay there, counted in its shard's peaks as
+        // handed out (an upper bound, as other threads' cached blocks are).
+        let Some(t) = self.tcache.as_ref().filter(|_| self.shards[0].quiet()) else {
+            return self.alloc_with(bytes, stream, source, owner, keep);
+        };
+        // A named request's block is not cached (the shard keeps the name, for snapshots).
+        if owner.is_none() && !self.retired.load(Relaxed) {
+            let mut into = None;
+            let fits = |l: &Slim<T, V>| l.flags >> TAG_SHIFT == stream;
+            if t.take_if(bytes, fits, &mut into) {
+                if let Some(slim) = into {
+                    return Ok(slim.into_lease());
+                }
+            }
+        }
+        // As for the host (see `alloc_host`): no peak counts a cached block.
+        t.before_shards(|| self.peak_would_rise(bytes));
+        let mut lease = self.alloc_with(bytes, stream, source, owner, keep)?;
+        lease.cacheable = owner.is_none() && lease.small;
+        Ok(lease)
     }
 
     /// [`Pool::alloc_labelled`] on [`HOST_STREAM`](super::HOST_STREAM) with no owner kept:
@@ -375,6 +416,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             requested: bytes,
             zeroed: grant.zeroed,
             small: grant.small,
+            cacheable: false,
             pending: grant.pending,
             view: Some(view),
             kept,

@@ -398,12 +398,29 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         replace: impl FnOnce(PoolUsage) -> Result<()>,
     ) -> Result<()> {
         self.drain_thread_caches();
-        let mut held: Vec<_> = self.shards.iter().map(|s| s.inner.lock()).collect();
+        // The shards locked at one moment of the threads' caches, whose counts (hits served
+        // and blocks taken in and given back) belong to the final usage.
+        let lock_all = || -> Vec<_> { self.shards.iter().map(|s| s.inner.lock()).collect() };
+        let (mut held, cached) = match &self.tcache {
+            Some(t) => {
+                let (held, counts) = t.read(lock_all);
+                (held, Some(counts))
+            }
+            None => (lock_all(), None),
+        };
+        // A block a thread cached since the drain counts as handed out here.
         let used: u64 = held.iter().map(|i| i.c.allocated.all().current).sum();
         if used > 0 {
             return Err(busy(used));
         }
-        let usage = held.iter().fold(PoolUsage::default(), |u, i| u.plus(&i.c));
+        let mut sum = Counters::default();
+        for i in &held {
+            sum.absorb(&i.c);
+        }
+        if let Some(counts) = cached {
+            counts.fold_into(&mut sum);
+        }
+        let usage = PoolUsage::default().plus(&sum);
         replace(usage)?;
         self.retired.store(true, Relaxed);
         // Nothing is handed out and nothing will be: every kept owner goes (after the locks).

@@ -7,10 +7,11 @@
 //! block handed back by a thread cache is moved right after the move that put it there.
 
 use std::mem::ManuallyDrop;
+use std::num::NonZeroU64;
 use std::ptr::NonNull;
 
 use super::shard::Shard;
-use super::{BlockId, Lease};
+use super::{BlockId, Lease, StreamId};
 
 /// [`Slim::flags`]: the block's bytes are known to be zero (a fresh segment's).
 const ZEROED: u64 = 1;
@@ -19,7 +20,11 @@ const SMALL: u64 = 2;
 /// [`Slim::flags`]: handed out on the host stream without an owner's name by a pool with
 /// thread caches: may go into the freeing thread's cache.
 pub(super) const CACHEABLE: u64 = 4;
-/// The first bit of [`Slim::flags`] free for the caller's tags ([`Slim::with_tag`]).
+/// [`Slim::flags`]: a device block whose stream's owner the pool keeps (see
+/// [`Lease::is_kept`]); the stream is the tag.
+const KEPT: u64 = 8;
+/// The first bit of [`Slim::flags`] free for the caller's tags ([`Slim::with_tag`]); a
+/// device block's tag is its stream.
 pub(crate) const TAG_SHIFT: u32 = 8;
 
 /// A block of a pool with no uses in flight and no owner kept: the fields of a [`Lease`] that
@@ -58,25 +63,107 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
         for p in &self.pending {
             p.fence.wait();
         }
-        let mut me = ManuallyDrop::new(self);
-        drop(std::mem::take(&mut me.pending));
-        let flags = (u64::from(me.small) * SMALL)
-            | (u64::from(me.zeroed) * ZEROED)
-            | (u64::from(cacheable) * CACHEABLE);
+        self.slim_with(u64::from(cacheable) * CACHEABLE)
+    }
+
+    /// The lease as a [`Slim`] with the flags of its own and `flags`, its uses in flight let
+    /// go (none are left but the list's room); the block is given back once, by the result.
+    #[inline(always)]
+    fn slim_with(self, flags: u64) -> Slim<T, V> {
+        let me = ManuallyDrop::new(self);
+        // SAFETY: the two fields that own something are moved out once, and `me` is never
+        // dropped (nothing is written back into it: a store there would stall the moves
+        // after it, see the module docs).
+        let (view, pending) = unsafe { (std::ptr::read(&me.view), std::ptr::read(&me.pending)) };
+        drop(pending);
         Slim {
             segment: me.segment.as_ptr().cast_const(),
             block: me.block,
             offset: me.offset,
             size: me.size,
             requested: me.requested,
-            flags,
-            view: me.view.take(),
+            flags: flags | (u64::from(me.small) * SMALL) | (u64::from(me.zeroed) * ZEROED),
+            view,
             shard: me.shard,
         }
     }
 }
 
+impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
+    /// Whether [`Lease::give_back`] may put the block into a thread's cache now (else it
+    /// gives it back as dropping the lease does).
+    #[inline]
+    pub(crate) fn may_cache(&self) -> bool {
+        self.cacheable && self.pending.is_empty() && self.shard().cache_key != 0 && {
+            let sh = self.shard();
+            self.size <= sh.cache_limit && sh.quiet()
+        }
+    }
+
+    /// Gives the block back: into the calling thread's cache of its pool when it was handed
+    /// out cacheable (see [`super::Pool::alloc_device`]), no use of it is in flight, there is
+    /// room, and `stays` agrees (asked with the cache's flag held; see
+    /// [`super::tcache::absorb`]); else to its shard, as dropping it does. The lease's stream
+    /// is `stream`, the one it was asked for.
+    #[inline]
+    pub(crate) fn give_back(self, stream: StreamId, stays: impl FnOnce() -> bool) {
+        if !self.cacheable || !self.pending.is_empty() || stream >= 1 << (64 - TAG_SHIFT) {
+            // To its shard, with its uses in flight.
+            drop(self);
+            return;
+        }
+        debug_assert!(
+            self.kept.is_none_or(|k| k.get() == stream),
+            "a kept lease is given back on its own stream"
+        );
+        let kept = u64::from(self.kept.is_some()) * KEPT;
+        let mut slim = self.slim_with(kept | stream << TAG_SHIFT);
+        // SAFETY: the shard lives while the block is handed out (see `Lease::shard`).
+        let sh = unsafe { slim.shard.as_ref() };
+        let (key, limit) = (sh.cache_key, sh.cache_limit);
+        if key != 0 && slim.size <= limit && sh.quiet() {
+            // SAFETY: `key` is the key of the thread caches of this block's pool (its
+            // shard's), whose types are this one's.
+            if unsafe { super::tcache::absorb(key, limit, &mut slim, stays) } {
+                // Moved into the cache: `slim` gives nothing back (its view is `None`).
+                std::mem::forget(slim);
+                return;
+            }
+        }
+        // Not cached: to its shard (`slim` is not CACHEABLE), with its stream's owner.
+        drop(slim);
+    }
+}
+
 impl<T: Send + Sync + 'static, V: Send + 'static> Slim<T, V> {
+    /// The device block as a lease again (taken from a thread cache for a request of its
+    /// stream: see [`super::Pool::alloc_device`]).
+    #[inline(always)]
+    pub(super) fn into_lease(self) -> Lease<T, V> {
+        let me = ManuallyDrop::new(self);
+        let kept = if me.flags & KEPT != 0 {
+            NonZeroU64::new(me.flags >> TAG_SHIFT)
+        } else {
+            None
+        };
+        Lease {
+            shard: me.shard,
+            // SAFETY: a slim lease's segment is a lease's (never null).
+            segment: unsafe { NonNull::new_unchecked(me.segment.cast_mut()) },
+            block: me.block,
+            offset: me.offset,
+            size: me.size,
+            requested: me.requested,
+            zeroed: me.flags & ZEROED != 0,
+            small: me.flags & SMALL != 0,
+            cacheable: true,
+            pending: Vec::new(),
+            // SAFETY: moved out once; `me` is never dropped.
+            view: unsafe { std::ptr::read(&me.view) },
+            kept,
+        }
+    }
+
     /// The segment holding the block.
     pub(crate) fn segment(&self) -> &T {
         // SAFETY: as `Lease::segment` (the pointer is the lease's): the shard keeps the
@@ -134,7 +221,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Slim<T, V> {
         }
         // SAFETY: `key` is the key of the thread caches of this block's pool (its shard's),
         // whose types are this one's.
-        unsafe { super::tcache::absorb(key, limit, self) }
+        unsafe { super::tcache::absorb(key, limit, self, || true) }
     }
 
     /// Clears [`ZEROED`] (out of line: once in a block's life).
@@ -171,7 +258,12 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Drop for Slim<T, V> {
         }
         let view = self.view.take();
         let sizes = (self.size, self.requested, self.flags & SMALL != 0);
+        let kept = if self.flags & KEPT != 0 {
+            NonZeroU64::new(self.flags >> TAG_SHIFT)
+        } else {
+            None
+        };
         // SAFETY: the shard lives until the block is given back, which this does, once.
-        unsafe { Shard::release_block(self.shard, self.block, sizes, None, Vec::new(), view) };
+        unsafe { Shard::release_block(self.shard, self.block, sizes, kept, Vec::new(), view) };
     }
 }

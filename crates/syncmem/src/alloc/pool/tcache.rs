@@ -29,8 +29,21 @@
 //! - **Threads that end** give their magazines back from their thread-local destructor. A
 //!   lease given back after that (from another thread-local's destructor) goes to its shard.
 //!
-//! Only the host stream's unnamed leases are cached: a device lease's uses in flight and a
-//! named block's owner (kept by the shard for snapshots) would not survive the move.
+//! Unnamed leases only: a named block's owner is kept by its shard, for snapshots. Host
+//! leases of the host stream ([`Pool::alloc_host`]), and device leases
+//! ([`Pool::alloc_device`]) given back with no use in flight ([`Lease::give_back`]): a
+//! device block waits for its own stream's next request only (its stream is the lease's
+//! tag, [`Slim::with_tag`]'s bits), so the block's order on the device and the owner the
+//! pool keeps for its stream ([`Pool::alloc_with`]) stay what they were; a block with work in
+//! flight goes to its shard, with its fences. A stream let go ([`Pool::release_stream`])
+//! empties every thread's cache first, and the device layer keeps the stream's later frees
+//! out of them (`absorb`'s `stays`), so that no cached block holds the stream's owner.
+//!
+//! [`Pool::alloc_host`]: super::Pool::alloc_host
+//! [`Pool::alloc_device`]: super::Pool::alloc_device
+//! [`Pool::alloc_with`]: super::Pool::alloc_with
+//! [`Pool::release_stream`]: super::Pool::release_stream
+//! [`Lease::give_back`]: super::Lease::give_back
 
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::ops::{Deref, DerefMut};
@@ -329,6 +342,18 @@ impl<T: Send + Sync + 'static, V: Send + 'static> ThreadCaches<T, V> {
     /// `into` (which holds `None`); returns whether there was one.
     #[inline]
     pub(super) fn take(&self, bytes: usize, into: &mut Option<Slim<T, V>>) -> bool {
+        self.take_if(bytes, |_| true, into)
+    }
+
+    /// [`ThreadCaches::take`] of a block that `fits` (a device block: of the request's
+    /// stream).
+    #[inline(always)]
+    pub(super) fn take_if(
+        &self,
+        bytes: usize,
+        fits: impl Fn(&Slim<T, V>) -> bool,
+        into: &mut Option<Slim<T, V>>,
+    ) -> bool {
         // SAFETY: the key is this pool's; the reference ends in this function, which
         // registers nothing.
         let Some(mag) = (unsafe { mine::<T, V>(self.key) }) else {
@@ -337,7 +362,11 @@ impl<T: Send + Sync + 'static, V: Send + 'static> ThreadCaches<T, V> {
         let Some(mut g) = mag.try_lock() else {
             return false;
         };
-        let Some(i) = g.leases.iter().rposition(|l| l.requested == bytes) else {
+        let Some(i) = g
+            .leases
+            .iter()
+            .rposition(|l| l.requested == bytes && fits(l))
+        else {
             return false;
         };
         // The sizes are read in place and the block then moved untouched, straight into
@@ -436,7 +465,10 @@ impl<T: Send + Sync + 'static, V: Send + 'static> ThreadCaches<T, V> {
 
 /// Moves the block of `lease` (being dropped) into this thread's magazine of its pool, keyed
 /// `key`, when there is room, and returns whether it went (`lease` then holds nothing to give
-/// back). The caller checked that the lease may be cached.
+/// back). The caller checked that the lease may be cached. `stays` is asked last, with the
+/// magazine's flag held: a `false` keeps the lease out (a device block whose stream was let
+/// go: no drain of the magazines can run between that answer and the lease's move, so a
+/// stream let go after it finds the lease there; see `Pool::release_stream`).
 ///
 /// # Safety
 /// `key` is the key of the pool (of types `T`, `V`) the lease belongs to.
@@ -445,6 +477,7 @@ pub(super) unsafe fn absorb<T: Send + Sync + 'static, V: Send + 'static>(
     key: u64,
     limit: usize,
     lease: &mut Slim<T, V>,
+    stays: impl FnOnce() -> bool,
 ) -> bool {
     // SAFETY: as the caller promises; the reference ends here, and nothing here registers.
     let Some(mag) = (unsafe { mine::<T, V>(key) }) else {
@@ -453,7 +486,7 @@ pub(super) unsafe fn absorb<T: Send + Sync + 'static, V: Send + 'static>(
     let Some(mut g) = mag.try_lock() else {
         return false;
     };
-    if g.closed || g.leases.len() >= SLOTS || g.bytes + lease.size > limit {
+    if g.closed || g.leases.len() >= SLOTS || g.bytes + lease.size > limit || !stays() {
         return false;
     }
     g.bytes += lease.size;
