@@ -294,8 +294,9 @@ const BASELINES: [&str; 18] = [
 
 /// Printed when a device row against the raw call misses its goal.
 pub const DEVICE_VIEW_NOTE: &str = "device pool rows below their goal: a pooled block keeps its \
-     backend view and goes back without a fence when no work is pending, so what remains is the \
-     buffer's own bookkeeping (the pool's lock, the memory counters, reference counts); the \
+     backend view and goes back without a fence when no work is pending, and a thread's own \
+     frees come back from its cache with no lock, so what remains is the buffer's own \
+     bookkeeping (its record of uses, its handle, the memory counters); the \
      `vs Device::alloc` rows show the same bookkeeping around the backend call";
 
 pub(crate) fn size_name(bytes: usize) -> String {
