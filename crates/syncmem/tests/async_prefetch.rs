@@ -20,9 +20,9 @@ use std::time::Duration;
 #[path = "common/gate.rs"]
 mod gate;
 
-use gate::{freed_under_copy_out, rig, Gate, N};
+use gate::{device_bytes_elsewhere, freed_under_copy_out, rig, Gate, N};
 use syncmem::synced::PendingKind;
-use syncmem::{Device, Head, SyncedMemory};
+use syncmem::{Head, SyncedMemory};
 
 /// Runs `body` with a watchdog that opens the gate if the test hangs (a wrongly waiting access
 /// would otherwise wait forever), and a `release_later` function that opens the gate from
@@ -49,17 +49,6 @@ fn guarded(gate: &Gate, body: impl FnOnce(&dyn Fn())) {
 
 fn pattern(seed: u8) -> Vec<u8> {
     (0..N).map(|i| (i as u8).wrapping_mul(13) ^ seed).collect()
-}
-
-/// Reads the device mirror on a stream other than the (blocked) buffer's stream.
-fn device_bytes_elsewhere(dev: &Device, m: &SyncedMemory) -> Vec<u8> {
-    let g = m.device().unwrap();
-    let mut out = vec![0u8; N];
-    dev.new_stream()
-        .unwrap()
-        .read(g.buffer(), 0, &mut out)
-        .unwrap();
-    out
 }
 
 #[test]

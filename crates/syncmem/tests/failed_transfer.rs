@@ -13,7 +13,7 @@
 #[path = "common/gate.rs"]
 mod gate;
 
-use gate::{freed_under_copy_out, rig, Gate, N};
+use gate::{device_bytes_elsewhere, freed_under_copy_out, names_the_failed_wait, rig, Gate, N};
 use syncmem::synced::PendingKind;
 use syncmem::Head;
 
@@ -38,10 +38,7 @@ fn failed_copy_to_host_leaves_the_host_stale() {
     assert!(ev.wait().is_err(), "the copy behind the failed gate failed");
     // The host read waits for the copy into the host, and reports its failure.
     let err = m.host().expect_err("the copy into the host failed");
-    assert!(
-        err.to_string().contains("clWaitForEvents"),
-        "the backend call is named: {err}"
-    );
+    names_the_failed_wait(&err);
     // The host is not current: only the device holds the data, and nothing is in flight.
     assert_eq!(m.head(), Head::AtDevice);
     assert_eq!(m.pending().unwrap(), None);
@@ -67,22 +64,12 @@ fn failed_copy_to_device_is_reported_once_and_redone() {
     // A host read does not need the copy, but it is the first access to see it settled: it
     // reports the failure, once; the failed copy does not stay pending.
     let err = m.host().expect_err("the failed copy is reported");
-    assert!(
-        err.to_string().contains("clWaitForEvents"),
-        "the backend call is named: {err}"
-    );
+    names_the_failed_wait(&err);
     assert_eq!(m.pending().unwrap(), None);
     assert_eq!(m.head(), Head::AtHost, "the device mirror is not current");
     assert_eq!(&*m.host().unwrap(), &data[..]);
     // A device access uploads again.
-    let g = m.device().unwrap();
-    let mut out = vec![0u8; N];
-    dev.new_stream()
-        .unwrap()
-        .read(g.buffer(), 0, &mut out)
-        .unwrap();
-    assert_eq!(out, data);
-    drop(g);
+    assert_eq!(device_bytes_elsewhere(&dev, &m), data);
     assert_eq!(m.head(), Head::Synced);
     assert_eq!(m.copy_stats().host_to_device.count, 2);
 }
@@ -108,20 +95,10 @@ fn failed_copy_to_device_taken_by_a_device_read_is_reported_by_the_next_host_wri
     // The copy still reads the host mirror: a host write waits for it and reports its
     // failure; the device mirror it was filling is then stale.
     let err = m.host_mut().expect_err("the failed copy is reported");
-    assert!(
-        err.to_string().contains("clWaitForEvents"),
-        "the backend call is named: {err}"
-    );
+    names_the_failed_wait(&err);
     assert_eq!(m.head(), Head::AtHost, "the device mirror is not current");
     // A device access uploads again.
-    let g = m.device().unwrap();
-    let mut out = vec![0u8; N];
-    dev.new_stream()
-        .unwrap()
-        .read(g.buffer(), 0, &mut out)
-        .unwrap();
-    assert_eq!(out, data);
-    drop(g);
+    assert_eq!(device_bytes_elsewhere(&dev, &m), data);
     assert_eq!(m.copy_stats().host_to_device.count, 2);
 }
 
@@ -138,10 +115,7 @@ fn failed_copy_to_host_after_its_device_mirror_went_loses_the_contents_with_an_e
     // The copy held the only data: the access that settles it reports the failure, and the
     // buffer then says its contents are gone instead of reading zeros.
     let err = m.host().expect_err("the failed copy is reported");
-    assert!(
-        err.to_string().contains("clWaitForEvents"),
-        "the backend call is named: {err}"
-    );
+    names_the_failed_wait(&err);
     assert_eq!(m.head(), Head::Dropped);
     assert!(matches!(
         m.device().map(drop),
@@ -168,10 +142,7 @@ fn failed_copy_out_under_a_value_brought_back_behind_it_loses_the_contents_with_
     // The copy out failed: the upload behind it copied no data of the buffer's, so neither
     // mirror holds it.
     let err = m.host().expect_err("the failed copy is reported");
-    assert!(
-        err.to_string().contains("clWaitForEvents"),
-        "the backend call is named: {err}"
-    );
+    names_the_failed_wait(&err);
     assert_eq!(m.head(), Head::Dropped);
 }
 
@@ -194,10 +165,7 @@ fn failed_announced_work_is_reported() {
         let err = g
             .queued_on(&third)
             .expect_err("the earlier announced work failed");
-        assert!(
-            err.to_string().contains("clWaitForEvents"),
-            "the backend call is named: {err}"
-        );
+        names_the_failed_wait(&err);
     }
     // The newer work is still waited for; it succeeded, so the next access succeeds.
     assert_eq!(&*m.host().unwrap(), &data[..]);

@@ -113,3 +113,24 @@ pub fn freed_under_copy_out(stream: &Stream, m: &SyncedMemory, data: &[u8]) -> G
     assert_eq!(m.offload_ordered().unwrap(), N, "freed at once");
     gate
 }
+
+/// Reads the device mirror of `m` on a new stream of `dev` (not the rig's, which a gate may
+/// hold).
+pub fn device_bytes_elsewhere(dev: &Device, m: &SyncedMemory) -> Vec<u8> {
+    let g = m.device().unwrap();
+    let mut out = vec![0u8; N];
+    dev.new_stream()
+        .unwrap()
+        .read(g.buffer(), 0, &mut out)
+        .unwrap();
+    out
+}
+
+/// Asserts that `err`, a failed command's report, names the backend call that saw it.
+#[track_caller]
+pub fn names_the_failed_wait(err: &syncmem::Error) {
+    assert!(
+        err.to_string().contains("clWaitForEvents"),
+        "the backend call is named: {err}"
+    );
+}
