@@ -90,24 +90,30 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
 }
 
 impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
-    /// Whether [`Lease::give_back`] may put the block into a thread's cache now (else it
-    /// gives it back as dropping the lease does).
+    /// Whether [`Lease::give_back`] may put the block into a thread's cache now: it was
+    /// handed out cacheable (see [`super::Pool::alloc_device`]), no use of it is in flight,
+    /// its pool has thread caches that hold blocks of its size, and nobody listens to the
+    /// pool's events.
     #[inline]
     pub(crate) fn may_cache(&self) -> bool {
-        self.cacheable && self.pending.is_empty() && self.shard().cache_key != 0 && {
-            let sh = self.shard();
-            self.size <= sh.cache_limit && sh.quiet()
-        }
+        let sh = self.shard();
+        self.cacheable
+            && self.pending.is_empty()
+            && sh.cache_key != 0
+            && self.size <= sh.cache_limit
+            && sh.quiet()
     }
 
-    /// Gives the block back: into the calling thread's cache of its pool when it was handed
-    /// out cacheable (see [`super::Pool::alloc_device`]), no use of it is in flight, there is
-    /// room, and `stays` agrees (asked with the cache's flag held; see
-    /// [`super::tcache::absorb`]); else to its shard, as dropping it does. The lease's stream
-    /// is `stream`, the one it was asked for.
+    /// Gives back a block that [`Lease::may_cache`] has just allowed into a thread's cache:
+    /// into the calling thread's cache of its pool when there is room and `stays` agrees
+    /// (asked with the cache's flag held; see [`super::tcache::absorb`]), else to its shard,
+    /// as dropping it does. The lease's stream is `stream`, the one it was asked for.
     #[inline]
     pub(crate) fn give_back(self, stream: StreamId, stays: impl FnOnce() -> bool) {
-        if !self.cacheable || !self.pending.is_empty() || stream >= 1 << (64 - TAG_SHIFT) {
+        // (Not `may_cache` itself: whether the pool is listened to may change meanwhile.)
+        debug_assert!(self.cacheable, "give_back follows may_cache");
+        // A use in flight is kept whatever the caller checked: `slim_with` lets go of them.
+        if !self.pending.is_empty() || stream >= 1 << (64 - TAG_SHIFT) {
             // To its shard, with its uses in flight.
             drop(self);
             return;
@@ -121,14 +127,12 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
         // SAFETY: the shard lives while the block is handed out (see `Lease::shard`).
         let sh = unsafe { slim.shard.as_ref() };
         let (key, limit) = (sh.cache_key, sh.cache_limit);
-        if key != 0 && slim.size <= limit && sh.quiet() {
-            // SAFETY: `key` is the key of the thread caches of this block's pool (its
-            // shard's), whose types are this one's.
-            if unsafe { super::tcache::absorb(key, limit, &mut slim, stays) } {
-                // Moved into the cache: `slim` gives nothing back (its view is `None`).
-                std::mem::forget(slim);
-                return;
-            }
+        // SAFETY: `key` is the key of the thread caches of this block's pool (its shard's),
+        // whose types are this one's; 0 (no caches) is never passed on.
+        if key != 0 && unsafe { super::tcache::absorb(key, limit, &mut slim, stays) } {
+            // Moved into the cache: `slim` gives nothing back (its view is `None`).
+            std::mem::forget(slim);
+            return;
         }
         // Not cached: to its shard (`slim` is not CACHEABLE), with its stream's owner.
         drop(slim);
