@@ -3,8 +3,11 @@
 //! events across streams, pinned memory, counters, limits and errors, threads.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
 
+use crate::alloc::pool::snapshot::BlockState;
 use crate::alloc::pool::{PoolConfig, PoolKind};
+use crate::device::buffer::DeviceBuffer;
 use crate::error::Error;
 use crate::testing::all_or_skip;
 use crate::Device;
@@ -319,6 +322,59 @@ fn a_freed_block_comes_back_from_the_thread_cache_on_its_stream(shared: &Device)
     assert_eq!((p.thread_cached_bytes, p.reserved.current), (0, 0));
 }
 
+/// The owners' names of the blocks handed out by `dev`'s pools, as its snapshots show them.
+fn owners(dev: &Device) -> Vec<Option<String>> {
+    let snaps = dev.pool_snapshots();
+    snaps
+        .iter()
+        .flat_map(|s| s.blocks())
+        .filter(|(_, b)| b.state == BlockState::Allocated)
+        .map(|(_, b)| b.owner.clone())
+        .collect()
+}
+
+/// A named pooled buffer (a tensor's device mirror) freed with no work in flight waits in the
+/// freeing thread's cache as an unnamed one does; the request that takes it back writes its
+/// own name, or none, as the block's owner, so a snapshot names the owner of the moment. The
+/// device's counts stay exact.
+fn a_cached_block_is_named_by_the_request_that_takes_it(shared: &Device) {
+    let dev = shared.isolated();
+    let s = dev.new_stream().unwrap();
+    let hits = || dev.pool_stats().map_or(0, |p| p.thread_cache_hits);
+    let (first, second): (Arc<str>, Arc<str>) = ("first".into(), "second".into());
+    let pooled = |owner: Option<&Arc<str>>| DeviceBuffer::pooled(&dev, 4096, &s, owner).unwrap();
+    // The first request makes the pool (the slow way, which caches nothing).
+    drop(pooled(Some(&first)));
+    let a = pooled(Some(&first));
+    let at = a.placement();
+    assert_eq!(owners(&dev), [Some("first".to_string())]);
+    drop(a);
+    assert_eq!(dev.pool_stats().unwrap().thread_cached_bytes, 4096);
+    // Another name takes the cached block, and names it.
+    let b = pooled(Some(&second));
+    assert_eq!(
+        (b.placement(), hits()),
+        (at, 1),
+        "the same block, from the cache"
+    );
+    assert_eq!(owners(&dev), [Some("second".to_string())]);
+    // (The snapshot emptied the cache; the block goes there again.)
+    drop(b);
+    // An unnamed request takes it: the block has no owner's name any more.
+    let c = pooled(None);
+    assert_eq!((c.placement(), hits()), (at, 2));
+    assert_eq!(owners(&dev), [None]);
+    drop(c);
+    // And a named one after an unnamed one.
+    let d = pooled(Some(&first));
+    assert_eq!((d.placement(), hits()), (at, 3));
+    assert_eq!(owners(&dev), [Some("first".to_string())]);
+    drop(d);
+    let m = dev.memory_stats();
+    assert_eq!((m.in_use, m.allocs, m.frees), (0, 5, 5));
+    assert!(owners(&dev).is_empty());
+}
+
 fn uses_of_three_streams_are_freed_with_the_buffer(dev: &Device) {
     let s0 = dev.new_stream().unwrap();
     let mut buf = dev.alloc_pooled(64, &s0).unwrap();
@@ -482,6 +538,7 @@ crate::for_each_device!(
     pooled_buffers_count_in_memory_stats_across_pool_replacement,
     set_pool_racing_pooled_allocations_fails_none_of_them,
     a_freed_block_comes_back_from_the_thread_cache_on_its_stream,
+    a_cached_block_is_named_by_the_request_that_takes_it,
     uses_of_three_streams_are_freed_with_the_buffer,
     alloc_above_max_alloc_is_out_of_memory,
     out_of_bounds_and_other_backends_are_errors,

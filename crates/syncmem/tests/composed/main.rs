@@ -292,9 +292,44 @@ fn leave_or_drop(
     Ok(true)
 }
 
-/// At the end of a program: pinned views did not move, and every buffer holds the model's
-/// data on its device and on the host (or, dropped, refuses both reads).
+/// Every block the device pool hands out with an owner's name is a live buffer's, one block
+/// per buffer: a block a thread's cache handed from one owner to another (or from a scratch
+/// block to a buffer, and back) carries the name of its owner of the moment.
+fn named_blocks_are_live_buffers(
+    w: &World<'_>,
+    slots: &[Option<Live>],
+) -> Result<(), TestCaseError> {
+    let labels: std::collections::HashSet<String> = slots
+        .iter()
+        .flatten()
+        .map(|l| l.mem.label().to_string())
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    let snaps = w.dev.pool_snapshots();
+    let device_pool = snaps.iter().filter(|s| !s.label.ends_with(" pinned"));
+    for (_, b) in device_pool
+        .flat_map(|s| s.blocks())
+        .filter(|(_, b)| b.state == syncmem::alloc::pool::BlockState::Allocated)
+    {
+        if let Some(owner) = &b.owner {
+            prop_assert!(
+                labels.contains(owner),
+                "a device block is named {owner}, no live buffer's name"
+            );
+            prop_assert!(
+                seen.insert(owner.clone()),
+                "two device blocks named {owner}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// At the end of a program: pinned views did not move, every buffer holds the model's data on
+/// its device and on the host (or, dropped, refuses both reads), and the device pool names
+/// live buffers' blocks only.
 fn finally(w: &World<'_>, slots: &[Option<Live>], pins: &[Kept]) -> Result<(), TestCaseError> {
+    named_blocks_are_live_buffers(w, slots)?;
     for p in pins {
         let l = slots[p.slot].as_ref().unwrap();
         if l.dropped {

@@ -215,9 +215,10 @@ pub struct PoolConfig {
     /// of them together.
     pub shards: usize,
     /// Bytes each thread may keep of its own frees, to serve its next requests of the same
-    /// length without touching a shard (see `alloc::pool::tcache`'s notes): allocations
-    /// without an owner's name, of caching pools, small blocks only, at most 32 blocks; a
-    /// device block only when freed with no work in flight, for its own stream's requests.
+    /// length without touching a shard (see `alloc::pool::tcache`'s notes): allocations of
+    /// caching pools, small blocks only, at most 32 blocks; on the host, allocations without
+    /// an owner's name; a device block, named or not, only when freed with no work in
+    /// flight, for its own stream's requests.
     /// Blocks a thread keeps read as free in the statistics. While the pool's events are seen
     /// (an observer, a trace, the history) the caches stand aside. `0`: no thread cache.
     /// Default 256 KiB.

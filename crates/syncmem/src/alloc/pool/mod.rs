@@ -32,9 +32,11 @@
 //! # Thread caches
 //!
 //! A caching pool keeps, for each thread that allocates from it, a cache of that thread's own
-//! frees ([`PoolConfig::thread_cache`] bytes, 256 KiB by default, at most 32 blocks): an
-//! unnamed request of the same length as one of them (on a device, on the same stream, and
-//! freed with no work in flight) takes it back with no shard lock (glibc's tcache and
+//! frees ([`PoolConfig::thread_cache`] bytes, 256 KiB by default, at most 32 blocks): a
+//! request of the same length as one of them (on the host, unnamed; on a device, named or
+//! not, on the same stream, and freed with no work in flight) takes it back with no shard
+//! lock (a device block handed to a name, or taken from one, has its owner's name written
+//! in its shard under the shard's lock) (glibc's tcache and
 //! tcmalloc's thread caches do the same). A host pool's allocate + free then costs about a
 //! quarter of the shard path, a device pool's about two thirds of its former cost (the rest
 //! is the device buffer's own bookkeeping), with no atomic read-modify-write but the cache's

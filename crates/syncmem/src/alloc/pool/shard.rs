@@ -140,6 +140,11 @@ impl<T, V> Shard<T, V> {
         }
     }
 
+    /// Names `owner` as the owner of `block`, handed out (see `Pool::alloc_device`).
+    pub(super) fn rename(&self, block: BlockId, owner: Option<&Arc<str>>) {
+        self.inner.lock().core.rename(block, owner);
+    }
+
     /// The id the shard reports for its own id `local` (a block's or a segment's): unique in
     /// the pool, and `local` itself when the pool has one shard.
     #[inline]

@@ -9,7 +9,9 @@
 use std::mem::ManuallyDrop;
 use std::num::NonZeroU64;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
+use super::lease::CACHEABLE as CACHEABLE_LEASE;
 use super::shard::Shard;
 use super::{BlockId, Lease, StreamId};
 
@@ -23,6 +25,9 @@ pub(super) const CACHEABLE: u64 = 4;
 /// [`Slim::flags`]: a device block whose stream's owner the pool keeps (see
 /// [`Lease::is_kept`]); the stream is the tag.
 const KEPT: u64 = 8;
+/// [`Slim::flags`]: a device block handed out with an owner's name, which its shard keeps
+/// (see [`Lease`]'s `cacheable`).
+const NAMED: u64 = 16;
 /// The first bit of [`Slim::flags`] free for the caller's tags ([`Slim::with_tag`]); a
 /// device block's tag is its stream.
 pub(crate) const TAG_SHIFT: u32 = 8;
@@ -94,11 +99,16 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
     /// handed out cacheable (see [`super::Pool::alloc_device`]), no use of it is in flight,
     /// its pool has thread caches that hold blocks of its size, and nobody listens to the
     /// pool's events.
+    ///
+    /// Nor when its list of uses has room: the block had uses in flight before, and its
+    /// shard keeps the room for its next lease (a cached block leaves it behind, and its
+    /// next use in flight would allocate a list again: a steady step on a device that
+    /// queues work would then allocate on the heap).
     #[inline]
     pub(crate) fn may_cache(&self) -> bool {
         let sh = self.shard();
-        self.cacheable
-            && self.pending.is_empty()
+        self.cacheable != 0
+            && self.pending.capacity() == 0
             && sh.cache_key != 0
             && self.size <= sh.cache_limit
             && sh.quiet()
@@ -111,7 +121,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
     #[inline]
     pub(crate) fn give_back(self, stream: StreamId, stays: impl FnOnce() -> bool) {
         // (Not `may_cache` itself: whether the pool is listened to may change meanwhile.)
-        debug_assert!(self.cacheable, "give_back follows may_cache");
+        debug_assert!(self.cacheable != 0, "give_back follows may_cache");
         // A use in flight is kept whatever the caller checked: `slim_with` lets go of them.
         if !self.pending.is_empty() || stream >= 1 << (64 - TAG_SHIFT) {
             // To its shard, with its uses in flight.
@@ -122,8 +132,9 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
             self.kept.is_none_or(|k| k.get() == stream),
             "a kept lease is given back on its own stream"
         );
-        let kept = u64::from(self.kept.is_some()) * KEPT;
-        let mut slim = self.slim_with(kept | stream << TAG_SHIFT);
+        let named = u64::from(self.cacheable == super::lease::CACHEABLE_NAMED) * NAMED;
+        let flags = (u64::from(self.kept.is_some()) * KEPT) | named;
+        let mut slim = self.slim_with(flags | stream << TAG_SHIFT);
         // SAFETY: the shard lives while the block is handed out (see `Lease::shard`).
         let sh = unsafe { slim.shard.as_ref() };
         let (key, limit) = (sh.cache_key, sh.cache_limit);
@@ -140,10 +151,14 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
 }
 
 impl<T: Send + Sync + 'static, V: Send + 'static> Slim<T, V> {
-    /// The device block as a lease again (taken from a thread cache for a request of its
-    /// stream: see [`super::Pool::alloc_device`]).
+    /// The device block as a lease again, taken from a thread cache for a request of its
+    /// stream for `owner` (see [`super::Pool::alloc_device`]): the owner's name is written in
+    /// the block's shard (under its lock) where the request has one or the block had one.
     #[inline(always)]
-    pub(super) fn into_lease(self) -> Lease<T, V> {
+    pub(super) fn into_lease(self, owner: Option<&Arc<str>>) -> Lease<T, V> {
+        if (self.flags & NAMED != 0) | owner.is_some() {
+            self.rename(owner);
+        }
         let me = ManuallyDrop::new(self);
         let kept = if me.flags & KEPT != 0 {
             NonZeroU64::new(me.flags >> TAG_SHIFT)
@@ -160,12 +175,21 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Slim<T, V> {
             requested: me.requested,
             zeroed: me.flags & ZEROED != 0,
             small: me.flags & SMALL != 0,
-            cacheable: true,
+            cacheable: CACHEABLE_LEASE + u8::from(owner.is_some()),
             pending: Vec::new(),
             // SAFETY: moved out once; `me` is never dropped.
             view: unsafe { std::ptr::read(&me.view) },
             kept,
         }
+    }
+
+    /// Writes `owner` as the name of the block's owner in its shard (out of line: a hit of
+    /// a named block).
+    #[cold]
+    #[inline(never)]
+    fn rename(&self, owner: Option<&Arc<str>>) {
+        // SAFETY: the shard lives while the block is handed out (see `Lease::shard`).
+        unsafe { self.shard.as_ref() }.rename(self.block, owner);
     }
 
     /// The segment holding the block.

@@ -130,6 +130,15 @@ impl<V> Core<V> {
         }
     }
 
+    /// Names `owner` as the owner of `block`, handed out (a thread cache handed it to another
+    /// owner: see `Pool::alloc_device`). Only a caching pool has thread caches: the other
+    /// kinds keep the name they were given.
+    pub(crate) fn rename(&mut self, block: BlockId, owner: Option<&Arc<str>>) {
+        if let Core::Caching(a) = self {
+            a.rename(block, owner);
+        }
+    }
+
     /// Gives back `block` with its uses in flight and its view (kept while the block keeps its
     /// placement). Returns the segments to release.
     #[inline]

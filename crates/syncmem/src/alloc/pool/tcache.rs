@@ -1,4 +1,4 @@
-//! Per-thread caches of host blocks: a thread's recent frees served again to the same thread
+//! Per-thread caches of pool blocks: a thread's recent frees served again to the same thread
 //! without touching a shard (tcmalloc's and glibc's tcache design).
 //!
 //! A pool with [`super::PoolConfig::thread_cache`] bytes gives each thread that allocates from
@@ -29,9 +29,14 @@
 //! - **Threads that end** give their magazines back from their thread-local destructor. A
 //!   lease given back after that (from another thread-local's destructor) goes to its shard.
 //!
-//! Unnamed leases only: a named block's owner is kept by its shard, for snapshots. Host
-//! leases of the host stream ([`Pool::alloc_host`]), and device leases
-//! ([`Pool::alloc_device`]) given back with no use in flight ([`Lease::give_back`]): a
+//! Which leases: unnamed host leases of the host stream ([`Pool::alloc_host`]; a named host
+//! block goes to its shard, which keeps its owner's name for snapshots), and device leases
+//! ([`Pool::alloc_device`]), named or not, given back with no use in flight
+//! ([`Lease::give_back`]). A device block keeps the name of the owner it went to in its
+//! shard while cached; a hit that hands it to a request with a name, or takes it from a
+//! named owner, writes the request's name there under the shard's lock (a tensor mirror of
+//! a net under a cap, dropped after its last use and made again at the next step, takes the
+//! block another one gave back), so snapshots name every handed-out block's owner. A
 //! device block waits for its own stream's next request only (its stream is the lease's
 //! tag, [`Slim::with_tag`]'s bits), so the block's order on the device and the owner the
 //! pool keeps for its stream ([`Pool::alloc_with`]) stay what they were; a block with work in
@@ -57,6 +62,28 @@ use super::stats::Counters;
 
 /// The most leases a magazine holds.
 pub(crate) const SLOTS: usize = 32;
+
+/// `Vec::swap_remove` of the lease at `i < v.len()`, always inlined: a call moves the lease
+/// through memory once more (about 27 instructions a hit), and the compiler stops inlining
+/// the standard one into the device pool's allocation path, which is large.
+#[inline(always)]
+fn swap_remove<T: Send + Sync + 'static, V: Send + 'static>(
+    v: &mut Vec<Slim<T, V>>,
+    i: usize,
+) -> Slim<T, V> {
+    let last = v.len() - 1;
+    assert!(i <= last, "a cached lease's index is in its magazine");
+    // SAFETY: `i` and `last` are indices of live elements; the element at `i` is read out
+    // once, the last one moved over it (or onto itself when `i == last`, no longer counted),
+    // and the length shrunk by one, so every remaining element is owned once.
+    unsafe {
+        let base = v.as_mut_ptr();
+        let taken = std::ptr::read(base.add(i));
+        std::ptr::copy(base.add(last), base.add(i), 1);
+        v.set_len(last);
+        taken
+    }
+}
 
 /// Keys of the pools with thread caches, from 1 (0: none).
 static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
@@ -375,7 +402,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> ThreadCaches<T, V> {
         let size = g.leases[i].size;
         g.bytes -= size;
         g.counts.count(HIT, size, bytes);
-        *into = Some(g.leases.swap_remove(i));
+        *into = Some(swap_remove(&mut g.leases, i));
         true
     }
 

@@ -425,6 +425,14 @@ impl<V> Arena<V> {
         self.grant(id, small, req)
     }
 
+    /// Names `owner` as the owner of block `id`, handed out.
+    pub(crate) fn rename(&mut self, id: BlockId, owner: Option<&Arc<str>>) {
+        if let Some(b) = self.blocks.get_mut(id) {
+            debug_assert_eq!(b.state, State::Allocated, "rename of free block {id}");
+            b.owner = owner.cloned();
+        }
+    }
+
     /// Returns block `id` with the uses still in flight on it and its view: onto its stream's
     /// exact-size list (small blocks) or the large list when its pending uses are all on one
     /// stream, else into the arena, merged with free neighbours (a merge drops the views of the
