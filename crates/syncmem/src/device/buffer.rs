@@ -157,6 +157,25 @@ impl DeviceBuffer {
             .alloc_pooled(device, len, stream, owner)
     }
 
+    /// [`DeviceBuffer::pooled`] on `device`'s default stream, without a handle of the stream
+    /// made for it (the common case of a buffer's mirror: two reference counts taken and
+    /// given back less).
+    pub(crate) fn pooled_default(
+        device: &Device,
+        len: usize,
+        owner: Option<&Arc<str>>,
+    ) -> Result<Self> {
+        if len == 0 {
+            return Ok(Self::empty(device));
+        }
+        Self::check_max(device, len)?;
+        super::inject::check(device, len, "device memory")?;
+        device
+            .shared
+            .memory
+            .alloc_pooled_default(device, len, owner)
+    }
+
     #[cold]
     fn mismatch(device: &Device, stream: &Stream) -> Error {
         Error::DeviceMismatch {
@@ -211,6 +230,30 @@ impl DeviceBuffer {
             device,
             len,
             origin: Origin::Pooled { lease, release },
+            uses,
+            exposed: AtomicBool::new(false),
+            counted: None,
+        }
+    }
+
+    /// [`DeviceBuffer::from_pool`] for a block of `device`'s default stream (as that function
+    /// makes it for the stream's handle: the device's own handle, recorded on the default
+    /// stream when given back).
+    #[inline]
+    pub(crate) fn from_pool_default(
+        device: &Device,
+        len: usize,
+        lease: Lease<RawMem, RawMem>,
+    ) -> Self {
+        debug_assert!(lease.view().is_some(), "a device pool lease holds its view");
+        let uses = ManuallyDrop::new(Mutex::new(inherited_uses(&lease)));
+        Self {
+            device: DeviceHandle::Device(device.clone()),
+            len,
+            origin: Origin::Pooled {
+                lease,
+                release: Release::RecordDefault,
+            },
             uses,
             exposed: AtomicBool::new(false),
             counted: None,

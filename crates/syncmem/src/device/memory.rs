@@ -415,7 +415,7 @@ impl DeviceMemory {
 
     /// A pooled allocation of `len >= 1` bytes for work on `stream`, for `owner` (a buffer's
     /// label, kept with the block for memory snapshots).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn alloc_pooled(
         &self,
         dev: &Device,
@@ -452,6 +452,52 @@ impl DeviceMemory {
         }
         let lease = self.lease(dev, len, stream.id(), owner, keep, storage)?;
         Ok(DeviceBuffer::from_pool(stream, len, lease))
+    }
+
+    /// [`DeviceMemory::alloc_pooled`] on `dev`'s default stream, without a handle of the
+    /// stream (see [`DeviceBuffer::pooled_default`]).
+    pub(crate) fn alloc_pooled_default(
+        &self,
+        dev: &Device,
+        len: usize,
+        owner: Option<&Arc<str>>,
+    ) -> Result<DeviceBuffer> {
+        // The default stream is made, no MemPool scope is open on the device: no handle
+        // needed (the default stream's owner is the device itself: nothing kept).
+        let Some(stream) = dev
+            .default_unbound()
+            .filter(|_| super::mem_pool::scoped(dev).is_none())
+        else {
+            return self.alloc_pooled_bound(dev, len, owner);
+        };
+        let storage = &PoolStorage {
+            dev,
+            zero_copy: &self.zero_copy,
+        };
+        if let Some(pool) = self.pool.load() {
+            match pool.alloc_device(len, stream.id(), storage, owner, None) {
+                Ok(lease) => return Ok(DeviceBuffer::from_pool_default(dev, len, lease)),
+                // As in `alloc_pooled`.
+                Err(e) if e.is_out_of_memory() || pool.is_retired() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let lease = self.lease(dev, len, stream.id(), owner, None, storage)?;
+        Ok(DeviceBuffer::from_pool_default(dev, len, lease))
+    }
+
+    /// [`DeviceMemory::alloc_pooled`] on a handle of `dev`'s default stream: the way of
+    /// [`DeviceMemory::alloc_pooled_default`] in a MemPool scope or before the stream is made
+    /// (out of line: the allocation path is inlined once, in each of the two).
+    #[cold]
+    #[inline(never)]
+    fn alloc_pooled_bound(
+        &self,
+        dev: &Device,
+        len: usize,
+        owner: Option<&Arc<str>>,
+    ) -> Result<DeviceBuffer> {
+        self.alloc_pooled(dev, len, &dev.default_stream()?, owner)
     }
 
     /// The last handle of stream `stream` (made by `new_stream`) is gone: the device pool lets

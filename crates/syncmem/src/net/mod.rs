@@ -400,7 +400,7 @@ impl Net {
                 .map_err(|e| op_failed(self.base_def(), self.plan.as_ref(), "run", index, e))?;
             drop(installed);
             if let Some(s) = &schedule {
-                s.schedule.drop_dead_after(index, &self.device);
+                s.drop_dead_after(index);
             }
             after(index, op.def())?;
         }

@@ -21,6 +21,7 @@
 //! operator that used it last ([`Schedule::drop_dead_after`], so that the allocations of the
 //! next operators find room without failing), else first when an allocation fails.
 
+use std::cell::Cell;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
@@ -320,11 +321,15 @@ impl Schedule {
     /// After operator `i` ran: drops the device mirrors of the buffers it used that are dead
     /// now (it read them last), so that their memory serves the next allocations at once. A
     /// buffer of one name is looked up in [`BlobUses::dead_after`]; one of several names is
-    /// judged over all of them.
-    pub(super) fn drop_dead_after(&self, i: usize, device: &Device) {
+    /// judged over all of them. Adds the mirrors dropped and their bytes to `dropped`.
+    fn drop_dead_after(&self, i: usize, device: &Device, dropped: &Cell<(u64, u64)>) {
         let drop = |item: &Weak<dyn Evictable>| {
-            if let Some(item) = item.upgrade() {
-                device.drop_dead(item.as_ref());
+            if let Some(bytes) = item
+                .upgrade()
+                .and_then(|item| device.drop_dead(item.as_ref()))
+            {
+                let (n, total) = dropped.get();
+                dropped.set((n + 1, total + bytes as u64));
             }
         };
         for &n in &self.blobs.dead_after[i] {
@@ -413,11 +418,15 @@ impl NextUse for Schedule {
     }
 }
 
-/// A schedule installed on a device for one run; the one it replaced goes back when dropped.
+/// A schedule installed on a device for one run; the one it replaced goes back when dropped,
+/// and the dead mirrors the run dropped are counted then, on the device pool (one lock for
+/// the run, not one per value: the pool's `drops` reading lags the run until it ends).
 pub(super) struct Installed<'a> {
     device: &'a Device,
     previous: Option<Arc<dyn NextUse>>,
     pub(super) schedule: Arc<Schedule>,
+    /// Dead mirrors dropped by the run so far, and their bytes.
+    dropped: Cell<(u64, u64)>,
 }
 
 impl<'a> Installed<'a> {
@@ -439,13 +448,24 @@ impl<'a> Installed<'a> {
             device,
             previous,
             schedule,
+            dropped: Cell::new((0, 0)),
         })
+    }
+
+    /// After operator `i` ran: drops the device mirrors of the buffers it used that are dead
+    /// now (see [`Schedule`]'s `drop_dead_after`).
+    pub(super) fn drop_dead_after(&self, i: usize) {
+        self.schedule.drop_dead_after(i, self.device, &self.dropped);
     }
 }
 
 impl Drop for Installed<'_> {
     fn drop(&mut self) {
         self.device.swap_next_use(self.previous.take());
+        let (n, bytes) = self.dropped.get();
+        if n > 0 {
+            self.device.note_dead_drops(n, bytes);
+        }
     }
 }
 

@@ -26,17 +26,19 @@ impl Core {
         if let (Some(id), Some(d)) = (mirror.reg, device) {
             registry::of(d).unregister(id);
         }
-        if mirror.owned && !mirror.exposed {
-            if let Some(b) = Arc::get_mut(&mut mirror.buf) {
-                b.set_release(Release::Idle);
-            }
+        if !mirror.owned {
+            return;
+        }
+        let Some(b) = Arc::get_mut(&mut mirror.buf) else {
+            return;
+        };
+        if !mirror.exposed {
+            b.set_release(Release::Idle);
         }
         // The block goes back to the pool here; its heap allocation stays, for the next one.
-        if let (true, Some(d)) = (mirror.owned, device) {
-            if let Some(b) = Arc::get_mut(&mut mirror.buf) {
-                drop(std::mem::replace(b, DeviceBuffer::empty(d)));
-                self.spare = Some(mirror.buf);
-            }
+        if let Some(d) = device {
+            drop(std::mem::replace(b, DeviceBuffer::empty(d)));
+            self.spare = Some(mirror.buf);
         }
     }
 }
@@ -82,9 +84,13 @@ impl SyncedMemory {
             }
         }
         let device = self.target().ok_or_else(|| self.no_device())?;
-        let stream = self.pick_stream(None)?;
-        let buf = DeviceBuffer::pooled(device, self.len(), &stream, Some(&self.settings().label))
-            .map_err(|e| self.named(e))?;
+        let label = Some(&self.settings().label);
+        let buf = match self.settings().stream.as_ref() {
+            Some(stream) => DeviceBuffer::pooled(device, self.len(), stream, label),
+            // The default stream (as `pick_stream`), without a handle made for it.
+            None => DeviceBuffer::pooled_default(device, self.len(), label),
+        }
+        .map_err(|e| self.named(e))?;
         let buf = reuse(core.spare.take(), buf);
         core.dev = Some(DevMirror {
             reg: self.register(device, buf.len()),

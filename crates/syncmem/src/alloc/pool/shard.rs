@@ -488,11 +488,11 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         });
     }
 
-    /// Counts a dead mirror dropped without a write-back.
-    pub(crate) fn note_dead_drop(&self, bytes: usize) {
+    /// Counts dead mirrors dropped without a write-back: `n` of `bytes` in all.
+    pub(crate) fn note_dead_drops(&self, n: u64, bytes: u64) {
         self.count(|c| {
-            c.drops += 1;
-            c.dropped_bytes = c.dropped_bytes.saturating_add(bytes as u64);
+            c.drops += n;
+            c.dropped_bytes = c.dropped_bytes.saturating_add(bytes);
         });
     }
 

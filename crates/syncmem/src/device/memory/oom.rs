@@ -237,16 +237,18 @@ impl Device {
     }
 
     /// Drops the device mirror of `item`, whose contents a running schedule knows to be dead
-    /// ([`NextUse::is_dead`]), when nothing holds it and no transfer is in flight; counted on
-    /// the device pool. Returns whether it went.
-    pub(crate) fn drop_dead(&self, item: &dyn Evictable) -> bool {
-        let Some(bytes) = item.try_drop_dead(false) else {
-            return false;
-        };
+    /// ([`NextUse::is_dead`]), when nothing holds it and no transfer is in flight. Returns the
+    /// bytes freed, when it went: the caller counts them ([`Device::note_dead_drops`]).
+    pub(crate) fn drop_dead(&self, item: &dyn Evictable) -> Option<usize> {
+        item.try_drop_dead(false)
+    }
+
+    /// Counts `n` dead mirrors of `bytes` in all dropped by [`Device::drop_dead`] on the
+    /// device pool.
+    pub(crate) fn note_dead_drops(&self, n: u64, bytes: u64) {
         if let Some(p) = self.shared.memory.current_pool() {
-            p.note_dead_drop(bytes);
+            p.note_dead_drops(n, bytes);
         }
-        true
     }
 }
 
@@ -395,7 +397,7 @@ impl Run {
     /// without a write-back).
     fn note_dropped(&mut self, label: String, bytes: usize) {
         if let Some(p) = &self.pool {
-            p.note_dead_drop(bytes);
+            p.note_dead_drops(1, bytes as u64);
         }
         self.evicted.push((label, bytes));
     }
