@@ -12,10 +12,13 @@ use super::handle::{DeviceHandle, Lent};
 use super::stream::{StreamFence, UnboundStream};
 use super::usage::{Point, Uses};
 use super::{Device, Stream};
-use crate::alloc::pool::{Budget, Fence, Lease, StreamId};
+use crate::alloc::pool::{Budget, Fence, Lease};
 use crate::alloc::stats::Counted;
 use crate::backend::dispatch::RawMem;
 use crate::error::{BackendKind, Error, OomReport, Result};
+
+#[path = "buffer_release.rs"]
+mod release;
 
 /// What to do when a pooled buffer is freed.
 #[derive(Clone)]
@@ -456,7 +459,7 @@ impl DeviceBuffer {
 /// but the new owner's first command may run on another stream: it must wait for that work on
 /// the device, as it would for a write of its own.
 #[inline]
-fn inherited_uses(lease: &Lease<RawMem, RawMem>) -> Uses {
+pub(super) fn inherited_uses(lease: &Lease<RawMem, RawMem>) -> Uses {
     if lease.pending().next().is_none() {
         // The common case: the block comes with no work in flight.
         return Uses::default();
@@ -487,73 +490,6 @@ fn inherit_pending(lease: &Lease<RawMem, RawMem>) -> Uses {
         }
     }
     uses
-}
-
-impl Drop for DeviceBuffer {
-    fn drop(&mut self) {
-        if let Some(counted) = self.counted {
-            self.device.shared.mem.on_free(counted, self.len);
-        }
-        // Dropped at the end of this function (`self.uses` is never dropped; what is left in
-        // it is empty).
-        let mut uses = {
-            let u = self.uses.get_mut();
-            (!u.owns_nothing()).then(|| std::mem::take(u))
-        };
-        match &mut self.origin {
-            Origin::Empty => {}
-            Origin::Direct(_) => {
-                // The allocation goes first, then its bytes are given back to the cap.
-                drop(std::mem::replace(&mut self.origin, Origin::Empty));
-                self.device.shared.memory.uncharge(self.len);
-            }
-            Origin::Pooled { lease, release } => {
-                // The commands recorded on the block and not known complete: reusable at once
-                // by their own streams, by the others once they are done. A block with none
-                // goes back with no fence at all (no allocation, nothing to wait for).
-                if let Some(uses) = uses.as_mut().filter(|u| !u.is_empty()) {
-                    uses.prune();
-                    for p in uses.points() {
-                        lease.add_pending_at(p.id, p.queue(), p.seq);
-                    }
-                }
-                // Work queued on the buffer's own stream outside the crate (through a native
-                // handle handed out) is covered by a fence recorded there when another stream
-                // wants the block. The cpu backend finishes every operation before returning:
-                // nothing is ever in flight there.
-                let stream = match release {
-                    Release::Idle => None,
-                    Release::Record(s) => Some(&*s),
-                    Release::RecordOwn => self.device.stream(),
-                    Release::RecordDefault => self.device.default_unbound(),
-                };
-                if *self.exposed.get_mut() {
-                    if let Some(s) = stream.filter(|s| !s.is_cpu()) {
-                        lease.add_pending(s.id(), Arc::new(StreamFence::new(s)));
-                    }
-                }
-                // The view stays with the block for its next user.
-                if let Some(view) = lease.view_mut() {
-                    view.recycle();
-                }
-                // An idle block's stream is not known here: to its shard.
-                let stream = stream.map_or(StreamId::MAX, UnboundStream::id);
-                if !lease.may_cache() {
-                    // The lease gives the block back when the field is dropped, after this.
-                    return;
-                }
-                if let Origin::Pooled { lease, .. } =
-                    std::mem::replace(&mut self.origin, Origin::Empty)
-                {
-                    // Into this thread's cache when it may go there, unless the stream the
-                    // pool keeps for it was let go: that answer is read with the cache's flag
-                    // held, while the lease (still out) keeps the stream's handle alive.
-                    let on = self.device.lent();
-                    lease.give_back(stream, || on.is_none_or(|o| !o.is_released()));
-                }
-            }
-        }
-    }
 }
 
 impl fmt::Debug for DeviceBuffer {

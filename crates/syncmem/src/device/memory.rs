@@ -462,28 +462,39 @@ impl DeviceMemory {
         len: usize,
         owner: Option<&Arc<str>>,
     ) -> Result<DeviceBuffer> {
-        // The default stream is made, no MemPool scope is open on the device: no handle
-        // needed (the default stream's owner is the device itself: nothing kept).
-        let Some(stream) = dev
+        match self.lease_default(dev, len, owner) {
+            Some(lease) => Ok(DeviceBuffer::from_pool_default(dev, len, lease?)),
+            None => self.alloc_pooled_bound(dev, len, owner),
+        }
+    }
+
+    /// The block of [`DeviceMemory::alloc_pooled_default`]; `None` where a handle of the
+    /// stream is needed (a MemPool scope is open on the device, or the default stream is not
+    /// made yet: [`DeviceMemory::alloc_pooled_bound`] serves those).
+    #[inline(always)]
+    pub(crate) fn lease_default(
+        &self,
+        dev: &Device,
+        len: usize,
+        owner: Option<&Arc<str>>,
+    ) -> Option<Result<Lease<RawMem, RawMem>>> {
+        // The default stream's owner is the device itself: nothing kept.
+        let stream = dev
             .default_unbound()
-            .filter(|_| super::mem_pool::scoped(dev).is_none())
-        else {
-            return self.alloc_pooled_bound(dev, len, owner);
-        };
+            .filter(|_| super::mem_pool::scoped(dev).is_none())?;
         let storage = &PoolStorage {
             dev,
             zero_copy: &self.zero_copy,
         };
         if let Some(pool) = self.pool.load() {
             match pool.alloc_device(len, stream.id(), storage, owner, None) {
-                Ok(lease) => return Ok(DeviceBuffer::from_pool_default(dev, len, lease)),
+                Ok(lease) => return Some(Ok(lease)),
                 // As in `alloc_pooled`.
                 Err(e) if e.is_out_of_memory() || pool.is_retired() => {}
-                Err(e) => return Err(e),
+                Err(e) => return Some(Err(e)),
             }
         }
-        let lease = self.lease(dev, len, stream.id(), owner, None, storage)?;
-        Ok(DeviceBuffer::from_pool_default(dev, len, lease))
+        Some(self.lease(dev, len, stream.id(), owner, None, storage))
     }
 
     /// [`DeviceMemory::alloc_pooled`] on a handle of `dev`'s default stream: the way of
@@ -491,7 +502,7 @@ impl DeviceMemory {
     /// (out of line: the allocation path is inlined once, in each of the two).
     #[cold]
     #[inline(never)]
-    fn alloc_pooled_bound(
+    pub(crate) fn alloc_pooled_bound(
         &self,
         dev: &Device,
         len: usize,

@@ -35,9 +35,12 @@ impl Core {
         if !mirror.exposed {
             b.set_release(Release::Idle);
         }
-        // The block goes back to the pool here; its heap allocation stays, for the next one.
+        // The block goes back to the pool here; the buffer stays, empty, for the next one
+        // (or, holding a stream's handle the pool keeps, its heap allocation does).
         if let Some(d) = device {
-            drop(std::mem::replace(b, DeviceBuffer::empty(d)));
+            if !b.release_memory() {
+                drop(std::mem::replace(b, DeviceBuffer::empty(d)));
+            }
             self.spare = Some(mirror.buf);
         }
     }
@@ -86,12 +89,36 @@ impl SyncedMemory {
         let device = self.target().ok_or_else(|| self.no_device())?;
         let label = Some(&self.settings().label);
         let buf = match self.settings().stream.as_ref() {
-            Some(stream) => DeviceBuffer::pooled(device, self.len(), stream, label),
-            // The default stream (as `pick_stream`), without a handle made for it.
-            None => DeviceBuffer::pooled_default(device, self.len(), label),
-        }
-        .map_err(|e| self.named(e))?;
-        let buf = reuse(core.spare.take(), buf);
+            Some(stream) => {
+                let buf = DeviceBuffer::pooled(device, self.len(), stream, label)
+                    .map_err(|e| self.named(e))?;
+                reuse(core.spare.take(), buf)
+            }
+            // The default stream (as `pick_stream`), without a handle made for it, into the
+            // last mirror's buffer when it is free (see `release_device`).
+            None => match core.spare.take() {
+                Some(mut spare) => {
+                    let made = match Arc::get_mut(&mut spare) {
+                        Some(shell) => {
+                            DeviceBuffer::pooled_default_into(device, self.len(), label, shell)
+                        }
+                        None => DeviceBuffer::pooled_default(device, self.len(), label).map(Some),
+                    };
+                    match made {
+                        Ok(None) => spare,
+                        Ok(Some(buf)) => reuse(Some(spare), buf),
+                        Err(e) => {
+                            core.spare = Some(spare);
+                            return Err(self.named(e));
+                        }
+                    }
+                }
+                None => Arc::new(
+                    DeviceBuffer::pooled_default(device, self.len(), label)
+                        .map_err(|e| self.named(e))?,
+                ),
+            },
+        };
         core.dev = Some(DevMirror {
             reg: self.register(device, buf.len()),
             buf: buf.clone(),
