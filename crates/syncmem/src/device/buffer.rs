@@ -459,7 +459,7 @@ impl DeviceBuffer {
 /// but the new owner's first command may run on another stream: it must wait for that work on
 /// the device, as it would for a write of its own.
 #[inline]
-pub(super) fn inherited_uses(lease: &Lease<RawMem, RawMem>) -> Uses {
+fn inherited_uses(lease: &Lease<RawMem, RawMem>) -> Uses {
     if lease.pending().next().is_none() {
         // The common case: the block comes with no work in flight.
         return Uses::default();
@@ -469,7 +469,7 @@ pub(super) fn inherited_uses(lease: &Lease<RawMem, RawMem>) -> Uses {
 
 /// [`inherited_uses`] of a block that comes with work in flight.
 #[cold]
-fn inherit_pending(lease: &Lease<RawMem, RawMem>) -> Uses {
+pub(super) fn inherit_pending(lease: &Lease<RawMem, RawMem>) -> Uses {
     let mut uses = Uses::default();
     for (stream, fence) in lease.pending() {
         let any: &dyn Any = fence;
