@@ -126,13 +126,20 @@ impl DeviceBuffer {
         .into()
     }
 
+    /// The checks of every allocation of `len >= 1` bytes: the device's largest single
+    /// allocation ([`DeviceBuffer::check_max`]), then a failure injected for tests.
+    #[inline]
+    fn check_request(device: &Device, len: usize) -> Result<()> {
+        Self::check_max(device, len)?;
+        super::inject::check(device, len, "device memory")
+    }
+
     /// A direct allocation (see [`Device::alloc`]).
     pub(crate) fn new(device: &Device, len: usize) -> Result<Self> {
         if len == 0 {
             return Ok(Self::empty(device));
         }
-        Self::check_max(device, len)?;
-        super::inject::check(device, len, "device memory")?;
+        Self::check_request(device, len)?;
         device.shared.memory.alloc_direct(device, len)
     }
 
@@ -152,8 +159,7 @@ impl DeviceBuffer {
         if len == 0 {
             return Ok(Self::empty(device));
         }
-        Self::check_max(device, len)?;
-        super::inject::check(device, len, "device memory")?;
+        Self::check_request(device, len)?;
         device
             .shared
             .memory
@@ -171,8 +177,7 @@ impl DeviceBuffer {
         if len == 0 {
             return Ok(Self::empty(device));
         }
-        Self::check_max(device, len)?;
-        super::inject::check(device, len, "device memory")?;
+        Self::check_request(device, len)?;
         device
             .shared
             .memory

@@ -26,8 +26,7 @@ impl DeviceBuffer {
         if len == 0 || !shell.is_shell_of(device) {
             return Self::pooled_default(device, len, owner).map(Some);
         }
-        Self::check_max(device, len)?;
-        crate::device::inject::check(device, len, "device memory")?;
+        Self::check_request(device, len)?;
         let memory = &device.shared.memory;
         match memory.lease_default(device, len, owner) {
             Some(lease) => {

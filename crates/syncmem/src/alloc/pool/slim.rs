@@ -183,8 +183,9 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Slim<T, V> {
         }
     }
 
-    /// Writes `owner` as the name of the block's owner in its shard (out of line: a hit of
-    /// a named block).
+    /// Writes `owner` as the name of the block's owner in its shard. Out of line and cold,
+    /// so that an unnamed hit of an unnamed block keeps a straight path; a net's mirrors
+    /// under a cap take this way at every hit (see `Pool::alloc_device`).
     #[cold]
     #[inline(never)]
     fn rename(&self, owner: Option<&Arc<str>>) {
