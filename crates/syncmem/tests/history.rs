@@ -323,7 +323,116 @@ fn the_ready_made_observer_writes_a_snapshot_and_a_history_ending_at_the_failure
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The device's events in `trace`, as (kind, trace id of the block) pairs.
+fn blocks_of(trace: &Trace, label: &str) -> Vec<(&'static str, u64)> {
+    trace
+        .events()
+        .into_iter()
+        .filter(|e| e.device() == label)
+        .filter_map(|e| match e {
+            TraceEvent::Alloc { id, .. } => Some(("alloc", id)),
+            TraceEvent::Free { id, .. } => Some(("free", id)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Checks that `events` allocate and free blocks in turn: no block freed before it is
+/// allocated, or allocated twice while live; returns the blocks left live.
+fn live_after(events: &[(&'static str, u64)]) -> usize {
+    let mut live = std::collections::HashSet::new();
+    for (i, (kind, id)) in events.iter().enumerate() {
+        match *kind {
+            "alloc" => assert!(live.insert(*id), "block {id} allocated twice at {i}"),
+            _ => assert!(live.remove(id), "block {id} freed while not live at {i}"),
+        }
+    }
+    live.len()
+}
+
+fn thread_caches_serve_while_the_history_records_and_write_their_events(dev: &Device) {
+    let _one = lock();
+    let d = dev.detached();
+    let label = d.label().to_string();
+    let cycles = |d: &Device| {
+        let stream = d.default_stream().unwrap();
+        for _ in 0..100 {
+            drop(d.alloc_pooled(4096, &stream).unwrap());
+        }
+        d.pool_stats().unwrap().thread_cache_hits
+    };
+    // The same cycles on a device of their own with no history, then with one.
+    let unrecorded = cycles(&dev.detached());
+    let h = record_history(Some(1000)).unwrap();
+    let hits = cycles(&d);
+    let trace = h.trace();
+    record_history(None);
+    // The thread's cache served the cycles as it does with no history (all but the first
+    // few, which went to a shard) ...
+    assert!(hits >= 95, "{hits} thread cache hits");
+    assert_eq!(
+        hits, unrecorded,
+        "thread cache hits with the history and without"
+    );
+    // ... and the history has every allocation and free, in turn.
+    let mine = blocks_of(&trace, &label);
+    assert_eq!(mine.len(), 200, "{mine:?}");
+    assert_eq!(live_after(&mine), 0);
+    for pair in mine.chunks(2) {
+        assert_eq!((pair[0].0, pair[1].0), ("alloc", "free"), "{mine:?}");
+        assert_eq!(pair[0].1, pair[1].1, "{mine:?}");
+    }
+    replay_with(&trace, &PoolConfig::default(), &ReplayOptions::new()).unwrap();
+    TorchSnapshot::from_trace(&trace).unwrap();
+}
+
+fn blocks_passed_between_threads_with_caches_keep_their_order(dev: &Device) {
+    let _one = lock();
+    let d = dev.detached();
+    let label = d.label().to_string();
+    let h = record_history(Some(10_000)).unwrap();
+    // Two threads, each with a cache of its own (each allocates), pass blocks back and forth:
+    // each frees into its cache the blocks the other allocated, and allocates from it again,
+    // while each stamps its events with the time it read last.
+    let (to_b, from_a) = std::sync::mpsc::channel();
+    let (to_a, from_b) = std::sync::mpsc::channel();
+    let rounds = 300;
+    std::thread::scope(|s| {
+        let da = d.clone();
+        s.spawn(move || {
+            let stream = da.default_stream().unwrap();
+            for _ in 0..rounds {
+                to_b.send(da.alloc_pooled(4096, &stream).unwrap()).unwrap();
+                drop(from_b.recv().unwrap());
+            }
+        });
+        let db = d.clone();
+        s.spawn(move || {
+            let stream = db.default_stream().unwrap();
+            for _ in 0..rounds {
+                let theirs = from_a.recv().unwrap();
+                let mine = db.alloc_pooled(4096, &stream).unwrap();
+                drop(theirs);
+                to_a.send(mine).unwrap();
+            }
+        });
+    });
+    let hits = d.pool_stats().unwrap().thread_cache_hits;
+    let trace = h.trace();
+    record_history(None);
+    assert!(hits > 0, "the threads' caches served nothing");
+    let mine = blocks_of(&trace, &label);
+    // Every event kept (a free read before its allocation would be left out), in an order
+    // where each block is allocated and freed in turn.
+    assert_eq!(mine.len(), 4 * rounds, "events of the blocks");
+    assert_eq!(live_after(&mine), 0);
+    replay_with(&trace, &PoolConfig::default(), &ReplayOptions::new()).unwrap();
+    TorchSnapshot::from_trace(&trace).unwrap();
+}
+
 syncmem::for_each_device!(
+    thread_caches_serve_while_the_history_records_and_write_their_events,
+    blocks_passed_between_threads_with_caches_keep_their_order,
     history_keeps_the_newest_events_of_each_device,
     a_bounded_history_leaves_out_frees_of_dropped_allocations,
     threads_merge_with_each_allocation_before_its_free,

@@ -144,10 +144,10 @@ impl DeviceBuffer {
                 }
                 // An idle block's stream is not known here: to its shard.
                 let stream = stream.map_or(StreamId::MAX, UnboundStream::id);
-                if !lease.may_cache() {
+                let Some(state) = lease.may_cache() else {
                     // The lease gives the block back when the field is dropped, after this.
                     return;
-                }
+                };
                 if let Origin::Pooled { lease, .. } =
                     std::mem::replace(&mut self.origin, Origin::Empty)
                 {
@@ -155,7 +155,7 @@ impl DeviceBuffer {
                     // pool keeps for it was let go: that answer is read with the cache's flag
                     // held, while the lease (still out) keeps the stream's handle alive.
                     let on = self.device.lent();
-                    lease.give_back(stream, || on.is_none_or(|o| !o.is_released()));
+                    lease.give_back(state, stream, || on.is_none_or(|o| !o.is_released()));
                 }
             }
         }

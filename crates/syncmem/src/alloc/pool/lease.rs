@@ -16,6 +16,9 @@ pub(super) const CACHEABLE_NAMED: u8 = 2;
 // A cached block's lease is `CACHEABLE` plus whether it has a name (`Slim::into_lease`).
 const _: () = assert!(CACHEABLE_NAMED == CACHEABLE + 1);
 
+/// [`Lease::seg`] of a segment whose id does not fit.
+pub(super) const NO_SEG: u16 = u16::MAX;
+
 /// A block of a [`Pool`]: `len()` bytes at `offset()` in `segment()`, with the block's view
 /// (see [Views](Pool#views)). Given back to the pool, with its pending uses and its view, when
 /// dropped.
@@ -42,6 +45,14 @@ pub struct Lease<T: Send + Sync + 'static, V: Send + 'static = ()> {
     /// [`Lease::may_cache`] and [`Lease::give_back`] read once between them (a second byte
     /// read there cost about 5 ns a cycle).
     pub(super) cacheable: u8,
+    /// The mark of the thread that recorded the block's newest event in the history
+    /// ([`crate::alloc::ring::Recorded`]): the block's next event on another thread reads
+    /// the clock.
+    pub(super) mark: u8,
+    /// The block's segment's id in its shard, for a thread cache's events in the history
+    /// ([`NO_SEG`] when it does not fit). With `cacheable` and `mark`, in the bytes the
+    /// lease's other fields leave free.
+    pub(super) seg: u16,
     pub(super) pending: Vec<PendingUse>,
     /// The block's view (`None` only while the pool makes the lease).
     pub(super) view: Option<Box<V>>,
@@ -171,7 +182,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Drop for Lease<T, V> {
     fn drop(&mut self) {
         let pending = std::mem::take(&mut self.pending);
         let view = self.view.take();
-        let sizes = (self.size, self.requested, self.small);
+        let sizes = (self.size, self.requested, self.small, self.mark);
         // SAFETY: the shard lives until the block is given back, which this does, once.
         unsafe { Shard::release_block(self.shard, self.block, sizes, self.kept, pending, view) };
     }

@@ -13,9 +13,10 @@ use parking_lot::MutexGuard;
 
 use super::grant::{Grant, Request};
 use super::shard::Shard;
-use super::slim::{Slim, TAG_SHIFT};
+use super::slim::Slim;
 use super::{arc_ptr, Inner, Keep, Lease, Pool, PoolEvent, RawStorage, Seg, StreamId};
 use crate::alloc::ring::AllocRecord;
+use crate::alloc::ring::MARK_UNKNOWN;
 use crate::alloc::stats::human_bytes;
 use crate::error::{Error, OomReport, Result};
 
@@ -104,26 +105,33 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         owner: Option<&Arc<str>>,
         keep: Option<&dyn Fn() -> Keep>,
     ) -> Result<Lease<T, V>> {
-        // While the pool's events are seen (a history records), no block enters or leaves a
-        // thread's cache (see `tcache`): the request goes to the shards, as `alloc_with`.
-        // Blocks this thread cached before then stay there, counted in its shard's peaks as
-        // handed out (an upper bound, as other threads' cached blocks are).
-        let Some(t) = self.tcache.as_ref().filter(|_| self.shards[0].quiet()) else {
+        // While the pool's events are seen by an observer or sinks, no block enters or
+        // leaves a thread's cache (see `tcache`): the request goes to the shards, as
+        // `alloc_with`. Blocks this thread cached before then stay there, counted in its
+        // shard's peaks as handed out (an upper bound, as other threads' cached blocks are).
+        // While only the history records, a hit is written into it.
+        let (Some(t), Some(state)) = (self.tcache.as_ref(), self.shards[0].cache_state()) else {
             return self.alloc_with(bytes, stream, source, owner, keep);
         };
         if !self.retired.load(Relaxed) {
             let mut into = None;
-            let fits = |l: &Slim<T, V>| l.flags >> TAG_SHIFT == stream;
+            let fits = |l: &Slim<T, V>| l.tag() == stream;
             if t.take_if(bytes, fits, &mut into) {
+                let mark = match &into {
+                    Some(slim) if state != 0 => Self::record_hit(state, slim, stream, owner),
+                    _ => MARK_UNKNOWN,
+                };
                 if let Some(slim) = into {
-                    return Ok(slim.into_lease(owner));
+                    return Ok(slim.into_lease(owner, mark));
                 }
             }
         }
         // As for the host (see `alloc_host`): no peak counts a cached block.
         t.before_shards(|| self.peak_would_rise(bytes));
         let mut lease = self.alloc_with(bytes, stream, source, owner, keep)?;
-        lease.cacheable = if !lease.small {
+        // A block whose segment a lease cannot name stays out of the caches: the history
+        // records a cached block's hit with its segment.
+        lease.cacheable = if !lease.small || lease.seg == super::lease::NO_SEG {
             0
         } else if owner.is_some() {
             super::lease::CACHEABLE_NAMED
@@ -131,6 +139,26 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             super::lease::CACHEABLE
         };
         Ok(lease)
+    }
+
+    /// Writes the hit of a thread cache that took `slim` (for a request of `stream` for
+    /// `owner`) into the history of the hook's `state` (not 0); returns the mark of its
+    /// lease.
+    #[inline(never)]
+    fn record_hit(state: u64, slim: &Slim<T, V>, stream: StreamId, owner: Option<&Arc<str>>) -> u8 {
+        // SAFETY: the shard lives while the block is handed out (see `Lease::shard`).
+        let sh = unsafe { slim.shard.as_ref() };
+        let a = AllocRecord {
+            requested: slim.requested,
+            size: slim.size,
+            cache_hit: true,
+            block: sh.tag(slim.block),
+            stream,
+            segment: sh.tag(u64::from(slim.seg())),
+            offset: slim.offset,
+            owner,
+        };
+        sh.record_cached_alloc(state, &a)
     }
 
     /// [`Pool::alloc_labelled`] on [`HOST_STREAM`](super::HOST_STREAM) with no owner kept:
@@ -401,7 +429,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         inner
             .c
             .on_alloc(grant.size as u64, bytes as u64, grant.small);
-        inner.emit_alloc(&self.label, || AllocRecord {
+        let mark = inner.emit_alloc(&self.label, || AllocRecord {
             requested: bytes,
             size: grant.size,
             cache_hit: hit,
@@ -429,6 +457,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             zeroed: grant.zeroed,
             small: grant.small,
             cacheable: 0,
+            mark,
+            seg: u16::try_from(grant.seg).unwrap_or(super::lease::NO_SEG),
             pending: grant.pending,
             view: Some(view),
             kept,

@@ -70,6 +70,7 @@ mod malloc;
 mod pending;
 mod reserve;
 mod shard;
+mod shard_history;
 mod slab;
 mod slim;
 pub mod snapshot;
@@ -155,6 +156,9 @@ struct Inner<T, V> {
     /// number of its last one, in one word ([`crate::alloc::ring::order_word`]), under the
     /// shard's lock: the order of its events across threads for the history.
     order: Cell<u64>,
+    /// The generation of the history and the time of the shard's newest event in it (see
+    /// [`crate::alloc::ring::Recorded`]): the next is stamped after it.
+    last_t: Cell<(u64, u64)>,
     /// The pool's label, numbered for the events ([`crate::alloc::ring::label_key`]).
     label_key: u32,
 }
@@ -181,6 +185,11 @@ impl<T, V> Inner<T, V> {
         if let Some(source) = self.source {
             let order = crate::alloc::ring::split_order(self.next_order());
             event::publish_pool(source, label, self.label_key, ev, order);
+            // The history stamped it with this thread's time: the shard's next event comes
+            // after it (see `crate::alloc::ring::Recorded`).
+            let generation = event::history_generation();
+            let t = crate::alloc::ring::thread_time(generation);
+            self.stamped(generation, t);
         }
     }
 }
@@ -254,6 +263,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                     cache_key,
                     cache_limit,
                     listened: AtomicU8::new(0),
+                    source: AtomicU64::new(u64::MAX),
+                    label_key,
                     inner: Mutex::new(Inner {
                         core: Core::new(&config),
                         segments: Slab::default(),
@@ -266,6 +277,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
                             NEXT_SHARD_KEY.fetch_add(1, Relaxed),
                             0,
                         )),
+                        last_t: Cell::new((0, 0)),
                         label_key,
                     }),
                 })

@@ -30,7 +30,7 @@
 
 use std::num::NonZeroU64;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -39,7 +39,6 @@ use super::stats::{Counters, PoolUsage};
 use super::{BlockId, Inner, Keep, Pool, SegId};
 use super::{Budget, PendingUse, PoolEvent, PoolObserver, PoolStats};
 use crate::alloc::event;
-use crate::alloc::ring::{self, AllocRecord};
 use crate::error::{Error, Result};
 
 /// One shard: aligned to its own cache lines, so that the shards' locks do not share one.
@@ -60,6 +59,11 @@ pub(super) struct Shard<T, V> {
     /// Who listens to the shard's events, readable without its lock: [`OBSERVED`],
     /// [`PUBLISHED`].
     pub(super) listened: AtomicU8,
+    /// The source of a published pool ([`Pool::publish`]; `u64::MAX`: none), readable without
+    /// its lock, for its thread caches' events.
+    pub(super) source: AtomicU64,
+    /// The pool's label, numbered for the events (as [`Inner`]'s).
+    pub(super) label_key: u32,
     pub(super) inner: Mutex<Inner<T, V>>,
 }
 
@@ -68,75 +72,34 @@ const OBSERVED: u8 = 1;
 /// [`Shard::listened`]: the pool publishes to the process-wide sinks and history.
 const PUBLISHED: u8 = 2;
 
-impl<T, V> Inner<T, V> {
-    /// The order word of the shard's next event: its key and sequence number in one word
-    /// ([`ring::order_word`]).
-    #[inline(always)]
-    pub(super) fn next_order(&self) -> u64 {
-        let order = self.order.get() + 1;
-        self.order.set(order);
-        order
-    }
-
-    /// Reports allocation `a`: as [`Inner::emit`] when the pool is observed or sinks are
-    /// attached; when only the history records, written into the thread's ring straight from
-    /// `a` (no event made, no call). Costs the tests of [`Inner::emit`] when nobody listens.
-    #[inline(always)]
-    pub(super) fn emit_alloc<'r>(&self, label: &str, a: impl FnOnce() -> AllocRecord<'r>) {
-        if self.observer.is_none() {
-            let Some(source) = self.source else {
-                return;
-            };
-            let state = event::state();
-            if state == 0 {
-                return;
-            }
-            if !event::state_has_sinks(state) {
-                let order = self.next_order();
-                ring::record_alloc(state >> 1, source, self.label_key, order, &a());
-                return;
-            }
-        }
-        self.emit_alloc_observed(label, &a());
-    }
-
-    /// [`Inner::emit_observed`] of allocation `a` (out of the allocation path's way).
-    #[cold]
-    #[inline(never)]
-    fn emit_alloc_observed(&self, label: &str, a: &AllocRecord<'_>) {
-        self.emit_observed(label, &a.event());
-    }
-
-    /// Reports the free of `size` bytes of block `block`, as [`Inner::emit_alloc`].
-    #[inline(always)]
-    pub(super) fn emit_free(&self, label: &str, size: usize, block: u64) {
-        if self.observer.is_none() {
-            let Some(source) = self.source else {
-                return;
-            };
-            let state = event::state();
-            if state == 0 {
-                return;
-            }
-            if !event::state_has_sinks(state) {
-                let order = self.next_order();
-                ring::record_free(state >> 1, source, self.label_key, order, (size, block));
-                return;
-            }
-        }
-        self.emit_observed(label, &PoolEvent::Free { size, block });
-    }
-}
-
 impl<T, V> Shard<T, V> {
     /// True when no event of the shard would be seen now: no observer, and no sink or history
-    /// recording a published pool. Thread caches work only then (see [`super::tcache`]).
+    /// recording a published pool. Host blocks enter and leave thread caches only then (see
+    /// [`super::tcache`]; device blocks: [`Shard::cache_state`]).
     #[inline]
     pub(super) fn quiet(&self) -> bool {
         match self.listened.load(Relaxed) {
             0 => true,
             PUBLISHED => event::state() == 0,
             _ => false,
+        }
+    }
+
+    /// Whether a device block may enter or leave a thread cache now, and what its events
+    /// become: `Some(0)` when nobody listens; `Some(state)` (the hook's [`event::state`])
+    /// when only the history records, into which the cache writes its hits and the blocks it
+    /// takes in ([`Shard::record_cached_alloc`], [`Shard::record_cached_free`]); `None` while
+    /// the pool is observed or sinks are attached (they see every event in its shard's
+    /// order: no block enters or leaves a cache).
+    #[inline(always)]
+    pub(super) fn cache_state(&self) -> Option<u64> {
+        match self.listened.load(Relaxed) {
+            0 => Some(0),
+            PUBLISHED => {
+                let state = event::state();
+                (!event::state_has_sinks(state)).then_some(state)
+            }
+            _ => None,
         }
     }
 
@@ -153,7 +116,8 @@ impl<T, V> Shard<T, V> {
     }
 
     /// Gives back block `block` of the shard at `shard`, `size` bytes (`requested` asked for;
-    /// `small` as handed out), with its uses in flight and its view. When the pool is gone
+    /// `small` as handed out, `mark` its lease's mark in the history: see
+    /// [`Inner::emit_free`]), with its uses in flight and its view. When the pool is gone
     /// and this was the shard's last block handed out, drops the shard.
     ///
     /// # Safety
@@ -162,7 +126,7 @@ impl<T, V> Shard<T, V> {
     pub(super) unsafe fn release_block(
         shard: NonNull<Self>,
         block: BlockId,
-        (size, requested, small): (usize, usize, bool),
+        (size, requested, small, mark): (usize, usize, bool, u8),
         kept: Option<NonZeroU64>,
         pending: Vec<PendingUse>,
         view: Option<Box<V>>,
@@ -177,7 +141,7 @@ impl<T, V> Shard<T, V> {
                 let mut inner = sh.inner.lock();
                 inner.c.frees += 1;
                 inner.c.on_free(size as u64, requested as u64, small);
-                inner.emit_free(&sh.label, size, sh.tag(block));
+                inner.emit_free(&sh.label, size, sh.tag(block), mark);
                 let segs = inner.core.free(block, pending, view);
                 let segs = if segs.is_empty() {
                     Vec::new()
@@ -335,8 +299,9 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     /// device's source, or the host's; see [`crate::alloc::event`]).
     pub(crate) fn publish(&self, source: u64) {
         for s in self.shards.iter() {
-            s.listened.fetch_or(PUBLISHED, Relaxed);
+            s.source.store(source, Relaxed);
             s.inner.lock().source = Some(source);
+            s.listened.fetch_or(PUBLISHED, Relaxed);
         }
     }
 

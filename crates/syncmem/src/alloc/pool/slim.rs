@@ -14,6 +14,7 @@ use std::sync::Arc;
 use super::lease::CACHEABLE as CACHEABLE_LEASE;
 use super::shard::Shard;
 use super::{BlockId, Lease, StreamId};
+use crate::alloc::ring::MARK_SILENT;
 
 /// [`Slim::flags`]: the block's bytes are known to be zero (a fresh segment's).
 const ZEROED: u64 = 1;
@@ -31,6 +32,14 @@ const NAMED: u64 = 16;
 /// The first bit of [`Slim::flags`] free for the caller's tags ([`Slim::with_tag`]); a
 /// device block's tag is its stream.
 pub(crate) const TAG_SHIFT: u32 = 8;
+/// The caller's tags: the 32 bits from [`TAG_SHIFT`].
+const TAG_BITS: u64 = 0xffff_ffff << TAG_SHIFT;
+/// The first bit of [`Slim::flags`] that holds the lease's mark in the history
+/// ([`Lease`]'s `mark`, eight bits).
+const MARK_SHIFT: u32 = 40;
+/// The first bit of [`Slim::flags`] that holds the block's segment's id ([`Lease`]'s `seg`,
+/// sixteen bits), for a thread cache's events in the history.
+const SEG_SHIFT: u32 = 48;
 
 /// A block of a pool with no uses in flight and no owner kept: the fields of a [`Lease`] that
 /// such a block needs. Given back to its shard (or its thread's cache) when dropped.
@@ -81,13 +90,17 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
         // after it, see the module docs).
         let (view, pending) = unsafe { (std::ptr::read(&me.view), std::ptr::read(&me.pending)) };
         drop(pending);
+        let history = u64::from(me.mark) << MARK_SHIFT | u64::from(me.seg) << SEG_SHIFT;
         Slim {
             segment: me.segment.as_ptr().cast_const(),
             block: me.block,
             offset: me.offset,
             size: me.size,
             requested: me.requested,
-            flags: flags | (u64::from(me.small) * SMALL) | (u64::from(me.zeroed) * ZEROED),
+            flags: flags
+                | (u64::from(me.small) * SMALL)
+                | (u64::from(me.zeroed) * ZEROED)
+                | history,
             view,
             shard: me.shard,
         }
@@ -97,34 +110,41 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
 impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
     /// Whether [`Lease::give_back`] may put the block into a thread's cache now: it was
     /// handed out cacheable (see [`super::Pool::alloc_device`]), no use of it is in flight,
-    /// its pool has thread caches that hold blocks of its size, and nobody listens to the
-    /// pool's events.
+    /// its pool has thread caches that hold blocks of its size, and nobody but the history
+    /// listens to the pool's events: then the hook's state (see [`Shard::cache_state`]), for
+    /// [`Lease::give_back`].
     ///
     /// Nor when its list of uses has room: the block had uses in flight before, and its
     /// shard keeps the room for its next lease (a cached block leaves it behind, and its
     /// next use in flight would allocate a list again: a steady step on a device that
     /// queues work would then allocate on the heap).
     #[inline]
-    pub(crate) fn may_cache(&self) -> bool {
+    pub(crate) fn may_cache(&self) -> Option<u64> {
         let sh = self.shard();
-        self.cacheable != 0
+        if self.cacheable != 0
             && self.pending.capacity() == 0
             && sh.cache_key != 0
             && self.size <= sh.cache_limit
-            && sh.quiet()
+        {
+            sh.cache_state()
+        } else {
+            None
+        }
     }
 
-    /// Gives back a block that [`Lease::may_cache`] has just allowed into a thread's cache:
-    /// into the calling thread's cache of its pool when there is room and `stays` agrees
-    /// (asked with the cache's flag held; see [`super::tcache::absorb`]), else to its shard,
-    /// as dropping it does. The lease's stream is `stream`, the one it was asked for.
+    /// Gives back a block that [`Lease::may_cache`] has just allowed into a thread's cache,
+    /// answering the hook's `state`: into the calling thread's cache of its pool when there
+    /// is room and `stays` agrees (asked with the cache's flag held; see
+    /// [`super::tcache::absorb`]), its free written into the history when `state` says it
+    /// records; else to its shard, as dropping it does. The lease's stream is `stream`, the
+    /// one it was asked for.
     #[inline]
-    pub(crate) fn give_back(self, stream: StreamId, stays: impl FnOnce() -> bool) {
+    pub(crate) fn give_back(self, state: u64, stream: StreamId, stays: impl FnOnce() -> bool) {
         // (Not `may_cache` itself: whether the pool is listened to may change meanwhile.)
         debug_assert!(self.cacheable != 0, "give_back follows may_cache");
         // A use in flight is kept whatever the caller checked: `slim_with` lets go of them.
-        if !self.pending.is_empty() || stream >= 1 << (64 - TAG_SHIFT) {
-            // To its shard, with its uses in flight.
+        // To its shard, with its uses in flight.
+        if !self.pending.is_empty() || stream > u64::from(u32::MAX) {
             drop(self);
             return;
         }
@@ -138,6 +158,11 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
         // SAFETY: the shard lives while the block is handed out (see `Lease::shard`).
         let sh = unsafe { slim.shard.as_ref() };
         let (key, limit) = (sh.cache_key, sh.cache_limit);
+        // Written before the block can be seen in the cache by another thread (a drain).
+        if state != 0 {
+            let mark = (slim.flags >> MARK_SHIFT) as u8;
+            sh.record_cached_free(state, (slim.size, slim.block), mark);
+        }
         // SAFETY: `key` is the key of the thread caches of this block's pool (its shard's),
         // whose types are this one's; 0 (no caches) is never passed on.
         if key != 0 && unsafe { super::tcache::absorb(key, limit, &mut slim, stays) } {
@@ -145,7 +170,11 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
             std::mem::forget(slim);
             return;
         }
-        // Not cached: to its shard (`slim` is not CACHEABLE), with its stream's owner.
+        // Not cached: to its shard (`slim` is not CACHEABLE), with its stream's owner, and
+        // with no second event.
+        if state != 0 {
+            slim.silence();
+        }
         drop(slim);
     }
 }
@@ -154,14 +183,15 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Slim<T, V> {
     /// The device block as a lease again, taken from a thread cache for a request of its
     /// stream for `owner` (see [`super::Pool::alloc_device`]): the owner's name is written in
     /// the block's shard (under its lock) where the request has one or the block had one.
+    /// `mark` is the lease's mark in the history (see [`Lease`]'s).
     #[inline(always)]
-    pub(super) fn into_lease(self, owner: Option<&Arc<str>>) -> Lease<T, V> {
+    pub(super) fn into_lease(self, owner: Option<&Arc<str>>, mark: u8) -> Lease<T, V> {
         if (self.flags & NAMED != 0) | owner.is_some() {
             self.rename(owner);
         }
         let me = ManuallyDrop::new(self);
         let kept = if me.flags & KEPT != 0 {
-            NonZeroU64::new(me.flags >> TAG_SHIFT)
+            NonZeroU64::new(me.tag())
         } else {
             None
         };
@@ -176,6 +206,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Slim<T, V> {
             zeroed: me.flags & ZEROED != 0,
             small: me.flags & SMALL != 0,
             cacheable: CACHEABLE_LEASE + u8::from(owner.is_some()),
+            mark,
+            seg: me.seg(),
             pending: Vec::new(),
             // SAFETY: moved out once; `me` is never dropped.
             view: unsafe { std::ptr::read(&me.view) },
@@ -221,16 +253,30 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Slim<T, V> {
         self.flags & ZEROED != 0
     }
 
-    /// Replaces the caller's tags (the flags from bit [`TAG_SHIFT`] up: the host pool's
-    /// statistics stripe) with `tag`, which has no bit below it.
+    /// Replaces the caller's tags (32 bits of the flags from bit [`TAG_SHIFT`] up: the host
+    /// pool's statistics stripe) with `tag`, which has no bit outside them.
     pub(crate) fn with_tag(mut self, tag: u64) -> Self {
-        debug_assert_eq!(
-            tag & ((1 << TAG_SHIFT) - 1),
-            0,
-            "tags start at bit {TAG_SHIFT}"
-        );
-        self.flags = (self.flags & ((1 << TAG_SHIFT) - 1)) | tag;
+        debug_assert_eq!(tag & !TAG_BITS, 0, "tags are 32 bits from bit {TAG_SHIFT}");
+        self.flags = (self.flags & !TAG_BITS) | (tag & TAG_BITS);
         self
+    }
+
+    /// The caller's tags ([`Slim::with_tag`]) shifted down: a device block's stream.
+    #[inline(always)]
+    pub(crate) fn tag(&self) -> u64 {
+        (self.flags & TAG_BITS) >> TAG_SHIFT
+    }
+
+    /// The block's segment's id in its shard ([`Lease`]'s `seg`).
+    #[inline(always)]
+    pub(super) fn seg(&self) -> u16 {
+        (self.flags >> SEG_SHIFT) as u16
+    }
+
+    /// Makes the block's free, when it goes back to its shard, no event: its free was
+    /// recorded when it went into a thread cache (see [`super::tcache`]).
+    pub(super) fn silence(&mut self) {
+        self.flags = (self.flags & !(0xff << MARK_SHIFT)) | u64::from(MARK_SILENT) << MARK_SHIFT;
     }
 
     /// The flags (the pool's and the tags of [`Slim::with_tag`]).
@@ -286,9 +332,10 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Drop for Slim<T, V> {
             return;
         }
         let view = self.view.take();
-        let sizes = (self.size, self.requested, self.flags & SMALL != 0);
+        let mark = (self.flags >> MARK_SHIFT) as u8;
+        let sizes = (self.size, self.requested, self.flags & SMALL != 0, mark);
         let kept = if self.flags & KEPT != 0 {
-            NonZeroU64::new(self.flags >> TAG_SHIFT)
+            NonZeroU64::new(self.tag())
         } else {
             None
         };

@@ -23,9 +23,14 @@
 //! - **Snapshots, trims, idle checks, retirement, peak resets, observers and drops** first
 //!   take every thread's magazine back into the shards ([`ThreadCaches::drain_all`]), so they
 //!   see cached blocks as free blocks of the arena, and `empty_cache` can give them back.
-//! - **Events.** While the pool is observed, or publishes and a trace or history records, no
-//!   lease enters or leaves a magazine: every allocation and free is reported by its shard, in
-//!   the shard's order.
+//! - **Events.** While the pool is observed, or publishes and a trace records (a sink is
+//!   attached), no lease enters or leaves a magazine: every allocation and free is reported by
+//!   its shard, in the shard's order. While only the history records, device blocks keep
+//!   going through the magazines, and each hit and each block taken in is written into the
+//!   history by the thread that makes it (with the block's segment, which its lease keeps);
+//!   a block a magazine gives back to its shard makes no event (its free was the one into the
+//!   magazine). A block's events keep their order across threads by their times (see
+//!   `crate::alloc::ring`'s notes on order). Host magazines still stand aside then.
 //! - **Threads that end** give their magazines back from their thread-local destructor. A
 //!   lease given back after that (from another thread-local's destructor) goes to its shard.
 //!
@@ -249,8 +254,10 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Magazine<T, V> {
         } = &mut *g;
         for mut l in leases.drain(..) {
             counts.count(FLUSHED, l.size, l.requested);
-            // To its shard, not into a cache again.
+            // To its shard, not into a cache again, and with no event: its free was the
+            // one into the cache.
             l.flags &= !CACHEABLE;
+            l.silence();
         }
         *bytes = 0;
     }
@@ -381,6 +388,11 @@ impl<T: Send + Sync + 'static, V: Send + 'static> ThreadCaches<T, V> {
         fits: impl Fn(&Slim<T, V>) -> bool,
         into: &mut Option<Slim<T, V>>,
     ) -> bool {
+        // `into` holds `None`, as the caller promises: tested, so that no drop of it is made
+        // when the block is put there (the compiler made a call for one).
+        if into.is_some() {
+            return false;
+        }
         // SAFETY: the key is this pool's; the reference ends in this function, which
         // registers nothing.
         let Some(mag) = (unsafe { mine::<T, V>(self.key) }) else {
@@ -389,13 +401,18 @@ impl<T: Send + Sync + 'static, V: Send + 'static> ThreadCaches<T, V> {
         let Some(mut g) = mag.try_lock() else {
             return false;
         };
-        let Some(i) = g
-            .leases
-            .iter()
-            .rposition(|l| l.requested == bytes && fits(l))
-        else {
-            return false;
-        };
+        // The newest first; by hand, so that it stays inlined (`rposition` was not, once).
+        let mut i = g.leases.len();
+        loop {
+            if i == 0 {
+                return false;
+            }
+            i -= 1;
+            let l = &g.leases[i];
+            if l.requested == bytes && fits(l) {
+                break;
+            }
+        }
         // The sizes are read in place and the block then moved untouched, straight into
         // `into`: a move whose pieces were split into registers stalls the next one that
         // reads it whole.

@@ -70,7 +70,7 @@ pub(super) fn prepare(generation: u64, source: u64) -> bool {
 fn start_run(r: &Recorder, h: &Hot, ring: &SourceRing) {
     let seq = h.seq.get();
     if seq.is_multiple_of(SAMPLE) {
-        h.now.set(r.rings.now());
+        h.read_clock(&r.rings);
     }
     let run = ring.run(seq, SAMPLE);
     h.cur.set(run.start);
@@ -143,7 +143,7 @@ pub(super) fn keep_stack(source: u64, seq: u64) {
 pub(super) fn read_clock(_h: &Hot) {
     with_local(|l, h| {
         if let Some(r) = &l.recorder {
-            h.now.set(r.rings.now());
+            h.read_clock(&r.rings);
         }
     });
 }
@@ -181,8 +181,9 @@ fn register(l: &mut Local, h: &Hot, generation: u64) -> bool {
         threads.push(t.clone());
         t
     };
-    h.now.set(rings.now());
+    h.read_clock(&rings);
     h.thread_bits.set((thread.number & 0xffff) << 16);
+    h.mark.set(super::hot::mark_of(thread.number));
     let mut r = Recorder {
         generation,
         rings,
@@ -203,7 +204,9 @@ pub(super) fn reset(h: &Hot) {
     h.cur.set(std::ptr::null());
     h.end.set(std::ptr::null());
     h.seq.set(0);
+    h.now.set(0);
     h.op.set(0);
+    h.mark.set(super::hot::MARK_UNKNOWN);
     for n in &h.names {
         n.set((0, 0));
     }

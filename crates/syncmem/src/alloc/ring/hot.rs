@@ -86,6 +86,9 @@ pub(crate) struct Hot {
     pub(super) now: Cell<u64>,
     /// The thread's number, placed as word 2 of a slot holds it.
     pub(super) thread_bits: Cell<u64>,
+    /// The thread's mark in the history, which a lease keeps from its allocation (see
+    /// [`Recorded`]): its number plus one, or [`MARK_UNKNOWN`] past [`MAX_MARKED_THREAD`].
+    pub(super) mark: Cell<u8>,
     /// The number of the operator running on the thread (0: none), placed as word 5 of an
     /// allocation holds it.
     pub(super) op: Cell<u64>,
@@ -98,6 +101,12 @@ impl Hot {
     /// Takes the hot state out of use (see the module docs); returns the generation it had.
     pub(super) fn disarm(&self) -> u64 {
         self.generation.replace(DISARMED)
+    }
+
+    /// Reads the clock of `rings` into the thread's time, which never goes back (an event
+    /// may have been stamped after the newest reading, see [`Recorded`]).
+    pub(super) fn read_clock(&self, rings: &super::Rings) {
+        self.now.set(self.now.get().max(rings.now()));
     }
 
     /// The number of `name` in the history when the cache holds it.
@@ -160,6 +169,7 @@ thread_local! {
             seq: Cell::new(0),
             now: Cell::new(0),
             thread_bits: Cell::new(0),
+            mark: Cell::new(MARK_UNKNOWN),
             op: Cell::new(0),
             names: [const { Cell::new((0, 0)) }; CACHE],
         }
@@ -183,30 +193,107 @@ fn with_hot<R>(f: impl FnOnce(&Hot) -> R) -> R {
     f(hot())
 }
 
-/// The words 0 to 2 of an event of `kind` from the pool (or device) labelled `label`.
+/// The words 0 to 2 of an event of `kind` from the pool (or device) labelled `label`, at the
+/// thread's time.
 #[inline(always)]
 fn head(h: &Hot, kind: u64, label: u32) -> [u64; 3] {
+    head_at(h, h.now.get(), kind, label)
+}
+
+/// [`head`] at time `t`.
+#[inline(always)]
+fn head_at(h: &Hot, t: u64, kind: u64, label: u32) -> [u64; 3] {
     [
-        h.now.get(),
+        t,
         STEP.load(Relaxed).wrapping_add(1),
         kind | h.thread_bits.get() | u64::from(label) << 32,
     ]
 }
 
+/// A lease's mark ([`Recorded::mark`]) when the thread that recorded its block's newest
+/// event is not known (the history was off, or the thread's number is past
+/// [`MAX_MARKED_THREAD`]): its next event reads the clock.
+pub(crate) const MARK_UNKNOWN: u8 = 0;
+/// A lease's mark when its free is no event: a thread cache gives a block back to its shard,
+/// and the free was recorded when the block went into the cache.
+pub(crate) const MARK_SILENT: u8 = u8::MAX;
+/// The highest thread number that has a mark of its own (its number plus one).
+const MAX_MARKED_THREAD: u64 = 253;
+
+/// This thread's mark in the history it records.
+#[inline]
+pub(super) fn own_mark() -> u8 {
+    hot().mark.get()
+}
+
+/// The time of this thread's newest event, or of its newest reading of the clock, in the
+/// history of `generation` (0 when it records another or none).
+#[inline]
+pub(crate) fn thread_time(generation: u64) -> u64 {
+    let h = hot();
+    if h.generation.get() == generation {
+        h.now.get()
+    } else {
+        0
+    }
+}
+
+/// The mark of the thread numbered `number` in its history.
+pub(super) fn mark_of(number: u64) -> u8 {
+    if number <= MAX_MARKED_THREAD {
+        number as u8 + 1
+    } else {
+        MARK_UNKNOWN
+    }
+}
+
+/// What recording an event wrote: its time, and the mark of the thread that wrote it
+/// ([`MARK_UNKNOWN`] when nothing was written), which the block's lease keeps.
+///
+/// # Time across threads
+/// A block's events are made one after the other, on one thread or passed between threads,
+/// but each thread stamps its events with the time it read last. So that the events of one
+/// block read in their order whatever the threads' clocks: an event of a block whose newest
+/// event another thread (or no known thread) recorded reads the clock and is stamped one
+/// nanosecond later (its block's event, made before it, was stamped with a time read before
+/// it); the events of a pool shard are stamped after the shard's newest one (`floor`, kept
+/// under the shard's lock); a thread never stamps an event before its own newest one.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Recorded {
+    /// Nanoseconds from the history's start.
+    pub(crate) t: u64,
+    /// The writing thread's mark.
+    pub(crate) mark: u8,
+}
+
+/// Nothing recorded.
+const NOT_RECORDED: Recorded = Recorded {
+    t: 0,
+    mark: MARK_UNKNOWN,
+};
+
+/// The time of the thread's next event, not before `floor`; the thread's time moves to it.
+#[inline(always)]
+fn stamp(h: &Hot, floor: u64) -> u64 {
+    let t = h.now.get().max(floor);
+    h.now.set(t);
+    t
+}
+
 /// Records allocation `a` of `source` from the pool labelled `label` (its `label_key`), with
-/// its shard's `order` word, in the history of `generation`. Inlined into the pool's
-/// allocation path: the common case (the ring written last, a run of slots not used up, the
-/// owner's number cached, no stacks) is a few tests and the slot's stores straight from the
-/// pool's registers, with no call and no record made in memory; everything else goes to
-/// [`record_alloc_cold`] whole, out of line.
+/// its shard's `order` word (0: none, a thread cache's), stamped not before `floor`, in the
+/// history of `generation`. Inlined into the pool's allocation path: the common case (the
+/// ring written last, a run of slots not used up, the owner's number cached, no stacks) is a
+/// few tests and the slot's stores straight from the pool's registers, with no call and no
+/// record made in memory; everything else goes to [`record_alloc_cold`] whole, out of line.
 #[inline(always)]
 pub(crate) fn record_alloc(
     generation: u64,
     source: u64,
     label: u32,
-    order: u64,
+    (order, floor): (u64, u64),
     a: &AllocRecord<'_>,
-) {
+) -> Recorded {
     let h = hot();
     let cur = h.cur.get();
     let owner = match a.owner {
@@ -226,10 +313,15 @@ pub(crate) fn record_alloc(
             h.cur.set(cur.wrapping_add(1));
             let seq = h.seq.get();
             h.seq.set(seq + 1);
-            write_alloc(h, (seq, slot), label, order, owner, a);
+            let t = stamp(h, floor);
+            write_alloc(h, (seq, slot), (label, order, t), owner, a);
+            Recorded {
+                t,
+                mark: h.mark.get(),
+            }
         }
         // By value: the record is made in memory on this rare path only.
-        _ => record_alloc_cold(generation, source, label, order, *a),
+        _ => record_alloc_cold(generation, source, label, (order, floor), *a),
     }
 }
 
@@ -237,20 +329,31 @@ pub(crate) fn record_alloc(
 /// the owner, keeps the stack, as needed.
 #[cold]
 #[inline(never)]
-fn record_alloc_cold(generation: u64, source: u64, label: u32, order: u64, a: AllocRecord<'_>) {
+fn record_alloc_cold(
+    generation: u64,
+    source: u64,
+    label: u32,
+    (order, floor): (u64, u64),
+    a: AllocRecord<'_>,
+) -> Recorded {
     with_hot(|h| {
         if h.generation.get() != generation && !cold::prepare(generation, source) {
-            return;
+            return NOT_RECORDED;
         }
         let owner = a.owner.map_or(0, |o| h.id_of(o));
         let Some((seq, slot)) = h.next_slot(generation, source) else {
-            return;
+            return NOT_RECORDED;
         };
-        write_alloc(h, (seq, slot), label, order, owner, &a);
+        let t = stamp(h, floor);
+        write_alloc(h, (seq, slot), (label, order, t), owner, &a);
         if trace_stacks() {
             cold::keep_stack(source, seq);
         }
-    });
+        Recorded {
+            t,
+            mark: h.mark.get(),
+        }
+    })
 }
 
 /// Whether allocations may have to capture their stack (on, or not read yet).
@@ -259,17 +362,16 @@ fn maybe_stacks() -> bool {
     super::STACKS.load(Relaxed) != super::STACKS_OFF
 }
 
-/// Writes allocation `a` into `slot`, event `seq`.
+/// Writes allocation `a` into `slot`, event `seq`, at time `t`.
 #[inline(always)]
 fn write_alloc(
     h: &Hot,
     (seq, slot): (u64, &Slot),
-    label: u32,
-    order: u64,
+    (label, order, t): (u32, u64, u64),
     owner: u32,
     a: &AllocRecord<'_>,
 ) {
-    let [t, step, head] = head(h, slots::ALLOC | u64::from(a.cache_hit) << 8, label);
+    let [t, step, head] = head_at(h, t, slots::ALLOC | u64::from(a.cache_hit) << 8, label);
     slot.begin();
     slot.set(0, t);
     slot.set(1, step);
@@ -286,28 +388,44 @@ fn write_alloc(
 }
 
 /// Records the free of block `block` (`size` bytes) of `source` from the pool labelled
-/// `label`, with its shard's `order` word, in the history of `generation`. Inlined, with the
-/// rare cases out of line, as [`record_alloc`].
+/// `label`, with its shard's `order` word (0: none), stamped not before `floor`, in the
+/// history of `generation`; `mark` is the block's lease's ([`Recorded::mark`]): when another
+/// thread (or none known) recorded the block's newest event, the clock is read (see
+/// [`Recorded`]). Inlined, with the rare cases out of line, as [`record_alloc`]. Returns the
+/// time written (0: nothing).
 #[inline(always)]
 pub(crate) fn record_free(
     generation: u64,
     source: u64,
     label: u32,
-    order: u64,
+    (order, floor, mark): (u64, u64, u8),
     (size, block): (usize, u64),
-) {
+) -> u64 {
     let h = hot();
     let cur = h.cur.get();
-    if h.generation.get() == generation && h.source.get() == source && cur != h.end.get() {
+    if h.generation.get() == generation
+        && h.source.get() == source
+        && cur != h.end.get()
+        && mark == h.mark.get()
+        && mark != MARK_UNKNOWN
+    {
         // SAFETY: as in `Hot::next_slot`: armed for this generation and source, with a run
         // that is not empty.
         let slot = unsafe { &*cur };
         h.cur.set(cur.wrapping_add(1));
         let seq = h.seq.get();
         h.seq.set(seq + 1);
-        write_free(h, (seq, slot), label, order, (size, block));
+        let t = stamp(h, floor);
+        write_free(h, (seq, slot), (label, order, t), (size, block));
+        t
     } else {
-        record_free_cold(generation, source, label, order, (size, block));
+        record_free_cold(
+            generation,
+            source,
+            label,
+            (order, floor, mark),
+            (size, block),
+        )
     }
 }
 
@@ -318,26 +436,38 @@ fn record_free_cold(
     generation: u64,
     source: u64,
     label: u32,
-    order: u64,
+    (order, floor, mark): (u64, u64, u8),
     (size, block): (usize, u64),
-) {
+) -> u64 {
     with_hot(|h| {
-        if let Some(at) = h.next_slot(generation, source) {
-            write_free(h, at, label, order, (size, block));
+        if h.generation.get() != generation && !cold::prepare(generation, source) {
+            return 0;
         }
-    });
+        let floor = if mark == h.mark.get() && mark != MARK_UNKNOWN {
+            floor
+        } else {
+            // Made after the block's newest event, stamped before this reading.
+            cold::read_clock(h);
+            floor.max(h.now.get() + 1)
+        };
+        let Some(at) = h.next_slot(generation, source) else {
+            return 0;
+        };
+        let t = stamp(h, floor);
+        write_free(h, at, (label, order, t), (size, block));
+        t
+    })
 }
 
-/// Writes the free of `block` (`size` bytes) into `slot`, event `seq`.
+/// Writes the free of `block` (`size` bytes) into `slot`, event `seq`, at time `t`.
 #[inline(always)]
 fn write_free(
     h: &Hot,
     (seq, slot): (u64, &Slot),
-    label: u32,
-    order: u64,
+    (label, order, t): (u32, u64, u64),
     (size, block): (usize, u64),
 ) {
-    let [t, step, head] = head(h, slots::FREE, label);
+    let [t, step, head] = head_at(h, t, slots::FREE, label);
     slot.begin();
     slot.set(0, t);
     slot.set(1, step);

@@ -29,7 +29,13 @@
 //! carry the shard's own sequence number (modulo 2^40, with the shard's key in the same word),
 //! taken under the shard's lock, so a block's allocation
 //! comes before its free even when two threads made them within one reading of the clock; the
-//! rest is merged by time.
+//! rest is merged by time. A thread cache's events (a hit, a block taken in) take no shard's
+//! number; what keeps a block's events in order then is their times: a shard's event is
+//! stamped after the shard's newest one, an event of a block whose newest event another
+//! thread (or no known thread) recorded reads the clock and is stamped a nanosecond later,
+//! and a thread's time never goes back ([`Recorded`]). The block's lease keeps the mark of the
+//! thread that recorded its newest event (one byte), so the common case (a block allocated
+//! and freed on one thread) reads no clock.
 //!
 //! # Bound
 //!
@@ -52,7 +58,9 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 
-pub(crate) use hot::{record_alloc, record_free, AllocRecord};
+pub(crate) use hot::{
+    record_alloc, record_free, thread_time, AllocRecord, Recorded, MARK_SILENT, MARK_UNKNOWN,
+};
 pub(crate) use read::{RawEvent, RawWhat};
 use slots::SourceRing;
 pub(crate) use slots::{order_word, split_order};
@@ -196,6 +204,15 @@ pub(crate) fn start(max_entries: usize) -> Arc<Rings> {
     rings
 }
 
+/// The time now in the history of `generation` (0 when it does not record).
+#[cold]
+pub(crate) fn clock(generation: u64) -> u64 {
+    match &*CURRENT.read() {
+        Some(r) if r.generation == generation => r.now(),
+        _ => 0,
+    }
+}
+
 /// Stops the history recording now, if any.
 pub(crate) fn stop() {
     let mut current = CURRENT.write();
@@ -209,7 +226,7 @@ pub(crate) fn set_step(step: Option<u64>) {
     let _ = LOCAL.try_with(|l| {
         if let Ok(l) = l.try_borrow() {
             if let Some(r) = &l.recorder {
-                let _ = hot::HOT.try_with(|h| h.now.set(r.rings.now()));
+                let _ = hot::HOT.try_with(|h| h.read_clock(&r.rings));
             }
         }
     });
@@ -224,7 +241,7 @@ pub(crate) fn replace_op(op: Option<Arc<str>>) -> Option<Arc<str>> {
             let generation = super::event::history_generation();
             if let Some(r) = l.recorder.as_mut().filter(|r| r.generation == generation) {
                 let _ = hot::HOT.try_with(|h| {
-                    h.now.set(r.rings.now());
+                    h.read_clock(&r.rings);
                     h.op.set(u64::from(op.as_ref().map_or(0, |o| r.id_of(h, o))) << 32);
                 });
             }

@@ -35,6 +35,7 @@ pub(crate) fn record_pool(
     e: &PoolEvent,
     order: (u64, u64),
 ) {
+    let word = slots::order_word(order.0, order.1);
     let (kind, w) = match e {
         PoolEvent::Alloc {
             requested,
@@ -56,22 +57,14 @@ pub(crate) fn record_pool(
                 offset: *offset,
                 owner: owner.as_ref(),
             };
-            return record_alloc(
-                generation,
-                source,
-                label,
-                slots::order_word(order.0, order.1),
-                &a,
-            );
+            record_alloc(generation, source, label, (word, 0), &a);
+            return;
         }
         PoolEvent::Free { size, block } => {
-            return record_free(
-                generation,
-                source,
-                label,
-                slots::order_word(order.0, order.1),
-                (*size, *block),
-            )
+            // In its shard's order, which places it: no clock read for it.
+            let mark = super::hot::own_mark();
+            record_free(generation, source, label, (word, 0, mark), (*size, *block));
+            return;
         }
         // Words 3 to 11.
         PoolEvent::SegmentAlloc {
@@ -104,8 +97,7 @@ pub(crate) fn record_pool(
             (slots::OOM, [0, 0, 0, *requested as u64, 0, 0, 0, 0, 0])
         }
     };
-    let order = slots::order_word(order.0, order.1);
-    let w = [order, 0, w[2], w[3], w[4], w[5], w[6], w[7], w[8]];
+    let w = [word, 0, w[2], w[3], w[4], w[5], w[6], w[7], w[8]];
     record_words(generation, source, kind, label, w);
 }
 
