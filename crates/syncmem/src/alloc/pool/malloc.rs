@@ -110,7 +110,10 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         // `alloc_with`. Blocks this thread cached before then stay there, counted in its
         // shard's peaks as handed out (an upper bound, as other threads' cached blocks are).
         // While only the history records, a hit is written into it.
-        let (Some(t), Some(state)) = (self.tcache.as_ref(), self.shards[0].cache_state()) else {
+        let Some(t) = self.tcache.as_ref() else {
+            return self.alloc_with(bytes, stream, source, owner, keep);
+        };
+        let Some(state) = self.shards[0].cache_state() else {
             return self.alloc_with(bytes, stream, source, owner, keep);
         };
         if !self.retired.load(Relaxed) {

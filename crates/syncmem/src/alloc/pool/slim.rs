@@ -77,11 +77,13 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
         for p in &self.pending {
             p.fence.wait();
         }
-        self.slim_with(u64::from(cacheable) * CACHEABLE)
+        let mark = u64::from(self.mark) << MARK_SHIFT;
+        self.slim_with((u64::from(cacheable) * CACHEABLE) | mark)
     }
 
-    /// The lease as a [`Slim`] with the flags of its own and `flags`, its uses in flight let
-    /// go (none are left but the list's room); the block is given back once, by the result.
+    /// The lease as a [`Slim`] with the flags of its own (its segment's id among them) and
+    /// `flags`, its uses in flight let go (none are left but the list's room); the block is
+    /// given back once, by the result.
     #[inline(always)]
     fn slim_with(self, flags: u64) -> Slim<T, V> {
         let me = ManuallyDrop::new(self);
@@ -90,7 +92,6 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
         // after it, see the module docs).
         let (view, pending) = unsafe { (std::ptr::read(&me.view), std::ptr::read(&me.pending)) };
         drop(pending);
-        let history = u64::from(me.mark) << MARK_SHIFT | u64::from(me.seg) << SEG_SHIFT;
         Slim {
             segment: me.segment.as_ptr().cast_const(),
             block: me.block,
@@ -100,7 +101,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
             flags: flags
                 | (u64::from(me.small) * SMALL)
                 | (u64::from(me.zeroed) * ZEROED)
-                | history,
+                | u64::from(me.seg) << SEG_SHIFT,
             view,
             shard: me.shard,
         }
@@ -152,6 +153,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
             self.kept.is_none_or(|k| k.get() == stream),
             "a kept lease is given back on its own stream"
         );
+        // Its mark, for the free's event: a cached block's is set again by its hit.
+        let mark = self.mark;
         let named = u64::from(self.cacheable == super::lease::CACHEABLE_NAMED) * NAMED;
         let flags = (u64::from(self.kept.is_some()) * KEPT) | named;
         let mut slim = self.slim_with(flags | stream << TAG_SHIFT);
@@ -160,7 +163,6 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
         let (key, limit) = (sh.cache_key, sh.cache_limit);
         // Written before the block can be seen in the cache by another thread (a drain).
         if state != 0 {
-            let mark = (slim.flags >> MARK_SHIFT) as u8;
             sh.record_cached_free(state, (slim.size, slim.block), mark);
         }
         // SAFETY: `key` is the key of the thread caches of this block's pool (its shard's),

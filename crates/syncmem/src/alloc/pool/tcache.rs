@@ -401,18 +401,18 @@ impl<T: Send + Sync + 'static, V: Send + 'static> ThreadCaches<T, V> {
         let Some(mut g) = mag.try_lock() else {
             return false;
         };
-        // The newest first; by hand, so that it stays inlined (`rposition` was not, once).
-        let mut i = g.leases.len();
-        loop {
-            if i == 0 {
-                return false;
-            }
-            i -= 1;
-            let l = &g.leases[i];
+        // The newest first (`rposition`, which the compiler once stopped inlining here).
+        let leases: &[Slim<T, V>] = &g.leases;
+        let mut found = None;
+        for (i, l) in leases.iter().enumerate().rev() {
             if l.requested == bytes && fits(l) {
+                found = Some(i);
                 break;
             }
         }
+        let Some(i) = found else {
+            return false;
+        };
         // The sizes are read in place and the block then moved untouched, straight into
         // `into`: a move whose pieces were split into registers stalls the next one that
         // reads it whole.
