@@ -30,11 +30,12 @@ pub const HISTORY_ENV: &str = "SYNCMEM_HISTORY";
 ///
 /// Each thread writes the events it makes into rings of its own, one per device (and one for
 /// the host pool), with no lock (see `docs/performance.md` for the cost); reading merges them
-/// into one order: the events of one thread in their order, an allocation before its free
-/// (the pool's own order), the rest by time. The time of an event is the time its thread read
-/// last: the clock is read every 64 events of a device on a thread and whenever the operator
-/// running on it changes, a step is marked, a segment is made or given back, or a copy is
-/// made. Each
+/// into one order: the events of one thread in their order, each block's events in their
+/// order (an allocation before its free, whichever threads made them), the rest by time. The
+/// time of an event is the time its thread read last: the clock is read every 256 events of a
+/// device on a thread and whenever the operator running on it changes, a step is marked, a
+/// segment is made or given back, or a copy is made, and an event of a block that another
+/// thread touched last reads it too. Each
 /// thread holds at most `max_entries` events per device; reading keeps the newest
 /// `max_entries` of each device over all threads.
 #[derive(Debug)]
