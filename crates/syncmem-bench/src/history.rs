@@ -82,9 +82,10 @@ fn alternate(runs: Runs, cycle: &dyn Fn() -> Result<()>, stacks: bool) -> Result
         set_trace_stacks(stacks);
         // The rings filled once, untimed: a history that records all along writes over its
         // oldest events (its rings' memory is made and first touched as they fill, a cost of
-        // starting it, not of each event).
+        // starting it, not of each event). A ring holds `EVENTS` rounded up to a power of two,
+        // and a cycle writes two events.
         if !stacks {
-            for _ in 0..EVENTS / 2 {
+            for _ in 0..EVENTS.next_power_of_two() / 2 {
                 cycle()?;
             }
         }

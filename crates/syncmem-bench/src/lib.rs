@@ -240,10 +240,11 @@ const BASELINES: [&str; 18] = [
      call plus the memory cap and statistics)",
     "history rows: a pooled 4 KiB allocate + free on the bench device with the always-on \
      history recording (report::record_history, 100000 events per device) against the same \
-     with it off, in alternating samples; goal: <= 1.10 x, ratio >= 0.91; with call stacks \
-     captured (SYNCMEM_TRACE_STACKS=1) reported without a goal; with the history off the \
-     thread's cache serves the cycle, while it records every allocation and free goes \
-     through the pool's shards (the cache's events are not recorded yet)",
+     with it off, in alternating samples, each history's rings filled once before they are \
+     timed (the steady state of a history that records all along); goal: <= 1.10 x, ratio \
+     >= 0.91; with call stacks captured (SYNCMEM_TRACE_STACKS=1) reported without a goal; \
+     the thread's cache serves the cycle on both sides, and writes its events into the \
+     history while it records",
     "synced round trips: host memory of the same kind on both sides (the host allocator's \
      pageable memory, or the device's pinned memory), and the same memory: two pairs of a host \
      block and a device buffer, the synced buffer adopting one while the raw side copies \
