@@ -220,7 +220,9 @@ pub struct PoolConfig {
     /// an owner's name; a device block, named or not, only when freed with no work in
     /// flight, for its own stream's requests.
     /// Blocks a thread keeps read as free in the statistics. While the pool's events are seen
-    /// (an observer, a trace, the history) the caches stand aside. `0`: no thread cache.
+    /// (an observer, a trace) the caches stand aside; while only the history records, a device
+    /// pool's keep serving and write their events into it, a host pool's stand aside. `0`: no
+    /// thread cache.
     /// Default 256 KiB.
     pub thread_cache: usize,
 }

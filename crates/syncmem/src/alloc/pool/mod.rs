@@ -45,8 +45,10 @@
 //! ([`PoolStats::thread_cached_bytes`]), [`Pool::snapshot`], [`Pool::trim`] and
 //! [`Pool::empty_cache`] give every thread's cached blocks back to their shards first, and a
 //! request that would raise a shard's peak gives the thread's back before, so that peaks stay
-//! exact for one thread. While a pool is observed, or publishes and a trace or the history records, the
-//! caches stand aside: every allocation and free is an event of its shard.
+//! exact for one thread. While a pool is observed, or publishes and a trace records, the
+//! caches stand aside: every allocation and free is an event of its shard. While only the
+//! history records, a device pool's caches keep serving and write their events into it (a
+//! host pool's stand aside).
 //!
 //! # Statistics and tracing
 //!
