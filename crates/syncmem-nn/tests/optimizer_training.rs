@@ -113,6 +113,7 @@ fn the_state_lives_beside_each_parameter_and_moves() {
 }
 
 /// Loss of the last of `epochs` epochs.
+#[cfg(feature = "opencl")]
 fn last_loss(t: &mut Trainer, epochs: usize) -> f64 {
     (0..epochs)
         .map(|_| t.run_epoch().unwrap().loss)
