@@ -18,6 +18,10 @@ use syncmem::report::{
 };
 use syncmem::{Device, Error, MemoryCap, PoolConfig, PoolKind};
 
+#[path = "common/blocks.rs"]
+mod blocks;
+use blocks::{blocks_of, live_after};
+
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn lock() -> std::sync::MutexGuard<'static, ()> {
@@ -323,33 +327,6 @@ fn the_ready_made_observer_writes_a_snapshot_and_a_history_ending_at_the_failure
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The device's events in `trace`, as (kind, trace id of the block) pairs.
-fn blocks_of(trace: &Trace, label: &str) -> Vec<(&'static str, u64)> {
-    trace
-        .events()
-        .into_iter()
-        .filter(|e| e.device() == label)
-        .filter_map(|e| match e {
-            TraceEvent::Alloc { id, .. } => Some(("alloc", id)),
-            TraceEvent::Free { id, .. } => Some(("free", id)),
-            _ => None,
-        })
-        .collect()
-}
-
-/// Checks that `events` allocate and free blocks in turn: no block freed before it is
-/// allocated, or allocated twice while live; returns the blocks left live.
-fn live_after(events: &[(&'static str, u64)]) -> usize {
-    let mut live = std::collections::HashSet::new();
-    for (i, (kind, id)) in events.iter().enumerate() {
-        match *kind {
-            "alloc" => assert!(live.insert(*id), "block {id} allocated twice at {i}"),
-            _ => assert!(live.remove(id), "block {id} freed while not live at {i}"),
-        }
-    }
-    live.len()
-}
-
 fn thread_caches_serve_while_the_history_records_and_write_their_events(dev: &Device) {
     let _one = lock();
     let d = dev.detached();
@@ -377,7 +354,7 @@ fn thread_caches_serve_while_the_history_records_and_write_their_events(dev: &De
     // ... and the history has every allocation and free, in turn.
     let mine = blocks_of(&trace, &label);
     assert_eq!(mine.len(), 200, "{mine:?}");
-    assert_eq!(live_after(&mine), 0);
+    assert_eq!(live_after(&mine), Ok(0));
     for pair in mine.chunks(2) {
         assert_eq!((pair[0].0, pair[1].0), ("alloc", "free"), "{mine:?}");
         assert_eq!(pair[0].1, pair[1].1, "{mine:?}");
@@ -425,7 +402,7 @@ fn blocks_passed_between_threads_with_caches_keep_their_order(dev: &Device) {
     // Every event kept (a free read before its allocation would be left out), in an order
     // where each block is allocated and freed in turn.
     assert_eq!(mine.len(), 4 * rounds, "events of the blocks");
-    assert_eq!(live_after(&mine), 0);
+    assert_eq!(live_after(&mine), Ok(0));
     replay_with(&trace, &PoolConfig::default(), &ReplayOptions::new()).unwrap();
     TorchSnapshot::from_trace(&trace).unwrap();
 }

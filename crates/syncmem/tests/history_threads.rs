@@ -13,8 +13,12 @@ use std::sync::Mutex;
 
 use proptest::prelude::*;
 use syncmem::device::DeviceBuffer;
-use syncmem::report::{record_history, Trace, TraceEvent};
+use syncmem::report::record_history;
 use syncmem::Device;
+
+#[path = "common/blocks.rs"]
+mod blocks;
+use blocks::{blocks_of, live_after};
 
 /// The history is process-wide: one test at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -79,20 +83,6 @@ fn worker(dev: Device, rx: Receiver<Cmd>, done: Sender<Option<DeviceBuffer>>) {
     }
 }
 
-/// The device's allocations and frees in `trace`, as (kind, trace id of the block).
-fn blocks_of(trace: &Trace, label: &str) -> Vec<(&'static str, u64)> {
-    trace
-        .events()
-        .into_iter()
-        .filter(|e| e.device() == label)
-        .filter_map(|e| match e {
-            TraceEvent::Alloc { id, .. } => Some(("alloc", id)),
-            TraceEvent::Free { id, .. } => Some(("free", id)),
-            _ => None,
-        })
-        .collect()
-}
-
 /// Runs `ops` on `THREADS` threads of a device of their own, the history recording; checks
 /// the history.
 fn run(dev: &Device, ops: &[Op]) -> Result<(), TestCaseError> {
@@ -144,20 +134,7 @@ fn run(dev: &Device, ops: &[Op]) -> Result<(), TestCaseError> {
     let count = |k: &str| mine.iter().filter(|(kind, _)| *kind == k).count();
     prop_assert_eq!(count("alloc"), allocs, "allocations in the history");
     prop_assert_eq!(count("free"), allocs, "frees in the history");
-    let mut live = std::collections::HashSet::new();
-    for (i, (kind, id)) in mine.iter().enumerate() {
-        if *kind == "alloc" {
-            prop_assert!(live.insert(*id), "block {} allocated twice at {}", id, i);
-        } else {
-            prop_assert!(
-                live.remove(id),
-                "block {} freed while not live at {}",
-                id,
-                i
-            );
-        }
-    }
-    prop_assert!(live.is_empty());
+    prop_assert_eq!(live_after(&mine), Ok(0));
     Ok(())
 }
 
