@@ -3,14 +3,14 @@
 use std::any::Any;
 use std::fmt;
 use std::mem::ManuallyDrop;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use super::handle::{DeviceHandle, Lent};
 use super::stream::{StreamFence, UnboundStream};
-use super::usage::{Point, Uses};
+use super::usage::{At, Point, Uses};
 use super::{Device, Stream};
 use crate::alloc::pool::{Budget, Fence, Lease};
 use crate::alloc::stats::Counted;
@@ -85,6 +85,11 @@ pub struct DeviceBuffer {
     /// dropped in place: `Drop` takes the uses out unless they own nothing
     /// ([`Uses::owns_nothing`]), which saves the drop of three empty slots on every free.
     pub(super) uses: ManuallyDrop<Mutex<Uses>>,
+    /// [`Uses::single_stream`] of `uses` as of its last change that recorded a point
+    /// ([`single_hint`]; points forgotten since leave it true): a command of that stream is
+    /// ordered after them without taking the lock. Written under the lock. 32 bits, so that it
+    /// fits beside `exposed` and the buffer stays small.
+    pub(super) single: AtomicU32,
     /// The native handle was handed out (`as_opencl`, `as_cuda`): work the crate does not see
     /// may be queued on the memory.
     exposed: AtomicBool,
@@ -100,6 +105,7 @@ impl DeviceBuffer {
             len: 0,
             origin: Origin::Empty,
             uses: ManuallyDrop::default(),
+            single: AtomicU32::new(0),
             exposed: AtomicBool::new(false),
             counted: None,
         }
@@ -201,6 +207,7 @@ impl DeviceBuffer {
             len,
             origin: Origin::Direct(Box::new(raw)),
             uses: ManuallyDrop::default(),
+            single: AtomicU32::new(0),
             exposed: AtomicBool::new(false),
             counted: Some(counted),
         }
@@ -233,12 +240,14 @@ impl DeviceBuffer {
         let release = Release::record(stream, matches!(device, DeviceHandle::Lent(_)));
         debug_assert!(lease.view().is_some(), "a device pool lease holds its view");
         // Counted by the pool, under its shard's lock (see `Device::memory_stats`).
-        let uses = ManuallyDrop::new(Mutex::new(inherited_uses(&lease)));
+        let uses = inherited_uses(&lease);
+        let single = AtomicU32::new(single_hint(uses.single_stream()));
         Self {
             device,
             len,
             origin: Origin::Pooled { lease, release },
-            uses,
+            uses: ManuallyDrop::new(Mutex::new(uses)),
+            single,
             exposed: AtomicBool::new(false),
             counted: None,
         }
@@ -254,7 +263,8 @@ impl DeviceBuffer {
         lease: Lease<RawMem, RawMem>,
     ) -> Self {
         debug_assert!(lease.view().is_some(), "a device pool lease holds its view");
-        let uses = ManuallyDrop::new(Mutex::new(inherited_uses(&lease)));
+        let uses = inherited_uses(&lease);
+        let single = AtomicU32::new(single_hint(uses.single_stream()));
         Self {
             device: DeviceHandle::Device(device.clone()),
             len,
@@ -262,7 +272,8 @@ impl DeviceBuffer {
                 lease,
                 release: Release::RecordDefault,
             },
-            uses,
+            uses: ManuallyDrop::new(Mutex::new(uses)),
+            single,
             exposed: AtomicBool::new(false),
             counted: None,
         }
@@ -351,8 +362,7 @@ impl DeviceBuffer {
     #[cfg(feature = "opencl")]
     #[cfg_attr(docsrs, doc(cfg(feature = "opencl")))]
     pub fn as_opencl(&self) -> Option<&opencl3::memory::Buffer<u8>> {
-        self.exposed
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.exposed.store(true, Ordering::Relaxed);
         self.raw().and_then(RawMem::as_opencl)
     }
 
@@ -362,15 +372,14 @@ impl DeviceBuffer {
     #[cfg(feature = "cuda")]
     #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
     pub fn as_cuda(&self) -> Option<&cudarc::driver::CudaSlice<u8>> {
-        self.exposed
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.exposed.store(true, Ordering::Relaxed);
         self.raw().and_then(RawMem::as_cuda)
     }
 
     /// Whether a native handle of the memory was handed out (`as_opencl`, `as_cuda`,
     /// [`DeviceBuffer::native_address`]): work the crate does not see may be queued on it.
     pub(crate) fn was_exposed(&self) -> bool {
-        self.exposed.load(std::sync::atomic::Ordering::Relaxed)
+        self.exposed.load(Ordering::Relaxed)
     }
 
     /// The memory's address for code outside the crate (DLPack, collective libraries): the
@@ -381,8 +390,7 @@ impl DeviceBuffer {
     /// meanwhile.
     pub fn native_address(&self) -> Option<usize> {
         let m = self.raw()?;
-        self.exposed
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.exposed.store(true, Ordering::Relaxed);
         Some(m.native_address())
     }
 
@@ -417,22 +425,32 @@ impl DeviceBuffer {
         if stream.raw.is_cpu() {
             return Ok(());
         }
+        // Every point recorded is of this stream, or none is: nothing to wait for (the common
+        // case: a buffer used on one stream). A point recorded concurrently by another thread
+        // is not seen here, as it is not under the lock once it is released: commands that race
+        // on one buffer from two threads are not ordered by the crate either way.
+        let single = self.single.load(Ordering::Acquire);
+        if single == 0 || (single != NOT_SINGLE && u64::from(single) == stream.id()) {
+            return Ok(());
+        }
         self.uses
             .lock()
             .order_before(&stream.raw, stream.id(), write)
     }
 
-    /// Records a command at `point` (`None`: finished already) that read or wrote the memory.
-    pub(crate) fn note(&self, point: Option<Point>, write: bool) {
-        let Some(point) = point else {
+    /// Records a command at `at` (`None`: finished already) that read or wrote the memory.
+    pub(crate) fn note(&self, at: Option<At<'_>>, write: bool) {
+        let Some(at) = at else {
             return;
         };
         let mut uses = self.uses.lock();
         if write {
-            uses.note_write(point);
+            uses.note_write(at);
         } else {
-            uses.note_read(point);
+            uses.note_read(at);
         }
+        self.single
+            .store(single_hint(uses.single_stream()), Ordering::Release);
     }
 
     /// Blocks until every command recorded on the memory has completed (a host wait each
@@ -457,6 +475,18 @@ impl DeviceBuffer {
     pub(crate) fn cpu_ptr(&self) -> Option<*mut u8> {
         self.raw().and_then(RawMem::as_cpu).map(|m| m.as_ptr())
     }
+}
+
+/// [`DeviceBuffer::single`] when the points are of several streams, or of one whose id does
+/// not fit in 32 bits (a command of any stream then takes the lock).
+pub(super) const NOT_SINGLE: u32 = u32::MAX;
+
+/// [`Uses::single_stream`] in 32 bits: 0 (no point), a stream id, or [`NOT_SINGLE`].
+pub(super) fn single_hint(single: u64) -> u32 {
+    u32::try_from(single)
+        .ok()
+        .filter(|&s| s != NOT_SINGLE)
+        .unwrap_or(NOT_SINGLE)
 }
 
 /// The uses of a block's new owner: the work of its previous owners still in flight. The pool

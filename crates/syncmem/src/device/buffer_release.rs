@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::{inherit_pending, DeviceBuffer, Origin, Release};
+use super::{inherit_pending, single_hint, DeviceBuffer, Origin, Release};
 use crate::alloc::pool::{Lease, StreamId};
 use crate::backend::dispatch::RawMem;
 use crate::device::handle::DeviceHandle;
@@ -57,6 +57,7 @@ impl DeviceBuffer {
         );
         if lease.pending().next().is_some() {
             *self.uses.get_mut() = inherit_pending(&lease);
+            *self.single.get_mut() = single_hint(self.uses.get_mut().single_stream());
         }
         self.len = len;
         *self.exposed.get_mut() = false;

@@ -29,7 +29,7 @@ impl Stream {
         };
         buf.order_before(self, access != MapAccess::Read)?;
         let (mapped, seq) = self.raw.map(mem, access, true)?;
-        buf.note(self.point(seq), access != MapAccess::Read);
+        buf.note(self.at(seq), access != MapAccess::Read);
         if !self.raw.is_cpu() {
             self.count_wait();
         }
@@ -52,9 +52,8 @@ impl Stream {
         };
         buf.order_before(self, access != MapAccess::Read)?;
         let (mapped, seq) = self.raw.map(mem, access, false)?;
-        let point = self.point(seq);
-        buf.note(point.clone(), access != MapAccess::Read);
-        Ok((mapped, point))
+        buf.note(self.at(seq), access != MapAccess::Read);
+        Ok((mapped, self.point(seq)))
     }
 
     /// Queues the unmap of the mapping at `mapped` of `buf` (made by a map of this module):
@@ -70,7 +69,7 @@ impl Stream {
         // After the map (which may have been queued on another stream).
         buf.order_before(self, true)?;
         let seq = self.raw.unmap(mem, mapped)?;
-        buf.note(self.point(seq), true);
+        buf.note(self.at(seq), true);
         Ok(())
     }
 

@@ -78,12 +78,12 @@ impl<'a> Kernels<'a> {
         }
         let (d, s) = self.raw();
         let r = launch(d, s)?;
-        if let Some(point) = self.stream.point_now() {
+        if let Some(at) = self.stream.at(self.stream.raw.last_seq()) {
             for b in reads.iter().flatten() {
-                b.note(Some(point.clone()), false);
+                b.note(Some(at), false);
             }
             for b in writes.iter().flatten() {
-                b.note(Some(point.clone()), true);
+                b.note(Some(at), true);
             }
         }
         Ok(r)

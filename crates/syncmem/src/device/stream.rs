@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::handle::{OnStream, StreamHandle, StreamUsers};
-use super::usage::Point;
+use super::usage::{At, Point};
 use super::{Device, DeviceBuffer};
 use crate::alloc::event as memory_events;
 use crate::alloc::pool::Fence;
@@ -214,6 +214,16 @@ impl Stream {
         self.point(self.raw.last_seq())
     }
 
+    /// [`Stream::point`], borrowed: to record on a buffer (no reference count taken where the
+    /// buffer holds a point of this stream already).
+    pub(crate) fn at(&self, seq: u64) -> Option<At<'_>> {
+        (!self.raw.is_cpu()).then_some(At {
+            stream: &self.raw,
+            id: self.id,
+            seq,
+        })
+    }
+
     /// Counts a host wait on this stream's work (never on the `cpu` stream).
     pub(super) fn count_wait(&self) {
         if !self.raw.is_cpu() {
@@ -256,7 +266,7 @@ impl Stream {
         dst.order_before(self, true)?;
         // SAFETY: range checked above; pointer validity is the caller's contract.
         let seq = unsafe { self.raw.write(mem, offset, src, len, blocking)? };
-        dst.note(self.point(seq), true);
+        dst.note(self.at(seq), true);
         if blocking {
             self.count_wait();
         }
@@ -299,7 +309,7 @@ impl Stream {
         src.order_before(self, false)?;
         // SAFETY: range checked above; pointer validity is the caller's contract.
         let seq = unsafe { self.raw.read(mem, offset, dst, len, blocking)? };
-        src.note(self.point(seq), false);
+        src.note(self.at(seq), false);
         if blocking {
             self.count_wait();
         }
@@ -344,8 +354,8 @@ impl Stream {
         src.order_before(self, false)?;
         dst.order_before(self, true)?;
         let seq = self.raw.copy(s_mem, src_offset, d_mem, dst_offset, len)?;
-        src.note(self.point(seq), false);
-        dst.note(self.point(seq), true);
+        src.note(self.at(seq), false);
+        dst.note(self.at(seq), true);
         // A copy from another device names it in the trace.
         let peer = Some(src.device()).filter(|d| !d.same(&self.device));
         self.count_copy_from(Direction::DeviceToDevice, len, peer);
@@ -374,7 +384,7 @@ impl Stream {
         };
         dst.order_before(self, true)?;
         let seq = self.raw.fill(mem, offset, len, value)?;
-        dst.note(self.point(seq), true);
+        dst.note(self.at(seq), true);
         Ok(())
     }
 

@@ -29,6 +29,27 @@ pub(crate) struct Point {
     pub(crate) seq: u64,
 }
 
+/// A point not owned: the stream's queue borrowed, so that recording it where a point of
+/// the same stream is recorded already takes no reference count (see [`Uses::note_write`]).
+#[derive(Clone, Copy)]
+pub(crate) struct At<'a> {
+    pub(crate) stream: &'a Arc<RawStream>,
+    /// The stream's id ([`super::Stream::id`]).
+    pub(crate) id: u64,
+    pub(crate) seq: u64,
+}
+
+impl At<'_> {
+    /// The point, owned (a reference count on the queue).
+    fn to_point(self) -> Point {
+        Point {
+            stream: self.stream.clone(),
+            id: self.id,
+            seq: self.seq,
+        }
+    }
+}
+
 impl Point {
     /// True once the command has completed (never blocks; an error counts as done: the
     /// command no longer runs, and the access that needs its result reports it).
@@ -121,30 +142,38 @@ impl Uses {
         Ok(())
     }
 
-    /// Records a command at `point` that read the buffer (replacing an older read of the same
-    /// stream: the newer one completes after it).
-    pub(crate) fn note_read(&mut self, point: Point) {
+    /// Records a command at `at` that read the buffer (replacing an older read of the same
+    /// stream: the newer one completes after it; its queue handle is kept, so no reference
+    /// count is taken).
+    pub(crate) fn note_read(&mut self, at: At<'_>) {
         let same = self
             .reads
             .iter_mut()
             .flatten()
             .chain(self.more.iter_mut())
-            .find(|p| p.id == point.id);
+            .find(|p| p.id == at.id);
         if let Some(p) = same {
-            *p = point;
+            p.seq = at.seq;
             return;
         }
         match self.reads.iter_mut().find(|s| s.is_none()) {
-            Some(slot) => *slot = Some(point),
-            None => self.more.push(point),
+            Some(slot) => *slot = Some(at.to_point()),
+            None => self.more.push(at.to_point()),
         }
     }
 
-    /// Records a command at `point` that wrote the buffer. It was ordered after every reader
-    /// (see [`Uses::order_before`]), so its completion covers them: they are forgotten.
-    pub(crate) fn note_write(&mut self, point: Point) {
-        self.write = Some(point);
-        self.reads = [None, None];
+    /// Records a command at `at` that wrote the buffer. It was ordered after every reader
+    /// (see [`Uses::order_before`]), so its completion covers them: they are forgotten. A
+    /// writer of the same stream as the last one takes its place without a reference count
+    /// (the common case: a buffer written again and again on one stream).
+    pub(crate) fn note_write(&mut self, at: At<'_>) {
+        match &mut self.write {
+            Some(w) if w.id == at.id => w.seq = at.seq,
+            w => *w = Some(at.to_point()),
+        }
+        if self.reads.iter().any(Option::is_some) {
+            self.reads = [None, None];
+        }
         self.more.clear();
     }
 
@@ -167,6 +196,24 @@ impl Uses {
             }
             Some(_) => Some(point),
         }
+    }
+
+    /// The stream every recorded point is of ([`Uses::single_stream`] when there are points
+    /// of several, or of one whose id is 0).
+    pub(crate) const MIXED: u64 = u64::MAX;
+
+    /// The id of the one stream every recorded point is of: 0 when none is recorded,
+    /// [`Uses::MIXED`] when they are of several. What a command of that stream need not wait
+    /// for (see [`super::DeviceBuffer::order_before`]).
+    pub(crate) fn single_stream(&self) -> u64 {
+        let mut single = 0;
+        for p in self.points() {
+            if p.id == 0 || (single != 0 && p.id != single) {
+                return Self::MIXED;
+            }
+            single = p.id;
+        }
+        single
     }
 
     /// The last writer, if recorded.
