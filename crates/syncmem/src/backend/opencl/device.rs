@@ -301,6 +301,7 @@ impl BackendDevice for ClDevice {
             queue: Queue::new(&self.ctx, self.device, &self.label)?,
             ctx: self.ctx.clone(),
             label: self.label.clone(),
+            event_label: super::handle::interned(&self.label),
             timeline: Default::default(),
         })
     }

@@ -2,7 +2,6 @@
 
 use std::mem::ManuallyDrop;
 use std::ptr;
-use std::sync::Arc;
 
 use opencl3::command_queue::{self as cq, CommandQueue};
 use opencl3::context::Context;
@@ -12,6 +11,7 @@ use opencl3::kernel::Kernel;
 use opencl3::memory::{Buffer, ClMem as _};
 use opencl3::program::Program;
 use opencl3::types::{cl_event, cl_mem};
+use parking_lot::Mutex;
 
 use super::error::{alloc_error, backend_error};
 use crate::error::Result;
@@ -101,20 +101,33 @@ impl Drop for OwnedBuffer {
     }
 }
 
+/// `label` for the whole process: one copy per distinct device label (so a handful), kept
+/// for every event to name its device in errors without a reference count per command.
+pub(super) fn interned(label: &str) -> &'static str {
+    static LABELS: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    let mut labels = LABELS.lock();
+    match labels.iter().find(|l| **l == label) {
+        Some(l) => l,
+        None => {
+            let l: &'static str = Box::leak(label.into());
+            labels.push(l);
+            l
+        }
+    }
+}
+
 /// An event we hold a reference to. Cloning retains the event (no allocation); dropping
 /// releases it.
 pub(crate) struct OwnedEvent {
     pub(super) event: cl_event,
-    pub(super) label: Arc<str>,
+    /// The device's label ([`interned`]).
+    pub(super) label: &'static str,
 }
 
 impl OwnedEvent {
     /// Takes over the one reference an enqueue call returned with `event`.
-    pub(super) fn new(event: cl_event, label: &Arc<str>) -> Self {
-        Self {
-            event,
-            label: label.clone(),
-        }
+    pub(super) fn new(event: cl_event, label: &'static str) -> Self {
+        Self { event, label }
     }
 }
 
@@ -125,7 +138,7 @@ impl Clone for OwnedEvent {
         let _ = unsafe { opencl3::event::retain_event(self.event) };
         Self {
             event: self.event,
-            label: self.label.clone(),
+            label: self.label,
         }
     }
 }

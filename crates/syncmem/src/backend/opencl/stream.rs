@@ -30,6 +30,8 @@ pub(crate) struct ClStream {
     pub(super) queue: Queue,
     pub(super) ctx: Arc<ClContext>,
     pub(super) label: Arc<str>,
+    /// `label`, [`interned`](super::handle::interned): what each event keeps.
+    pub(super) event_label: &'static str,
     pub(super) timeline: Timeline<ClEvent>,
 }
 
@@ -40,7 +42,7 @@ impl ClStream {
     pub(super) fn submit(&self, enqueue: impl FnOnce() -> Result<cl_event>) -> Result<u64> {
         let seq = self
             .timeline
-            .submit(|| Ok(ClEvent(OwnedEvent::new(enqueue()?, &self.label))))?;
+            .submit(|| Ok(ClEvent(OwnedEvent::new(enqueue()?, self.event_label))))?;
         cq::flush(self.queue.raw()).map_err(|c| backend_error(&self.label, "clFlush", c))?;
         Ok(seq)
     }
@@ -48,7 +50,7 @@ impl ClStream {
     /// As [`ClStream::submit`] for a command that finished before returning (blocking).
     fn submit_blocking(&self, enqueue: impl FnOnce() -> Result<cl_event>) -> Result<u64> {
         self.timeline
-            .submit_blocking(|| Ok(ClEvent(OwnedEvent::new(enqueue()?, &self.label))))
+            .submit_blocking(|| Ok(ClEvent(OwnedEvent::new(enqueue()?, self.event_label))))
     }
 
     /// As the `blocking` flag of a copy says.
@@ -337,7 +339,7 @@ impl ClStream {
         // SAFETY: a marker with an empty wait list on a live queue reads no host memory.
         let event = unsafe { cq::enqueue_marker_with_wait_list(self.queue.raw(), 0, ptr::null()) }
             .map_err(|c| backend_error(&self.label, "clEnqueueMarkerWithWaitList", c))?;
-        let event = ClEvent(OwnedEvent::new(event, &self.label));
+        let event = ClEvent(OwnedEvent::new(event, self.event_label));
         event.wait()?;
         Ok(event)
     }
@@ -350,7 +352,7 @@ pub(crate) struct ClEvent(OwnedEvent);
 impl BackendEvent for ClEvent {
     fn wait(&self) -> Result<()> {
         opencl3::event::wait_for_events(&[self.0.event])
-            .map_err(|c| backend_error(&self.0.label, "clWaitForEvents", c))
+            .map_err(|c| backend_error(self.0.label, "clWaitForEvents", c))
     }
 
     fn is_complete(&self) -> Result<bool> {
@@ -358,10 +360,10 @@ impl BackendEvent for ClEvent {
             self.0.event,
             opencl3::event::CL_EVENT_COMMAND_EXECUTION_STATUS,
         )
-        .map_err(|c| backend_error(&self.0.label, "clGetEventInfo", c))?
+        .map_err(|c| backend_error(self.0.label, "clGetEventInfo", c))?
         .into();
         if status < 0 {
-            return Err(failed_command_error(&self.0.label, status));
+            return Err(failed_command_error(self.0.label, status));
         }
         Ok(status == opencl3::event::CL_COMPLETE)
     }
