@@ -69,6 +69,35 @@ impl Grid {
     /// all than its addresses count (and than the host's `size_t` counts), more threads or
     /// blocks along an axis, or more threads per block than it launches.
     pub(crate) fn exceeds(&self, limits: &GridLimits) -> Option<String> {
+        if self.fits(limits) {
+            return None;
+        }
+        self.exceeds_why(limits)
+    }
+
+    /// True when a device of `limits` surely launches the grid (checked on every launch: no
+    /// wide arithmetic here; [`Grid::exceeds_why`] says why not, or finds that it does).
+    #[inline]
+    fn fits(&self, limits: &GridLimits) -> bool {
+        let mut total = 1u64;
+        for d in 0..3 {
+            let (t, b) = (u64::from(self.threads[d]), u64::from(self.blocks[d]));
+            if t > limits.threads[d] || b > limits.blocks[d] {
+                return false;
+            }
+            // At most 2^32 * 2^32 a factor: two checked products in 64 bits.
+            let Some(n) = total.checked_mul(t).and_then(|n| n.checked_mul(b)) else {
+                return false;
+            };
+            total = n;
+        }
+        let bits = limits.address_bits.min(usize::BITS);
+        (bits >= 64 || total >> bits == 0) && self.threads_per_block() <= limits.per_block
+    }
+
+    /// [`Grid::exceeds`] the long way.
+    #[cold]
+    fn exceeds_why(&self, limits: &GridLimits) -> Option<String> {
         let bits = limits.address_bits.min(usize::BITS);
         let total = self
             .blocks

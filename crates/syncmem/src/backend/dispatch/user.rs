@@ -78,27 +78,31 @@ fn missing(label: &str, name: &str, what: &str, call: &str) -> Error {
     }
 }
 
-/// The backend's argument list, with `ptr` for the backend pointer of a memory argument.
+/// The backend's argument list, with `ptr` for the backend pointer of a memory argument,
+/// into `out` (the caller's: a list returned by value would be copied whole, 16 slots, on
+/// this per-launch path).
 #[cfg(any(feature = "opencl", feature = "cuda"))]
 fn device_args<'a, P: crate::backend::args::DevicePtr>(
     args: &[RawArg<'a>],
     label: &str,
     ptr: impl Fn(&'a RawMem) -> Option<P>,
-) -> Result<SmallVec<[crate::backend::args::KArg<P>; 16]>> {
+    out: &mut SmallVec<[crate::backend::args::KArg<P>; 16]>,
+) -> Result<()> {
     use crate::backend::args::{scalar, KArg};
-    args.iter()
-        .map(|a| match a {
-            RawArg::Mem { mem: None, .. } => Ok(KArg::Ptr(P::NULL)),
-            RawArg::Mem { mem: Some(m), .. } => ptr(m)
-                .map(KArg::Ptr)
-                .ok_or_else(|| mismatch("kernel launch", label)),
-            RawArg::Scalar(s) => Ok(scalar(*s)),
-            RawArg::Bytes(b) => Ok(KArg::Bytes {
+    for a in args {
+        out.push(match a {
+            RawArg::Mem { mem: None, .. } => KArg::Ptr(P::NULL),
+            RawArg::Mem { mem: Some(m), .. } => {
+                KArg::Ptr(ptr(m).ok_or_else(|| mismatch("kernel launch", label))?)
+            }
+            RawArg::Scalar(s) => scalar(*s),
+            RawArg::Bytes(b) => KArg::Bytes {
                 ptr: b.as_ptr(),
                 len: b.len(),
-            }),
-        })
-        .collect()
+            },
+        });
+    }
+    Ok(())
 }
 
 impl RawDevice {
@@ -191,19 +195,29 @@ impl RawDevice {
             }
             #[cfg(feature = "opencl")]
             (RawDevice::OpenCl(d), RawStream::OpenCl(s), RawUserKernel::OpenCl(k)) => {
-                let args = device_args(args, d.label(), |m| {
-                    m.as_opencl().map(opencl3::memory::ClMem::get)
-                })?;
-                d.launch_user(s, k, grid, &args)
+                let mut out = SmallVec::new();
+                device_args(
+                    args,
+                    d.label(),
+                    |m| m.as_opencl().map(opencl3::memory::ClMem::get),
+                    &mut out,
+                )?;
+                d.launch_user(s, k, grid, &out)
             }
             #[cfg(feature = "cuda")]
             (RawDevice::Cuda(d), RawStream::Cuda(s), RawUserKernel::Cuda(k)) => {
-                let args = device_args(args, d.label(), |m| match m {
-                    RawMem::Cuda(m) => Some(m.device_ptr()),
-                    #[allow(unreachable_patterns)]
-                    _ => None,
-                })?;
-                d.launch_user(s, k, grid, &args)
+                let mut out = SmallVec::new();
+                device_args(
+                    args,
+                    d.label(),
+                    |m| match m {
+                        RawMem::Cuda(m) => Some(m.device_ptr()),
+                        #[allow(unreachable_patterns)]
+                        _ => None,
+                    },
+                    &mut out,
+                )?;
+                d.launch_user(s, k, grid, &out)
             }
             #[allow(unreachable_patterns)]
             _ => Err(mismatch("kernel launch", &self.info().label())),
