@@ -1,0 +1,30 @@
+//! The user kernel launch row of `syncmem bench` alone: `launch_row [DEVICE] [SAMPLES]
+//! [BATCH]` (defaults `opencl:0`, 11, 1000) prints the row's times, ratio and spread, for
+//! measuring the launch path without the rest of the bench.
+
+use syncmem::Device;
+use syncmem_bench::rows::Runs;
+use syncmem_bench::user::launch_row;
+
+fn main() -> syncmem::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dev = Device::open(args.first().map_or("opencl:0", String::as_str))?;
+    let num = |i: usize, d: usize| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
+    let runs = Runs {
+        samples: num(1, 11),
+        batch: num(2, 1_000),
+    };
+    let r = launch_row(&dev, runs)?;
+    println!(
+        "{}: {:.1} ns ours, {:.1} ns plain, ratio {:.3} ({:.3} to {:.3}, {} samples){}",
+        r.name,
+        r.ours_ns,
+        r.baseline_ns,
+        r.ratio,
+        r.ratio_low,
+        r.ratio_high,
+        r.samples,
+        r.goal.map_or(String::new(), |g| format!(", goal {g:.3}"))
+    );
+    Ok(())
+}
