@@ -427,8 +427,9 @@ impl DeviceBuffer {
         }
         // Every point recorded is of this stream, or none is: nothing to wait for (the common
         // case: a buffer used on one stream). A point recorded concurrently by another thread
-        // is not seen here, as it is not under the lock once it is released: commands that race
-        // on one buffer from two threads are not ordered by the crate either way.
+        // may be missed here, as it would be under the lock too (it is released before the
+        // command is queued): commands that race on one buffer from two threads are not
+        // ordered by the crate either way.
         let single = self.single.load(Ordering::Acquire);
         if single == 0 || (single != NOT_SINGLE && u64::from(single) == stream.id()) {
             return Ok(());

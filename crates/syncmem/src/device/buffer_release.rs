@@ -107,6 +107,8 @@ impl DeviceBuffer {
             let u = self.uses.get_mut();
             (!u.owns_nothing()).then(|| std::mem::take(u))
         };
+        // No point is left: the next owner's first command takes no lock.
+        *self.single.get_mut() = 0;
         match &mut self.origin {
             Origin::Empty => {}
             Origin::Direct(_) => {

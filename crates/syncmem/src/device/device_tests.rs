@@ -405,48 +405,6 @@ fn uses_of_three_streams_are_freed_with_the_buffer(dev: &Device) {
     assert_eq!(back, [7u8; 64]);
 }
 
-/// The buffer's lock-free note of the one stream its points are of (what a command of that
-/// stream skips the lock for), and the order of commands of two streams past it.
-fn one_stream_points_are_known_without_the_lock(dev: &Device) {
-    if dev.backend() == crate::BackendKind::Cpu {
-        return; // no points on `cpu`: its work is done when a call returns
-    }
-    let single = |b: &DeviceBuffer| b.single.load(Relaxed);
-    let (s1, s2) = (dev.new_stream().unwrap(), dev.new_stream().unwrap());
-    let mut buf = dev.alloc(64).unwrap();
-    let mut other = dev.alloc(64).unwrap();
-    assert_eq!(single(&buf), 0, "no point yet");
-    s1.write(&mut buf, 0, &[3u8; 64]).unwrap();
-    let id1 = u32::try_from(s1.id()).unwrap();
-    assert_eq!(single(&buf), id1);
-    // Written again and again on one stream: the point moves on that stream.
-    for v in 0..5u8 {
-        s1.fill(&mut buf, 0, 64, v).unwrap();
-    }
-    assert_eq!(single(&buf), id1);
-    // Read on a second stream: points of two streams, so commands take the lock again, and
-    // the second stream's read waits for the first's writes.
-    s2.copy(&buf, 0, &mut other, 0, 64).unwrap();
-    assert_eq!(single(&buf), super::buffer::NOT_SINGLE);
-    let mut back = [0u8; 64];
-    s2.read(&other, 0, &mut back).unwrap();
-    assert_eq!(back, [4u8; 64]);
-    // A write on the second stream waits for both and leaves its own point alone.
-    s2.fill(&mut buf, 0, 64, 9).unwrap();
-    assert_eq!(single(&buf), u32::try_from(s2.id()).unwrap());
-    s1.read(&buf, 0, &mut back).unwrap();
-    assert_eq!(back, [9u8; 64]);
-    assert_eq!(
-        super::buffer::single_hint(u64::MAX),
-        super::buffer::NOT_SINGLE
-    );
-    assert_eq!(
-        super::buffer::single_hint(1 << 40),
-        super::buffer::NOT_SINGLE
-    );
-    assert_eq!(super::buffer::single_hint(7), 7);
-}
-
 fn alloc_above_max_alloc_is_out_of_memory(dev: &Device) {
     let max = usize::try_from(dev.info().max_alloc).unwrap_or(usize::MAX);
     let too_big = max.saturating_add(1);
@@ -582,7 +540,6 @@ crate::for_each_device!(
     a_freed_block_comes_back_from_the_thread_cache_on_its_stream,
     a_cached_block_is_named_by_the_request_that_takes_it,
     uses_of_three_streams_are_freed_with_the_buffer,
-    one_stream_points_are_known_without_the_lock,
     alloc_above_max_alloc_is_out_of_memory,
     out_of_bounds_and_other_backends_are_errors,
     streams_on_many_threads,

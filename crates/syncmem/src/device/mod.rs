@@ -46,6 +46,8 @@ mod oom_observer;
 mod opencl_backend_tests;
 #[cfg(all(test, feature = "opencl"))]
 mod opencl_elementwise_tests;
+#[cfg(test)]
+mod ordering_tests;
 mod pinned;
 mod registry;
 mod stream;

@@ -198,8 +198,8 @@ impl Uses {
         }
     }
 
-    /// The stream every recorded point is of ([`Uses::single_stream`] when there are points
-    /// of several, or of one whose id is 0).
+    /// What [`Uses::single_stream`] returns when the points are of several streams, or one is
+    /// of stream id 0.
     pub(crate) const MIXED: u64 = u64::MAX;
 
     /// The id of the one stream every recorded point is of: 0 when none is recorded,

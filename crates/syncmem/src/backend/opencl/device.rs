@@ -27,6 +27,9 @@ use crate::error::{Error, OomReport, Result};
 pub(crate) struct ClDevice {
     pub(super) info: DeviceInfo,
     pub(super) label: Arc<str>,
+    /// `label`, [`interned`](super::handle::interned) once: what each event of the device's
+    /// streams keeps.
+    pub(super) event_label: &'static str,
     pub(super) device: ClDeviceId,
     pub(super) ctx: Arc<ClContext>,
     /// Internal queue for mapping and unmapping pinned buffers, created on first use.
@@ -90,6 +93,7 @@ impl ClDevice {
         ClDevice {
             info: self.info.clone(),
             label: self.label.clone(),
+            event_label: self.event_label,
             device: self.device,
             ctx: self.ctx.clone(),
             map_queue: OnceLock::new(),
@@ -301,7 +305,7 @@ impl BackendDevice for ClDevice {
             queue: Queue::new(&self.ctx, self.device, &self.label)?,
             ctx: self.ctx.clone(),
             label: self.label.clone(),
-            event_label: super::handle::interned(&self.label),
+            event_label: self.event_label,
             timeline: Default::default(),
         })
     }

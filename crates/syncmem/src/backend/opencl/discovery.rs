@@ -97,6 +97,7 @@ fn platform_devices(platform: Platform, first_ordinal: usize) -> Result<Vec<ClDe
                 .next_power_of_two();
             ClDevice {
                 label: info.label().into(),
+                event_label: super::handle::interned(&info.label()),
                 info,
                 device,
                 ctx: ctx.clone(),
