@@ -10,11 +10,7 @@ use syncmem_bench::rows::Runs;
 fn main() -> syncmem::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let dev = Device::open(args.first().map_or("cpu", String::as_str))?;
-    let num = |i: usize, d: usize| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
-    let runs = Runs {
-        samples: num(1, 11),
-        batch: num(2, 200_000),
-    };
+    let runs = Runs::from_args(&args, 11, 200_000);
     for r in history_rows(&dev, runs)? {
         println!(
             "{}: {:.1} ns on, {:.1} ns off, ratio {:.3} ({:.3} to {:.3}, {} samples){}",

@@ -9,11 +9,7 @@ use syncmem_bench::user::launch_row;
 fn main() -> syncmem::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let dev = Device::open(args.first().map_or("opencl:0", String::as_str))?;
-    let num = |i: usize, d: usize| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
-    let runs = Runs {
-        samples: num(1, 11),
-        batch: num(2, 1_000),
-    };
+    let runs = Runs::from_args(&args, 11, 1_000);
     let r = launch_row(&dev, runs)?;
     println!(
         "{}: {:.1} ns ours, {:.1} ns plain, ratio {:.3} ({:.3} to {:.3}, {} samples){}",

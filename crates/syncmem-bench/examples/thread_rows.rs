@@ -17,11 +17,7 @@ fn load() -> String {
 fn main() -> syncmem::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let dev = Device::open(args.first().map_or("cpu", String::as_str))?;
-    let num = |i: usize, d: usize| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
-    let runs = Runs {
-        samples: num(1, 11),
-        batch: num(2, 100_000),
-    };
+    let runs = Runs::from_args(&args, 11, 100_000);
     println!("load before: {}", load());
     let mut rows = host_pool_rows(runs)?;
     rows.extend(device_pool_rows(&dev, runs)?);

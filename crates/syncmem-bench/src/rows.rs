@@ -25,6 +25,19 @@ pub struct Runs {
     pub batch: usize,
 }
 
+impl Runs {
+    /// The runs of a command line `[DEVICE] [SAMPLES] [BATCH]` (`args` without the program's
+    /// name), as the examples that run rows alone take them: `samples` and `batch` where an
+    /// argument is missing or not a number.
+    pub fn from_args(args: &[String], samples: usize, batch: usize) -> Runs {
+        let num = |i: usize, d: usize| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
+        Runs {
+            samples: num(1, samples),
+            batch: num(2, batch),
+        }
+    }
+}
+
 /// Nanoseconds per call of `ours` and of `base` in each sample, timed in alternating samples of
 /// `runs.batch` calls after one warm-up call of each.
 ///
