@@ -61,7 +61,7 @@ fn main() -> ExitCode {
         Err(e) => match args::value_error_line(&e) {
             // A value a parser rejected: one line, and the status of every usage error.
             Some(line) => {
-                eprintln!("syncmem: error: {line}");
+                commands::error_line(line);
                 return ExitCode::from(USAGE_ERROR);
             }
             // Other usage errors (status 2), --help and --version (status 0), as clap reports
@@ -78,7 +78,7 @@ fn main() -> ExitCode {
             if let Err(e) = syncmem::alloc::pool::config::check_env()
                 .and_then(|()| syncmem::device::zero_copy::check_env())
             {
-                eprintln!("syncmem: error: {e}");
+                commands::error_line(e);
                 return ExitCode::FAILURE;
             }
             with_env_trace(|| run(command))
@@ -89,7 +89,7 @@ fn main() -> ExitCode {
         // A closed stdout (`syncmem ... | head`) is a normal end.
         Err(e) if commands::is_stdout_closed(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("syncmem: error: {e:#}");
+            commands::error_line(format_args!("{e:#}"));
             ExitCode::FAILURE
         }
     }

@@ -79,3 +79,60 @@ pub fn print_json<T: serde::Serialize + ?Sized>(value: &T) -> anyhow::Result<()>
     }
     stdout_result(writeln!(out))
 }
+
+/// Writes `syncmem: error: {text}` and a newline to stderr in one write.
+///
+/// `eprintln!` writes each piece of its format separately to the unbuffered stderr, so a line
+/// can be cut by another writer to the same terminal or pipe: under `mpirun`, the launcher's
+/// own banner landed inside a rank's error. One write of a short line (under the pipe's
+/// atomic size) reaches the reader whole.
+pub fn error_line(text: impl std::fmt::Display) {
+    // Nothing is left to report to when stderr itself fails.
+    let _ = write_line(&mut std::io::stderr().lock(), "syncmem: error: ", text);
+}
+
+/// Formats `{prefix}{text}\n` first, then writes it to `w` with one `write_all`.
+fn write_line(
+    w: &mut impl Write,
+    prefix: &str,
+    text: impl std::fmt::Display,
+) -> std::io::Result<()> {
+    let line = format!("{prefix}{text}\n");
+    w.write_all(line.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    /// Records every `write` call it gets.
+    #[derive(Default)]
+    struct Calls(Vec<Vec<u8>>);
+
+    impl Write for Calls {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.push(buf.to_vec());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn an_error_line_reaches_the_writer_in_one_write() {
+        let (rank, size) = (1, 2);
+        let mut w = Calls::default();
+        let text = format_args!("rank {rank} of {size} failed: {}", "no such file");
+        super::write_line(&mut w, "syncmem: error: ", text).unwrap();
+        assert_eq!(
+            w.0,
+            vec![b"syncmem: error: rank 1 of 2 failed: no such file\n".to_vec()]
+        );
+        // What `eprintln!` does with the same line: a write per piece, which another writer
+        // can come between.
+        let mut pieces = Calls::default();
+        writeln!(pieces, "syncmem: error: rank {rank} of {size} failed").unwrap();
+        assert!(pieces.0.len() > 1);
+    }
+}

@@ -123,11 +123,12 @@ pub(super) fn local_devices(
 pub(super) fn fail(world: &World, e: &anyhow::Error) -> ! {
     let c = &world.collective;
     let reason = format!("{e:#}");
-    eprintln!(
-        "syncmem: error: rank {} of {} failed: {reason}",
+    // One write: `mpirun` prints its own abort banner to the same stream.
+    crate::commands::error_line(format_args!(
+        "rank {} of {} failed: {reason}",
         c.rank(),
         c.size()
-    );
+    ));
     c.abort(1, &reason);
     // A collective that returns from abort: end this process the same way.
     std::process::exit(1)

@@ -152,10 +152,12 @@ impl Collective for Mpi {
     }
 
     fn abort(&self, code: i32, reason: &str) {
-        eprintln!(
-            "rank {} of {}: ending the job: {reason}",
+        // One write, so that the launcher's own abort banner cannot land inside the line.
+        let line = format!(
+            "rank {} of {}: ending the job: {reason}\n",
             self.rank, self.size
         );
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
         // No lock: the trainer's thread may be inside a call, waiting for this rank's peers.
         SimpleCommunicator::world().abort(code)
     }
