@@ -23,8 +23,16 @@ impl Core {
         let Some(mut mirror) = self.dev.take() else {
             return;
         };
-        if let (Some(id), Some(d)) = (mirror.reg, device) {
-            registry::of(d).unregister(id);
+        if let Some(reg) = mirror.reg.take() {
+            // The entry stays for the next mirror; at most one entry per buffer.
+            reg.idle();
+            debug_assert!(
+                self.idle_reg.is_none(),
+                "a buffer with two registry entries"
+            );
+            if let (Some(old), Some(d)) = (self.idle_reg.replace(reg), device) {
+                registry::of(d).unregister(old);
+            }
         }
         if !mirror.owned {
             return;
@@ -120,7 +128,7 @@ impl SyncedMemory {
             },
         };
         core.dev = Some(DevMirror {
-            reg: self.register(device, buf.len()),
+            reg: self.register(core, device, buf.len()),
             buf: buf.clone(),
             owned: true,
             exposed: false,
@@ -130,10 +138,30 @@ impl SyncedMemory {
     }
 
     /// Registers the buffer's device mirror of `bytes` bytes with the device's out-of-memory
-    /// path; `None` for an empty one (nothing to free).
-    pub(super) fn register(&self, device: &Device, bytes: usize) -> Option<u64> {
+    /// path: revives the entry of the buffer's last mirror where it has one (no lock, no new
+    /// weak reference), else makes one. `None` for an empty mirror (nothing to free).
+    pub(super) fn register(
+        &self,
+        core: &mut Core,
+        device: &Device,
+        bytes: usize,
+    ) -> Option<registry::Reg> {
+        if bytes == 0 {
+            return None;
+        }
+        match core.idle_reg.take() {
+            Some(reg) => {
+                registry::of(device).revive(&reg, bytes);
+                Some(reg)
+            }
+            None => Some(self.new_entry(device, bytes)),
+        }
+    }
+
+    /// A new registry entry for this buffer's shared part, with a mirror of `bytes` bytes.
+    fn new_entry(&self, device: &Device, bytes: usize) -> registry::Reg {
         let weak: Weak<dyn Evictable> = Arc::downgrade(&self.shared) as Weak<dyn Evictable>;
-        (bytes > 0).then(|| registry::of(device).register(weak, bytes))
+        registry::of(device).register(weak, bytes)
     }
 
     /// Registers the device mirror again, under this buffer's shared part, after a new one took
@@ -143,12 +171,16 @@ impl SyncedMemory {
             return;
         };
         let mut core = self.shared.core.lock();
+        // An idle entry names the old shared part: the next mirror makes a new one.
+        if let Some(reg) = core.idle_reg.take() {
+            registry::of(device).unregister(reg);
+        }
         let Some(mirror) = core.dev.as_mut() else {
             return;
         };
-        if let Some(id) = mirror.reg.take() {
-            registry::of(device).unregister(id);
-            mirror.reg = self.register(device, mirror.buf.len());
+        if let Some(reg) = mirror.reg.take() {
+            registry::of(device).unregister(reg);
+            mirror.reg = Some(self.new_entry(device, mirror.buf.len()));
         }
     }
 }

@@ -175,8 +175,8 @@ struct DevMirror {
     owned: bool,
     /// A device guard was handed out since the mirror was allocated: work may be queued on it.
     exposed: bool,
-    /// Id in the device's registry of evictable mirrors.
-    reg: Option<u64>,
+    /// The buffer's entry in the device's registry of evictable mirrors.
+    reg: Option<registry::Reg>,
 }
 
 /// The state of a buffer, behind its state lock: where the newest data is (the head, and
@@ -194,6 +194,9 @@ struct Core {
     /// next one: a value dropped and made again every step (under a memory cap) allocates
     /// nothing on the heap. A few hundred bytes per buffer that had a device mirror.
     spare: Option<Arc<DeviceBuffer>>,
+    /// The registry entry of the last device mirror this buffer freed, idle, for its next one
+    /// (see [`registry::Reg`]); unregistered when the buffer goes.
+    idle_reg: Option<registry::Reg>,
 }
 
 impl Core {
@@ -513,6 +516,9 @@ impl Drop for SyncedMemory {
             }
         }
         core.release_device(self.target());
+        if let (Some(reg), Some(device)) = (core.idle_reg.take(), self.target()) {
+            registry::of(device).unregister(reg);
+        }
         core.host = None;
     }
 }

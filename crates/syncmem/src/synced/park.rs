@@ -59,7 +59,7 @@ pub(super) struct Parked {
     /// A device guard had been handed out (see [`DevMirror::exposed`]).
     exposed: bool,
     /// The device mirror's id in the device's registry, marked parked there.
-    reg: Option<u64>,
+    reg: Option<registry::Reg>,
 }
 
 impl Parked {
@@ -90,8 +90,8 @@ impl Drop for Parked {
         // Charged again before the block goes back to its pool.
         budget.unpark_anyway(bytes as u64);
         let device = buf.device().clone();
-        if let Some(id) = self.reg {
-            registry::of(&device).unregister(id);
+        if let Some(reg) = self.reg.take() {
+            registry::of(&device).unregister(reg);
         }
         drop(buf);
         if budget.refusing(0).is_some() {
@@ -121,8 +121,8 @@ pub(super) fn park(
     let (budget, bytes) = dev.pool_charge()?;
     let host = NonNull::new(core.host_ptr()?)?;
     let mirror = core.dev.take()?;
-    if let Some(id) = mirror.reg {
-        registry::of(device).set_parked(id, true);
+    if let Some(reg) = &mirror.reg {
+        registry::of(device).set_parked(reg.id(), true);
     }
     budget.park(bytes as u64);
     core.zc = None;
@@ -197,11 +197,15 @@ impl SyncedMemory {
         };
         let host = p.host;
         let reg = p.reg.take();
-        if let Some(id) = reg {
-            registry::of(device).set_parked(id, false);
+        if let Some(reg) = &reg {
+            registry::of(device).set_parked(reg.id(), false);
         }
+        let reg = match reg {
+            Some(reg) => Some(reg),
+            None => self.register(core, device, buf.len()),
+        };
         core.dev = Some(DevMirror {
-            reg: reg.or_else(|| self.register(device, buf.len())),
+            reg,
             buf,
             owned: true,
             exposed: p.exposed,

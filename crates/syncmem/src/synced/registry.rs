@@ -1,8 +1,9 @@
 //! The registry of device mirrors that can be dropped under memory pressure, one per device.
 //!
-//! [`crate::SyncedMemory`] registers a weak reference to its state when it allocates a device
-//! mirror from the pool and unregisters when the mirror goes. The registry never keeps a
-//! buffer alive, and eviction only *tries* the buffer's locks, so it never waits for (or
+//! [`crate::SyncedMemory`] registers a weak reference to its state when it first allocates a
+//! device mirror from the pool. When the mirror goes the entry goes idle, and the buffer's next
+//! mirror revives it without the registry's lock ([`Reg`]); the buffer unregisters when it is
+//! dropped. The registry never keeps a buffer alive, and eviction only *tries* the buffer's locks, so it never waits for (or
 //! deadlocks with) a thread that uses the buffer. The device reaches it through the
 //! [`Mirrors`] hook this layer installs on the device at first use.
 //!
@@ -10,22 +11,51 @@
 //!
 //! Candidates are tried largest first (one eviction frees as much as possible). Among mirrors
 //! of the same size, the one registered first goes first: registration happens when a device
-//! mirror is allocated, so that is the mirror allocated longest ago (a mirror evicted and
-//! allocated again registers anew, at the back). The order is total, so which mirror goes is
+//! mirror is allocated (or revived), so that is the mirror allocated longest ago (a mirror
+//! evicted and allocated again is numbered anew, at the back). The order is total, so which mirror goes is
 //! the same from run to run.
 
 use std::any::Any;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
 use crate::device::{Device, Evictable, Mirrors};
 
+/// The part of an entry its buffer writes without the registry's lock: the mirror's bytes
+/// (0: the buffer has no device mirror now, and is no candidate) and its registration number.
+#[derive(Default)]
+struct Live {
+    bytes: AtomicUsize,
+    seq: AtomicU64,
+}
+
+/// A buffer's handle on its entry. The entry outlives the buffer's device mirror: when the
+/// mirror goes, the entry goes idle ([`Reg::idle`]) and the next mirror takes it again
+/// ([`MirrorRegistry::revive`]), without the registry's lock or a new weak reference (a
+/// capped run drops a dead value and makes it again every step). It goes when the buffer does
+/// ([`MirrorRegistry::unregister`]).
+pub(crate) struct Reg {
+    id: u64,
+    live: Arc<Live>,
+}
+
+impl Reg {
+    /// The buffer's device mirror went: the entry stays, no candidate until revived.
+    pub(crate) fn idle(&self) {
+        self.live.bytes.store(0, Ordering::Release);
+    }
+
+    /// The id that names the entry in the registry (its slot and the slot's generation).
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+}
+
 struct Entry {
     item: Weak<dyn Evictable>,
-    bytes: usize,
-    /// Registration number: the order of registrations (see the [module docs](self)).
-    seq: u64,
+    live: Arc<Live>,
     /// A block spilled in place, not a device mirror (see `super::park`).
     parked: bool,
     /// The slot's generation when this entry was made: an id names its slot and generation,
@@ -34,16 +64,15 @@ struct Entry {
     generation: u32,
 }
 
-/// The registered mirrors: a slab of slots (an entry, or free), reused in place, so that
-/// registering and unregistering, as a capped run does for every value it drops and makes
-/// again, allocates nothing once the slab has grown to the most mirrors alive at once.
+/// The registered buffers: a slab of slots (an entry, or free), reused in place, so that
+/// registering and unregistering allocates nothing in the slab once it has grown to the most
+/// buffers registered at once.
 #[derive(Default)]
 struct Slots {
     entries: Vec<Option<Entry>>,
     /// Per slot, the generation of its next entry.
     generations: Vec<u32>,
     free: Vec<u32>,
-    next_seq: u64,
 }
 
 impl Slots {
@@ -54,10 +83,13 @@ impl Slots {
     }
 }
 
-/// Weak references to the device mirrors of one device (see the [module docs](self)).
+/// Weak references to the buffers with a device mirror on one device (see the
+/// [module docs](self)).
 #[derive(Default)]
 pub(crate) struct MirrorRegistry {
     slots: Mutex<Slots>,
+    /// The next registration number (see the [module docs](self)).
+    next_seq: AtomicU64,
 }
 
 /// An id of `slot` at `generation`.
@@ -65,9 +97,17 @@ fn id_of(slot: u32, generation: u32) -> u64 {
     (u64::from(generation) << 32) | u64::from(slot)
 }
 
+/// The slot and generation of `id`.
+fn parts(id: u64) -> (usize, u32) {
+    ((id & u64::from(u32::MAX)) as usize, (id >> 32) as u32)
+}
+
 impl MirrorRegistry {
-    /// Adds a mirror of `bytes` bytes; the id unregisters it.
-    pub(crate) fn register(&self, item: Weak<dyn Evictable>, bytes: usize) -> u64 {
+    /// Adds a buffer whose device mirror has `bytes` bytes; the handle revives the entry for
+    /// the buffer's next mirrors and unregisters it.
+    pub(crate) fn register(&self, item: Weak<dyn Evictable>, bytes: usize) -> Reg {
+        let live = Arc::new(Live::default());
+        self.revive_live(&live, bytes);
         let mut s = self.slots.lock();
         let slot = match s.free.pop() {
             Some(slot) => slot,
@@ -79,24 +119,35 @@ impl MirrorRegistry {
         };
         let generation = s.generations[slot as usize];
         s.generations[slot as usize] = generation.wrapping_add(1);
-        let seq = s.next_seq;
-        s.next_seq += 1;
         s.entries[slot as usize] = Some(Entry {
             item,
-            bytes,
-            seq,
+            live: live.clone(),
             parked: false,
             generation,
         });
-        id_of(slot, generation)
+        Reg {
+            id: id_of(slot, generation),
+            live,
+        }
+    }
+
+    /// The buffer of `reg` has a device mirror of `bytes` bytes again: a candidate again, as
+    /// registered now (behind its peers of the same size). No lock.
+    pub(crate) fn revive(&self, reg: &Reg, bytes: usize) {
+        self.revive_live(&reg.live, bytes);
+    }
+
+    fn revive_live(&self, live: &Live, bytes: usize) {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        live.seq.store(seq, Ordering::Relaxed);
+        live.bytes.store(bytes, Ordering::Release);
     }
 
     /// Marks the entry of `id` as a block spilled in place (`parked`), or as a device mirror
     /// again: the out-of-memory path passes parked ones over, but for its last resort
     /// ([`Mirrors::parked`]).
     pub(crate) fn set_parked(&self, id: u64, parked: bool) {
-        let slot = (id & u64::from(u32::MAX)) as usize;
-        let generation = (id >> 32) as u32;
+        let (slot, generation) = parts(id);
         let mut s = self.slots.lock();
         if let Some(e) = s.entries.get_mut(slot).and_then(Option::as_mut) {
             if e.generation == generation {
@@ -105,10 +156,9 @@ impl MirrorRegistry {
         }
     }
 
-    /// Removes the mirror of `id` (nothing when it was dropped already, as dead).
-    pub(crate) fn unregister(&self, id: u64) {
-        let slot = (id & u64::from(u32::MAX)) as usize;
-        let generation = (id >> 32) as u32;
+    /// Removes the entry of `reg` (nothing when it was dropped already, its buffer gone).
+    pub(crate) fn unregister(&self, reg: Reg) {
+        let (slot, generation) = parts(reg.id);
         let mut s = self.slots.lock();
         let current = s
             .entries
@@ -127,7 +177,7 @@ impl MirrorRegistry {
     }
 
     /// The live entries of one kind (device mirrors, or blocks spilled in place) in eviction
-    /// order.
+    /// order; idle ones (no mirror now) are passed over.
     fn entries(&self, parked: bool) -> Vec<(Arc<dyn Evictable>, usize)> {
         let mut v: Vec<_> = {
             let mut s = self.slots.lock();
@@ -136,11 +186,13 @@ impl MirrorRegistry {
                 let Some(e) = s.entries[slot].as_ref() else {
                     continue;
                 };
-                if e.parked != parked {
+                let bytes = e.live.bytes.load(Ordering::Acquire);
+                if e.parked != parked || bytes == 0 {
                     continue;
                 }
+                let seq = e.live.seq.load(Ordering::Relaxed);
                 match e.item.upgrade() {
-                    Some(item) => live.push((item, e.bytes, e.seq)),
+                    Some(item) => live.push((item, bytes, seq)),
                     None => s.remove(slot),
                 }
             }
@@ -195,16 +247,25 @@ mod tests {
             .map(|l| Arc::new(Fake(l)) as Arc<dyn Evictable>)
             .collect();
         let sizes = [10, 20, 10, 30, 20, 10];
-        let ids: Vec<u64> = items
+        let mut regs: Vec<Reg> = items
             .iter()
             .zip(sizes)
             .map(|(it, b)| r.register(Arc::downgrade(it), b))
             .collect();
         assert_eq!(labels(&r), ["d", "b", "e", "a", "c", "f"]);
         // A mirror registered again (evicted, then allocated again) goes behind its peers.
-        r.unregister(ids[0]);
-        r.register(Arc::downgrade(&items[0]), 10);
+        r.unregister(regs.remove(0));
+        regs.insert(0, r.register(Arc::downgrade(&items[0]), 10));
         assert_eq!(labels(&r), ["d", "b", "e", "c", "f", "a"]);
+        // So does one revived (its mirror dropped, then made again): idle, it is no candidate.
+        regs[2].idle();
+        assert_eq!(labels(&r), ["d", "b", "e", "f", "a"]);
+        r.revive(&regs[2], 10);
+        assert_eq!(labels(&r), ["d", "b", "e", "f", "a", "c"]);
+        // Revived at another size, it is ordered by that size.
+        regs[2].idle();
+        r.revive(&regs[2], 40);
+        assert_eq!(labels(&r), ["c", "d", "b", "e", "f", "a"]);
         // Dead entries are skipped, the rest keeps its order.
         let r2 = MirrorRegistry::default();
         for (it, b) in items.iter().zip(sizes) {
@@ -222,19 +283,33 @@ mod tests {
         let r = MirrorRegistry::default();
         let gone: Arc<dyn Evictable> = Arc::new(Fake("gone"));
         let stale = r.register(Arc::downgrade(&gone), 10);
+        let stale_again = Reg {
+            id: stale.id(),
+            live: stale.live.clone(),
+        };
         drop(gone);
         // Reading the registry drops the dead entry and frees its slot...
         assert!(r.live().is_empty());
         // ...which the next registration takes, under a new generation.
         let kept: Arc<dyn Evictable> = Arc::new(Fake("kept"));
         let id = r.register(Arc::downgrade(&kept), 20);
-        assert_eq!(id & u64::from(u32::MAX), stale & u64::from(u32::MAX));
-        assert_ne!(id, stale);
-        // The owner of the dead entry unregisters late: the new entry stays.
+        assert_eq!(parts(id.id()).0, parts(stale.id()).0);
+        assert_ne!(id.id(), stale.id());
+        // The owner of the dead entry unregisters late: the new entry stays...
         r.unregister(stale);
+        assert_eq!(labels(&r), ["kept"]);
+        // ...and its handle revives nothing but its own (unlisted) state.
+        r.revive(&stale_again, 30);
         assert_eq!(labels(&r), ["kept"]);
         r.unregister(id);
         assert!(r.live().is_empty());
+        // An idle entry stays in its slot (no candidate) until unregistered.
+        let idle = r.register(Arc::downgrade(&kept), 20);
+        idle.idle();
+        assert!(r.live().is_empty());
+        assert_eq!(r.slots.lock().entries.iter().flatten().count(), 1);
+        r.unregister(idle);
+        assert_eq!(r.slots.lock().entries.iter().flatten().count(), 0);
         // Registering and unregistering again reuses the one slot.
         for _ in 0..100 {
             let id = r.register(Arc::downgrade(&kept), 20);
