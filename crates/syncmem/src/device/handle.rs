@@ -19,7 +19,7 @@ use super::Device;
 /// [`DeviceHandle::Lent`]). Threads working each on a stream of their own then write no
 /// counter that they share, and a pooled allocation and free take no locked instruction beyond
 /// the pool shard's lock. The default stream, which the device keeps without its handle, and
-/// a stream bound again from the device's own ([`UnboundStream::bind`]) hold the device's
+/// a stream made again from the device's own ([`Device::default_stream`]) hold the device's
 /// handle itself.
 #[derive(Clone)]
 pub(crate) enum StreamHandle {

@@ -508,7 +508,7 @@ impl DeviceMemory {
         len: usize,
         owner: Option<&Arc<str>>,
     ) -> Result<DeviceBuffer> {
-        self.alloc_pooled(dev, len, &dev.default_stream()?, owner)
+        self.alloc_pooled(dev, len, &*dev.default_stream_lent()?, owner)
     }
 
     /// The last handle of stream `stream` (made by `new_stream`) is gone: the device pool lets

@@ -77,6 +77,7 @@ pub use oom_observer::{on_out_of_memory, OomObserverHandle};
 pub use pinned::PinnedBuffer;
 pub(crate) use registry::discovered as registry_discovered;
 pub use registry::{probe, BackendReport};
+pub(crate) use stream::LentStream;
 use stream::UnboundStream;
 pub use stream::{Event, Stream};
 pub(crate) use usage::Point;
@@ -442,13 +443,19 @@ impl Device {
     /// # Errors
     /// A backend error when the stream cannot be created.
     pub fn default_stream(&self) -> Result<Stream> {
+        self.default_stream_lent().map(|s| s.to_stream())
+    }
+
+    /// The device's default stream lent for as long as the device handle is borrowed (no
+    /// reference count taken): [`Device::default_stream`] for the paths of every access.
+    pub(crate) fn default_stream_lent(&self) -> Result<LentStream<'_>> {
         let s = self.shared.default_stream.get_or_init(|| {
             self.new_stream()
                 .map(Stream::unbind)
                 .map_err(|e| e.to_string())
         });
         s.as_ref()
-            .map(|s| s.bind(self))
+            .map(|s| s.lend(self))
             .map_err(|reason| Error::Backend {
                 backend: self.backend(),
                 device: self.label().to_string(),
@@ -480,7 +487,7 @@ impl Device {
     /// # Errors
     /// A backend error.
     pub fn synchronize(&self) -> Result<()> {
-        self.default_stream()?.synchronize()
+        self.default_stream_lent()?.synchronize()
     }
 
     /// Device-memory counters of this device: the bytes of its live buffers (their lengths),

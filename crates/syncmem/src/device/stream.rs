@@ -13,6 +13,9 @@ use crate::alloc::stats::{count_copy, count_wait, Direction};
 use crate::backend::dispatch::{RawEvent, RawStream};
 use crate::error::{check_range_with, Error, Result};
 
+mod lent;
+pub(crate) use lent::LentStream;
+
 /// An in-order queue of work on one device (a CUDA stream, an OpenCL command queue).
 ///
 /// Cheap to clone: clones are the same queue.
@@ -43,15 +46,6 @@ impl UnboundStream {
     /// True for a `cpu`-device stream (whose work is done when it returns).
     pub(crate) fn is_cpu(&self) -> bool {
         self.raw.is_cpu()
-    }
-
-    /// The stream again, on `device` (the device it was made on).
-    pub(crate) fn bind(&self, device: &Device) -> Stream {
-        Stream {
-            device: StreamHandle::Device(device.clone()),
-            raw: self.raw.clone(),
-            id: self.id,
-        }
     }
 }
 

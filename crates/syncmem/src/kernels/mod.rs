@@ -148,7 +148,10 @@ pub fn sumsq<F: Float>(n: usize, x: &DeviceRead<'_>) -> Result<F> {
 /// # Errors
 /// As [`axpy`].
 pub fn prepare<F: Float>(device: &Device) -> Result<()> {
-    device.default_stream()?.kernels().prepare_math(F::KIND)
+    device
+        .default_stream_lent()?
+        .kernels()
+        .prepare_math(F::KIND)
 }
 
 /// Checks that `buf` holds `n` elements of `F`; the error text is built only on failure.

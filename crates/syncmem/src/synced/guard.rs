@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::held::{ReadHeld, WriteHeld};
 use super::SyncedMemory;
-use crate::device::{DeviceBuffer, KernelArg, Stream};
+use crate::device::{DeviceBuffer, KernelArg, LentStream, Stream};
 use crate::error::Result;
 
 /// Shared read access to the host mirror. Derefs to `&[u8]`.
@@ -141,11 +141,15 @@ impl DerefMut for HostWrite<'_> {
 pub struct DeviceRead<'a> {
     _lock: ReadHeld<'a, ()>,
     buf: Arc<DeviceBuffer>,
-    stream: Stream,
+    stream: LentStream<'a>,
 }
 
 impl<'a> DeviceRead<'a> {
-    pub(super) fn new(lock: ReadHeld<'a, ()>, buf: Arc<DeviceBuffer>, stream: Stream) -> Self {
+    pub(super) fn new(
+        lock: ReadHeld<'a, ()>,
+        buf: Arc<DeviceBuffer>,
+        stream: LentStream<'a>,
+    ) -> Self {
         Self {
             _lock: lock,
             buf,
@@ -191,7 +195,7 @@ impl<'a> DeviceRead<'a> {
 pub struct DeviceWrite<'a> {
     _lock: WriteHeld<'a, ()>,
     buf: Arc<DeviceBuffer>,
-    stream: Stream,
+    stream: LentStream<'a>,
     owner: &'a SyncedMemory,
     _not_send: PhantomData<*const ()>,
 }
@@ -200,7 +204,7 @@ impl<'a> DeviceWrite<'a> {
     pub(super) fn new(
         lock: WriteHeld<'a, ()>,
         buf: Arc<DeviceBuffer>,
-        stream: Stream,
+        stream: LentStream<'a>,
         owner: &'a SyncedMemory,
     ) -> Self {
         Self {

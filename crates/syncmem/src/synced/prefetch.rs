@@ -89,7 +89,7 @@ impl SyncedMemory {
             return Ok(None);
         }
         let stream = self.pick_stream(stream)?;
-        Ok((stream.id() == p.point.id).then_some(stream))
+        Ok((stream.id() == p.point.id).then(|| stream.to_stream()))
     }
 
     /// Queues the upload of the host mirror on `stream`, behind the copy into it in flight on

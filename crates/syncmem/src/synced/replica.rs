@@ -27,7 +27,7 @@ use super::state::{Access, Place};
 use super::{Core, DeviceRead, DeviceWrite, SyncedMemory};
 use crate::alloc::pairs;
 use crate::alloc::stats::Direction;
-use crate::device::{Device, DeviceBuffer, Stream};
+use crate::device::{Device, DeviceBuffer, LentStream, Stream};
 use crate::error::Result;
 
 #[cfg(doc)]
@@ -86,7 +86,7 @@ impl SyncedMemory {
         }
         let lock = self.lock_read(None)?;
         let (buf, stream) = self.prepare_remote(device, Access::DeviceRead, false)?;
-        Ok(DeviceRead::new(lock, buf, stream))
+        Ok(DeviceRead::new(lock, buf, LentStream::owned(stream)))
     }
 
     /// Write access on `device` (the buffer's own device: [`SyncedMemory::device_mut`]): the
@@ -113,7 +113,7 @@ impl SyncedMemory {
         }
         let lock = self.lock_write(None)?;
         let (buf, stream) = self.prepare_remote(device, Access::DeviceWrite, overwrite)?;
-        Ok(DeviceWrite::new(lock, buf, stream, self))
+        Ok(DeviceWrite::new(lock, buf, LentStream::owned(stream), self))
     }
 
     /// Whether `device` holds a current copy (the buffer's own device: its mirror; another
@@ -221,7 +221,7 @@ impl SyncedMemory {
             let src_stream = if from_home {
                 self.pick_stream(None)?
             } else {
-                src_dev.default_stream()?
+                src_dev.default_stream_lent()?
             };
             if from_home && core.zc.is_some() {
                 // The home mirror shares its memory with the host: ready it for the device

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::state::{Access, Place};
 use super::{Core, HostMem, PendingKind, SyncedMemory};
 use crate::alloc::stats::Direction;
-use crate::device::{DeviceBuffer, Point, Stream};
+use crate::device::{DeviceBuffer, LentStream, Point, Stream};
 use crate::error::{Error, Result};
 
 impl SyncedMemory {
@@ -61,7 +61,7 @@ impl SyncedMemory {
         &self,
         access: Access,
         overwrite: bool,
-    ) -> Result<(Arc<DeviceBuffer>, Stream)> {
+    ) -> Result<(Arc<DeviceBuffer>, LentStream<'_>)> {
         if self.target().is_none() {
             return Err(self.no_device());
         }
@@ -252,13 +252,15 @@ impl SyncedMemory {
         settled
     }
 
-    pub(super) fn pick_stream(&self, given: Option<&Stream>) -> Result<Stream> {
+    /// The stream of an access: `given`, else the buffer's own, else its device's default
+    /// one; lent (no reference count taken) for as long as the buffer and `given` are.
+    pub(super) fn pick_stream<'s>(&'s self, given: Option<&'s Stream>) -> Result<LentStream<'s>> {
         if let Some(s) = given.or(self.settings().stream.as_ref()) {
-            return Ok(s.clone());
+            return Ok(s.lend());
         }
         self.target()
             .ok_or_else(|| self.no_device())?
-            .default_stream()
+            .default_stream_lent()
     }
 
     /// Counts a spilled buffer brought back, in its device's pool statistics.
