@@ -85,17 +85,19 @@ pub(crate) struct Kept {
 }
 
 impl Kept {
-    /// The distinct blobs of a run of `def` in `ws` (see [`resolve`]): the kept ones when
-    /// nothing changed, else those of a new lookup, which are then kept.
+    /// Puts in `refs` (empty) the distinct blobs of a run of `def` in `ws` (see [`resolve`]):
+    /// the kept ones when nothing changed, else those of a new lookup, which are then kept.
+    /// Filled in place, not returned: the list is over a hundred bytes, copied when moved.
     ///
     /// # Errors
     /// As [`resolve`].
-    pub(crate) fn refs(
+    pub(crate) fn refs_into(
         &mut self,
         ws: &Workspace,
         def: &OperatorDef,
         in_place_ok: &[(usize, usize)],
-    ) -> Result<Small<BlobRef>> {
+        refs: &mut Small<BlobRef>,
+    ) -> Result<()> {
         let at = ws as *const Workspace as usize;
         // Read before the lookup: a change during it makes the next run look up again.
         let generation = names_generation();
@@ -104,22 +106,24 @@ impl Kept {
             .as_ref()
             .is_some_and(|k| k.matches(at, generation, def, in_place_ok))
         {
-            let refs: Small<BlobRef> = self.refs.iter().map_while(Weak::upgrade).collect();
+            refs.extend(self.refs.iter().map_while(Weak::upgrade));
             if refs.len() == self.refs.len() {
-                return Ok(refs);
+                return Ok(());
             }
+            refs.clear();
         }
         if let Some(old) = self.key.take() {
             self.spare = old;
         }
-        let (refs, layout) = resolve(ws, def, in_place_ok)?;
+        let (found, layout) = resolve(ws, def, in_place_ok)?;
         self.layout = layout;
         self.refs.clear();
-        self.refs.extend(refs.iter().map(Arc::downgrade));
+        self.refs.extend(found.iter().map(Arc::downgrade));
         let mut key = std::mem::take(&mut self.spare);
         key.set(at, generation, def, in_place_ok);
         self.key = Some(key);
-        Ok(refs)
+        *refs = found;
+        Ok(())
     }
 
     /// How the blobs of the last lookup map to the inputs and outputs.
