@@ -18,6 +18,7 @@
 //! Spills and refills are counted apart from copies ([`Direction::Spill`],
 //! [`Direction::Refill`]), on the buffer, in the process's counters and in attached traces.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -28,8 +29,35 @@ use super::{Core, HostMem, Shared, SyncedMemory};
 use crate::alloc::stats::Direction;
 use crate::device::{DeviceBuffer, Evictable, Freed, MapAccess, Stream};
 
-/// A clock of device accesses: every access of a device mirror takes the next tick.
+/// A clock of device accesses: every access of a device mirror takes the next tick (see
+/// [`tick`]).
 static CLOCK: AtomicU64 = AtomicU64::new(1);
+
+/// Ticks a thread takes from [`CLOCK`] at once.
+const TICKS: u64 = 1024;
+
+thread_local! {
+    /// The ticks this thread took last: the next one, and the end of its block.
+    static BLOCK: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+}
+
+/// The next tick of the clock of device accesses, after every tick handed out before (but
+/// one each thread may be handing out at that moment). A thread takes a block of ticks with
+/// one atomic add and hands them out while its block is still the clock's newest (no thread
+/// took one since): an access costs a thread-local and a load, not a locked instruction
+/// (which was a fifth of a device access's own time).
+fn tick() -> u64 {
+    BLOCK.with(|b| {
+        let (next, end) = b.get();
+        if next < end && CLOCK.load(Relaxed) == end {
+            b.set((next + 1, end));
+            return next;
+        }
+        let start = CLOCK.fetch_add(TICKS, Relaxed);
+        b.set((start + 1, start + TICKS));
+        start
+    })
+}
 
 impl SyncedMemory {
     /// The buffer as the out-of-memory path sees it (a schedule drops dead values through it).
@@ -40,9 +68,7 @@ impl SyncedMemory {
 
     /// Notes a device access, for the order of spills (least recently used first).
     pub(super) fn note_device_use(&self) {
-        self.shared
-            .last_use
-            .store(CLOCK.fetch_add(1, Relaxed), Relaxed);
+        self.shared.last_use.store(tick(), Relaxed);
     }
 }
 
@@ -456,4 +482,28 @@ fn copy_out(shared: &Shared, core: &mut Core) -> Option<usize> {
     // The parked record goes: the block is charged again and goes back to its pool.
     core.host = Some(mem);
     Some(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tick;
+
+    #[test]
+    fn ticks_follow_every_tick_handed_out_before_on_any_thread() {
+        let mut last = tick();
+        for round in 0..3 {
+            // Past the end of a block on this thread...
+            for _ in 0..super::TICKS + 5 {
+                let t = tick();
+                assert!(t > last, "round {round}: {t} after {last}");
+                last = t;
+            }
+            // ...and across threads: a tick taken after another thread's comes after it.
+            let other = std::thread::spawn(tick).join().unwrap();
+            assert!(other > last);
+            let t = tick();
+            assert!(t > other, "{t} after the other thread's {other}");
+            last = t;
+        }
+    }
 }
