@@ -19,7 +19,9 @@
 //! counts as a read (it may have written the output already). A dead buffer's device mirror
 //! goes without a write-back ([`crate::SyncedMemory::drop_contents`]): at once after the
 //! operator that used it last ([`Schedule::drop_dead_after`], so that the allocations of the
-//! next operators find room without failing), else first when an allocation fails.
+//! next operators find room without failing), else first when an allocation fails. Under a
+//! memory cap, a dead value smaller than a [`SMALL_DEAD`]th of the cap is left for that path:
+//! dropped at once, it would be freed and allocated again every step for little room.
 
 use std::cell::Cell;
 use std::collections::{BTreeSet, HashMap};
@@ -126,10 +128,11 @@ fn next_use(list: &[Use], pos: usize, len: usize) -> Option<(usize, Use)> {
     }
 }
 
-/// A buffer of this run: the names that hold it, and the buffer.
+/// A buffer of this run: the names that hold it, the buffer, and its bytes.
 struct Buffer {
     names: SmallVec<[u32; 2]>,
     item: Weak<dyn Evictable>,
+    bytes: usize,
 }
 
 /// Buffers by key.
@@ -141,6 +144,8 @@ struct Held {
     item: Weak<dyn Evictable>,
     /// Other names hold it too.
     shared: bool,
+    /// The buffer's bytes.
+    bytes: usize,
 }
 
 /// Which operators use which buffer in this run, and the operator running now.
@@ -179,17 +184,19 @@ impl Schedule {
             })
             .collect();
         for (n, blob) in found.iter().enumerate() {
-            let Some((key, item)) = blob.upgrade().and_then(|b| buffer_in(&b)) else {
+            let Some((key, item, bytes)) = blob.upgrade().and_then(|b| buffer_in(&b)) else {
                 continue;
             };
             keys[n] = key;
             held[n] = Some(Held {
                 item: item.clone(),
                 shared: false,
+                bytes,
             });
             let b = buffers.entry(key).or_insert_with(|| Buffer {
                 names: SmallVec::new(),
                 item,
+                bytes,
             });
             b.names.push(n as u32);
         }
@@ -247,19 +254,21 @@ impl Schedule {
             }
             self.keys[n] = 0;
             self.held[n] = None;
-            let Some((key, item)) = blob.as_ref().and_then(buffer_in) else {
+            let Some((key, item, bytes)) = blob.as_ref().and_then(buffer_in) else {
                 continue;
             };
             self.keys[n] = key;
             self.held[n] = Some(Held {
                 item: item.clone(),
                 shared: false,
+                bytes,
             });
             self.buffers
                 .entry(key)
                 .or_insert_with(|| Buffer {
                     names: SmallVec::new(),
                     item,
+                    bytes,
                 })
                 .names
                 .push(n as u32);
@@ -319,10 +328,17 @@ impl Schedule {
     }
 
     /// After operator `i` ran: drops the device mirrors of the buffers it used that are dead
-    /// now (it read them last), so that their memory serves the next allocations at once. A
-    /// buffer of one name is looked up in [`BlobUses::dead_after`]; one of several names is
-    /// judged over all of them. Adds the mirrors dropped and their bytes to `dropped`.
-    fn drop_dead_after(&self, i: usize, device: &Device, dropped: &Cell<(u64, u64)>) {
+    /// now (it read them last) and hold at least `min_bytes`, so that their memory serves the
+    /// next allocations at once. A buffer of one name is looked up in
+    /// [`BlobUses::dead_after`]; one of several names is judged over all of them. Adds the
+    /// mirrors dropped and their bytes to `dropped`.
+    fn drop_dead_after(
+        &self,
+        i: usize,
+        device: &Device,
+        dropped: &Cell<(u64, u64)>,
+        min_bytes: usize,
+    ) {
         let drop = |item: &Weak<dyn Evictable>| {
             if let Some(bytes) = item
                 .upgrade()
@@ -333,7 +349,10 @@ impl Schedule {
             }
         };
         for &n in &self.blobs.dead_after[i] {
-            if let Some(h) = self.held[n as usize].as_ref().filter(|h| !h.shared) {
+            if let Some(h) = self.held[n as usize]
+                .as_ref()
+                .filter(|h| !h.shared && h.bytes >= min_bytes)
+            {
                 drop(&h.item);
             }
         }
@@ -342,7 +361,7 @@ impl Schedule {
                 continue;
             }
             if let Some(b) = self.buffers.get(&self.keys[n as usize]) {
-                if self.dead_at(b, i + 1, false) {
+                if b.bytes >= min_bytes && self.dead_at(b, i + 1, false) {
                     drop(&b.item);
                 }
             }
@@ -350,11 +369,12 @@ impl Schedule {
     }
 }
 
-/// The key of the buffer of `blob`, and the buffer, when the blob holds a tensor with storage.
-fn buffer_in(blob: &BlobRef) -> Option<(usize, Weak<dyn Evictable>)> {
+/// The key of the buffer of `blob`, the buffer and its bytes, when the blob holds a tensor
+/// with storage.
+fn buffer_in(blob: &BlobRef) -> Option<(usize, Weak<dyn Evictable>, usize)> {
     let guard = blob.read_recursive();
     let synced = guard.get::<Tensor>().ok().and_then(Tensor::synced)?;
-    Some((synced.key(), synced.evictable()))
+    Some((synced.key(), synced.evictable(), synced.len()))
 }
 
 /// The key of the buffer of `blob` (0: none).
@@ -418,6 +438,10 @@ impl NextUse for Schedule {
     }
 }
 
+/// Under a memory cap, dead values of less than this fraction of the cap are not dropped at
+/// once (see [`Installed::drop_dead_after`]).
+const SMALL_DEAD: u64 = 32;
+
 /// A schedule installed on a device for one run; the one it replaced goes back when dropped,
 /// and the dead mirrors the run dropped are counted then, on the device pool (one lock for
 /// the run, not one per value: the pool's `drops` reading lags the run until it ends).
@@ -427,6 +451,8 @@ pub(super) struct Installed<'a> {
     pub(super) schedule: Arc<Schedule>,
     /// Dead mirrors dropped by the run so far, and their bytes.
     dropped: Cell<(u64, u64)>,
+    /// The least bytes of a dead mirror dropped at once (see [`Installed::drop_dead_after`]).
+    min_bytes: usize,
 }
 
 impl<'a> Installed<'a> {
@@ -442,6 +468,9 @@ impl<'a> Installed<'a> {
         if !drop_dead {
             device.memory_cap()?;
         }
+        let min_bytes = device.memory_cap().map_or(0, |cap| {
+            usize::try_from(cap / SMALL_DEAD).unwrap_or(usize::MAX)
+        });
         let schedule = schedules.current(ws);
         let previous = device.swap_next_use(Some(schedule.clone()));
         Some(Installed {
@@ -449,13 +478,18 @@ impl<'a> Installed<'a> {
             previous,
             schedule,
             dropped: Cell::new((0, 0)),
+            min_bytes,
         })
     }
 
     /// After operator `i` ran: drops the device mirrors of the buffers it used that are dead
-    /// now (see [`Schedule`]'s `drop_dead_after`).
+    /// now (see [`Schedule`]'s `drop_dead_after`). Under a memory cap, a dead value smaller
+    /// than a [`SMALL_DEAD`]th of the cap stays: dropping it would cost a free now and an
+    /// allocation at its next use for little room, and the out-of-memory path drops dead
+    /// values first, without a write-back, when an allocation does not fit.
     pub(super) fn drop_dead_after(&self, i: usize) {
-        self.schedule.drop_dead_after(i, self.device, &self.dropped);
+        self.schedule
+            .drop_dead_after(i, self.device, &self.dropped, self.min_bytes);
     }
 }
 

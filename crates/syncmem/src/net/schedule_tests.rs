@@ -25,7 +25,8 @@ fn schedule(len: usize, names: &[(&[(u32, bool)], bool)]) -> Schedule {
         .map(|n| {
             let item: Weak<dyn Evictable> = Weak::<Inert>::new();
             let names = SmallVec::from_slice(&[n as u32]);
-            (n + 1, Buffer { names, item })
+            let bytes = 0;
+            (n + 1, Buffer { names, item, bytes })
         })
         .collect();
     Schedule {
@@ -111,6 +112,68 @@ fn a_buffer_of_two_names_is_dead_only_if_both_say_so() {
     t.buffers.remove(&2);
     t.buffers.get_mut(&1).unwrap().names.push(1);
     assert!(!t.is_dead(1), "one external name keeps it");
+}
+
+/// A mirror that counts the dead drops asked of it, freeing its bytes each time.
+struct Counted(std::sync::atomic::AtomicUsize, usize);
+
+impl Evictable for Counted {
+    fn try_evict(&self) -> Option<usize> {
+        None
+    }
+    fn try_spill(&self, _: bool) -> Option<crate::device::Freed> {
+        None
+    }
+    fn try_drop_dead(&self, _: bool) -> Option<usize> {
+        self.0.fetch_add(1, Relaxed);
+        Some(self.1)
+    }
+    fn last_use(&self) -> u64 {
+        0
+    }
+    fn head_now(&self) -> Option<crate::device::Head> {
+        None
+    }
+    fn label_now(&self) -> String {
+        String::new()
+    }
+    fn key(&self) -> usize {
+        std::ptr::from_ref(self) as usize
+    }
+}
+
+#[test]
+fn under_a_cap_small_dead_values_are_left_to_the_out_of_memory_path() {
+    // Two activations, each dead after operator 1 (overwritten by the next run's 0).
+    let mut s = schedule(
+        2,
+        &[
+            (&[(0, true), (1, false)], true),
+            (&[(0, true), (1, false)], true),
+        ],
+    );
+    Arc::get_mut(&mut s.blobs).unwrap().dead_after[1] = SmallVec::from_slice(&[0, 1]);
+    let small = Arc::new(Counted(AtomicUsize::new(0), 100));
+    let large = Arc::new(Counted(AtomicUsize::new(0), 4096));
+    for (n, item) in [(0, &small), (1, &large)] {
+        let weak: Weak<dyn Evictable> = Arc::downgrade(item) as Weak<dyn Evictable>;
+        s.held[n] = Some(Held {
+            item: weak,
+            shared: false,
+            bytes: item.1,
+        });
+    }
+    let dev = Device::cpu();
+    let dropped = Cell::new((0, 0));
+    // The least a drop must free (a cap's share): the small value stays.
+    s.drop_dead_after(1, &dev, &dropped, 1024);
+    let counts = || (small.0.load(Relaxed), large.0.load(Relaxed));
+    assert_eq!(counts(), (0, 1));
+    assert_eq!(dropped.get(), (1, 4096));
+    // No least (no cap, dead values dropped as asked): both go.
+    s.drop_dead_after(1, &dev, &dropped, 0);
+    assert_eq!(counts(), (1, 2));
+    assert_eq!(dropped.get(), (3, 4096 * 2 + 100));
 }
 
 /// A blob `name` of `ws` holding a 4-element tensor of `dev` with storage of its own, or
