@@ -113,8 +113,9 @@ pub struct NetOptions {
     /// Operators tried before the built-in ones.
     pub operators: Option<OperatorFactory>,
     /// Give a value's device memory back as soon as it is dead, even on a device without a
-    /// memory cap (under a cap a run always does): after each operator, the device mirror of
-    /// an internal blob whose next use overwrites it whole, this run or the next, is dropped
+    /// memory cap (under a cap a run does so for all but the values smaller than a 32nd of the
+    /// cap, which go when an allocation does not fit): after each operator, the device mirror
+    /// of an internal blob whose next use overwrites it whole, this run or the next, is dropped
     /// without a write-back ([`crate::SyncedMemory::drop_contents`]). A value then holds
     /// device memory from its first write to its last read only, so the device's peak is that
     /// of the values live at once, at the cost of one pooled allocation per value and run.

@@ -20,8 +20,9 @@
 //! goes without a write-back ([`crate::SyncedMemory::drop_contents`]): at once after the
 //! operator that used it last ([`Schedule::drop_dead_after`], so that the allocations of the
 //! next operators find room without failing), else first when an allocation fails. Under a
-//! memory cap, a dead value smaller than a [`SMALL_DEAD`]th of the cap is left for that path:
-//! dropped at once, it would be freed and allocated again every step for little room.
+//! memory cap (unless [`super::NetOptions::drop_dead`] asks for every dead value at once), a
+//! dead value smaller than a [`SMALL_DEAD`]th of the cap is left for that path: dropped at
+//! once, it would be freed and allocated again every step for little room.
 
 use std::cell::Cell;
 use std::collections::{BTreeSet, HashMap};
@@ -468,9 +469,12 @@ impl<'a> Installed<'a> {
         if !drop_dead {
             device.memory_cap()?;
         }
-        let min_bytes = device.memory_cap().map_or(0, |cap| {
-            usize::try_from(cap / SMALL_DEAD).unwrap_or(usize::MAX)
-        });
+        // Asked for (`drop_dead`), every dead value goes at once; under a cap alone, the
+        // small ones stay.
+        let min_bytes = match device.memory_cap() {
+            Some(cap) if !drop_dead => usize::try_from(cap / SMALL_DEAD).unwrap_or(usize::MAX),
+            _ => 0,
+        };
         let schedule = schedules.current(ws);
         let previous = device.swap_next_use(Some(schedule.clone()));
         Some(Installed {
@@ -483,8 +487,9 @@ impl<'a> Installed<'a> {
     }
 
     /// After operator `i` ran: drops the device mirrors of the buffers it used that are dead
-    /// now (see [`Schedule`]'s `drop_dead_after`). Under a memory cap, a dead value smaller
-    /// than a [`SMALL_DEAD`]th of the cap stays: dropping it would cost a free now and an
+    /// now (see [`Schedule`]'s `drop_dead_after`). Under a memory cap, unless the net was
+    /// built to drop dead values ([`super::NetOptions::drop_dead`]), a dead value smaller than
+    /// a [`SMALL_DEAD`]th of the cap stays: dropping it would cost a free now and an
     /// allocation at its next use for little room, and the out-of-memory path drops dead
     /// values first, without a write-back, when an allocation does not fit.
     pub(super) fn drop_dead_after(&self, i: usize) {

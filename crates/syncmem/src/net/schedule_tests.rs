@@ -266,3 +266,21 @@ fn a_schedule_looks_names_up_again_once_a_name_changed() {
     assert_eq!(schedules.current(&other).keys, vec![e, f]);
     assert_eq!(schedules.current(&ws).keys, vec![g, d]);
 }
+
+#[test]
+fn the_least_dead_value_dropped_at_once_is_a_share_of_the_cap_unless_all_are_asked_for() {
+    use crate::alloc::pool::{MemoryCap, PoolConfig};
+    let dev = Device::cpu().detached();
+    let schedules = Schedules::new(BlobUses::new(&[], &BTreeSet::new()));
+    let ws = Workspace::new();
+    // No cap: nothing installed unless asked for, and then every dead value goes.
+    assert!(Installed::when_needed(&dev, &schedules, &ws, false).is_none());
+    let all = Installed::when_needed(&dev, &schedules, &ws, true).map(|i| i.min_bytes);
+    assert_eq!(all, Some(0));
+    dev.set_pool(PoolConfig::default().with_memory_cap(MemoryCap::Bytes(64 << 10)))
+        .unwrap();
+    let capped = Installed::when_needed(&dev, &schedules, &ws, false).map(|i| i.min_bytes);
+    assert_eq!(capped, Some((64 << 10) / SMALL_DEAD as usize));
+    let asked = Installed::when_needed(&dev, &schedules, &ws, true).map(|i| i.min_bytes);
+    assert_eq!(asked, Some(0));
+}
