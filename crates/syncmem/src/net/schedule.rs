@@ -22,7 +22,10 @@
 //! next operators find room without failing), else first when an allocation fails. Under a
 //! memory cap (unless [`super::NetOptions::drop_dead`] asks for every dead value at once), a
 //! dead value smaller than a [`SMALL_DEAD`]th of the cap is left for that path: dropped at
-//! once, it would be freed and allocated again every step for little room.
+//! once, it would be freed and allocated again every step for little room. Until then it keeps
+//! its data (a read gets what was last written, not [`crate::Error::ContentsDropped`]), and
+//! between the net's runs, when no schedule says it is dead, the out-of-memory path spills it
+//! (written back) like any other mirror.
 
 use std::cell::Cell;
 use std::collections::{BTreeSet, HashMap};
@@ -466,12 +469,13 @@ impl<'a> Installed<'a> {
         ws: &Workspace,
         drop_dead: bool,
     ) -> Option<Installed<'a>> {
+        let cap = device.memory_cap();
         if !drop_dead {
-            device.memory_cap()?;
+            cap?;
         }
         // Asked for (`drop_dead`), every dead value goes at once; under a cap alone, the
         // small ones stay.
-        let min_bytes = match device.memory_cap() {
+        let min_bytes = match cap {
             Some(cap) if !drop_dead => usize::try_from(cap / SMALL_DEAD).unwrap_or(usize::MAX),
             _ => 0,
         };

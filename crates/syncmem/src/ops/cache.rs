@@ -98,6 +98,7 @@ impl Kept {
         in_place_ok: &[(usize, usize)],
         refs: &mut Small<BlobRef>,
     ) -> Result<()> {
+        debug_assert!(refs.is_empty(), "refs_into fills an empty list");
         let at = ws as *const Workspace as usize;
         // Read before the lookup: a change during it makes the next run look up again.
         let generation = names_generation();

@@ -175,6 +175,10 @@ impl SyncedMemory {
         if let Some(reg) = core.idle_reg.take() {
             registry::of(device).unregister(reg);
         }
+        // So does a parked block's.
+        if let Some(HostMem::Parked(p)) = core.host.as_mut() {
+            p.register_again(device, |bytes| self.new_entry(device, bytes));
+        }
         let Some(mirror) = core.dev.as_mut() else {
             return;
         };

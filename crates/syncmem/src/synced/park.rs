@@ -44,7 +44,7 @@ use super::shared::ZeroCopyState;
 use super::{Core, DevMirror, HostMem, Shared, SyncedMemory};
 use crate::alloc::pool::Budget;
 use crate::alloc::stats::{CopyCounters, Direction};
-use crate::device::{DeviceBuffer, Stream, ZeroCopyProtocol};
+use crate::device::{Device, DeviceBuffer, Stream, ZeroCopyProtocol};
 use crate::error::Result;
 
 /// A device pool block parked as a buffer's host mirror (see the [module docs](self)). Kept
@@ -70,6 +70,25 @@ impl Parked {
     /// Waits for the device commands that may still use the memory: before a host write.
     pub(super) fn wait_readers(&self) -> Result<()> {
         self.buf.as_ref().map_or(Ok(()), |b| b.wait_uses())
+    }
+
+    /// Registers the block again (marked parked) with an entry from `fresh` (given the
+    /// block's bytes), after a new shared part took the buffer over: the old entry names the
+    /// old part (see `SyncedMemory::register_again`).
+    pub(super) fn register_again(
+        &mut self,
+        device: &Device,
+        fresh: impl FnOnce(usize) -> registry::Reg,
+    ) {
+        let Some(old) = self.reg.take() else {
+            return;
+        };
+        registry::of(device).unregister(old);
+        if let Some(buf) = &self.buf {
+            let reg = fresh(buf.len());
+            registry::of(device).set_parked(reg.id(), true);
+            self.reg = Some(reg);
+        }
     }
 
     /// The budget the block's bytes were given back to, and those bytes.

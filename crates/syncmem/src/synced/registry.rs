@@ -3,17 +3,17 @@
 //! [`crate::SyncedMemory`] registers a weak reference to its state when it first allocates a
 //! device mirror from the pool. When the mirror goes the entry goes idle, and the buffer's next
 //! mirror revives it without the registry's lock ([`Reg`]); the buffer unregisters when it is
-//! dropped. The registry never keeps a buffer alive, and eviction only *tries* the buffer's locks, so it never waits for (or
-//! deadlocks with) a thread that uses the buffer. The device reaches it through the
-//! [`Mirrors`] hook this layer installs on the device at first use.
+//! dropped. The registry never keeps a buffer alive, and eviction only *tries* the buffer's
+//! locks, so it never waits for (or deadlocks with) a thread that uses the buffer. The device
+//! reaches it through the [`Mirrors`] hook this layer installs on the device at first use.
 //!
 //! # Eviction order
 //!
 //! Candidates are tried largest first (one eviction frees as much as possible). Among mirrors
 //! of the same size, the one registered first goes first: registration happens when a device
 //! mirror is allocated (or revived), so that is the mirror allocated longest ago (a mirror
-//! evicted and allocated again is numbered anew, at the back). The order is total, so which mirror goes is
-//! the same from run to run.
+//! evicted and allocated again is numbered anew, at the back). The order is total, so which
+//! mirror goes is the same from run to run.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -36,6 +36,7 @@ struct Live {
 /// ([`MirrorRegistry::revive`]), without the registry's lock or a new weak reference (a
 /// capped run drops a dead value and makes it again every step). It goes when the buffer does
 /// ([`MirrorRegistry::unregister`]).
+#[must_use = "an entry is unregistered with its handle"]
 pub(crate) struct Reg {
     id: u64,
     live: Arc<Live>,
@@ -187,6 +188,11 @@ impl MirrorRegistry {
                     continue;
                 };
                 let bytes = e.live.bytes.load(Ordering::Acquire);
+                if bytes == 0 && e.item.strong_count() == 0 {
+                    // Idle, and its buffer gone without unregistering: a plain load.
+                    s.remove(slot);
+                    continue;
+                }
                 if e.parked != parked || bytes == 0 {
                     continue;
                 }
@@ -268,14 +274,25 @@ mod tests {
         assert_eq!(labels(&r), ["c", "d", "b", "e", "f", "a"]);
         // Dead entries are skipped, the rest keeps its order.
         let r2 = MirrorRegistry::default();
-        for (it, b) in items.iter().zip(sizes) {
-            r2.register(Arc::downgrade(it), b);
-        }
+        let _kept: Vec<Reg> = items
+            .iter()
+            .zip(sizes)
+            .map(|(it, b)| r2.register(Arc::downgrade(it), b))
+            .collect();
         let gone: Arc<dyn Evictable> = Arc::new(Fake("gone"));
-        r2.register(Arc::downgrade(&gone), 10);
+        let _gone = r2.register(Arc::downgrade(&gone), 10);
         drop(gone);
         let again: Vec<String> = r2.live().iter().map(|(e, _)| e.label_now()).collect();
         assert_eq!(again, ["d", "b", "e", "a", "c", "f"]);
+        // An idle entry whose buffer went without unregistering goes at the next reading.
+        let lost: Arc<dyn Evictable> = Arc::new(Fake("lost"));
+        let idle = r2.register(Arc::downgrade(&lost), 10);
+        idle.idle();
+        drop(lost);
+        let count = |r: &MirrorRegistry| r.slots.lock().entries.iter().flatten().count();
+        assert_eq!(count(&r2), 7);
+        let _ = r2.live();
+        assert_eq!(count(&r2), 6);
     }
 
     #[test]
