@@ -5,24 +5,14 @@
 
 use syncmem::Device;
 use syncmem_bench::history::history_rows;
-use syncmem_bench::rows::Runs;
+use syncmem_bench::rows::{row_line, Runs};
 
 fn main() -> syncmem::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let dev = Device::open(args.first().map_or("cpu", String::as_str))?;
     let runs = Runs::from_args(&args, 11, 200_000);
     for r in history_rows(&dev, runs)? {
-        println!(
-            "{}: {:.1} ns on, {:.1} ns off, ratio {:.3} ({:.3} to {:.3}, {} samples){}",
-            r.name,
-            r.ours_ns,
-            r.baseline_ns,
-            r.ratio,
-            r.ratio_low,
-            r.ratio_high,
-            r.samples,
-            r.goal.map_or(String::new(), |g| format!(", goal {g}"))
-        );
+        println!("{}", row_line(&r, "on", "off"));
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! measuring the launch path without the rest of the bench.
 
 use syncmem::Device;
-use syncmem_bench::rows::Runs;
+use syncmem_bench::rows::{row_line, Runs};
 use syncmem_bench::user::launch_row;
 
 fn main() -> syncmem::Result<()> {
@@ -11,16 +11,6 @@ fn main() -> syncmem::Result<()> {
     let dev = Device::open(args.first().map_or("opencl:0", String::as_str))?;
     let runs = Runs::from_args(&args, 11, 1_000);
     let r = launch_row(&dev, runs)?;
-    println!(
-        "{}: {:.1} ns ours, {:.1} ns plain, ratio {:.3} ({:.3} to {:.3}, {} samples){}",
-        r.name,
-        r.ours_ns,
-        r.baseline_ns,
-        r.ratio,
-        r.ratio_low,
-        r.ratio_high,
-        r.samples,
-        r.goal.map_or(String::new(), |g| format!(", goal {g:.3}"))
-    );
+    println!("{}", row_line(&r, "ours", "plain"));
     Ok(())
 }

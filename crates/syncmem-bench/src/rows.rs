@@ -38,6 +38,22 @@ impl Runs {
     }
 }
 
+/// One line for `r`, as the examples that run rows alone print it: its name, each side's time
+/// (`ours` and `baseline` name the sides), the ratio with its spread and samples, and its goal.
+pub fn row_line(r: &Row, ours: &str, baseline: &str) -> String {
+    format!(
+        "{}: {:.1} ns {ours}, {:.1} ns {baseline}, ratio {:.3} ({:.3} to {:.3}, {} samples){}",
+        r.name,
+        r.ours_ns,
+        r.baseline_ns,
+        r.ratio,
+        r.ratio_low,
+        r.ratio_high,
+        r.samples,
+        r.goal.map_or(String::new(), |g| format!(", goal {g:.3}"))
+    )
+}
+
 /// Nanoseconds per call of `ours` and of `base` in each sample, timed in alternating samples of
 /// `runs.batch` calls after one warm-up call of each.
 ///
