@@ -27,7 +27,7 @@ use super::shared::ZeroCopyState;
 use super::state::{Head, Place};
 use super::{Core, HostMem, Shared, SyncedMemory};
 use crate::alloc::stats::Direction;
-use crate::device::{DeviceBuffer, Evictable, Freed, MapAccess, Stream};
+use crate::device::{DeviceBuffer, Evictable, Freed, LentStream, MapAccess, Stream};
 
 /// A clock of device accesses: every access of a device mirror takes the next tick (see
 /// [`tick`]).
@@ -69,6 +69,18 @@ impl SyncedMemory {
     /// Notes a device access, for the order of spills (least recently used first).
     pub(super) fn note_device_use(&self) {
         self.shared.last_use.store(tick(), Relaxed);
+    }
+}
+
+impl Shared {
+    /// The buffer's stream (its own, else `device`'s default one), lent: what an access with no
+    /// stream given uses ([`SyncedMemory::pick_stream`]); `None` when the default stream
+    /// cannot be made.
+    fn stream_lent<'s>(&'s self, device: &'s crate::Device) -> Option<LentStream<'s>> {
+        match &self.settings.stream {
+            Some(s) => Some(s.lend()),
+            None => device.default_stream_lent().ok(),
+        }
     }
 }
 
@@ -176,11 +188,7 @@ fn drop_dead(shared: &Shared, core: &mut Core, device: &crate::Device) {
     core.coh.abandon_pending();
     if core.zc.is_some_and(|z| z.mapped.is_some()) {
         // The mapping goes before the memory does (the pool hands the block out again).
-        let stream = match &shared.settings.stream {
-            Some(s) => Some(s.clone()),
-            None => device.default_stream().ok(),
-        };
-        if let (Some(stream), Some(dev)) = (stream, core.dev_buf()) {
+        if let (Some(stream), Some(dev)) = (shared.stream_lent(device), core.dev_buf()) {
             let _ = stream.unmap(&dev, core.host_ptr().unwrap_or(std::ptr::null_mut()));
         }
     }
@@ -299,10 +307,7 @@ fn spill_locked(shared: &Shared, core: &mut Core, wait: bool) -> Option<Freed> {
         return None;
     }
     if dirty {
-        let stream = match &shared.settings.stream {
-            Some(s) => s.clone(),
-            None => device.default_stream().ok()?,
-        };
+        let stream = shared.stream_lent(device)?;
         match core.zc {
             Some(state) => {
                 if super::park::park(shared, core, &dev, state, &stream).is_some() {
@@ -465,10 +470,7 @@ fn copy_out(shared: &Shared, core: &mut Core) -> Option<usize> {
     let (_, bytes) = p.charge()?;
     let src = p.ptr();
     let device = shared.settings.device.as_ref()?;
-    let stream = match &shared.settings.stream {
-        Some(s) => s.clone(),
-        None => device.default_stream().ok()?,
-    };
+    let stream = shared.stream_lent(device)?;
     let mem = host_mirror(shared)?;
     let size = shared.settings.size;
     // SAFETY: `src` is the parked block, `size` bytes, which no device command writes (its
