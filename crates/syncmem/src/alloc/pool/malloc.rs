@@ -147,7 +147,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     /// Writes the hit of a thread cache that took `slim` (for a request of `stream` for
     /// `owner`) into the history of the hook's `state` (not 0); returns the mark of its
     /// lease.
-    #[inline(never)]
+    #[inline(always)]
     fn record_hit(state: u64, slim: &Slim<T, V>, stream: StreamId, owner: Option<&Arc<str>>) -> u8 {
         // SAFETY: the shard lives while the block is handed out (see `Lease::shard`).
         let sh = unsafe { slim.shard.as_ref() };
