@@ -10,7 +10,8 @@
 //!   end that copy is done; at the latest after operator `a + 1 + DEFER` (but not later than
 //!   `b - 3`), then with two mirrors ordered after the copy still running
 //!   ([`syncmem::SyncedMemory::offload_ordered`]: its block goes back to the pool with the copy
-//!   in flight), and where the host shares the memory in place waiting for its writer. On PoCL
+//!   in flight), and where the host shares the memory in place parked at once, its writer
+//!   still running (the host's accesses wait for it, the device's reads do not). On PoCL
 //!   with two mirrors (the host queues far ahead of the device, so a copy is seldom done one
 //!   operator later), before frees were ordered after the copies, an epoch at hidden 64 with
 //!   the parameters offloaded took 20.3, 18.7 and 15.3 ms with `DEFER` 0, 1 and 2. Freeing at
@@ -246,7 +247,7 @@ impl Mover {
                 {
                     // The host copy is current, or its copy is still running at the deadline:
                     // with two mirrors the block goes back ordered after the copy, with no host
-                    // wait (sharing memory in place, its writer is waited for here).
+                    // wait (sharing memory in place, parked with its writer still running).
                     let bytes = m.offload_ordered()?;
                     self.stats.offloads += u64::from(bytes > 0);
                     self.stats.bytes_released += bytes as u64;

@@ -23,7 +23,10 @@
 //!   zero-copy sync ([`crate::Direction::Mapped`]);
 //! - a host write waits for the device commands that may still read the memory, as a host
 //!   write of shared memory does; a host read needs no wait (the writer was waited for when
-//!   the block was parked);
+//!   the block was parked), except after [`SyncedMemory::offload_ordered`], which parks the
+//!   block with its writer still running and leaves that writer pending as a copy to the host
+//!   ([`park_ordered`]): host accesses wait for it, device reads are ordered after it on the
+//!   device;
 //! - freed while parked (the buffer dropped, its host data replaced), the block is charged
 //!   again, over the cap if need be, before it goes back to its pool, whose segments are
 //!   charged whole;
@@ -41,7 +44,8 @@ use std::sync::Arc;
 
 use super::registry;
 use super::shared::ZeroCopyState;
-use super::{Core, DevMirror, HostMem, Shared, SyncedMemory};
+use super::state::Place;
+use super::{Core, DevMirror, HostMem, PendingKind, Shared, SyncedMemory};
 use crate::alloc::pool::Budget;
 use crate::alloc::stats::{CopyCounters, Direction};
 use crate::device::{Device, DeviceBuffer, Stream, ZeroCopyProtocol};
@@ -153,6 +157,41 @@ pub(super) fn park(
     }));
     core.coh.spilled_to_host();
     count_in_place(&shared.copies, stream, Direction::Spill);
+    Some(bytes)
+}
+
+/// Parks the device mirror of `shared`, a zero-copy buffer sharing it in place, without waiting
+/// for the device command that writes it last ([`SyncedMemory::offload_ordered`]): parking
+/// moves no byte and frees no memory (the block stays, as the host mirror), so only the host's
+/// accesses must follow that command. It stays pending as a copy to the host ending with the
+/// command ([`super::PendingKind::ToHost`]): every host access waits for it, as a device write
+/// does (a device read is ordered after it on the device by the block's uses), and a spill
+/// that copies the parked bytes out later settles it first. Returns the bytes given back to
+/// the budget, or `None` where the ordinary path applies: no write in flight (it parks with no
+/// wait), other work pending (not a copy to the host), or memory that is not shared in place.
+pub(super) fn park_ordered(shared: &Shared, core: &mut Core) -> Option<usize> {
+    let state = core.zc?;
+    if state.protocol != ZeroCopyProtocol::InPlace || state.mapped.is_some() || !core.dev_owned() {
+        return None;
+    }
+    // A copy to the host pending on shared memory is the wait for that writer
+    // ([`SyncedMemory::prefetch_to_host`]): the park takes it over.
+    let other_work = core
+        .coh
+        .pending()
+        .is_some_and(|p| p.kind != PendingKind::ToHost);
+    if other_work || !(core.coh.has(Place::Host) || core.coh.has(Place::Device)) {
+        return None;
+    }
+    let dev = core.dev_buf()?;
+    let writer = dev.writer_point()?;
+    let device = shared.settings.device.as_ref()?;
+    let stream = shared.stream_lent(device)?;
+    // A copy that reads the shared memory (none is queued for memory shared in place) is let
+    // end as the ordinary path does.
+    core.coh.release_host().ok()?;
+    let bytes = park(shared, core, &dev, state, &stream)?;
+    core.coh.queued(PendingKind::ToHost, Some(writer));
     Some(bytes)
 }
 

@@ -76,7 +76,7 @@ impl Shared {
     /// The buffer's stream (its own, else `device`'s default one), lent: what an access with no
     /// stream given uses ([`SyncedMemory::pick_stream`]); `None` when the default stream
     /// cannot be made.
-    fn stream_lent<'s>(&'s self, device: &'s crate::Device) -> Option<LentStream<'s>> {
+    pub(super) fn stream_lent<'s>(&'s self, device: &'s crate::Device) -> Option<LentStream<'s>> {
         match &self.settings.stream {
             Some(s) => Some(s.lend()),
             None => device.default_stream_lent().ok(),
@@ -252,6 +252,13 @@ impl SyncedMemory {
     /// ([`crate::Error::ContentsDropped`]). For a value a program takes out and brings back
     /// on one copy stream, when waiting costs more than the memory held until the copy ends.
     ///
+    /// A zero-copy buffer whose memory the host uses in place is spilled in place at once,
+    /// without waiting for the device command that writes it last (nothing is copied or freed,
+    /// so only the host must follow that command): until the command ends it is pending as a
+    /// copy to the host ([`SyncedMemory::pending`] says [`super::PendingKind::ToHost`]), host
+    /// accesses and device writes wait for it, and device reads are ordered after it on the
+    /// device, with no host wait.
+    ///
     /// # Errors
     /// As [`SyncedMemory::offload`].
     pub fn offload_ordered(&self) -> crate::Result<usize> {
@@ -263,7 +270,12 @@ impl SyncedMemory {
         let _lock = self.lock_write(None)?;
         let mut core = self.shared.core.lock();
         let freed = match self.target() {
-            Some(device) if ordered => free_under_copy(&mut core, device),
+            Some(device) if ordered => free_under_copy(&mut core, device).or_else(|| {
+                super::park::park_ordered(&self.shared, &mut core).map(|bytes| Freed {
+                    bytes,
+                    spilled: true,
+                })
+            }),
             _ => None,
         }
         .or_else(|| spill_locked(&self.shared, &mut core, true));
@@ -464,6 +476,14 @@ fn write_back(shared: &Shared, core: &mut Core, dev: &DeviceBuffer, stream: &Str
 /// kept can go: the spill the buffer would have made without sharing memory in place, made
 /// late. The caller holds the exclusive access lock. Returns the bytes of the block.
 fn copy_out(shared: &Shared, core: &mut Core) -> Option<usize> {
+    if !matches!(core.host, Some(HostMem::Parked(_))) {
+        return None;
+    }
+    // A block parked while its writer ran (`SyncedMemory::offload_ordered`): the bytes are
+    // read once it is done.
+    if core.coh.pending().is_some() {
+        core.coh.finish_pending().ok()?;
+    }
     let Some(HostMem::Parked(p)) = &core.host else {
         return None;
     };
@@ -474,7 +494,7 @@ fn copy_out(shared: &Shared, core: &mut Core) -> Option<usize> {
     let mem = host_mirror(shared)?;
     let size = shared.settings.size;
     // SAFETY: `src` is the parked block, `size` bytes, which no device command writes (its
-    // writer was waited for when it was parked) and no host guard writes (the caller holds the
+    // writer was waited for when it was parked, or above) and no host guard writes (the caller holds the
     // exclusive lock); `mem` is a new host block of `size` bytes; they do not overlap.
     unsafe { std::ptr::copy_nonoverlapping(src, mem.ptr(), size) };
     if size > 0 {

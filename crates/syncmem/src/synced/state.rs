@@ -323,13 +323,20 @@ impl Coherence {
     ///
     /// A copy to the host whose device mirror went before it ended
     /// ([`Coherence::device_left_under_copy`]) held the only data: when it fails, the contents
-    /// are lost, and every read says so ([`Head::Dropped`]) instead of reading zeros.
+    /// are lost, and every read says so ([`Head::Dropped`]) instead of reading zeros. So are
+    /// they when the device write a block parked in place waited for fails (a copy to the host
+    /// pending while the host is current: see `park_ordered`).
     pub(super) fn finish_pending(&mut self) -> Result<()> {
         if let Some(p) = self.pending.take() {
             let chained = std::mem::take(&mut self.chained);
             if let Err(e) = p.point.wait() {
                 if chained {
                     self.device_lost();
+                }
+                if p.kind == PendingKind::ToHost && self.valid.has(Place::Host) {
+                    // A block parked while its writer ran (`park_ordered`): that write
+                    // failed, so the bytes the host shares are not the buffer's.
+                    self.contents_dropped();
                 }
                 if self.valid.is_empty() && !self.dropped {
                     self.contents_dropped();

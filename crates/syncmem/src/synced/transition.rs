@@ -194,8 +194,10 @@ impl SyncedMemory {
     /// [`super::state::Coherence::arrive_on_device`]), else settles it only if done.
     pub(super) fn settle(&self, core: &mut Core, access: Access) -> Result<()> {
         // A copy to the host whose device mirror went already (freed ordered after it, see
-        // `spill.rs`) holds the data for every access, a device read too.
-        let no_source = core.dev.is_none();
+        // `spill.rs`) holds the data for every access, a device read too. A block parked
+        // while its writer ran (see `park.rs`) is still the memory the device reads: a device
+        // read is ordered after the writer on the device.
+        let no_source = core.dev.is_none() && !matches!(core.host, Some(HostMem::Parked(_)));
         match core.coh.pending() {
             Some(p)
                 if p.kind.conflicts_with(access)

@@ -79,6 +79,23 @@ pub static PARKED: AtomicU64 = AtomicU64::new(0);
 /// Ordered `Offload`s that freed a device mirror under its copy to the host in flight.
 pub static UNDER_COPY: AtomicU64 = AtomicU64::new(0);
 
+/// Ordered `Offload`s that parked a block shared in place under its device writer in flight.
+pub static UNDER_WRITE: AtomicU64 = AtomicU64::new(0);
+
+/// Counts an ordered offload of `l` that left its device mirror under work in flight: a copy
+/// to the host, or (`in_place`: memory shared in place) the device's last write.
+pub fn count_under_work(l: &Live, in_place: bool) {
+    if l.mem.pending().ok().flatten() == Some(syncmem::synced::PendingKind::ToHost)
+        && !l.mem.device_allocated()
+    {
+        if in_place {
+            UNDER_WRITE.fetch_add(1, Relaxed);
+        } else {
+            UNDER_COPY.fetch_add(1, Relaxed);
+        }
+    }
+}
+
 /// `Offload`: the device mirror goes and the data stays (the model is unchanged: later reads
 /// check it); dropped contents stay dropped; a pinned buffer (a view keeps its address)
 /// refuses.
@@ -108,10 +125,8 @@ pub fn offload_step(l: &Live, pinned: bool, ordered: bool, at: &str) -> Result<(
                         "{at}: {freed} bytes offloaded, the device mirror is still there"
                     )));
                 }
-                if ordered
-                    && l.mem.pending().ok().flatten() == Some(syncmem::synced::PendingKind::ToHost)
-                {
-                    UNDER_COPY.fetch_add(1, Relaxed);
+                if ordered {
+                    count_under_work(l, in_place);
                 }
             }
             if l.dropped {

@@ -57,17 +57,22 @@ pub fn move_out(
     }
     let s = &w.streams[stream];
     hold(s, micros);
-    if w.ok(at, l.mem.prefetch_to_host(Some(s)))?.is_none() {
+    // Memory shared in place copies nothing: its last device writer is what is in flight,
+    // and the offload parks the block under it. One is held on the slot's own stream (`x *=
+    // 1`, which keeps the model's values).
+    let in_place = l.mem.zero_copy_protocol() == Some(syncmem::ZeroCopyProtocol::InPlace);
+    if in_place {
+        hold(&w.streams[l.stream], micros);
+        match w.ok(at, l.mem.device_mut())? {
+            Some(mut g) => syncmem::kernels::scale(l.model.len(), 1.0f32, &mut g).unwrap(),
+            None => return w.as_it_was(at, l),
+        }
+    }
+    if w.ok(at, l.mem.prefetch_to_host(Some(s)))?.is_none() && !in_place {
         return w.as_it_was(at, l);
     }
     match (l.mem.offload_ordered(), pinned) {
-        (Ok(_), false) => {
-            if l.mem.pending().ok().flatten() == Some(syncmem::synced::PendingKind::ToHost)
-                && !l.mem.device_allocated()
-            {
-                super::dropped::UNDER_COPY.fetch_add(1, Relaxed);
-            }
-        }
+        (Ok(_), false) => super::dropped::count_under_work(l, in_place),
         (Err(Error::Busy { .. }), true) => return Ok(()),
         (r, _) => {
             return Err(TestCaseError::fail(format!(

@@ -489,9 +489,14 @@ fn offloaded_and_parked(home: &Device) {
     let parked = dropped::PARKED.load(std::sync::atomic::Ordering::Relaxed);
     eprintln!("{} buffers spilled in place", parked);
     let under_copy = dropped::UNDER_COPY.load(std::sync::atomic::Ordering::Relaxed);
+    let under_write = dropped::UNDER_WRITE.load(std::sync::atomic::Ordering::Relaxed);
     let held = hold::HELD.load(std::sync::atomic::Ordering::Relaxed);
-    eprintln!("{held} streams held, {under_copy} device mirrors freed under their copy out");
-    if home.backend() == syncmem::BackendKind::OpenCl {
+    eprintln!(
+        "{held} streams held, {under_copy} device mirrors freed under their copy out, \
+         {under_write} blocks parked under their writer"
+    );
+    let opencl = home.backend() == syncmem::BackendKind::OpenCl;
+    if opencl {
         assert!(
             under_copy > 0,
             "no device mirror was freed under its copy out"
@@ -500,6 +505,9 @@ fn offloaded_and_parked(home: &Device) {
     let auto = capped(home, ZeroCopy::Auto);
     if auto.zero_copy_protocol() == Some(syncmem::ZeroCopyProtocol::InPlace) {
         assert!(parked > 0, "no buffer was spilled in place");
+        if opencl {
+            assert!(under_write > 0, "no block was parked under its writer");
+        }
     }
 }
 
