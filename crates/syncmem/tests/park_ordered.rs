@@ -2,7 +2,8 @@
 //! (PoCL): the block is parked at once while the device command that writes it is still held
 //! behind a gate (see `common/gate.rs`), so the call must return with the gate closed (a
 //! watchdog opens it after 30 s, and the test sees that). Host accesses and device writes then
-//! wait for that command; a device read does not; a failed write leaves the contents dropped.
+//! wait for that command; a device read, a prefetch to the host and dropping the contents do
+//! not; a failed write leaves the contents dropped.
 
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::Duration;
@@ -154,21 +155,50 @@ fn a_host_write_and_a_device_write_wait_for_it() {
 }
 
 #[test]
+fn a_prefetch_to_the_host_and_dropped_contents_do_not_wait() {
+    let test = "a_prefetch_to_the_host_and_dropped_contents_do_not_wait";
+    let Some((dev, _stream, m, gate)) = held_writer(test) else {
+        return;
+    };
+    guarded(&gate, |release_later| {
+        park_held(&dev, &m, &gate);
+        // The host is current once the write ends: nothing to queue, nothing to wait for.
+        assert!(m.prefetch_to_host(None).unwrap().is_none());
+        assert!(!gate.is_open(), "a prefetch to the host waited");
+        // Nobody reads what the write leaves: the contents go without a wait...
+        m.drop_contents().unwrap();
+        assert!(!gate.is_open(), "dropping the contents waited");
+        assert_eq!(m.head(), Head::Dropped);
+        assert_eq!(m.pending().unwrap(), None);
+        // ...and a host write of the block still waits for the device's commands on it.
+        release_later();
+        m.host_overwrite().unwrap().fill(4);
+        assert!(
+            gate.is_open(),
+            "a host write did not wait for the device's write"
+        );
+    });
+    assert!(m.host().unwrap().iter().all(|&b| b == 4));
+}
+
+#[test]
 fn a_failed_write_leaves_the_contents_dropped() {
     let test = "a_failed_write_leaves_the_contents_dropped";
     let Some((dev, _stream, m, gate)) = held_writer(test) else {
         return;
     };
-    park_held(&dev, &m, &gate);
-    gate.fail();
-    let first = m.host().map(|h| h[0]);
-    assert!(first.is_err(), "the failed write is reported: {first:?}");
-    assert!(
-        matches!(m.host().map(|h| h[0]), Err(Error::ContentsDropped { .. })),
-        "the bytes the write left are not served"
-    );
-    assert_eq!(m.head(), Head::Dropped);
-    // Written whole, the buffer is good again.
-    m.host_overwrite().unwrap().fill(9);
-    assert!(m.host().unwrap().iter().all(|&b| b == 9));
+    guarded(&gate, |_| {
+        park_held(&dev, &m, &gate);
+        gate.fail();
+        let first = m.host().map(|h| h[0]);
+        assert!(first.is_err(), "the failed write is reported: {first:?}");
+        assert!(
+            matches!(m.host().map(|h| h[0]), Err(Error::ContentsDropped { .. })),
+            "the bytes the write left are not served"
+        );
+        assert_eq!(m.head(), Head::Dropped);
+        // Written whole, the buffer is good again.
+        m.host_overwrite().unwrap().fill(9);
+        assert!(m.host().unwrap().iter().all(|&b| b == 9));
+    });
 }

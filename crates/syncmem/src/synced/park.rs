@@ -25,8 +25,8 @@
 //!   write of shared memory does; a host read needs no wait (the writer was waited for when
 //!   the block was parked), except after [`SyncedMemory::offload_ordered`], which parks the
 //!   block with its writer still running and leaves that writer pending as a copy to the host
-//!   ([`park_ordered`]): host accesses wait for it, device reads are ordered after it on the
-//!   device;
+//!   ([`park_ordered`]): host accesses and device writes wait for it, device reads are ordered
+//!   after it on the device;
 //! - freed while parked (the buffer dropped, its host data replaced), the block is charged
 //!   again, over the cap if need be, before it goes back to its pool, whose segments are
 //!   charged whole;
@@ -166,8 +166,8 @@ pub(super) fn park(
 /// accesses must follow that command. It stays pending as a copy to the host ending with the
 /// command ([`super::PendingKind::ToHost`]): every host access waits for it, as a device write
 /// does (a device read is ordered after it on the device by the block's uses), and a spill
-/// that copies the parked bytes out later settles it first. Returns the bytes given back to
-/// the budget, or `None` where the ordinary path applies: no write in flight (it parks with no
+/// that copies the parked bytes out later settles it first. Returns the buffer's bytes (the
+/// block's are given back to the budget), or `None` where the ordinary path applies: no write in flight (it parks with no
 /// wait), other work pending (not a copy to the host), or memory that is not shared in place.
 pub(super) fn park_ordered(shared: &Shared, core: &mut Core) -> Option<usize> {
     let state = core.zc?;
@@ -190,9 +190,10 @@ pub(super) fn park_ordered(shared: &Shared, core: &mut Core) -> Option<usize> {
     // A copy that reads the shared memory (none is queued for memory shared in place) is let
     // end as the ordinary path does.
     core.coh.release_host().ok()?;
-    let bytes = park(shared, core, &dev, state, &stream)?;
+    park(shared, core, &dev, state, &stream)?;
     core.coh.queued(PendingKind::ToHost, Some(writer));
-    Some(bytes)
+    // The buffer's bytes, as the ordinary path's spill returns.
+    Some(dev.len())
 }
 
 /// Counts a spill or a refill made in place: one, of no byte (nothing was copied), on the

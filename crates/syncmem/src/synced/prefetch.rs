@@ -82,7 +82,7 @@ impl SyncedMemory {
         };
         if p.kind != PendingKind::ToHost
             || core.dev.is_some()
-            || core.host.is_none()
+            || matches!(core.host, None | Some(super::HostMem::Parked(_)))
             || self.share_protocol().is_some()
             || p.point.is_done()
         {
@@ -133,6 +133,11 @@ impl SyncedMemory {
     pub fn prefetch_to_host(&self, stream: Option<&Stream>) -> Result<Option<Event>> {
         let _lock = self.lock_read(None)?;
         let mut core = self.shared.core.lock();
+        if core.coh.parked_writer() {
+            // Parked in place with its writer running (`offload_ordered`): the host is current
+            // once that writer ends, with nothing to queue.
+            return Ok(None);
+        }
         self.settle(&mut core, Access::HostRead)?;
         self.refuse_if_dropped(&core, "prefetch_to_host")?;
         // Only replicas on other devices are current: the data comes back first (blocking).

@@ -185,7 +185,9 @@ impl Evictable for Shared {
 /// freed without a write-back (its block goes back to the pool, ordered after the commands
 /// that use it); the host mirror stays, stale. The caller holds the exclusive access lock.
 fn drop_dead(shared: &Shared, core: &mut Core, device: &crate::Device) {
-    core.coh.abandon_pending();
+    if !core.coh.forget_parked_writer() {
+        core.coh.abandon_pending();
+    }
     if core.zc.is_some_and(|z| z.mapped.is_some()) {
         // The mapping goes before the memory does (the pool hands the block out again).
         if let (Some(stream), Some(dev)) = (shared.stream_lent(device), core.dev_buf()) {
@@ -480,10 +482,9 @@ fn copy_out(shared: &Shared, core: &mut Core) -> Option<usize> {
         return None;
     }
     // A block parked while its writer ran (`SyncedMemory::offload_ordered`): the bytes are
-    // read once it is done.
-    if core.coh.pending().is_some() {
-        core.coh.finish_pending().ok()?;
-    }
+    // read once it is done. If it failed, the contents are dropped: nothing to copy, and the
+    // block still goes.
+    let lost = core.coh.pending().is_some() && core.coh.finish_pending().is_err();
     let Some(HostMem::Parked(p)) = &core.host else {
         return None;
     };
@@ -492,10 +493,11 @@ fn copy_out(shared: &Shared, core: &mut Core) -> Option<usize> {
     let device = shared.settings.device.as_ref()?;
     let stream = shared.stream_lent(device)?;
     let mem = host_mirror(shared)?;
-    let size = shared.settings.size;
+    let size = if lost { 0 } else { shared.settings.size };
     // SAFETY: `src` is the parked block, `size` bytes, which no device command writes (its
-    // writer was waited for when it was parked, or above) and no host guard writes (the caller holds the
-    // exclusive lock); `mem` is a new host block of `size` bytes; they do not overlap.
+    // writer was waited for when it was parked, or above) and no host guard writes (the
+    // caller holds the exclusive lock); `mem` is a new host block of `size` bytes; they do
+    // not overlap.
     unsafe { std::ptr::copy_nonoverlapping(src, mem.ptr(), size) };
     if size > 0 {
         shared.copies.record(Direction::Spill, size);

@@ -99,7 +99,10 @@ pub(crate) struct Pending {
 pub enum PendingKind {
     /// An asynchronous host-to-device copy: the device replica becomes valid when it ends.
     ToDevice,
-    /// An asynchronous device-to-host copy: the host replica becomes valid when it ends.
+    /// An asynchronous device-to-host copy: the host replica becomes valid when it ends. Also
+    /// the device write still running when memory shared in place was spilled in place
+    /// ([`super::SyncedMemory::offload_ordered`]): the host counts as current, and its accesses
+    /// wait for that write.
     ToHost,
     /// Work on the device mirror queued by the user on another stream (see
     /// [`super::DeviceWrite::queued_on`]).
@@ -324,8 +327,8 @@ impl Coherence {
     /// A copy to the host whose device mirror went before it ended
     /// ([`Coherence::device_left_under_copy`]) held the only data: when it fails, the contents
     /// are lost, and every read says so ([`Head::Dropped`]) instead of reading zeros. So are
-    /// they when the device write a block parked in place waited for fails (a copy to the host
-    /// pending while the host is current: see `park_ordered`).
+    /// they when the device write still running when a block was parked in place fails (a
+    /// copy to the host pending while the host is current: see `park_ordered`).
     pub(super) fn finish_pending(&mut self) -> Result<()> {
         if let Some(p) = self.pending.take() {
             let chained = std::mem::take(&mut self.chained);
@@ -409,6 +412,27 @@ impl Coherence {
         };
         self.host_busy = Some(p.point);
         self.arrived(Place::Device);
+        true
+    }
+
+    /// A block parked in place with its writer still running (`park_ordered`): a copy to the
+    /// host pending while the host already counts as current.
+    pub(super) fn parked_writer(&self) -> bool {
+        self.valid.has(Place::Host)
+            && self
+                .pending
+                .as_ref()
+                .is_some_and(|p| p.kind == PendingKind::ToHost)
+    }
+
+    /// Forgets the writer a block parked in place waits for ([`Coherence::parked_writer`]),
+    /// when its contents are dropped: nothing reads what it writes, and a host write of the
+    /// block waits for every command on it anyway. Returns whether it did.
+    pub(super) fn forget_parked_writer(&mut self) -> bool {
+        if !self.parked_writer() {
+            return false;
+        }
+        self.pending = None;
         true
     }
 
