@@ -14,38 +14,12 @@
 
 #![cfg(feature = "opencl")]
 
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::time::Duration;
-
 #[path = "common/gate.rs"]
 mod gate;
 
-use gate::{device_bytes_elsewhere, freed_under_copy_out, rig, Gate, N};
+use gate::{device_bytes_elsewhere, freed_under_copy_out, guarded, rig, Gate, N};
 use syncmem::synced::PendingKind;
 use syncmem::{Head, SyncedMemory};
-
-/// Runs `body` with a watchdog that opens the gate if the test hangs (a wrongly waiting access
-/// would otherwise wait forever), and a `release_later` function that opens the gate from
-/// another thread after a pause.
-fn guarded(gate: &Gate, body: impl FnOnce(&dyn Fn())) {
-    std::thread::scope(|s| {
-        let (done, done_rx) = mpsc::channel::<()>();
-        s.spawn(move || {
-            if let Err(RecvTimeoutError::Timeout) = done_rx.recv_timeout(Duration::from_secs(30)) {
-                eprintln!("watchdog: an access blocked on the closed gate; opening it");
-                gate.open();
-            }
-        });
-        let release_later = || {
-            s.spawn(move || {
-                std::thread::sleep(Duration::from_millis(100));
-                gate.open();
-            });
-        };
-        body(&release_later);
-        drop(done);
-    });
-}
 
 fn pattern(seed: u8) -> Vec<u8> {
     (0..N).map(|i| (i as u8).wrapping_mul(13) ^ seed).collect()

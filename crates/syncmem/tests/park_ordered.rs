@@ -5,37 +5,14 @@
 //! wait for that command; a device read, a prefetch to the host and dropping the contents do
 //! not; a failed write leaves the contents dropped.
 
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::time::Duration;
+#![cfg(feature = "opencl")]
 
 #[path = "common/gate.rs"]
 mod gate;
 
-use gate::{device_bytes_elsewhere, Gate, N};
+use gate::{device_bytes_elsewhere, guarded, Gate, N};
 use syncmem::synced::PendingKind;
 use syncmem::{Device, Error, Head, Stream, SyncedMemory, ZeroCopyProtocol};
-
-/// Runs `body` with a watchdog that opens the gate if the test hangs, and a `release_later`
-/// function that opens it from another thread after a pause.
-fn guarded(gate: &Gate, body: impl FnOnce(&dyn Fn())) {
-    std::thread::scope(|s| {
-        let (done, done_rx) = mpsc::channel::<()>();
-        s.spawn(move || {
-            if let Err(RecvTimeoutError::Timeout) = done_rx.recv_timeout(Duration::from_secs(30)) {
-                eprintln!("watchdog: an access blocked on the closed gate; opening it");
-                gate.open();
-            }
-        });
-        let release_later = || {
-            s.spawn(move || {
-                std::thread::sleep(Duration::from_millis(100));
-                gate.open();
-            });
-        };
-        body(&release_later);
-        drop(done);
-    });
-}
 
 /// A zero-copy buffer of [`N`] bytes on its own stream of an isolated OpenCL device, holding
 /// ones, and a gate on that stream with a fill of 7 queued behind it: the buffer's last writer

@@ -5,6 +5,8 @@
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::Duration;
 
 use opencl3::event::{create_user_event, release_event, set_user_event_status, CL_COMPLETE};
 use opencl3::types::{cl_event, cl_int};
@@ -80,6 +82,29 @@ impl Drop for Gate {
         // SAFETY: the one reference clCreateUserEvent gave is released once, here.
         let _ = unsafe { release_event(self.event) };
     }
+}
+
+/// Runs `body` with a watchdog that opens the gate if the test hangs (a wrongly waiting access
+/// would otherwise wait forever), and a `release_later` function that opens the gate from
+/// another thread after a pause.
+pub fn guarded(gate: &Gate, body: impl FnOnce(&dyn Fn())) {
+    std::thread::scope(|s| {
+        let (done, done_rx) = mpsc::channel::<()>();
+        s.spawn(move || {
+            if let Err(RecvTimeoutError::Timeout) = done_rx.recv_timeout(Duration::from_secs(30)) {
+                eprintln!("watchdog: an access blocked on the closed gate; opening it");
+                gate.open();
+            }
+        });
+        let release_later = || {
+            s.spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                gate.open();
+            });
+        };
+        body(&release_later);
+        drop(done);
+    });
 }
 
 /// A buffer of [`N`] bytes on its own stream of the OpenCL device, or `None` (skip).

@@ -4,7 +4,7 @@
 //! its buffer is offloaded, read, written or spilled; an upload queued behind a copy out. A
 //! host wait on the held stream lasts until the timer opens it. Nothing on other backends.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::AtomicU64;
 
 use syncmem::Stream;
 
@@ -24,7 +24,7 @@ pub fn hold(stream: &Stream, micros: u64) {
         return;
     }
     let g = Arc::new(gate::Gate::block(stream));
-    HELD.fetch_add(1, Relaxed);
+    HELD.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     std::thread::spawn(move || {
         std::thread::sleep(Duration::from_micros(micros));
         g.open();
