@@ -2,8 +2,8 @@
 //! (PoCL): the block is parked at once while the device command that writes it is still held
 //! behind a gate (see `common/gate.rs`), so the call must return with the gate closed (a
 //! watchdog opens it after 30 s, and the test sees that). Host accesses and device writes then
-//! wait for that command; a device read, a prefetch to the host and dropping the contents do
-//! not; a failed write leaves the contents dropped.
+//! wait for that command; a device read, a prefetch to the host, dropping the contents and
+//! dropping the buffer do not; a failed write leaves the contents dropped.
 
 #![cfg(feature = "opencl")]
 
@@ -156,6 +156,31 @@ fn a_prefetch_to_the_host_and_dropped_contents_do_not_wait() {
         );
     });
     assert!(m.host().unwrap().iter().all(|&b| b == 4));
+}
+
+#[test]
+fn a_buffer_dropped_after_the_park_does_not_wait() {
+    let test = "a_buffer_dropped_after_the_park_does_not_wait";
+    let Some((dev, stream, m, gate)) = held_writer(test) else {
+        return;
+    };
+    guarded(&gate, |release_later| {
+        park_held(&dev, &m, &gate);
+        drop(m);
+        assert!(
+            !gate.is_open(),
+            "dropping the buffer waited for the device's write"
+        );
+        // Its block went back to the pool ordered after the write: a new buffer of the same
+        // size on the same stream, written by the host, waits for it.
+        let again = SyncedMemory::new(N, &dev).with_stream(&stream).unwrap();
+        release_later();
+        again.host_overwrite().unwrap().fill(2);
+        assert!(
+            gate.is_open(),
+            "a host write reused a block still being written"
+        );
+    });
 }
 
 #[test]
