@@ -89,8 +89,9 @@ pub(crate) trait Evictable: Send + Sync {
     }
     /// For a buffer whose block is spilled in place (parked): copies its data into a host
     /// mirror of its own and gives the block back to its pool, so that its segment can go
-    /// (the out-of-memory path's last resort, see `crate::synced`). Never waits for a lock.
-    /// Returns the bytes of the block given back.
+    /// (the out-of-memory path's last resort, see `crate::synced`). Never waits for a lock; it
+    /// waits for the device write a block was parked under, if that still runs. Returns the
+    /// bytes of the block given back.
     fn try_copy_out(&self) -> Option<usize> {
         None
     }

@@ -506,12 +506,9 @@ impl SyncedMemory {
 impl Drop for SyncedMemory {
     fn drop(&mut self) {
         let mut core = self.shared.core.lock();
-        // A transfer in flight still uses the mirrors: wait before freeing them. The writer of
-        // a block parked with it running (`park_ordered`) is not waited for: the block goes
-        // back to its pool ordered after the commands on it.
-        if !core.coh.forget_parked_writer() {
-            core.coh.abandon_pending();
-        }
+        // A transfer in flight still uses the mirrors: wait before freeing them (not for the
+        // writer of a block parked with it running: see `abandon_pending`).
+        core.coh.abandon_pending();
         let _ = core.coh.release_host();
         if core.zc.is_some_and(|z| z.mapped.is_some()) {
             // The mapping goes before the memory does (the pool hands the block out again).

@@ -128,15 +128,15 @@ impl Drop for Parked {
 
 /// Parks the device mirror `dev` of `shared`, a zero-copy buffer sharing it in place (see the
 /// [module docs](self)), once nothing writes it any more (the caller waited for that) and
-/// with the exclusive access lock held. Returns the bytes given back to the budget, or `None`
-/// where the buffer cannot be parked: the copying spill applies.
+/// with the exclusive access lock held. `None` where the buffer cannot be parked: the copying
+/// spill applies.
 pub(super) fn park(
     shared: &Shared,
     core: &mut Core,
     dev: &Arc<DeviceBuffer>,
     state: ZeroCopyState,
     stream: &Stream,
-) -> Option<usize> {
+) -> Option<()> {
     let device = shared.settings.device.as_ref()?;
     if state.protocol != ZeroCopyProtocol::InPlace || state.mapped.is_some() {
         return None;
@@ -157,7 +157,7 @@ pub(super) fn park(
     }));
     core.coh.spilled_to_host();
     count_in_place(&shared.copies, stream, Direction::Spill);
-    Some(bytes)
+    Some(())
 }
 
 /// Parks the device mirror of `shared`, a zero-copy buffer sharing it in place, without waiting
@@ -167,8 +167,9 @@ pub(super) fn park(
 /// command ([`super::PendingKind::ToHost`]): every host access waits for it, as a device write
 /// does (a device read is ordered after it on the device by the block's uses), and a spill
 /// that copies the parked bytes out later settles it first. Returns the buffer's bytes (the
-/// block's are given back to the budget), or `None` where the ordinary path applies: no write in flight (it parks with no
-/// wait), other work pending (not a copy to the host), or memory that is not shared in place.
+/// block's are given back to the budget), or `None` where the ordinary path applies: no write
+/// in flight (it parks with no wait), other work pending (not a copy to the host), no data
+/// yet, adopted or mapped memory, or memory that is not shared in place.
 pub(super) fn park_ordered(shared: &Shared, core: &mut Core) -> Option<usize> {
     let state = core.zc?;
     if state.protocol != ZeroCopyProtocol::InPlace || state.mapped.is_some() || !core.dev_owned() {
@@ -183,8 +184,9 @@ pub(super) fn park_ordered(shared: &Shared, core: &mut Core) -> Option<usize> {
     if other_work || !(core.coh.has(Place::Host) || core.coh.has(Place::Device)) {
         return None;
     }
+    // No write in flight (the common case at a deadline): the ordinary path, with no clone.
+    let writer = core.dev.as_ref()?.buf.writer_point()?;
     let dev = core.dev_buf()?;
-    let writer = dev.writer_point()?;
     let device = shared.settings.device.as_ref()?;
     let stream = shared.stream_lent(device)?;
     // A copy that reads the shared memory (none is queued for memory shared in place) is let

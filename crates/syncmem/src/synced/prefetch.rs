@@ -82,7 +82,8 @@ impl SyncedMemory {
         };
         if p.kind != PendingKind::ToHost
             || core.dev.is_some()
-            || matches!(core.host, None | Some(super::HostMem::Parked(_)))
+            || core.host.is_none()
+            || core.parked()
             || self.share_protocol().is_some()
             || p.point.is_done()
         {

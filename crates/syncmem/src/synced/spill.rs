@@ -185,9 +185,7 @@ impl Evictable for Shared {
 /// freed without a write-back (its block goes back to the pool, ordered after the commands
 /// that use it); the host mirror stays, stale. The caller holds the exclusive access lock.
 fn drop_dead(shared: &Shared, core: &mut Core, device: &crate::Device) {
-    if !core.coh.forget_parked_writer() {
-        core.coh.abandon_pending();
-    }
+    core.coh.abandon_pending();
     if core.zc.is_some_and(|z| z.mapped.is_some()) {
         // The mapping goes before the memory does (the pool hands the block out again).
         if let (Some(stream), Some(dev)) = (shared.stream_lent(device), core.dev_buf()) {
@@ -476,18 +474,16 @@ fn write_back(shared: &Shared, core: &mut Core, dev: &DeviceBuffer, stream: &Str
 /// Copies the data of a block spilled in place (see [`super::park`]) into a host mirror of its
 /// own and lets the block go back to its pool (charged again first), so that the segment it
 /// kept can go: the spill the buffer would have made without sharing memory in place, made
-/// late. The caller holds the exclusive access lock. Returns the bytes of the block.
+/// late. The caller holds the exclusive access lock. A block parked with its writer running
+/// waits for it here. Returns the bytes of the block.
 fn copy_out(shared: &Shared, core: &mut Core) -> Option<usize> {
-    if !matches!(core.host, Some(HostMem::Parked(_))) {
-        return None;
-    }
-    // A block parked while its writer ran (`SyncedMemory::offload_ordered`): the bytes are
-    // read once it is done. If it failed, the contents are dropped: nothing to copy, and the
-    // block still goes.
-    let lost = core.coh.pending().is_some() && core.coh.finish_pending().is_err();
     let Some(HostMem::Parked(p)) = &core.host else {
         return None;
     };
+    // A block parked while its writer ran (`SyncedMemory::offload_ordered`): the bytes are
+    // read once it is done (a wait). If it failed, the contents are dropped: nothing to copy,
+    // and the block still goes.
+    let lost = core.coh.finish_pending().is_err();
     let (_, bytes) = p.charge()?;
     let src = p.ptr();
     let device = shared.settings.device.as_ref()?;

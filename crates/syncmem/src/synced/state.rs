@@ -330,13 +330,14 @@ impl Coherence {
     /// they when the device write still running when a block was parked in place fails (a
     /// copy to the host pending while the host is current: see `park_ordered`).
     pub(super) fn finish_pending(&mut self) -> Result<()> {
+        let parked = self.parked_writer();
         if let Some(p) = self.pending.take() {
             let chained = std::mem::take(&mut self.chained);
             if let Err(e) = p.point.wait() {
                 if chained {
                     self.device_lost();
                 }
-                if p.kind == PendingKind::ToHost && self.valid.has(Place::Host) {
+                if parked {
                     // A block parked while its writer ran (`park_ordered`): that write
                     // failed, so the bytes the host shares are not the buffer's.
                     self.contents_dropped();
@@ -415,8 +416,9 @@ impl Coherence {
         true
     }
 
-    /// A block parked in place with its writer still running (`park_ordered`): a copy to the
-    /// host pending while the host already counts as current.
+    /// A block parked in place with its writer still running (`park_ordered`), or brought back
+    /// by a device read since: a copy to the host pending while the host already counts as
+    /// current.
     pub(super) fn parked_writer(&self) -> bool {
         self.valid.has(Place::Host)
             && self
@@ -425,19 +427,16 @@ impl Coherence {
                 .is_some_and(|p| p.kind == PendingKind::ToHost)
     }
 
-    /// Forgets the writer a block parked in place waits for ([`Coherence::parked_writer`]),
-    /// when its contents are dropped: nothing reads what it writes, and a host write of the
-    /// block waits for every command on it anyway. Returns whether it did.
-    pub(super) fn forget_parked_writer(&mut self) -> bool {
-        if !self.parked_writer() {
-            return false;
-        }
-        self.pending = None;
-        true
-    }
-
-    /// Waits for the work in flight, forgetting its result (the buffer is going).
+    /// Waits for the work in flight, forgetting its result (the buffer or its contents are
+    /// going). The writer of a block parked in place with it running
+    /// ([`Coherence::parked_writer`]) is forgotten without a wait: nothing reads what it
+    /// writes, the block goes back to its pool ordered after the commands on it, and a host
+    /// write of a block still parked waits for them.
     pub(super) fn abandon_pending(&mut self) {
+        if self.parked_writer() {
+            self.pending = None;
+            return;
+        }
         if let Some(p) = self.pending.take() {
             let _ = p.point.wait();
         }

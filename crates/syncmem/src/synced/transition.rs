@@ -197,7 +197,7 @@ impl SyncedMemory {
         // `spill.rs`) holds the data for every access, a device read too. A block parked
         // while its writer ran (see `park.rs`) is still the memory the device reads: a device
         // read is ordered after the writer on the device.
-        let no_source = core.dev.is_none() && !matches!(core.host, Some(HostMem::Parked(_)));
+        let no_source = core.dev.is_none() && !core.parked();
         match core.coh.pending() {
             Some(p)
                 if p.kind.conflicts_with(access)

@@ -1,5 +1,6 @@
 //! An OpenCL user-event gate that holds a stream's work, and a buffer on its own stream: the
-//! rig of the tests of work in flight (async_prefetch.rs, failed_transfer.rs).
+//! rig of the tests of work in flight (async_prefetch.rs, failed_transfer.rs, park_ordered.rs,
+//! the composed test's hold.rs and others), with the watchdog that opens a gate a test hangs on.
 
 // Each test file uses a part of this rig.
 #![allow(dead_code)]

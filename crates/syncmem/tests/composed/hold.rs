@@ -38,8 +38,9 @@ pub fn hold(_: &Stream, _: u64) {}
 /// `MoveOut`: what a program that takes a value out of the device and brings it back does
 /// (see `syncmem-nn`'s moves), with the copies held in flight: `stream` held for `micros`,
 /// the slot's copy to the host queued on it, its device mirror freed ordered after that copy
-/// (`offload_ordered`), and with `back` its upload queued on the same stream behind it. The
-/// operations that follow meet the copies in flight; the data stays the model's (later reads
+/// (`offload_ordered`), and with `back` its upload queued on the same stream behind it. Memory
+/// shared in place has no copy: a write of the slot is held on its own stream instead, and
+/// the block is parked under it. The operations that follow meet the copies in flight; the data stays the model's (later reads
 /// check it). A pinned slot refuses the offload (`Busy`); an out-of-memory leaves the slot as
 /// it was.
 pub fn move_out(

@@ -97,7 +97,8 @@ pub enum Op {
     },
     /// Offloads the slot (`SyncedMemory::offload`, or with `ordered`
     /// `SyncedMemory::offload_ordered`, which frees the device mirror under a copy to the host
-    /// in flight): its device mirror goes, its data stays.
+    /// in flight, or parks memory shared in place under its writer still running): its device
+    /// mirror goes, its data stays.
     Offload {
         slot: usize,
         ordered: bool,
