@@ -536,7 +536,9 @@ impl DeviceMemory {
     ) -> Result<Lease<RawMem, RawMem>> {
         loop {
             let pool = self.pool(dev)?;
-            let attempt = || pool.alloc_with(len, stream, storage, owner, keep);
+            // Through this thread's cache, as the first try: a block the out-of-memory path
+            // frees (a dead value dropped) may go there, and is the request's room.
+            let attempt = || pool.alloc_device(len, stream, storage, owner, keep);
             // The cache of MemPools let go goes first (see `DeviceMemory::or_drained`).
             match self.with_retries(dev, len, || self.or_drained(attempt(), attempt)) {
                 // Replaced meanwhile: the new one is published.
