@@ -19,7 +19,9 @@
 //! counts as a read (it may have written the output already). A dead buffer's device mirror
 //! goes without a write-back ([`crate::SyncedMemory::drop_contents`]): at once after the
 //! operator that used it last ([`Schedule::drop_dead_after`], so that the allocations of the
-//! next operators find room without failing), else first when an allocation fails. Under a
+//! next operators find room without failing); a buffer the previous run did not know (it made
+//! it) before the next run starts ([`Schedule::drop_dead_joined`]); else first when an
+//! allocation fails. Under a
 //! memory cap (unless [`super::NetOptions::drop_dead`] asks for every dead value at once), a
 //! dead value smaller than a [`SMALL_DEAD`]th of the cap is left for that path: dropped at
 //! once, it would be freed and allocated again every step for little room. Until then it keeps
@@ -169,6 +171,9 @@ pub(super) struct Schedule {
     /// looking its name up.
     found: Vec<Weak<RwLock<Blob>>>,
     looked_up: Option<(usize, u64)>,
+    /// The keys of the buffers that names joined at the last read or refresh: the previous
+    /// run did not know them under those names (see [`Schedule::drop_dead_joined`]).
+    joined: Vec<usize>,
 }
 
 impl Schedule {
@@ -204,6 +209,7 @@ impl Schedule {
             });
             b.names.push(n as u32);
         }
+        let joined = buffers.keys().copied().collect();
         for b in buffers.values().filter(|b| b.names.len() > 1) {
             for &n in &b.names {
                 if let Some(h) = &mut held[n as usize] {
@@ -219,6 +225,7 @@ impl Schedule {
             at: AtomicUsize::new(0),
             found,
             looked_up: Some((workspace_id(ws), generation)),
+            joined,
         }
     }
 
@@ -242,6 +249,7 @@ impl Schedule {
         let now = (workspace_id(ws), names_generation());
         let fresh = self.looked_up != Some(now);
         self.looked_up = Some(now);
+        self.joined.clear();
         for n in 0..self.blobs.names.len() {
             let old = self.keys[n];
             let blob = self.blob(ws, n, fresh);
@@ -277,6 +285,9 @@ impl Schedule {
                 .names
                 .push(n as u32);
             self.mark_shared(key);
+            if !self.joined.contains(&key) {
+                self.joined.push(key);
+            }
         }
     }
 
@@ -329,6 +340,30 @@ impl Schedule {
             && self
                 .next(b, pos)
                 .is_some_and(|(d, u)| u.overwrite && !(running && d == 0))
+    }
+
+    /// Before the run: drops the device mirrors of the buffers that names joined at this
+    /// read or refresh (the previous run did not know them: it made them, or they came from
+    /// outside) and that are dead now (their first use in the run overwrites them) and hold
+    /// at least `min_bytes`. The previous run could not drop them after their last use, and
+    /// the run's first allocations would otherwise fail first. Known buffers went then.
+    fn drop_dead_joined(&self, device: &Device, dropped: &Cell<(u64, u64)>, min_bytes: usize) {
+        for key in &self.joined {
+            let Some(b) = self.buffers.get(key) else {
+                continue;
+            };
+            if b.bytes < min_bytes || !self.dead_at(b, 0, false) {
+                continue;
+            }
+            if let Some(bytes) = b
+                .item
+                .upgrade()
+                .and_then(|item| device.drop_dead(item.as_ref()))
+            {
+                let (n, total) = dropped.get();
+                dropped.set((n + 1, total + bytes as u64));
+            }
+        }
     }
 
     /// After operator `i` ran: drops the device mirrors of the buffers it used that are dead
@@ -481,11 +516,13 @@ impl<'a> Installed<'a> {
         };
         let schedule = schedules.current(ws);
         let previous = device.swap_next_use(Some(schedule.clone()));
+        let dropped = Cell::new((0, 0));
+        schedule.drop_dead_joined(device, &dropped, min_bytes);
         Some(Installed {
             device,
             previous,
             schedule,
-            dropped: Cell::new((0, 0)),
+            dropped,
             min_bytes,
         })
     }

@@ -37,6 +37,7 @@ fn schedule(len: usize, names: &[(&[(u32, bool)], bool)]) -> Schedule {
         at: AtomicUsize::new(0),
         found: names.iter().map(|_| Weak::new()).collect(),
         looked_up: None,
+        joined: Vec::new(),
     }
 }
 
@@ -176,6 +177,41 @@ fn under_a_cap_small_dead_values_are_left_to_the_out_of_memory_path() {
     assert_eq!(dropped.get(), (3, 4096 * 2 + 100));
 }
 
+#[test]
+fn buffers_new_to_the_schedule_and_dead_at_its_start_are_dropped_before_the_run() {
+    // Three activations overwritten by operator 0 and read by 1, and one read by 0.
+    let mut s = schedule(
+        2,
+        &[
+            (&[(0, true), (1, false)], true),
+            (&[(0, true), (1, false)], true),
+            (&[(0, false), (1, true)], true),
+            (&[(0, true), (1, false)], true),
+        ],
+    );
+    let items: Vec<_> = [4096, 4096, 4096, 100]
+        .into_iter()
+        .map(|bytes| Arc::new(Counted(AtomicUsize::new(0), bytes)))
+        .collect();
+    for (n, item) in items.iter().enumerate() {
+        let b = s.buffers.get_mut(&(n + 1)).unwrap();
+        b.item = Arc::downgrade(item) as Weak<dyn Evictable>;
+        b.bytes = item.1;
+    }
+    // The previous run knew the first: it went after its last use there.
+    s.joined = vec![2, 3, 4];
+    let dev = Device::cpu();
+    let dropped = Cell::new((0, 0));
+    s.drop_dead_joined(&dev, &dropped, 1024);
+    let counts: Vec<usize> = items.iter().map(|i| i.0.load(Relaxed)).collect();
+    // The second only: the third is read first, the fourth is under the least.
+    assert_eq!(counts, [0, 1, 0, 0]);
+    assert_eq!(dropped.get(), (1, 4096));
+    s.drop_dead_joined(&dev, &dropped, 0);
+    let counts: Vec<usize> = items.iter().map(|i| i.0.load(Relaxed)).collect();
+    assert_eq!(counts, [0, 2, 0, 1]);
+}
+
 /// A blob `name` of `ws` holding a 4-element tensor of `dev` with storage of its own, or
 /// sharing blob `from`'s; returns the key of its buffer.
 fn blob(ws: &Workspace, dev: &Device, name: &str, from: Option<&str>) -> usize {
@@ -215,6 +251,8 @@ fn a_schedule_is_reused_and_follows_a_blob_to_its_new_buffer() {
     let schedules = two_names();
     let first = schedules.current(&ws);
     assert_eq!(first.next_use(a), Some(0));
+    // Read anew: every buffer is new to it.
+    assert_eq!(first.joined.len(), 2);
     let first_ptr = Arc::as_ptr(&first);
     drop(first);
     // The same buffers: the same schedule, brought up to date in place.
@@ -227,10 +265,11 @@ fn a_schedule_is_reused_and_follows_a_blob_to_its_new_buffer() {
     assert_eq!(s.buffers.len(), 1);
     assert!(s.held.iter().all(|h| h.as_ref().is_some_and(|h| h.shared)));
     drop(s);
-    // b1 back on a buffer of its own.
+    // b1 back on a buffer of its own: the one buffer new to the schedule.
     let c = blob(&ws, &dev, "b1", None);
     let s = schedules.current(&ws);
     assert_eq!(Arc::as_ptr(&s), first_ptr);
+    assert_eq!(s.joined, vec![c]);
     assert_eq!(s.buffers.len(), 2);
     assert!(s.held.iter().all(|h| h.as_ref().is_some_and(|h| !h.shared)));
     assert_eq!((s.next_use(a), s.next_use(c)), (Some(0), Some(1)));
