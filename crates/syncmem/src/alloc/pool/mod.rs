@@ -380,13 +380,30 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     /// bytes released. The out-of-memory path frees only what a request needs this way, so
     /// that the segments a program reuses step after step stay cached.
     pub(crate) fn release_at_least(&self, need: u64) -> u64 {
-        self.release_at_least_sparing(need, usize::MAX)
+        self.release_at_least_sparing(need, usize::MAX, false)
     }
 
     /// [`Pool::release_at_least`], passing over whole segments of `spare` bytes or more: under
-    /// a cap, those a small request keeps for larger ones ([`Pool::kept_whole_from`]).
-    pub(crate) fn release_at_least_sparing(&self, need: u64, spare: usize) -> u64 {
+    /// a cap, those a small request keeps for larger ones ([`Pool::kept_whole_from`]). With
+    /// `enough_only`, nothing goes unless `need` bytes can: under a cap, less makes no room
+    /// for the request, and would only give back segments to be made again.
+    pub(crate) fn release_at_least_sparing(
+        &self,
+        need: u64,
+        spare: usize,
+        enough_only: bool,
+    ) -> u64 {
         self.drain_thread_caches();
+        if enough_only {
+            let can: u64 = self
+                .shards
+                .iter()
+                .map(|s| s.inner.lock().core.releasable(spare))
+                .sum();
+            if can < need {
+                return 0;
+            }
+        }
         let mut bytes = 0;
         for s in self.shards.iter() {
             if bytes >= need {

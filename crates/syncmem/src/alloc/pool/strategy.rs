@@ -181,6 +181,16 @@ impl<V> Core<V> {
         }
     }
 
+    /// The bytes [`Core::release_at_least`] could give back with `spare`, waiting for work in
+    /// flight.
+    pub(crate) fn releasable(&mut self, spare: usize) -> u64 {
+        match self {
+            Core::Caching(a) => a.releasable(spare),
+            Core::Binned(b) => b.free_bytes(),
+            Core::Direct(_) => 0,
+        }
+    }
+
     /// Releases cached memory (whole free segments, largest first; bins, largest first)
     /// until `need` bytes went back or nothing more can go.
     ///

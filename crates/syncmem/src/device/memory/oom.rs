@@ -10,9 +10,9 @@
 //! The path never empties the whole cache until the very end: a mirror dropped or spilled
 //! gives its block back to the pool, where the retry may find it; only when that is not
 //! enough does the pool give cached memory back to the backend, largest idle segments first
-//! and only as many bytes as the request needs ([`Run::release_needed`]). The segments a
-//! program reuses step after step so stay cached instead of being released and made again
-//! at every step under a cap.
+//! and only as many bytes as the request needs, and under a cap only when that many can go
+//! ([`Run::release_needed`]). The segments a program reuses step after step so stay cached
+//! instead of being released and made again at every step under a cap.
 
 use std::cell::Cell;
 use std::ops::ControlFlow::{self, Break, Continue};
@@ -162,7 +162,7 @@ impl DeviceMemory {
             &[false, true]
         };
         for &wait in rounds {
-            run.spill(&by_age, wait, &dead, attempt)?;
+            run.spill(&by_age, wait, &dead, schedule.is_some(), attempt)?;
         }
         // Blocks spilled in place keep their segments: copied out, they let them go.
         let parked = self.mirrors.get().map_or_else(Vec::new, |m| m.parked());
@@ -308,12 +308,16 @@ impl Run {
         if need == 0 {
             return 0;
         }
-        // Until whole segments may be split, those kept for larger requests stay too.
-        if may_split_whole() {
-            p.release_at_least(need)
+        // Until whole segments may be split, those kept for larger requests stay too. Under a
+        // cap, segments go only when enough can go: less leaves the request refused, and the
+        // segments given back for nothing are made again by the next steps. (The backend's
+        // own refusal may still be helped by less.)
+        let spare = if may_split_whole() {
+            usize::MAX
         } else {
-            p.release_at_least_sparing(need, p.kept_whole_from(self.requested))
-        }
+            p.kept_whole_from(self.requested)
+        };
+        p.release_at_least_sparing(need, spare, self.cap.is_some())
     }
 
     /// Retries after freeing a mirror (its block is back in the pool, where the request may
@@ -345,13 +349,18 @@ impl Run {
 
     /// Spills the mirrors of `by_age` that can go (waiting for their queued work with `wait`),
     /// retrying after each batch of about twice the request, so that the next request does not
-    /// spill again at once. A dead one (`dead`) is dropped instead, without a write-back, and
-    /// the allocation retried at once.
+    /// spill again at once. In a schedule's order (`scheduled`), a mirror that alone holds the
+    /// request is retried at once: its block is where the request goes, and the mirrors after
+    /// it are needed sooner (spilled now, they would only come back sooner; under a cap, small
+    /// ones would give back segments that the next steps make again). A dead one (`dead`) is
+    /// dropped instead, without a write-back, and the allocation retried at once when it alone
+    /// holds the request.
     fn spill<R>(
         &mut self,
         by_age: &[Arc<dyn Evictable>],
         wait: bool,
         dead: &dyn Fn(&dyn Evictable) -> bool,
+        scheduled: bool,
         attempt: &mut impl FnMut() -> Result<R>,
     ) -> Step<R> {
         let mut batch = 0usize;
@@ -381,7 +390,8 @@ impl Run {
                 self.note_evicted(label, bytes);
             }
             batch += bytes;
-            if batch / 2 < self.requested {
+            let alone = scheduled && bytes >= self.requested;
+            if !alone && batch / 2 < self.requested {
                 continue;
             }
             batch = 0;

@@ -51,6 +51,26 @@ impl<V> Arena<V> {
         self.release_whole(None, wait, keep, spare)
     }
 
+    /// The bytes of the whole free segments [`Arena::release_free_segments`] may give back,
+    /// passing over those of `spare` bytes or more made for one block (work in flight on them
+    /// waited for).
+    pub(crate) fn releasable(&mut self, spare: usize) -> u64 {
+        self.flush_front();
+        self.free
+            .iter()
+            .flat_map(|s| s.iter().copied())
+            .filter(|&(size, id)| self.may_go(size, id, spare))
+            .map(|(size, _)| size as u64)
+            .sum()
+    }
+
+    /// Whether free block `id` of `size` bytes is a whole segment that may be given back,
+    /// passing over segments of `spare` bytes or more made for one block.
+    fn may_go(&self, size: usize, id: BlockId, spare: usize) -> bool {
+        let b = &self.blocks[id];
+        b.prev.is_none() && b.next.is_none() && (size < spare || !b.fitted)
+    }
+
     /// Removes whole free segments of pool `pool` (`None`: both), largest first, until at most
     /// `keep` free bytes remain in it, passing over segments of `spare` bytes or more made for
     /// one block (see [`Arena::find`]); pending uses as in [`Arena::release_free_segments`].
@@ -74,10 +94,7 @@ impl<V> Arena<V> {
             .enumerate()
             .filter(|&(i, _)| pool.is_none_or(|p| p == i))
             .flat_map(|(_, s)| s.iter().copied())
-            .filter(|&(size, id)| {
-                let b = &self.blocks[id];
-                b.prev.is_none() && b.next.is_none() && (size < spare || !b.fitted)
-            })
+            .filter(|&(size, id)| self.may_go(size, id, spare))
             .collect();
         whole.sort_unstable_by(|a, b| b.cmp(a));
         let mut out = Vec::new();

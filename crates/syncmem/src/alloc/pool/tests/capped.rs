@@ -124,3 +124,32 @@ fn idle_release_before_growth_spares_a_kept_segment() {
     );
     drop(small);
 }
+
+#[test]
+fn a_release_for_enough_only_gives_back_nothing_unless_it_can_give_back_enough() {
+    let p = capped(Some(64 * KIB as u64));
+    // Two idle 4 KiB segments (small blocks freed) and one 16 KiB segment in use.
+    let small: Vec<_> = (0..16).map(|_| p.alloc(512, 1, &fake).unwrap()).collect();
+    let big = p.alloc(16 * KIB, 1, &fake).unwrap();
+    drop(small);
+    let reserved = p.stats().reserved.current;
+    assert_eq!(reserved, 24 * KIB as u64);
+    // 12 KiB asked for: the 8 KiB idle cannot make that room, so nothing goes.
+    assert_eq!(
+        p.release_at_least_sparing(12 * KIB as u64, usize::MAX, true),
+        0
+    );
+    assert_eq!(p.stats().reserved.current, reserved);
+    // Without the condition, what can go goes.
+    assert_eq!(
+        p.release_at_least_sparing(12 * KIB as u64, usize::MAX, false),
+        8 * KIB as u64
+    );
+    drop(big);
+    // With enough idle, as much as asked for (whole segments, largest first).
+    assert_eq!(
+        p.release_at_least_sparing(KIB as u64, usize::MAX, true),
+        16 * KIB as u64
+    );
+    assert_eq!(p.stats().reserved.current, 0);
+}
