@@ -97,6 +97,38 @@ fn clean_mirrors_are_dropped_to_make_room(dev: &Device) {
     assert!(d.last_oom_report().is_none(), "no allocation failed");
 }
 
+/// The block of a mirror the out-of-memory path drops may go into the thread's cache (a small
+/// block freed with no work in flight): the retry takes it there, and the pool neither gives
+/// its segment back nor makes another.
+fn a_mirror_dropped_into_the_threads_cache_is_the_retrys_room(dev: &Device) {
+    const SMALL: usize = 16 << 10;
+    let d = capped(dev, 4 * SMALL);
+    let bufs: Vec<_> = (0..4)
+        .map(|i| {
+            let m = SyncedMemory::new(SMALL, &d).with_label(format!("small{i}"));
+            m.host_mut().unwrap().fill(i as u8 + 1);
+            drop(m.device().unwrap());
+            m
+        })
+        .collect();
+    let before = d.pool_stats().unwrap();
+    assert_eq!(before.reserved.current, 4 * SMALL as u64, "{before}");
+    let e = SyncedMemory::new(SMALL, &d).with_label("extra");
+    e.device_mut().unwrap().fill(0xEE).unwrap();
+    let s = d.pool_stats().unwrap();
+    assert_eq!((s.evictions, s.alloc_retries), (1, 1), "{s}");
+    assert_eq!(
+        (s.backend_allocs, s.backend_frees),
+        (before.backend_allocs, before.backend_frees),
+        "the dropped mirror's block served the request: {s}"
+    );
+    assert_eq!(bufs.iter().filter(|m| !m.device_allocated()).count(), 1);
+    for (i, m) in bufs.iter().enumerate() {
+        assert!(m.host().unwrap().iter().all(|&b| b == i as u8 + 1));
+    }
+    assert_eq!(device_bytes(&e), vec![0xEE; SMALL]);
+}
+
 fn dirty_buffers_held_by_guards_fill_the_cap_and_the_error_names_them(dev: &Device) {
     let d = capped(dev, 64 * MIB);
     let bufs = four_dirty(&d);
@@ -328,6 +360,7 @@ fn threads_under_pressure_neither_deadlock_nor_lose_data(dev: &Device) {
 
 syncmem::for_each_device!(
     clean_mirrors_are_dropped_to_make_room,
+    a_mirror_dropped_into_the_threads_cache_is_the_retrys_room,
     dirty_buffers_held_by_guards_fill_the_cap_and_the_error_names_them,
     buffers_in_use_are_skipped,
     cached_blocks_go_before_mirrors,

@@ -15,16 +15,18 @@
 //! # Out of memory
 //!
 //! An allocation the backend or the cap refuses is retried after, in order:
-//! 1. freeing cached blocks (waiting for their pending uses, then releasing free segments);
+//! 1. freeing cached blocks (waiting for their pending uses, then releasing free segments;
+//!    under a cap only when enough can go to make room for the request);
 //! 2. dropping clean device mirrors of [`crate::SyncedMemory`] buffers (head synced: the host
-//!    copy is current), largest first, one at a time, retrying after each. Buffers in use (a
-//!    guard alive, a transfer in flight, their lock held) are skipped; dirty data (head at
-//!    device) is never dropped;
-//! 3. spilling dirty mirrors (and zero-copy buffers) to the host, least recently used first:
-//!    each is written back to a host mirror and its device memory freed, about twice the
-//!    request at a time before the next attempt. Buffers a guard holds are never spilled, nor
-//!    buffers with queued work, except in a last round that waits for that work to finish
-//!    first. The next device access brings a spilled buffer back (a refill);
+//!    copy is current), largest first (a running net's dead values first), retrying after
+//!    each. Buffers in use (a guard alive, a transfer in flight, their lock held) are
+//!    skipped; dirty data (head at device) is never dropped;
+//! 3. spilling dirty mirrors (and zero-copy buffers) to the host: written back to a host
+//!    mirror, their device memory freed, least recently used first and about twice the
+//!    request at a time before the next attempt; while a net runs, in its order (Belady's
+//!    rule), retried at once after a victim that alone holds the request. Buffers a guard
+//!    holds are never spilled, nor buffers with queued work but in a last round that waits
+//!    for it. The next device access brings a spilled buffer back (a refill);
 //! 4. failing with [`Error::OutOfMemory`] carrying an [`OomReport`]: requested, allocated,
 //!    reserved, largest free block, fragmentation, the cap, the biggest holders, and what the
 //!    path dropped and spilled.
@@ -536,8 +538,7 @@ impl DeviceMemory {
     ) -> Result<Lease<RawMem, RawMem>> {
         loop {
             let pool = self.pool(dev)?;
-            // Through this thread's cache, as the first try: a block the out-of-memory path
-            // frees (a dead value dropped) may go there, and is the request's room.
+            // As the first try, through this thread's cache (see `oom`'s retries).
             let attempt = || pool.alloc_device(len, stream, storage, owner, keep);
             // The cache of MemPools let go goes first (see `DeviceMemory::or_drained`).
             match self.with_retries(dev, len, || self.or_drained(attempt(), attempt)) {

@@ -203,6 +203,15 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         }
     }
 
+    /// Gives the calling thread's cached blocks of the pool back to their shards (see
+    /// [`super::tcache`]): the out-of-memory path's retries then see, at any size, every
+    /// block its victims freed into the cache. Must not be called with a shard locked.
+    pub(crate) fn flush_thread_cache(&self) {
+        if let Some(t) = &self.tcache {
+            t.before_shards(|| true);
+        }
+    }
+
     /// A block of exactly `bytes` requested from the calling thread's cache of the pool (see
     /// [`super::tcache`]), put in `into` (which holds `None`), when it has one and nobody
     /// listens to the pool's events; returns whether it did (else the request goes to

@@ -385,8 +385,9 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
 
     /// [`Pool::release_at_least`], passing over whole segments of `spare` bytes or more: under
     /// a cap, those a small request keeps for larger ones ([`Pool::kept_whole_from`]). With
-    /// `enough_only`, nothing goes unless `need` bytes can: under a cap, less makes no room
-    /// for the request, and would only give back segments to be made again.
+    /// `enough_only`, nothing goes unless `need` bytes can (as the shards read one after the
+    /// other: another thread may take some meanwhile): under a cap, less makes no room for
+    /// the request, and would only give back segments to be made again.
     pub(crate) fn release_at_least_sparing(
         &self,
         need: u64,

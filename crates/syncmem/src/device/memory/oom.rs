@@ -280,8 +280,13 @@ fn by_next_use(candidates: &mut [(Arc<dyn Evictable>, usize)], s: &dyn NextUse, 
 
 impl Run {
     /// Retries the allocation: `Break` with its result when it succeeded or failed otherwise
-    /// than out of memory, else `Continue` with the refusal kept as the cause.
+    /// than out of memory, else `Continue` with the refusal kept as the cause. The blocks the
+    /// path's victims freed into this thread's cache go back to their shards first: the
+    /// attempt finds a cached block of its own length only.
     fn retry<R>(&mut self, attempt: &mut impl FnMut() -> Result<R>) -> Step<R> {
+        if let Some(p) = &self.pool {
+            p.flush_thread_cache();
+        }
         match attempt() {
             Err(Error::OutOfMemory { report }) => {
                 self.cause = report;
@@ -309,9 +314,9 @@ impl Run {
             return 0;
         }
         // Until whole segments may be split, those kept for larger requests stay too. Under a
-        // cap, segments go only when enough can go: less leaves the request refused, and the
-        // segments given back for nothing are made again by the next steps. (The backend's
-        // own refusal may still be helped by less.)
+        // cap (`need` is then what the cap lacks), segments go only when enough can go: less
+        // leaves the request refused, and the segments given back for nothing are made again
+        // by the next steps. Without one, the backend's refusal may still be helped by less.
         let spare = if may_split_whole() {
             usize::MAX
         } else {
