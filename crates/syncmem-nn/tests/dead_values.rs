@@ -139,3 +139,77 @@ fn dead_values_are_dropped_without_a_cap_when_asked() {
     assert!(!dropped_d.is_empty(), "dead values dropped");
     assert!(peak_d < peak, "{peak_d} B against {peak} B");
 }
+
+/// A net's first run under a cap makes its activations and gradients as it goes: its schedule
+/// does not know them, so they stay on the device after their last use. The next run drops
+/// those that are dead then (their first use in the run overwrites them) before its first
+/// operator, instead of at its first allocations that fail: with two mirrors the second step
+/// retries no allocation.
+#[test]
+fn dead_values_the_first_run_made_go_before_the_next_run() {
+    let dev = Device::cpu().detached();
+    dev.set_zero_copy(syncmem::ZeroCopy::Off);
+    let data = Dataset::spirals(300, 3, 0.2, 0);
+    let cfg = TrainConfig::default()
+        .with_epochs(1)
+        .with_plan(false)
+        .with_fuse(false);
+    let base = syncmem::alloc::pool::config::device_pool_from_env().unwrap();
+    dev.set_pool(base.clone()).unwrap();
+    let peak = {
+        let mut t = Trainer::new(&dev, &data, &cfg).unwrap();
+        t.run_epoch().unwrap();
+        dev.pool_stats().unwrap().reserved.peak
+    };
+    let cap = peak / 2;
+    dev.set_pool(base.with_memory_cap(MemoryCap::Bytes(cap)))
+        .unwrap();
+    let mut t = Trainer::new(&dev, &data, &cfg).unwrap();
+    t.step(0).unwrap();
+    // The internal blobs whose first use in a run writes them, large enough to be dropped at
+    // once under the cap (a 32nd of it), and on the device after the first run.
+    let net = t.train_net();
+    let def = net.run_def();
+    let (inputs, outputs) = (t.nets().train.inputs(), t.nets().train.outputs());
+    let ws = t.workspace();
+    let on_device = |name: &str| {
+        let blob = ws.get_blob(name).unwrap();
+        let guard = blob.read();
+        let tensor = guard.get::<Tensor>().unwrap();
+        matches!(tensor.head(), Some(Head::AtDevice | Head::Synced))
+            && tensor.nbytes() as u64 >= cap / 32
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    let mut dead = Vec::new();
+    for op in &def.ops {
+        for name in op.outputs.iter().filter(|n| !op.inputs.contains(n)) {
+            let internal = !inputs.contains(name) && !outputs.contains(name);
+            if internal && !seen.contains(name) && on_device(name) {
+                dead.push(name.clone());
+            }
+        }
+        seen.extend(op.inputs.iter().chain(&op.outputs).cloned());
+    }
+    assert!(
+        !dead.is_empty(),
+        "the first run leaves dead values on the device"
+    );
+    let retries = dev.pool_stats().unwrap().alloc_retries;
+    let first = &def.ops[0].outputs;
+    net.run_observed(ws, net.context(), |i, _| {
+        if i == 0 {
+            for name in dead.iter().filter(|n| !first.contains(n)) {
+                let blob = ws.get_blob(name).unwrap();
+                let head = blob.read().get::<Tensor>().unwrap().head();
+                assert_eq!(head, Some(Head::Dropped), "{name} after the first operator");
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(
+        dev.pool_stats().unwrap().alloc_retries,
+        retries,
+        "the second run finds room without the out-of-memory path"
+    );
+}
