@@ -8,12 +8,17 @@ use syncmem::{Device, Error, Head, MemoryCap, Tensor};
 use syncmem_nn::mlp::Dataset;
 use syncmem_nn::train::{TrainConfig, Trainer};
 
-fn check(dev: &Device) {
-    let data = Dataset::spirals(300, 3, 0.2, 0);
+/// The spirals, and one epoch with no planning and no fusion (the most values dropped).
+fn data_and_config() -> (Dataset, TrainConfig) {
     let cfg = TrainConfig::default()
         .with_epochs(1)
         .with_plan(false)
         .with_fuse(false);
+    (Dataset::spirals(300, 3, 0.2, 0), cfg)
+}
+
+fn check(dev: &Device) {
+    let (data, cfg) = data_and_config();
     let base = syncmem::alloc::pool::config::device_pool_from_env().unwrap();
     dev.set_pool(base.clone()).unwrap();
     dev.reset_peak_stats();
@@ -114,11 +119,7 @@ fn dropped_blobs(t: &Trainer) -> Vec<String> {
 /// a step is lower and the losses are the same.
 #[test]
 fn dead_values_are_dropped_without_a_cap_when_asked() {
-    let data = Dataset::spirals(300, 3, 0.2, 0);
-    let cfg = TrainConfig::default()
-        .with_epochs(1)
-        .with_plan(false)
-        .with_fuse(false);
+    let (data, cfg) = data_and_config();
     let run = |cfg: &TrainConfig| {
         let dev = Device::cpu().detached();
         dev.set_zero_copy(syncmem::ZeroCopy::Off);
@@ -149,11 +150,7 @@ fn dead_values_are_dropped_without_a_cap_when_asked() {
 fn dead_values_the_first_run_made_go_before_the_next_run() {
     let dev = Device::cpu().detached();
     dev.set_zero_copy(syncmem::ZeroCopy::Off);
-    let data = Dataset::spirals(300, 3, 0.2, 0);
-    let cfg = TrainConfig::default()
-        .with_epochs(1)
-        .with_plan(false)
-        .with_fuse(false);
+    let (data, cfg) = data_and_config();
     let base = syncmem::alloc::pool::config::device_pool_from_env().unwrap();
     dev.set_pool(base.clone()).unwrap();
     let peak = {

@@ -538,7 +538,7 @@ impl DeviceMemory {
     ) -> Result<Lease<RawMem, RawMem>> {
         loop {
             let pool = self.pool(dev)?;
-            // As the first try, through this thread's cache (see `oom`'s retries).
+            // As the first try: through this thread's cache, its block cacheable.
             let attempt = || pool.alloc_device(len, stream, storage, owner, keep);
             // The cache of MemPools let go goes first (see `DeviceMemory::or_drained`).
             match self.with_retries(dev, len, || self.or_drained(attempt(), attempt)) {

@@ -21,13 +21,12 @@
 //! operator that used it last ([`Schedule::drop_dead_after`], so that the allocations of the
 //! next operators find room without failing); a buffer the previous run did not know (it made
 //! it) before the next run starts ([`Schedule::drop_dead_joined`]); else first when an
-//! allocation fails. Under a
-//! memory cap (unless [`super::NetOptions::drop_dead`] asks for every dead value at once), a
-//! dead value smaller than a [`SMALL_DEAD`]th of the cap is left for that path: dropped at
-//! once, it would be freed and allocated again every step for little room. Until then it keeps
-//! its data (a read gets what was last written, not [`crate::Error::ContentsDropped`]), and
-//! between the net's runs, when no schedule says it is dead, the out-of-memory path spills it
-//! (written back) like any other mirror.
+//! allocation fails. Under a memory cap (unless [`super::NetOptions::drop_dead`] asks for
+//! every dead value at once), a dead value smaller than a [`SMALL_DEAD`]th of the cap is left
+//! for that last path: dropped at once, it would be freed and allocated again every step for
+//! little room. Until then it keeps its data (a read gets what was last written, not
+//! [`crate::Error::ContentsDropped`]), and between the net's runs, when no schedule says it
+//! is dead, the out-of-memory path spills it (written back) like any other mirror.
 
 use std::cell::Cell;
 use std::collections::{BTreeSet, HashMap};
