@@ -45,13 +45,17 @@ const SEG_SHIFT: u32 = 48;
 /// such a block needs. Given back to its shard (or its thread's cache) when dropped.
 #[repr(C, align(16))]
 pub(crate) struct Slim<T: Send + Sync + 'static, V: Send + 'static = ()> {
-    /// As [`Lease`]'s (never null): a plain pointer, so that `Option<Slim>` keeps `None` in
-    /// `shard`, the last word.
-    pub(super) segment: *const T,
+    // First, 16-byte aligned: the four words a lease keeps side by side, so that moving them
+    // into a lease reads whole the 16-byte pieces that the move into the `Slim` wrote. With
+    // the segment first, each read spanned two of them and waited for both stores: a device
+    // pool's allocation and free from a thread cache took about 3 ns more.
     pub(super) block: BlockId,
     pub(super) offset: usize,
     pub(super) size: usize,
     pub(super) requested: usize,
+    /// As [`Lease`]'s (never null): a plain pointer, so that `Option<Slim>` keeps `None` in
+    /// `shard`, the last word.
+    pub(super) segment: *const T,
     /// [`ZEROED`], [`SMALL`], [`CACHEABLE`], and the caller's tags ([`Slim::with_tag`]).
     pub(super) flags: u64,
     pub(super) view: Option<Box<V>>,
