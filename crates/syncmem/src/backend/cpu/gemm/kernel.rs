@@ -1,6 +1,6 @@
 //! The micro-kernels of the `cpu` GEMM: a register-blocked tile of C (AVX-512F, and AVX2 for
-//! CPUs without it), which at C's right side loads op(B) with masks, and the store of a block's
-//! sums (see the [parent](super)).
+//! CPUs without it), which at C's right side loads op(B) with masks, the store of a block's
+//! sums, and the transpose of a short `nt` product's W (see the [parent](super)).
 
 use super::{Tile, NR};
 
@@ -222,6 +222,78 @@ unsafe fn sub_avx2<const R: usize>(t: Tile, r0: usize, h: usize, cols: usize) {
                     *cp = store(*cp, v, t.beta, t.first);
                 }
             }
+        }
+    }
+}
+
+/// Writes `bᵀ` into `buf`: `b` holds `n` rows of `k` floats, `buf` gets `k` rows of `n`
+/// (`buf[l·n + j] = b[j·k + l]`). Blocks of 8 x 8 go through registers (eight row loads,
+/// 24 shuffles, eight row stores); the rows and columns past the last whole block are copied
+/// one by one. Moves values only: the result is the same bits as an element-wise copy.
+///
+/// # Safety
+/// `b.len() == n·k`; `buf` holds `n·k` floats that nothing else reads or writes meanwhile; the
+/// CPU has AVX.
+#[target_feature(enable = "avx")]
+pub(super) unsafe fn transpose(b: &[f32], n: usize, k: usize, buf: *mut f32) {
+    use std::arch::x86_64::{
+        _mm256_loadu_ps, _mm256_permute2f128_ps, _mm256_shuffle_ps, _mm256_storeu_ps,
+        _mm256_unpackhi_ps, _mm256_unpacklo_ps,
+    };
+    debug_assert_eq!(b.len(), n * k);
+    let src = b.as_ptr();
+    let (n8, k8) = (n / 8 * 8, k / 8 * 8);
+    for j in (0..n8).step_by(8) {
+        for l in (0..k8).step_by(8) {
+            // SAFETY: rows j..j + 8 < n of b, columns l..l + 8 <= k: inside b.
+            let r: [_; 8] =
+                std::array::from_fn(|i| unsafe { _mm256_loadu_ps(src.add((j + i) * k + l)) });
+            let t = [
+                _mm256_unpacklo_ps(r[0], r[1]),
+                _mm256_unpackhi_ps(r[0], r[1]),
+                _mm256_unpacklo_ps(r[2], r[3]),
+                _mm256_unpackhi_ps(r[2], r[3]),
+                _mm256_unpacklo_ps(r[4], r[5]),
+                _mm256_unpackhi_ps(r[4], r[5]),
+                _mm256_unpacklo_ps(r[6], r[7]),
+                _mm256_unpackhi_ps(r[6], r[7]),
+            ];
+            let s = [
+                _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+                _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+                _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+                _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+                _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+                _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+                _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+                _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+            ];
+            let out = [
+                _mm256_permute2f128_ps::<0x20>(s[0], s[4]),
+                _mm256_permute2f128_ps::<0x20>(s[1], s[5]),
+                _mm256_permute2f128_ps::<0x20>(s[2], s[6]),
+                _mm256_permute2f128_ps::<0x20>(s[3], s[7]),
+                _mm256_permute2f128_ps::<0x31>(s[0], s[4]),
+                _mm256_permute2f128_ps::<0x31>(s[1], s[5]),
+                _mm256_permute2f128_ps::<0x31>(s[2], s[6]),
+                _mm256_permute2f128_ps::<0x31>(s[3], s[7]),
+            ];
+            for (i, v) in out.into_iter().enumerate() {
+                // SAFETY: row l + i < k of buf, columns j..j + 8 <= n: inside buf.
+                unsafe { _mm256_storeu_ps(buf.add((l + i) * n + j), v) };
+            }
+        }
+        for jj in j..j + 8 {
+            for l in k8..k {
+                // SAFETY: jj < n and l < k: inside both.
+                unsafe { *buf.add(l * n + jj) = *src.add(jj * k + l) };
+            }
+        }
+    }
+    for jj in n8..n {
+        for l in 0..k {
+            // SAFETY: as above.
+            unsafe { *buf.add(l * n + jj) = *src.add(jj * k + l) };
         }
     }
 }

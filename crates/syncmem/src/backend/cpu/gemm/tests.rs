@@ -159,3 +159,37 @@ fn avx2_tiles_give_the_avx512_bits() {
         }
     }
 }
+
+/// The register transpose of short `nt` products writes every element where the element-wise
+/// copy does, with its blocks of 8 x 8 and the rows and columns past them.
+#[test]
+fn the_transpose_moves_every_element() {
+    if !is_x86_feature_detected!("avx") {
+        eprintln!("skipped: this CPU has no AVX");
+        return;
+    }
+    for (n, k) in [
+        (64, 64),
+        (64, 2),
+        (3, 64),
+        (45, 33),
+        (8, 8),
+        (7, 9),
+        (1, 1),
+        (16, 120),
+    ] {
+        let b: Vec<f32> = (0..n * k).map(|i| i as f32 + 0.5).collect();
+        let mut got = vec![f32::NAN; n * k];
+        // SAFETY: b holds n rows of k, `got` n * k floats; the CPU has AVX (checked above).
+        unsafe { kernel::transpose(&b, n, k, got.as_mut_ptr()) };
+        for j in 0..n {
+            for l in 0..k {
+                assert_eq!(
+                    got[l * n + j].to_bits(),
+                    b[j * k + l].to_bits(),
+                    "{n}x{k} at ({j}, {l})"
+                );
+            }
+        }
+    }
+}
