@@ -245,7 +245,7 @@ pub(super) unsafe fn transpose(b: &[f32], n: usize, k: usize, buf: *mut f32) {
     let (n8, k8) = (n / 8 * 8, k / 8 * 8);
     for j in (0..n8).step_by(8) {
         for l in (0..k8).step_by(8) {
-            // SAFETY: rows j..j + 8 < n of b, columns l..l + 8 <= k: inside b.
+            // SAFETY: rows j..j + 8 of b (j + 8 <= n) and columns l..l + 8 (l + 8 <= k): inside b.
             let r: [_; 8] =
                 std::array::from_fn(|i| unsafe { _mm256_loadu_ps(src.add((j + i) * k + l)) });
             let t = [
@@ -279,7 +279,7 @@ pub(super) unsafe fn transpose(b: &[f32], n: usize, k: usize, buf: *mut f32) {
                 _mm256_permute2f128_ps::<0x31>(s[3], s[7]),
             ];
             for (i, v) in out.into_iter().enumerate() {
-                // SAFETY: row l + i < k of buf, columns j..j + 8 <= n: inside buf.
+                // SAFETY: row l + i < k of buf and columns j..j + 8 (j + 8 <= n): inside buf.
                 unsafe { _mm256_storeu_ps(buf.add((l + i) * n + j), v) };
             }
         }
