@@ -365,6 +365,65 @@ fn threads_at_once_keep_their_blocks_apart_and_the_counts_exact() {
     assert_eq!(p.stats().reserved.current, 0);
 }
 
+/// Readings, snapshots and cache releases from another thread reach into the caches of
+/// threads that are allocating (each such reading claims every cache, and the owners step
+/// aside): no block is handed to two holders, and the counts stay exact. (The flags' race
+/// itself, a window of a few instructions here, is tested where it is made wide: the
+/// magazine's unit tests.)
+#[test]
+fn readings_from_another_thread_while_threads_allocate_keep_blocks_apart() {
+    let p = pool("tc readers", 64 * KIB);
+    const THREADS: usize = 3;
+    const ROUNDS: usize = 3_000;
+    let done = AtomicU64::new(0);
+    let readings = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (p, done) = (&p, &done);
+            s.spawn(move || {
+                let mut live: Vec<(HostAllocation, u8)> = Vec::new();
+                for r in 0..ROUNDS {
+                    let seed = (t * 31 + r) as u8;
+                    let mut a = p.alloc(4000).unwrap();
+                    fill(&mut a, seed);
+                    live.push((a, seed));
+                    if live.len() > 2 {
+                        let (a, seed) = live.remove(r % live.len());
+                        assert!(holds(&a, seed), "thread {t} round {r}");
+                    }
+                }
+                for (a, seed) in &live {
+                    assert!(holds(a, *seed), "thread {t} at the end");
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            });
+        }
+        s.spawn(|| {
+            let mut i = 0u64;
+            while done.load(Ordering::Relaxed) < THREADS as u64 || i == 0 {
+                match i % 4 {
+                    0 => {
+                        let s = p.stats();
+                        assert!(s.frees <= s.allocations, "{s:?}");
+                        assert!(s.allocated.current <= s.reserved.current, "{s:?}");
+                    }
+                    1 => drop(p.snapshot()),
+                    2 => drop(p.empty_cache()),
+                    _ => p.reset_peak(),
+                }
+                i += 1;
+            }
+            readings.store(i, Ordering::Relaxed);
+        });
+    });
+    assert!(readings.load(Ordering::Relaxed) > 0);
+    let s = p.stats();
+    let n = (THREADS * ROUNDS) as u64;
+    assert_eq!((s.allocations, s.frees), (n, n));
+    assert_eq!((s.allocated.current, s.requested.current), (0, 0));
+    assert!(s.thread_cache_hits > 0, "the caches served requests");
+}
+
 #[test]
 fn thread_cache_is_a_pool_setting() {
     let mut c = PoolConfig::default();

@@ -10,6 +10,7 @@
 
 #[cfg(any(feature = "opencl", feature = "cuda"))]
 pub(crate) mod args;
+pub(crate) mod barrier;
 #[cfg(any(feature = "opencl", feature = "cuda"))]
 pub(crate) mod cache;
 pub(crate) mod cpu;

@@ -6,9 +6,20 @@
 //! A lease handed out by [`Pool::alloc_host`] without an owner's name, given back by a
 //! thread that holds a magazine of its pool, goes into that magazine (it stays handed out in
 //! its shard's eyes); the thread's next request of exactly the same length takes it back.
-//! Both are a move of the lease under the magazine's flag: one atomic swap and one plain store,
+//! Both are a move of the lease under the magazine's flag, which its thread takes with two
+//! plain stores and a load (no atomic read-modify-write, no fence the processor executes),
 //! against the shard lock's two read-modify-writes each way, and a few dozen instructions
 //! against the shard's several hundred.
+//!
+//! **The flag.** A magazine has two: `busy`, stored by its thread alone around each use, and
+//! `claimed`, taken by any other thread that reaches in (a reading, a drain: rare). The thread
+//! stores `busy`, then loads `claimed`, and steps back (a miss) when it is set; a claimer
+//! stores `claimed`, then waits for `busy` to clear. Each side's store must be seen before its
+//! load (Dekker's algorithm): the thread pays only a compiler fence, and a claimer makes every
+//! running thread of the process execute a barrier (`crate::backend::barrier`: Linux's
+//! `membarrier`), once for all the magazines a reading or a drain claims; a claimer needs
+//! none for its own thread's magazine. Where the system has no such barrier, both sides use
+//! full fences.
 //!
 //! What the pool promises stays as it was:
 //! - **Readings.** Each magazine counts what it took and gave (under its flag), and
@@ -55,15 +66,19 @@
 //! [`Pool::release_stream`]: super::Pool::release_stream
 //! [`Lease::give_back`]: super::Lease::give_back
 
-use std::cell::{Cell, RefCell, UnsafeCell};
-use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::slim::{Slim, CACHEABLE};
-use super::stats::Counters;
+use super::slim::Slim;
+use crate::backend::barrier;
+
+#[path = "magazine.rs"]
+mod magazine;
+pub(super) use magazine::CacheCounts;
+use magazine::{Magazine, ABSORBED, HIT};
 
 /// The most leases a magazine holds.
 pub(crate) const SLOTS: usize = 32;
@@ -93,176 +108,6 @@ fn swap_remove<T: Send + Sync + 'static, V: Send + 'static>(
 /// Keys of the pools with thread caches, from 1 (0: none).
 static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
 
-/// [`CacheCounts`]: requests served from the magazine.
-const HIT: usize = 0;
-/// [`CacheCounts`]: blocks given back into the magazine.
-const ABSORBED: usize = 1;
-/// [`CacheCounts`]: cached blocks given back to their shards.
-const FLUSHED: usize = 2;
-
-/// What a magazine took and gave ([`HIT`], [`ABSORBED`], [`FLUSHED`]), counted under its
-/// flag, folded into the pool's readings. Each event writes three words a row apart: never
-/// two neighbours, which the compiler would join into one wide write that the next event's
-/// narrow ones would stall.
-#[derive(Debug, Default, Clone, Copy)]
-pub(super) struct CacheCounts {
-    /// Blocks.
-    n: [u64; 3],
-    /// Block bytes.
-    bytes: [u64; 3],
-    /// Requested bytes.
-    req: [u64; 3],
-}
-
-impl CacheCounts {
-    /// Counts a block of `size` bytes (`req` requested) for `event`.
-    #[inline(always)]
-    fn count(&mut self, event: usize, size: usize, req: usize) {
-        self.n[event] = self.n[event].wrapping_add(1);
-        self.bytes[event] = self.bytes[event].wrapping_add(size as u64);
-        self.req[event] = self.req[event].wrapping_add(req as u64);
-    }
-
-    fn plus(&mut self, o: &CacheCounts) {
-        for e in [HIT, ABSORBED, FLUSHED] {
-            self.n[e] = self.n[e].wrapping_add(o.n[e]);
-            self.bytes[e] = self.bytes[e].wrapping_add(o.bytes[e]);
-            self.req[e] = self.req[e].wrapping_add(o.req[e]);
-        }
-    }
-
-    /// Folds the counts into the shards' counters `c`: the blocks cached read as free small
-    /// blocks (they stay handed out in the shards), hits as allocations and absorbed leases
-    /// as frees (less those given back to the shards, which counted them).
-    pub(super) fn fold_into(&self, c: &mut Counters) {
-        let [hits, abs, fl] = self.n;
-        let [hit_bytes, abs_bytes, fl_bytes] = self.bytes;
-        let [hit_req, abs_req, fl_req] = self.req;
-        c.allocations = c.allocations.wrapping_add(hits);
-        c.cache_hits = c.cache_hits.wrapping_add(hits);
-        c.thread_cache_hits = c.thread_cache_hits.wrapping_add(hits);
-        let cached = abs_bytes.wrapping_sub(fl_bytes).wrapping_sub(hit_bytes);
-        c.thread_cached_bytes = c.thread_cached_bytes.wrapping_add(cached);
-        c.frees = c.frees.wrapping_add(abs.wrapping_sub(fl));
-        c.allocated
-            .fold_small(hit_bytes, abs_bytes.wrapping_sub(fl_bytes));
-        c.requested
-            .fold_small(hit_req, abs_req.wrapping_sub(fl_req));
-        c.block_count.fold_small(hits, abs.wrapping_sub(fl));
-    }
-}
-
-/// The leases of a magazine and its counts.
-pub(super) struct Held<T: Send + Sync + 'static, V: Send + 'static> {
-    leases: Vec<Slim<T, V>>,
-    counts: CacheCounts,
-    /// Block bytes of `leases`.
-    bytes: usize,
-    /// The thread ended or the pool is gone: takes no lease any more.
-    closed: bool,
-}
-
-/// One thread's cache of one pool: its leases behind a flag that the owning thread takes
-/// with one swap (and never waits for), and others with a spin (rare: readings and drains).
-pub(super) struct Magazine<T: Send + Sync + 'static, V: Send + 'static> {
-    busy: AtomicBool,
-    /// Set once with `held.closed`, read without the flag (pruning).
-    closed: AtomicBool,
-    held: UnsafeCell<Held<T, V>>,
-}
-
-// SAFETY: `held` is only reached through a `Guard`, which exists only while `busy` is set by
-// the thread holding it (taken with an acquiring swap, given back with a releasing store), so
-// one thread at a time touches it: as a `Mutex<Held>` would, which is `Sync` when `Held` is
-// `Send` (leases are, for these bounds).
-unsafe impl<T: Send + Sync + 'static, V: Send + 'static> Sync for Magazine<T, V> {}
-
-/// Access to a magazine's contents while its flag is held.
-pub(super) struct Guard<'a, T: Send + Sync + 'static, V: Send + 'static>(&'a Magazine<T, V>);
-
-impl<T: Send + Sync + 'static, V: Send + 'static> Deref for Guard<'_, T, V> {
-    type Target = Held<T, V>;
-    fn deref(&self) -> &Held<T, V> {
-        // SAFETY: this guard holds the flag (see `Magazine`'s `Sync`).
-        unsafe { &*self.0.held.get() }
-    }
-}
-
-impl<T: Send + Sync + 'static, V: Send + 'static> DerefMut for Guard<'_, T, V> {
-    fn deref_mut(&mut self) -> &mut Held<T, V> {
-        // SAFETY: as in `deref`; `&mut self` keeps this the only reference made from it.
-        unsafe { &mut *self.0.held.get() }
-    }
-}
-
-impl<T: Send + Sync + 'static, V: Send + 'static> Drop for Guard<'_, T, V> {
-    fn drop(&mut self) {
-        self.0.busy.store(false, Ordering::Release);
-    }
-}
-
-impl<T: Send + Sync + 'static, V: Send + 'static> Magazine<T, V> {
-    fn new() -> Self {
-        Self {
-            busy: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
-            held: UnsafeCell::new(Held {
-                leases: Vec::with_capacity(SLOTS),
-                bytes: 0,
-                counts: CacheCounts::default(),
-                closed: false,
-            }),
-        }
-    }
-
-    /// The flag if it is free now (the owner's path: never waits).
-    #[inline]
-    fn try_lock(&self) -> Option<Guard<'_, T, V>> {
-        // A guard is made only when the flag was free: dropping one gives the flag back, so
-        // one made (and dropped) while another thread holds the flag would give back theirs.
-        if self.busy.swap(true, Ordering::Acquire) {
-            None
-        } else {
-            Some(Guard(self))
-        }
-    }
-
-    /// The flag, waiting for it (held by the owner for a few instructions at a time).
-    fn lock(&self) -> Guard<'_, T, V> {
-        loop {
-            if !self.busy.load(Ordering::Relaxed) && !self.busy.swap(true, Ordering::Acquire) {
-                return Guard(self);
-            }
-            std::thread::yield_now();
-        }
-    }
-
-    /// Gives every cached block back to its shard, counting them (`close`: and takes no
-    /// more). The blocks go back with the flag held (their shards' locks are taken under it,
-    /// never the other way round), so that the list keeps its capacity.
-    fn flush(&self, close: bool) {
-        let mut g = self.lock();
-        if close {
-            g.closed = true;
-            self.closed.store(true, Ordering::Relaxed);
-        }
-        let Held {
-            leases,
-            counts,
-            bytes,
-            ..
-        } = &mut *g;
-        for mut l in leases.drain(..) {
-            counts.count(FLUSHED, l.size, l.requested);
-            // To its shard, not into a cache again, and with no event: its free was the
-            // one into the cache.
-            l.flags &= !CACHEABLE;
-            l.silence();
-        }
-        *bytes = 0;
-    }
-}
-
 /// A magazine seen from its thread, whatever its pool's types: closed when the thread ends.
 trait Close: Send + Sync {
     fn close(&self);
@@ -270,8 +115,9 @@ trait Close: Send + Sync {
 }
 
 impl<T: Send + Sync + 'static, V: Send + 'static> Close for Magazine<T, V> {
+    /// Called by the owning thread as it ends.
     fn close(&self) {
-        self.flush(true);
+        self.flush(true, true);
     }
     fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Relaxed)
@@ -440,7 +286,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> ThreadCaches<T, V> {
                 // this one, which a free under the flag may have brought back here).
                 let holds = mag.try_lock().is_some_and(|g| !g.leases.is_empty());
                 if holds && raises() {
-                    mag.flush(false);
+                    mag.flush(false, true);
                 }
             }
             None => self.register(),
@@ -473,7 +319,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> ThreadCaches<T, V> {
             live.retain(|m| {
                 let closed = m.is_closed();
                 if closed {
-                    gone.plus(&m.lock().counts);
+                    // Closed: its thread is gone, no barrier needed.
+                    gone.plus(&m.lock(true).counts);
                 }
                 !closed
             });
@@ -483,10 +330,31 @@ impl<T: Send + Sync + 'static, V: Send + 'static> ThreadCaches<T, V> {
 
     /// Gives every thread's cached leases back to their shards (`close`: for good, the pool is
     /// going). Must not be called with a shard locked.
+    ///
+    /// Claims every magazine first, then makes one barrier for all of them (none when the
+    /// only open one is this thread's), then empties them one by one.
     pub(super) fn drain_all(&self, close: bool) {
         let mags: Vec<_> = self.registry.lock().live.clone();
+        self.claim_all(&mags);
+        for m in &mags {
+            Magazine::flush_held(m.enter(), close);
+        }
+    }
+
+    /// Claims `mags` (in the registry's order, which every claimer follows: no two wait for
+    /// each other), then makes the barrier that lets them [`Magazine::enter`], when one of
+    /// them is open and not this thread's.
+    fn claim_all(&self, mags: &[Arc<Magazine<T, V>>]) {
+        // SAFETY: the key is this pool's; only the address is kept, never dereferenced.
+        let own = unsafe { mine::<T, V>(self.key) }
+            .map_or(std::ptr::null(), |m| m as *const Magazine<T, V>);
+        let mut others = false;
         for m in mags {
-            m.flush(close);
+            m.claim();
+            others |= !std::ptr::eq(Arc::as_ptr(m), own) && !m.is_closed();
+        }
+        if others {
+            barrier::heavy(barrier::asymmetric());
         }
     }
 
@@ -497,7 +365,8 @@ impl<T: Send + Sync + 'static, V: Send + 'static> ThreadCaches<T, V> {
     /// Takes the shards' locks under the flags, as a flush does.
     pub(super) fn read<R>(&self, read_shards: impl FnOnce() -> R) -> (R, CacheCounts) {
         let r = self.registry.lock();
-        let guards: Vec<_> = r.live.iter().map(|m| m.lock()).collect();
+        self.claim_all(&r.live);
+        let guards: Vec<_> = r.live.iter().map(|m| m.enter()).collect();
         let shards = read_shards();
         let mut sum = r.gone;
         for g in &guards {
@@ -537,22 +406,4 @@ pub(super) unsafe fn absorb<T: Send + Sync + 'static, V: Send + 'static>(
     g.counts.count(ABSORBED, lease.size, lease.requested);
     g.leases.push(lease.take_for_cache());
     true
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Magazine;
-
-    /// A thread that finds the flag taken leaves it taken: a failed `try_lock` once gave the
-    /// holder's flag back (the guard was made before the test and dropped), so that the
-    /// owner's next `try_lock` and the holder (a drain) touched the leases at once.
-    #[test]
-    fn a_failed_try_lock_leaves_the_holder_its_flag() {
-        let m = Magazine::<(), ()>::new();
-        let held = m.lock();
-        assert!(m.try_lock().is_none());
-        assert!(m.try_lock().is_none(), "the holder's flag was given back");
-        drop(held);
-        assert!(m.try_lock().is_some());
-    }
 }

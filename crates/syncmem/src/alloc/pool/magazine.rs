@@ -1,0 +1,240 @@
+//! One thread's cache of one pool ([`Magazine`]): its leases, its counts and its two flags
+//! (see the parent module's notes on the flag).
+
+use std::cell::UnsafeCell;
+use std::hint::spin_loop;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::super::slim::{Slim, CACHEABLE};
+use super::super::stats::Counters;
+use super::SLOTS;
+use crate::backend::barrier;
+
+/// [`CacheCounts`]: requests served from the magazine.
+pub(super) const HIT: usize = 0;
+/// [`CacheCounts`]: blocks given back into the magazine.
+pub(super) const ABSORBED: usize = 1;
+/// [`CacheCounts`]: cached blocks given back to their shards.
+pub(super) const FLUSHED: usize = 2;
+
+/// What a magazine took and gave ([`HIT`], [`ABSORBED`], [`FLUSHED`]), counted under its
+/// flag, folded into the pool's readings. Each event writes three words a row apart: never
+/// two neighbours, which the compiler would join into one wide write that the next event's
+/// narrow ones would stall.
+#[derive(Debug, Default, Clone, Copy)]
+pub(in crate::alloc::pool) struct CacheCounts {
+    /// Blocks.
+    n: [u64; 3],
+    /// Block bytes.
+    bytes: [u64; 3],
+    /// Requested bytes.
+    req: [u64; 3],
+}
+
+impl CacheCounts {
+    /// Counts a block of `size` bytes (`req` requested) for `event`.
+    #[inline(always)]
+    pub(super) fn count(&mut self, event: usize, size: usize, req: usize) {
+        self.n[event] = self.n[event].wrapping_add(1);
+        self.bytes[event] = self.bytes[event].wrapping_add(size as u64);
+        self.req[event] = self.req[event].wrapping_add(req as u64);
+    }
+
+    pub(super) fn plus(&mut self, o: &CacheCounts) {
+        for e in [HIT, ABSORBED, FLUSHED] {
+            self.n[e] = self.n[e].wrapping_add(o.n[e]);
+            self.bytes[e] = self.bytes[e].wrapping_add(o.bytes[e]);
+            self.req[e] = self.req[e].wrapping_add(o.req[e]);
+        }
+    }
+
+    /// Folds the counts into the shards' counters `c`: the blocks cached read as free small
+    /// blocks (they stay handed out in the shards), hits as allocations and absorbed leases
+    /// as frees (less those given back to the shards, which counted them).
+    pub(in crate::alloc::pool) fn fold_into(&self, c: &mut Counters) {
+        let [hits, abs, fl] = self.n;
+        let [hit_bytes, abs_bytes, fl_bytes] = self.bytes;
+        let [hit_req, abs_req, fl_req] = self.req;
+        c.allocations = c.allocations.wrapping_add(hits);
+        c.cache_hits = c.cache_hits.wrapping_add(hits);
+        c.thread_cache_hits = c.thread_cache_hits.wrapping_add(hits);
+        let cached = abs_bytes.wrapping_sub(fl_bytes).wrapping_sub(hit_bytes);
+        c.thread_cached_bytes = c.thread_cached_bytes.wrapping_add(cached);
+        c.frees = c.frees.wrapping_add(abs.wrapping_sub(fl));
+        c.allocated
+            .fold_small(hit_bytes, abs_bytes.wrapping_sub(fl_bytes));
+        c.requested
+            .fold_small(hit_req, abs_req.wrapping_sub(fl_req));
+        c.block_count.fold_small(hits, abs.wrapping_sub(fl));
+    }
+}
+
+/// The leases of a magazine and its counts.
+pub(super) struct Held<T: Send + Sync + 'static, V: Send + 'static> {
+    pub(super) leases: Vec<Slim<T, V>>,
+    pub(super) counts: CacheCounts,
+    /// Block bytes of `leases`.
+    pub(super) bytes: usize,
+    /// The thread ended or the pool is gone: takes no lease any more.
+    pub(super) closed: bool,
+}
+
+/// One thread's cache of one pool: its leases behind two flags (see the module docs), one
+/// that the owning thread stores (and never waits for), one that others claim (rare: readings
+/// and drains) before they wait for the first to clear.
+pub(super) struct Magazine<T: Send + Sync + 'static, V: Send + 'static> {
+    /// Set by the owning thread while it uses the magazine (only it stores it).
+    busy: AtomicBool,
+    /// Set by a thread that uses the magazine from outside its owner's fast path: another
+    /// thread, or the owner giving its blocks back.
+    claimed: AtomicBool,
+    /// [`barrier::asymmetric`]'s answer: the owner's side is a compiler fence only.
+    asym: bool,
+    /// Set once with `held.closed`, read without the flag (pruning).
+    pub(super) closed: AtomicBool,
+    held: UnsafeCell<Held<T, V>>,
+}
+
+// SAFETY: `held` is only reached through a `Guard`. The owner's guard exists only while it
+// stored `busy` and then found `claimed` clear; a claimer's only while it holds `claimed`
+// (taken with an acquiring swap) and then found `busy` clear, after a barrier between its
+// store and its load that matches the owner's (`barrier::light` / `barrier::heavy`). Each side
+// gives its flag back with a releasing store, which the other side's acquiring load reads. So
+// one thread at a time touches `held`, as with a `Mutex<Held>`, which is `Sync` when `Held` is
+// `Send` (leases are, for these bounds).
+unsafe impl<T: Send + Sync + 'static, V: Send + 'static> Sync for Magazine<T, V> {}
+
+/// Access to a magazine's contents while its flag is held: `busy` for its owner's fast path,
+/// `claimed` otherwise (the flag given back when the guard goes).
+pub(super) struct Guard<'a, T: Send + Sync + 'static, V: Send + 'static> {
+    mag: &'a Magazine<T, V>,
+    flag: &'a AtomicBool,
+}
+
+impl<T: Send + Sync + 'static, V: Send + 'static> Deref for Guard<'_, T, V> {
+    type Target = Held<T, V>;
+    fn deref(&self) -> &Held<T, V> {
+        // SAFETY: this guard holds the flag (see `Magazine`'s `Sync`).
+        unsafe { &*self.mag.held.get() }
+    }
+}
+
+impl<T: Send + Sync + 'static, V: Send + 'static> DerefMut for Guard<'_, T, V> {
+    fn deref_mut(&mut self) -> &mut Held<T, V> {
+        // SAFETY: as in `deref`; `&mut self` keeps this the only reference made from it.
+        unsafe { &mut *self.mag.held.get() }
+    }
+}
+
+impl<T: Send + Sync + 'static, V: Send + 'static> Drop for Guard<'_, T, V> {
+    fn drop(&mut self) {
+        self.flag.store(false, Ordering::Release);
+    }
+}
+
+impl<T: Send + Sync + 'static, V: Send + 'static> Magazine<T, V> {
+    pub(super) fn new() -> Self {
+        Self {
+            busy: AtomicBool::new(false),
+            claimed: AtomicBool::new(false),
+            asym: barrier::asymmetric(),
+            closed: AtomicBool::new(false),
+            held: UnsafeCell::new(Held {
+                leases: Vec::with_capacity(SLOTS),
+                bytes: 0,
+                counts: CacheCounts::default(),
+                closed: false,
+            }),
+        }
+    }
+
+    /// The magazine if no other thread claims it now: the owning thread's path (only that
+    /// thread calls it), which never waits. Two stores and a load.
+    #[inline]
+    pub(super) fn try_lock(&self) -> Option<Guard<'_, T, V>> {
+        self.busy.store(true, Ordering::Relaxed);
+        barrier::light(self.asym);
+        if self.claimed.load(Ordering::Acquire) {
+            self.busy.store(false, Ordering::Release);
+            None
+        } else {
+            Some(Guard {
+                mag: self,
+                flag: &self.busy,
+            })
+        }
+    }
+
+    /// Takes `claimed`, waiting for another claimer to give it back (readings and drains
+    /// take a few microseconds). Then, after a [`barrier::heavy`] unless the magazine is
+    /// the caller's own or closed, [`Magazine::enter`].
+    pub(super) fn claim(&self) {
+        while self.claimed.swap(true, Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+    }
+
+    /// The guard of a claimed magazine, once its owner's fast path (a few dozen
+    /// instructions) is out.
+    pub(super) fn enter(&self) -> Guard<'_, T, V> {
+        let mut spins = 0u32;
+        while self.busy.load(Ordering::Acquire) {
+            spins += 1;
+            if spins < 64 {
+                spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        Guard {
+            mag: self,
+            flag: &self.claimed,
+        }
+    }
+
+    /// The magazine from outside its owner's fast path: `own` when the caller is its owner
+    /// (or the magazine is closed, with no owner any more), when no barrier is needed.
+    pub(super) fn lock(&self, own: bool) -> Guard<'_, T, V> {
+        self.claim();
+        if !own {
+            barrier::heavy(self.asym);
+        }
+        self.enter()
+    }
+
+    /// Gives every cached block back to its shard, counting them (`close`: and takes no
+    /// more), taking the magazine as [`Magazine::lock`] does. The blocks go back with the
+    /// flag held (their shards' locks are taken under it, never the other way round), so that
+    /// the list keeps its capacity.
+    pub(super) fn flush(&self, close: bool, own: bool) {
+        let g = self.lock(own);
+        Self::flush_held(g, close);
+    }
+
+    /// [`Magazine::flush`] under a guard already held.
+    pub(super) fn flush_held(mut g: Guard<'_, T, V>, close: bool) {
+        if close {
+            g.closed = true;
+            g.mag.closed.store(true, Ordering::Relaxed);
+        }
+        let Held {
+            leases,
+            counts,
+            bytes,
+            ..
+        } = &mut *g;
+        for mut l in leases.drain(..) {
+            counts.count(FLUSHED, l.size, l.requested);
+            // To its shard, not into a cache again, and with no event: its free was the
+            // one into the cache.
+            l.flags &= !CACHEABLE;
+            l.silence();
+        }
+        *bytes = 0;
+    }
+}
+
+#[cfg(test)]
+#[path = "magazine_tests.rs"]
+mod tests;

@@ -1,0 +1,70 @@
+//! Tests of a thread cache's two flags.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use super::Magazine;
+
+/// A wide window between a read and its write.
+fn pause() {
+    for _ in 0..if cfg!(miri) { 1 } else { 200 } {
+        std::hint::spin_loop();
+    }
+}
+
+/// The owner's fast path and a claimer from another thread never hold the magazine at
+/// once: each adds to its byte count with a plain read and write, and no addition is lost
+/// (under Miri, a race on the count is reported as one).
+#[test]
+fn the_owner_and_a_claimer_take_turns() {
+    let rounds = if cfg!(miri) { 20 } else { 20_000 };
+    let m = Arc::new(Magazine::<(), ()>::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let claimer = {
+        let (m, stop) = (m.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) || n == 0 {
+                let mut g = m.lock(false);
+                let b = g.bytes;
+                pause();
+                g.bytes = b + 1;
+                n += 1;
+                drop(g);
+                pause();
+            }
+            n
+        })
+    };
+    let (mut mine, mut tried) = (0, 0);
+    // Until the owner got in at least once: a claimer preempted while it holds the
+    // magazine keeps it out for a while.
+    while tried < rounds || mine == 0 {
+        tried += 1;
+        if let Some(mut g) = m.try_lock() {
+            let b = g.bytes;
+            pause();
+            g.bytes = b + 1;
+            mine += 1;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let theirs = claimer.join().expect("the claimer ran");
+    assert!(mine > 0, "the owner never got in");
+    assert_eq!(m.lock(true).bytes, mine + theirs, "an addition was lost");
+}
+
+/// A thread that finds the flag taken leaves it taken: a failed `try_lock` once gave the
+/// holder's flag back (the guard was made before the test and dropped), so that the
+/// owner's next `try_lock` and the holder (a drain) touched the leases at once.
+#[test]
+fn a_failed_try_lock_leaves_the_holder_its_flag() {
+    for own in [true, false] {
+        let m = Magazine::<(), ()>::new();
+        let held = m.lock(own);
+        assert!(m.try_lock().is_none());
+        assert!(m.try_lock().is_none(), "the holder's flag was given back");
+        drop(held);
+        assert!(m.try_lock().is_some());
+    }
+}
