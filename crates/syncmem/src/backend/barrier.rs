@@ -150,7 +150,18 @@ mod tests {
     /// clear, and so never are both inside at once.
     #[test]
     fn the_two_sides_exclude_each_other() {
-        let asym = asymmetric();
+        exclusion(asymmetric());
+    }
+
+    /// The same with full fences on both sides (the fallback where the system has no
+    /// process-wide barrier).
+    #[test]
+    fn the_two_sides_exclude_each_other_with_fences_only() {
+        exclusion(false);
+    }
+
+    /// The fast and the rare side, with barriers of `asym`'s kind.
+    fn exclusion(asym: bool) {
         let rounds = if cfg!(miri) { 30 } else { 2_000 };
         let fast = Arc::new(AtomicBool::new(false));
         let rare = Arc::new(AtomicBool::new(false));

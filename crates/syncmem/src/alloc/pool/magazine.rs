@@ -135,10 +135,16 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Drop for Guard<'_, T, V> {
 
 impl<T: Send + Sync + 'static, V: Send + 'static> Magazine<T, V> {
     pub(super) fn new() -> Self {
+        Self::with_barrier(barrier::asymmetric())
+    }
+
+    /// A magazine whose owner's side is a compiler fence only when `asym` (which the
+    /// process's barrier must then back: [`barrier::asymmetric`]), else a full fence.
+    pub(super) fn with_barrier(asym: bool) -> Self {
         Self {
             busy: AtomicBool::new(false),
             claimed: AtomicBool::new(false),
-            asym: barrier::asymmetric(),
+            asym,
             closed: AtomicBool::new(false),
             held: UnsafeCell::new(Held {
                 leases: Vec::with_capacity(SLOTS),

@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::Magazine;
+use crate::backend::barrier;
 
 /// A wide window between a read and its write.
 fn pause() {
@@ -17,8 +18,19 @@ fn pause() {
 /// (under Miri, a race on the count is reported as one).
 #[test]
 fn the_owner_and_a_claimer_take_turns() {
+    take_turns(barrier::asymmetric());
+}
+
+/// The same with full fences on both sides, as where the system has no process-wide barrier.
+#[test]
+fn the_owner_and_a_claimer_take_turns_with_fences_only() {
+    take_turns(false);
+}
+
+/// An owner and a claimer on a magazine of `asym`'s kind.
+fn take_turns(asym: bool) {
     let rounds = if cfg!(miri) { 20 } else { 20_000 };
-    let m = Arc::new(Magazine::<(), ()>::new());
+    let m = Arc::new(Magazine::<(), ()>::with_barrier(asym));
     let stop = Arc::new(AtomicBool::new(false));
     let claimer = {
         let (m, stop) = (m.clone(), stop.clone());
