@@ -107,11 +107,15 @@ mod sys {
 
     /// A barrier on every running thread of the process.
     pub(super) fn expedited() {
-        // Registered, the command does not fail; should a kernel refuse it all the same, the
-        // global barrier (slow, with no registration) keeps the fast sides ordered, and a
-        // kernel refusing both leaves no way to order them: the process stops rather than
-        // let two threads hold one flag.
-        if membarrier(PRIVATE_EXPEDITED) != 0 && membarrier(GLOBAL) != 0 {
+        // Registered, the command does not fail (the registration is kept across `fork`);
+        // should a kernel refuse it all the same, it is registered again and asked again,
+        // then the global barrier (slow, with no registration) keeps the fast sides ordered.
+        // A kernel refusing all of them leaves no way to order them: the process stops rather
+        // than let two threads hold one flag.
+        if membarrier(PRIVATE_EXPEDITED) != 0
+            && !(membarrier(REGISTER_PRIVATE_EXPEDITED) == 0 && membarrier(PRIVATE_EXPEDITED) == 0)
+            && membarrier(GLOBAL) != 0
+        {
             eprintln!("syncmem: the kernel refused a registered memory barrier");
             std::process::abort();
         }
