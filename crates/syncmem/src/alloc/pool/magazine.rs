@@ -4,7 +4,7 @@
 use std::cell::UnsafeCell;
 use std::hint::spin_loop;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 
 use super::super::slim::{Slim, CACHEABLE};
 use super::super::stats::Counters;
@@ -18,10 +18,8 @@ pub(super) const ABSORBED: usize = 1;
 /// [`CacheCounts`]: cached blocks given back to their shards.
 pub(super) const FLUSHED: usize = 2;
 
-/// What a magazine took and gave ([`HIT`], [`ABSORBED`], [`FLUSHED`]), counted under its
-/// flag, folded into the pool's readings. Each event writes three words a row apart: never
-/// two neighbours, which the compiler would join into one wide write that the next event's
-/// narrow ones would stall.
+/// What a magazine took and gave ([`HIT`], [`ABSORBED`], [`FLUSHED`]) at one moment, folded
+/// into the pool's readings (see [`Tally`], which counts them).
 #[derive(Debug, Default, Clone, Copy)]
 pub(in crate::alloc::pool) struct CacheCounts {
     /// Blocks.
@@ -32,15 +30,71 @@ pub(in crate::alloc::pool) struct CacheCounts {
     req: [u64; 3],
 }
 
-impl CacheCounts {
-    /// Counts a block of `size` bytes (`req` requested) for `event`.
+/// A magazine's counts as it keeps them: written by the holder of its flag, read by any
+/// thread without the flag, through a sequence number (a seqlock), so that a reading of the
+/// pool needs no barrier and never waits for the owner's fast path.
+///
+/// The writer makes the number odd, writes the counts and makes it even again: on x86 three
+/// more plain stores per event, no read-modify-write and no fence the processor executes. A
+/// reader reads the number, the counts and the number again, and tries again while it was
+/// odd or changed. Each event writes three words a row apart: never two neighbours, which the
+/// compiler would join into one wide write that the next event's narrow ones would stall.
+#[derive(Debug, Default)]
+pub(super) struct Tally {
+    seq: AtomicU64,
+    n: [AtomicU64; 3],
+    bytes: [AtomicU64; 3],
+    req: [AtomicU64; 3],
+}
+
+impl Tally {
+    /// Counts a block of `size` bytes (`req` requested) for `event`. Only the holder of the
+    /// magazine's flag calls it (one writer at a time: see [`Guard::count`]).
     #[inline(always)]
-    pub(super) fn count(&mut self, event: usize, size: usize, req: usize) {
-        self.n[event] = self.n[event].wrapping_add(1);
-        self.bytes[event] = self.bytes[event].wrapping_add(size as u64);
-        self.req[event] = self.req[event].wrapping_add(req as u64);
+    fn count(&self, event: usize, size: usize, req: usize) {
+        let add = |a: &AtomicU64, v: u64| {
+            a.store(a.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
+        };
+        let seq = self.seq.load(Ordering::Relaxed);
+        self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+        // The odd number is seen before any count written after it.
+        fence(Ordering::Release);
+        add(&self.n[event], 1);
+        add(&self.bytes[event], size as u64);
+        add(&self.req[event], req as u64);
+        self.seq.store(seq.wrapping_add(2), Ordering::Release);
     }
 
+    /// The counts at one moment between two events: waits out an event being written (a few
+    /// instructions, or its writer's time slice when it was preempted there).
+    pub(super) fn read(&self) -> CacheCounts {
+        let mut spins = 0u32;
+        loop {
+            let before = self.seq.load(Ordering::Acquire);
+            if before.is_multiple_of(2) {
+                let load = |a: &[AtomicU64; 3]| a.each_ref().map(|x| x.load(Ordering::Relaxed));
+                let counts = CacheCounts {
+                    n: load(&self.n),
+                    bytes: load(&self.bytes),
+                    req: load(&self.req),
+                };
+                // The counts are read before the number is read again.
+                fence(Ordering::Acquire);
+                if self.seq.load(Ordering::Relaxed) == before {
+                    return counts;
+                }
+            }
+            spins += 1;
+            if spins < 64 {
+                spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+impl CacheCounts {
     pub(super) fn plus(&mut self, o: &CacheCounts) {
         for e in [HIT, ABSORBED, FLUSHED] {
             self.n[e] = self.n[e].wrapping_add(o.n[e]);
@@ -70,10 +124,9 @@ impl CacheCounts {
     }
 }
 
-/// The leases of a magazine and its counts.
+/// The leases of a magazine.
 pub(super) struct Held<T: Send + Sync + 'static, V: Send + 'static> {
     pub(super) leases: Vec<Slim<T, V>>,
-    pub(super) counts: CacheCounts,
     /// Block bytes of `leases`.
     pub(super) bytes: usize,
     /// The thread ended or the pool is gone: takes no lease any more.
@@ -93,6 +146,8 @@ pub(super) struct Magazine<T: Send + Sync + 'static, V: Send + 'static> {
     asym: bool,
     /// Set once with `held.closed`, read without the flag (pruning).
     pub(super) closed: AtomicBool,
+    /// What the magazine took and gave: written under the flag, read without it.
+    pub(super) tally: Tally,
     held: UnsafeCell<Held<T, V>>,
 }
 
@@ -127,6 +182,15 @@ impl<T: Send + Sync + 'static, V: Send + 'static> DerefMut for Guard<'_, T, V> {
     }
 }
 
+impl<T: Send + Sync + 'static, V: Send + 'static> Guard<'_, T, V> {
+    /// Counts a block of `size` bytes (`req` requested) for `event` in the magazine's
+    /// [`Tally`]: the flag this guard holds makes it the only writer.
+    #[inline(always)]
+    pub(super) fn count(&self, event: usize, size: usize, req: usize) {
+        self.mag.tally.count(event, size, req);
+    }
+}
+
 impl<T: Send + Sync + 'static, V: Send + 'static> Drop for Guard<'_, T, V> {
     fn drop(&mut self) {
         self.flag.store(false, Ordering::Release);
@@ -146,10 +210,10 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Magazine<T, V> {
             claimed: AtomicBool::new(false),
             asym,
             closed: AtomicBool::new(false),
+            tally: Tally::default(),
             held: UnsafeCell::new(Held {
                 leases: Vec::with_capacity(SLOTS),
                 bytes: 0,
-                counts: CacheCounts::default(),
                 closed: false,
             }),
         }
@@ -174,11 +238,18 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Magazine<T, V> {
 
     /// Takes `claimed`, waiting for another claimer to give it back (readings and drains
     /// take a few microseconds). Then, after a [`barrier::heavy`] unless the magazine is
-    /// the caller's own or closed, [`Magazine::enter`].
+    /// the caller's own or closed, [`Magazine::enter`]; or, for a reading of the counts
+    /// alone, [`Magazine::unclaim`] after it.
     pub(super) fn claim(&self) {
         while self.claimed.swap(true, Ordering::Acquire) {
             std::thread::yield_now();
         }
+    }
+
+    /// Gives back `claimed`, taken by [`Magazine::claim`] and not entered: a reading that
+    /// kept drains and flushes out while it read the shards and the [`Tally`].
+    pub(super) fn unclaim(&self) {
+        self.claimed.store(false, Ordering::Release);
     }
 
     /// The guard of a claimed magazine, once its owner's fast path (a few dozen
@@ -224,14 +295,11 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Magazine<T, V> {
             g.closed = true;
             g.mag.closed.store(true, Ordering::Relaxed);
         }
-        let Held {
-            leases,
-            counts,
-            bytes,
-            ..
-        } = &mut *g;
+        let tally = &g.mag.tally;
+        let Held { leases, bytes, .. } = &mut *g;
         for mut l in leases.drain(..) {
-            counts.count(FLUSHED, l.size, l.requested);
+            // The guard's flag makes this thread the tally's only writer.
+            tally.count(FLUSHED, l.size, l.requested);
             // To its shard, not into a cache again, and with no event: its free was the
             // one into the cache.
             l.flags &= !CACHEABLE;

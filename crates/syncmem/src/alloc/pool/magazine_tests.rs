@@ -80,3 +80,40 @@ fn a_failed_try_lock_leaves_the_holder_its_flag() {
         assert!(m.try_lock().is_some());
     }
 }
+
+/// A reading of the counts while the owner counts, without the flag: every reading is one
+/// moment between two events (no count torn from the others of its event), and the counts
+/// only grow. Under Miri, a race on a count is reported as one.
+#[test]
+fn counts_read_while_the_owner_counts_are_whole() {
+    use super::HIT;
+    let rounds: u64 = if cfg!(miri) { 30 } else { 200_000 };
+    let m = Arc::new(Magazine::<(), ()>::new());
+    let done = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (m, done) = (m.clone(), done.clone());
+        std::thread::spawn(move || {
+            let (mut last, mut reads) = (0, 0u64);
+            while !done.load(Ordering::Relaxed) || reads == 0 {
+                let c = m.tally.read();
+                let n = c.n[HIT];
+                assert_eq!(c.bytes[HIT], n * 4096, "bytes torn from the count");
+                assert_eq!(c.req[HIT], n * 1000, "requested bytes torn from the count");
+                assert!(n >= last, "the count went back from {last} to {n}");
+                last = n;
+                reads += 1;
+            }
+            reads
+        })
+    };
+    for _ in 0..rounds {
+        let g = m.try_lock().expect("nobody claims the magazine");
+        g.count(HIT, 4096, 1000);
+        drop(g);
+        pause();
+    }
+    done.store(true, Ordering::Relaxed);
+    assert!(reader.join().expect("the reader ran") > 0);
+    let c = m.tally.read();
+    assert_eq!((c.n[HIT], c.bytes[HIT]), (rounds, rounds * 4096));
+}

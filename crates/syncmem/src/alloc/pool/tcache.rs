@@ -17,12 +17,15 @@
 //! stores `claimed`, then waits for `busy` to clear. Each side's store must be seen before its
 //! load (Dekker's algorithm): the thread pays only a compiler fence, and a claimer makes every
 //! running thread of the process execute a barrier (`crate::backend::barrier`: Linux's
-//! `membarrier`), once for all the magazines a reading or a drain claims; a claimer needs
-//! none for its own thread's magazine. Where the system has no such barrier, both sides use
-//! full fences.
+//! `membarrier`), once for all the magazines a drain claims; a claimer needs none for its own
+//! thread's magazine. Where the system has no such barrier, both sides use full fences. A
+//! reading of the counts claims the magazines (which keeps flushes out) but neither makes
+//! the barrier nor waits for `busy`: it reads each magazine's counts through a sequence
+//! number that the flag's holder writes around each event (`magazine::Tally`), and the
+//! owner's fast path touches no shard.
 //!
 //! What the pool promises stays as it was:
-//! - **Readings.** Each magazine counts what it took and gave (under its flag), and
+//! - **Readings.** Each magazine counts what it took and gave (written under its flag), and
 //!   [`Pool::stats`] folds the counts in: a block in a magazine reads as free, a hit as an
 //!   allocation and a cache hit, an absorbed lease as a free. A request that misses its
 //!   magazine and would raise a peak of its shard (which counts cached blocks as handed out)
@@ -264,7 +267,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> ThreadCaches<T, V> {
         // reads it whole.
         let size = g.leases[i].size;
         g.bytes -= size;
-        g.counts.count(HIT, size, bytes);
+        g.count(HIT, size, bytes);
         *into = Some(swap_remove(&mut g.leases, i));
         true
     }
@@ -320,7 +323,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> ThreadCaches<T, V> {
                 let closed = m.is_closed();
                 if closed {
                     // Closed: its thread is gone, no barrier needed.
-                    gone.plus(&m.lock(true).counts);
+                    gone.plus(&m.tally.read());
                 }
                 !closed
             });
@@ -358,20 +361,32 @@ impl<T: Send + Sync + 'static, V: Send + 'static> ThreadCaches<T, V> {
         }
     }
 
-    /// Runs `read_shards` (a reading of the shards' counters) with every magazine's flag held,
+    /// Runs `read_shards` (a reading of the shards' counters) with every magazine claimed,
     /// and returns it with the magazines' counts summed (see [`CacheCounts::fold_into`]). A
-    /// magazine gives its blocks back to their shards with its flag held: the shards and the
-    /// counts are read at one moment of each magazine, never halfway through such a flush.
-    /// Takes the shards' locks under the flags, as a flush does.
+    /// magazine gives its blocks back to their shards only with its `claimed` flag held: the
+    /// shards and the counts are read at one moment of each magazine, never halfway through
+    /// such a flush. Takes the shards' locks under the flags, as a flush does.
+    ///
+    /// No barrier and no wait for the owners: an owner's fast path (a hit or a block taken
+    /// in) touches no shard, and its counts are read through their sequence number
+    /// ([`super::magazine::Tally`]).
     pub(super) fn read<R>(&self, read_shards: impl FnOnce() -> R) -> (R, CacheCounts) {
+        /// Gives the claims back, also when `read_shards` panics.
+        struct Claims<'a, T: Send + Sync + 'static, V: Send + 'static>(&'a [Arc<Magazine<T, V>>]);
+        impl<T: Send + Sync + 'static, V: Send + 'static> Drop for Claims<'_, T, V> {
+            fn drop(&mut self) {
+                self.0.iter().for_each(|m| m.unclaim());
+            }
+        }
         let r = self.registry.lock();
-        self.claim_all(&r.live);
-        let guards: Vec<_> = r.live.iter().map(|m| m.enter()).collect();
+        r.live.iter().for_each(|m| m.claim());
+        let claims = Claims(&r.live);
         let shards = read_shards();
         let mut sum = r.gone;
-        for g in &guards {
-            sum.plus(&g.counts);
+        for m in claims.0 {
+            sum.plus(&m.tally.read());
         }
+        drop(claims);
         (shards, sum)
     }
 }
@@ -403,7 +418,7 @@ pub(super) unsafe fn absorb<T: Send + Sync + 'static, V: Send + 'static>(
         return false;
     }
     g.bytes += lease.size;
-    g.counts.count(ABSORBED, lease.size, lease.requested);
+    g.count(ABSORBED, lease.size, lease.requested);
     g.leases.push(lease.take_for_cache());
     true
 }
