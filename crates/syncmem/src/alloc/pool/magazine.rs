@@ -34,11 +34,12 @@ pub(in crate::alloc::pool) struct CacheCounts {
 /// thread without the flag, through a sequence number (a seqlock), so that a reading of the
 /// pool needs no barrier and never waits for the owner's fast path.
 ///
-/// The writer makes the number odd, writes the counts and makes it even again: on x86 three
-/// more plain stores per event, no read-modify-write and no fence the processor executes. A
-/// reader reads the number, the counts and the number again, and tries again while it was
-/// odd or changed. Each event writes three words a row apart: never two neighbours, which the
-/// compiler would join into one wide write that the next event's narrow ones would stall.
+/// The writer makes the number odd, writes the counts and makes it even again: on x86 a load
+/// and two more plain stores per event, no read-modify-write and no fence the processor
+/// executes. A reader reads the number, the counts and the number again, and tries again
+/// while it was odd or changed. Each event writes three words a row apart: never two
+/// neighbours, which the compiler would join into one wide write that the next event's narrow
+/// ones would stall.
 #[derive(Debug, Default)]
 pub(super) struct Tally {
     seq: AtomicU64,
