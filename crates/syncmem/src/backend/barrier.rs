@@ -63,7 +63,7 @@ pub(crate) fn light(asym: bool) {
 
 /// The rare side's barrier between its store and its load: a full barrier on every running
 /// thread of the process when `asym` (the answer of [`asymmetric`]), else a full fence of
-/// this thread. Costs a system call (microseconds): once per reading or drain, not per flag.
+/// this thread. Costs a system call (microseconds): once per drain or snapshot, not per flag.
 pub(crate) fn heavy(asym: bool) {
     fence(Ordering::SeqCst);
     if asym {

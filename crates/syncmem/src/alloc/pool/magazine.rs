@@ -30,9 +30,9 @@ pub(in crate::alloc::pool) struct CacheCounts {
     req: [u64; 3],
 }
 
-/// A magazine's counts as it keeps them: written by the holder of its flag, read by any
-/// thread without the flag, through a sequence number (a seqlock), so that a reading of the
-/// pool needs no barrier and never waits for the owner's fast path.
+/// A magazine's counts as it keeps them: written by the holder of its flag, read by a
+/// claimer that does not hold it (a reading of the pool), through a sequence number (a
+/// seqlock), so that the reading needs no barrier and never waits for the owner's fast path.
 ///
 /// The writer makes the number odd, writes the counts and makes it even again: on x86 a load
 /// and two more plain stores per event, no read-modify-write and no fence the processor
@@ -135,8 +135,8 @@ pub(super) struct Held<T: Send + Sync + 'static, V: Send + 'static> {
 }
 
 /// One thread's cache of one pool: its leases behind two flags (see the module docs), one
-/// that the owning thread stores (and never waits for), one that others claim (rare: readings
-/// and drains) before they wait for the first to clear.
+/// that the owning thread stores (and never waits for), one that others claim (rare: drains
+/// and snapshots, which then wait for the first to clear; readings, which do not).
 pub(super) struct Magazine<T: Send + Sync + 'static, V: Send + 'static> {
     /// Set by the owning thread while it uses the magazine (only it stores it).
     busy: AtomicBool,
