@@ -12,7 +12,7 @@ use super::handle::{DeviceHandle, Lent};
 use super::stream::{StreamFence, UnboundStream};
 use super::usage::{At, Point, Uses};
 use super::{Device, Stream};
-use crate::alloc::pool::{Budget, Fence, Lease};
+use crate::alloc::pool::{Budget, Fence, Lease, Slim, StreamId};
 use crate::alloc::stats::Counted;
 use crate::backend::dispatch::RawMem;
 use crate::error::{BackendKind, Error, OomReport, Result};
@@ -75,12 +75,13 @@ enum Origin {
 /// Writing into a `DeviceBuffer` (through a [`Stream`]) takes `&mut`, reading takes `&`.
 pub struct DeviceBuffer {
     /// The device: its own handle, or for a pooled buffer the stream it was allocated on,
-    /// which the pool keeps for the lease (see [`DeviceHandle`]): read last in `Drop::drop`,
-    /// which runs before `origin` (the lease) is dropped.
+    /// which the pool keeps for the lease (see [`DeviceHandle`]): read last in `Drop::drop`
+    /// before the lease is given back (into a thread cache, or with `origin` at its end).
     device: DeviceHandle,
     len: usize,
-    /// The memory (`Empty` when `len == 0`: nothing is allocated).
-    origin: Origin,
+    /// The memory (`Empty` when `len == 0`: nothing is allocated). Dropped at the end of
+    /// `Drop::drop` when it holds something (a block gone to a thread cache leaves `Empty`).
+    origin: ManuallyDrop<Origin>,
     /// The commands queued on the memory that may still run (see [`super::usage`]). Never
     /// dropped in place: `Drop` takes the uses out unless they own nothing
     /// ([`Uses::owns_nothing`]), which saves the drop of three empty slots on every free.
@@ -103,7 +104,7 @@ impl DeviceBuffer {
         Self {
             device: DeviceHandle::Device(device.clone()),
             len: 0,
-            origin: Origin::Empty,
+            origin: ManuallyDrop::new(Origin::Empty),
             uses: ManuallyDrop::default(),
             single: AtomicU32::new(0),
             exposed: AtomicBool::new(false),
@@ -205,7 +206,7 @@ impl DeviceBuffer {
         Self {
             device: DeviceHandle::Device(device.clone()),
             len,
-            origin: Origin::Direct(Box::new(raw)),
+            origin: ManuallyDrop::new(Origin::Direct(Box::new(raw))),
             uses: ManuallyDrop::default(),
             single: AtomicU32::new(0),
             exposed: AtomicBool::new(false),
@@ -231,26 +232,14 @@ impl DeviceBuffer {
                     stream.id()
                 );
                 // SAFETY: the pool keeps the stream's `OnStream` for a kept lease until the
-                // lease is given back, which happens when the buffer's `origin` is dropped,
-                // after `Drop::drop`, the last use of `device`.
+                // lease is given back, which `Drop::drop` does after its last use of `device`.
                 DeviceHandle::Lent(unsafe { Lent::new(on) })
             }
             _ => DeviceHandle::Device(Device::clone(handle)),
         };
         let release = Release::record(stream, matches!(device, DeviceHandle::Lent(_)));
         debug_assert!(lease.view().is_some(), "a device pool lease holds its view");
-        // Counted by the pool, under its shard's lock (see `Device::memory_stats`).
-        let uses = inherited_uses(&lease);
-        let single = AtomicU32::new(single_hint(uses.single_stream()));
-        Self {
-            device,
-            len,
-            origin: Origin::Pooled { lease, release },
-            uses: ManuallyDrop::new(Mutex::new(uses)),
-            single,
-            exposed: AtomicBool::new(false),
-            counted: None,
-        }
+        Self::of_lease(device, len, lease, release)
     }
 
     /// [`DeviceBuffer::from_pool`] for a block of `device`'s default stream (as that function
@@ -263,15 +252,50 @@ impl DeviceBuffer {
         lease: Lease<RawMem, RawMem>,
     ) -> Self {
         debug_assert!(lease.view().is_some(), "a device pool lease holds its view");
-        let uses = inherited_uses(&lease);
+        let device = DeviceHandle::Device(device.clone());
+        Self::of_lease(device, len, lease, Release::RecordDefault)
+    }
+
+    /// The buffer of a pool block (see [`DeviceBuffer::from_pool`]; counted by the pool, under
+    /// its shard's lock). With no work in flight, the common case, it is written whole where
+    /// the caller wants it (one built and then given its uses was copied twice on its way).
+    #[inline(always)]
+    fn of_lease(
+        device: DeviceHandle,
+        len: usize,
+        lease: Lease<RawMem, RawMem>,
+        release: Release,
+    ) -> Self {
+        if lease.pending().next().is_some() {
+            return Self::inheriting(device, len, lease, release);
+        }
+        Self {
+            device,
+            len,
+            origin: ManuallyDrop::new(Origin::Pooled { lease, release }),
+            uses: ManuallyDrop::default(),
+            single: AtomicU32::new(0),
+            exposed: AtomicBool::new(false),
+            counted: None,
+        }
+    }
+
+    /// [`DeviceBuffer::of_lease`] for a block that comes with work in flight: the buffer's
+    /// uses are that work (see [`inherit_pending`]).
+    #[cold]
+    #[inline(never)]
+    fn inheriting(
+        device: DeviceHandle,
+        len: usize,
+        lease: Lease<RawMem, RawMem>,
+        release: Release,
+    ) -> Self {
+        let uses = inherit_pending(&lease);
         let single = AtomicU32::new(single_hint(uses.single_stream()));
         Self {
-            device: DeviceHandle::Device(device.clone()),
+            device,
             len,
-            origin: Origin::Pooled {
-                lease,
-                release: Release::RecordDefault,
-            },
+            origin: ManuallyDrop::new(Origin::Pooled { lease, release }),
             uses: ManuallyDrop::new(Mutex::new(uses)),
             single,
             exposed: AtomicBool::new(false),
@@ -279,10 +303,45 @@ impl DeviceBuffer {
         }
     }
 
+    /// The pool block of this buffer for a thread cache ([`Lease::take_cached`]: a [`Slim`] of
+    /// `stream` and its mark), with the [`Release`] to drop after it is given back, taken
+    /// where it lies, `Empty` left (a lease moved out with its origin was copied twice). `None`,
+    /// the buffer left as it was, when the block goes back to its shard whole, or is none.
+    #[inline(always)]
+    pub(super) fn take_cached(
+        &mut self,
+        stream: StreamId,
+    ) -> Option<(Slim<RawMem, RawMem>, u8, Release)> {
+        let origin: *mut Origin = &raw mut *self.origin;
+        // SAFETY: `origin` points to the live field, borrowed here alone.
+        let Origin::Pooled { lease, release } = (unsafe { &mut *origin }) else {
+            return None;
+        };
+        // SAFETY: on `Some` the lease's fields are moved out, and the lease is never used nor
+        // dropped again: the field is overwritten below before anything else runs.
+        let (slim, mark) = unsafe { lease.take_cached(stream) }?;
+        // SAFETY: moved out once, with the field overwritten at once (not dropped: its lease
+        // was moved out above); `origin` is the live field, and the references above are no
+        // longer used.
+        let release = unsafe { std::ptr::read(release) };
+        // SAFETY: as above.
+        unsafe { std::ptr::write(origin, Origin::Empty) };
+        Some((slim, mark, release))
+    }
+
+    /// Drops the origin, last in `Drop::drop` (see the field).
+    #[inline(always)]
+    fn drop_origin(&mut self) {
+        if !matches!(*self.origin, Origin::Empty) {
+            // SAFETY: called once, at the end of `Drop::drop`: the field is never used again.
+            unsafe { ManuallyDrop::drop(&mut self.origin) };
+        }
+    }
+
     /// The memory (`None` when `len == 0`).
     #[inline]
     pub(crate) fn raw(&self) -> Option<&RawMem> {
-        match &self.origin {
+        match &*self.origin {
             Origin::Empty => None,
             Origin::Direct(m) => Some(m),
             Origin::Pooled { lease, .. } => lease.view(),
@@ -290,7 +349,7 @@ impl DeviceBuffer {
     }
 
     fn raw_mut(&mut self) -> Option<&mut RawMem> {
-        match &mut self.origin {
+        match &mut *self.origin {
             Origin::Empty => None,
             Origin::Direct(m) => Some(m),
             Origin::Pooled { lease, .. } => lease.view_mut(),
@@ -300,7 +359,7 @@ impl DeviceBuffer {
     /// True for a block of a fresh pool segment, never handed out before (see
     /// [`DeviceBuffer::known_zero`]).
     pub(crate) fn lease_zeroed(&self) -> bool {
-        match &self.origin {
+        match &*self.origin {
             Origin::Pooled { lease, .. } => lease.zeroed(),
             _ => false,
         }
@@ -308,7 +367,7 @@ impl DeviceBuffer {
 
     /// For a pool block: its segment's address and its offset there.
     pub(crate) fn placement(&self) -> Option<(usize, usize)> {
-        match &self.origin {
+        match &*self.origin {
             Origin::Pooled { lease, .. } => {
                 Some((std::ptr::from_ref(lease.segment()) as usize, lease.offset()))
             }
@@ -319,7 +378,7 @@ impl DeviceBuffer {
     /// For a pool block: the budget its pool charges and the bytes the block holds of its
     /// segment (what parking it gives back, see [`crate::alloc::pool::Budget::park`]).
     pub(crate) fn pool_charge(&self) -> Option<(&Arc<Budget>, usize)> {
-        match &self.origin {
+        match &*self.origin {
             Origin::Pooled { lease, .. } => Some(lease.charge()),
             _ => None,
         }
@@ -327,12 +386,12 @@ impl DeviceBuffer {
 
     /// True when the memory is a block of the device's pool.
     pub fn is_pooled(&self) -> bool {
-        matches!(self.origin, Origin::Pooled { .. })
+        matches!(*self.origin, Origin::Pooled { .. })
     }
 
     /// Changes what freeing a pooled buffer does (no effect on direct allocations).
     pub(crate) fn set_release(&mut self, r: Release) {
-        if let Origin::Pooled { release, .. } = &mut self.origin {
+        if let Origin::Pooled { release, .. } = &mut *self.origin {
             *release = r;
         }
     }
@@ -494,16 +553,6 @@ pub(super) fn single_hint(single: u64) -> u32 {
 /// hands a block out at once to a request on the stream of that work (a stream runs in order),
 /// but the new owner's first command may run on another stream: it must wait for that work on
 /// the device, as it would for a write of its own.
-#[inline]
-fn inherited_uses(lease: &Lease<RawMem, RawMem>) -> Uses {
-    if lease.pending().next().is_none() {
-        // The common case: the block comes with no work in flight.
-        return Uses::default();
-    }
-    inherit_pending(lease)
-}
-
-/// [`inherited_uses`] of a block that comes with work in flight.
 #[cold]
 pub(super) fn inherit_pending(lease: &Lease<RawMem, RawMem>) -> Uses {
     let mut uses = Uses::default();

@@ -40,7 +40,7 @@ impl DeviceBuffer {
     /// Whether this is an empty buffer holding `device`'s own handle (see
     /// [`DeviceBuffer::release_memory`]).
     fn is_shell_of(&self, device: &Device) -> bool {
-        matches!(self.origin, Origin::Empty)
+        matches!(*self.origin, Origin::Empty)
             && matches!(&self.device, DeviceHandle::Device(d) if d.same(device))
     }
 
@@ -61,7 +61,7 @@ impl DeviceBuffer {
         }
         self.len = len;
         *self.exposed.get_mut() = false;
-        self.origin = Origin::Pooled {
+        *self.origin = Origin::Pooled {
             lease,
             release: Release::RecordDefault,
         };
@@ -77,8 +77,8 @@ impl DeviceBuffer {
         }
         self.free_memory();
         // A block given back to a cache left `Empty` already; one not cached goes back here.
-        if !matches!(self.origin, Origin::Empty) {
-            self.origin = Origin::Empty;
+        if !matches!(*self.origin, Origin::Empty) {
+            *self.origin = Origin::Empty;
         }
         self.len = 0;
         *self.exposed.get_mut() = false;
@@ -90,6 +90,7 @@ impl DeviceBuffer {
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         self.free_memory();
+        self.drop_origin();
     }
 }
 
@@ -109,11 +110,11 @@ impl DeviceBuffer {
         };
         // No point is left: the next owner's first command takes no lock.
         *self.single.get_mut() = 0;
-        match &mut self.origin {
+        match &mut *self.origin {
             Origin::Empty => {}
             Origin::Direct(_) => {
                 // The allocation goes first, then its bytes are given back to the cap.
-                drop(std::mem::replace(&mut self.origin, Origin::Empty));
+                drop(std::mem::replace(&mut *self.origin, Origin::Empty));
                 self.device.shared.memory.uncharge(self.len);
             }
             Origin::Pooled { lease, release } => {
@@ -151,15 +152,18 @@ impl DeviceBuffer {
                     // The lease gives the block back when the field is dropped, after this.
                     return;
                 };
-                if let Origin::Pooled { lease, .. } =
-                    std::mem::replace(&mut self.origin, Origin::Empty)
-                {
-                    // Into this thread's cache when it may go there, unless the stream the
-                    // pool keeps for it was let go: that answer is read with the cache's flag
-                    // held, while the lease (still out) keeps the stream's handle alive.
-                    let on = self.device.lent();
-                    lease.give_back(state, stream, || on.is_none_or(|o| !o.is_released()));
-                }
+                // The block, taken where it lies (`Empty` left), unless it goes back to its
+                // shard whole: then when the field is dropped, after this.
+                let Some((slim, mark, release)) = self.take_cached(stream) else {
+                    return;
+                };
+                // Into this thread's cache when it may go there, unless the stream the pool
+                // keeps for it was let go: that answer is read with the cache's flag held,
+                // while the block (still out) keeps the stream's handle alive.
+                let on = self.device.lent();
+                slim.give_back(state, mark, || on.is_none_or(|o| !o.is_released()));
+                // A stream's handle (`Release::Record`) goes after its block.
+                drop(release);
             }
         }
     }

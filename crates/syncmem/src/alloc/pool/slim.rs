@@ -90,24 +90,39 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
     /// given back once, by the result.
     #[inline(always)]
     fn slim_with(self, flags: u64) -> Slim<T, V> {
-        let me = ManuallyDrop::new(self);
-        // SAFETY: the two fields that own something are moved out once, and `me` is never
-        // dropped (nothing is written back into it: a store there would stall the moves
-        // after it, see the module docs).
-        let (view, pending) = unsafe { (std::ptr::read(&me.view), std::ptr::read(&me.pending)) };
-        drop(pending);
+        let mut me = ManuallyDrop::new(self);
+        // SAFETY: `me` is never used again, nor dropped (nothing is written back into it: a
+        // store there would stall the moves after it, see the module docs).
+        unsafe { me.slim_out(flags) }
+    }
+
+    /// [`Lease::slim_with`] of a lease left where it is: its fields are read where they lie
+    /// (a lease moved out of its owner first is copied whole once more).
+    ///
+    /// # Safety
+    /// `self` is never used nor dropped again: the two fields that own something are moved
+    /// out (the caller overwrites the lease or forgets it).
+    #[inline(always)]
+    unsafe fn slim_out(&mut self, flags: u64) -> Slim<T, V> {
+        // SAFETY: moved out once, as the caller promises.
+        let view = unsafe { std::ptr::read(&self.view) };
+        // A list with no room owns nothing (a cached block's: no call made).
+        if self.pending.capacity() != 0 {
+            // SAFETY: as the view.
+            drop(unsafe { std::ptr::read(&self.pending) });
+        }
         Slim {
-            segment: me.segment.as_ptr().cast_const(),
-            block: me.block,
-            offset: me.offset,
-            size: me.size,
-            requested: me.requested,
+            segment: self.segment.as_ptr().cast_const(),
+            block: self.block,
+            offset: self.offset,
+            size: self.size,
+            requested: self.requested,
             flags: flags
-                | (u64::from(me.small) * SMALL)
-                | (u64::from(me.zeroed) * ZEROED)
-                | u64::from(me.seg) << SEG_SHIFT,
+                | (u64::from(self.small) * SMALL)
+                | (u64::from(self.zeroed) * ZEROED)
+                | u64::from(self.seg) << SEG_SHIFT,
             view,
-            shard: me.shard,
+            shard: self.shard,
         }
     }
 }
@@ -117,7 +132,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
     /// handed out cacheable (see [`super::Pool::alloc_device`]), no use of it is in flight,
     /// its pool has thread caches that hold blocks of its size, and nobody but the history
     /// listens to the pool's events: then the hook's state (see [`Shard::cache_state`]), for
-    /// [`Lease::give_back`].
+    /// [`Lease::take_cached`] and [`Slim::give_back`].
     ///
     /// Nor when its list of uses has room: the block had uses in flight before, and its
     /// shard keeps the room for its next lease (a cached block leaves it behind, and its
@@ -137,21 +152,22 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
         }
     }
 
-    /// Gives back a block that [`Lease::may_cache`] has just allowed into a thread's cache,
-    /// answering the hook's `state`: into the calling thread's cache of its pool when there
-    /// is room and `stays` agrees (asked with the cache's flag held; see
-    /// [`super::tcache::absorb`]), its free written into the history when `state` says it
-    /// records; else to its shard, as dropping it does. The lease's stream is `stream`, the
-    /// one it was asked for.
-    #[inline]
-    pub(crate) fn give_back(self, state: u64, stream: StreamId, stays: impl FnOnce() -> bool) {
+    /// The block of a lease that [`Lease::may_cache`] has just allowed into a thread's cache,
+    /// for [`Slim::give_back`]: as a [`Slim`] of `stream` (the stream the lease was asked
+    /// for), with the lease's mark. `None`, the lease left as it was, when it goes back to
+    /// its shard whole, as dropping it does: a use in flight is kept whatever the caller
+    /// checked, and a stream id above 32 bits does not fit a slim lease's tag.
+    ///
+    /// # Safety
+    /// On `Some`, the lease's fields have been moved out: the caller never uses nor drops the
+    /// lease again (it overwrites it, or forgets it).
+    #[inline(always)]
+    pub(crate) unsafe fn take_cached(&mut self, stream: StreamId) -> Option<(Slim<T, V>, u8)> {
         // (Not `may_cache` itself: whether the pool is listened to may change meanwhile.)
-        debug_assert!(self.cacheable != 0, "give_back follows may_cache");
-        // A use in flight is kept whatever the caller checked: `slim_with` lets go of them.
-        // To its shard, with its uses in flight.
-        if !self.pending.is_empty() || stream > u64::from(u32::MAX) {
-            drop(self);
-            return;
+        debug_assert!(self.cacheable != 0, "take_cached follows may_cache");
+        // (`may_cache` let only a list with no room through.)
+        if self.pending.capacity() != 0 || stream > u64::from(u32::MAX) {
+            return None;
         }
         debug_assert!(
             self.kept.is_none_or(|k| k.get() == stream),
@@ -161,27 +177,38 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Lease<T, V> {
         let mark = self.mark;
         let named = u64::from(self.cacheable == super::lease::CACHEABLE_NAMED) * NAMED;
         let flags = (u64::from(self.kept.is_some()) * KEPT) | named;
-        let mut slim = self.slim_with(flags | stream << TAG_SHIFT);
+        // SAFETY: as the caller promises.
+        Some((unsafe { self.slim_out(flags | stream << TAG_SHIFT) }, mark))
+    }
+}
+
+impl<T: Send + Sync + 'static, V: Send + 'static> Slim<T, V> {
+    /// Gives back the block of [`Lease::take_cached`], answering the hook's `state` (see
+    /// [`Lease::may_cache`]): into the calling thread's cache of its pool when there is room
+    /// and `stays` agrees (asked with the cache's flag held; see [`super::tcache::absorb`]),
+    /// its free written into the history with the lease's `mark` when `state` says it
+    /// records; else to its shard, as dropping the lease does.
+    #[inline]
+    pub(crate) fn give_back(mut self, state: u64, mark: u8, stays: impl FnOnce() -> bool) {
         // SAFETY: the shard lives while the block is handed out (see `Lease::shard`).
-        let sh = unsafe { slim.shard.as_ref() };
+        let sh = unsafe { self.shard.as_ref() };
         let (key, limit) = (sh.cache_key, sh.cache_limit);
         // Written before the block can be seen in the cache by another thread (a drain).
         if state != 0 {
-            sh.record_cached_free(state, (slim.size, slim.block), mark);
+            sh.record_cached_free(state, (self.size, self.block), mark);
         }
         // SAFETY: `key` is the key of the thread caches of this block's pool (its shard's),
         // whose types are this one's; 0 (no caches) is never passed on.
-        if key != 0 && unsafe { super::tcache::absorb(key, limit, &mut slim, stays) } {
-            // Moved into the cache: `slim` gives nothing back (its view is `None`).
-            std::mem::forget(slim);
+        if key != 0 && unsafe { super::tcache::absorb(key, limit, &mut self, stays) } {
+            // Moved into the cache: `self` gives nothing back (its view is `None`).
+            std::mem::forget(self);
             return;
         }
-        // Not cached: to its shard (`slim` is not CACHEABLE), with its stream's owner, and
+        // Not cached: to its shard (`self` is not CACHEABLE), with its stream's owner, and
         // with no second event.
         if state != 0 {
-            slim.silence();
+            self.silence();
         }
-        drop(slim);
     }
 }
 
@@ -292,7 +319,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Slim<T, V> {
 
     /// Moves the block into the freeing thread's cache when it may go there and there is
     /// room; returns whether it went.
-    #[inline]
+    #[inline(always)]
     fn cache_on_this_thread(&mut self) -> bool {
         // SAFETY: the shard lives while the block is handed out (see `Lease::shard`).
         let sh = unsafe { self.shard.as_ref() };
