@@ -131,17 +131,20 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         }
         // As for the host (see `alloc_host`): no peak counts a cached block.
         t.before_shards(|| self.peak_would_rise(bytes));
-        let mut lease = self.alloc_with(bytes, stream, source, owner, keep)?;
-        // A block whose segment a lease cannot name stays out of the caches: the history
-        // records a cached block's hit with its segment.
-        lease.cacheable = if !lease.small || lease.seg == super::lease::NO_SEG {
-            0
-        } else if owner.is_some() {
-            super::lease::CACHEABLE_NAMED
-        } else {
-            super::lease::CACHEABLE
-        };
-        Ok(lease)
+        // Marked in place (a lease taken out of the result and put back was copied twice).
+        let mut granted = self.alloc_with(bytes, stream, source, owner, keep);
+        if let Ok(lease) = &mut granted {
+            // A block whose segment a lease cannot name stays out of the caches: the history
+            // records a cached block's hit with its segment.
+            lease.cacheable = if !lease.small || lease.seg == super::lease::NO_SEG {
+                0
+            } else if owner.is_some() {
+                super::lease::CACHEABLE_NAMED
+            } else {
+                super::lease::CACHEABLE
+            };
+        }
+        granted
     }
 
     /// Writes the hit of a thread cache that took `slim` (for a request of `stream` for
