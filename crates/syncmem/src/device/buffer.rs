@@ -238,7 +238,6 @@ impl DeviceBuffer {
             _ => DeviceHandle::Device(Device::clone(handle)),
         };
         let release = Release::record(stream, matches!(device, DeviceHandle::Lent(_)));
-        debug_assert!(lease.view().is_some(), "a device pool lease holds its view");
         Self::of_lease(device, len, lease, release)
     }
 
@@ -251,7 +250,6 @@ impl DeviceBuffer {
         len: usize,
         lease: Lease<RawMem, RawMem>,
     ) -> Self {
-        debug_assert!(lease.view().is_some(), "a device pool lease holds its view");
         let device = DeviceHandle::Device(device.clone());
         Self::of_lease(device, len, lease, Release::RecordDefault)
     }
@@ -266,6 +264,7 @@ impl DeviceBuffer {
         lease: Lease<RawMem, RawMem>,
         release: Release,
     ) -> Self {
+        debug_assert!(lease.view().is_some(), "a device pool lease holds its view");
         if lease.pending().next().is_some() {
             return Self::inheriting(device, len, lease, release);
         }
