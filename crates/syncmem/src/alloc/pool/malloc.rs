@@ -5,6 +5,7 @@
 //! handed out with its view, counted, and reported.
 
 use std::cell::Cell;
+use std::mem::MaybeUninit;
 use std::num::NonZeroU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -117,16 +118,21 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             return self.alloc_with(bytes, stream, source, owner, keep);
         };
         if !self.retired.load(Relaxed) {
-            let mut into = None;
             let fits = |l: &Slim<T, V>| l.tag() == stream;
-            if t.take_if(bytes, fits, &mut into) {
-                let mark = match &into {
-                    Some(slim) if state != 0 => Self::record_hit(state, slim, stream, owner),
-                    _ => MARK_UNKNOWN,
+            // The block is read where the cache wrote it: a move out of the cache, then out
+            // of an `Option`, then into the lease copied it whole three times.
+            let mut slot = MaybeUninit::<Slim<T, V>>::uninit();
+            // SAFETY: `slot` is room for one block, and drops nothing.
+            if unsafe { t.take_to(bytes, fits, slot.as_mut_ptr()) } {
+                // SAFETY: `take_to` wrote the block there.
+                let slim = unsafe { slot.assume_init_mut() };
+                let mark = if state != 0 {
+                    Self::record_hit(state, slim, stream, owner)
+                } else {
+                    MARK_UNKNOWN
                 };
-                if let Some(slim) = into {
-                    return Ok(slim.into_lease(owner, mark));
-                }
+                // SAFETY: `slot` is a `MaybeUninit`, never read again nor dropped.
+                return Ok(unsafe { slim.lease_out(owner, mark) });
             }
         }
         // As for the host (see `alloc_host`): no peak counts a cached block.

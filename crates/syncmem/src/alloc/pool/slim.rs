@@ -216,34 +216,38 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Slim<T, V> {
     /// The device block as a lease again, taken from a thread cache for a request of its
     /// stream for `owner` (see [`super::Pool::alloc_device`]): the owner's name is written in
     /// the block's shard (under its lock) where the request has one or the block had one.
-    /// `mark` is the lease's mark in the history (see [`Lease`]'s).
+    /// `mark` is the lease's mark in the history (see [`Lease`]'s). The fields are read where
+    /// they lie (a block moved out of the cache's room first is copied whole once more).
+    ///
+    /// # Safety
+    /// `self` is never used nor dropped again (it lies in a `MaybeUninit`): its view is moved
+    /// out, and the block is the lease's.
     #[inline(always)]
-    pub(super) fn into_lease(self, owner: Option<&Arc<str>>, mark: u8) -> Lease<T, V> {
+    pub(super) unsafe fn lease_out(&mut self, owner: Option<&Arc<str>>, mark: u8) -> Lease<T, V> {
         if (self.flags & NAMED != 0) | owner.is_some() {
             self.rename(owner);
         }
-        let me = ManuallyDrop::new(self);
-        let kept = if me.flags & KEPT != 0 {
-            NonZeroU64::new(me.tag())
+        let kept = if self.flags & KEPT != 0 {
+            NonZeroU64::new(self.tag())
         } else {
             None
         };
         Lease {
-            shard: me.shard,
+            shard: self.shard,
             // SAFETY: a slim lease's segment is a lease's (never null).
-            segment: unsafe { NonNull::new_unchecked(me.segment.cast_mut()) },
-            block: me.block,
-            offset: me.offset,
-            size: me.size,
-            requested: me.requested,
-            zeroed: me.flags & ZEROED != 0,
-            small: me.flags & SMALL != 0,
+            segment: unsafe { NonNull::new_unchecked(self.segment.cast_mut()) },
+            block: self.block,
+            offset: self.offset,
+            size: self.size,
+            requested: self.requested,
+            zeroed: self.flags & ZEROED != 0,
+            small: self.flags & SMALL != 0,
             cacheable: CACHEABLE_LEASE + u8::from(owner.is_some()),
             mark,
-            seg: me.seg(),
+            seg: self.seg(),
             pending: Vec::new(),
-            // SAFETY: moved out once; `me` is never dropped.
-            view: unsafe { std::ptr::read(&me.view) },
+            // SAFETY: moved out once, as the caller promises.
+            view: unsafe { std::ptr::read(&self.view) },
             kept,
         }
     }
@@ -339,23 +343,27 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Slim<T, V> {
         self.flags &= !ZEROED;
     }
 
-    /// The block in a new value for a thread cache; `self` keeps nothing to give back. Its
+    /// Moves the block into `dst`, for a thread cache; `self` keeps nothing to give back. Its
     /// next users find this one's bytes: it is no longer [`ZEROED`].
+    ///
+    /// # Safety
+    /// `dst` is valid for a write of one block and holds nothing that needs a drop (a
+    /// cache's spare room); the block written there is owned by its holder.
     #[inline(always)]
-    pub(super) fn take_for_cache(&mut self) -> Slim<T, V> {
+    pub(super) unsafe fn move_to(&mut self, dst: *mut Slim<T, V>) {
         // Written once in a block's life, on its first way into a cache (a flag written here
         // stalls the whole read below; a cached block's flag is clear already).
         if self.flags & ZEROED != 0 {
             self.clear_zeroed();
         }
-        // SAFETY: a bitwise copy, whole (so that it moves in whole pieces); the one field
-        // that owns something (the view) is made `None` in `self` at once below, so it is
-        // owned once, and `self` gives nothing back when dropped (the caller returns from
-        // `drop`).
-        let slim = unsafe { std::ptr::read(self) };
-        // SAFETY: the old value was moved into `slim` above: overwritten, not dropped.
-        unsafe { std::ptr::write(&mut self.view, None) };
-        slim
+        // SAFETY: a bitwise copy, whole and straight to `dst` (a copy returned by value went
+        // through memory once more); the one field that owns something (the view) is made
+        // `None` in `self` right after, so it is owned once, and `self` gives nothing back
+        // when dropped (the caller returns from `drop`).
+        unsafe {
+            std::ptr::copy_nonoverlapping(self, dst, 1);
+            std::ptr::write(&mut self.view, None);
+        }
     }
 }
 

@@ -70,6 +70,7 @@
 //! [`Lease::give_back`]: super::Lease::give_back
 
 use std::cell::{Cell, RefCell};
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -86,25 +87,33 @@ use magazine::{Magazine, ABSORBED, HIT};
 /// The most leases a magazine holds.
 pub(crate) const SLOTS: usize = 32;
 
-/// `Vec::swap_remove` of the lease at `i < v.len()`, always inlined: a call moves the lease
-/// through memory once more (about 27 instructions a hit), and the compiler stops inlining
-/// the standard one into the device pool's allocation path, which is large.
+/// `Vec::swap_remove` of the lease at `i < v.len()`, moved straight into `dst`, always
+/// inlined: a call, or a return by value, moves the lease through memory once more (about
+/// 8 to 27 instructions a hit), and the compiler stops inlining the standard one into the
+/// device pool's allocation path, which is large.
+///
+/// # Safety
+/// `dst` is valid for a write of one lease and does not point into `v`.
 #[inline(always)]
-fn swap_remove<T: Send + Sync + 'static, V: Send + 'static>(
+unsafe fn swap_remove_to<T: Send + Sync + 'static, V: Send + 'static>(
     v: &mut Vec<Slim<T, V>>,
     i: usize,
-) -> Slim<T, V> {
+    dst: *mut Slim<T, V>,
+) {
     let last = v.len() - 1;
     assert!(i <= last, "a cached lease's index is in its magazine");
-    // SAFETY: `i` and `last` are indices of live elements; the element at `i` is read out
-    // once, the last one moved over it (or onto itself when `i == last`, no longer counted),
-    // and the length shrunk by one, so every remaining element is owned once.
+    // SAFETY: `i` and `last` are indices of live elements; the element at `i` is moved out
+    // once (into `dst`, valid and apart from `v` as the caller promises), the last one moved
+    // over it (unless it is the last, no longer counted), and the length shrunk by one, so
+    // every remaining element is owned once.
     unsafe {
         let base = v.as_mut_ptr();
-        let taken = std::ptr::read(base.add(i));
-        std::ptr::copy(base.add(last), base.add(i), 1);
+        std::ptr::copy_nonoverlapping(base.add(i), dst, 1);
+        // The newest block, the usual hit, is the last: nothing moves over it.
+        if i != last {
+            std::ptr::copy_nonoverlapping(base.add(last), base.add(i), 1);
+        }
         v.set_len(last);
-        taken
     }
 }
 
@@ -225,23 +234,37 @@ impl<T: Send + Sync + 'static, V: Send + 'static> ThreadCaches<T, V> {
     /// `into` (which holds `None`); returns whether there was one.
     #[inline]
     pub(super) fn take(&self, bytes: usize, into: &mut Option<Slim<T, V>>) -> bool {
-        self.take_if(bytes, |_| true, into)
-    }
-
-    /// [`ThreadCaches::take`] of a block that `fits` (a device block: of the request's
-    /// stream).
-    #[inline(always)]
-    pub(super) fn take_if(
-        &self,
-        bytes: usize,
-        fits: impl Fn(&Slim<T, V>) -> bool,
-        into: &mut Option<Slim<T, V>>,
-    ) -> bool {
-        // `into` holds `None`, as the caller promises: tested, so that no drop of it is made
-        // when the block is put there (the compiler made a call for one).
+        // `into` holds `None`, as the caller promises: tested, so that it is overwritten
+        // below with nothing to drop (an assignment made a call to drop it).
         if into.is_some() {
             return false;
         }
+        let mut slot = MaybeUninit::uninit();
+        // SAFETY: `slot` is room for one block.
+        if !unsafe { self.take_to(bytes, |_| true, slot.as_mut_ptr()) } {
+            return false;
+        }
+        // SAFETY: `take_to` wrote the block into `slot`; `into` holds `None` (tested above),
+        // which owns nothing.
+        unsafe { std::ptr::write(into, Some(slot.assume_init())) };
+        true
+    }
+
+    /// A cached block of exactly `bytes` requested that `fits` (a device block: of the
+    /// request's stream), from this thread's magazine, moved into `dst` straight from the
+    /// magazine; returns whether there was one (`dst` is left alone when not).
+    ///
+    /// # Safety
+    /// `dst` is valid for a write of one block, and holds nothing that needs a drop: on
+    /// `true`, the caller owns the block written there (a `MaybeUninit` it reads the block
+    /// out of, or drops it from, once).
+    #[inline(always)]
+    pub(super) unsafe fn take_to(
+        &self,
+        bytes: usize,
+        fits: impl Fn(&Slim<T, V>) -> bool,
+        dst: *mut Slim<T, V>,
+    ) -> bool {
         // SAFETY: the key is this pool's; the reference ends in this function, which
         // registers nothing.
         let Some(mag) = (unsafe { mine::<T, V>(self.key) }) else {
@@ -263,12 +286,13 @@ impl<T: Send + Sync + 'static, V: Send + 'static> ThreadCaches<T, V> {
             return false;
         };
         // The sizes are read in place and the block then moved untouched, straight into
-        // `into`: a move whose pieces were split into registers stalls the next one that
+        // `dst`: a move whose pieces were split into registers stalls the next one that
         // reads it whole.
         let size = g.leases[i].size;
         g.bytes -= size;
         g.count(HIT, size, bytes);
-        *into = Some(swap_remove(&mut g.leases, i));
+        // SAFETY: as the caller promises for `dst`.
+        unsafe { swap_remove_to(&mut g.leases, i, dst) };
         true
     }
 
@@ -424,11 +448,19 @@ pub(super) unsafe fn absorb<T: Send + Sync + 'static, V: Send + 'static>(
     // that can grow, which the compiler may leave out of line (about 20 instructions).
     match g.leases.spare_capacity_mut().first_mut() {
         Some(slot) => {
-            slot.write(lease.take_for_cache());
+            // SAFETY: the spare room holds nothing; the block is moved there once.
+            unsafe { lease.move_to(slot.as_mut_ptr()) };
             // SAFETY: the element at `len` was written just above, within the capacity.
             unsafe { g.leases.set_len(len + 1) };
         }
-        None => g.leases.push(lease.take_for_cache()),
+        None => {
+            let mut slot = MaybeUninit::uninit();
+            // SAFETY: as above, into `slot`, then pushed once.
+            unsafe {
+                lease.move_to(slot.as_mut_ptr());
+                g.leases.push(slot.assume_init());
+            }
+        }
     }
     true
 }
