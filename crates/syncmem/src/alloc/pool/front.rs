@@ -121,7 +121,12 @@ impl Front {
             .large
             .iter()
             .rposition(|l| l.size == size && l.stream == stream)?;
-        let l = self.large.remove(pos);
+        // The newest, the usual hit, is the last: popped (a `remove` calls `memmove`).
+        let l = if pos + 1 == self.large.len() {
+            self.large.pop()?
+        } else {
+            self.large.remove(pos)
+        };
         self.count -= 1;
         self.bytes -= size as u64;
         Some(l.id)

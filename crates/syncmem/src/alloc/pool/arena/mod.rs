@@ -462,9 +462,13 @@ impl<V> Arena<V> {
         b.pending.clear();
         if !pending.is_empty() {
             merge_pending(&mut b.pending, pending);
+        } else if pending.capacity() == 0 {
+            // No room: it owns nothing (the usual free: no call made to drop it).
+            std::mem::forget(pending);
         } else if b.pending.capacity() == 0 {
-            // The list's memory stays with the block, for the uses its next lease records.
-            b.pending = pending;
+            // The list's memory stays with the block, for the uses its next lease records
+            // (the block's own list has no room: it owns nothing).
+            std::mem::forget(std::mem::replace(&mut b.pending, pending));
         }
         // One pending use per stream: at most one entry means at most one stream.
         let stream = match b.pending.as_slice() {
