@@ -160,7 +160,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
     fn record_hit(state: u64, slim: &Slim<T, V>, stream: StreamId, owner: Option<&Arc<str>>) -> u8 {
         // SAFETY: the shard lives while the block is handed out (see `Lease::shard`).
         let sh = unsafe { slim.shard.as_ref() };
-        let a = AllocRecord {
+        sh.record_cached_alloc(state, owner, || AllocRecord {
             requested: slim.requested,
             size: slim.size,
             cache_hit: true,
@@ -169,8 +169,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
             segment: sh.tag(u64::from(slim.seg())),
             offset: slim.offset,
             owner,
-        };
-        sh.record_cached_alloc(state, &a)
+        })
     }
 
     /// [`Pool::alloc_labelled`] on [`HOST_STREAM`](super::HOST_STREAM) with no owner kept:
@@ -450,7 +449,7 @@ impl<T: Send + Sync + 'static, V: Send + 'static> Pool<T, V> {
         inner
             .c
             .on_alloc(grant.size as u64, bytes as u64, grant.small);
-        let mark = inner.emit_alloc(&self.label, || AllocRecord {
+        let mark = inner.emit_alloc(&self.label, req.owner, || AllocRecord {
             requested: bytes,
             size: grant.size,
             cache_hit: hit,

@@ -8,6 +8,7 @@
 //! shard served them.
 
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 
 use super::shard::Shard;
 use super::{BlockId, Inner};
@@ -62,7 +63,12 @@ impl<T, V> Inner<T, V> {
     /// [`Inner::emit`] when nobody listens. Returns the mark the block's lease keeps
     /// ([`ring::Recorded`]).
     #[inline(always)]
-    pub(super) fn emit_alloc<'r>(&self, label: &str, a: impl FnOnce() -> AllocRecord<'r>) -> u8 {
+    pub(super) fn emit_alloc<'r>(
+        &self,
+        label: &str,
+        owner: Option<&'r Arc<str>>,
+        a: impl FnOnce() -> AllocRecord<'r>,
+    ) -> u8 {
         if self.observer.is_none() {
             let Some(source) = self.source else {
                 return ring::MARK_UNKNOWN;
@@ -75,8 +81,14 @@ impl<T, V> Inner<T, V> {
                 let order = self.next_order();
                 let generation = state >> 1;
                 let floor = self.floor(generation);
-                let r: ring::Recorded =
-                    ring::record_alloc(generation, source, self.label_key, (order, floor), &a());
+                let r: ring::Recorded = ring::record_alloc(
+                    generation,
+                    source,
+                    self.label_key,
+                    (order, floor),
+                    owner,
+                    a,
+                );
                 self.stamped(generation, r.t);
                 return r.mark;
             }
@@ -129,14 +141,20 @@ impl<T, V> Inner<T, V> {
 }
 
 impl<T, V> Shard<T, V> {
-    /// Records a thread cache's hit `a` in the history of the hook's `state` (not 0); returns
-    /// the mark of the lease. No shard order: the block's events were on this thread since
-    /// it went into the cache (see [`ring::Recorded`]).
+    /// Records a thread cache's hit (`a`, made once the event is sure to be written, for a
+    /// request of `owner`) in the history of the hook's `state` (not 0); returns the mark of
+    /// the lease. No shard order: the block's events were on this thread since it went into
+    /// the cache (see [`ring::Recorded`]).
     #[inline(always)]
-    pub(super) fn record_cached_alloc(&self, state: u64, a: &AllocRecord<'_>) -> u8 {
+    pub(super) fn record_cached_alloc<'r>(
+        &self,
+        state: u64,
+        owner: Option<&'r Arc<str>>,
+        a: impl FnOnce() -> AllocRecord<'r>,
+    ) -> u8 {
         match self.source.load(Relaxed) {
             u64::MAX => ring::MARK_UNKNOWN,
-            source => ring::record_alloc(state >> 1, source, self.label_key, (0, 0), a).mark,
+            source => ring::record_alloc(state >> 1, source, self.label_key, (0, 0), owner, a).mark,
         }
     }
 

@@ -280,28 +280,30 @@ fn stamp(h: &Hot, floor: u64) -> u64 {
     t
 }
 
-/// Records allocation `a` of `source` from the pool labelled `label` (its `label_key`), with
-/// its shard's `order` word (0: none, a thread cache's), stamped not before `floor`, in the
-/// history of `generation`. Inlined into the pool's allocation path: the common case (the
-/// ring written last, a run of slots not used up, the owner's number cached, no stacks) is a
-/// few tests and the slot's stores straight from the pool's registers, with no call and no
+/// Records the allocation `a` makes (for a request of `owner`, which `a` names too) of
+/// `source` from the pool labelled `label` (its `label_key`), with its shard's `order` word
+/// (0: none, a thread cache's), stamped not before `floor`, in the history of `generation`.
+/// Inlined into the pool's allocation path: the common case (the ring written last, a run of
+/// slots not used up, the owner's number cached, no stacks) is a few tests and the slot's
+/// stores straight from the pool's fields (`a` is called past the tests), with no call and no
 /// record made in memory; everything else goes to [`record_alloc_cold`] whole, out of line.
 #[inline(always)]
-pub(crate) fn record_alloc(
+pub(crate) fn record_alloc<'r>(
     generation: u64,
     source: u64,
     label: u32,
     (order, floor): (u64, u64),
-    a: &AllocRecord<'_>,
+    owner: Option<&'r Arc<str>>,
+    a: impl FnOnce() -> AllocRecord<'r>,
 ) -> Recorded {
     let h = hot();
     let cur = h.cur.get();
-    let owner = match a.owner {
+    let owner_id = match owner {
         None => Some(0),
         Some(o) => h.cached_id(o),
     };
-    match owner {
-        Some(owner)
+    match owner_id {
+        Some(owner_id)
             if h.generation.get() == generation
                 && h.source.get() == source
                 && cur != h.end.get()
@@ -314,14 +316,16 @@ pub(crate) fn record_alloc(
             let seq = h.seq.get();
             h.seq.set(seq + 1);
             let t = stamp(h, floor);
-            write_alloc(h, (seq, slot), (label, order, t), owner, a);
+            // Made here, past the tests: its fields go from where they lie into the slot,
+            // none of them held in a register (or spilled) across the tests.
+            write_alloc(h, (seq, slot), (label, order, t), owner_id, &a());
             Recorded {
                 t,
                 mark: h.mark.get(),
             }
         }
         // By value: the record is made in memory on this rare path only.
-        _ => record_alloc_cold(generation, source, label, (order, floor), *a),
+        _ => record_alloc_cold(generation, source, label, (order, floor), a()),
     }
 }
 

@@ -57,7 +57,7 @@ pub(crate) fn record_pool(
                 offset: *offset,
                 owner: owner.as_ref(),
             };
-            record_alloc(generation, source, label, (word, 0), &a);
+            record_alloc(generation, source, label, (word, 0), a.owner, || a);
             return;
         }
         PoolEvent::Free { size, block } => {
