@@ -74,10 +74,11 @@ enum Origin {
 ///
 /// Writing into a `DeviceBuffer` (through a [`Stream`]) takes `&mut`, reading takes `&`.
 pub struct DeviceBuffer {
-    /// The device: its own handle, or for a pooled buffer the stream it was allocated on,
-    /// which the pool keeps for the lease (see [`DeviceHandle`]): read last in `Drop::drop`
-    /// before the lease is given back (into a thread cache, or with `origin` at its end).
-    device: DeviceHandle,
+    /// The device: the handle the process keeps of a registry device, a handle of its own
+    /// (an isolated device), or for a pooled buffer the stream it was allocated on, which the
+    /// pool keeps for the lease (see [`DeviceHandle`]): read last in `Drop::drop` before the
+    /// lease is given back (into a thread cache, or with `origin` at its end).
+    pub(super) device: DeviceHandle,
     len: usize,
     /// The memory (`Empty` when `len == 0`: nothing is allocated). Dropped at the end of
     /// `Drop::drop` when it holds something (a block gone to a thread cache leaves `Empty`).
@@ -102,7 +103,7 @@ pub struct DeviceBuffer {
 impl DeviceBuffer {
     pub(crate) fn empty(device: &Device) -> Self {
         Self {
-            device: DeviceHandle::Device(device.clone()),
+            device: DeviceHandle::of(device),
             len: 0,
             origin: ManuallyDrop::new(Origin::Empty),
             uses: ManuallyDrop::default(),
@@ -204,7 +205,7 @@ impl DeviceBuffer {
     pub(crate) fn from_direct(device: &Device, len: usize, raw: RawMem) -> Self {
         let counted = device.shared.mem.on_alloc(len);
         Self {
-            device: DeviceHandle::Device(device.clone()),
+            device: DeviceHandle::of(device),
             len,
             origin: ManuallyDrop::new(Origin::Direct(Box::new(raw))),
             uses: ManuallyDrop::default(),
@@ -235,7 +236,7 @@ impl DeviceBuffer {
                 // lease is given back, which `Drop::drop` does after its last use of `device`.
                 DeviceHandle::Lent(unsafe { Lent::new(on) })
             }
-            _ => DeviceHandle::Device(Device::clone(handle)),
+            _ => DeviceHandle::of(handle),
         };
         let release = Release::record(stream, matches!(device, DeviceHandle::Lent(_)));
         Self::of_lease(device, len, lease, release)
@@ -250,7 +251,7 @@ impl DeviceBuffer {
         len: usize,
         lease: Lease<RawMem, RawMem>,
     ) -> Self {
-        let device = DeviceHandle::Device(device.clone());
+        let device = DeviceHandle::of(device);
         Self::of_lease(device, len, lease, Release::RecordDefault)
     }
 

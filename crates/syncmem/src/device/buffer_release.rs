@@ -8,7 +8,6 @@ use std::sync::Arc;
 use super::{inherit_pending, single_hint, DeviceBuffer, Origin, Release};
 use crate::alloc::pool::{Lease, StreamId};
 use crate::backend::dispatch::RawMem;
-use crate::device::handle::DeviceHandle;
 use crate::device::stream::{StreamFence, UnboundStream};
 use crate::device::Device;
 use crate::error::Result;
@@ -40,8 +39,7 @@ impl DeviceBuffer {
     /// Whether this is an empty buffer holding `device`'s own handle (see
     /// [`DeviceBuffer::release_memory`]).
     fn is_shell_of(&self, device: &Device) -> bool {
-        matches!(*self.origin, Origin::Empty)
-            && matches!(&self.device, DeviceHandle::Device(d) if d.same(device))
+        matches!(*self.origin, Origin::Empty) && self.device.is_device() && self.device.same(device)
     }
 
     /// Makes this empty buffer (see [`DeviceBuffer::is_shell_of`]) the buffer of `lease`, a
@@ -72,7 +70,7 @@ impl DeviceBuffer {
     /// its device's own handle (one pointing at a stream's handle gives it up with its
     /// block) is kept, and is left as it was otherwise.
     pub(crate) fn release_memory(&mut self) -> bool {
-        if !matches!(self.device, DeviceHandle::Device(_)) {
+        if !self.device.is_device() {
             return false;
         }
         self.free_memory();

@@ -529,6 +529,48 @@ fn copy_between_two_devices(dev0: &Device) {
     assert_eq!(part, &data[10..510]);
 }
 
+/// The buffers of a device the process keeps (the registry's) point at the process's handle
+/// and take no reference count of it, whichever way they are made (threads sharing a stream
+/// would all write that one count); those of an isolated device hold one each, given back
+/// with the buffer. A block of a stream of its own points at the stream's handle.
+fn buffers_take_a_reference_count_of_isolated_devices_only(dev: &Device) {
+    use crate::device::handle::DeviceHandle;
+    assert!(
+        dev.shared.process.get().is_some(),
+        "{} is the registry's",
+        dev.label()
+    );
+    let stream = dev.default_stream().unwrap();
+    let bufs = [
+        dev.alloc(4096).unwrap(),
+        dev.alloc_pooled(4096, &stream).unwrap(),
+        DeviceBuffer::pooled_default(dev, 4096, None).unwrap(),
+        dev.alloc_pooled(0, &stream).unwrap(),
+    ];
+    for b in &bufs {
+        assert!(matches!(&b.device, DeviceHandle::Process(d) if d.same(dev)));
+    }
+    let own = dev.new_stream().unwrap();
+    let lent = dev.alloc_pooled(4096, &own).unwrap();
+    assert!(!lent.device.is_device() && lent.device.same(dev));
+
+    let iso = dev.isolated();
+    assert!(iso.shared.process.get().is_none());
+    let stream = iso.default_stream().unwrap();
+    let held = Arc::strong_count(&iso.shared);
+    let bufs = [
+        iso.alloc(4096).unwrap(),
+        iso.alloc_pooled(4096, &stream).unwrap(),
+        DeviceBuffer::pooled_default(&iso, 4096, None).unwrap(),
+    ];
+    assert_eq!(Arc::strong_count(&iso.shared), held + bufs.len());
+    for b in &bufs {
+        assert!(matches!(&b.device, DeviceHandle::Device(d) if d.same(&iso)));
+    }
+    drop(bufs);
+    assert_eq!(Arc::strong_count(&iso.shared), held);
+}
+
 crate::for_each_device!(
     round_trip_with_offsets,
     fill,
@@ -547,4 +589,5 @@ crate::for_each_device!(
     out_of_bounds_and_other_backends_are_errors,
     streams_on_many_threads,
     copy_between_two_devices,
+    buffers_take_a_reference_count_of_isolated_devices_only,
 );

@@ -1,7 +1,8 @@
 //! The handles a stream and its buffers hold of their device: a [`StreamHandle`] (the
 //! device's own handle, or a stream's users' count around its [`OnStream`]), and a buffer's
-//! [`DeviceHandle`] (the device's own handle, or a pointer to the `OnStream` the device pool
-//! keeps for the buffer's block).
+//! [`DeviceHandle`] (the device's own handle, a reference to the handle the process keeps of
+//! a registry device, or a pointer to the `OnStream` the device pool keeps for the buffer's
+//! block).
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -131,6 +132,11 @@ pub(crate) enum DeviceHandle {
     /// The stream a pooled buffer was allocated on, kept by the device pool for the buffer's
     /// lease ([`crate::alloc::pool::Pool::alloc_with`]): no reference count of its own.
     Lent(Lent),
+    /// The handle the process keeps for a device of the registry (`Device::open`,
+    /// `Device::cpu`...), which lives as long as the process: no reference count taken. Threads
+    /// allocating on a stream they share (the default stream) would otherwise all write the
+    /// device's one count, twice a buffer.
+    Process(&'static Device),
 }
 
 /// A pointer to an [`OnStream`] the device pool keeps for a lease (see [`DeviceHandle::Lent`]).
@@ -161,11 +167,27 @@ impl Lent {
 }
 
 impl DeviceHandle {
+    /// A handle of `device` itself: the process's own when it keeps the device for its whole
+    /// life, else a clone (a reference count taken).
+    #[inline]
+    pub(crate) fn of(device: &Device) -> Self {
+        match device.shared.process.get() {
+            Some(&d) => DeviceHandle::Process(d),
+            None => DeviceHandle::Device(device.clone()),
+        }
+    }
+
+    /// Whether this is a handle of the device itself (not a stream's the pool keeps).
+    #[inline]
+    pub(crate) fn is_device(&self) -> bool {
+        !matches!(self, DeviceHandle::Lent(_))
+    }
+
     /// The stream's handle the pool keeps (`None` for the device's own handle).
     #[inline]
     pub(crate) fn lent(&self) -> Option<&OnStream> {
         match self {
-            DeviceHandle::Device(_) => None,
+            DeviceHandle::Device(_) | DeviceHandle::Process(_) => None,
             DeviceHandle::Lent(l) => Some(l.get()),
         }
     }
@@ -174,7 +196,7 @@ impl DeviceHandle {
     #[inline]
     pub(crate) fn stream(&self) -> Option<&UnboundStream> {
         match self {
-            DeviceHandle::Device(_) => None,
+            DeviceHandle::Device(_) | DeviceHandle::Process(_) => None,
             DeviceHandle::Lent(l) => Some(&l.get().stream),
         }
     }
@@ -188,6 +210,7 @@ impl std::ops::Deref for DeviceHandle {
         match self {
             DeviceHandle::Device(d) => d,
             DeviceHandle::Lent(l) => &l.get().device,
+            DeviceHandle::Process(d) => d,
         }
     }
 }

@@ -26,8 +26,7 @@
 //! stream-ordered pooled allocation. Select the pool with [`Device::set_pool`] or with the
 //! `SYNCMEM_DEVICE_POOL` / `SYNCMEM_POOL_CONF` environment variables.
 
-// Tests of the backends through devices and streams (they open `Device`s, so they live in the
-// device layer).
+// The backends' tests open `Device`s and streams: they live in the device layer.
 mod buffer;
 #[cfg(all(test, feature = "cuda"))]
 mod cuda_backend_tests;
@@ -71,8 +70,7 @@ pub use mem_pool::{MemPool, MemPoolScope};
 pub(crate) use mirror::Inert;
 pub(crate) use mirror::{Evictable, Freed, Mirrors, NextUse};
 pub use mirror::{Head, LiveBuffer};
-pub(crate) use oom_observer::notify as notify_oom;
-pub(crate) use oom_observer::unobserved as without_oom_observers;
+pub(crate) use oom_observer::{notify as notify_oom, unobserved as without_oom_observers};
 pub use oom_observer::{on_out_of_memory, OomObserverHandle};
 pub use pinned::PinnedBuffer;
 pub(crate) use registry::discovered as registry_discovered;
@@ -178,6 +176,8 @@ pub(crate) struct DeviceShared {
     /// Allocation failures on demand ([`Device::fail_allocation`]).
     #[cfg(feature = "testing")]
     pub(crate) faults: inject::Faults,
+    /// The registry's handle, which the process keeps ([`handle::DeviceHandle::Process`]).
+    pub(crate) process: OnceLock<&'static Device>,
 }
 
 /// A handle to one device. Cheap to clone; all clones share the device's state and counters.
@@ -200,6 +200,7 @@ impl Device {
                 default_stream: OnceLock::new(),
                 #[cfg(feature = "testing")]
                 faults: inject::Faults::default(),
+                process: OnceLock::new(),
             }),
         }
     }

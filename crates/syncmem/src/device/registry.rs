@@ -19,14 +19,29 @@ static OPENCL: OnceLock<Found> = OnceLock::new();
 static CUDA: OnceLock<Found> = OnceLock::new();
 
 pub(crate) fn cpu() -> Device {
-    CPU.get_or_init(|| Device::from_raw(RawDevice::Cpu(CpuDevice::new())))
-        .clone()
+    let dev: &'static Device =
+        CPU.get_or_init(|| Device::from_raw(RawDevice::Cpu(CpuDevice::new())));
+    kept_for_the_process(dev);
+    dev.clone()
+}
+
+/// Notes that the process keeps `dev` (in a static) for its whole life, before any handle of
+/// it is handed out: its buffers then take no reference count of it (see
+/// [`super::handle::DeviceHandle::Process`]).
+fn kept_for_the_process(dev: &'static Device) {
+    if dev.shared.process.get().is_none() {
+        // Another caller may have set it meanwhile: the same handle.
+        let _ = dev.shared.process.set(dev);
+    }
 }
 
 #[allow(dead_code)]
-fn unpack(found: &Found) -> Result<Vec<Device>> {
+fn unpack(found: &'static Found) -> Result<Vec<Device>> {
     match found {
-        Ok(v) => Ok(v.clone()),
+        Ok(v) => {
+            v.iter().for_each(kept_for_the_process);
+            Ok(v.clone())
+        }
         Err((backend, reason, _)) => Err(Error::RuntimeUnavailable {
             backend: *backend,
             reason: reason.clone(),
