@@ -6,7 +6,9 @@
 //! system allocator at its natural alignment, 16), `malloc-64` (the system allocator at the
 //! host pool's alignment, 64), `device-pool` (`Device::alloc_pooled` on the default stream),
 //! `device-pool-stream` (`Device::alloc_pooled` on a stream of its own, as the benchmark rows
-//! with threads) or `device-alloc` (`Device::alloc`), on `DEVICE` (when not given, the first
+//! with threads), `device-pool-open` (`device-pool` on the device as `Device::open` gives it,
+//! which the process keeps, instead of an isolated one with its own pools) or `device-alloc`
+//! (`Device::alloc`), on `DEVICE` (when not given, the first
 //! accelerator: `Device::first_accelerator()`, else `cpu`). Run
 //! it twice under an instruction counter with two loop lengths and divide the difference by
 //! the difference of the lengths: that is the cost of one alloc + free, without the start-up.
@@ -59,7 +61,7 @@ fn main() -> ExitCode {
         "host-pool-binned" => host_pool_loop(PoolKind::Binned, bytes, n),
         "malloc" => malloc_loop(16, bytes, n),
         "malloc-64" => malloc_loop(64, bytes, n),
-        "device-pool" | "device-pool-stream" | "device-alloc" => {
+        "device-pool" | "device-pool-stream" | "device-pool-open" | "device-alloc" => {
             device_loop(what, device, bytes, n)
         }
         other => {
@@ -110,8 +112,12 @@ fn device_loop(what: &str, device: Option<&str>, bytes: usize, n: usize) -> Resu
     let dev = match device {
         Some(spec) => Device::open(spec).map_err(|e| e.to_string())?,
         None => Device::first_accelerator().unwrap_or_else(Device::cpu),
-    }
-    .detached();
+    };
+    let dev = if what == "device-pool-open" {
+        dev
+    } else {
+        dev.detached()
+    };
     let stream = if what == "device-pool-stream" {
         dev.new_stream()
     } else {

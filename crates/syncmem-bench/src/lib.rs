@@ -231,11 +231,13 @@ const BASELINES: [&str; 18] = [
     "host pool 64 MiB: neither side touches the memory; `touched` writes every page on both \
      sides (the system's fresh pages fault, the pool's cached ones do not)",
     "pool rows with threads: 4 KiB allocate + free from 1, 2 and 8 threads started together, \
-     one pool for all (sharded: a shard per core; the device pool: a stream per thread), \
-     against the system allocator from as many threads; wall time per operation; goal at every \
-     thread count: ratio >= 1.2; both pools serve each thread's own frees from the thread's \
-     cache (PoolConfig::thread_cache; the device pool's for the same stream, blocks freed with \
-     no work in flight)",
+     one pool for all (sharded: a shard per core; the device pool: a stream per thread, on an \
+     isolated handle of the device; `one stream`: 2 and 8 threads on the default stream of the \
+     device as Device::open gives it), a million calls a thread per sample (20,000 with \
+     --quick), against the system allocator from as many threads; wall time per operation; \
+     goal at every thread count: ratio >= 1.2; both pools serve each thread's own frees from \
+     the thread's cache (PoolConfig::thread_cache; the device pool's for the same stream, \
+     blocks freed with no work in flight)",
     "device pool rows: the pool against the raw backend call and against Device::alloc (the same \
      call plus the memory cap and statistics)",
     "history rows: a pooled 4 KiB allocate + free on the bench device with the always-on \

@@ -172,3 +172,36 @@ pub fn device_pool_rows(dev: &Device, runs: Runs) -> Result<Vec<Row>> {
         })
         .collect()
 }
+
+/// Thread counts of the rows on one stream that all the threads share.
+pub const SHARED_THREADS: [usize; 2] = [2, 8];
+
+/// One row per [`SHARED_THREADS`] count: `Device::alloc_pooled` + drop from every thread on
+/// `dev`'s default stream, on `dev` as `Device::open` gives it (the handle the process keeps,
+/// and its pools). The threads share the stream and the device: their buffers take no
+/// reference count of it, which they would all write.
+///
+/// # Errors
+/// Device errors.
+pub fn device_pool_default_rows(dev: &Device, runs: Runs) -> Result<Vec<Row>> {
+    let stream = dev.default_stream()?;
+    SHARED_THREADS
+        .iter()
+        .map(|&t| {
+            let ours = || -> Result<()> {
+                drop(black_box(dev.alloc_pooled(BYTES, &stream)?));
+                Ok(())
+            };
+            let samples = compare_threads(t, runs, &ours, &system_alloc)?;
+            Ok(row(
+                format!("device pool 4 KiB, {}, one stream", threads_name(t)),
+                &format!(
+                    "Device::alloc_pooled + drop on {}, the default stream of every thread",
+                    dev.label()
+                ),
+                t,
+                &samples,
+            ))
+        })
+        .collect()
+}

@@ -36,6 +36,8 @@ fn bench_quick_json_has_ratios() {
         "host pool 4 KiB, 8 threads",
         "device pool 4 KiB, 1 thread",
         "device pool 4 KiB, 8 threads",
+        "device pool 4 KiB, 2 threads, one stream",
+        "device pool 4 KiB, 8 threads, one stream",
         "device pool 4 KiB, history",
         "device pool 4 KiB, history + stacks",
         "train epoch zero-copy/off cpu",
@@ -147,7 +149,7 @@ fn check_ratio_row(r: &Value) {
         "zero-copy map cycle 64 MiB" => Some(syncmem_bench::zero_copy::VS_RAW_MAP_GOAL),
         "256 B cycle, 100000 live buffers" => Some(syncmem_bench::zero_copy::LIVE_BUFFERS_GOAL),
         n if n.starts_with("host pool 4 KiB, ") || n.starts_with("device pool 4 KiB, ") => {
-            (n.ends_with("thread") || n.ends_with("threads"))
+            (n.ends_with("thread") || n.ends_with("threads") || n.ends_with(", one stream"))
                 .then_some(syncmem_bench::threads::THREADS_GOAL)
         }
         // The distributed rows (feature `mpi`): the all-reduce through the trainer's buckets
