@@ -101,6 +101,19 @@ fn threads_name(threads: usize) -> String {
     }
 }
 
+/// The row `name` of `ours` (described as `how`) against the system allocator, both from
+/// `threads` threads.
+fn row_against_system(
+    name: String,
+    how: &str,
+    threads: usize,
+    runs: Runs,
+    ours: &(dyn Fn() -> Result<()> + Sync),
+) -> Result<Row> {
+    let samples = compare_threads(threads, runs, ours, &system_alloc)?;
+    Ok(row(name, how, threads, &samples))
+}
+
 fn row(name: String, ours: &str, threads: usize, samples: &Samples) -> Row {
     let baseline = format!("alloc(align 64) + dealloc, {}", threads_name(threads));
     samples.row(&name, ours, &baseline).with_goal(THREADS_GOAL)
@@ -119,13 +132,13 @@ pub fn host_pool_rows(runs: Runs) -> Result<Vec<Row>> {
     THREADS
         .iter()
         .map(|&t| {
-            let samples = compare_threads(t, runs, &ours, &system_alloc)?;
-            Ok(row(
+            row_against_system(
                 format!("host pool 4 KiB, {}", threads_name(t)),
                 "HostPool::alloc + free, one pool for all threads",
                 t,
-                &samples,
-            ))
+                runs,
+                &ours,
+            )
         })
         .collect()
 }
@@ -159,16 +172,16 @@ pub fn device_pool_rows(dev: &Device, runs: Runs) -> Result<Vec<Row>> {
                 drop(black_box(dev.alloc_pooled(BYTES, stream)?));
                 Ok(())
             };
-            let samples = compare_threads(t, runs, &ours, &system_alloc)?;
-            Ok(row(
+            row_against_system(
                 format!("device pool 4 KiB, {}", threads_name(t)),
                 &format!(
                     "Device::alloc_pooled + drop on {}, a stream per thread",
                     dev.label()
                 ),
                 t,
-                &samples,
-            ))
+                runs,
+                &ours,
+            )
         })
         .collect()
 }
@@ -185,23 +198,19 @@ pub const SHARED_THREADS: [usize; 2] = [2, 8];
 /// Device errors.
 pub fn device_pool_default_rows(dev: &Device, runs: Runs) -> Result<Vec<Row>> {
     let stream = dev.default_stream()?;
+    let ours = || -> Result<()> {
+        drop(black_box(dev.alloc_pooled(BYTES, &stream)?));
+        Ok(())
+    };
+    let how = format!(
+        "Device::alloc_pooled + drop on {}, the default stream of every thread",
+        dev.label()
+    );
     SHARED_THREADS
         .iter()
         .map(|&t| {
-            let ours = || -> Result<()> {
-                drop(black_box(dev.alloc_pooled(BYTES, &stream)?));
-                Ok(())
-            };
-            let samples = compare_threads(t, runs, &ours, &system_alloc)?;
-            Ok(row(
-                format!("device pool 4 KiB, {}, one stream", threads_name(t)),
-                &format!(
-                    "Device::alloc_pooled + drop on {}, the default stream of every thread",
-                    dev.label()
-                ),
-                t,
-                &samples,
-            ))
+            let name = format!("device pool 4 KiB, {}, one stream", threads_name(t));
+            row_against_system(name, &how, t, runs, &ours)
         })
         .collect()
 }

@@ -29,10 +29,8 @@ pub(crate) fn cpu() -> Device {
 /// it is handed out: its buffers then take no reference count of it (see
 /// [`super::handle::DeviceHandle::Process`]).
 fn kept_for_the_process(dev: &'static Device) {
-    if dev.shared.process.get().is_none() {
-        // Another caller may have set it meanwhile: the same handle.
-        let _ = dev.shared.process.set(dev);
-    }
+    // Set already by an earlier call (or another thread's): to the same handle.
+    let _ = dev.shared.process.set(dev);
 }
 
 #[allow(dead_code)]

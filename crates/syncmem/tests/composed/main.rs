@@ -362,16 +362,12 @@ fn finally(w: &World<'_>, slots: &[Option<Live>], pins: &[Kept]) -> Result<(), T
 
 /// An isolated handle of `base` with the cap and the zero-copy setting.
 fn capped(base: &Device, zero_copy: ZeroCopy) -> Device {
-    let d = base.isolated();
-    d.set_zero_copy(zero_copy);
-    d.set_pool(PoolConfig::default().with_memory_cap(MemoryCap::Bytes(CAP)))
-        .unwrap();
-    d
+    own(&base.isolated(), zero_copy)
 }
 
-/// `base` itself, the handle the process keeps (its buffers point at it and take no reference
-/// count), with the cap and the zero-copy setting of [`capped`]: the pass with zero-copy off
-/// runs on it.
+/// `base` itself (for the registry's device, the handle the process keeps: its buffers point
+/// at it and take no reference count) with the cap and the zero-copy setting: the pass with
+/// zero-copy off runs on the registry's handle.
 fn own(base: &Device, zero_copy: ZeroCopy) -> Device {
     base.set_zero_copy(zero_copy);
     base.set_pool(PoolConfig::default().with_memory_cap(MemoryCap::Bytes(CAP)))
