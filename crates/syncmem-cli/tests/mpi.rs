@@ -10,6 +10,7 @@ mod common;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -32,7 +33,8 @@ fn mpirun() -> Option<PathBuf> {
 }
 
 /// Waits for `child` at most `limit`; kills it (and fails) past that: a hang is a failure.
-fn wait_bounded(mut child: Child, limit: Duration, what: &str) -> (Output, Duration) {
+fn wait_bounded(job: Job, limit: Duration, what: &str) -> (Output, Duration) {
+    let Job { mut child, _tmp } = job;
     let start = Instant::now();
     loop {
         if child.try_wait().expect("poll mpirun").is_some() {
@@ -52,9 +54,41 @@ fn wait_bounded(mut child: Child, limit: Duration, what: &str) -> (Output, Durat
     }
 }
 
+/// A temporary directory of one job, removed when dropped. Open MPI makes its session
+/// directory under `TMPDIR`; jobs started at the same moment by tests running in parallel
+/// could collide there ("File exists") when they share one.
+struct SessionDir(PathBuf);
+
+impl SessionDir {
+    fn new() -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        // Short: Open MPI puts unix sockets under it, whose paths are limited to 108 bytes.
+        let dir = std::env::temp_dir().join(format!(
+            "smpi-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("the job's temporary directory");
+        Self(dir)
+    }
+}
+
+impl Drop for SessionDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running `mpirun`, with its temporary directory.
+struct Job {
+    child: Child,
+    _tmp: SessionDir,
+}
+
 /// `mpirun -n ranks` of `sh -c script` (which runs `$SYNCMEM` with the rank in `$RANK`), or of
-/// `syncmem args` when `script` is empty.
-fn launch(mpirun: &PathBuf, ranks: usize, args: &[&str], script: &str) -> Child {
+/// `syncmem args` when `script` is empty, with a temporary directory of its own.
+fn launch(mpirun: &PathBuf, ranks: usize, args: &[&str], script: &str) -> Job {
+    let tmp = SessionDir::new();
     let mut c = Command::new(mpirun);
     c.args([
         "-n",
@@ -71,11 +105,15 @@ fn launch(mpirun: &PathBuf, ranks: usize, args: &[&str], script: &str) -> Child 
     c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .env("SYNCMEM", env!("CARGO_BIN_EXE_syncmem"))
+        .env("TMPDIR", &tmp.0)
         .env_remove("SYNCMEM_TRACE")
         .env_remove("SYNCMEM_ZERO_COPY")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    c.spawn().expect("start mpirun")
+    Job {
+        child: c.spawn().expect("start mpirun"),
+        _tmp: tmp,
+    }
 }
 
 fn epochs_losses(report: &Value) -> Vec<f64> {

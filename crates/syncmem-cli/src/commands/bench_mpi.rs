@@ -139,18 +139,25 @@ pub fn with_rows(mut report: BenchReport, quick: bool) -> anyhow::Result<BenchRe
     let alone_ns = step_ns(&mut alone, epochs)?;
     drop(alone);
     let exe = std::env::current_exe().context("the syncmem binary's path")?;
+    // A temporary directory of the job's own: Open MPI makes its session directory there, and
+    // jobs started at the same moment in one shared directory can collide ("File exists").
+    // Short, as Open MPI puts unix sockets (paths of at most 108 bytes) under it.
+    let tmp = std::env::temp_dir().join(format!("smpi-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)
+        .with_context(|| format!("making the MPI job's directory {}", tmp.display()))?;
     let mut cmd = Command::new(mpirun);
     cmd.args(["-n", "2", "--oversubscribe", "--bind-to", "none"])
         .arg(exe)
         .arg("bench-mpi")
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("TMPDIR", &tmp);
     if quick {
         cmd.arg("--quick");
     }
-    let out = cmd
-        .output()
-        .context("running mpirun -n 2 syncmem bench-mpi")?;
+    let out = cmd.output();
+    let _ = std::fs::remove_dir_all(&tmp);
+    let out = out.context("running mpirun -n 2 syncmem bench-mpi")?;
     if !out.status.success() {
         bail!(
             "mpirun -n 2 syncmem bench-mpi failed: {}",
