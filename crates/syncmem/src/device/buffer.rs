@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 
 use super::handle::{DeviceHandle, Lent};
 use super::stream::{StreamFence, UnboundStream};
-use super::usage::{At, Point, Uses};
+use super::usage::{Point, Uses};
 use super::{Device, Stream};
 use crate::alloc::pool::{Budget, Fence, Lease, Slim, StreamId};
 use crate::alloc::stats::Counted;
@@ -88,9 +88,9 @@ pub struct DeviceBuffer {
     /// ([`Uses::owns_nothing`]), which saves the drop of three empty slots on every free.
     pub(super) uses: ManuallyDrop<Mutex<Uses>>,
     /// [`Uses::single_stream`] of `uses` as of its last change that recorded a point
-    /// ([`single_hint`]; points forgotten since leave it true): a command of that stream is
-    /// ordered after them without taking the lock. Written under the lock. 32 bits, so that it
-    /// fits beside `exposed` and the buffer stays small.
+    /// ([`single_hint`]; points forgotten since leave it true, until a wait finds them all
+    /// complete and sets 0): a command of that stream is ordered after them, and a wait with 0
+    /// returns, without taking the lock. Written under the lock. 32 bits, beside `exposed`.
     pub(super) single: AtomicU32,
     /// The native handle was handed out (`as_opencl`, `as_cuda`): work the crate does not see
     /// may be queued on the memory.
@@ -476,61 +476,6 @@ impl DeviceBuffer {
 }
 
 impl DeviceBuffer {
-    /// Makes `stream` wait, on the device, for the commands of other streams that a command of
-    /// it reading (or, with `write`, writing) this memory must follow. Inlined: on the `cpu`
-    /// device, every copy and kernel call pays only the test of the stream.
-    #[inline]
-    pub(crate) fn order_before(&self, stream: &Stream, write: bool) -> Result<()> {
-        if stream.raw.is_cpu() {
-            return Ok(());
-        }
-        // Every point recorded is of this stream, or none is: nothing to wait for (the common
-        // case: a buffer used on one stream). A point recorded concurrently by another thread
-        // may be missed here, as it would be under the lock too (it is released before the
-        // command is queued): commands that race on one buffer from two threads are not
-        // ordered by the crate either way.
-        let single = self.single.load(Ordering::Acquire);
-        if single == 0 || (single != NOT_SINGLE && u64::from(single) == stream.id()) {
-            return Ok(());
-        }
-        self.uses
-            .lock()
-            .order_before(&stream.raw, stream.id(), write)
-    }
-
-    /// Records a command at `at` (`None`: finished already) that read or wrote the memory.
-    pub(crate) fn note(&self, at: Option<At<'_>>, write: bool) {
-        let Some(at) = at else {
-            return;
-        };
-        let mut uses = self.uses.lock();
-        if write {
-            uses.note_write(at);
-        } else {
-            uses.note_read(at);
-        }
-        self.single
-            .store(single_hint(uses.single_stream()), Ordering::Release);
-    }
-
-    /// Blocks until every command recorded on the memory has completed (a host wait each
-    /// that was not complete yet).
-    ///
-    /// # Errors
-    /// The error of a command that failed.
-    pub(crate) fn wait_uses(&self) -> Result<()> {
-        // A writer and a reader per stream of two, inline: no heap allocation.
-        let points: smallvec::SmallVec<[Point; 3]> = {
-            let mut uses = self.uses.lock();
-            uses.prune();
-            uses.points().cloned().collect()
-        };
-        for p in &points {
-            p.wait()?;
-        }
-        Ok(())
-    }
-
     /// Start of a `cpu`-device buffer's memory (`None` for other backends or length 0).
     pub(crate) fn cpu_ptr(&self) -> Option<*mut u8> {
         self.raw().and_then(RawMem::as_cpu).map(|m| m.as_ptr())

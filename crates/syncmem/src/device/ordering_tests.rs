@@ -1,7 +1,7 @@
 //! The order of commands of several streams on one buffer, on every device of every backend:
 //! the buffer's note of the one stream its points are of (what a command of that stream skips
 //! the lock for), and the waits across streams past it, a pooled block's inherited work
-//! included.
+//! included; a host wait that finds the points complete forgets them.
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -67,4 +67,43 @@ fn one_stream_points_are_known_without_the_lock(dev: &Device) {
     assert_eq!(crate::device::buffer::single_hint(7), 7);
 }
 
-crate::for_each_device!(one_stream_points_are_known_without_the_lock);
+/// A wait on the host that finds every point complete forgets them: the buffer's note goes
+/// back to "no point" (a later wait and a command of any stream skip the lock), and the
+/// commands after it are ordered as before.
+fn a_wait_that_finds_all_work_done_forgets_it(dev: &Device) {
+    let single = |b: &DeviceBuffer| b.single.load(Relaxed);
+    let (s1, s2) = (dev.new_stream().unwrap(), dev.new_stream().unwrap());
+    let mut buf = dev.alloc(1 << 20).unwrap();
+    let mut other = dev.alloc(1 << 20).unwrap();
+    buf.wait_uses().unwrap();
+    assert_eq!(single(&buf), 0, "no point yet");
+    s1.fill(&mut buf, 0, 1 << 20, 1).unwrap();
+    s2.copy(&buf, 0, &mut other, 0, 1 << 20).unwrap();
+    if dev.backend() == crate::BackendKind::Cpu {
+        assert_eq!(single(&buf), 0, "no points on `cpu`");
+    } else {
+        assert_eq!(single(&buf), crate::device::buffer::NOT_SINGLE);
+    }
+    // The first wait may find the work still running and wait for it; by the second, it is
+    // all complete and forgotten.
+    buf.wait_uses().unwrap();
+    buf.wait_uses().unwrap();
+    assert_eq!(single(&buf), 0, "complete points forgotten");
+    // Recorded again after it: a write on one stream, then a read on the other waits for it.
+    s1.fill(&mut buf, 0, 1 << 20, 6).unwrap();
+    if dev.backend() != crate::BackendKind::Cpu {
+        assert_eq!(single(&buf), u32::try_from(s1.id()).unwrap());
+    }
+    s2.copy(&buf, 0, &mut other, 0, 1 << 20).unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    s2.read(&other, 0, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 6));
+    buf.wait_uses().unwrap();
+    buf.wait_uses().unwrap();
+    assert_eq!(single(&buf), 0);
+}
+
+crate::for_each_device!(
+    one_stream_points_are_known_without_the_lock,
+    a_wait_that_finds_all_work_done_forgets_it,
+);

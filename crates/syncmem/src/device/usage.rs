@@ -13,8 +13,11 @@
 //!
 //! Recording is allocation-free: a point is a stream handle (a reference count) and a number.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::buffer::{single_hint, NOT_SINGLE};
+use super::{DeviceBuffer, Stream};
 use crate::alloc::pool::{Fence, Queue, QueuePoint};
 use crate::alloc::stats::count_wait;
 use crate::backend::dispatch::RawStream;
@@ -253,5 +256,75 @@ impl Uses {
             }
         }
         self.more.retain(|p| !p.is_done());
+    }
+}
+
+/// The record of uses of a buffer, read and written by its commands and host accesses.
+impl DeviceBuffer {
+    /// Makes `stream` wait, on the device, for the commands of other streams that a command of
+    /// it reading (or, with `write`, writing) this memory must follow. Inlined: on the `cpu`
+    /// device, every copy and kernel call pays only the test of the stream.
+    #[inline]
+    pub(crate) fn order_before(&self, stream: &Stream, write: bool) -> Result<()> {
+        if stream.raw.is_cpu() {
+            return Ok(());
+        }
+        // Every point recorded is of this stream, or none is: nothing to wait for (the common
+        // case: a buffer used on one stream). A point recorded concurrently by another thread
+        // may be missed here, as it would be under the lock too (it is released before the
+        // command is queued): commands that race on one buffer from two threads are not
+        // ordered by the crate either way.
+        let single = self.single.load(Ordering::Acquire);
+        if single == 0 || (single != NOT_SINGLE && u64::from(single) == stream.id()) {
+            return Ok(());
+        }
+        self.uses
+            .lock()
+            .order_before(&stream.raw, stream.id(), write)
+    }
+
+    /// Records a command at `at` (`None`: finished already) that read or wrote the memory.
+    pub(crate) fn note(&self, at: Option<At<'_>>, write: bool) {
+        let Some(at) = at else {
+            return;
+        };
+        let mut uses = self.uses.lock();
+        if write {
+            uses.note_write(at);
+        } else {
+            uses.note_read(at);
+        }
+        self.single
+            .store(single_hint(uses.single_stream()), Ordering::Release);
+    }
+
+    /// Blocks until every command recorded on the memory has completed (a host wait each
+    /// that was not complete yet).
+    ///
+    /// # Errors
+    /// The error of a command that failed.
+    pub(crate) fn wait_uses(&self) -> Result<()> {
+        // No point recorded (a `cpu` buffer's commands record none), or every one complete at
+        // the last wait: nothing to wait for, and no lock taken (every host access of memory
+        // the host shares with the device waits here). A point recorded concurrently by
+        // another thread may be missed, as it would be under the lock.
+        if self.single.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
+        // A writer and a reader per stream of two, inline: no heap allocation.
+        let points: smallvec::SmallVec<[Point; 3]> = {
+            let mut uses = self.uses.lock();
+            uses.prune();
+            if uses.is_empty() {
+                // All complete: the next waits, and `order_before`, skip the lock.
+                self.single.store(0, Ordering::Release);
+                return Ok(());
+            }
+            uses.points().cloned().collect()
+        };
+        for p in &points {
+            p.wait()?;
+        }
+        Ok(())
     }
 }
