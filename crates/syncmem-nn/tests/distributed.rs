@@ -202,6 +202,46 @@ fn ranks_on_opencl_and_with_two_devices_each_reach_the_single_process_loss() {
     }
 }
 
+/// A rank of two devices beside a rank of one, with a gradient alone in a bucket (summed
+/// straight from it when every rank has the same share of the batch): the ranks' gradients
+/// are weighed alike, whatever their devices.
+#[cfg(feature = "opencl")]
+#[test]
+fn ranks_with_different_device_counts_reach_the_single_process_loss() {
+    let Some(devs) = opencl_devices(2) else {
+        return;
+    };
+    let data = Dataset::spirals(300, 3, 0.2, 0);
+    // Batches of 42 rows: 21 a rank, 11 and 10 on the devices of rank 0.
+    for cfg in [
+        TrainConfig::default().with_epochs(2),
+        TrainConfig::default()
+            .with_epochs(2)
+            .with_bucket_bytes(1024),
+        TrainConfig::default()
+            .with_epochs(2)
+            .with_bucket_bytes(1024)
+            .with_batch(42),
+    ] {
+        let (want, _) = single(&devs[0], &data, &cfg);
+        let got = distributed(
+            2,
+            |r| match r {
+                0 => devs.clone(),
+                _ => vec![devs[1].clone()],
+            },
+            &data,
+            &cfg,
+        );
+        for o in &got {
+            for (&l, &w) in o.losses.iter().zip(&want) {
+                assert!(rel(l, w) < 1e-5, "{l} vs {w}");
+            }
+            assert_eq!(o.params, got[0].params);
+        }
+    }
+}
+
 #[cfg(feature = "opencl")]
 fn opencl_devices(n: usize) -> Option<Vec<Device>> {
     let devs = syncmem::Device::all(syncmem::BackendKind::OpenCl).unwrap_or_default();

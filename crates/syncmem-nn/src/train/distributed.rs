@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::collective::Collective;
 use super::parallel::split;
-use super::reduce::{plan_buckets, CommStats, Reducer};
+use super::reduce::{plan_buckets, CommStats, Reducer, Share};
 use super::{TrainConfig, Trainer};
 use crate::mlp::{Dataset, Mlp, MlpNets};
 use syncmem::{Device, Error, Result, Tensor, Workspace};
@@ -129,14 +129,28 @@ fn dist_step_on(
     total: f32,
 ) -> Result<(f32, f32)> {
     let single = p.shards.len() == 1;
+    // Every rank has the same share of a batch its rows split evenly over (`rank_rows`).
+    let ranks = d.reducer.collective.size().max(1);
+    let even = (total as usize).is_multiple_of(ranks);
+    let of_rank = |w: f32| {
+        if even {
+            Share::common(w)
+        } else {
+            Share::own(w)
+        }
+    };
     let mut shares: smallvec::SmallVec<[Option<f32>; 8]> = smallvec::SmallVec::new();
+    // This rank's rows.
+    let mut rows = 0usize;
     for s in &p.shards {
         let Some(b) = &s.batches[i] else {
             shares.push(None);
             continue;
         };
         super::feed_batch(&s.ws, &s.device, b)?;
-        let share = b.y.numel().unwrap_or(0) as f32 / total;
+        let n = b.y.numel().unwrap_or(0);
+        rows += n;
+        let share = n as f32 / total;
         if single && d.overlap {
             let r = &mut d.reducer;
             // A bucket ready only after the last operator has nothing to overlap with: the
@@ -147,7 +161,7 @@ fn dist_step_on(
                     if index >= last || b.ready_after.is_none_or(|w| w > index) {
                         break;
                     }
-                    r.submit(r.submitted, share)?;
+                    r.submit(r.submitted, of_rank(share))?;
                 }
                 Ok(())
             })?;
@@ -156,13 +170,7 @@ fn dist_step_on(
         }
         shares.push(Some(share));
     }
-    let bucket_share = if single {
-        shares[0].unwrap_or(0.0)
-    } else {
-        // The shards' gradients weighted into the first device's, for the job's batch.
-        p.sum_local_gradients(&shares)?;
-        1.0
-    };
+    let bucket_share = rank_share(p, i, (&shares, rows, total), even, of_rank)?;
     d.reducer.submit_rest(bucket_share)?;
     let (mut loss, mut acc) = (0.0f64, 0.0f64);
     for (s, w) in p.shards.iter().zip(&shares) {
@@ -177,6 +185,42 @@ fn dist_step_on(
     Ok((loss as f32, acc as f32))
 }
 
+/// What a rank of `p` submits its buckets with for batch `i`, once its shards ran: `shares`
+/// (each shard's rows over the batch's `total`) and `rows` (the rank's); `even`: the batch
+/// splits evenly over the ranks; `of_rank` makes a share of one shard's rank.
+fn rank_share(
+    p: &super::parallel::Parallel,
+    i: usize,
+    (shares, rows, total): (&[Option<f32>], usize, f32),
+    even: bool,
+    of_rank: impl Fn(f32) -> Share,
+) -> Result<Share> {
+    Ok(if p.shards.len() == 1 {
+        of_rank(shares[0].unwrap_or(0.0))
+    } else if even && rows > 0 {
+        // The shards' gradients weighted into the first device's as the mean over the rank's
+        // rows, which the common share then scales after the sum, as every rank does: the
+        // same value on every rank (the rows over the batch's, rounded once, as a rank of one
+        // device computes it).
+        let local: smallvec::SmallVec<[Option<f32>; 8]> = p
+            .shards
+            .iter()
+            .zip(shares)
+            .map(|(s, w)| {
+                w.and(s.batches[i].as_ref())
+                    .map(|b| b.y.numel().unwrap_or(0) as f32 / rows as f32)
+            })
+            .collect();
+        p.sum_local_gradients(&local)?;
+        Share::common(rows as f32 / total)
+    } else {
+        // The shards' gradients weighted into the first device's, for the job's batch: summed
+        // as they are.
+        p.sum_local_gradients(shares)?;
+        Share::own(1.0)
+    })
+}
+
 impl Trainer {
     /// Sums this rank's current gradients over the ranks now, bucket by bucket, as a step
     /// does after backward (each rank's weighted by 1): what one step's all-reduce costs,
@@ -189,7 +233,7 @@ impl Trainer {
         let Some(d) = self.parallel.as_mut().and_then(|p| p.dist.as_mut()) else {
             return Ok(());
         };
-        d.reducer.submit_rest(1.0)?;
+        d.reducer.submit_rest(Share::common(1.0))?;
         d.reducer.wait_all().map(|_| ())
     }
 

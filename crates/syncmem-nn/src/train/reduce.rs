@@ -11,6 +11,11 @@
 //! [`Collective::all_reduce_sum`], and writes the sum back through the host mirrors (the
 //! update's device read copies it back on a discrete GPU, and nothing where memory is shared).
 //!
+//! A bucket of one gradient (a large one: it fills a bucket alone) is summed straight from the
+//! gradient's host mirror, with no packing copy, when nothing needs scaling before the sum:
+//! when this rank's share is 1 (several devices of a rank weighed their shards already), or
+//! when every rank has the same share, which then scales the sum on its way back ([`Share`]).
+//!
 //! Every rank plans the same buckets from the same net and submits them in the same order, so
 //! the collective calls match across ranks; a rank without rows in a batch submits its buckets
 //! with a share of 0 (zeros, its gradients not read).
@@ -107,9 +112,42 @@ impl CommStats {
     }
 }
 
+/// This rank's weight of its gradients in the sums of a step's buckets: its rows over the
+/// batch's (0: no rows, its gradients not read).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Share {
+    weight: f32,
+    /// Every rank of the job has this weight: the sum may be scaled once, after the
+    /// all-reduce, instead of each rank's gradients before it.
+    common: bool,
+}
+
+impl Share {
+    /// `weight`, this rank's own (other ranks' may differ).
+    pub(super) fn own(weight: f32) -> Self {
+        Self {
+            weight,
+            common: false,
+        }
+    }
+
+    /// `weight`, the same on every rank of the job.
+    pub(super) fn common(weight: f32) -> Self {
+        Self {
+            weight,
+            common: true,
+        }
+    }
+
+    /// Nothing to scale before the sum: a bucket of one gradient is summed straight from it.
+    fn direct(self) -> bool {
+        self.weight == 1.0 || (self.common && self.weight != 0.0)
+    }
+}
+
 enum Job {
     /// Bucket `index`, scaled by this rank's share of the batch.
-    Bucket { index: usize, share: f32 },
+    Bucket { index: usize, share: Share },
     /// Two sums (loss and accuracy).
     Scalars([f64; 2]),
 }
@@ -201,7 +239,7 @@ impl Reducer {
     }
 
     /// Submits bucket `index` with this rank's `share` of the batch.
-    pub(super) fn submit(&mut self, index: usize, share: f32) -> Result<()> {
+    pub(super) fn submit(&mut self, index: usize, share: Share) -> Result<()> {
         self.send(Job::Bucket { index, share })?;
         self.submitted += 1;
         Ok(())
@@ -209,7 +247,7 @@ impl Reducer {
 
     /// Sums every bucket not yet submitted this step: on the calling thread when nothing is
     /// in flight (no hand-over to wait for; the time counts as exposed), else after what is.
-    pub(super) fn submit_rest(&mut self, share: f32) -> Result<()> {
+    pub(super) fn submit_rest(&mut self, share: Share) -> Result<()> {
         if self.pending == 0 {
             let start = Instant::now();
             let mut any = false;
@@ -364,7 +402,7 @@ impl Worker {
         Ok(out)
     }
 
-    fn bucket(&mut self, index: usize, share: f32) -> Result<Done> {
+    fn bucket(&mut self, index: usize, share: Share) -> Result<Done> {
         let start = Instant::now();
         let copies = thread_copies();
         let plan = &self.buckets[index];
@@ -375,6 +413,10 @@ impl Worker {
                 .map(|(name, _)| self.ws.get_blob(name))
                 .collect::<Result<_>>()?;
         }
+        if plan.grads.len() == 1 && share.direct() {
+            return self.direct(index, share.weight, (start, copies));
+        }
+        let share = share.weight;
         let blobs = &self.blobs[index];
         let (send, recv) = (&mut self.send[..plan.len], &mut self.recv[..plan.len]);
         let mut at = 0;
@@ -416,6 +458,50 @@ impl Worker {
             bytes: plan.len as u64 * 4,
             reduce,
             staging: packed + unpack.elapsed().as_secs_f64(),
+            copies: thread_copies().since(&copies),
+        })
+    }
+}
+
+impl Worker {
+    /// Bucket `index`, of one gradient, summed straight from the gradient's host mirror into
+    /// the receive buffer (no packing copy), and written back scaled by `weight` (see
+    /// [`Share::direct`]). The gradient's read guard is held during the call: nothing writes
+    /// it before the update, which waits for every bucket.
+    fn direct(
+        &mut self,
+        index: usize,
+        weight: f32,
+        (start, copies): (Instant, CopyStats),
+    ) -> Result<Done> {
+        let plan = &self.buckets[index];
+        let ((name, n), blob) = (&plan.grads[0], &self.blobs[index][0]);
+        let (collective, recv) = (&self.collective, &mut self.recv[..plan.len]);
+        let mut reduce = 0.0;
+        with_grad(blob, name, *n, |g| {
+            let host = g.host()?;
+            let src = floats(&host, *n, name)?;
+            let call = Instant::now();
+            collective.all_reduce_sum(src, recv)?;
+            reduce = call.elapsed().as_secs_f64();
+            Ok(())
+        })?;
+        with_grad(blob, name, *n, |g| {
+            let mut host = g.host_overwrite()?;
+            let dst = floats_mut(&mut host, *n, name)?;
+            if weight == 1.0 {
+                dst.copy_from_slice(recv);
+            } else {
+                for (d, s) in dst.iter_mut().zip(recv.iter()) {
+                    *d = s * weight;
+                }
+            }
+            Ok(())
+        })?;
+        Ok(Done::Bucket {
+            bytes: plan.len as u64 * 4,
+            reduce,
+            staging: start.elapsed().as_secs_f64() - reduce,
             copies: thread_copies().since(&copies),
         })
     }

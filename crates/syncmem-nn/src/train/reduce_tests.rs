@@ -6,7 +6,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use syncmem::{Device, Tensor, Workspace};
 
-use super::{BucketPlan, Reducer};
+use super::{BucketPlan, Reducer, Share};
 use crate::train::collective::{Collective, Local};
 
 /// Buckets of at most `cap` elements over `sizes`, in order (a larger gradient alone), as
@@ -34,7 +34,7 @@ fn value(r: usize, k: usize, i: usize) -> f32 {
     ((r * 7 + k * 3 + i) % 11) as f32 - 5.0
 }
 
-fn run_rank(c: Local, sizes: &[usize], cap: usize, share: f32, steps: usize) -> Vec<Vec<f32>> {
+fn run_rank(c: Local, sizes: &[usize], cap: usize, share: Share, steps: usize) -> Vec<Vec<f32>> {
     let dev = Device::cpu();
     let ws = Arc::new(Workspace::new());
     let rank = c.rank();
@@ -53,7 +53,7 @@ fn run_rank(c: Local, sizes: &[usize], cap: usize, share: f32, steps: usize) -> 
             reducer.submit(0, share).unwrap();
         }
         reducer.submit_rest(share).unwrap();
-        reducer.submit_scalars([1.0, share as f64]).unwrap();
+        reducer.submit_scalars([1.0, 0.5]).unwrap();
         let scalars = reducer.wait_all().unwrap();
         assert_eq!(scalars[0], reducer.collective.size() as f64);
     }
@@ -91,9 +91,13 @@ proptest! {
         cap in 1usize..6000,
         ranks in 1usize..5,
         share_exp in 0i32..3,
+        common in any::<bool>(),
     ) {
-        // Shares that are powers of two keep the scaled values exact too.
-        let share = 2f32.powi(-share_exp);
+        // Shares that are powers of two keep the scaled values exact too, scaled before the
+        // sum (each rank's own share) or after it (a share common to every rank: a bucket of
+        // one gradient is then summed straight from it).
+        let weight = 2f32.powi(-share_exp);
+        let share = if common { Share::common(weight) } else { Share::own(weight) };
         let group = Local::group(ranks);
         let results: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
             let handles: Vec<_> = group
@@ -104,7 +108,7 @@ proptest! {
         });
         for (k, &n) in sizes.iter().enumerate() {
             let want: Vec<f32> = (0..n)
-                .map(|i| (0..ranks).map(|r| value(r, k, i) * share).sum())
+                .map(|i| (0..ranks).map(|r| value(r, k, i) * weight).sum())
                 .collect();
             for (r, got) in results.iter().enumerate() {
                 prop_assert_eq!(&got[k], &want, "rank {} gradient {}", r, k);
@@ -121,7 +125,9 @@ fn a_share_of_zero_sends_zeros_without_reading_the_gradient() {
         let handles: Vec<_> = group
             .into_iter()
             .map(|c| {
-                let share = if c.rank() == 1 { 0.0 } else { 1.0 };
+                // Rank 0's single-gradient bucket is summed straight from the gradient, rank 1's
+                // zeros from the packing buffer: the calls match all the same.
+                let share = Share::own(if c.rank() == 1 { 0.0 } else { 1.0 });
                 s.spawn(move || run_rank(c, &sizes, 4, share, 1))
             })
             .collect();
