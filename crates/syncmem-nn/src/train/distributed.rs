@@ -140,16 +140,17 @@ fn dist_step_on(
         }
     };
     let mut shares: smallvec::SmallVec<[Option<f32>; 8]> = smallvec::SmallVec::new();
-    // This rank's rows.
-    let mut rows = 0usize;
+    // Each shard's rows.
+    let mut rows: smallvec::SmallVec<[usize; 8]> = smallvec::SmallVec::new();
     for s in &p.shards {
         let Some(b) = &s.batches[i] else {
             shares.push(None);
+            rows.push(0);
             continue;
         };
         super::feed_batch(&s.ws, &s.device, b)?;
         let n = b.y.numel().unwrap_or(0);
-        rows += n;
+        rows.push(n);
         let share = n as f32 / total;
         if single && d.overlap {
             let r = &mut d.reducer;
@@ -170,7 +171,7 @@ fn dist_step_on(
         }
         shares.push(Some(share));
     }
-    let bucket_share = rank_share(p, i, (&shares, rows, total), even, of_rank)?;
+    let bucket_share = rank_share(p, (&shares, &rows, total), even)?;
     d.reducer.submit_rest(bucket_share)?;
     let (mut loss, mut acc) = (0.0f64, 0.0f64);
     for (s, w) in p.shards.iter().zip(&shares) {
@@ -185,34 +186,34 @@ fn dist_step_on(
     Ok((loss as f32, acc as f32))
 }
 
-/// What a rank of `p` submits its buckets with for batch `i`, once its shards ran: `shares`
-/// (each shard's rows over the batch's `total`) and `rows` (the rank's); `even`: the batch
-/// splits evenly over the ranks; `of_rank` makes a share of one shard's rank.
+/// What a rank of `p` submits its buckets with, once its shards ran: `shares` (each shard's
+/// rows over the batch's `total`, `None` without rows) and `rows` (each shard's); `even`: the
+/// batch splits evenly over the ranks, so every rank has the same share.
 fn rank_share(
     p: &super::parallel::Parallel,
-    i: usize,
-    (shares, rows, total): (&[Option<f32>], usize, f32),
+    (shares, rows, total): (&[Option<f32>], &[usize], f32),
     even: bool,
-    of_rank: impl Fn(f32) -> Share,
 ) -> Result<Share> {
+    let mine: usize = rows.iter().sum();
     Ok(if p.shards.len() == 1 {
-        of_rank(shares[0].unwrap_or(0.0))
-    } else if even && rows > 0 {
+        let w = shares[0].unwrap_or(0.0);
+        if even {
+            Share::common(w)
+        } else {
+            Share::own(w)
+        }
+    } else if even && mine > 0 {
         // The shards' gradients weighted into the first device's as the mean over the rank's
         // rows, which the common share then scales after the sum, as every rank does: the
         // same value on every rank (the rows over the batch's, rounded once, as a rank of one
         // device computes it).
-        let local: smallvec::SmallVec<[Option<f32>; 8]> = p
-            .shards
+        let local: smallvec::SmallVec<[Option<f32>; 8]> = shares
             .iter()
-            .zip(shares)
-            .map(|(s, w)| {
-                w.and(s.batches[i].as_ref())
-                    .map(|b| b.y.numel().unwrap_or(0) as f32 / rows as f32)
-            })
+            .zip(rows)
+            .map(|(w, &n)| w.map(|_| n as f32 / mine as f32))
             .collect();
         p.sum_local_gradients(&local)?;
-        Share::common(rows as f32 / total)
+        Share::common(mine as f32 / total)
     } else {
         // The shards' gradients weighted into the first device's, for the job's batch: summed
         // as they are.
