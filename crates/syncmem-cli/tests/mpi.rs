@@ -173,6 +173,11 @@ fn two_and_three_ranks_on_cpu_reach_the_single_process_loss() {
     let args = ["train", "--device", "cpu", "--epochs", "2"];
     same_loss_as_one_process(&m, 2, &args);
     same_loss_as_one_process(&m, 3, &args);
+    // 1 KiB buckets: the 16 KiB `fc2_w` alone in one, summed in place in the gradient itself
+    // where every rank has the same share (2 ranks), packed where shares differ (3 ranks).
+    let small = [&args[..], &["--bucket-size", "1KiB"]].concat();
+    same_loss_as_one_process(&m, 2, &small);
+    same_loss_as_one_process(&m, 3, &small);
 }
 
 #[cfg(feature = "opencl")]

@@ -33,8 +33,9 @@
 //! (see syncmem's `custom_operator` example).
 
 #![warn(missing_docs)]
-// One call is unsafe: the launch of the update operators' own kernels (`ops/optim/`), which
-// syncmem cannot check; everything else is safe code.
+// Two calls are unsafe: the launch of the update operators' own kernels (`ops/optim/`), which
+// syncmem cannot check, and, with the `mpi` feature, the in-place all-reduce the `mpi` crate
+// does not wrap (`train/collective/mpi.rs`); everything else is safe code.
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 

@@ -7,14 +7,15 @@
 //! gradient through its host mirror (which waits for the device work writing it; on a device
 //! whose memory is host memory it copies nothing, on a discrete GPU it copies device to host on
 //! the buffer's stream, counted), packs them into one contiguous host buffer scaled by this
-//! rank's share of the batch, sums that buffer over the ranks with one
-//! [`Collective::all_reduce_sum`], and writes the sum back through the host mirrors (the
-//! update's device read copies it back on a discrete GPU, and nothing where memory is shared).
+//! rank's share of the batch, sums that buffer over the ranks in place with one
+//! [`Collective::all_reduce_sum_in_place`] (`MPI_IN_PLACE`: no receive buffer), and writes the
+//! sum back through the host mirrors (the update's device read copies it back on a discrete
+//! GPU, and nothing where memory is shared).
 //!
-//! A bucket of one gradient (a large one: it fills a bucket alone) is summed straight from the
-//! gradient's host mirror, with no packing copy, when nothing needs scaling before the sum:
+//! A bucket of one gradient (a large one: it fills a bucket alone) is summed in place in the
+//! gradient's host mirror, with no copy at all, when nothing needs scaling before the sum:
 //! when this rank's share is 1 (several devices of a rank weighed their shards already), or
-//! when every rank has the same share, which then scales the sum on its way back ([`Share`]).
+//! when every rank has the same share, which then scales the sum where it lies ([`Share`]).
 //!
 //! Every rank plans the same buckets from the same net and submits them in the same order, so
 //! the collective calls match across ranks; a rank without rows in a batch submits its buckets
@@ -25,9 +26,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use smallvec::SmallVec;
 use syncmem::alloc::stats::{thread_copies, CopyStats};
 use syncmem::net::Net;
-use syncmem::{Error, Result, Tensor, Workspace};
+use syncmem::synced::HostWrite;
+use syncmem::{Blob, Error, Result, SyncedMemory, Tensor, Workspace};
 
 use super::collective::Collective;
 use super::meter::add;
@@ -80,6 +83,10 @@ pub(super) fn plan_buckets(
     }
     buckets
 }
+
+/// Gradients of a bucket whose guards are held without a heap allocation (more spill to the
+/// heap).
+const GUARDS: usize = 16;
 
 /// What summing over the ranks cost, summed over the steps (see [`super::Trainer::comm`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -196,8 +203,7 @@ impl Reducer {
             ws,
             blobs: vec![Vec::new(); buckets.len()],
             buckets: buckets.clone(),
-            send: vec![0.0; buckets.iter().map(|b| b.len).max().unwrap_or(0)],
-            recv: vec![0.0; buckets.iter().map(|b| b.len).max().unwrap_or(0)],
+            packed: vec![0.0; buckets.iter().map(|b| b.len).max().unwrap_or(0)],
             collective: collective.clone(),
         };
         let worker = Arc::new(Mutex::new(worker));
@@ -371,8 +377,8 @@ struct Worker {
     /// Each bucket's gradient blobs, looked up by name once (at the bucket's first sum).
     blobs: Vec<Vec<syncmem::workspace::BlobRef>>,
     buckets: Vec<BucketPlan>,
-    send: Vec<f32>,
-    recv: Vec<f32>,
+    /// Where buckets of several gradients are packed and summed in place.
+    packed: Vec<f32>,
     collective: Arc<dyn Collective>,
 }
 
@@ -417,57 +423,60 @@ impl Worker {
             return self.direct(index, share.weight, (start, copies));
         }
         let share = share.weight;
-        let blobs = &self.blobs[index];
-        let (send, recv) = (&mut self.send[..plan.len], &mut self.recv[..plan.len]);
+        // Each gradient's blob read-locked, and its host mirror held for writing from the pack
+        // to the unpack: one guard per gradient. Nothing else touches them meanwhile (the
+        // update, which reads them next, waits for every bucket).
+        let locked: SmallVec<[_; GUARDS]> = self.blobs[index].iter().map(|b| b.read()).collect();
+        let mut hosts = SmallVec::<[HostWrite<'_>; GUARDS]>::new();
+        for (blob, (name, n)) in locked.iter().zip(&plan.grads) {
+            let m = grad_memory(blob, name, *n)?;
+            // A share of 0 sends zeros: the gradient is not read, only overwritten by the sum.
+            hosts.push(if share == 0.0 {
+                m.host_overwrite()?
+            } else {
+                m.host_mut()?
+            });
+        }
+        let packed = &mut self.packed[..plan.len];
         let mut at = 0;
-        for ((name, n), blob) in plan.grads.iter().zip(blobs) {
-            let dst = &mut send[at..at + n];
+        for (host, (name, n)) in hosts.iter().zip(&plan.grads) {
+            let dst = &mut packed[at..at + n];
             if share == 0.0 {
                 dst.fill(0.0);
+            } else if share == 1.0 {
+                dst.copy_from_slice(floats(host, *n, name)?);
             } else {
-                with_grad(blob, name, *n, |g| {
-                    let host = g.host()?;
-                    let src = floats(&host, *n, name)?;
-                    if share == 1.0 {
-                        dst.copy_from_slice(src);
-                    } else {
-                        for (d, s) in dst.iter_mut().zip(src) {
-                            *d = s * share;
-                        }
-                    }
-                    Ok(())
-                })?;
+                for (d, s) in dst.iter_mut().zip(floats(host, *n, name)?) {
+                    *d = s * share;
+                }
             }
             at += n;
         }
-        let packed = start.elapsed().as_secs_f64();
+        let packing = start.elapsed().as_secs_f64();
         let call = Instant::now();
-        self.collective.all_reduce_sum(send, recv)?;
+        self.collective.all_reduce_sum_in_place(packed)?;
         let reduce = call.elapsed().as_secs_f64();
         let unpack = Instant::now();
         let mut at = 0;
-        for ((name, n), blob) in plan.grads.iter().zip(blobs) {
-            with_grad(blob, name, *n, |g| {
-                let mut host = g.host_overwrite()?;
-                floats_mut(&mut host, *n, name)?.copy_from_slice(&recv[at..at + n]);
-                Ok(())
-            })?;
+        for (host, (name, n)) in hosts.iter_mut().zip(&plan.grads) {
+            floats_mut(host, *n, name)?.copy_from_slice(&packed[at..at + n]);
             at += n;
         }
+        drop(hosts);
         Ok(Done::Bucket {
             bytes: plan.len as u64 * 4,
             reduce,
-            staging: packed + unpack.elapsed().as_secs_f64(),
+            staging: packing + unpack.elapsed().as_secs_f64(),
             copies: thread_copies().since(&copies),
         })
     }
 }
 
 impl Worker {
-    /// Bucket `index`, of one gradient, summed straight from the gradient's host mirror into
-    /// the receive buffer (no packing copy), and written back scaled by `weight` (see
-    /// [`Share::direct`]). The gradient's read guard is held during the call: nothing writes
-    /// it before the update, which waits for every bucket.
+    /// Bucket `index`, of one gradient, summed in place in the gradient's host mirror (no
+    /// copy), and scaled there by `weight` (see [`Share::direct`]). The gradient's write guard
+    /// is held during the call: nothing reads or writes it before the update, which waits for
+    /// every bucket.
     fn direct(
         &mut self,
         index: usize,
@@ -476,25 +485,16 @@ impl Worker {
     ) -> Result<Done> {
         let plan = &self.buckets[index];
         let ((name, n), blob) = (&plan.grads[0], &self.blobs[index][0]);
-        let (collective, recv) = (&self.collective, &mut self.recv[..plan.len]);
+        let collective = &self.collective;
         let mut reduce = 0.0;
         with_grad(blob, name, *n, |g| {
-            let host = g.host()?;
-            let src = floats(&host, *n, name)?;
+            let mut host = g.host_mut()?;
+            let values = floats_mut(&mut host, *n, name)?;
             let call = Instant::now();
-            collective.all_reduce_sum(src, recv)?;
+            collective.all_reduce_sum_in_place(values)?;
             reduce = call.elapsed().as_secs_f64();
-            Ok(())
-        })?;
-        with_grad(blob, name, *n, |g| {
-            let mut host = g.host_overwrite()?;
-            let dst = floats_mut(&mut host, *n, name)?;
-            if weight == 1.0 {
-                dst.copy_from_slice(recv);
-            } else {
-                for (d, s) in dst.iter_mut().zip(recv.iter()) {
-                    *d = s * weight;
-                }
+            if weight != 1.0 {
+                values.iter_mut().for_each(|v| *v *= weight);
             }
             Ok(())
         })?;
@@ -514,10 +514,14 @@ fn with_grad(
     n: usize,
     f: impl FnOnce(&syncmem::SyncedMemory) -> Result<()>,
 ) -> Result<()> {
-    let guard = blob.read();
-    let t = guard.get::<Tensor>()?;
+    f(grad_memory(&blob.read(), name, n)?)
+}
+
+/// The storage of gradient `name` (of `n` elements), the tensor of `blob`.
+fn grad_memory<'a>(blob: &'a Blob, name: &str, n: usize) -> Result<&'a SyncedMemory> {
+    let t = blob.get::<Tensor>()?;
     match t.synced() {
-        Some(m) if t.numel().unwrap_or(0) == n => f(m),
+        Some(m) if t.numel().unwrap_or(0) == n => Ok(m),
         _ => Err(Error::InvalidShape {
             what: format!("gradient {name:?}"),
             shape: format!("{:?}", t.dims()),

@@ -201,6 +201,15 @@ impl Collective for Local {
         Ok(())
     }
 
+    fn all_reduce_sum_in_place(&self, values: &mut [f32]) -> Result<()> {
+        let data = values.iter().map(|v| u64::from(v.to_bits())).collect();
+        let sum = self.exchange(Kind::SumF32, data)?;
+        for (r, b) in values.iter_mut().zip(sum) {
+            *r = f32::from_bits(b as u32);
+        }
+        Ok(())
+    }
+
     fn all_reduce_sum_f64(&self, send: &[f64], recv: &mut [f64]) -> Result<()> {
         check_lengths("all_reduce_sum_f64", send.len(), recv.len())?;
         let sum = self.exchange(Kind::SumF64, send.iter().map(|v| v.to_bits()).collect())?;
@@ -250,6 +259,72 @@ mod tests {
         });
         for e in errors {
             assert!(e.contains("different calls"), "{e}");
+        }
+    }
+
+    /// A collective that keeps the provided in-place sum (a copy, then the plain sum).
+    #[derive(Debug)]
+    struct Plain(Local);
+
+    impl Collective for Plain {
+        fn rank(&self) -> usize {
+            self.0.rank()
+        }
+        fn size(&self) -> usize {
+            self.0.size()
+        }
+        fn describe(&self) -> String {
+            self.0.describe()
+        }
+        fn all_reduce_sum(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+            self.0.all_reduce_sum(send, recv)
+        }
+        fn all_reduce_sum_f64(&self, send: &[f64], recv: &mut [f64]) -> Result<()> {
+            self.0.all_reduce_sum_f64(send, recv)
+        }
+        fn all_gather_u64(&self, values: &[u64]) -> Result<Vec<u64>> {
+            self.0.all_gather_u64(values)
+        }
+        fn abort(&self, code: i32, reason: &str) {
+            self.0.abort(code, reason);
+        }
+    }
+
+    #[test]
+    fn in_place_sums_match_the_sums_into_a_receive_buffer() {
+        let ranks = Local::group(3);
+        let values = |rank: usize| -> Vec<f32> {
+            (0..37)
+                .map(|i| (i as f32 * 0.37 + rank as f32).sin())
+                .collect()
+        };
+        let sums: Vec<[Vec<f32>; 3]> = std::thread::scope(|s| {
+            let handles: Vec<_> = ranks
+                .iter()
+                .map(|c| {
+                    s.spawn(move || {
+                        let mine = values(c.rank());
+                        let mut into = vec![0.0f32; mine.len()];
+                        c.all_reduce_sum(&mine, &mut into).unwrap();
+                        let mut local = mine.clone();
+                        c.all_reduce_sum_in_place(&mut local).unwrap();
+                        let mut provided = mine.clone();
+                        Plain(c.clone())
+                            .all_reduce_sum_in_place(&mut provided)
+                            .unwrap();
+                        [into, local, provided]
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let expected: Vec<f32> = (0..37)
+            .map(|i| values(0)[i] + values(1)[i] + values(2)[i])
+            .collect();
+        for [into, local, provided] in sums {
+            assert_eq!(into, expected);
+            assert_eq!(local, expected);
+            assert_eq!(provided, expected);
         }
     }
 

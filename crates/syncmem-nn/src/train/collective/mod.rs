@@ -63,6 +63,21 @@ pub trait Collective: Send + Sync + fmt::Debug {
     /// engine.
     fn all_reduce_sum(&self, send: &[f32], recv: &mut [f32]) -> Result<()>;
 
+    /// Sums `values` element by element over the ranks, in place: on return this rank's
+    /// `values` hold the sum, as [`Collective::all_reduce_sum`] would have written it into a
+    /// receive buffer. The trainer's buckets use it: no receive buffer, and no copy into one.
+    ///
+    /// The provided method copies `values` into a new vector and calls
+    /// [`Collective::all_reduce_sum`]; [`Local`] and [`mpi::Mpi`] (`MPI_IN_PLACE`) sum in
+    /// place without it.
+    ///
+    /// # Errors
+    /// As [`Collective::all_reduce_sum`].
+    fn all_reduce_sum_in_place(&self, values: &mut [f32]) -> Result<()> {
+        let send = values.to_vec();
+        self.all_reduce_sum(&send, values)
+    }
+
     /// As [`Collective::all_reduce_sum`] for `f64` values (loss and accuracy sums).
     ///
     /// # Errors

@@ -6,11 +6,13 @@
 //! on the buffer's stream and counted, on a discrete GPU). A CUDA-aware MPI could take device
 //! pointers instead; this implementation does not assume one.
 
+use std::ffi::{c_int, c_void};
 use std::fmt;
 use std::sync::Mutex;
 
 use mpi::collective::SystemOperation;
 use mpi::environment::Universe;
+use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::*;
 use mpi::Threading;
@@ -18,6 +20,12 @@ use mpi::Threading;
 use syncmem::{Error, Result};
 
 use super::{check_lengths, Collective};
+
+#[allow(unsafe_code)]
+extern "C" {
+    /// The MPI library's `MPI_IN_PLACE`, from its header (in_place.c, built by build.rs).
+    static syncmem_mpi_in_place: *const c_void;
+}
 
 /// The ranks of `MPI_COMM_WORLD`: this process is one of them.
 ///
@@ -134,6 +142,43 @@ impl Collective for Mpi {
         check_lengths("all_reduce_sum", send.len(), recv.len())?;
         let _one = self.serial();
         SimpleCommunicator::world().all_reduce_into(send, recv, SystemOperation::sum());
+        Ok(())
+    }
+
+    // The one call the `mpi` crate does not wrap: MPI_Allreduce with MPI_IN_PLACE.
+    #[allow(unsafe_code)]
+    fn all_reduce_sum_in_place(&self, values: &mut [f32]) -> Result<()> {
+        let count = c_int::try_from(values.len()).map_err(|_| Error::InvalidShape {
+            what: "all_reduce_sum_in_place buffer".into(),
+            shape: format!("{} elements", values.len()),
+            reason: "MPI counts are C ints: at most 2^31 - 1 elements per call".into(),
+        })?;
+        let world = SimpleCommunicator::world();
+        let _one = self.serial();
+        // SAFETY: `syncmem_mpi_in_place` is a constant initialised from the library's own
+        // `MPI_IN_PLACE` (in_place.c), never written. With it as the send buffer, MPI reads and
+        // writes `count` floats at `values`, which is a live, exclusively borrowed slice of
+        // exactly `count` f32 for the whole (blocking) call; the datatype, operation and
+        // communicator are valid handles of the initialised library.
+        let code = unsafe {
+            mpi::ffi::MPI_Allreduce(
+                syncmem_mpi_in_place,
+                values.as_mut_ptr().cast(),
+                count,
+                mpi::ffi::RSMPI_FLOAT,
+                SystemOperation::sum().as_raw(),
+                world.as_raw(),
+            )
+        };
+        // MPI's default error handler ends the job on failure; a code returned anyway is
+        // reported.
+        if code != mpi::ffi::MPI_SUCCESS as c_int {
+            return Err(Error::InvalidState {
+                op: "MPI_Allreduce",
+                buffer: format!("{} gradient values", values.len()),
+                reason: format!("the MPI library returned error code {code}"),
+            });
+        }
         Ok(())
     }
 
