@@ -17,7 +17,8 @@ fn in_place() {
         Err(errors) => {
             let reasons: Vec<String> = errors.iter().map(ToString::to_string).collect();
             panic!(
-                "feature `mpi`: no MPI library found (scripts/setup.sh --with-mpi installs one): {}",
+                "feature `mpi`: no MPI library found (scripts/setup.sh --with-mpi installs \
+                 one): {}",
                 reasons.join("; ")
             );
         }

@@ -191,12 +191,12 @@ pub fn with_rows(mut report: BenchReport, quick: bool) -> anyhow::Result<BenchRe
         "distributed rows (`mpirun -n {} --oversubscribe --bind-to none`, cpu, feature mpi): \
          the all-reduce row times a step's gradients ({} bytes at hidden 64) through the \
          trainer's buckets (read through the host mirrors, packed, summed in place by one \
-         MPI_Allreduce, written back) against MPI_Allreduce of as many bytes between plain host vectors (the Mpi \
-         collective's call, goal >= {ALLREDUCE_GOAL}); the overlap row times a step at hidden \
-         1024 ({} buckets of at most 1 MiB) summed as backward writes them against after \
-         backward (waited for after the step's own work: {:.0} µs against {:.0} µs); the last \
-         row is the cost of distribution on this machine (each rank computes half the batch, \
-         and the ranks share its cores)",
+         MPI_Allreduce, written back) against MPI_Allreduce of as many bytes between plain \
+         host vectors (the Mpi collective's call, goal >= {ALLREDUCE_GOAL}); the overlap row \
+         times a step at hidden 1024 ({} buckets of at most 1 MiB) summed as backward writes \
+         them against after backward (waited for after the step's own work: {:.0} µs against \
+         {:.0} µs); the last row is the cost of distribution on this machine (each rank \
+         computes half the batch, and the ranks share its cores)",
         f.ranks,
         f.bytes,
         f.buckets_h1024,

@@ -68,8 +68,8 @@ pub trait Collective: Send + Sync + fmt::Debug {
     /// receive buffer. The trainer's buckets use it: no receive buffer, and no copy into one.
     ///
     /// The provided method copies `values` into a new vector and calls
-    /// [`Collective::all_reduce_sum`]; [`Local`] and [`mpi::Mpi`] (`MPI_IN_PLACE`) sum in
-    /// place without it.
+    /// [`Collective::all_reduce_sum`] into `values`; [`mpi::Mpi`] sums in place with no copy
+    /// (`MPI_IN_PLACE`), and [`Local`] writes its sum back into `values`.
     ///
     /// # Errors
     /// As [`Collective::all_reduce_sum`].
