@@ -132,13 +132,6 @@ fn dist_step_on(
     // Every rank has the same share of a batch its rows split evenly over (`rank_rows`).
     let ranks = d.reducer.collective.size().max(1);
     let even = (total as usize).is_multiple_of(ranks);
-    let of_rank = |w: f32| {
-        if even {
-            Share::common(w)
-        } else {
-            Share::own(w)
-        }
-    };
     let mut shares: smallvec::SmallVec<[Option<f32>; 8]> = smallvec::SmallVec::new();
     // Each shard's rows.
     let mut rows: smallvec::SmallVec<[usize; 8]> = smallvec::SmallVec::new();
@@ -162,7 +155,7 @@ fn dist_step_on(
                     if index >= last || b.ready_after.is_none_or(|w| w > index) {
                         break;
                     }
-                    r.submit(r.submitted, of_rank(share))?;
+                    r.submit(r.submitted, Share::new(share, even))?;
                 }
                 Ok(())
             })?;
@@ -196,12 +189,7 @@ fn rank_share(
 ) -> Result<Share> {
     let mine: usize = rows.iter().sum();
     Ok(if p.shards.len() == 1 {
-        let w = shares[0].unwrap_or(0.0);
-        if even {
-            Share::common(w)
-        } else {
-            Share::own(w)
-        }
+        Share::new(shares[0].unwrap_or(0.0), even)
     } else if even && mine > 0 {
         // The shards' gradients weighted into the first device's as the mean over the rank's
         // rows, which the common share then scales after the sum, as every rank does: the

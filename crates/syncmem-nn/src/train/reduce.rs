@@ -130,6 +130,11 @@ pub(super) struct Share {
 }
 
 impl Share {
+    /// `weight`, the same on every rank when `common`, else this rank's own.
+    pub(super) fn new(weight: f32, common: bool) -> Self {
+        Self { weight, common }
+    }
+
     /// `weight`, this rank's own (other ranks' may differ).
     pub(super) fn own(weight: f32) -> Self {
         Self {

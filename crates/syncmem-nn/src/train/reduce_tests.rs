@@ -97,7 +97,7 @@ proptest! {
         // sum (each rank's own share) or after it (a share common to every rank: a bucket of
         // one gradient is then summed straight from it).
         let weight = 2f32.powi(-share_exp);
-        let share = if common { Share::common(weight) } else { Share::own(weight) };
+        let share = Share::new(weight, common);
         let group = Local::group(ranks);
         let results: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
             let handles: Vec<_> = group

@@ -193,12 +193,8 @@ impl Collective for Local {
 
     fn all_reduce_sum(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
         check_lengths("all_reduce_sum", send.len(), recv.len())?;
-        let data = send.iter().map(|v| u64::from(v.to_bits())).collect();
-        let sum = self.exchange(Kind::SumF32, data)?;
-        for (r, b) in recv.iter_mut().zip(sum) {
-            *r = f32::from_bits(b as u32);
-        }
-        Ok(())
+        recv.copy_from_slice(send);
+        self.all_reduce_sum_in_place(recv)
     }
 
     fn all_reduce_sum_in_place(&self, values: &mut [f32]) -> Result<()> {
